@@ -1,0 +1,32 @@
+"""qnnctl: find, install and use the Qualcomm AI Runtime (QNN) SDK.
+
+Importing this package does nothing else: no download, no environment change, no
+subprocess. The public functions are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Sdk", "__version__", "disable_mkldnn_on_amd", "setup_sdk"]
+
+if TYPE_CHECKING:
+    from qnnctl.api import disable_mkldnn_on_amd, setup_sdk
+    from qnnctl.sdk import Sdk
+
+_LAZY = {
+    "setup_sdk": "qnnctl.api",
+    "disable_mkldnn_on_amd": "qnnctl.api",
+    "Sdk": "qnnctl.sdk",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'qnnctl' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)

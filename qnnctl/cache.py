@@ -1,0 +1,154 @@
+"""The cache folder: its layout, SDK manifests, and what is installed in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qnnctl.errors import UsageError
+
+MANIFEST_NAME = ".qnnctl.json"
+MANIFEST_SCHEMA = 1
+
+
+def cache_root(environ: Mapping[str, str]) -> Path:
+    """`$QNNCTL_CACHE_DIR`, else the platform's user cache folder for qnnctl."""
+    configured = environ.get("QNNCTL_CACHE_DIR")
+    if configured is not None:
+        if not configured.strip():
+            raise UsageError(
+                "QNNCTL_CACHE_DIR is set but empty",
+                hint="unset it to use the default cache, or set it to a folder",
+            )
+        return Path(configured).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("qnnctl", appauthor=False))
+
+
+@dataclass(frozen=True)
+class Cache:
+    root: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Cache:
+        return cls(cache_root(environ))
+
+    @property
+    def sdks(self) -> Path:
+        return self.root / "sdks"
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / "downloads"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def runtime(self) -> Path:
+        return self.root / "runtime"
+
+    def sdk_dir(self, version: str) -> Path:
+        return self.sdks / version
+
+    def lock_path(self, version: str) -> Path:
+        return self.locks / f"{version}.lock"
+
+    def ensure(self) -> None:
+        for folder in (self.sdks, self.downloads, self.locks, self.tmp):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def installed_versions(self) -> list[str]:
+        """Versions with a complete SDK (one whose manifest exists), sorted."""
+        if not self.sdks.is_dir():
+            return []
+        found = [
+            entry.name
+            for entry in self.sdks.iterdir()
+            if (entry / MANIFEST_NAME).is_file()
+        ]
+        return sorted(found, key=_sort_key)
+
+    def partial_downloads(self) -> list[Path]:
+        if not self.downloads.is_dir():
+            return []
+        return sorted(self.downloads.glob("*.part"))
+
+    def stale_tmp(self) -> list[Path]:
+        if not self.tmp.is_dir():
+            return []
+        return sorted(self.tmp.iterdir())
+
+
+def _sort_key(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return (-1,)
+
+
+def read_manifest(sdk_root: Path) -> dict[str, Any] | None:
+    """The manifest of an SDK folder, or None when there is none (or it cannot be read)."""
+    try:
+        with open(sdk_root / MANIFEST_NAME, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON next to `path`, fsync it, and rename it into place."""
+    partial = path.with_name(path.name + ".tmp")
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tree_size(root: Path) -> int:
+    total = 0
+    for entry in _walk(root):
+        total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        yield entry
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path))
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder (or file, or link) if it exists."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=False)

@@ -1,0 +1,101 @@
+"""The error hierarchy: every failure the CLI reports carries an exit code and a hint."""
+
+from __future__ import annotations
+
+# Exit codes of the command-line contract (see README, "Exit codes").
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DOWNLOAD = 3
+EXIT_INTEGRITY = 4
+EXIT_UNSUPPORTED_HOST = 5
+
+
+class QnnctlError(Exception):
+    """A failure with a message for humans, a hint saying what to do next, and an exit code."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(QnnctlError):
+    """The user asked for something malformed (a bad version, a path that cannot be exported)."""
+
+    exit_code = EXIT_USAGE
+
+
+class NotInstalledError(QnnctlError):
+    """The SDK that was selected is not installed anywhere qnnctl looks."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        super().__init__(
+            f"SDK {version} is not installed",
+            hint=f"run `qnnctl install {version}`",
+        )
+
+
+class InvalidSdkError(QnnctlError):
+    """A folder that was named as an SDK root does not have the SDK's layout."""
+
+    def __init__(self, root: str, missing: list[str], origin: str) -> None:
+        self.root = root
+        self.missing = missing
+        self.origin = origin
+        super().__init__(
+            f"{origin} {root!s} is not a QNN SDK root: missing {', '.join(missing)}",
+            hint="point it at the folder that holds QNN_README.txt, lib/ and bin/, "
+            "or unset it and run `qnnctl install`",
+        )
+
+
+class DownloadError(QnnctlError):
+    """The archive could not be fetched (network, HTTP status, not an archive)."""
+
+    exit_code = EXIT_DOWNLOAD
+
+
+class IntegrityError(QnnctlError):
+    """A checksum mismatch, or a corrupt, truncated or unsafe archive."""
+
+    exit_code = EXIT_INTEGRITY
+
+
+class DiskSpaceError(QnnctlError):
+    """Not enough free space for a download or an extraction."""
+
+    def __init__(self, where: str, needed: int, free: int, what: str) -> None:
+        self.where = where
+        self.needed = needed
+        self.free = free
+        super().__init__(
+            f"not enough free space in {where} to {what}: "
+            f"need {_mib(needed)}, {_mib(free)} free",
+            hint="free some space, or point QNNCTL_CACHE_DIR at a larger disk",
+        )
+
+
+class UnsupportedHostError(QnnctlError):
+    """The SDK's host tools only run on Linux x86_64."""
+
+    exit_code = EXIT_UNSUPPORTED_HOST
+
+    def __init__(self, system: str, machine: str) -> None:
+        self.system = system
+        self.machine = machine
+        super().__init__(
+            f"unsupported host {system}/{machine}: the QNN SDK's host libraries "
+            "run on Linux x86_64 only",
+            hint="run qnnctl on a Linux x86_64 machine or container",
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"

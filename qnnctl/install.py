@@ -1,0 +1,334 @@
+"""Installing an SDK: check, lock, check again, build aside, rename into place."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
+from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
+from qnnctl.host import require_supported_host
+from qnnctl.sdk import (
+    BY_CALLER,
+    BY_ENV,
+    Sdk,
+    Selection,
+    find_installed,
+    missing_layout,
+    sdk_from_root,
+    select_sdk,
+)
+from qnnctl.versions import archive_name, archive_urls, is_full_version, resolve_version, version_in
+
+log = logging.getLogger("qnnctl.install")
+
+LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
+
+
+@dataclass(frozen=True)
+class InstallRequest:
+    spec: str | None = None  # VERSION (or prefix) as given
+    url: str | None = None
+    file: Path | None = None
+    sha256: str | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    """The SDK in use, or None when the caller manages it (empty QNN_SDK_ROOT)."""
+
+    sdk: Sdk | None
+    action: str  # "installed", "reused" or "caller"
+    selection: Selection | None = None
+
+
+@contextmanager
+def version_lock(cache: Cache, key: str) -> Iterator[None]:
+    """One installer per version (or key) at a time, across processes."""
+    from filelock import FileLock, Timeout
+
+    cache.locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(cache.lock_path(key)))
+    try:
+        lock.acquire(timeout=LOCK_WAIT_NOTICE)
+    except Timeout:
+        log.info("waiting for another qnnctl to finish installing %s", key)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _validate_sha256(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise UsageError(f"--sha256 {value!r} is not a sha256 digest (64 hex digits)")
+    return value
+
+
+def install(
+    request: InstallRequest,
+    cache: Cache,
+    environ: Mapping[str, str],
+    cwd: Path,
+    terminal: bool = False,
+) -> InstallResult:
+    """Resolve the SDK `request` names, installing it into the cache when it is missing."""
+    sha256 = _validate_sha256(request.sha256)
+    if request.url is not None and request.file is not None:
+        raise UsageError("--url and --file cannot be used together")
+    if request.file is not None:
+        require_supported_host()
+        return _install_file(request.file, request.spec, sha256, request.force, cache)
+
+    if request.spec is None and request.url is None:
+        selection = select_sdk(None, environ, cwd)
+        if selection.reason == BY_CALLER:
+            return InstallResult(None, "caller", selection)
+        if selection.reason == BY_ENV and selection.root is not None:
+            return InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection)
+    elif request.spec is not None:
+        selection = select_sdk(request.spec, environ, cwd)
+        if selection.root is not None:
+            raise UsageError(
+                f"{request.spec!r} is a path; install takes a VERSION",
+                hint="use `qnnctl install --file ARCHIVE` for an archive on disk",
+            )
+    else:
+        url = request.url or ""
+        found = version_in(unquote(urlparse(url).path.rsplit("/", 1)[-1]))
+        if found is None:
+            raise UsageError(
+                f"cannot tell the SDK version from {request.url}",
+                hint="give it too: `qnnctl install VERSION --url URL`",
+            )
+        selection = Selection("argument", f"named by {request.url}", version=found)
+    version = selection.version
+    if version is None:  # pragma: no cover - every branch above that gets here sets it
+        raise UsageError("no SDK version was selected")
+
+    require_supported_host()
+    if not request.force:
+        found_sdk = find_installed(version, cache, environ)
+        if found_sdk is not None:
+            return InstallResult(found_sdk, "reused", selection)
+
+    urls = [request.url] if request.url else archive_urls(version, environ.get("QNNCTL_MIRROR") or None)
+    name = _download_name(urls[0], version)
+    cache.ensure()
+    with version_lock(cache, version):
+        if not request.force:
+            found_sdk = find_installed(version, cache, environ)
+            if found_sdk is not None:
+                log.info("another qnnctl installed %s meanwhile", version)
+                return InstallResult(found_sdk, "reused", selection)
+        _remove_stale_work(cache, version)
+        from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
+
+        downloader = Downloader(
+            make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
+        )
+        log.info("downloading SDK %s from %s", version, urls[0])
+        fetched = downloader.fetch(urls, name, sha256)
+        sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
+                     request.force)
+        for leftover in (fetched.path, cache.downloads / f"{name}.json"):
+            leftover.unlink(missing_ok=True)
+    return InstallResult(sdk, "installed", selection)
+
+
+def _download_name(url: str, version: str) -> str:
+    base = unquote(urlparse(url).path.rsplit("/", 1)[-1])
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)
+    if not safe or safe.startswith("."):
+        safe = archive_name(version)
+    return safe if version in safe else f"{version}-{safe}"
+
+
+def _remove_stale_work(cache: Cache, key: str) -> None:
+    """Folders left in tmp/ by an install of `key` that was killed; we hold its lock."""
+    if not cache.tmp.is_dir():
+        return
+    for entry in cache.tmp.iterdir():
+        if entry.name.startswith(f"{key}."):
+            log.info("removing %s, left by an interrupted install", entry)
+            remove_tree(entry)
+
+
+def _build(
+    archive: Path,
+    version: str,
+    source: str,
+    sha256: str,
+    size: int,
+    cache: Cache,
+    force: bool,
+) -> Sdk:
+    """Extract, validate, write the manifest, rename into sdks/. Caller holds the lock."""
+    from qnnctl.archive import extract, work_folder
+
+    with work_folder(cache.tmp / f"{version}.{uuid.uuid4().hex[:12]}") as work:
+        extracted = extract(archive, work / "x")
+        if extracted.version is not None and extracted.version != version:
+            raise IntegrityError(
+                f"the archive holds SDK {extracted.version}, not {version}",
+                hint=f"check the URL or mirror; to install it anyway run `qnnctl install "
+                f"--file {archive}`",
+            )
+        return _commit(extracted.root, version, source, sha256, size, extracted.files,
+                       extracted.size, cache, force, work)
+
+
+def _commit(
+    root: Path,
+    version: str,
+    source: str,
+    sha256: str,
+    size: int,
+    files: dict[str, str],
+    unpacked: int,
+    cache: Cache,
+    force: bool,
+    work: Path,
+) -> Sdk:
+    missing = missing_layout(root)
+    if missing:
+        raise IntegrityError(
+            f"the archive's SDK is incomplete: missing {', '.join(missing)}",
+            hint="the archive may be truncated or not a QAIRT SDK for Linux; nothing was installed",
+        )
+    from qnnctl import __version__
+
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "version": version,
+        "source": source,
+        "sha256": sha256,
+        "size": size,
+        "unpacked_size": unpacked,
+        "file_count": len(files),
+        "files": files,
+        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "qnnctl_version": __version__,
+    }
+    # The manifest goes in last: a folder without one is never taken for an SDK.
+    write_json_atomic(root / MANIFEST_NAME, manifest)
+    destination = cache.sdk_dir(version)
+    cache.sdks.mkdir(parents=True, exist_ok=True)
+    if destination.exists() or destination.is_symlink():
+        if not force and (destination / MANIFEST_NAME).is_file():
+            return Sdk(destination, version, "qnnctl cache")
+        # A folder without a manifest, or --force: move it aside, then replace it.
+        os.replace(destination, work / "old")
+    os.replace(root, destination)
+    fsync_dir(cache.sdks)
+    log.info("installed SDK %s into %s", version, destination)
+    return Sdk(destination, version, "qnnctl cache")
+
+
+def _install_file(
+    archive: Path, spec: str | None, sha256: str | None, force: bool, cache: Cache
+) -> InstallResult:
+    from qnnctl.archive import extract, work_folder
+    from qnnctl.download import file_sha256
+
+    archive = archive.expanduser().resolve()
+    if not archive.is_file():
+        raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
+    digest = file_sha256(archive)
+    if sha256 is not None and digest != sha256:
+        raise IntegrityError(
+            f"sha256 mismatch for {archive}: expected {sha256}, got {digest}",
+            hint="check the --sha256 value, or download the archive again",
+        )
+    wanted = resolve_version(spec) if spec else None
+    cache.ensure()
+    # Extraction comes before the version is known, so file installs share one lock.
+    with version_lock(cache, "file"):
+        _remove_stale_work(cache, "file")
+        with work_folder(cache.tmp / f"file.{uuid.uuid4().hex[:12]}") as work:
+            extracted = extract(archive, work / "x")
+            from qnnctl.sdk import read_sdk_version
+
+            version = wanted or extracted.version or read_sdk_version(extracted.root)
+            if version is None or not is_full_version(version):
+                raise UsageError(
+                    f"cannot tell the SDK version of {archive}",
+                    hint=f"give it: `qnnctl install VERSION --file {archive}`",
+                )
+            with version_lock(cache, version):
+                sdk = _commit(extracted.root, version, archive.as_uri(), digest,
+                              archive.stat().st_size, extracted.files, extracted.size, cache,
+                              force, work)
+    return InstallResult(sdk, "installed", Selection("argument", f"from {archive}", version=version))
+
+
+def uninstall(spec: str, cache: Cache) -> Path:
+    """Remove an SDK from qnnctl's cache (never from anywhere else)."""
+    installed = cache.installed_versions()
+    version = spec if spec in installed else None
+    if version is None:
+        try:
+            version = resolve_version(spec)
+        except UsageError:
+            version = spec
+        if version not in installed:
+            matches = [v for v in installed if v.startswith(spec)]
+            if len(matches) == 1:
+                version = matches[0]
+    if version not in installed:
+        raise NotInstalledError(version) from None
+    with version_lock(cache, version):
+        target = cache.sdk_dir(version)
+        trash = cache.tmp / f"{version}.uninstall.{uuid.uuid4().hex[:8]}"
+        cache.tmp.mkdir(parents=True, exist_ok=True)
+        # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
+        os.replace(target, trash)
+        remove_tree(trash)
+    return target
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    removed: list[Path]
+    busy: list[Path]
+
+
+def clean_cache(cache: Cache) -> Cleaned:
+    """Remove partial downloads and interrupted work folders that nobody is using."""
+    from filelock import FileLock, Timeout
+
+    removed: list[Path] = []
+    busy: list[Path] = []
+    cache.locks.mkdir(parents=True, exist_ok=True)
+    candidates: list[tuple[str, Path]] = []
+    for entry in cache.stale_tmp():
+        candidates.append((entry.name.split(".", 1)[0] if "." in entry.name else entry.name, entry))
+    if cache.downloads.is_dir():
+        for entry in sorted(cache.downloads.iterdir()):
+            key = version_in(entry.name) or "file"
+            candidates.append((key, entry))
+    for key, entry in candidates:
+        lock = FileLock(str(cache.lock_path(key)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            busy.append(entry)
+            continue
+        try:
+            remove_tree(entry)
+            removed.append(entry)
+        finally:
+            lock.release()
+    return Cleaned(removed, busy)

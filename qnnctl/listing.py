@@ -1,0 +1,40 @@
+"""Which SDKs are on disk, in qnnctl's cache and in ExecuTorch's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_sdk_version
+
+
+def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One row per SDK: version, root, size in bytes, and where it was found."""
+    rows: list[dict[str, Any]] = []
+    for version in cache.installed_versions():
+        root = cache.sdk_dir(version)
+        manifest = read_manifest(root) or {}
+        size = manifest.get("unpacked_size")
+        rows.append({
+            "version": version,
+            "root": str(root),
+            "size": size if isinstance(size, int) else tree_size(root),
+            "origin": "qnnctl cache",
+        })
+    seen: set[Path] = set()
+    for folder in {p.parent for p in executorch_cache_dirs("x", environ)}:
+        if not folder.is_dir():
+            continue
+        for entry in sorted(folder.glob("sdk-*")):
+            if entry in seen or missing_layout(entry):
+                continue
+            seen.add(entry)
+            rows.append({
+                "version": read_sdk_version(entry) or entry.name.removeprefix("sdk-"),
+                "root": str(entry),
+                "size": tree_size(entry),
+                "origin": "ExecuTorch cache",
+            })
+    return rows

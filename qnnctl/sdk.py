@@ -1,0 +1,249 @@
+"""An SDK on disk (root, version, layout) and which SDK a command should use."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.errors import InvalidSdkError, NotInstalledError, UsageError
+from qnnctl.versions import DEFAULT_VERSION, is_full_version, resolve_version, version_in
+
+HOST_LIB_DIR = "lib/x86_64-linux-clang"
+HOST_BIN_DIR = "bin/x86_64-linux-clang"
+REQUIRED_LIBS = ("libQnnHtp.so", "libQnnSystem.so")
+PIN_FILE = ".qnn-version"
+# The file of an installed ExecuTorch that names the SDK version it was built against.
+EXECUTORCH_DOWNLOADER = ("backends", "qualcomm", "scripts", "download_qnn_sdk.py")
+
+# How a selection was made; stable strings, shown by doctor and in --json output.
+BY_ARGUMENT = "argument"
+BY_ENV = "QNN_SDK_ROOT"
+BY_CALLER = "caller"
+BY_PIN = "pin"
+BY_EXECUTORCH = "executorch"
+BY_DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """A usable SDK: its root folder, its version and where it was found."""
+
+    root: Path
+    version: str
+    origin: str
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.root / HOST_LIB_DIR
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / HOST_BIN_DIR
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which SDK a command should use, and why.
+
+    Exactly one of `version` and `root` is set, except for a caller-managed SDK
+    (`QNN_SDK_ROOT` exported but empty), where neither is.
+    """
+
+    reason: str
+    detail: str
+    version: str | None = None
+    root: Path | None = None
+
+    @property
+    def caller_managed(self) -> bool:
+        return self.reason == BY_CALLER
+
+
+def missing_layout(root: Path) -> list[str]:
+    """The parts of the SDK layout that `root` lacks (empty when it is a usable SDK)."""
+    if not root.is_dir():
+        return ["the folder itself"]
+    return [
+        f"{HOST_LIB_DIR}/{name}"
+        for name in REQUIRED_LIBS
+        if not (root / HOST_LIB_DIR / name).is_file()
+    ]
+
+
+_YAML_VERSION = re.compile(r"""^\s*version\s*:\s*["']?([0-9][0-9.]*[0-9])["']?\s*$""", re.M)
+
+
+def read_sdk_version(root: Path) -> str | None:
+    """The version recorded in `sdk.yaml`, else in the folder's name, else in the manifest."""
+    try:
+        text = (root / "sdk.yaml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    match = _YAML_VERSION.search(text)
+    if match and is_full_version(match.group(1)):
+        return match.group(1)
+    from_name = version_in(root.name)
+    if from_name:
+        return from_name
+    manifest = read_manifest(root)
+    if manifest and isinstance(manifest.get("version"), str):
+        return str(manifest["version"])
+    return None
+
+
+def sdk_from_root(root: Path, origin: str) -> Sdk:
+    """An SDK named by path: its layout checked, its version read from disk."""
+    if str(root).strip() == "":
+        raise UsageError(f"{origin} is empty; an SDK root must be a folder")
+    missing = missing_layout(root)
+    if missing:
+        raise InvalidSdkError(str(root), missing, origin)
+    return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=origin)
+
+
+# -- which SDK -------------------------------------------------------------------------
+
+
+def qnnctl_owns_root(environ: Mapping[str, str]) -> bool:
+    """True when `QNN_SDK_ROOT` holds the value that `qnnctl env` exported itself."""
+    from qnnctl.shell import read_marker
+
+    marker = read_marker(environ)
+    return bool(
+        marker
+        and marker.owns_root
+        and marker.root
+        and marker.root == environ.get("QNN_SDK_ROOT")
+    )
+
+
+def find_pin(start: Path) -> Path | None:
+    """The nearest `.qnn-version` file at or above `start`."""
+    for folder in (start, *start.parents):
+        candidate = folder / PIN_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_pin(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            return line
+    raise UsageError(f"{path} names no version", hint="write a version such as 2.37.0.250724 into it")
+
+
+_ET_QNN_VERSION = re.compile(
+    r"""QNN_VERSION\s*(?::\s*str\s*)?=\s*(?:os\.(?:environ\.get|getenv)\(\s*["']QNN_VERSION["']\s*,\s*)?"""
+    r"""["'](\d+\.\d+\.\d+\.\d{6})["']"""
+)
+_ET_ANY_VERSION = re.compile(r"""(?:qairt/|All/)(\d+\.\d+\.\d+\.\d{6})""")
+
+
+def executorch_package_dir() -> Path | None:
+    """Where an installed ExecuTorch lives, found without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("executorch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    if locations:
+        return Path(locations[0])
+    if spec.origin:
+        return Path(spec.origin).parent
+    return None
+
+
+def executorch_expected_version(package_dir: Path | None = None) -> str | None:
+    """The SDK version an installed ExecuTorch expects, read from its downloader script."""
+    package_dir = executorch_package_dir() if package_dir is None else package_dir
+    if package_dir is None:
+        return None
+    try:
+        text = package_dir.joinpath(*EXECUTORCH_DOWNLOADER).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    match = _ET_QNN_VERSION.search(text) or _ET_ANY_VERSION.search(text)
+    return match.group(1) if match else None
+
+
+def _looks_like_path(spec: str) -> bool:
+    return os.sep in spec or spec.startswith((".", "~"))
+
+
+def select_sdk(
+    spec: str | None,
+    environ: Mapping[str, str],
+    cwd: Path,
+) -> Selection:
+    """Decide which SDK to use; the order is documented in the README ("Which SDK")."""
+    if spec is not None:
+        if spec.strip() == "":
+            raise UsageError("an empty string is neither an SDK version nor a path")
+        if _looks_like_path(spec) or (not spec[0].isdigit() and Path(spec).is_dir()):
+            root = Path(spec).expanduser()
+            return Selection(BY_ARGUMENT, f"given as {root}", root=root)
+        version = resolve_version(spec)
+        return Selection(BY_ARGUMENT, f"given as {spec}", version=version)
+    env_root = environ.get("QNN_SDK_ROOT")
+    if env_root is not None:
+        if env_root == "":
+            return Selection(
+                BY_CALLER,
+                "QNN_SDK_ROOT is exported but empty: the caller manages the SDK",
+            )
+        if not qnnctl_owns_root(environ):
+            return Selection(BY_ENV, "from QNN_SDK_ROOT", root=Path(env_root))
+    pin = find_pin(cwd)
+    if pin is not None:
+        return Selection(BY_PIN, f"pinned in {pin}", version=resolve_version(read_pin(pin)))
+    expected = executorch_expected_version()
+    if expected is not None:
+        return Selection(BY_EXECUTORCH, "the version the installed ExecuTorch expects", version=expected)
+    return Selection(BY_DEFAULT, "qnnctl's default", version=DEFAULT_VERSION)
+
+
+def executorch_cache_dirs(version: str, environ: Mapping[str, str]) -> list[Path]:
+    """Where ExecuTorch's own downloader would have put `version`."""
+    found: list[Path] = []
+    staging = environ.get("QNN_STAGING_DIR")
+    if staging:
+        found.append(Path(staging).expanduser() / f"sdk-{version}")
+    xdg = environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path(environ.get("HOME", "~")).expanduser() / ".cache"
+    found.append(base / "executorch" / "qnn" / f"sdk-{version}")
+    return found
+
+
+def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sdk | None:
+    """An installed copy of `version`: qnnctl's cache first, then ExecuTorch's."""
+    own = cache.sdk_dir(version)
+    if (own / MANIFEST_NAME).is_file() and not missing_layout(own):
+        return Sdk(root=own, version=version, origin="qnnctl cache")
+    for candidate in executorch_cache_dirs(version, environ):
+        # ExecuTorch writes no completion marker, so its layout is the only evidence.
+        if not missing_layout(candidate):
+            return Sdk(root=candidate, version=version, origin="ExecuTorch cache")
+    return None
+
+
+def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:
+    """The SDK a selection names, which must already be on disk."""
+    if selection.root is not None:
+        origin = "QNN_SDK_ROOT" if selection.reason == BY_ENV else "--sdk"
+        return sdk_from_root(selection.root, origin)
+    if selection.version is None:
+        raise UsageError("the SDK is managed by the caller (QNN_SDK_ROOT is empty)")
+    sdk = find_installed(selection.version, cache, environ)
+    if sdk is None:
+        raise NotInstalledError(selection.version)
+    return sdk

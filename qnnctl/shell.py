@@ -1,0 +1,239 @@
+"""Environment changes as data, and their rendering for each shell.
+
+`sdk_environment` computes the final values of the variables qnnctl manages, starting
+from an environment that may already carry an earlier `qnnctl env`; `render` turns
+those values into text that a shell can eval without running code or splitting words.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from qnnctl.errors import UsageError
+
+MARKER = "QNNCTL_SDK"
+PATH_VARS = ("LD_LIBRARY_PATH", "PATH")
+SHELLS = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
+
+# An environment change: variable name -> its final value, or None to unset it.
+EnvValues = dict[str, "str | None"]
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What an earlier `qnnctl env` changed, so that exactly that can be undone."""
+
+    root: str
+    owns_root: bool
+    added: dict[str, list[str]] = field(default_factory=dict)
+    was_unset: list[str] = field(default_factory=list)
+
+    def dumps(self) -> str:
+        data = {"root": self.root, "owns_root": self.owns_root, "added": self.added,
+                "was_unset": self.was_unset}
+        return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def read_marker(environ: Mapping[str, str]) -> Marker | None:
+    raw = environ.get(MARKER)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        added = {str(k): [str(e) for e in v] for k, v in dict(data.get("added", {})).items()}
+        return Marker(
+            root=str(data["root"]),
+            owns_root=bool(data.get("owns_root", False)),
+            added={k: v for k, v in added.items() if k in PATH_VARS},
+            was_unset=[str(n) for n in data.get("was_unset", []) if n in PATH_VARS],
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        # Not ours (or mangled): nothing can be undone safely, so nothing is.
+        return None
+
+
+def split_path(value: str | None) -> list[str]:
+    return [] if not value else value.split(":")
+
+
+def check_exportable(name: str, value: str) -> None:
+    """Refuse a value no shell can carry faithfully (exit 2)."""
+    if "\x00" in value or "\n" in value or "\r" in value:
+        raise UsageError(
+            f"cannot export {name}: the path {value!r} contains a newline or NUL",
+            hint="move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without one",
+        )
+
+
+def _check_path_entry(name: str, entry: str) -> None:
+    check_exportable(name, entry)
+    if ":" in entry:
+        raise UsageError(
+            f"cannot add {entry!r} to {name}: a path list cannot hold a ':'",
+            hint="move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without ':'",
+        )
+
+
+def _undo(values: dict[str, str | None], marker: Marker | None) -> None:
+    if marker is None:
+        return
+    for name, entries in marker.added.items():
+        current = split_path(values.get(name))
+        for entry in entries:
+            if entry in current:
+                current.remove(entry)
+        # When nothing of the user's is left the variable goes away rather than stay
+        # empty: an empty entry means "the current directory" to the loader.
+        values[name] = ":".join(current) if current else None
+    if marker.owns_root and values.get("QNN_SDK_ROOT") == marker.root:
+        values["QNN_SDK_ROOT"] = None
+    values[MARKER] = None
+
+
+def sdk_environment(
+    environ: Mapping[str, str],
+    root: str,
+    lib_dirs: Sequence[str],
+    bin_dirs: Sequence[str],
+    owns_root: bool = True,
+) -> EnvValues:
+    """Final values of the managed variables after `qnnctl env` for the SDK at `root`.
+
+    Whatever an earlier `qnnctl env` added (named in the marker) is removed first; entries
+    already present keep their place and are not added twice. With `owns_root` False the
+    user's own `QNN_SDK_ROOT` is left as it is.
+    """
+    check_exportable("QNN_SDK_ROOT", root)
+    managed = (*PATH_VARS, "QNN_SDK_ROOT", MARKER)
+    values: dict[str, str | None] = {name: environ.get(name) for name in managed}
+    _undo(values, read_marker(environ))
+    added: dict[str, list[str]] = {}
+    was_unset: list[str] = []
+    for name, wanted in (("LD_LIBRARY_PATH", lib_dirs), ("PATH", bin_dirs)):
+        current = split_path(values[name])
+        new = []
+        for entry in wanted:
+            _check_path_entry(name, entry)
+            if entry not in current and entry not in new:
+                new.append(entry)
+        if values[name] is None:
+            was_unset.append(name)
+        added[name] = new
+        if new or values[name] is not None:
+            values[name] = ":".join(new + current)
+    if owns_root:
+        values["QNN_SDK_ROOT"] = root
+    values[MARKER] = Marker(root, owns_root, added, was_unset).dumps()
+    return {
+        "QNN_SDK_ROOT": values["QNN_SDK_ROOT"],
+        "LD_LIBRARY_PATH": values["LD_LIBRARY_PATH"],
+        "PATH": values["PATH"],
+        MARKER: values[MARKER],
+    }
+
+
+def unset_environment(environ: Mapping[str, str]) -> EnvValues:
+    """The values that undo what `qnnctl env` changed, leaving everything of the user's."""
+    marker = read_marker(environ)
+    if marker is None:
+        return {MARKER: None} if MARKER in environ else {}
+    values: dict[str, str | None] = {
+        name: environ.get(name) for name in (*PATH_VARS, "QNN_SDK_ROOT", MARKER)
+    }
+    _undo(values, marker)
+    changed = set(marker.added) | {MARKER}
+    if marker.owns_root:
+        changed.add("QNN_SDK_ROOT")
+    return {name: values[name] for name in ("QNN_SDK_ROOT", *PATH_VARS, MARKER) if name in changed}
+
+
+def apply(environ: Mapping[str, str], values: EnvValues) -> dict[str, str]:
+    """A copy of `environ` with the change applied (for a child process)."""
+    result = dict(environ)
+    for name, value in values.items():
+        if value is None:
+            result.pop(name, None)
+        else:
+            result[name] = value
+    return result
+
+
+# -- rendering ---------------------------------------------------------------------------
+
+
+def detect_shell(environ: Mapping[str, str]) -> str:
+    """The shell named by `$SHELL`, as one of SHELLS; sh when unknown."""
+    name = environ.get("SHELL", "").rstrip("/").rsplit("/", 1)[-1]
+    aliases = {"pwsh": "powershell", "powershell": "powershell", "nushell": "nu",
+               "dash": "sh", "ksh": "sh", "mksh": "sh", "ash": "sh"}
+    if name in SHELLS and name not in ("json", "dotenv"):
+        return name
+    return aliases.get(name, "sh")
+
+
+def quote_posix(value: str) -> str:
+    """Single-quoted for sh/bash/zsh: nothing inside is special but the quote itself."""
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def quote_fish(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# PowerShell also ends a single-quoted string at the typographic single quotes; doubling
+# a quote character is how each of them is written literally inside one.
+_PS_QUOTES = ("'", "\u2018", "\u2019", "\u201a", "\u201b")
+
+
+def quote_powershell(value: str) -> str:
+    out = []
+    for char in value:
+        out.append(char * 2 if char in _PS_QUOTES else char)
+    return "'" + "".join(out) + "'"
+
+
+def quote_nu(value: str) -> str:
+    # A plain double-quoted nu string does no interpolation; JSON's escapes are nu's.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render(values: EnvValues, shell: str) -> str:
+    """Text for `shell` that sets (or unsets) each variable to exactly its value."""
+    for name, value in values.items():
+        if value is not None:
+            check_exportable(name, value)
+    if shell == "json":
+        return json.dumps(values, indent=2, ensure_ascii=False) + "\n"
+    lines: list[str] = []
+    for name, value in values.items():
+        lines.append(_render_one(name, value, shell))
+    return "".join(line + "\n" for line in lines if line)
+
+
+def _render_one(name: str, value: str | None, shell: str) -> str:
+    if shell in ("sh", "bash", "zsh"):
+        return f"unset {name}" if value is None else f"export {name}={quote_posix(value)}"
+    if shell == "fish":
+        if value is None:
+            return f"set -e {name}"
+        if name in PATH_VARS:
+            # fish keeps *PATH variables as lists and joins them with ':' on export.
+            return f"set -gx {name} " + " ".join(quote_fish(e) for e in value.split(":"))
+        return f"set -gx {name} {quote_fish(value)}"
+    if shell == "powershell":
+        if value is None:
+            return f"Remove-Item -Path Env:{name} -ErrorAction SilentlyContinue"
+        return f"$env:{name} = {quote_powershell(value)}"
+    if shell == "nu":
+        if value is None:
+            return f"hide-env --ignore-errors {name}"
+        if name == "PATH":
+            return f"$env.{name} = [{', '.join(quote_nu(e) for e in value.split(':'))}]"
+        return f"$env.{name} = {quote_nu(value)}"
+    if shell == "dotenv":
+        # docker --env-file and CI env files take the rest of the line literally; there is
+        # no way to unset a variable there, so an unset is left out.
+        return "" if value is None else f"{name}={value}"
+    raise UsageError(f"unknown shell {shell!r}", hint="choose one of: " + ", ".join(SHELLS))

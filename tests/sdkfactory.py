@@ -1,0 +1,170 @@
+"""SDK trees and archives built at test time, in the real QAIRT layout.
+
+The host libraries are real ELF shared objects compiled with `cc`; the tools are real
+executables. Nothing here is downloaded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VERSION = "2.37.0.250724"
+OTHER_VERSION = "2.34.0.250424"
+
+_LIB_SOURCE = """
+int qnn_{name}_version(void) {{ return 42; }}
+"""
+
+
+def compile_shared(path: Path, source: str = "int f(void) { return 1; }\n",
+                   extra: Iterable[str] = ()) -> Path:
+    """Compile C source into a shared library at `path` with the machine's `cc`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.with_name(path.name + ".c")
+    src.write_text(source)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(src), *extra], check=True)
+    src.unlink()
+    return path
+
+
+@dataclass
+class SdkSpec:
+    """What goes into a synthetic SDK."""
+
+    version: str = VERSION
+    libs: tuple[str, ...] = ("libQnnHtp.so", "libQnnSystem.so", "libQnnCpu.so")
+    tools: tuple[str, ...] = ("qnn-net-run", "qnn-context-binary-generator")
+    extra_files: dict[str, bytes] = field(default_factory=dict)
+    top: str | None = None  # archive folder above the SDK; default qairt/<version>
+    sdk_yaml: bool = True
+
+
+_lib_cache: dict[str, bytes] = {}
+
+
+def _library_bytes(name: str, workdir: Path) -> bytes:
+    """Compile each distinct library once per test session (cc is slow-ish)."""
+    if name not in _lib_cache:
+        stem = name.removeprefix("lib").removesuffix(".so").replace("-", "_").lower()
+        out = compile_shared(workdir / f"build-{name}", _LIB_SOURCE.format(name=stem))
+        _lib_cache[name] = out.read_bytes()
+        out.unlink()
+    return _lib_cache[name]
+
+
+def build_sdk_tree(dest: Path, spec: SdkSpec | None = None) -> Path:
+    """Lay out an SDK root at `dest` (the folder that holds QNN_README.txt)."""
+    spec = spec or SdkSpec()
+    lib = dest / "lib" / "x86_64-linux-clang"
+    tools = dest / "bin" / "x86_64-linux-clang"
+    lib.mkdir(parents=True, exist_ok=True)
+    tools.mkdir(parents=True, exist_ok=True)
+    (dest / "include" / "QNN").mkdir(parents=True, exist_ok=True)
+    (dest / "include" / "QNN" / "QnnInterface.h").write_text("/* QnnInterface */\n")
+    (dest / "docs").mkdir(exist_ok=True)
+    (dest / "share").mkdir(exist_ok=True)
+    (dest / "lib" / "aarch64-android").mkdir(parents=True, exist_ok=True)
+    (dest / "lib" / "aarch64-android" / "libQnnHtp.so").write_bytes(b"\x7fELF-android-stub")
+    (dest / "QNN_README.txt").write_text(f"Qualcomm AI Runtime SDK {spec.version}\n")
+    if spec.sdk_yaml:
+        (dest / "sdk.yaml").write_text(f"name: qairt\nversion: {spec.version}\n")
+    for name in spec.libs:
+        (lib / name).write_bytes(_library_bytes(name, dest))
+    for name in spec.tools:
+        tool = tools / name
+        tool.write_text(f"#!/bin/sh\necho {name} {spec.version} \"$@\"\n")
+        tool.chmod(0o755)
+    for rel, data in spec.extra_files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return dest
+
+
+def build_archive(workdir: Path, fmt: str = "zip", spec: SdkSpec | None = None,
+                  with_symlink: bool = True) -> Path:
+    """An SDK archive as Qualcomm ships it: one top folder qairt/<version>/.
+
+    fmt is one of zip, tar.gz, tgz, tar.xz. A relative in-tree symlink is included
+    (lib/x86_64-linux-clang/libQnnHtp.so.2 -> libQnnHtp.so) unless with_symlink is off.
+    """
+    spec = spec or SdkSpec()
+    top = spec.top if spec.top is not None else f"qairt/{spec.version}"
+    staging = workdir / f"staging-{spec.version}-{fmt}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    root = staging / top if top else staging
+    build_sdk_tree(root, spec)
+    if with_symlink:
+        os.symlink("libQnnHtp.so", root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so.2")
+    name = f"v{spec.version}.{fmt}"
+    archive = workdir / name
+    if fmt == "zip":
+        write_zip_from_tree(staging, archive)
+    else:
+        mode = {"tar.gz": "w:gz", "tgz": "w:gz", "tar.xz": "w:xz", "tar": "w"}[fmt]
+        with tarfile.open(archive, mode) as tf:
+            for entry in sorted(staging.iterdir()):
+                tf.add(entry, arcname=entry.name)
+    shutil.rmtree(staging)
+    return archive
+
+
+def write_zip_from_tree(tree: Path, archive: Path) -> None:
+    """Zip a folder the way `zip -ry` does: Unix modes kept, symlinks stored as links."""
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for dirpath, dirnames, filenames in os.walk(tree):
+            dirnames.sort()
+            base = Path(dirpath)
+            for dirname in dirnames:
+                path = base / dirname
+                if path.is_symlink():
+                    continue
+                add_zip_entry(zf, str(path.relative_to(tree)) + "/", b"", 0o40755)
+            for filename in sorted(filenames) + [d for d in dirnames if (base / d).is_symlink()]:
+                path = base / filename
+                rel = str(path.relative_to(tree))
+                if path.is_symlink():
+                    add_zip_entry(zf, rel, os.readlink(path).encode(), stat.S_IFLNK | 0o777)
+                else:
+                    mode = stat.S_IMODE(path.stat().st_mode)
+                    add_zip_entry(zf, rel, path.read_bytes(), stat.S_IFREG | mode)
+
+
+def add_zip_entry(zf: zipfile.ZipFile, name: str, data: bytes, mode: int) -> None:
+    info = zipfile.ZipInfo(name, date_time=(2025, 7, 24, 0, 0, 0))
+    info.create_system = 3  # Unix, so external_attr carries the mode
+    info.external_attr = (mode & 0xFFFF) << 16
+    if stat.S_ISDIR(mode):
+        info.external_attr |= 0x10
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data)
+
+
+def add_tar_entry(tf: tarfile.TarFile, name: str, data: bytes = b"", *,
+                  kind: bytes = tarfile.REGTYPE, mode: int = 0o644, linkname: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.linkname = linkname
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def install_tree_into_cache(cache_dir: Path, version: str = VERSION) -> Path:
+    """An SDK placed straight into qnnctl's cache with a manifest (no download)."""
+    import json
+
+    root = cache_dir / "sdks" / version
+    build_sdk_tree(root, SdkSpec(version=version))
+    (root / ".qnnctl.json").write_text(json.dumps({"schema": 1, "version": version, "files": {}}))
+    return root
