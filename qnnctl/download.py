@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("qnnctl.download")
 
 CHUNK = 1 << 20
+# What a dropped connection can cost: a partial chunk is lost, whole ones are on disk.
+NET_CHUNK = 64 << 10
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0
 MAX_ATTEMPTS = 6  # attempts that make no progress; a resumed download that moves on resets it
@@ -350,9 +352,9 @@ class Downloader:
             bar = self.progress(part.name.removesuffix(".part"), total, offset)
             received = 0
             try:
-                with open(part, mode) as out:
+                with open(part, mode, buffering=CHUNK) as out:
                     first = True
-                    for block in response.iter_content(CHUNK):
+                    for block in response.iter_content(NET_CHUNK):
                         if first and offset == 0 and _is_html(block):
                             raise DownloadError(
                                 f"{url} answered with an HTML page, not an archive",

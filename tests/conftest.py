@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.httpserver import FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, build_archive
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -24,7 +28,7 @@ _SCRUB = (
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the cache (and HOME, XDG caches) into tmp_path so the real ones are unreachable."""
     for name in _SCRUB:
         monkeypatch.delenv(name, raising=False)
@@ -39,7 +43,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    yield cache
+    return cache
 
 
 @pytest.fixture
@@ -69,3 +73,25 @@ def run_qnnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
         text=True,
         timeout=timeout,
     )
+
+
+# Incompressible, so the archive is large enough for a dropped connection to leave whole
+# chunks on disk (resume tests need a partial file to resume from).
+PAYLOAD = random.Random(0).randbytes(1 << 20)
+
+
+@pytest.fixture
+def server() -> Iterator[FaultServer]:
+    """A fault-injecting HTTP server on 127.0.0.1, shut down after the test."""
+    with FaultServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def mirror(server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultServer:
+    """The server holding a zip of the default test SDK, with QNNCTL_MIRROR pointing at it."""
+    (tmp_path / "archives").mkdir()
+    archive = build_archive(tmp_path / "archives", "zip", SdkSpec(extra_files={"docs/payload.bin": PAYLOAD}))
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    return server

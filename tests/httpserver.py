@@ -1,0 +1,212 @@
+"""A real HTTP server on 127.0.0.1 that serves files with Range support and injects faults.
+
+    with FaultServer() as server:
+        server.add("/2.37.0.250724/v2.37.0.250724.zip", data)
+        server.fail("/2.37.0.250724/v2.37.0.250724.zip", Fault.status(503), Fault.drop_after(1000))
+        url = server.url("/2.37.0.250724/v2.37.0.250724.zip")
+
+Faults queued for a path are used one per request, in order; after that the file is served
+normally. Every request is recorded (method, path, headers) for assertions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    arg: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def status(cls, code: int, retry_after: str | None = None) -> Fault:
+        """Answer with this status and an empty body (503, 429, 404, 416, 500...)."""
+        return cls("status", code, {"Retry-After": retry_after} if retry_after is not None else {})
+
+    @classmethod
+    def drop_after(cls, nbytes: int) -> Fault:
+        """Promise the whole body, send `nbytes` of it, then close the connection."""
+        return cls("drop", nbytes)
+
+    @classmethod
+    def ignore_range(cls) -> Fault:
+        """Answer a Range request with 200 and the whole file."""
+        return cls("ignore_range")
+
+    @classmethod
+    def html(cls) -> Fault:
+        """A login page served with 200."""
+        return cls("html")
+
+    @classmethod
+    def html_untyped(cls) -> Fault:
+        """An HTML page with 200 and a binary Content-Type."""
+        return cls("html_untyped")
+
+    @classmethod
+    def stall(cls, seconds: float) -> Fault:
+        """Wait before answering (to hold a download open)."""
+        return cls("stall", seconds)
+
+    @classmethod
+    def slow(cls, bytes_per_chunk: int, delay: float) -> Fault:
+        """Serve the body in small chunks with a delay between them."""
+        return cls("slow", (bytes_per_chunk, delay))
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+class FaultServer:
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.content_types: dict[str, str] = {}
+        self.faults: dict[str, deque[Fault]] = defaultdict(deque)
+        self.requests: list[Request] = []
+        self.lock = threading.Lock()
+        self.etag_enabled = True
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+            def do_HEAD(self) -> None:
+                server._handle(self, head=True)
+
+            def do_GET(self) -> None:
+                server._handle(self, head=False)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def __enter__(self) -> FaultServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def base(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def add(self, path: str, data: bytes, content_type: str = "application/zip") -> str:
+        with self.lock:
+            self.files[path] = data
+            self.content_types[path] = content_type
+        return self.url(path)
+
+    def fail(self, path: str, *faults: Fault) -> None:
+        with self.lock:
+            self.faults[path].extend(faults)
+
+    def requests_for(self, path: str, method: str = "GET") -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.path == path and r.method == method]
+
+    # -- serving -------------------------------------------------------------------------
+
+    def _handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        path = h.path.split("?", 1)[0]
+        with self.lock:
+            self.requests.append(Request(h.command, path, {k: v for k, v in h.headers.items()}))
+            fault = self.faults[path].popleft() if self.faults[path] else None
+            data = self.files.get(path)
+            ctype = self.content_types.get(path, "application/octet-stream")
+        if fault is not None and fault.kind == "stall":
+            time.sleep(float(fault.arg))
+            fault = None
+        if fault is not None and fault.kind == "status":
+            self._send_empty(h, int(fault.arg), fault.headers)
+            return
+        if fault is not None and fault.kind in ("html", "html_untyped"):
+            body = b"<!DOCTYPE html><html><body>Please log in</body></html>"
+            h.send_response(200)
+            h.send_header("Content-Type", "text/html; charset=utf-8" if fault.kind == "html"
+                          else "application/octet-stream")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            if not head:
+                h.wfile.write(body)
+            return
+        if data is None:
+            self._send_empty(h, 404, {})
+            return
+        etag = f'"{hash(data) & 0xFFFFFFFF:x}-{len(data)}"'
+        start = 0
+        status = 200
+        range_header = h.headers.get("Range")
+        if_range = h.headers.get("If-Range")
+        honour_range = range_header is not None and not (fault is not None and fault.kind == "ignore_range")
+        if honour_range and if_range is not None and self.etag_enabled and if_range != etag:
+            honour_range = False  # the file changed: send all of it
+        if honour_range and range_header is not None:
+            spec = range_header.removeprefix("bytes=").split("-", 1)[0]
+            start = int(spec)
+            if start >= len(data):
+                self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
+                return
+            status = 206
+        body = data[start:]
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.send_header("Accept-Ranges", "bytes")
+        if self.etag_enabled:
+            h.send_header("ETag", etag)
+        if status == 206:
+            h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        h.end_headers()
+        if head:
+            return
+        try:
+            if fault is not None and fault.kind == "drop":
+                h.wfile.write(body[: int(fault.arg)])
+                h.wfile.flush()
+                h.close_connection = True
+                # Abort the socket so the client sees a short body, not a clean close.
+                import socket
+
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if fault is not None and fault.kind == "slow":
+                chunk, delay = fault.arg
+                for i in range(0, len(body), chunk):
+                    h.wfile.write(body[i : i + chunk])
+                    h.wfile.flush()
+                    time.sleep(delay)
+                return
+            view = memoryview(body)
+            for i in range(0, len(body), 1 << 20):
+                h.wfile.write(view[i : i + (1 << 20)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> None:
+        h.send_response(status)
+        for key, value in headers.items():
+            h.send_header(key, value)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
