@@ -138,8 +138,13 @@ def read_pin(path: Path) -> str:
     raise UsageError(f"{path} names no version", hint="write a version such as 2.37.0.250724 into it")
 
 
+# ExecuTorch 1.5 reads `QNN_VERSION="..."` from qnn_config.sh beside the downloader when that
+# file exists, else falls back to `_QNN_CONFIG.get("QNN_VERSION", "<version>")`; older
+# releases assign `QNN_VERSION = "<version>"` or name the archive's `qairt/<version>` folder.
+_ET_CONFIG_VERSION = re.compile(r"""^\s*QNN_VERSION\s*=\s*["']?(\d+\.\d+\.\d+\.\d{6})""", re.M)
 _ET_QNN_VERSION = re.compile(
-    r"""QNN_VERSION\s*(?::\s*str\s*)?=\s*(?:os\.(?:environ\.get|getenv)\(\s*["']QNN_VERSION["']\s*,\s*)?"""
+    r"""QNN_VERSION\s*(?::\s*str\s*)?=\s*"""
+    r"""(?:[\w.]+\.get\(\s*["']QNN_VERSION["']\s*,\s*|os\.getenv\(\s*["']QNN_VERSION["']\s*,\s*)?"""
     r"""["'](\d+\.\d+\.\d+\.\d{6})["']"""
 )
 _ET_ANY_VERSION = re.compile(r"""(?:qairt/|All/)(\d+\.\d+\.\d+\.\d{6})""")
@@ -168,8 +173,16 @@ def executorch_expected_version(package_dir: Path | None = None) -> str | None:
     package_dir = executorch_package_dir() if package_dir is None else package_dir
     if package_dir is None:
         return None
+    script = package_dir.joinpath(*EXECUTORCH_DOWNLOADER)
     try:
-        text = package_dir.joinpath(*EXECUTORCH_DOWNLOADER).read_text(encoding="utf-8")
+        config = script.with_name("qnn_config.sh").read_text(encoding="utf-8")
+    except OSError:
+        config = ""
+    found = _ET_CONFIG_VERSION.search(config)
+    if found:
+        return found.group(1)
+    try:
+        text = script.read_text(encoding="utf-8")
     except OSError:
         return None
     match = _ET_QNN_VERSION.search(text) or _ET_ANY_VERSION.search(text)
