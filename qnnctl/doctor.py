@@ -1,0 +1,988 @@
+"""`qnnctl doctor`: every reason the SDK will not load, each with the command that fixes it.
+
+Each check is a small function of a `Context` that returns an `Outcome`. The checks run one
+after another and independently: one that raises becomes a `fail` (or a `skip`) and the rest
+still run. One list of results feeds the JSON, the plain text and the table, so they agree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError
+from qnnctl.host import glibc_version
+from qnnctl.sdk import (
+    BY_ENV,
+    HOST_BIN_DIR,
+    HOST_LIB_DIR,
+    REQUIRED_LIBS,
+    Sdk,
+    Selection,
+    read_sdk_version,
+    resolve_installed,
+    select_sdk,
+)
+from qnnctl.shell import EnvValues, apply, split_path
+
+if TYPE_CHECKING:
+    from qnnctl.elf import Closure
+
+log = logging.getLogger("qnnctl.doctor")
+
+SCHEMA = 1
+OK = "ok"
+WARN = "warn"
+FAIL = "fail"
+SKIP = "skip"
+STATUSES = (OK, WARN, FAIL, SKIP)
+
+# What an install needs on disk: the archive and the unpacked SDK side by side.
+TYPICAL_ARCHIVE = 1_500 << 20
+TYPICAL_UNPACKED = 2_500 << 20
+NETWORK_TIMEOUT = 5.0
+LOAD_TIMEOUT = 60.0
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
+LIBCXX_HINT = (
+    "on Debian/Ubuntu: `sudo apt-get install libc++1 libc++abi1 libunwind-14`; elsewhere install "
+    "LLVM's libc++, libc++abi and libunwind and add their folder to LD_LIBRARY_PATH"
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one check found: a status, one line of detail, and the command that fixes it."""
+
+    status: str
+    detail: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """An Outcome under the stable id of the check that produced it."""
+
+    id: str
+    status: str
+    detail: str
+    hint: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "status": self.status, "detail": self.detail, "hint": self.hint}
+
+
+class Skip(Exception):
+    """Raised by a check that has nothing to look at; becomes a `skip` result."""
+
+    def __init__(self, detail: str, hint: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.hint = hint
+
+
+def ok(detail: str, hint: str | None = None) -> Outcome:
+    return Outcome(OK, detail, hint)
+
+
+def warn(detail: str, hint: str | None = None) -> Outcome:
+    return Outcome(WARN, detail, hint)
+
+
+def fail(detail: str, hint: str | None = None) -> Outcome:
+    return Outcome(FAIL, detail, hint)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The SDK doctor looks at, as `qnnctl env` and `qnnctl lower` would choose it.
+
+    `sdk` is None when the caller manages the SDK (QNN_SDK_ROOT exported but empty); the
+    host libraries are then the folder on LD_LIBRARY_PATH that holds libQnnHtp.so, if any.
+    """
+
+    selection: Selection
+    sdk: Sdk | None
+    lib_dir: Path | None
+
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class Context:
+    """Everything a check may look at. Expensive facts are computed once, on first use."""
+
+    spec: str | None
+    environ: Mapping[str, str]
+    cwd: Path
+    offline: bool = False
+    verify: bool = False
+    # The host's facts; tests replace them to see a check's verdict on another host.
+    system: str = field(default_factory=platform.system)
+    machine: str = field(default_factory=platform.machine)
+    glibc_reader: Callable[[], tuple[int, ...] | None] = glibc_version
+    space_needed: int = TYPICAL_ARCHIVE + TYPICAL_UNPACKED
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def _once(self, key: str, compute: Callable[[], _T]) -> _T:
+        """compute() once; a failure is remembered too, so each check sees the same one."""
+        if key not in self._memo:
+            try:
+                self._memo[key] = (True, compute())
+            except Exception as exc:
+                self._memo[key] = (False, exc)
+        done, value = self._memo[key]
+        if not done:
+            raise value
+        return cast(_T, value)
+
+    def cache(self) -> Cache:
+        return self._once("cache", lambda: Cache.from_env(self.environ))
+
+    def glibc(self) -> tuple[int, ...] | None:
+        """The host's glibc version; None when the C library is not glibc."""
+        return self._once("glibc", self.glibc_reader)
+
+    def target(self) -> Target:
+        return self._once("target", self._find_target)
+
+    def _find_target(self) -> Target:
+        selection = select_sdk(self.spec, self.environ, self.cwd)
+        if selection.caller_managed:
+            return Target(selection, None, library_dir_on_path(self.environ.get("LD_LIBRARY_PATH")))
+        sdk = locate(selection, self.cache(), self.environ)
+        return Target(selection, sdk, sdk.lib_dir)
+
+    def require_target(self) -> Target:
+        """The target, or a Skip pointing at sdk.selection, which reports why there is none."""
+        try:
+            return self.target()
+        except Exception:
+            raise Skip("no SDK to check (see sdk.selection)") from None
+
+    def require_sdk(self) -> Sdk:
+        target = self.require_target()
+        if target.sdk is None:
+            raise Skip("the caller manages the SDK (QNN_SDK_ROOT is exported but empty)")
+        return target.sdk
+
+    def env_values(self) -> EnvValues:
+        """The change `qnnctl env` would make for the target ({} for a caller-managed SDK)."""
+
+        def compute() -> EnvValues:
+            target = self.target()
+            if target.sdk is None:
+                return {}
+            from qnnctl.environment import environment_for
+
+            owns_root = target.selection.reason != BY_ENV
+            return environment_for(target.sdk, self.environ, self.cache(), owns_root)
+
+        return self._once("env_values", compute)
+
+    def child_environ(self) -> dict[str, str]:
+        """The environment a process started after `eval "$(qnnctl env)"` would have."""
+        return apply(self.environ, self.env_values())
+
+    def sdk_version(self) -> str | None:
+        """The target's version as read from disk (also for a caller-managed SDK)."""
+        target = self.require_target()
+        if target.sdk is not None:
+            return read_sdk_version(target.sdk.root)
+        if target.lib_dir is not None and target.lib_dir.name == Path(HOST_LIB_DIR).name:
+            return read_sdk_version(target.lib_dir.parent.parent)
+        return None
+
+    def scan(self) -> LibraryScan:
+        return self._once("scan", self._scan)
+
+    def _scan(self) -> LibraryScan:
+        target = self.require_target()
+        if target.lib_dir is None:
+            raise Skip(
+                "QNN_SDK_ROOT is empty and no folder on LD_LIBRARY_PATH holds libQnnHtp.so",
+                hint=f"add the SDK's {HOST_LIB_DIR} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT "
+                "and run `eval \"$(qnnctl env)\"`",
+            )
+        from qnnctl.elf import Resolver, Scanner
+        from qnnctl.host import read_ld_cache
+
+        lib_dir = target.lib_dir
+        if not lib_dir.is_dir():
+            raise QnnctlError(f"{lib_dir} does not exist", hint=reinstall_hint(target))
+        resolver = Resolver(self.child_environ().get("LD_LIBRARY_PATH"), read_ld_cache(), cwd=self.cwd)
+        scanner = Scanner(resolver)
+        every = sorted(p for p in lib_dir.iterdir() if _is_library_name(p.name) and p.is_file())
+        # Several names can point at one file (libQnnHtp.so.2 -> libQnnHtp.so): read it once.
+        unique: dict[str, Path] = {}
+        for path in every:
+            unique.setdefault(os.path.realpath(path), path)
+        required = [lib_dir / name for name in REQUIRED_LIBS if (lib_dir / name).is_file()]
+        absent = [name for name in REQUIRED_LIBS if not (lib_dir / name).is_file()]
+        required_real = {os.path.realpath(p) for p in required}
+        others = [p for real, p in unique.items() if real not in required_real]
+        return LibraryScan(
+            lib_dir=lib_dir,
+            absent=absent,
+            required=scanner.closure(required),
+            others=scanner.closure(others),
+        )
+
+
+@dataclass(frozen=True)
+class LibraryScan:
+    """The SDK's host libraries and what they need: the ones every lowering loads, and the rest."""
+
+    lib_dir: Path
+    absent: list[str]
+    required: Closure
+    others: Closure
+
+
+def _is_program(path: Path) -> bool:
+    """An ELF executable or a script: what must keep its exec bit (data files need not)."""
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return False
+    return head == b"\x7fELF" or head.startswith(b"#!")
+
+
+def _is_library_name(name: str) -> bool:
+    return name.endswith(".so") or ".so." in name
+
+
+def library_dir_on_path(ld_library_path: str | None) -> Path | None:
+    """The first folder on LD_LIBRARY_PATH that holds libQnnHtp.so."""
+    for entry in split_path(ld_library_path):
+        if entry and (Path(entry) / REQUIRED_LIBS[0]).is_file():
+            return Path(entry)
+    return None
+
+
+def locate(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:
+    """The selected SDK, as `qnnctl env` resolves it; also a damaged one, so doctor can say
+    what is wrong with it rather than only that it is unusable."""
+    try:
+        return resolve_installed(selection, cache, environ)
+    except InvalidSdkError:
+        root = selection.root
+        if root is None or not root.is_dir():
+            raise
+        origin = "QNN_SDK_ROOT" if selection.reason == BY_ENV else "--sdk"
+        return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=origin)
+    except NotInstalledError:
+        version = selection.version or ""
+        own = cache.sdk_dir(version)
+        if version and (own / MANIFEST_NAME).is_file():
+            # Installed by qnnctl and damaged since.
+            return Sdk(root=own, version=version, origin="qnnctl cache")
+        raise
+
+
+def reinstall_hint(target: Target) -> str:
+    sdk = target.sdk
+    if sdk is not None and sdk.origin == "qnnctl cache":
+        return f"reinstall it: `qnnctl install --force {sdk.version}`"
+    return "reinstall this SDK, or run `qnnctl install` and point QNN_SDK_ROOT (or --sdk) at the result"
+
+
+def env_command(spec: str | None) -> str:
+    """The `qnnctl env` command that selects the same SDK doctor looked at."""
+    if spec is None:
+        return 'eval "$(qnnctl env)"'
+    chosen = select_sdk(spec, {}, Path.cwd())
+    if chosen.root is not None:
+        return f'eval "$(qnnctl env --sdk {shlex.quote(str(chosen.root))})"'
+    return f'eval "$(qnnctl env {chosen.version})"'
+
+
+def _some(items: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+def check_host(ctx: Context) -> Outcome:
+    from qnnctl.elf import format_version
+    from qnnctl.host import SUPPORTED_HOST, is_supported_host
+
+    python = platform.python_version()
+    glibc = ctx.glibc()
+    libc = f"glibc {format_version(glibc)}" if glibc else "not glibc"
+    detail = f"{ctx.system} {ctx.machine}, Python {python}, {libc}"
+    if not is_supported_host(ctx.system, ctx.machine):
+        return fail(
+            f"{detail}: the SDK's host libraries run on {SUPPORTED_HOST} only",
+            hint=f"run qnnctl on a {SUPPORTED_HOST} machine or container",
+        )
+    if glibc is None:
+        return fail(f"{detail}: the SDK's host libraries need glibc",
+                    hint="use a glibc-based distribution (Debian, Ubuntu, Fedora...), not Alpine/musl")
+    return ok(detail)
+
+
+def check_selection(ctx: Context) -> Outcome:
+    selection = select_sdk(ctx.spec, ctx.environ, ctx.cwd)
+    why = f"{selection.reason}: {selection.detail}"
+    if selection.caller_managed:
+        lib_dir = ctx.target().lib_dir
+        where = f"libraries from {lib_dir}" if lib_dir else "no folder on LD_LIBRARY_PATH holds libQnnHtp.so"
+        return ok(f"{why}; checking LD_LIBRARY_PATH as it is ({where})")
+    try:
+        sdk = ctx.target().sdk
+    except NotInstalledError as exc:
+        return fail(f"{why}; {exc.message}", exc.hint)
+    if sdk is None:  # pragma: no cover - only a caller-managed selection has no SDK
+        return ok(why)
+    if selection.root is not None:
+        return ok(f"{why}; version {sdk.version}")
+    return ok(f"{why}; {sdk.version} at {sdk.root} ({sdk.origin})")
+
+
+def check_layout(ctx: Context) -> Outcome:
+    target = ctx.require_target()
+    sdk = ctx.require_sdk()
+    problems: list[str] = []
+    fixes: list[str] = []
+    lib_dir = sdk.lib_dir
+    missing = [f"{HOST_LIB_DIR}/{n}" for n in REQUIRED_LIBS if not (lib_dir / n).is_file()]
+    if not (sdk.root / "include" / "QNN").is_dir():
+        missing.append("include/QNN")
+    if not sdk.bin_dir.is_dir():
+        missing.append(HOST_BIN_DIR)
+    if missing:
+        problems.append("missing " + _some(missing))
+        fixes.append(reinstall_hint(target))
+    tools = sorted(p for p in sdk.bin_dir.iterdir() if _is_program(p)) if sdk.bin_dir.is_dir() else []
+    not_exec = [p for p in tools if not os.access(p, os.X_OK)]
+    if not_exec:
+        problems.append("not executable: " + _some([p.name for p in not_exec]))
+        fixes.append("chmod +x " + " ".join(shlex.quote(str(p)) for p in not_exec))
+    if sdk.bin_dir.is_dir() and not tools:
+        problems.append(f"no tools in {HOST_BIN_DIR}")
+        fixes.append(reinstall_hint(target))
+    if problems:
+        return fail(f"{sdk.root}: " + "; ".join(problems), "; ".join(dict.fromkeys(fixes)))
+    libs = sum(1 for p in lib_dir.iterdir() if _is_library_name(p.name))
+    return ok(f"{libs} host libraries, {len(tools)} tools (executable), include/QNN")
+
+
+def check_version(ctx: Context) -> Outcome:
+    from qnnctl.versions import version_in
+
+    target = ctx.require_target()
+    sdk = ctx.require_sdk()
+    version = read_sdk_version(sdk.root)
+    if version is None:
+        return warn(
+            f"cannot tell the version of {sdk.root}: no version in sdk.yaml or in the folder's name",
+            hint="use the folder as unpacked from the archive (qairt/<version>), or install it "
+            "with `qnnctl install --file ARCHIVE`",
+        )
+    try:
+        yaml_text = (sdk.root / "sdk.yaml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        yaml_text = ""
+    if version in yaml_text:
+        source = "sdk.yaml"
+    elif version_in(sdk.root.name) == version:
+        source = "the folder name"
+    else:
+        source = "the manifest"
+    wanted = target.selection.version
+    if wanted is not None and wanted != version:
+        return warn(
+            f"{version} (from {source}), but it was selected as {wanted}",
+            hint=reinstall_hint(target),
+        )
+    return ok(f"{version} (from {source})")
+
+
+def check_manifest(ctx: Context) -> Outcome:
+    target = ctx.require_target()
+    sdk = ctx.require_sdk()
+    path = sdk.root / MANIFEST_NAME
+    if not path.exists():
+        if sdk.origin == "qnnctl cache":
+            return fail(f"{path} is missing", reinstall_hint(target))
+        raise Skip(f"no manifest: not installed by qnnctl ({sdk.origin})")
+    manifest = read_manifest(sdk.root)
+    if manifest is None:
+        return fail(f"{path} cannot be read as JSON", reinstall_hint(target))
+    files = manifest.get("files")
+    count = len(files) if isinstance(files, dict) else 0
+    source = manifest.get("source", "?")
+    detail = f"installed {manifest.get('installed_at', '?')} from {source}, {count} files recorded"
+    if manifest.get("version") not in (None, sdk.version):
+        return warn(f"{detail}; it names version {manifest.get('version')}, not {sdk.version}",
+                    reinstall_hint(target))
+    if not count:
+        return warn(f"{detail}: no per-file digests, so --verify cannot check it",
+                    reinstall_hint(target))
+    return ok(detail)
+
+
+def check_verify(ctx: Context) -> Outcome:
+    from qnnctl.download import file_sha256
+
+    target = ctx.require_target()
+    sdk = ctx.require_sdk()
+    manifest = read_manifest(sdk.root)
+    files = manifest.get("files") if manifest else None
+    if not isinstance(files, dict) or not files:
+        raise Skip("no per-file digests recorded for this SDK")
+    if not ctx.verify:
+        raise Skip(f"not requested ({len(files)} files recorded)",
+                   hint="`qnnctl doctor --verify` re-hashes them")
+    changed: list[str] = []
+    missing: list[str] = []
+    for rel, digest in sorted(files.items()):
+        path = sdk.root / rel
+        if not path.is_file():
+            missing.append(rel)
+        elif file_sha256(path) != digest:
+            changed.append(rel)
+    if changed or missing:
+        parts = []
+        if changed:
+            parts.append(f"{len(changed)} changed ({_some(changed)})")
+        if missing:
+            parts.append(f"{len(missing)} missing ({_some(missing)})")
+        return fail("; ".join(parts) + f" of {len(files)} files", reinstall_hint(target))
+    return ok(f"all {len(files)} files match their digests")
+
+
+def missing_hint(name: str, target: Target) -> str:
+    """The fix for one library the loader cannot find."""
+    if name in LIBCXX_RUNTIME:
+        return LIBCXX_HINT
+    if target.lib_dir is not None and name.startswith("libQnn"):
+        return reinstall_hint(target)
+    return (f"install the package that provides {name} (Debian/Ubuntu: `apt-file search {name}`), "
+            "or add its folder to LD_LIBRARY_PATH")
+
+
+def check_libraries(ctx: Context) -> Outcome:
+    target = ctx.require_target()
+    scan = ctx.scan()
+    problems: list[str] = []
+    hints: list[str] = []
+    if scan.absent:
+        problems.append(f"{_some(scan.absent)} not in {scan.lib_dir}")
+        hints.append(reinstall_hint(target))
+    for path, why in scan.required.unreadable.items():
+        problems.append(f"{path.name}: {why}")
+        hints.append(reinstall_hint(target))
+    for name, needers in sorted(scan.required.missing.items()):
+        problems.append(f"{name} not found (needed by {_some(sorted({p.name for p in needers}), 3)})")
+        hints.append(missing_hint(name, target))
+    for name, why in sorted(scan.required.broken.items()):
+        problems.append(f"{name}: {why}")
+        hints.append(f"remove it or take its folder off LD_LIBRARY_PATH; {missing_hint(name, target)}")
+    if problems:
+        return fail("; ".join(problems), "; ".join(dict.fromkeys(hints)))
+    optional: list[str] = []
+    optional_hints: list[str] = []
+    for path, why in scan.others.unreadable.items():
+        optional.append(f"{path.name}: {why}")
+    for name, needers in sorted(scan.others.missing.items()):
+        optional.append(f"{name} not found (needed by {_some(sorted({p.name for p in needers}), 3)})")
+        optional_hints.append(missing_hint(name, target))
+    for name, why in sorted(scan.others.broken.items()):
+        optional.append(f"{name}: {why}")
+    required = ", ".join(REQUIRED_LIBS)
+    if optional:
+        return warn(f"{required} resolve; other libraries do not: " + "; ".join(optional),
+                    "; ".join(dict.fromkeys(optional_hints)) or None)
+    count = len(scan.required.libraries) + len(scan.others.libraries)
+    return ok(f"{required} and {count - len(scan.required.roots)} more resolve every library they need")
+
+
+def glibc_verdict(highest: tuple[tuple[int, ...], Path] | None, host: tuple[int, ...] | None,
+                  optional: tuple[tuple[int, ...], Path] | None = None) -> Outcome:
+    """Compare the glibc the libraries need with the host's."""
+    from qnnctl.elf import format_version
+
+    if host is None:
+        return fail("the host's C library is not glibc",
+                    hint="use a glibc-based distribution (Debian, Ubuntu, Fedora...)")
+    have = format_version(host)
+    if highest is not None and highest[0] > host:
+        need = format_version(highest[0])
+        return fail(
+            f"{highest[1].name} needs GLIBC_{need}; this host has glibc {have}",
+            hint=f"run on a distribution with glibc {need} or newer (Ubuntu 22.04, Debian 12, "
+            "RHEL 9 or later), or in a container based on one",
+        )
+    if optional is not None and optional[0] > host:
+        need = format_version(optional[0])
+        return warn(f"{optional[1].name} needs GLIBC_{need}; this host has glibc {have}",
+                    hint=f"it cannot be used here; run on a distribution with glibc {need} or newer")
+    if highest is None:
+        return ok(f"no GLIBC symbol version needed; host has glibc {have}")
+    return ok(f"GLIBC_{format_version(highest[0])} needed (by {highest[1].name}); host has glibc {have}")
+
+
+def check_glibc(ctx: Context) -> Outcome:
+    scan = ctx.scan()
+    return glibc_verdict(scan.required.highest_glibc(), ctx.glibc(), scan.others.highest_glibc())
+
+
+# Runs in a fresh interpreter with the environment the SDK needs; prints one JSON line after
+# a marker, so anything a library prints while it loads cannot be taken for the answer.
+_LOAD_SCRIPT = r"""
+import ctypes, json, sys
+report = {}
+for name in sys.argv[1:]:
+    try:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        report[name] = {"ok": True}
+    except OSError as exc:
+        report[name] = {"ok": False, "error": str(exc)}
+try:
+    with open("/proc/self/maps") as maps:
+        mapped = [line.split(None, 5)[-1].strip() for line in maps if len(line.split(None, 5)) == 6]
+except OSError:
+    mapped = []
+for name, entry in report.items():
+    if entry["ok"]:
+        entry["path"] = next((p for p in mapped if p.rsplit("/", 1)[-1] == name), None)
+sys.stdout.write("\n@@qnnctl-load@@" + json.dumps(report) + "\n")
+"""
+_LOAD_MARKER = "@@qnnctl-load@@"
+
+
+def load_in_child(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """dlopen each library by bare name in a fresh process that starts with `environ`.
+
+    Never in this process: LD_LIBRARY_PATH is read when a process starts (and a library that
+    loads here would stay loaded).
+    """
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-c", _LOAD_SCRIPT, *names],
+            env=dict(environ), capture_output=True, text=True, timeout=LOAD_TIMEOUT, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise QnnctlError(f"loading {', '.join(names)} did not finish within {LOAD_TIMEOUT:.0f}s") from None
+    if proc.returncode != 0 or _LOAD_MARKER not in proc.stdout:
+        import signal
+
+        how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exited with {proc.returncode}")
+        tail = proc.stderr.strip().splitlines()[-1:] or [""]
+        raise QnnctlError(f"the process loading {', '.join(names)} {how} {tail[0]}".rstrip(),
+                          hint="a library constructor crashed; run `qnnctl doctor --verify`")
+    report = json.loads(proc.stdout.rsplit(_LOAD_MARKER, 1)[1])
+    return {str(k): dict(v) for k, v in report.items()}
+
+
+def check_load(ctx: Context) -> Outcome:
+    target = ctx.require_target()
+    # For a caller-managed SDK this is the environment as it is: whatever it provides is
+    # what a lowering would get.
+    environ = ctx.child_environ()
+    report = load_in_child(REQUIRED_LIBS, environ)
+    errors = [f"{entry['error']}" for name, entry in report.items() if not entry.get("ok")]
+    if errors:
+        return fail(" | ".join(errors), hint=_load_hint(ctx, target))
+    expected = os.path.realpath(target.lib_dir) if target.lib_dir else None
+    elsewhere = [
+        f"{name} from {entry['path']}"
+        for name, entry in report.items()
+        if entry.get("path") and expected and os.path.dirname(os.path.realpath(entry["path"])) != expected
+    ]
+    if elsewhere:
+        return warn(f"loads, but {'; '.join(elsewhere)}, not from {target.lib_dir}",
+                    hint="remove the other SDK's folder from LD_LIBRARY_PATH")
+    return ok(f"{' and '.join(REQUIRED_LIBS)} load in a fresh process")
+
+
+def _load_hint(ctx: Context, target: Target) -> str:
+    """The fix for a failed load: the library check's hint when it has one."""
+    try:
+        libraries = check_libraries(ctx)
+        glibc = check_glibc(ctx)
+    except Exception:
+        return reinstall_hint(target)
+    hints = [o.hint for o in (libraries, glibc) if o.status == FAIL and o.hint]
+    return "; ".join(hints) if hints else "see the libraries and glibc checks"
+
+
+def check_environment(ctx: Context) -> Outcome:
+    target = ctx.require_target()
+    if target.sdk is None:
+        if target.lib_dir is None:
+            return warn(
+                "QNN_SDK_ROOT is exported but empty, and no folder on LD_LIBRARY_PATH holds libQnnHtp.so",
+                hint=f"add the SDK's {HOST_LIB_DIR} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT and "
+                "run `eval \"$(qnnctl env)\"`",
+            )
+        return ok(f"the caller manages the SDK; LD_LIBRARY_PATH holds {target.lib_dir}")
+    wanted = ctx.env_values()
+    wrong: list[str] = []
+    want_root = wanted.get("QNN_SDK_ROOT")
+    have_root = ctx.environ.get("QNN_SDK_ROOT")
+    if want_root is not None and have_root != want_root:
+        wrong.append("QNN_SDK_ROOT is not set" if have_root is None else f"QNN_SDK_ROOT is {have_root}")
+    have_path = split_path(ctx.environ.get("LD_LIBRARY_PATH"))
+    lacking = [e for e in split_path(wanted.get("LD_LIBRARY_PATH")) if e not in have_path]
+    if lacking:
+        wrong.append(f"LD_LIBRARY_PATH lacks {_some(lacking, 3)}")
+    if wrong:
+        return warn(f"this shell is not set up for {target.sdk.root}: " + "; ".join(wrong),
+                    hint=env_command(ctx.spec) + " (qnnctl lower sets it up by itself)")
+    return ok(f"QNN_SDK_ROOT and LD_LIBRARY_PATH point at {target.sdk.root}")
+
+
+def executorch_version(package_dir: Path) -> str | None:
+    """The installed ExecuTorch's version, from its dist-info, without importing it."""
+    import importlib.metadata
+
+    for dist in importlib.metadata.distributions(path=[str(package_dir.parent)]):
+        if (dist.metadata["Name"] or "").lower() == "executorch":
+            return str(dist.version)
+    try:
+        return importlib.metadata.version("executorch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_executorch(ctx: Context) -> Outcome:
+    from qnnctl.sdk import executorch_expected_version, executorch_package_dir
+    from qnnctl.versions import parse_version
+
+    package_dir = executorch_package_dir()
+    if package_dir is None:
+        raise Skip(f"ExecuTorch is not installed for {sys.executable}")
+    version = executorch_version(package_dir) or "of unknown version"
+    expected = executorch_expected_version(package_dir)
+    name = f"ExecuTorch {version} ({package_dir})"
+    if expected is None:
+        return warn(f"{name}: cannot tell which SDK version it expects")
+    sdk_version = ctx.sdk_version()
+    if sdk_version is None:
+        return warn(f"{name} expects SDK {expected}; the selected SDK's version is unknown",
+                    hint=f"`qnnctl install {expected}`, then {env_command(expected)}")
+    if parse_version(expected).major_minor != parse_version(sdk_version).major_minor:
+        return fail(
+            f"{name} expects SDK {expected}, the selected SDK is {sdk_version}: context binaries "
+            "are not compatible across minor versions",
+            hint=f"`qnnctl install {expected}`, then `qnnctl use {expected}` to pin it here "
+            f"(or {env_command(expected)})",
+        )
+    return ok(f"{name} expects SDK {expected}; the selected SDK is {sdk_version}")
+
+
+def check_cpu(ctx: Context) -> Outcome:
+    from qnnctl.api import FORCE_VENDOR_VARIABLE
+    from qnnctl.host import cpu_vendor, is_amd
+
+    # The same answer the AMD guard of `qnnctl lower` will get.
+    forced = ctx.environ.get(FORCE_VENDOR_VARIABLE) or None
+    try:
+        vendor = forced or cpu_vendor()
+    except ModuleNotFoundError as exc:
+        if exc.name != "cpuinfo":
+            raise
+        return warn("py-cpuinfo is not installed: the CPU vendor is unknown, so `qnnctl lower` "
+                    "cannot turn MKLDNN off on AMD", hint="pip install py-cpuinfo")
+    if vendor is None:
+        return warn("py-cpuinfo reported no CPU vendor; `qnnctl lower` leaves MKLDNN as it is")
+    name = f"{vendor} (from {FORCE_VENDOR_VARIABLE})" if forced else vendor
+    if is_amd(vendor):
+        return ok(f"{name}: `qnnctl lower` turns PyTorch's MKLDNN off for the pipeline (it can "
+                  "crash on AMD CPUs during calibration)")
+    return ok(name)
+
+
+def check_cache(ctx: Context) -> Outcome:
+    import shutil
+
+    cache = ctx.cache()
+    root = cache.root
+    existing = root
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return fail(f"{existing} is not a folder, so the cache {root} cannot be created",
+                    hint="point QNNCTL_CACHE_DIR at a writable folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return fail(f"{existing} is not writable" + ("" if existing == root else f" (cache {root})"),
+                    hint="point QNNCTL_CACHE_DIR at a writable folder")
+    free = shutil.disk_usage(existing).free
+    where = str(root) if existing == root else f"{root} (not created yet)"
+    problems: list[str] = []
+    hints: list[str] = []
+    if free < ctx.space_needed:
+        problems.append(f"{_gib(free)} free; an SDK install needs about {_gib(ctx.space_needed)}")
+        hints.append("free some space, or point QNNCTL_CACHE_DIR at a larger disk")
+    partial = cache.partial_downloads()
+    stale = cache.stale_tmp()
+    if partial or stale:
+        size = sum(p.stat().st_size for p in partial)
+        leftovers = []
+        if partial:
+            leftovers.append(f"{len(partial)} partial download(s) ({size / (1 << 20):.0f} MiB: "
+                             f"{_some([p.name for p in partial], 3)})")
+        if stale:
+            leftovers.append(f"{len(stale)} folder(s) left by interrupted installs in {cache.tmp}")
+        problems.append(", ".join(leftovers))
+        hints.append("`qnnctl install` resumes a partial download; `qnnctl cache clean` removes them")
+    if problems:
+        return warn(f"{where}: " + "; ".join(problems), "; ".join(hints))
+    return ok(f"{where}: writable, {_gib(free)} free")
+
+
+def _redact(url: str) -> str:
+    """A proxy URL without its password."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparsable)"
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=netloc).geturl()
+
+
+def check_network(ctx: Context) -> Outcome:
+    if ctx.offline:
+        raise Skip("--offline")
+    import requests
+
+    from qnnctl.download import make_session
+    from qnnctl.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
+
+    mirror = ctx.environ.get("QNNCTL_MIRROR") or None
+    try:
+        target: Target | None = ctx.target()
+    except Exception:
+        target = None
+    version = None
+    if target is not None and target.selection.version:
+        version = target.selection.version
+    elif ctx.spec is None:
+        version = DEFAULT_VERSION
+    url = archive_urls(version, mirror)[0] if version and is_full_version(version) else (mirror or DEFAULT_BASE_URL)
+    installed = target is not None and (target.sdk is not None or target.selection.caller_managed)
+
+    session = make_session()
+    # What requests will do for this URL, from the same environment variables.
+    settings = session.merge_environment_settings(url, {}, None, None, None)
+    proxy = requests.utils.select_proxy(url, settings.get("proxies", {}))
+    proxy_vars = [name for name in PROXY_VARS if ctx.environ.get(name)]
+    no_proxy = ctx.environ.get("NO_PROXY") or ctx.environ.get("no_proxy")
+    if proxy:
+        via = f"through proxy {_redact(proxy)} (from {', '.join(proxy_vars) or 'the system settings'})"
+    elif proxy_vars and no_proxy:
+        via = f"directly: NO_PROXY={no_proxy} covers it ({', '.join(proxy_vars)} set)"
+    elif proxy_vars:
+        via = f"directly ({', '.join(proxy_vars)} set, none for {url.split(':', 1)[0]})"
+    else:
+        via = "directly (no proxy variable set)"
+    verify = settings.get("verify")
+    if isinstance(verify, str) and url.startswith("https:"):
+        via += f", CA bundle {verify}"
+    source = "the mirror (QNNCTL_MIRROR)" if mirror else "the download host"
+    try:
+        with session:
+            response = session.head(url, timeout=NETWORK_TIMEOUT, allow_redirects=False)
+    except requests.exceptions.SSLError as exc:
+        outcome = fail
+        detail = f"TLS to {source} {url} failed {via}: {_first_line(exc)}"
+        hint = "set REQUESTS_CA_BUNDLE to your organisation's CA bundle"
+    except requests.exceptions.ProxyError as exc:
+        outcome = fail
+        detail = f"the proxy refused the request for {url}: {_first_line(exc)}"
+        hint = "check HTTPS_PROXY / HTTP_PROXY (and NO_PROXY)"
+    except requests.RequestException as exc:
+        outcome = fail
+        detail = f"cannot reach {source} {url} {via}: {_first_line(exc)}"
+        hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
+    else:
+        status = response.status_code
+        detail = f"{source} answered HTTP {status} for {url} ({via})"
+        if status == 404:
+            return warn(detail, hint="the archive is not there; check the version or QNNCTL_MIRROR")
+        if status in (401, 403, 407) or status >= 500:
+            return warn(detail, hint="check proxy credentials and access to the download host")
+        return ok(detail)
+    if installed:
+        # The SDK is already on disk: nothing needs the network until the next install.
+        return warn(detail + " (the SDK is already installed)", hint + "; `--offline` skips this check")
+    return outcome(detail, hint)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The cause of a requests error in a few words, without urllib3's wrapping."""
+    import re
+
+    inner = exc.args[0] if exc.args else None
+    reason = getattr(inner, "reason", None)
+    text = str(reason if isinstance(reason, BaseException) else exc).strip()
+    # urllib3 puts the connection object's repr first: "<...HTTPSConnection object at 0x..>: ..."
+    text = re.sub(r"^<[^>]*>:\s*", "", text)
+    lines = text.splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+Check = Callable[[Context], Outcome]
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("host", check_host),
+    ("sdk.selection", check_selection),
+    ("sdk.layout", check_layout),
+    ("sdk.version", check_version),
+    ("sdk.manifest", check_manifest),
+    ("sdk.verify", check_verify),
+    ("libraries", check_libraries),
+    ("glibc", check_glibc),
+    ("load", check_load),
+    ("environment", check_environment),
+    ("executorch", check_executorch),
+    ("cpu", check_cpu),
+    ("cache", check_cache),
+    ("network", check_network),
+)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def run_check(check_id: str, check: Check, ctx: Context) -> Result:
+    """Run one check; whatever it raises becomes its result, never the end of the report."""
+    try:
+        outcome = check(ctx)
+    except Skip as skip:
+        outcome = Outcome(SKIP, skip.detail, skip.hint)
+    except QnnctlError as exc:
+        outcome = Outcome(FAIL, exc.message, exc.hint)
+    except Exception as exc:
+        import traceback
+
+        log.debug("check %s raised:\n%s", check_id, traceback.format_exc().rstrip())
+        outcome = Outcome(
+            FAIL,
+            f"the check itself failed: {type(exc).__name__}: {exc}",
+            "this is a bug in qnnctl; `qnnctl -vv doctor` shows the traceback",
+        )
+    if outcome.status not in STATUSES:
+        outcome = Outcome(FAIL, f"the check returned an unknown status {outcome.status!r}")
+    hint = _one_line(outcome.hint) if outcome.hint else None
+    return Result(check_id, outcome.status, _one_line(outcome.detail), hint)
+
+
+def run_checks(ctx: Context, checks: Sequence[tuple[str, Check]] = CHECKS) -> list[Result]:
+    results = []
+    for check_id, check in checks:
+        log.debug("checking %s", check_id)
+        results.append(run_check(check_id, check, ctx))
+    return results
+
+
+def diagnose(
+    spec: str | None,
+    environ: Mapping[str, str],
+    cwd: Path,
+    offline: bool = False,
+    verify: bool = False,
+) -> list[Result]:
+    """Every check, for the SDK `spec` names (or the one qnnctl would choose)."""
+    if spec is not None:
+        # A malformed argument is a usage error (exit 2), not a failed check.
+        select_sdk(spec, environ, cwd)
+    return run_checks(Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify))
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+
+def passed(results: Sequence[Result], strict: bool = False) -> bool:
+    bad = {FAIL, WARN} if strict else {FAIL}
+    return not any(r.status in bad for r in results)
+
+
+def exit_code(results: Sequence[Result], strict: bool = False) -> int:
+    from qnnctl.errors import EXIT_FAILED, EXIT_OK
+
+    return EXIT_OK if passed(results, strict) else EXIT_FAILED
+
+
+def summary(results: Sequence[Result]) -> str:
+    counts = {status: sum(1 for r in results if r.status == status) for status in STATUSES}
+    words = {OK: "ok", WARN: "warning(s)", FAIL: "failed", SKIP: "skipped"}
+    return ", ".join(f"{counts[s]} {words[s]}" for s in (FAIL, WARN, OK, SKIP) if counts[s])
+
+
+def render_json(results: Sequence[Result], strict: bool = False) -> str:
+    data = {"schema": SCHEMA, "ok": passed(results, strict), "checks": [r.as_dict() for r in results]}
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_text(results: Sequence[Result]) -> str:
+    """Plain aligned columns, for logs and pipes; a hint goes on the line under its check."""
+    width = max((len(r.id) for r in results), default=0)
+    indent = " " * (6 + width + 2)
+    lines = []
+    for r in results:
+        lines.append(f"{r.status:<6}{r.id:<{width}}  {r.detail}")
+        if r.hint and r.status != OK:
+            lines.append(f"{indent}hint: {r.hint}")
+    lines.append(summary(results))
+    return "\n".join(lines) + "\n"
+
+
+_STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
+
+
+def render_table(results: Sequence[Result], width: int | None = None) -> str:
+    """The same rows as render_text, as a rich table with colours (for a terminal)."""
+    import io
+    import shutil
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    for r in results:
+        detail = Text(r.detail)
+        if r.hint and r.status != OK:
+            detail.append("\nhint: " + r.hint, style="cyan")
+        table.add_row(Text(r.status, style=_STYLES[r.status]), r.id, detail)
+    buffer = io.StringIO()
+    width = width or shutil.get_terminal_size().columns
+    console = Console(file=buffer, force_terminal=True, width=width, highlight=False, soft_wrap=False)
+    console.print(table)
+    console.print(summary(results))
+    return buffer.getvalue()

@@ -1,0 +1,636 @@
+"""`qnnctl doctor` on SDK trees with real ELF libraries, a real loopback server and real
+child processes. Most checks run in-process through `diagnose`; the CLI contract (exit codes,
+JSON, plain text, the table on a terminal) runs the real entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qnnctl import host
+from qnnctl.cache import Cache
+from qnnctl.doctor import (
+    CHECKS,
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    Context,
+    Outcome,
+    Result,
+    Skip,
+    Target,
+    diagnose,
+    exit_code,
+    glibc_verdict,
+    missing_hint,
+    render_json,
+    render_table,
+    render_text,
+    run_checks,
+)
+from qnnctl.environment import environment_for
+from qnnctl.errors import QnnctlError
+from qnnctl.sdk import HOST_BIN_DIR, HOST_LIB_DIR, Sdk, Selection
+from qnnctl.shell import apply
+from tests.conftest import run_qnnctl
+from tests.httpserver import FaultServer
+from tests.sdkfactory import (
+    OTHER_VERSION,
+    VERSION,
+    SdkSpec,
+    build_archive,
+    build_sdk_tree,
+    compile_shared,
+    install_tree_into_cache,
+)
+
+IDS = [check_id for check_id, _ in CHECKS]
+STABLE_IDS = ["host", "sdk.selection", "sdk.layout", "sdk.version", "sdk.manifest", "sdk.verify", "libraries",
+              "glibc", "load", "environment", "executorch", "cpu", "cache", "network"]
+
+GLIBC_234_SOURCE = """
+#include <pthread.h>
+__asm__(".symver pthread_create, pthread_create@GLIBC_2.34");
+int qnn_htp_start(pthread_t *t, void *(*f)(void *)) { return pthread_create(t, 0, f, 0); }
+"""
+
+
+@pytest.fixture(autouse=True)
+def _known_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Name the CPU vendor, so no doctor run waits for py-cpuinfo (test_cpu_* read it)."""
+    monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")
+
+
+def sdk_tree(tmp_path: Path, version: str = VERSION, **spec: object) -> Path:
+    return build_sdk_tree(tmp_path / "qairt" / version, SdkSpec(version=version, **spec))  # type: ignore[arg-type]
+
+
+def doctor(spec: str | None = None, offline: bool = True, verify: bool = False) -> dict[str, Result]:
+    results = diagnose(spec, dict(os.environ), Path.cwd(), offline=offline, verify=verify)
+    assert [r.id for r in results] == IDS
+    return {r.id: r for r in results}
+
+
+def link_against_missing(lib_dir: Path, target: str, soname: str) -> None:
+    """Replace lib_dir/target with a library that needs `soname`, which then disappears."""
+    dep = compile_shared(lib_dir.parent / "gone" / soname, "int gone(void) { return 1; }\n",
+                         [f"-Wl,-soname,{soname}"])
+    compile_shared(lib_dir / target, "int gone(void);\nint qnn(void) { return gone(); }\n",
+                   [f"-Wl,-soname,{target}", str(dep)])
+    dep.unlink()
+
+
+def host_has(soname: str) -> bool:
+    from qnnctl.elf import DEFAULT_DIRS
+
+    return soname in host.read_ld_cache() or any(Path(d, soname).exists() for d in DEFAULT_DIRS)
+
+
+# -- the report and the CLI contract -------------------------------------------------------------
+
+
+def test_ids_are_stable() -> None:
+    assert IDS == STABLE_IDS
+
+
+def test_healthy_sdk_json_exit_codes_and_strict(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    result = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"schema", "ok", "checks"}
+    assert report["schema"] == 1
+    assert report["ok"] is True
+    assert [c["id"] for c in report["checks"]] == STABLE_IDS
+    for check in report["checks"]:
+        assert set(check) == {"id", "status", "detail", "hint"}
+        assert check["status"] in ("ok", "warn", "fail", "skip")
+        assert isinstance(check["detail"], str)
+        assert "\n" not in check["detail"]
+        assert check["hint"] is None or isinstance(check["hint"], str)
+    status = {c["id"]: c["status"] for c in report["checks"]}
+    assert status["libraries"] == status["load"] == status["glibc"] == status["sdk.layout"] == "ok"
+    assert status["network"] == "skip"
+    # The shell was never set up for this SDK: a warning, which --strict turns into a failure.
+    assert status["environment"] == "warn"
+    strict = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline", "--strict")
+    assert strict.returncode == 1
+    assert json.loads(strict.stdout)["ok"] is False
+
+    exported = run_qnnctl("env", "--sdk", str(root), "--shell", "json")
+    assert exported.returncode == 0, exported.stderr
+    env = apply(os.environ, json.loads(exported.stdout))
+    strict_set_up = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline", "--strict", env=env)
+    checks = {c["id"]: c for c in json.loads(strict_set_up.stdout)["checks"]}
+    assert checks["environment"]["status"] == "ok"
+    # Only a disk short of space for another SDK could still warn here.
+    warned = {c["id"] for c in checks.values() if c["status"] == "warn"}
+    assert warned <= {"cache"}, checks
+    assert strict_set_up.returncode == (1 if warned else 0)
+
+
+def test_missing_dependency_fails_with_the_loaders_own_words(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    link_against_missing(root / HOST_LIB_DIR, "libQnnHtp.so", "libqnnctl_absent.so")
+    result = run_qnnctl("doctor", "--sdk", str(root), "--offline")
+    assert result.returncode == 1
+    # Piped: plain aligned text on stdout, one line per check, then the summary.
+    lines = result.stdout.splitlines()
+    libraries = next(line for line in lines if line.startswith("fail  libraries"))
+    assert "libqnnctl_absent.so not found (needed by libQnnHtp.so)" in libraries
+    load = next(line for line in lines if line.startswith("fail  load"))
+    assert "libqnnctl_absent.so: cannot open shared object file: No such file or directory" in load
+    assert "\x1b[" not in result.stdout
+    assert lines[-1].startswith("2 failed")
+    assert any(line.strip().startswith("hint: install the package that provides libqnnctl_absent.so")
+               for line in lines)
+
+
+def test_libcxx_missing_names_the_packages(tmp_path: Path) -> None:
+    target = Target(Selection("argument", "given"), None, None)
+    assert "apt-get install libc++1 libc++abi1 libunwind-14" in missing_hint("libc++.so.1", target)
+    assert "apt-get install libc++1 libc++abi1 libunwind-14" in missing_hint("libunwind.so.1", target)
+    assert "apt-get" not in missing_hint("libfoo.so", target)
+    if host_has("libc++.so.1"):
+        pytest.skip("this host has libc++.so.1, so an SDK library cannot miss it here")
+    root = sdk_tree(tmp_path)
+    link_against_missing(root / HOST_LIB_DIR, "libQnnSystem.so", "libc++.so.1")
+    results = doctor(str(root))
+    assert results["libraries"].status == FAIL
+    assert "libc++.so.1 not found (needed by libQnnSystem.so)" in results["libraries"].detail
+    assert "apt-get install libc++1 libc++abi1 libunwind-14" in (results["libraries"].hint or "")
+    assert results["load"].status == FAIL
+    assert "apt-get install libc++1" in (results["load"].hint or "")
+
+
+def test_runpath_supplies_a_dependency_outside_ld_library_path(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    dep = compile_shared(root / "lib" / "deps" / "libqnnctl_dep.so", "int dep(void) { return 1; }\n",
+                         ["-Wl,-soname,libqnnctl_dep.so"])
+    lib = root / HOST_LIB_DIR / "libQnnSystem.so"
+    compile_shared(lib, "int dep(void);\nint qnn(void) { return dep(); }\n",
+                   [str(dep), "-Wl,-rpath,$ORIGIN/../deps", "-Wl,--enable-new-dtags"])
+    results = doctor(str(root))
+    assert results["libraries"].status == OK, results["libraries"]
+    assert results["load"].status == OK, results["load"]
+    dep.unlink()
+    results = doctor(str(root))
+    assert results["libraries"].status == FAIL
+    assert "libqnnctl_dep.so not found" in results["libraries"].detail
+
+
+def test_library_needing_glibc_2_34(tmp_path: Path) -> None:
+    have = host.glibc_version()
+    if have is None or have < (2, 34):
+        pytest.skip("linking against GLIBC_2.34 needs glibc 2.34 or newer on the build host")
+    root = sdk_tree(tmp_path)
+    compile_shared(root / HOST_LIB_DIR / "libQnnHtp.so", GLIBC_234_SOURCE)
+    results = doctor(str(root))
+    assert results["glibc"].status == OK
+    assert "GLIBC_2.34 needed (by libQnnHtp.so)" in results["glibc"].detail
+
+    ctx = Context(spec=str(root), environ=dict(os.environ), cwd=Path.cwd(), offline=True,
+                  glibc_reader=lambda: (2, 31))
+    old = {r.id: r for r in run_checks(ctx)}
+    assert old["glibc"].status == FAIL
+    assert old["glibc"].detail == "libQnnHtp.so needs GLIBC_2.34; this host has glibc 2.31"
+    assert "glibc 2.34 or newer" in (old["glibc"].hint or "")
+
+
+def test_glibc_verdicts() -> None:
+    lib = Path("/sdk/libQnnHtp.so")
+    other = Path("/sdk/libQnnTFLiteDelegate.so")
+    assert glibc_verdict(((2, 34), lib), (2, 36)).status == OK
+    assert glibc_verdict(((2, 34), lib), (2, 34)).status == OK
+    assert glibc_verdict(((2, 34), lib), (2, 31)).status == FAIL
+    assert glibc_verdict(((2, 2, 5), lib), (2, 3)).status == OK
+    assert glibc_verdict(((2, 27), lib), (2, 31), ((2, 35), other)).status == WARN
+    assert glibc_verdict(None, (2, 31)).status == OK
+    assert glibc_verdict(((2, 17), lib), None).status == FAIL
+
+
+def test_broken_sdk_names_the_missing_library_and_the_tool_without_exec_bit(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    (root / HOST_LIB_DIR / "libQnnSystem.so").unlink()
+    tool = root / HOST_BIN_DIR / "qnn-net-run"
+    tool.chmod(0o644)
+    results = doctor(str(root))
+    assert results["sdk.selection"].status == OK
+    layout = results["sdk.layout"]
+    assert layout.status == FAIL
+    assert f"missing {HOST_LIB_DIR}/libQnnSystem.so" in layout.detail
+    assert "not executable: qnn-net-run" in layout.detail
+    assert f"chmod +x {tool}" in (layout.hint or "")
+    assert results["libraries"].status == FAIL
+    assert "libQnnSystem.so not in" in results["libraries"].detail
+    assert results["load"].status == FAIL
+    assert "libQnnSystem.so: cannot open shared object file" in results["load"].detail
+    assert exit_code(list(results.values())) == 1
+
+
+def test_data_files_among_the_tools_need_no_exec_bit(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path, extra_files={f"{HOST_BIN_DIR}/tools.json": b"{}"})
+    layout = doctor(str(root))["sdk.layout"]
+    assert layout.status == OK
+    assert "2 tools (executable)" in layout.detail
+
+
+def test_damaged_sdk_in_the_cache_is_still_examined(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir)
+    (root / HOST_LIB_DIR / "libQnnHtp.so").unlink()
+    results = doctor()
+    assert results["sdk.selection"].status == OK
+    assert results["sdk.layout"].status == FAIL
+    assert f"`qnnctl install --force {VERSION}`" in (results["sdk.layout"].hint or "")
+
+
+def test_not_installed_fails_selection_and_skips_the_rest() -> None:
+    results = doctor()
+    selection = results["sdk.selection"]
+    assert selection.status == FAIL
+    assert selection.detail.startswith("default: ")
+    assert selection.hint == f"run `qnnctl install {VERSION}`"
+    for check_id in ("sdk.layout", "sdk.version", "libraries", "glibc", "load", "environment"):
+        assert results[check_id].status == SKIP
+        assert "see sdk.selection" in results[check_id].detail
+
+
+def test_selection_reasons(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    (Path.cwd() / ".qnn-version").write_text(OTHER_VERSION + "\n")
+    assert doctor()["sdk.selection"].detail.startswith(f"pin: pinned in {Path.cwd() / '.qnn-version'}")
+    root = sdk_tree(tmp_path)
+    monkeypatch.setenv("QNN_SDK_ROOT", str(root))
+    assert doctor()["sdk.selection"].detail.startswith("QNN_SDK_ROOT: from QNN_SDK_ROOT")
+
+
+def test_an_empty_qnn_sdk_root_checks_ld_library_path_as_it_is(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    root = sdk_tree(tmp_path)
+    monkeypatch.setenv("QNN_SDK_ROOT", "")
+    results = doctor()
+    assert results["sdk.selection"].status == OK
+    assert "the caller manages the SDK" in results["sdk.selection"].detail
+    assert results["sdk.layout"].status == SKIP
+    assert results["libraries"].status == SKIP
+    assert "LD_LIBRARY_PATH" in (results["libraries"].hint or "")
+    # The load runs with the environment as it is, and the loader says what is wrong.
+    assert results["load"].status == FAIL
+    assert "libQnnHtp.so: cannot open shared object file" in results["load"].detail
+    assert results["environment"].status == WARN
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(root / HOST_LIB_DIR))
+    results = doctor()
+    assert results["libraries"].status == OK
+    assert results["load"].status == OK
+    assert results["environment"].status == OK
+    assert str(root / HOST_LIB_DIR) in results["sdk.selection"].detail
+
+
+def test_version_from_sdk_yaml_or_folder_name(tmp_path: Path) -> None:
+    with_yaml = sdk_tree(tmp_path / "a")
+    assert doctor(str(with_yaml))["sdk.version"].detail == f"{VERSION} (from sdk.yaml)"
+    named = sdk_tree(tmp_path / "b", sdk_yaml=False)
+    assert doctor(str(named))["sdk.version"].detail == f"{VERSION} (from the folder name)"
+    anonymous = build_sdk_tree(tmp_path / "c" / "sdk", SdkSpec(sdk_yaml=False))
+    result = doctor(str(anonymous))["sdk.version"]
+    assert result.status == WARN
+    assert "cannot tell the version" in result.detail
+
+
+def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
+    from qnnctl.install import InstallRequest, install
+
+    archive = build_archive(tmp_path, "zip")
+    installed = install(InstallRequest(file=archive), Cache(cache_dir), dict(os.environ), Path.cwd())
+    assert installed.sdk is not None
+    root = installed.sdk.root
+    results = doctor(VERSION)
+    assert results["sdk.manifest"].status == OK
+    assert results["sdk.verify"].status == SKIP
+    assert results["sdk.verify"].hint == "`qnnctl doctor --verify` re-hashes them"
+    verified = doctor(VERSION, verify=True)["sdk.verify"]
+    assert verified.status == OK
+    assert verified.detail.startswith("all ")
+
+    (root / "QNN_README.txt").write_text("changed\n")
+    (root / HOST_BIN_DIR / "qnn-context-binary-generator").unlink()
+    verified = doctor(VERSION, verify=True)["sdk.verify"]
+    assert verified.status == FAIL
+    assert "1 changed (QNN_README.txt)" in verified.detail
+    assert f"1 missing ({HOST_BIN_DIR}/qnn-context-binary-generator)" in verified.detail
+    assert verified.hint == f"reinstall it: `qnnctl install --force {VERSION}`"
+
+
+def test_manifest_without_digests_warns(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir)  # its manifest records no files
+    results = doctor()
+    assert results["sdk.manifest"].status == WARN
+    assert "no per-file digests" in results["sdk.manifest"].detail
+    assert results["sdk.verify"].status == SKIP
+
+
+def test_environment_check(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = sdk_tree(tmp_path)
+    other = sdk_tree(tmp_path / "other", OTHER_VERSION)
+    result = doctor(str(root))["environment"]
+    assert result.status == WARN
+    assert "QNN_SDK_ROOT is not set" in result.detail
+    assert f"LD_LIBRARY_PATH lacks {root / HOST_LIB_DIR}" in result.detail
+    assert result.hint is not None
+    assert result.hint.startswith(f'eval "$(qnnctl env --sdk {root})"')
+
+    def export(sdk_root: Path, version: str) -> None:
+        sdk = Sdk(sdk_root, version, "--sdk")
+        for name, value in environment_for(sdk, dict(os.environ), Cache(cache_dir), True).items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+
+    export(other, OTHER_VERSION)
+    result = doctor(str(root))["environment"]
+    assert result.status == WARN
+    assert f"QNN_SDK_ROOT is {other}" in result.detail
+    export(root, VERSION)
+    assert doctor(str(root))["environment"].status == OK
+
+
+def test_executorch_expectation_that_does_not_match(tmp_path: Path) -> None:
+    site = make_executorch(tmp_path / "site", "1.5.1", OTHER_VERSION)
+    root = sdk_tree(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    result = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline", env=env)
+    assert result.returncode == 1, result.stdout
+    checks = {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+    executorch = checks["executorch"]
+    assert executorch["status"] == "fail"
+    assert f"ExecuTorch 1.5.1 ({site / 'executorch'}) expects SDK {OTHER_VERSION}" in executorch["detail"]
+    assert f"the selected SDK is {VERSION}" in executorch["detail"]
+    assert f"`qnnctl install {OTHER_VERSION}`" in executorch["hint"]
+    # Read from its files: the package itself raises when imported.
+    assert "imported" not in result.stdout + result.stderr
+
+
+def test_executorch_expectation_that_matches(tmp_path: Path, cache_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    site = make_executorch(tmp_path / "site", "1.5.1", VERSION)
+    monkeypatch.syspath_prepend(str(site))
+    install_tree_into_cache(cache_dir)
+    results = doctor()
+    assert results["sdk.selection"].detail.startswith("executorch: ")
+    assert results["executorch"].status == OK
+    assert results["executorch"].detail.startswith("ExecuTorch 1.5.1")
+    assert "executorch" not in sys.modules
+
+
+def test_executorch_not_installed_is_skipped() -> None:
+    assert doctor()["executorch"].status == SKIP
+
+
+def make_executorch(site: Path, version: str, expects: str) -> Path:
+    """A site-packages folder laid out like the installed ExecuTorch wheel."""
+    package = site / "executorch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('executorch was imported')\n")
+    scripts = package / "backends" / "qualcomm" / "scripts"
+    scripts.mkdir(parents=True)
+    for folder in (package / "backends", package / "backends" / "qualcomm", scripts):
+        (folder / "__init__.py").write_text("")
+    (scripts / "download_qnn_sdk.py").write_text(
+        "import os\n\n"
+        f'QNN_VERSION = os.environ.get("QNN_VERSION", "{expects}")\n'
+        'QAIRT_URL = f"https://softwarecenter.qualcomm.com/.../All/{QNN_VERSION}/v{QNN_VERSION}.zip"\n'
+    )
+    dist = site / f"executorch-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: executorch\nVersion: {version}\n")
+    (dist / "RECORD").write_text("")
+    return site
+
+
+def test_checks_that_raise_do_not_stop_the_rest() -> None:
+    def boom(ctx: Context) -> Outcome:
+        raise RuntimeError("kaboom")
+
+    def refuses(ctx: Context) -> Outcome:
+        raise QnnctlError("no good", hint="do this")
+
+    def skips(ctx: Context) -> Outcome:
+        raise Skip("nothing here")
+
+    def multiline(ctx: Context) -> Outcome:
+        return Outcome(WARN, "one\ntwo", "fix\nit")
+
+    checks = [("boom", boom), CHECKS[0], ("refuses", refuses), ("skips", skips), ("multiline", multiline)]
+    ctx = Context(spec=None, environ=dict(os.environ), cwd=Path.cwd(), offline=True)
+    results = run_checks(ctx, checks)
+    assert [r.id for r in results] == ["boom", "host", "refuses", "skips", "multiline"]
+    assert results[0].status == FAIL
+    assert "RuntimeError: kaboom" in results[0].detail
+    assert results[0].hint is not None
+    assert "-vv" in results[0].hint
+    assert results[1].status == OK
+    assert (results[2].status, results[2].detail, results[2].hint) == (FAIL, "no good", "do this")
+    assert (results[3].status, results[3].detail) == (SKIP, "nothing here")
+    assert (results[4].detail, results[4].hint) == ("one two", "fix it")
+
+
+def test_unsupported_host_fails_and_names_the_supported_one() -> None:
+    ctx = Context(spec=None, environ=dict(os.environ), cwd=Path.cwd(), offline=True, system="Darwin",
+                  machine="arm64")
+    [result] = run_checks(ctx, [CHECKS[0]])
+    assert result.status == FAIL
+    assert "Darwin arm64" in result.detail
+    assert "Linux x86_64" in result.detail
+
+
+def test_exit_codes() -> None:
+    def results(*statuses: str) -> list[Result]:
+        return [Result(f"c{i}", s, "d") for i, s in enumerate(statuses)]
+
+    assert exit_code(results(OK, SKIP)) == 0
+    assert exit_code(results(OK, WARN)) == 0
+    assert exit_code(results(OK, WARN), strict=True) == 1
+    assert exit_code(results(OK, FAIL)) == 1
+    assert json.loads(render_json(results(OK, WARN), strict=True))["ok"] is False
+    assert json.loads(render_json(results(OK, WARN)))["ok"] is True
+
+
+def test_a_malformed_sdk_argument_is_a_usage_error() -> None:
+    result = run_qnnctl("doctor", "--sdk", "", "--offline")
+    assert result.returncode == 2
+    assert result.stdout == ""
+
+
+def test_text_table_and_json_come_from_the_same_results() -> None:
+    results = [Result("host", OK, "Linux x86_64"), Result("libraries", FAIL, "libc++.so.1 not found", "apt-get it"),
+               Result("network", SKIP, "--offline")]
+    text = render_text(results)
+    assert text.splitlines() == [
+        "ok    host       Linux x86_64",
+        "fail  libraries  libc++.so.1 not found",
+        "                 hint: apt-get it",
+        "skip  network    --offline",
+        "1 failed, 1 ok, 1 skipped",
+    ]
+    table = render_table(results, width=100)
+    assert "\x1b[" in table
+    for r in results:
+        assert r.id in table
+        assert r.detail in table
+    assert "hint: apt-get it" in table
+    assert [c["status"] for c in json.loads(render_json(results))["checks"]] == [OK, FAIL, SKIP]
+
+
+def test_a_terminal_gets_the_table(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "doctor", "--sdk", str(root), "--offline"],
+                            stdout=follower, stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="200"))
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr is not None
+    proc.stderr.close()
+    out = b"".join(chunks).decode()
+    assert "\x1b[" in out  # colours: rich, not the plain text
+    assert "sdk.selection" in out
+    assert "libraries" in out
+
+
+# -- cpu, cache, network ---------------------------------------------------------------------
+
+
+def test_cpu_on_amd_notes_mkldnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QNNCTL_FORCE_CPU_VENDOR")
+    ctx = Context(spec=None, environ=dict(os.environ), cwd=Path.cwd(), offline=True)
+    cpu = [c for c in CHECKS if c[0] == "cpu"]
+    # Seed the once-per-process cache in place of py-cpuinfo's answer.
+    monkeypatch.setattr(host, "_vendor", ["AuthenticAMD"])
+    [result] = run_checks(ctx, cpu)
+    assert result.status == OK
+    assert "turns PyTorch's MKLDNN off" in result.detail
+    monkeypatch.setattr(host, "_vendor", ["GenuineIntel"])
+    [result] = run_checks(ctx, cpu)
+    assert (result.status, result.detail) == (OK, "GenuineIntel")
+    monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "AuthenticAMD")
+    [result] = run_checks(Context(spec=None, environ=dict(os.environ), cwd=Path.cwd()), cpu)
+    assert result.detail.startswith("AuthenticAMD (from QNNCTL_FORCE_CPU_VENDOR): `qnnctl lower` turns")
+    monkeypatch.delenv("QNNCTL_FORCE_CPU_VENDOR")
+    monkeypatch.setattr(host, "_vendor", [])
+    monkeypatch.setitem(sys.modules, "cpuinfo", None)  # makes `import cpuinfo` fail as if missing
+    [result] = run_checks(ctx, cpu)
+    assert result.status == WARN
+    assert "py-cpuinfo is not installed" in result.detail
+    assert result.hint == "pip install py-cpuinfo"
+
+
+def test_cache_check(cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = [c for c in CHECKS if c[0] == "cache"]
+
+    def check(space: int = 0) -> Result:
+        ctx = Context(spec=None, environ=dict(os.environ), cwd=Path.cwd(), offline=True, space_needed=space)
+        return run_checks(ctx, cache)[0]
+
+    result = check()
+    assert result.status == OK
+    assert "not created yet" in result.detail
+    downloads = cache_dir / "downloads"
+    downloads.mkdir(parents=True)
+    (downloads / f"v{VERSION}.zip.part").write_bytes(b"x" * 1000)
+    result = check()
+    assert result.status == WARN
+    assert "1 partial download(s)" in result.detail
+    assert result.hint is not None
+    assert "`qnnctl cache clean`" in result.hint
+    (downloads / f"v{VERSION}.zip.part").unlink()
+    assert check().status == OK
+    result = check(space=1 << 60)
+    assert result.status == WARN
+    assert "an SDK install needs about" in result.detail
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(blocker / "cache"))
+    result = check()
+    assert result.status == FAIL
+    assert "is not a folder" in result.detail
+
+
+def test_offline_skips_the_network(server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    assert doctor(offline=True)["network"].status == SKIP
+    assert server.requests == []
+
+
+def test_network_reaches_the_mirror(server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    path = f"/{VERSION}/v{VERSION}.zip"
+    server.add(path, b"PK\x05\x06" + b"\0" * 18)
+    result = doctor(offline=False)["network"]
+    assert result.status == OK, result
+    assert f"answered HTTP 200 for {server.base}{path} (directly" in result.detail
+    assert len(server.requests_for(path, method="HEAD")) == 1
+    server.files.clear()
+    result = doctor(offline=False)["network"]
+    assert result.status == WARN
+    assert "HTTP 404" in result.detail
+
+
+def test_network_unreachable_fails_only_when_an_install_is_needed(cache_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("QNNCTL_MIRROR", f"http://127.0.0.1:{port}")
+    result = doctor(offline=False)["network"]
+    assert result.status == FAIL
+    assert "cannot reach the mirror (QNNCTL_MIRROR)" in result.detail
+    install_tree_into_cache(cache_dir)
+    result = doctor(offline=False)["network"]
+    assert result.status == WARN
+    assert "already installed" in result.detail
+
+
+def test_network_goes_through_the_proxy_and_hides_its_password(server: FaultServer,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    host_port = server.base.removeprefix("http://")
+    monkeypatch.setenv("QNNCTL_MIRROR", "http://mirror.invalid/All")
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:s3cret@{host_port}")
+    monkeypatch.delenv("NO_PROXY")
+    result = doctor(offline=False)["network"]
+    assert f"through proxy http://***@{host_port} (from HTTP_PROXY)" in result.detail
+    assert "s3cret" not in result.detail
+    proxied = [r for r in server.requests if r.path == f"http://mirror.invalid/All/{VERSION}/v{VERSION}.zip"]
+    assert len(proxied) == 1
+    assert "Proxy-Authorization" in proxied[0].headers
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    result = doctor(offline=False)["network"]
+    assert "directly: NO_PROXY=127.0.0.1 covers it (HTTP_PROXY set)" in result.detail
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://{host_port}")
+    result = doctor(offline=False)["network"]
+    assert "directly (HTTPS_PROXY set, none for http)" in result.detail
+    monkeypatch.setenv("ALL_PROXY", f"http://{host_port}")
+    result = doctor(offline=False)["network"]
+    assert f"through proxy http://{host_port} (from HTTPS_PROXY, ALL_PROXY)" in result.detail

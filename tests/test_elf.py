@@ -1,0 +1,293 @@
+"""ELF reading and library resolution, on libraries compiled by the tests.
+
+Where the resolver claims to know what ld.so does, the real loader is asked too: a fresh
+Python dlopens the library and /proc/self/maps says which file it got.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qnnctl.elf import (
+    VIA_CACHE,
+    VIA_DEFAULT,
+    VIA_LD_LIBRARY_PATH,
+    VIA_RPATH,
+    VIA_RUNPATH,
+    Resolver,
+    Scanner,
+    glibc_of,
+    read_elf,
+)
+from qnnctl.errors import IntegrityError
+from qnnctl.host import glibc_version, parse_ld_cache, parse_ldconfig_output, read_ld_cache
+from tests.conftest import require_tool
+from tests.sdkfactory import compile_shared
+
+NEW_DTAGS = "-Wl,--enable-new-dtags"  # RUNPATH
+OLD_DTAGS = "-Wl,--disable-new-dtags"  # RPATH
+
+GLIBC_234_SOURCE = """
+#include <pthread.h>
+/* Bind to the symbol version glibc 2.34 introduced when libpthread moved into libc. */
+__asm__(".symver pthread_create, pthread_create@GLIBC_2.34");
+int start(pthread_t *t, void *(*f)(void *)) { return pthread_create(t, 0, f, 0); }
+"""
+
+
+def _library(path: Path, body: str = "", needs: tuple[Path, ...] = (), extra: tuple[str, ...] = ()) -> Path:
+    """A shared library with soname = its file name, linked against `needs`."""
+    decls = "".join(f"int {_sym(dep)}(void);\n" for dep in needs)
+    calls = " + ".join(f"{_sym(dep)}()" for dep in needs) or "0"
+    source = decls + f"int {_sym(path)}(void) {{ return {calls}; }}\n" + body
+    args = [f"-Wl,-soname,{path.name}"]
+    for dep in needs:
+        args += [f"-L{dep.parent}", f"-l:{dep.name}"]
+    return compile_shared(path, source, [*args, *extra])
+
+
+def _sym(path: Path) -> str:
+    return "f_" + "".join(c if c.isalnum() else "_" for c in path.name)
+
+
+def loaded_by_real_loader(lib: Path, soname: str, ld_library_path: str | None) -> str:
+    """The path ld.so picks for `soname` when `lib` is dlopened, or the loader's error."""
+    code = (
+        "import ctypes, sys\n"
+        "try:\n"
+        "    ctypes.CDLL(sys.argv[1])\n"
+        "except OSError as exc:\n"
+        "    print('error:', exc); raise SystemExit\n"
+        "print(next(l.split()[-1] for l in open('/proc/self/maps') if l.rstrip().endswith('/' + sys.argv[2])))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    if ld_library_path is not None:
+        env["LD_LIBRARY_PATH"] = ld_library_path
+    out = subprocess.run([sys.executable, "-I", "-c", code, str(lib), soname], env=env,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _resolver(ld_library_path: str | None = None) -> Resolver:
+    return Resolver(ld_library_path, read_ld_cache())
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_reads_needed_soname_and_expands_origin_in_runpath(tmp_path: Path) -> None:
+    dep = _library(tmp_path / "deps" / "libdep.so")
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=(dep,),
+                   extra=("-Wl,-rpath,$ORIGIN/../deps", NEW_DTAGS))
+    info = read_elf(lib)
+    assert info.soname == "libtop.so"
+    assert info.needed == ("libdep.so",)
+    assert info.runpath == (f"{tmp_path / 'lib'}/../deps",)
+    assert info.rpath == ()
+
+
+def test_reads_rpath_when_linked_with_old_dtags(tmp_path: Path) -> None:
+    dep = _library(tmp_path / "deps" / "libdep.so")
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=(dep,),
+                   extra=("-Wl,-rpath,${ORIGIN}/a:/opt/b", OLD_DTAGS))
+    info = read_elf(lib)
+    assert info.rpath == (f"{tmp_path / 'lib'}/a", "/opt/b")
+    assert info.runpath == ()
+
+
+def test_highest_glibc_version_needed(tmp_path: Path) -> None:
+    host = glibc_version()
+    if host is None or host < (2, 34):
+        pytest.skip("linking against GLIBC_2.34 needs glibc 2.34 or newer on the build host")
+    modern = compile_shared(tmp_path / "libmodern.so", GLIBC_234_SOURCE)
+    plain = compile_shared(tmp_path / "libplain.so",
+                           "#include <stdio.h>\nint hello(void) { return puts(\"hi\"); }\n")
+    assert read_elf(modern).glibc == (2, 34)
+    plain_glibc = read_elf(plain).glibc
+    assert plain_glibc is not None
+    assert plain_glibc < (2, 34)
+
+
+def test_glibc_of_symbol_versions() -> None:
+    assert glibc_of("GLIBC_2.2.5") == (2, 2, 5)
+    assert glibc_of("GLIBC_2.34") == (2, 34)
+    assert glibc_of("GLIBC_PRIVATE") is None
+    assert glibc_of("GLIBCXX_3.4.29") is None
+
+
+def test_a_file_that_is_not_elf_is_an_integrity_error(tmp_path: Path) -> None:
+    fake = tmp_path / "libfake.so"
+    fake.write_text("INPUT(libc.so.6)\n")
+    with pytest.raises(IntegrityError, match="not an ELF file"):
+        read_elf(fake)
+
+
+def test_host_glibc_matches_confstr() -> None:
+    reported = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
+    assert reported is not None
+    version = glibc_version()
+    assert version is not None
+    assert reported == "glibc " + ".".join(map(str, version))
+
+
+# -- resolving -------------------------------------------------------------------------------
+
+
+def test_a_library_this_host_lacks_is_missing(tmp_path: Path) -> None:
+    dep = _library(tmp_path / "gone" / "libqnnctl_gone.so")
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=(dep,))
+    dep.unlink()
+    closure = Scanner(_resolver(str(tmp_path / "gone"))).closure([lib])
+    assert closure.missing == {"libqnnctl_gone.so": [lib]}
+    assert "cannot open shared object file" in loaded_by_real_loader(lib, "libqnnctl_gone.so", None)
+
+
+def test_runpath_supplies_the_dependency(tmp_path: Path) -> None:
+    dep = _library(tmp_path / "deps" / "libdep.so")
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=(dep,),
+                   extra=("-Wl,-rpath,$ORIGIN/../deps", NEW_DTAGS))
+    found = _resolver().find("libdep.so", [read_elf(lib)])
+    assert found.via == VIA_RUNPATH
+    assert found.path is not None
+    assert found.path.resolve() == dep
+    assert Path(loaded_by_real_loader(lib, "libdep.so", None)).resolve() == dep
+
+
+@pytest.mark.parametrize(("dtags", "via"), [(OLD_DTAGS, VIA_RPATH), (NEW_DTAGS, VIA_LD_LIBRARY_PATH)])
+def test_rpath_comes_before_ld_library_path_but_runpath_after(tmp_path: Path, dtags: str, via: str) -> None:
+    own = _library(tmp_path / "own" / "libbar.so")
+    env = _library(tmp_path / "env" / "libbar.so", body="int other(void) { return 2; }\n")
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=(own,), extra=(f"-Wl,-rpath,{own.parent}", dtags))
+    found = _resolver(str(env.parent)).find("libbar.so", [read_elf(lib)])
+    assert found.via == via
+    expected = own if via == VIA_RPATH else env
+    assert found.path == expected
+    assert loaded_by_real_loader(lib, "libbar.so", str(env.parent)) == str(expected)
+
+
+def test_rpath_of_the_loading_library_is_searched_too(tmp_path: Path) -> None:
+    bar = _library(tmp_path / "shared" / "libbar.so")
+    mid = _library(tmp_path / "mid" / "libmid.so", needs=(bar,))  # no RPATH of its own
+    top = _library(tmp_path / "lib" / "libtop.so", needs=(mid,),
+                   extra=(f"-Wl,-rpath,{mid.parent}:{bar.parent}", OLD_DTAGS))
+    closure = Scanner(_resolver()).closure([top])
+    assert closure.missing == {}
+    [bar_found] = closure.found[mid]
+    assert (bar_found.path, bar_found.via) == (bar, VIA_RPATH)
+    assert loaded_by_real_loader(top, "libbar.so", None) == str(bar)
+
+
+def test_a_library_with_runpath_inherits_no_rpath(tmp_path: Path) -> None:
+    bar = _library(tmp_path / "shared" / "libbar.so")
+    mid = _library(tmp_path / "mid" / "libmid.so", needs=(bar,), extra=("-Wl,-rpath,/nonexistent", NEW_DTAGS))
+    top = _library(tmp_path / "lib" / "libtop.so", needs=(mid,),
+                   extra=(f"-Wl,-rpath,{mid.parent}:{bar.parent}", OLD_DTAGS))
+    closure = Scanner(_resolver()).closure([top])
+    assert closure.missing == {"libbar.so": [mid]}
+    assert "libbar.so: cannot open shared object file" in loaded_by_real_loader(top, "libbar.so", None)
+
+
+def test_another_machine_is_passed_over_but_a_non_elf_file_stops_the_search(tmp_path: Path) -> None:
+    good = _library(tmp_path / "good" / "libbar.so")
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=(good,))
+    foreign = tmp_path / "foreign" / "libbar.so"
+    foreign.parent.mkdir()
+    data = bytearray(good.read_bytes())
+    data[18:20] = (183).to_bytes(2, "little")  # EM_AARCH64
+    foreign.write_bytes(bytes(data))
+    search = f"{foreign.parent}:{good.parent}"
+    found = _resolver(search).find("libbar.so", [read_elf(lib)])
+    assert (found.path, found.via, found.error) == (good, VIA_LD_LIBRARY_PATH, None)
+    assert loaded_by_real_loader(lib, "libbar.so", search) == str(good)
+
+    junk = tmp_path / "junk" / "libbar.so"
+    junk.parent.mkdir()
+    junk.write_text("not a library\n" * 20)
+    search = f"{junk.parent}:{good.parent}"
+    closure = Scanner(_resolver(search)).closure([lib])
+    assert list(closure.broken) == ["libbar.so"]
+    assert "invalid ELF header" in loaded_by_real_loader(lib, "libbar.so", search)
+
+
+def test_system_libraries_come_from_the_cache_or_default_folders(tmp_path: Path) -> None:
+    lib = compile_shared(tmp_path / "libhello.so", "#include <stdio.h>\nint hello(void) { return puts(\"x\"); }\n")
+    info = read_elf(lib)
+    assert "libc.so.6" in info.needed
+    found = _resolver().find("libc.so.6", [info])
+    assert found.via == VIA_CACHE
+    assert found.path is not None
+    assert found.system
+    no_cache = Resolver(None, {}).find("libc.so.6", [info])
+    assert no_cache.via == VIA_DEFAULT
+    assert no_cache.path is not None
+    nowhere = Resolver(None, {}, default_dirs=()).find("libc.so.6", [info])
+    assert nowhere.missing
+
+
+def test_closure_follows_sdk_libraries_and_reports_the_highest_glibc(tmp_path: Path) -> None:
+    host = glibc_version()
+    if host is None or host < (2, 34):
+        pytest.skip("linking against GLIBC_2.34 needs glibc 2.34 or newer on the build host")
+    gone = _library(tmp_path / "deps" / "libgone.so")
+    mid = _library(tmp_path / "deps" / "libmid.so", body=GLIBC_234_SOURCE, needs=(gone,))
+    top = _library(tmp_path / "lib" / "libtop.so", needs=(mid,),
+                   extra=("-Wl,-rpath,$ORIGIN/../deps", NEW_DTAGS))
+    gone.unlink()
+    closure = Scanner(_resolver()).closure([top])
+    assert set(closure.libraries) == {top, mid.parent.parent / "lib" / ".." / "deps" / "libmid.so"}
+    assert closure.missing == {"libgone.so": [mid.parent.parent / "lib" / ".." / "deps" / "libmid.so"]}
+    highest = closure.highest_glibc()
+    assert highest is not None
+    assert highest[0] == (2, 34)
+    assert highest[1].name == "libmid.so"
+
+
+# -- the ldconfig cache ------------------------------------------------------------------------
+
+
+def _ldconfig() -> str:
+    for candidate in (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if candidate and os.path.isfile(candidate):
+            return candidate
+    return require_tool("ldconfig")
+
+
+def _ldconfig_p(ldconfig: str, cache: str) -> dict[str, list[str]]:
+    out = subprocess.run([ldconfig, "-C", cache, "-p"], capture_output=True, text=True, check=True)
+    return parse_ldconfig_output(out.stdout)
+
+
+def test_the_hosts_ld_so_cache_reads_as_ldconfig_lists_it() -> None:
+    ldconfig = _ldconfig()
+    if not os.path.isfile("/etc/ld.so.cache"):
+        pytest.skip("this host has no /etc/ld.so.cache")
+    parsed = read_ld_cache()
+    assert parsed == _ldconfig_p(ldconfig, "/etc/ld.so.cache")
+    assert "libc.so.6" in parsed
+
+
+@pytest.mark.parametrize("fmt", ["new", "compat", "old"])
+def test_every_cache_format_reads_as_ldconfig_lists_it(tmp_path: Path, fmt: str) -> None:
+    ldconfig = _ldconfig()
+    lib = _library(tmp_path / "libs" / "libqnnctlcache.so.1")
+    conf = tmp_path / "ld.so.conf"
+    conf.write_text(f"{lib.parent}\n")
+    cache = tmp_path / f"ld.so.cache.{fmt}"
+    subprocess.run([ldconfig, "-X", "-c", fmt, "-C", str(cache), "-f", str(conf)], check=True,
+                   capture_output=True)
+    data = cache.read_bytes()
+    # The old format alone is left to `ldconfig -p`; the others are parsed here.
+    assert (parse_ld_cache(data) is None) == (fmt == "old")
+    entries = read_ld_cache(str(cache))
+    assert entries["libqnnctlcache.so.1"] == [str(lib)]
+    assert entries == _ldconfig_p(ldconfig, str(cache))
+
+
+def test_an_unreadable_cache_is_empty(tmp_path: Path) -> None:
+    assert read_ld_cache(str(tmp_path / "absent")) == {}
