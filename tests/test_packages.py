@@ -1,0 +1,406 @@
+"""The package readers: ar/.deb, tar, RPM with a cpio payload, on archives built here.
+
+The builders below (ar, .deb, cpio newc, RPM) write the formats byte by byte so that the
+readers are checked against the layouts themselves, not against another reader.
+Tests named test_apt_* fetch real Debian packages with `apt-get download`; deselect them
+offline with `-k "not apt"`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import lzma
+import os
+import stat
+import struct
+import subprocess
+import sys
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+from qnnctl.packages import (
+    Collected,
+    ar_members,
+    collect,
+    deb_info,
+    deb_members,
+    package_kind,
+    package_members,
+    parse_control,
+    rpm_info,
+    rpm_members,
+)
+from tests.conftest import IN_CI, require_tool
+
+# -- builders ----------------------------------------------------------------------------
+
+
+def ar_archive(members: Sequence[tuple[str, bytes]]) -> bytes:
+    out = bytearray(b"!<arch>\n")
+    for name, data in members:
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode()
+        out += data
+        if len(data) % 2:
+            out += b"\n"
+    return bytes(out)
+
+
+@dataclass
+class Entry:
+    """One member for a built package: a file (data), a symlink (target) or a folder."""
+
+    name: str
+    data: bytes = b""
+    target: str | None = None
+    folder: bool = False
+    mode: int = 0o644
+
+
+def tar_bytes(entries: Sequence[Entry], compression: str = "xz") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for entry in entries:
+            info = tarfile.TarInfo(entry.name)
+            if entry.folder:
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                tf.addfile(info)
+            elif entry.target is not None:
+                info.type = tarfile.SYMTYPE
+                info.linkname = entry.target
+                tf.addfile(info)
+            else:
+                info.size = len(entry.data)
+                info.mode = entry.mode
+                tf.addfile(info, io.BytesIO(entry.data))
+    return compress(buffer.getvalue(), compression)
+
+
+def compress(data: bytes, compression: str) -> bytes:
+    if compression == "xz":
+        return lzma.compress(data, format=lzma.FORMAT_XZ, preset=0)
+    if compression == "gz":
+        return gzip.compress(data, compresslevel=1)
+    if compression == "bz2":
+        import bz2
+
+        return bz2.compress(data, 1)
+    if compression == "zst":
+        zstandard = pytest.importorskip("zstandard")
+        return bytes(zstandard.ZstdCompressor().compress(data))
+    if compression == "":
+        return data
+    raise ValueError(compression)
+
+
+def build_deb(path: Path, package: str, version: str, entries: Sequence[Entry],
+              compression: str = "xz", architecture: str = "amd64",
+              data_member: bytes | None = None, control_member: bytes | None = None) -> Path:
+    """A .deb as dpkg-deb writes it: debian-binary, control.tar.*, data.tar.*."""
+    control = (f"Package: {package}\nVersion: {version}\nArchitecture: {architecture}\n"
+               "Description: built by the tests\n continuation line\n")
+    control_tar = control_member or tar_bytes([Entry("./"), Entry("./control", control.encode())], "gz")
+    suffix = f".{compression}" if compression else ""
+    data = data_member if data_member is not None else tar_bytes(entries, compression)
+    path.write_bytes(ar_archive([("debian-binary", b"2.0\n"), ("control.tar.gz", control_tar),
+                                 (f"data.tar{suffix}", data)]))
+    return path
+
+
+def cpio_newc(entries: Sequence[tuple[str, int, bytes, int, int]]) -> bytes:
+    """(name, mode, data, ino, nlink) entries and the trailer, in cpio "newc" format."""
+    out = bytearray()
+    for name, mode, data, ino, nlink in [*entries, ("TRAILER!!!", 0, b"", 0, 1)]:
+        raw_name = name.encode() + b"\x00"
+        fields = [ino, mode, 0, 0, nlink, 0, len(data), 0, 0, 0, 0, len(raw_name), 0]
+        out += b"070701" + b"".join(f"{v:08x}".encode() for v in fields) + raw_name
+        out += b"\x00" * (-len(out) % 4)
+        out += data
+        out += b"\x00" * (-len(out) % 4)
+    return bytes(out)
+
+
+def cpio_entries(entries: Sequence[Entry]) -> list[tuple[str, int, bytes, int, int]]:
+    result = []
+    for ino, entry in enumerate(entries, start=1):
+        name = "./" + entry.name.lstrip("./")
+        if entry.folder:
+            result.append((name, stat.S_IFDIR | 0o755, b"", ino, 2))
+        elif entry.target is not None:
+            result.append((name, stat.S_IFLNK | 0o777, entry.target.encode(), ino, 1))
+        else:
+            result.append((name, stat.S_IFREG | entry.mode, entry.data, ino, 1))
+    return result
+
+
+_STRING, _STRING_ARRAY, _INT32 = 6, 8, 4
+
+
+def rpm_header(tags: Sequence[tuple[int, int, object]]) -> bytes:
+    index = bytearray()
+    store = bytearray()
+    for tag, kind, value in sorted(tags, key=lambda t: t[0]):
+        if kind == _INT32:
+            store += b"\x00" * (-len(store) % 4)
+            ints = list(value) if isinstance(value, list) else [value]
+            data, count = struct.pack(f">{len(ints)}I", *ints), len(ints)
+        elif kind == _STRING_ARRAY:
+            strings = value if isinstance(value, list) else [value]
+            data, count = b"".join(str(s).encode() + b"\x00" for s in strings), len(strings)
+        else:
+            data, count = str(value).encode() + b"\x00", 1
+        index += struct.pack(">IIII", tag, kind, len(store), count)
+        store += data
+    return (b"\x8e\xad\xe8\x01" + b"\x00" * 4 + struct.pack(">II", len(index) // 16, len(store))
+            + bytes(index) + bytes(store))
+
+
+def build_rpm(path: Path, name: str, version: str, release: str, cpio: bytes,
+              compressor: str = "xz", payload_digest: str | None = None,
+              header_digest: str | None = None) -> Path:
+    """An RPM v3 lead, a signature header (sha256 of the header), a header, the payload."""
+    payload = compress(cpio, {"xz": "xz", "zstd": "zst", "gzip": "gz", "none": ""}[compressor])
+    header = rpm_header([
+        (1000, _STRING, name), (1001, _STRING, version), (1002, _STRING, release),
+        (1022, _STRING, "x86_64"), (1124, _STRING, "cpio"), (1125, _STRING, compressor),
+        (5092, _STRING_ARRAY, [payload_digest or hashlib.sha256(payload).hexdigest()]),
+        (5093, _INT32, [8]),
+    ])
+    signature = rpm_header([
+        (273, _STRING, header_digest or hashlib.sha256(header).hexdigest()),
+        (1000, _INT32, [len(header) + len(payload)]),
+    ])
+    lead = (b"\xed\xab\xee\xdb" + bytes([3, 0]) + struct.pack(">hh", 0, 1)
+            + name.encode()[:65].ljust(66, b"\x00") + struct.pack(">hh", 1, 5) + b"\x00" * 16)
+    assert len(lead) == 96
+    signature += b"\x00" * (-len(signature) % 8)
+    path.write_bytes(lead + signature + header + payload)
+    return path
+
+
+# A small tree with the shapes real packages have: a file reached through a chain of links
+# across folders, an absolute link, and a folder that is itself a link.
+TREE = [
+    Entry("./", folder=True),
+    Entry("./usr/", folder=True),
+    Entry("./usr/lib/llvm-14/lib/libc++.so.1.0", b"\x7fELF real libc++"),
+    Entry("./usr/lib/llvm-14/lib/libc++.so.1", target="libc++.so.1.0"),
+    Entry("./usr/lib/x86_64-linux-gnu/libc++.so.1.0", target="../llvm-14/lib/libc++.so.1.0"),
+    Entry("./usr/lib/x86_64-linux-gnu/libc++.so.1", target="libc++.so.1.0"),
+    Entry("./usr/lib64", target="lib/x86_64-linux-gnu"),
+    Entry("./lib64/ld-linux-x86-64.so.2", target="/usr/lib/llvm-14/lib/libc++.so.1.0"),
+    Entry("./usr/share/doc/libc++1-14/copyright", b"not wanted" * 100),
+]
+
+
+def wanted(name: str) -> bool:
+    return os.path.basename(name).startswith(("libc++.so.1", "ld-linux"))
+
+
+def check_tree(found: Collected, dest: Path) -> None:
+    real = "usr/lib/llvm-14/lib/libc++.so.1.0"
+    assert set(found.files) == {real}
+    assert found.files[real].path.read_bytes() == b"\x7fELF real libc++"
+    assert found.files[real].sha256 == hashlib.sha256(b"\x7fELF real libc++").hexdigest()
+    assert found.resolve("usr/lib/x86_64-linux-gnu/libc++.so.1") == real
+    assert found.resolve("usr/lib64/libc++.so.1") == real  # through a folder link
+    assert found.resolve("lib64/ld-linux-x86-64.so.2") == real  # an absolute target
+    assert found.resolve("usr/share/doc/libc++1-14/copyright") is None  # not kept
+    assert sorted(p.name for p in dest.iterdir()) == ["0"]  # nothing else written
+
+
+# -- ar and .deb -------------------------------------------------------------------------
+
+
+def test_ar_members_are_read_with_odd_sizes_and_gnu_names(tmp_path: Path) -> None:
+    path = tmp_path / "x.a"
+    path.write_bytes(ar_archive([("odd/", b"abc"), ("even", b"abcd"), ("last", b"z")]))
+    with open(path, "rb") as handle:
+        members = ar_members(handle, "x.a")
+        assert [(m.name, m.size) for m in members] == [("odd", 3), ("even", 4), ("last", 1)]
+        handle.seek(members[1].offset)
+        assert handle.read(members[1].size) == b"abcd"
+
+
+@pytest.mark.parametrize("compression", ["xz", "gz", "bz2", "zst", ""])
+def test_deb_data_is_streamed_and_links_followed(tmp_path: Path, compression: str) -> None:
+    deb = build_deb(tmp_path / "p.deb", "libc++1-14", "1:14.0.6-12", TREE, compression)
+    info = deb_info(deb)
+    assert (info.package, info.version, info.architecture) == ("libc++1-14", "1:14.0.6-12", "amd64")
+    assert info.fields["Description"] == "built by the tests\ncontinuation line"
+    assert package_kind(deb) == "deb"
+    found = collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
+    check_tree(found, tmp_path / "out")
+
+
+def test_parse_control_stops_at_the_first_paragraph() -> None:
+    fields = parse_control("\nPackage: a\nVersion: 1\n multi\n\nPackage: b\n")
+    assert fields == {"Package": "a", "Version": "1\nmulti"}
+
+
+def test_truncated_deb_is_an_integrity_error(tmp_path: Path) -> None:
+    deb = build_deb(tmp_path / "p.deb", "x", "1", TREE)
+    data = deb.read_bytes()
+    deb.write_bytes(data[: len(data) - 40])
+    with pytest.raises(IntegrityError, match="runs past the end"):
+        list(deb_members(deb))
+
+
+def test_damaged_data_tar_is_an_integrity_error(tmp_path: Path) -> None:
+    good = tar_bytes(TREE, "xz")
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    deb = build_deb(tmp_path / "p.deb", "x", "1", TREE, data_member=bytes(bad))
+    with pytest.raises(IntegrityError, match="corrupt"):
+        collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
+
+
+def test_bad_ar_header_is_an_integrity_error(tmp_path: Path) -> None:
+    deb = build_deb(tmp_path / "p.deb", "x", "1", TREE)
+    data = bytearray(deb.read_bytes())
+    data[8 + 58] = ord("X")  # the first member header's terminator
+    deb.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        deb_info(deb)
+
+
+def test_not_a_package_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n" * 100)
+    with pytest.raises(UsageError, match=r"not a \.deb, \.rpm or tar"):
+        list(package_members(path))
+
+
+def test_tar_archive_members(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar.xz"
+    path.write_bytes(tar_bytes(TREE, "xz"))
+    assert package_kind(path) == "tar"
+    check_tree(collect(package_members(path), wanted, tmp_path / "out", path.name), tmp_path / "out")
+
+
+# -- RPM ---------------------------------------------------------------------------------
+
+
+def rpm_tree() -> bytes:
+    entries = cpio_entries(TREE)
+    # A hard-linked pair as newc stores it: the first name empty, the data with the last.
+    entries.append(("./usr/lib/x86_64-linux-gnu/libc++.so.1.hard", stat.S_IFREG | 0o644, b"", 99, 2))
+    entries.append(("./usr/lib/x86_64-linux-gnu/libc++.so.1.data", stat.S_IFREG | 0o644, b"\x7fELF h", 99, 2))
+    return cpio_newc(entries)
+
+
+@pytest.mark.parametrize("compressor", ["xz", "zstd", "gzip", "none"])
+def test_rpm_payload_is_read(tmp_path: Path, compressor: str) -> None:
+    rpm = build_rpm(tmp_path / "p.rpm", "glibc", "2.36", "1.el9", rpm_tree(), compressor)
+    assert package_kind(rpm) == "rpm"
+    with open(rpm, "rb") as handle:
+        info = rpm_info(handle, rpm.name)
+    assert (info.name, info.version, info.release, info.arch) == ("glibc", "2.36", "1.el9", "x86_64")
+    assert info.compressor == compressor
+    dest = tmp_path / "out"
+    found = collect(rpm_members(rpm), lambda n: "libc++" in n or "ld-linux" in n, dest, rpm.name)
+    assert found.resolve("usr/lib64/libc++.so.1") == "usr/lib/llvm-14/lib/libc++.so.1.0"
+    assert found.resolve("lib64/ld-linux-x86-64.so.2") == "usr/lib/llvm-14/lib/libc++.so.1.0"
+    hard = found.resolve("usr/lib/x86_64-linux-gnu/libc++.so.1.hard")
+    assert hard == "usr/lib/x86_64-linux-gnu/libc++.so.1.data"
+    assert found.files[hard].path.read_bytes() == b"\x7fELF h"
+
+
+def test_rpm_payload_digest_mismatch(tmp_path: Path) -> None:
+    rpm = build_rpm(tmp_path / "p.rpm", "glibc", "2.36", "1", rpm_tree(), payload_digest="0" * 64)
+    with pytest.raises(IntegrityError, match="payload does not match"):
+        list(rpm_members(rpm))
+
+
+def test_rpm_header_digest_mismatch(tmp_path: Path) -> None:
+    rpm = build_rpm(tmp_path / "p.rpm", "glibc", "2.36", "1", rpm_tree(), header_digest="0" * 64)
+    with pytest.raises(IntegrityError, match="header does not match"):
+        list(rpm_members(rpm))
+
+
+def test_damaged_rpm_payload(tmp_path: Path) -> None:
+    rpm = build_rpm(tmp_path / "p.rpm", "glibc", "2.36", "1", rpm_tree())
+    data = bytearray(rpm.read_bytes())
+    data[-30] ^= 0xFF
+    rpm.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        collect(rpm_members(rpm), lambda n: True, tmp_path / "out", rpm.name)
+
+
+def test_truncated_rpm_header(tmp_path: Path) -> None:
+    rpm = build_rpm(tmp_path / "p.rpm", "glibc", "2.36", "1", rpm_tree())
+    rpm.write_bytes(rpm.read_bytes()[:200])
+    with pytest.raises(IntegrityError, match="past the end"):
+        list(rpm_members(rpm))
+
+
+def test_zstd_payload_without_a_zstd_module_names_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rpm = build_rpm(tmp_path / "p.rpm", "glibc", "2.36", "1", rpm_tree(), "zstd")
+    # A None entry makes the import fail as it does where the module is not installed.
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    monkeypatch.setitem(sys.modules, "compression.zstd", None)
+    with pytest.raises(QnnctlError, match="no zstd module") as caught:
+        list(rpm_members(rpm))
+    assert caught.value.hint is not None
+    assert "pip install zstandard" in caught.value.hint
+
+
+# -- real packages -----------------------------------------------------------------------
+
+APT_PACKAGES = ("libc++1-14", "libc++abi1-14", "libunwind-14", "libc6")
+_apt_folder: list[Path] = []
+
+
+def apt_debs(factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real packages, fetched once per session with `apt-get download`.
+
+    Offline, the tests that need them are skipped locally; in CI that is a failure.
+    """
+    if not _apt_folder:
+        require_tool("apt-get")
+        folder = factory.mktemp("apt")
+        proc = subprocess.run(["apt-get", "download", *APT_PACKAGES], cwd=folder,
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            message = f"apt-get download failed: {proc.stderr.strip()[-500:]}"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        _apt_folder.append(folder)
+    found = {}
+    for deb in _apt_folder[0].glob("*.deb"):
+        found[deb.name.split("_", 1)[0]] = deb
+    assert set(found) == set(APT_PACKAGES)
+    return found
+
+
+@pytest.fixture
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return apt_debs(tmp_path_factory)
+
+
+def test_apt_real_deb_is_read_and_its_links_followed(debs: dict[str, Path], tmp_path: Path) -> None:
+    deb = debs["libc++1-14"]
+    info = deb_info(deb)
+    assert info.package == "libc++1-14"
+    found = collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
+    real = found.resolve("usr/lib/x86_64-linux-gnu/libc++.so.1")
+    assert real is not None
+    assert real.endswith("libc++.so.1.0")
+    assert found.files[real].path.read_bytes()[:4] == b"\x7fELF"
+    # The same bytes dpkg-deb would unpack.
+    dpkg = require_tool("dpkg-deb")
+    out = subprocess.run([dpkg, "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(out)) as tf:
+        member = tf.extractfile("./" + real)
+        assert member is not None
+        assert hashlib.sha256(member.read()).hexdigest() == found.files[real].sha256

@@ -1,0 +1,623 @@
+"""Staging the host runtime: the libc++ trio and glibc, from real packages and archives.
+
+Tests named test_apt_* fetch real Debian packages with `apt-get download` (libc++1-14,
+libc++abi1-14, libunwind-14, libc6); they skip locally when that fails and fail in CI.
+Deselect them offline with `-k "not apt"`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from qnnctl.cache import Cache
+from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
+from qnnctl.host import glibc_version as host_glibc
+from qnnctl.runtime import (
+    LOADER,
+    LOADER_GUARD,
+    LOCK_KEY,
+    PINNED_DEBS,
+    TRIO,
+    RuntimeRequest,
+    glibc_shortfall,
+    missing_host_libraries,
+    reexec_command,
+    sdk_glibc_requirement,
+    stage_runtime,
+    staged_lib_dirs,
+    staged_loader,
+)
+from qnnctl.sdk import Sdk
+from tests.conftest import run_qnnctl
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import VERSION, compile_shared, install_tree_into_cache
+from tests.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc
+
+LLVM_TOP = "clang+llvm-14.0.0-x86_64-linux-gnu-ubuntu-18.04"
+TRIO_DEBS = ("libc++1-14", "libc++abi1-14", "libunwind-14")
+
+
+@pytest.fixture
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return apt_debs(tmp_path_factory)
+
+
+@pytest.fixture
+def cache(cache_dir: Path) -> Cache:
+    return Cache(cache_dir)
+
+
+@pytest.fixture
+def sdk(cache_dir: Path) -> Sdk:
+    return Sdk(install_tree_into_cache(cache_dir), VERSION, "qnnctl cache")
+
+
+def host_has_trio() -> bool:
+    return not missing_host_libraries(TRIO, [])
+
+
+def needs_host_without_trio() -> None:
+    """The command line stages the trio only where the host lacks it (as on this Debian)."""
+    if host_has_trio():
+        pytest.skip("this host has libc++.so.1 and friends, so `install --runtime` stages nothing")
+
+
+def nothing_staged(cache_dir: Path) -> None:
+    runtime = cache_dir / "runtime"
+    assert not runtime.exists() or list(runtime.iterdir()) == []
+    tmp = cache_dir / "tmp"
+    assert not tmp.exists() or list(tmp.iterdir()) == []
+
+
+def stub_trio(folder: Path) -> dict[str, bytes]:
+    """Three small real libraries with the trio's sonames."""
+    built = {}
+    for soname in TRIO:
+        stem = soname.split(".")[0].replace("+", "x")
+        path = compile_shared(folder / soname, f"int {stem}_stub(void) {{ return 7; }}\n",
+                              extra=[f"-Wl,-soname,{soname}"])
+        built[soname] = path.read_bytes()
+    return built
+
+
+def llvm_archive(folder: Path, big: int = 32 << 20) -> tuple[bytes, dict[str, bytes]]:
+    """A tar.xz laid out like the LLVM 14.0.0 release, with big members around the trio.
+
+    The big members compress to almost nothing; writing any of them to disk would take
+    `big` bytes.
+    """
+    libs = stub_trio(folder / "stubs")
+    buffer = io.BytesIO()
+
+    def add(name: str, data: bytes = b"", link: str | None = None) -> None:
+        info = tarfile.TarInfo(f"{LLVM_TOP}/{name}")
+        if link is not None:
+            info.type = tarfile.SYMTYPE
+            info.linkname = link
+            tf.addfile(info)
+        else:
+            info.size = len(data)
+            info.mode = 0o755
+            tf.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        add("bin/clang-14", bytes(big))
+        for soname, data in libs.items():
+            add(f"lib/{soname}", link=f"{soname}.0")  # the link comes before its file
+            add(f"lib/{soname}.0", data)
+        add("lib/libc++.so", b"INPUT(libc++.so.1 -lc++abi)\n")
+        add("lib/libclang-cpp.so.14", bytes(big))
+        add("include/c++/v1/vector", b"// vector\n" * 1000)
+    return lzma.compress(buffer.getvalue(), preset=0), libs
+
+
+def manifest_of(staged_root: Path) -> dict[str, object]:
+    data = json.loads((staged_root / ".qnnctl.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+# -- the libc++ trio from Debian packages ------------------------------------------------
+
+LOAD_CHILD = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+print(lib.t_answer())
+print("".join(line for line in open("/proc/self/maps") if "libc++" in line))
+"""
+
+
+def test_apt_trio_is_staged_and_a_library_needing_it_loads(cache: Cache, sdk: Sdk, debs: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    # force: stage even on a host that has libc++ already.
+    result = stage_runtime(cache, sdk, RuntimeRequest(force=True), os.environ)
+    assert result.libcxx_action == "staged"
+    assert result.libcxx is not None
+    lib = result.libcxx.lib_dir
+    assert sorted(p.name for p in lib.iterdir()) == sorted(TRIO)
+    assert result.libcxx.name == "libcxx-14.0.6-12"
+    manifest = manifest_of(result.libcxx.root)
+    sources = manifest["sources"]
+    assert isinstance(sources, list)
+    assert sorted(s["package"] for s in sources) == sorted(TRIO_DEBS)
+    for source in sources:
+        assert source["pinned"] is True
+        assert source["sha256"] == PINNED_DEBS[(source["package"], source["version"], "amd64")]
+    assert staged_lib_dirs(cache, sdk) == [lib]
+
+    # A library with DT_NEEDED libc++.so.1, linked against the staged copy.
+    source = tmp_path / "t.c"
+    source.write_text("int t_answer(void) { return 42; }\n")
+    libt = tmp_path / "libt.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(libt), str(source), f"-L{lib}",
+                    f"-Wl,-rpath-link,{lib}", "-Wl,--no-as-needed", "-l:libc++.so.1"], check=True)
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    with open(libt, "rb") as handle:
+        dynamic = ELFFile(handle).get_section_by_name(".dynamic")
+        assert isinstance(dynamic, DynamicSection)
+        needed = [getattr(tag, "needed") for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+    assert "libc++.so.1" in needed
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    loaded = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(libt)], capture_output=True,
+                            text=True, env={**env, "LD_LIBRARY_PATH": str(lib)})
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.splitlines()[0] == "42"
+    assert str(lib / "libc++.so.1") in loaded.stdout  # the staged copy is the one mapped
+    plain = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(libt)], capture_output=True,
+                           text=True, env=env)
+    if host_has_trio():
+        assert str(lib) not in plain.stdout
+    else:
+        assert plain.returncode != 0
+        assert "libc++.so.1" in plain.stderr
+
+
+def test_apt_trio_from_runtime_from_debs_records_pinned_digests(cache: Cache, sdk: Sdk,
+                                                               debs: dict[str, Path]) -> None:
+    sources = tuple(debs[name] for name in TRIO_DEBS)
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=sources, force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    manifest = manifest_of(result.libcxx.root)
+    recorded = {s["source"]: s["sha256"] for s in manifest["sources"]}  # type: ignore[attr-defined]
+    assert recorded == {str(debs[n]): PINNED_DEBS[(n, "1:14.0.6-12", "amd64")] for n in TRIO_DEBS}
+    files = manifest["files"]
+    assert isinstance(files, dict)
+    assert sorted(files) == sorted(f"lib/{n}" for n in TRIO)
+    # The real libraries the packages' links lead to, not the links.
+    assert all((result.libcxx.lib_dir / n).stat().st_size > 30_000 for n in TRIO)
+
+
+def test_apt_concurrent_installs_stage_once(cache_dir: Path, sdk: Sdk, debs: dict[str, Path]) -> None:
+    needs_host_without_trio()
+    from filelock import FileLock
+
+    args = ["install", VERSION, "--runtime"]
+    for name in TRIO_DEBS:
+        args += ["--runtime-from", str(debs[name])]
+    lock = FileLock(str(cache_dir / "locks" / f"{LOCK_KEY}.lock"))
+    (cache_dir / "locks").mkdir(parents=True, exist_ok=True)
+    lock.acquire()
+    procs = [subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errs: list[list[str]] = [[] for _ in procs]
+    waiting = [threading.Event() for _ in procs]
+
+    def read(i: int, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            errs[i].append(line)
+            if "waiting for another qnnctl" in line:
+                waiting[i].set()
+
+    readers = [threading.Thread(target=read, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    try:
+        # Every process has decided to stage and is queued on the lock.
+        for event in waiting:
+            assert event.wait(120), "a process never reached the lock"
+    finally:
+        lock.release()
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for reader in readers:
+        reader.join()
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errs
+    assert all(out.strip() == str(sdk.root) for out in outs)
+    staged = [i for i, lines in enumerate(errs) if any("staged libc++ runtime" in x for x in lines)]
+    assert len(staged) == 1, errs
+    assert [p.name for p in (cache_dir / "runtime").iterdir()] == ["libcxx-14.0.6-12"]
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+# -- the libc++ trio from the LLVM release archive ---------------------------------------
+
+STREAM_CHILD = """
+import os, resource, sys
+from qnnctl.cache import Cache
+from qnnctl.runtime import RuntimeRequest, stage_runtime
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+request = RuntimeRequest(force=True, use_apt=False, llvm_url=sys.argv[1])
+result = stage_runtime(Cache.from_env(os.environ), None, request, os.environ)
+print(result.libcxx.root)
+"""
+
+
+def test_llvm_archive_is_streamed_and_only_the_trio_written(server: FaultServer, tmp_path: Path,
+                                                            cache_dir: Path) -> None:
+    data, libs = llvm_archive(tmp_path)
+    url = server.add(f"/llvmorg-14.0.0/{LLVM_TOP}.tar.xz", data, "application/x-xz")
+    # No file bigger than 4 MiB may be written: the archive's big members would be 32 MiB.
+    limit = 4 << 20
+    proc = subprocess.run([sys.executable, "-c", STREAM_CHILD, url, str(limit)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    root = Path(proc.stdout.strip())
+    assert root == cache_dir / "runtime" / "libcxx-14.0.0"
+    assert sorted(p.name for p in (root / "lib").iterdir()) == sorted(TRIO)
+    for soname, content in libs.items():
+        assert (root / "lib" / soname).read_bytes() == content
+    manifest = manifest_of(root)
+    import hashlib
+
+    assert manifest["sources"] == [{"source": url, "sha256": hashlib.sha256(data).hexdigest(),
+                                    "size": len(data)}]
+    assert len(server.requests_for(f"/llvmorg-14.0.0/{LLVM_TOP}.tar.xz")) == 1
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_llvm_stream_retries_from_the_start(server: FaultServer, tmp_path: Path, cache: Cache) -> None:
+    data, libs = llvm_archive(tmp_path, big=1 << 20)
+    path = "/llvm.tar.xz"
+    url = server.add(path, data, "application/x-xz")
+    server.fail(path, Fault.status(503), Fault.drop_after(len(data) // 2))
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, backoff_base=0.01)
+    result = stage_runtime(cache, None, request, os.environ)
+    assert result.libcxx is not None
+    assert (result.libcxx.lib_dir / "libc++.so.1").read_bytes() == libs["libc++.so.1"]
+    assert len(server.requests_for(path)) == 3
+
+
+def test_llvm_stream_that_keeps_failing_stages_nothing(server: FaultServer, tmp_path: Path,
+                                                       cache: Cache, cache_dir: Path) -> None:
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", *[Fault.drop_after(len(data) // 3)] * 3)
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, backoff_base=0.01)
+    with pytest.raises(DownloadError, match="after 3 attempts"):
+        stage_runtime(cache, None, request, os.environ)
+    nothing_staged(cache_dir)
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=server.url("/none")),
+                      os.environ)
+    nothing_staged(cache_dir)
+
+
+def test_failed_apt_get_falls_back_to_the_llvm_archive(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    data, libs = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text("#!/bin/sh\necho 'E: Unable to locate package' >&2\nexit 100\n")
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("QNNCTL_LLVM_URL", url)
+    result = stage_runtime(cache, None, RuntimeRequest(force=True), os.environ)
+    assert result.libcxx is not None
+    assert manifest_of(result.libcxx.root)["sources"][0]["source"] == url  # type: ignore[index]
+    assert (result.libcxx.lib_dir / "libunwind.so.1").read_bytes() == libs["libunwind.so.1"]
+
+
+def test_llvm_archive_given_as_a_file(tmp_path: Path, cache: Cache) -> None:
+    data, libs = llvm_archive(tmp_path, big=1 << 20)
+    archive = tmp_path / f"{LLVM_TOP}.tar.xz"
+    archive.write_bytes(data)
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False),
+                           os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.0"
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+
+
+# -- folders, partial sources, where it goes ---------------------------------------------
+
+
+def test_folder_source_follows_links_on_disk(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
+    libs = stub_trio(tmp_path / "real")
+    folder = tmp_path / "given"
+    folder.mkdir()
+    for soname in TRIO:
+        (folder / soname).symlink_to(tmp_path / "real" / soname)
+    (folder / "README").write_text("not a library")
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=(folder,), force=True, use_apt=False),
+                           os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name.startswith("libcxx-local-")
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    assert not (result.libcxx.lib_dir / "README").exists()
+    assert len(manifest_of(result.libcxx.root)["sources"]) == 3  # type: ignore[arg-type]
+    assert staged_lib_dirs(cache, sdk) == [result.libcxx.lib_dir]
+    # An SDK that ships the trio itself (releases before 2.23) needs no staged copy.
+    for soname in TRIO:
+        shutil.copy(folder / soname, sdk.lib_dir / soname)
+    assert staged_lib_dirs(cache, sdk) == []
+
+
+def test_a_partial_trio_is_refused(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    stub_trio(tmp_path / "real")
+    folder = tmp_path / "given"
+    folder.mkdir()
+    shutil.copy(tmp_path / "real" / "libc++.so.1", folder / "libc++.so.1")
+    with pytest.raises(UsageError, match=r"not libc\+\+abi\.so\.1, libunwind\.so\.1"):
+        stage_runtime(cache, None, RuntimeRequest(sources=(folder,), force=True, use_apt=False), os.environ)
+    nothing_staged(cache_dir)
+
+
+def test_staged_runtime_is_reused(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
+    libs = stub_trio(tmp_path / "real")
+    folder = tmp_path / "given"
+    folder.mkdir()
+    for soname in TRIO:
+        (folder / soname).write_bytes(libs[soname])
+    first = stage_runtime(cache, sdk, RuntimeRequest(sources=(folder,), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx_action == "staged"
+    again = stage_runtime(cache, sdk, RuntimeRequest(sources=(folder,)), os.environ)
+    expected = "host" if host_has_trio() else "reused"
+    assert again.libcxx_action == expected
+    assert [p.name for p in cache.runtime.iterdir()] == [first.libcxx.name]  # type: ignore[union-attr]
+
+
+def test_missing_host_libraries(tmp_path: Path) -> None:
+    (tmp_path / "libqnnctl-only-here.so.1").write_bytes(b"\x7fELF")
+    names = ["libc.so.6", "libqnnctl-only-here.so.1", "libqnnctl-nowhere.so.1"]
+    assert missing_host_libraries(names, [tmp_path]) == ["libqnnctl-nowhere.so.1"]
+    assert missing_host_libraries(names, []) == ["libqnnctl-only-here.so.1", "libqnnctl-nowhere.so.1"]
+
+
+def test_nothing_staged_means_no_dirs_and_no_loader(cache: Cache, sdk: Sdk) -> None:
+    assert staged_lib_dirs(cache, sdk) == []
+    assert staged_loader(cache) is None
+    assert reexec_command(cache, sdk, ["/usr/bin/env"], {}) is None
+
+
+# -- integrity: exit 4, nothing staged ---------------------------------------------------
+
+
+def fake_known_deb(path: Path) -> Path:
+    """A well-formed .deb that claims to be Debian's libc++1-14 but holds other bytes."""
+    entries = [Entry("./usr/lib/x86_64-linux-gnu/libc++.so.1", b"\x7fELF not the real one")]
+    return build_deb(path, "libc++1-14", "1:14.0.6-12", entries)
+
+
+def corrupt_deb(path: Path) -> Path:
+    entries = [Entry("./usr/lib/x86_64-linux-gnu/libc++.so.1", os.urandom(200_000))]
+    deb = build_deb(path, "libc++1-14", "1:14.0.6-99", entries)
+    data = bytearray(deb.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    deb.write_bytes(bytes(data))
+    return deb
+
+
+def not_elf_deb(path: Path) -> Path:
+    """A sound package whose libc++.so.1 is no library (a linker script, say)."""
+    entries = [Entry("./usr/lib/libc++.so.1", b"INPUT(libc++.so.1.0 -lc++abi)\n")]
+    return build_deb(path, "libc++1-local", "1.0", entries)
+
+
+BAD_DEBS = [fake_known_deb, corrupt_deb, not_elf_deb]
+
+
+@pytest.mark.parametrize("make", BAD_DEBS)
+def test_bad_deb_is_an_integrity_error_and_stages_nothing(make: object, tmp_path: Path, cache: Cache,
+                                                          cache_dir: Path) -> None:
+    deb = make(tmp_path / "libc++1-14.deb")  # type: ignore[operator]
+    good = tmp_path / "good"
+    stub_trio(good)
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(deb, good), force=True, use_apt=False), os.environ)
+    assert ("sha256 mismatch" in caught.value.message) == (make is fake_known_deb)
+    nothing_staged(cache_dir)
+
+
+@pytest.mark.parametrize("make", BAD_DEBS)
+def test_bad_deb_exits_4_on_the_command_line(make: object, tmp_path: Path, cache_dir: Path, sdk: Sdk) -> None:
+    needs_host_without_trio()
+    deb = make(tmp_path / "libc++1-14.deb")  # type: ignore[operator]
+    good = tmp_path / "good"
+    stub_trio(good)
+    proc = run_qnnctl("install", VERSION, "--runtime", "--runtime-from", str(deb), "--runtime-from", str(good))
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout == ""
+    assert "nothing was staged" in proc.stderr
+    nothing_staged(cache_dir)
+
+
+# -- glibc and the staged loader ---------------------------------------------------------
+
+LOADER_CHILD = """
+import json, os, sys
+from qnnctl.cache import Cache
+from qnnctl.runtime import reexec_command
+maps = [line.split()[-1] for line in open("/proc/self/maps") if "libc.so.6" in line or "ld-linux" in line]
+again = reexec_command(Cache.from_env(os.environ), None, [sys.executable], os.environ)
+print(json.dumps({"argv": sys.argv[1:], "probe": os.environ.get("QNN_PROBE"), "maps": sorted(set(maps)),
+                  "again": again}))
+"""
+
+
+def check_loader_runs(cache: Cache, sdk: Sdk) -> None:
+    """A child started under the staged loader sees its arguments and environment."""
+    staged = staged_loader(cache)
+    assert staged is not None
+    loader, glibc_lib = staged
+    base = {k: v for k, v in os.environ.items() if k != LOADER_GUARD}
+    base["QNN_PROBE"] = "a value with spaces"
+    planned = reexec_command(cache, sdk, ["/usr/bin/env"], base)
+    assert planned is not None
+    command, env = planned
+    assert command[:3] == [str(loader), "--library-path", command[2]]
+    assert command[2].split(os.pathsep)[0] == str(glibc_lib)
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    assert "QNN_PROBE=a value with spaces" in out.splitlines()
+    assert f"{LOADER_GUARD}={loader}" in out.splitlines()
+
+    planned = reexec_command(cache, sdk, [sys.executable, "-c", LOADER_CHILD, "one two", "--x"], base)
+    assert planned is not None
+    proc = subprocess.run(planned[0], env=planned[1], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["argv"] == ["one two", "--x"]
+    assert seen["probe"] == "a value with spaces"
+    assert sorted(seen["maps"]) == sorted([str(glibc_lib / "libc.so.6"), str(loader)])
+    assert seen["again"] is None  # the guard: no second re-exec
+
+
+def test_staged_loader_from_a_folder_runs_a_child_once(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
+    host_lib = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2")).parent
+    folder = tmp_path / "glibc"
+    folder.mkdir()
+    for name in (LOADER, "libc.so.6", "libm.so.6"):
+        shutil.copy(host_lib / name, folder / name)
+    stub = tmp_path / "trio"
+    stub_trio(stub)
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=(stub, folder), force=True, use_apt=False),
+                           os.environ)
+    assert result.glibc_action == "staged"
+    assert result.glibc is not None
+    assert result.glibc.manifest["loader"] == f"lib/{LOADER}"
+    host = host_glibc()
+    assert host is not None
+    assert result.glibc.manifest["glibc_version"] == f"{host[0]}.{host[1]}"
+    # glibc never goes on LD_LIBRARY_PATH: only the trio does.
+    assert staged_lib_dirs(cache, sdk) == [result.libcxx.lib_dir]  # type: ignore[union-attr]
+    check_loader_runs(cache, sdk)
+
+
+def test_apt_loader_from_the_hosts_libc6_deb(cache: Cache, sdk: Sdk, debs: dict[str, Path]) -> None:
+    sources = (*(debs[n] for n in TRIO_DEBS), debs["libc6"])
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=sources, force=True, use_apt=False), os.environ)
+    assert result.glibc is not None
+    assert result.glibc.name.startswith("glibc-2.")
+    manifest = result.glibc.manifest
+    assert [s["package"] for s in manifest["sources"]] == ["libc6"]
+    assert {"lib/ld-linux-x86-64.so.2", "lib/libc.so.6", "lib/libm.so.6"} <= set(manifest["files"])
+    check_loader_runs(cache, sdk)
+
+
+def test_apt_loader_from_an_rpm(cache: Cache, sdk: Sdk, debs: dict[str, Path], tmp_path: Path) -> None:
+    """An RPM laid out like an EL8 glibc: real files named libc-2.NN.so behind soname links."""
+    from qnnctl.packages import collect, deb_members
+
+    found = collect(deb_members(debs["libc6"]), lambda n: n.startswith("lib/x86_64-linux-gnu/"),
+                    tmp_path / "libc6", "libc6")
+    files = {Path(name).name: f.path.read_bytes() for name, f in found.files.items()}
+    entries = [Entry("./usr/lib64", folder=True)]
+    for name in ("libc.so.6", "libm.so.6", LOADER):
+        real = name.split(".so")[0] + "-2.99.so"
+        entries.append(Entry(f"./usr/lib64/{real}", files[name], mode=0o755))
+        entries.append(Entry(f"./usr/lib64/{name}", target=real))
+    entries.append(Entry(f"./lib64/{LOADER}", target=f"/usr/lib64/{LOADER}"))
+    rpm = build_rpm(tmp_path / "glibc-2.36-1.el8.x86_64.rpm", "glibc", "2.36", "1.el8",
+                    cpio_newc(cpio_entries(entries)))
+    trio = tuple(debs[n] for n in TRIO_DEBS)
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=(*trio, rpm), force=True, use_apt=False),
+                           os.environ)
+    assert result.glibc is not None
+    assert result.glibc.name == "glibc-2.36-1.el8"
+    assert sorted(result.glibc.manifest["files"]) == sorted(f"lib/{n}" for n in ("libc.so.6", "libm.so.6", LOADER))
+    check_loader_runs(cache, sdk)
+
+
+# -- when the SDK needs a newer glibc ----------------------------------------------------
+
+
+@pytest.fixture
+def new_glibc_sdk(tmp_path: Path, sdk: Sdk) -> Sdk:
+    """The SDK's libQnnHtp.so references GLIBC_2.99, through a stub libc that defines it."""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    version_script = stub / "v.map"
+    version_script.write_text("GLIBC_2.99 { global: qnn_new_symbol; local: *; };\n")
+    compile_shared(stub / "libc.so.6", "int qnn_new_symbol(void) { return 1; }\n",
+                   extra=["-Wl,-soname,libc.so.6", f"-Wl,--version-script={version_script}"])
+    source = tmp_path / "htp.c"
+    source.write_text("int qnn_new_symbol(void);\nint qnn_htp(void) { return qnn_new_symbol(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", "-o", str(sdk.lib_dir / "libQnnHtp.so"),
+                    str(source), str(stub / "libc.so.6")], check=True)
+    return sdk
+
+
+def test_glibc_requirement_is_read_from_the_sdk(new_glibc_sdk: Sdk, sdk: Sdk) -> None:
+    assert sdk_glibc_requirement(new_glibc_sdk) == (2, 99)
+    assert glibc_shortfall(new_glibc_sdk) == ((2, 99), host_glibc())
+
+
+def test_glibc_requirement_of_a_plain_sdk_is_met(sdk: Sdk) -> None:
+    # The test SDK's libraries call nothing versioned in libc: nothing to require.
+    assert sdk_glibc_requirement(sdk) is None
+    assert glibc_shortfall(sdk) is None
+
+
+def test_too_old_glibc_package_is_refused(new_glibc_sdk: Sdk, cache: Cache, cache_dir: Path,
+                                          tmp_path: Path) -> None:
+    host_lib = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2")).parent
+    folder = tmp_path / "glibc"
+    folder.mkdir()
+    for name in (LOADER, "libc.so.6"):
+        shutil.copy(host_lib / name, folder / name)
+    stub = tmp_path / "trio"
+    stub_trio(stub)
+    with pytest.raises(QnnctlError, match=r"needs 2\.99 or newer"):
+        stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(stub, folder), use_apt=False), os.environ)
+    nothing_staged(cache_dir)
+
+
+def test_needed_glibc_without_a_package_warns(new_glibc_sdk: Sdk, cache: Cache, tmp_path: Path,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    stub = tmp_path / "trio"
+    stub_trio(stub)
+    result = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(stub,), force=True, use_apt=False),
+                           os.environ)
+    assert result.glibc_action == "missing"
+    assert result.glibc is None
+    assert "needs glibc 2.99" in caplog.text
+    assert "--runtime-from" in caplog.text
+
+
+def test_apt_command_line_stages_only_what_is_missing(debs: dict[str, Path], cache_dir: Path, sdk: Sdk) -> None:
+    needs_host_without_trio()
+    args = ["install", VERSION, "--runtime-from", str(debs["libc6"])]
+    for name in TRIO_DEBS:
+        args += ["--runtime-from", str(debs[name])]
+    proc = run_qnnctl(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(sdk.root)
+    assert "staged libc++ runtime" in proc.stderr
+    assert "no glibc is staged" in proc.stderr  # this host's glibc is new enough
+    assert [p.name for p in (cache_dir / "runtime").iterdir()] == ["libcxx-14.0.6-12"]
+    again = run_qnnctl("install", VERSION, "--runtime")
+    assert again.returncode == 0, again.stderr
+    assert "already staged" in again.stderr
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches the real LLVM release: a test that falls through to it gets a closed port."""
+    monkeypatch.setenv("QNNCTL_LLVM_URL", "http://127.0.0.1:9/no-llvm-archive-here.tar.xz")
+    monkeypatch.delenv(LOADER_GUARD, raising=False)
