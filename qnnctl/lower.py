@@ -1,0 +1,329 @@
+"""`qnnctl lower`: run a lowering pipeline in a fresh process that starts with the SDK in place.
+
+The dynamic loader reads LD_LIBRARY_PATH once, when a process starts, so the pipeline is
+exec'd with its environment already built rather than set up from inside. Everything that
+can fail (resolving and installing the SDK, choosing the interpreter, the loader decision)
+happens here, before the exec, so no model has been traced when it does. A Python pipeline
+starts through bootstrap.py, run by path in the pipeline's own interpreter, which applies the
+AMD MKLDNN guard decided here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from qnnctl.bootstrap import GUARD_VARIABLE
+from qnnctl.cache import Cache
+from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.sdk import BY_ENV, Sdk, Selection, resolve_installed, select_sdk
+from qnnctl.shell import EnvValues
+
+log = logging.getLogger("qnnctl.lower")
+
+SCRIPT = "script"
+MODULE = "module"
+COMMAND = "command"
+
+# Set in the child when it was started under a staged loader, so that it is never wrapped twice.
+LOADER_GUARD = "QNNCTL_STAGED_LOADER"
+
+# python, python3, python3.11, python3.13t (free-threaded)
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*t?)?")
+# Interpreter options that may stand before the bootstrap unchanged. -i (interactive), -x
+# (skip the first line: it would skip the bootstrap's) and the ones that only print are not
+# here: such a command runs as it is, without the bootstrap.
+_PYTHON_FLAGS = frozenset("bBdEIOPqsSuvR")
+_PYTHON_VALUED = frozenset("WX")
+
+
+class CommandNotRunError(QnnctlError):
+    """The pipeline's command could not be started; exit codes as env(1) and the shells use."""
+
+    def __init__(self, command: str, reason: str, exit_code: int) -> None:
+        self.command = command
+        self.exit_code = exit_code
+        hint = "check the command name and PATH" if exit_code == 127 else None
+        super().__init__(f"cannot run {command}: {reason}", hint=hint)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: a script, a module, or a command, with its arguments."""
+
+    kind: str
+    name: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    spec: str | None = None  # --sdk VERSION|PATH
+    python: str | None = None  # --python PATH
+    install: bool = True  # False with --no-install
+    keep_mkldnn: bool = False
+
+
+@dataclass(frozen=True)
+class LowerPlan:
+    """The exec to perform: the command, and the environment it starts with."""
+
+    argv: list[str]
+    changes: EnvValues  # every variable the child gets differently from the caller
+    environ: dict[str, str]  # the child's whole environment
+    sdk: Sdk | None  # None when the caller manages the SDK (QNN_SDK_ROOT exported but empty)
+
+
+def parse_target(tokens: Sequence[str]) -> Target:
+    """`SCRIPT [ARGS]`, `-m MODULE [ARGS]` or `-- COMMAND [ARGS]`, as given after the options."""
+    if tokens and tokens[0] == "--":
+        if len(tokens) < 2:
+            raise UsageError("nothing to run after `--`", hint="give a command: `qnnctl lower -- COMMAND [ARGS]...`")
+        return Target(COMMAND, tokens[1], tuple(tokens[2:]))
+    if tokens and tokens[0].startswith("-m"):
+        if tokens[0] != "-m":
+            return Target(MODULE, tokens[0][2:], tuple(tokens[1:]))
+        if len(tokens) < 2:
+            raise UsageError("-m needs a module name", hint="`qnnctl lower -m MODULE [ARGS]...`")
+        return Target(MODULE, tokens[1], tuple(tokens[2:]))
+    if not tokens:
+        raise UsageError(
+            "nothing to run",
+            hint="give a script, a module or a command: `qnnctl lower SCRIPT.py`, "
+            "`qnnctl lower -m MODULE` or `qnnctl lower -- COMMAND`",
+        )
+    return Target(SCRIPT, tokens[0], tuple(tokens[1:]))
+
+
+def bootstrap_path() -> str:
+    """bootstrap.py, which the pipeline's interpreter runs by path (it may lack qnnctl)."""
+    return str(Path(__file__).resolve().with_name("bootstrap.py"))
+
+
+def choose_python(explicit: str | None, environ: Mapping[str, str]) -> str:
+    """The pipeline's interpreter: --python; else the active virtualenv's; else python3 on PATH; else ours."""
+    search = environ.get("PATH", os.defpath)
+    if explicit is not None:
+        found = explicit if os.sep in explicit else shutil.which(explicit, path=search)
+        if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+            raise UsageError(f"--python {explicit}: no such interpreter", hint="give the path of a python executable")
+        return os.path.abspath(found)
+    venv = environ.get("VIRTUAL_ENV")
+    if venv:
+        candidate = os.path.join(venv, "bin", "python")
+        if os.access(candidate, os.X_OK):
+            return candidate
+        log.debug("VIRTUAL_ENV=%s has no bin/python; looking on PATH", venv)
+    found = shutil.which("python3", path=search)
+    if found:
+        return os.path.abspath(found)
+    return sys.executable
+
+
+def python_invocation(argv: Sequence[str], bootstrap: str) -> list[str] | None:
+    """`argv` rewritten to start through the bootstrap, when argv[0] is a Python interpreter.
+
+    The interpreter's own options stay in front; `-c CODE`, `-m MODULE` and `SCRIPT` become
+    the bootstrap's modes. None for anything else (another program, stdin, the REPL, options
+    the bootstrap cannot stand behind): that command runs as it is.
+    """
+    if not argv or not _PYTHON_NAME.fullmatch(os.path.basename(argv[0])):
+        return None
+    options: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--check-hash-based-pycs" and i + 1 < len(argv):
+            options += argv[i : i + 2]
+            i += 2
+            continue
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-" or arg.startswith("--"):
+            break
+        j = 1
+        while j < len(arg):
+            letter = arg[j]
+            if letter in "cm":
+                inline = arg[j + 1 :]
+                if not inline and i + 1 >= len(argv):
+                    return None
+                value = inline or argv[i + 1]
+                rest = argv[i + 1 :] if inline else argv[i + 2 :]
+                flags = [arg[:j]] if j > 1 else []
+                mode = "code" if letter == "c" else "module"
+                return [argv[0], *options, *flags, bootstrap, mode, value, *rest]
+            if letter in _PYTHON_VALUED:
+                if j + 1 == len(arg):  # the value is the next argument
+                    if i + 1 >= len(argv):
+                        return None
+                    options += [arg, argv[i + 1]]
+                    i += 1
+                else:
+                    options.append(arg)
+                break
+            if letter not in _PYTHON_FLAGS:
+                return None
+            j += 1
+        else:
+            options.append(arg)
+        i += 1
+    if i >= len(argv) or argv[i] == "-" or argv[i].startswith("--"):
+        return None  # the REPL, stdin, or a long option we do not know
+    return [argv[0], *options, bootstrap, "script", argv[i], *argv[i + 1 :]]
+
+
+def resolve_sdk(
+    spec: str | None,
+    environ: Mapping[str, str],
+    cwd: Path,
+    cache: Cache,
+    allow_install: bool = True,
+    terminal: bool = False,
+) -> tuple[Selection, Sdk | None]:
+    """The SDK to use, chosen the way `install` chooses it; None when the caller manages it."""
+    selection = select_sdk(spec, environ, cwd)
+    if selection.caller_managed:
+        return selection, None
+    if selection.root is not None or not allow_install:
+        return selection, resolve_installed(selection, cache, environ)
+    from qnnctl.install import InstallRequest, install
+
+    result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
+    return result.selection or selection, result.sdk
+
+
+# -- the staged loader ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagedLoader:
+    """A newer glibc's loader and the folders it should search first."""
+
+    loader: Path
+    library_path: tuple[str, ...]
+
+
+def staged_loader(sdk: Sdk, cache: Cache) -> StagedLoader | None:
+    """The staged loader to start the pipeline under, or None to use the host's own.
+
+    A loader is due only when the SDK's libraries need a newer glibc than the host has and a
+    runtime with one is staged in the cache (`qnnctl install --runtime`). This is where that
+    runtime's manifest is to be read; until then the host's loader is used.
+    """
+    return None
+
+
+def under_loader(
+    argv: list[str], environ: dict[str, str], loader: StagedLoader | None
+) -> tuple[list[str], dict[str, str]]:
+    """`argv` started as `<ld.so> --library-path DIRS <program> ARGS...`, at most once.
+
+    The guard variable is set in the child; a child that carries it (a pipeline that runs
+    `qnnctl lower` again) is never wrapped a second time.
+    """
+    if loader is None or environ.get(LOADER_GUARD):
+        return argv, environ
+    # ld.so does not search PATH: the program must be a path.
+    program = shutil.which(argv[0], path=environ.get("PATH", os.defpath)) if os.sep not in argv[0] else argv[0]
+    if program is None:
+        raise CommandNotRunError(argv[0], "not found", 127)
+    wrapped = [str(loader.loader), "--library-path", ":".join(loader.library_path),
+               os.path.abspath(program), *argv[1:]]
+    return wrapped, {**environ, LOADER_GUARD: "1"}
+
+
+# -- planning and running --------------------------------------------------------------
+
+
+def plan_lower(
+    target: Target,
+    options: LowerOptions,
+    environ: Mapping[str, str],
+    cwd: Path,
+    cache: Cache,
+    terminal: bool = False,
+) -> LowerPlan:
+    """Everything decided before the exec: the SDK (installed if need be), the command, its environment."""
+    if target.kind == COMMAND and options.python is not None:
+        raise UsageError(
+            "--python applies to SCRIPT.py and -m MODULE; after `--` the command names its own interpreter"
+        )
+    if target.kind == SCRIPT and not (cwd / target.name).exists():
+        raise UsageError(f"no such script: {target.name}")
+    selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
+    changes: EnvValues = {}
+    if sdk is None:
+        log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
+                 "the pipeline runs with the environment as it is")
+    else:
+        from qnnctl.environment import environment_for
+
+        changes.update(environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
+        log.debug("SDK %s at %s (%s)", sdk.version, sdk.root, selection.detail)
+
+    bootstrap = bootstrap_path()
+    argv: list[str] | None
+    if target.kind == COMMAND:
+        argv = python_invocation([target.name, *target.args], bootstrap)
+    else:
+        python = choose_python(options.python, environ)
+        mode = SCRIPT if target.kind == SCRIPT else MODULE
+        argv = [python, bootstrap, mode, target.name, *target.args]
+    if argv is None:
+        argv = [target.name, *target.args]
+    else:
+        changes[GUARD_VARIABLE] = "1" if _guard_wanted(options, environ) else "0"
+
+    from qnnctl.shell import apply
+
+    child = apply(environ, changes)
+    loader = staged_loader(sdk, cache) if sdk is not None else None
+    argv, child = under_loader(argv, child, loader)
+    if LOADER_GUARD in child and LOADER_GUARD not in environ:
+        changes[LOADER_GUARD] = child[LOADER_GUARD]
+    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk)
+
+
+def _guard_wanted(options: LowerOptions, environ: Mapping[str, str]) -> bool:
+    if options.keep_mkldnn:
+        return False
+    from qnnctl.api import amd_guard_needed
+
+    return amd_guard_needed(environ)
+
+
+def render_plan(plan: LowerPlan) -> str:
+    """The plan as sh: the exports, then the command. `sh -c "$(qnnctl lower --dry-run ...)"` runs it."""
+    import shlex
+
+    from qnnctl.shell import render
+
+    return render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
+
+
+def exec_plan(plan: LowerPlan) -> NoReturn:
+    """Replace this process with the pipeline. Returns only by raising, when it cannot start."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Python ignores these two at startup, and an ignored signal stays ignored across exec:
+    # give the pipeline the defaults it would have had (subprocess' restore_signals does the same).
+    ignored = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)]
+    saved = {signum: signal.signal(signum, signal.SIG_DFL) for signum in ignored}
+    try:
+        os.execvpe(plan.argv[0], plan.argv, plan.environ)  # noqa: S606 - replacing this process is the point
+    except OSError as exc:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        if isinstance(exc, FileNotFoundError):
+            raise CommandNotRunError(plan.argv[0], "not found", 127) from exc
+        raise CommandNotRunError(plan.argv[0], exc.strerror or str(exc), 126) from exc

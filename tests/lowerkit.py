@@ -1,0 +1,103 @@
+"""Helpers for the lower, guard and API tests: pipelines on disk, torch, a foreign interpreter."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IN_CI, run_qnnctl
+
+# What a pipeline sees of itself, printed as one JSON line.
+PROBE = """\
+import json, os, sys
+annotated: int = 0
+print(json.dumps({
+    "name": __name__,
+    "argv": sys.argv,
+    "path": sys.path,
+    "annotation": repr(__annotations__["annotated"]),  # no __future__ import leaks in
+    "file": globals().get("__file__"),
+    "main_is_this": sys.modules["__main__"].__dict__ is globals(),
+    "spec": getattr(globals().get("__spec__"), "name", None),
+    "env": {k: os.environ.get(k) for k in ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNCTL_DISABLE_MKLDNN")},
+}))
+"""
+
+# Prints torch's MKLDNN setting as the pipeline finds it right after its own `import torch`.
+TORCH_PROBE = """\
+import torch
+print("mkldnn", torch.backends.mkldnn.enabled)
+"""
+
+# Anything of these in a site-packages folder is kept out of the foreign interpreter.
+_NOT_FOR_FOREIGN = ("qnnctl", "__editable__", "cpuinfo", "py_cpuinfo")
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def lower(*args: str, env: dict[str, str] | None = None, input: str | None = None,
+          cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return run_qnnctl("lower", *args, env=env, input=input, cwd=cwd)
+
+
+def direct(*argv: str, env: dict[str, str] | None = None, input: str | None = None,
+           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The same pipeline run directly, without qnnctl, for comparison."""
+    return subprocess.run(list(argv), env=os.environ.copy() if env is None else env, input=input,
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def last_json(stdout: str) -> Any:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def torch_site_packages() -> Path:
+    """The site-packages folder that holds torch; in CI a missing torch fails instead of skipping."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        if IN_CI:
+            pytest.fail("torch is not installed; .ci/run must install torch==2.13.0")
+        pytest.skip("torch is not installed")
+    return Path(spec.origin).parent.parent
+
+
+def make_foreign_venv(dest: Path, torch_from: Path | None) -> Path:
+    """A virtualenv without qnnctl and without py-cpuinfo; its interpreter's path.
+
+    `python -m venv` without system site-packages sees neither. With `torch_from`, a .pth file
+    adds a folder of links to everything in that site-packages except qnnctl and py-cpuinfo,
+    so that torch (and what it imports) is there and the two are not.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120)
+    python = dest / "bin" / "python"
+    if torch_from is not None:
+        shelf = dest / "torch-only"
+        shelf.mkdir()
+        for entry in torch_from.iterdir():
+            if entry.name.startswith(_NOT_FOR_FOREIGN) or entry.suffix == ".pth":
+                continue
+            (shelf / entry.name).symlink_to(entry)
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.strip()
+        Path(purelib, "torch-only.pth").write_text(f"{shelf}\n")
+    return python
+
+
+def host_is_amd() -> bool:
+    from qnnctl.host import cpu_vendor, is_amd
+
+    return is_amd(cpu_vendor())

@@ -1,0 +1,221 @@
+"""setup_sdk(): the SDK made usable in the calling process, once, from any thread."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+import qnnctl
+from qnnctl import api
+from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
+from qnnctl.sdk import Sdk
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, compile_shared, install_tree_into_cache
+
+ARCHIVE = f"/{VERSION}/v{VERSION}.zip"
+HOST_LIBS = ("libQnnHtp.so", "libQnnSystem.so")
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if this process had never called setup_sdk; both variables put back after the test."""
+    for name in api.MANAGED:
+        # setenv records the variable's state, so that the test's own changes are undone too.
+        monkeypatch.setenv(name, "-")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(api, "_state", api._State())
+
+
+def managed() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in api.MANAGED}
+
+
+def set_managed(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def mapped_libraries() -> str:
+    return Path("/proc/self/maps").read_text()
+
+
+def lib_dir(root: Path) -> Path:
+    return root / "lib" / "x86_64-linux-clang"
+
+
+BEFORE_STATES = [
+    pytest.param({"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": None}, id="both-unset"),
+    pytest.param({"QNN_SDK_ROOT": "/before/root", "LD_LIBRARY_PATH": "/a:/b"}, id="both-set"),
+    pytest.param({"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": ""}, id="empty-ld-path"),
+]
+
+
+# -- once, from any thread --------------------------------------------------------------
+
+
+def test_eight_threads_at_once_install_once(mirror: FaultServer, cache_dir: Path) -> None:
+    barrier = threading.Barrier(8)
+    results: list[Sdk] = []
+    errors: list[BaseException] = []
+    path_before = os.environ.get("PATH")
+
+    def call() -> None:
+        barrier.wait()
+        try:
+            results.append(qnnctl.setup_sdk())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(results) == 8
+    assert all(sdk is results[0] for sdk in results)
+    assert len(mirror.requests_for(ARCHIVE)) == 1
+    root = cache_dir / "sdks" / VERSION
+    assert results[0].root == root
+    assert managed() == {"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": str(lib_dir(root))}
+    assert os.environ.get("PATH") == path_before
+    maps = mapped_libraries()
+    for name in HOST_LIBS:
+        assert str(lib_dir(root) / name) in maps
+    # Remembered: later calls make no request and return the same SDK.
+    assert qnnctl.setup_sdk() is results[0]
+    assert qnnctl.setup_sdk(VERSION) is results[0]
+    assert qnnctl.setup_sdk("2.37") is results[0]
+    assert len(mirror.requests_for(ARCHIVE)) == 1
+
+
+def test_another_sdk_cannot_replace_the_one_set_up(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    sdk = qnnctl.setup_sdk()
+    with pytest.raises(UsageError, match=OTHER_VERSION):
+        qnnctl.setup_sdk(OTHER_VERSION)
+    assert qnnctl.setup_sdk(str(sdk.root)) is sdk
+
+
+def test_sdk_root_from_the_environment_is_not_rewritten(tmp_path: Path) -> None:
+    root = build_sdk_tree(tmp_path / "users-sdk")
+    set_managed({"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": "/opt/mine"})
+    sdk = qnnctl.setup_sdk()
+    assert sdk.root == root
+    assert managed() == {"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": f"{lib_dir(root)}:/opt/mine"}
+
+
+def test_preload_lets_bare_names_resolve_in_this_process(cache_dir: Path, tmp_path: Path) -> None:
+    # Real SDK libraries carry a soname; with one loaded, a later dlopen of the bare name finds
+    # it, although LD_LIBRARY_PATH was not set when this process started.
+    root = install_tree_into_cache(cache_dir)
+    for name in HOST_LIBS:
+        stem = name.removeprefix("lib").removesuffix(".so").lower()
+        compile_shared(lib_dir(root) / name, f"int qnn_{stem}_version(void) {{ return 42; }}\n",
+                       extra=[f"-Wl,-soname,{name}"])
+    code = textwrap.dedent("""\
+        import ctypes, qnnctl
+        try:
+            ctypes.CDLL("libQnnHtp.so")
+            print("loadable before setup")
+        except OSError:
+            pass
+        qnnctl.setup_sdk()
+        print(ctypes.CDLL("libQnnHtp.so").qnn_qnnhtp_version())
+        print(ctypes.CDLL(None).qnn_qnnsystem_version())  # RTLD_GLOBAL: in the global scope
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["42", "42"]
+
+
+# -- failures are undone and forgotten ---------------------------------------------------
+
+
+def _unloadable_htp(root: Path, tmp_path: Path) -> None:
+    """libQnnHtp.so that needs a library which is nowhere: dlopen fails as with a missing libc++."""
+    gone = compile_shared(tmp_path / "gone" / "libqnnctl_gone.so", "int gone(void) { return 1; }\n")
+    compile_shared(lib_dir(root) / "libQnnHtp.so", "int gone(void);\nint qnn_htp(void) { return gone(); }\n",
+                   extra=[f"-L{gone.parent}", "-Wl,--no-as-needed", "-lqnnctl_gone"])
+    gone.unlink()
+
+
+@pytest.mark.parametrize("before", BEFORE_STATES)
+def test_library_load_failure_restores_both_variables(
+    cache_dir: Path, tmp_path: Path, before: dict[str, str | None]
+) -> None:
+    root = install_tree_into_cache(cache_dir)
+    _unloadable_htp(root, tmp_path)
+    set_managed(before)
+    with pytest.raises(api.LibraryLoadError, match=r"libqnnctl_gone\.so"):
+        qnnctl.setup_sdk(VERSION)
+    assert managed() == before
+    # Not remembered: with the library fixed, the next call succeeds.
+    compile_shared(lib_dir(root) / "libQnnHtp.so", "int qnn_htp(void) { return 1; }\n")
+    sdk = qnnctl.setup_sdk(VERSION)
+    assert sdk.root == root
+    assert os.environ["QNN_SDK_ROOT"] == str(root)
+
+
+@pytest.mark.parametrize("before", BEFORE_STATES[:2])
+def test_failed_download_restores_variables_and_is_not_remembered(
+    mirror: FaultServer, cache_dir: Path, before: dict[str, str | None]
+) -> None:
+    mirror.fail(ARCHIVE, Fault.status(404))
+    set_managed(before)
+    with pytest.raises(DownloadError):
+        qnnctl.setup_sdk(VERSION)
+    assert managed() == before
+    sdk = qnnctl.setup_sdk(VERSION)
+    assert sdk.root == cache_dir / "sdks" / VERSION
+    assert len(mirror.requests_for(ARCHIVE)) == 2
+
+
+def test_corrupt_archive_restores_variables_and_is_not_remembered(mirror: FaultServer, cache_dir: Path) -> None:
+    good = mirror.files[ARCHIVE]
+    mirror.add(ARCHIVE, b"PK\x03\x04" + b"\x00" * 4096)
+    set_managed({"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": "/kept"})
+    with pytest.raises(IntegrityError):
+        qnnctl.setup_sdk()
+    assert managed() == {"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": "/kept"}
+    mirror.add(ARCHIVE, good)
+    assert qnnctl.setup_sdk().root == cache_dir / "sdks" / VERSION
+
+
+# -- QNN_SDK_ROOT exported but empty: the caller's SDK ------------------------------------
+
+
+def test_empty_root_uses_the_callers_sdk_and_changes_nothing(mirror: FaultServer, tmp_path: Path) -> None:
+    root = build_sdk_tree(tmp_path / "callers-sdk")
+    before = {"QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": f"/opt/other:{lib_dir(root)}"}
+    set_managed(before)
+    sdk = qnnctl.setup_sdk()
+    assert (sdk.root, sdk.version, sdk.origin) == (root, VERSION, "LD_LIBRARY_PATH")
+    assert managed() == before
+    assert str(lib_dir(root) / "libQnnHtp.so") in mapped_libraries()
+    assert mirror.requests == []
+
+
+def test_empty_root_without_an_sdk_is_a_clear_error(mirror: FaultServer, tmp_path: Path) -> None:
+    before = {"QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": "/opt/other"}
+    set_managed(before)
+    with pytest.raises(QnnctlError, match="QNN_SDK_ROOT is exported but empty") as caught:
+        qnnctl.setup_sdk()
+    assert "''" not in caught.value.message
+    assert managed() == before
+    assert mirror.requests == []
+    # Not remembered either: once the caller puts an SDK on LD_LIBRARY_PATH, it is used.
+    root = build_sdk_tree(tmp_path / "callers-sdk")
+    os.environ["LD_LIBRARY_PATH"] = str(lib_dir(root))
+    assert qnnctl.setup_sdk().root == root

@@ -1,0 +1,385 @@
+"""`qnnctl lower`: the pipeline runs in a fresh process that starts with the SDK in place."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qnnctl.api import FORCE_VENDOR_VARIABLE
+from qnnctl.bootstrap import GUARD_VARIABLE
+from qnnctl.cache import Cache
+from qnnctl.lower import (
+    COMMAND,
+    LOADER_GUARD,
+    MODULE,
+    SCRIPT,
+    LowerOptions,
+    StagedLoader,
+    Target,
+    bootstrap_path,
+    parse_target,
+    plan_lower,
+    python_invocation,
+    under_loader,
+)
+from qnnctl.shell import quote_posix
+from tests.httpserver import FaultServer
+from tests.lowerkit import PROBE, direct, last_json, lower, write
+from tests.sdkfactory import VERSION, install_tree_into_cache
+
+PY = sys.executable
+# Arguments of the pipeline that qnnctl would take for its own if it parsed them.
+LOOKALIKES = ("--sdk", "x", "-v", "--dry-run", "--no-install", "--", "-m", "y", "--help")
+
+
+@pytest.fixture(autouse=True)
+def amd_guard_armed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard armed in every pipeline here, without py-cpuinfo's second per run.
+
+    The vendor itself is read for real in test_guard.py; here the armed guard must change
+    nothing that a pipeline which does not use torch can see.
+    """
+    monkeypatch.setenv(FORCE_VENDOR_VARIABLE, "AuthenticAMD")
+    # As if this suite itself were not started by `qnnctl lower`.
+    monkeypatch.delenv(GUARD_VARIABLE, raising=False)
+    monkeypatch.delenv(LOADER_GUARD, raising=False)
+
+
+@pytest.fixture
+def sdk(cache_dir: Path) -> Path:
+    return install_tree_into_cache(cache_dir)
+
+
+def lib_dir(root: Path) -> str:
+    return str(root / "lib" / "x86_64-linux-clang")
+
+
+# -- pass-through ----------------------------------------------------------------------
+
+
+def test_exit_code_passes_through(sdk: Path) -> None:
+    script = write(Path("exit7.py"), "import sys\nsys.exit(7)\n")
+    result = lower("--python", PY, str(script))
+    assert (result.returncode, result.stdout, result.stderr) == (7, "", "")
+    command = lower("--", "sh", "-c", "exit 7")
+    assert (command.returncode, command.stdout, command.stderr) == (7, "", "")
+
+
+def test_signal_passes_through(sdk: Path) -> None:
+    script = write(Path("term.py"), "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    assert direct(PY, str(script)).returncode == -signal.SIGTERM
+    result = lower("--python", PY, str(script))
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    command = lower("--", "sh", "-c", "kill -TERM $$")
+    assert command.returncode == -signal.SIGTERM
+
+
+def test_standard_streams_pass_through(sdk: Path) -> None:
+    script = write(Path("streams.py"), """\
+        import sys
+        data = sys.stdin.read()
+        sys.stdout.write(data.upper())
+        sys.stderr.write("to stderr: %d bytes\\n" % len(data))
+    """)
+    text = "first line\nsecond line\n"
+    direct_run = direct(PY, str(script), input=text)
+    result = lower("--python", PY, str(script), input=text)
+    assert result.returncode == 0
+    assert (result.stdout, result.stderr) == (direct_run.stdout, direct_run.stderr)
+    assert result.stdout == text.upper()
+
+
+def test_ignored_signals_are_not_inherited(sdk: Path) -> None:
+    # Python ignores SIGPIPE at startup; a command exec'd from it must not inherit that.
+    def ignored(stdout: str) -> str:
+        match = re.search(r"^SigIgn:\s*(\S+)$", stdout, re.M)
+        assert match is not None
+        return match.group(1)
+
+    expected = ignored(direct("cat", "/proc/self/status").stdout)
+    result = lower("--", "cat", "/proc/self/status")
+    assert result.returncode == 0
+    assert ignored(result.stdout) == expected
+
+
+# -- the three forms -------------------------------------------------------------------
+
+
+def _forms(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """name -> (qnnctl lower arguments, the direct command), each ending in the look-alikes."""
+    write(tmp / "pkg" / "__init__.py", "")
+    write(tmp / "pkg" / "probe_mod.py", PROBE)
+    write(tmp / "probe.py", PROBE)
+    args = list(LOOKALIKES)
+    return {
+        "script": (["--python", PY, "probe.py", *args], [PY, "probe.py", *args]),
+        "module": (["--python", PY, "-m", "pkg.probe_mod", *args], [PY, "-m", "pkg.probe_mod", *args]),
+        "module-joined": (["--python", PY, "-mpkg.probe_mod", *args], [PY, "-mpkg.probe_mod", *args]),
+        "command-script": (["--", PY, "-X", "utf8", "-B", "probe.py", *args],
+                           [PY, "-X", "utf8", "-B", "probe.py", *args]),
+        "command-module": (["--", PY, "-Bm", "pkg.probe_mod", *args], [PY, "-Bm", "pkg.probe_mod", *args]),
+        "command-code": (["--", PY, "-c", PROBE, *args], [PY, "-c", PROBE, *args]),
+    }
+
+
+@pytest.mark.parametrize("form", ["script", "module", "module-joined", "command-script", "command-module",
+                                  "command-code"])
+def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
+    work = Path.cwd()
+    lower_args, direct_argv = _forms(work)[form]
+    expected = last_json(direct(*direct_argv).stdout)
+    result = lower(*lower_args)
+    assert result.returncode == 0, result.stderr
+    seen = last_json(result.stdout)
+    assert seen.pop("env") == {
+        "QNN_SDK_ROOT": str(sdk),
+        "LD_LIBRARY_PATH": lib_dir(sdk),
+        GUARD_VARIABLE: None,  # the bootstrap's private channel is gone before the pipeline runs
+    }
+    expected.pop("env")
+    assert seen == expected
+    assert seen["argv"][-len(LOOKALIKES):] == list(LOOKALIKES)
+    assert seen["name"] == "__main__"
+    assert seen["main_is_this"]
+
+
+def test_command_gets_its_arguments_verbatim(sdk: Path) -> None:
+    result = lower("--", "printf", "%s\\n", *LOOKALIKES)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == list(LOOKALIKES)
+
+
+@pytest.mark.parametrize("form", ["script", "module", "code"])
+def test_traceback_looks_as_if_run_directly(sdk: Path, form: str) -> None:
+    source = "def inner():\n    raise ValueError('boom')\n\ndef outer():\n    inner()\n\nouter()\n"
+    write(Path("crash.py"), source)
+    write(Path("crashmod.py"), source)
+    direct_argv = {"script": [PY, "crash.py"], "module": [PY, "-m", "crashmod"], "code": [PY, "-c", source]}[form]
+    lower_args = {"script": ["--python", PY, "crash.py"], "module": ["--python", PY, "-m", "crashmod"],
+                  "code": ["--", PY, "-c", source]}[form]
+    expected = direct(*direct_argv)
+    result = lower(*lower_args)
+    assert expected.returncode == 1
+    assert (result.returncode, result.stderr) == (1, expected.stderr)
+    assert "bootstrap" not in result.stderr
+
+
+def test_missing_module_reported_as_python_does(sdk: Path) -> None:
+    expected = direct(PY, "-m", "no_such_module_here")
+    result = lower("--python", PY, "-m", "no_such_module_here")
+    assert (result.returncode, result.stderr) == (expected.returncode, expected.stderr)
+
+
+# -- the environment, from process start ----------------------------------------------
+
+
+def test_pipeline_dlopens_sdk_library_by_bare_name(sdk: Path) -> None:
+    # The first line reads the environment the process was started with (/proc/self/environ):
+    # LD_LIBRARY_PATH was there before any pipeline code ran, which is what the loader needs.
+    script = write(Path("dlopen.py"), """\
+        start = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
+        import ctypes
+        lib = ctypes.CDLL("libQnnHtp.so")
+        print(start.get("LD_LIBRARY_PATH"), start.get("QNN_SDK_ROOT"), lib.qnn_qnnhtp_version())
+    """)
+    alone = direct(PY, str(script))
+    assert alone.returncode != 0
+    assert "libQnnHtp.so" in alone.stderr
+    result = lower("--python", PY, str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [lib_dir(sdk), str(sdk), "42"]
+
+
+def test_caller_environment_kept_around_sdk_changes(sdk: Path) -> None:
+    env = {**os.environ, "LD_LIBRARY_PATH": "/opt/mine", "KEEP_ME": "1"}
+    write(Path("env.py"), "import json, os\nprint(json.dumps(dict(os.environ)))\n")
+    result = lower("--python", PY, "env.py", env=env)
+    assert result.returncode == 0, result.stderr
+    seen = last_json(result.stdout)
+    assert seen["LD_LIBRARY_PATH"] == f"{lib_dir(sdk)}:/opt/mine"
+    assert seen["PATH"].split(":")[0] == str(sdk / "bin" / "x86_64-linux-clang")
+    assert seen["QNN_SDK_ROOT"] == str(sdk)
+    unchanged = {k: v for k, v in env.items() if k not in ("LD_LIBRARY_PATH", "PATH", "QNN_SDK_ROOT")}
+    assert {k: v for k, v in seen.items() if k in unchanged} == unchanged
+
+
+def test_empty_sdk_root_passes_environment_through_untouched(mirror: FaultServer) -> None:
+    env = {**os.environ, "QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": "/opt/callers/lib:/opt/other"}
+    write(Path("env.py"), "import json, os\nprint(json.dumps(dict(os.environ)))\n")
+    result = lower("--python", PY, "env.py", env=env)
+    assert result.returncode == 0, result.stderr
+    assert last_json(result.stdout) == env
+    assert "empty" in result.stderr
+    assert "''" not in result.stderr
+    command = lower("--", "env", "-0", env=env)
+    assert command.returncode == 0, command.stderr
+    assert dict(e.split("=", 1) for e in command.stdout.split("\0") if e) == env
+    # Not "missing" either: --no-install has nothing to refuse.
+    no_install = lower("--no-install", "--python", PY, "env.py", env=env)
+    assert no_install.returncode == 0, no_install.stderr
+    assert last_json(no_install.stdout) == env
+    assert mirror.requests == []
+
+
+# -- resolution and installation -------------------------------------------------------
+
+
+def test_installs_a_missing_sdk_then_runs(mirror: FaultServer, cache_dir: Path) -> None:
+    write(Path("probe.py"), PROBE)
+    result = lower("--python", PY, "probe.py")
+    assert result.returncode == 0, result.stderr
+    assert last_json(result.stdout)["env"]["QNN_SDK_ROOT"] == str(cache_dir / "sdks" / VERSION)
+    assert len(mirror.requests_for(f"/{VERSION}/v{VERSION}.zip")) == 1
+
+
+def test_no_install_exits_1_with_the_install_command(mirror: FaultServer) -> None:
+    write(Path("touch.py"), "open('ran', 'w').close()\n")
+    result = lower("--no-install", "--python", PY, "touch.py")
+    assert result.returncode == 1
+    assert f"qnnctl install {VERSION}" in result.stderr
+    assert not Path("ran").exists()
+    assert mirror.requests == []
+
+
+def test_sdk_option_takes_a_path(tmp_path: Path) -> None:
+    from tests.sdkfactory import build_sdk_tree
+
+    root = build_sdk_tree(tmp_path / "elsewhere" / "my-sdk")
+    write(Path("probe.py"), PROBE)
+    result = lower("--sdk", str(root), "--python", PY, "probe.py")
+    assert result.returncode == 0, result.stderr
+    assert last_json(result.stdout)["env"]["QNN_SDK_ROOT"] == str(root)
+
+
+# -- --dry-run --------------------------------------------------------------------------
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(sdk: Path) -> None:
+    write(Path("touch.py"), "import os\nopen('ran', 'w').close()\nprint(os.environ['QNN_SDK_ROOT'])\n")
+    result = lower("--dry-run", "--python", PY, "touch.py", "--sdk", "a b")
+    assert result.returncode == 0, result.stderr
+    assert not Path("ran").exists()
+    lines = result.stdout.splitlines()
+    assert f"export QNN_SDK_ROOT={quote_posix(str(sdk))}" in lines
+    assert any(line.startswith("export LD_LIBRARY_PATH=") for line in lines)
+    assert f"export {GUARD_VARIABLE}='1'" in lines  # the guard decision travels in the environment
+    assert shlex.split(lines[-1]) == [PY, bootstrap_path(), "script", "touch.py", "--sdk", "a b"]
+    # The plan is sh: running it does what lower would have done.
+    ran = subprocess.run(["sh", "-c", result.stdout], capture_output=True, text=True, timeout=60)
+    assert (ran.returncode, ran.stdout) == (0, f"{sdk}\n")
+    assert Path("ran").exists()
+
+
+def test_dry_run_shows_a_plain_command_as_is(sdk: Path) -> None:
+    result = lower("--dry-run", "--", "env", "-0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "env -0"
+    assert GUARD_VARIABLE not in result.stdout  # no bootstrap, no guard
+
+
+# -- which Python ----------------------------------------------------------------------
+
+
+def _planned_python(*args: str, env: dict[str, str]) -> str:
+    result = lower("--dry-run", *args, "probe.py", env=env)
+    assert result.returncode == 0, result.stderr
+    return shlex.split(result.stdout.splitlines()[-1])[0]
+
+
+def test_python_choice_order(sdk: Path, tmp_path: Path) -> None:
+    write(Path("probe.py"), PROBE)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(PY)
+    on_path = tmp_path / "onpath"
+    on_path.mkdir()
+    (on_path / "python3").symlink_to(PY)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    base = dict(os.environ)
+    explicit = _planned_python("--python", PY, env={**base, "VIRTUAL_ENV": str(venv)})
+    assert explicit == PY
+    assert _planned_python(env={**base, "VIRTUAL_ENV": str(venv), "PATH": str(on_path)}) == str(venv / "bin" / "python")
+    assert _planned_python(env={**base, "PATH": str(on_path)}) == str(on_path / "python3")
+    assert _planned_python(env={**base, "PATH": str(empty)}) == PY  # qnnctl's own as the last resort
+    # The chosen interpreter really runs the pipeline.
+    result = lower("probe.py", env={**base, "PATH": f"{on_path}:{base['PATH']}"})
+    assert result.returncode == 0, result.stderr
+
+
+def test_python_invocation_rewrites_interpreters_only() -> None:
+    b = "/b/bootstrap.py"
+    assert python_invocation(["python3", "s.py", "-v"], b) == ["python3", b, "script", "s.py", "-v"]
+    assert python_invocation(["/usr/bin/python3.11", "-u", "-X", "dev", "-Wignore", "s.py"], b) == [
+        "/usr/bin/python3.11", "-u", "-X", "dev", "-Wignore", b, "script", "s.py"]
+    assert python_invocation(["python", "-m", "pkg.mod", "-c", "x"], b) == ["python", b, "module", "pkg.mod", "-c", "x"]
+    assert python_invocation(["python", "-Bm", "mod", "a"], b) == ["python", "-B", b, "module", "mod", "a"]
+    assert python_invocation(["python3.13t", "-mmod"], b) == ["python3.13t", b, "module", "mod"]
+    assert python_invocation(["python", "-c", "print(1)", "-m"], b) == ["python", b, "code", "print(1)", "-m"]
+    assert python_invocation(["python", "-OO", "--", "-s.py"], b) == ["python", "-OO", b, "script", "-s.py"]
+    assert python_invocation(["python", "--check-hash-based-pycs", "always", "s.py"], b) == [
+        "python", "--check-hash-based-pycs", "always", b, "script", "s.py"]
+    # Not an interpreter, or nothing the bootstrap can stand in front of: run as it is.
+    for argv in (["env", "python3", "s.py"], ["pythonista", "s.py"], ["python3"], ["python3", "-"],
+                 ["python3", "-i", "s.py"], ["python3", "-x", "s.py"], ["python3", "--version"],
+                 ["python3", "-V"], ["python3", "-c"], ["python3", "-W"]):
+        assert python_invocation(argv, b) is None, argv
+
+
+def test_parse_target() -> None:
+    assert parse_target(["s.py", "-m", "x"]) == Target(SCRIPT, "s.py", ("-m", "x"))
+    assert parse_target(["-m", "mod", "--", "a"]) == Target(MODULE, "mod", ("--", "a"))
+    assert parse_target(["-mmod"]) == Target(MODULE, "mod", ())
+    assert parse_target(["--", "cmd", "--", "-v"]) == Target(COMMAND, "cmd", ("--", "-v"))
+
+
+@pytest.mark.parametrize(("args", "code", "text"), [
+    ((), 2, "nothing to run"),
+    (("--",), 2, "nothing to run"),
+    (("-m",), 2, "module"),
+    (("missing.py",), 2, "no such script"),
+    (("--python", PY, "--", "true"), 2, "--python"),
+    (("--python", "/no/such/python", "x.py"), 2, "no such interpreter"),
+    (("--bogus", "x.py"), 2, "--bogus"),
+    (("--", "no-such-command-anywhere"), 127, "not found"),
+])
+def test_usage_errors(sdk: Path, args: tuple[str, ...], code: int, text: str) -> None:
+    write(Path("x.py"), "")
+    result = lower(*args)
+    assert result.returncode == code, result.stderr
+    assert text in result.stderr
+
+
+# -- the staged-loader hook -------------------------------------------------------------
+
+
+def test_staged_loader_wraps_the_command_once(sdk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host's own loader stands in for a staged one: the wrapping is what is tested here.
+    host_loader = Path("/lib64/ld-linux-x86-64.so.2")
+    if not host_loader.exists():
+        pytest.skip("no x86-64 glibc loader at the usual path")
+    staged = StagedLoader(host_loader, (lib_dir(sdk),))
+    import qnnctl.lower
+
+    monkeypatch.setattr(qnnctl.lower, "staged_loader", lambda sdk, cache: staged)
+    write(Path("probe.py"), PROBE)
+    environ = dict(os.environ)
+    plan = plan_lower(Target(SCRIPT, "probe.py", ("a",)), LowerOptions(python=PY), environ, Path.cwd(),
+                      Cache.from_env(environ))
+    assert plan.argv[:4] == [str(host_loader), "--library-path", lib_dir(sdk), PY]
+    assert plan.changes[LOADER_GUARD] == "1"
+    ran = subprocess.run(plan.argv, env=plan.environ, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert last_json(ran.stdout)["argv"] == ["probe.py", "a"]
+    # A child that already runs under the staged loader is not wrapped again.
+    again = plan_lower(Target(SCRIPT, "probe.py"), LowerOptions(python=PY), plan.environ, Path.cwd(),
+                       Cache.from_env(environ))
+    assert again.argv[0] == PY
+    assert under_loader(["x"], {LOADER_GUARD: "1"}, staged) == (["x"], {LOADER_GUARD: "1"})
