@@ -34,6 +34,7 @@ log = logging.getLogger("qnnctl.archive")
 
 COPY_BUFFER = 1 << 20
 SPACE_MARGIN = 64 << 20
+MAX_LINK_TARGET = 4096  # PATH_MAX: a longer symlink target is not a path
 _CORRUPT = (zipfile.BadZipFile, tarfile.TarError, EOFError, lzma.LZMAError, zlib.error,
             gzip.BadGzipFile)
 _LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
@@ -74,14 +75,12 @@ def archive_kind(path: Path) -> str:
 def _member_path(name: str) -> PurePosixPath:
     """A member's name as a safe relative path, or IntegrityError."""
     if "\x00" in name:
-        raise IntegrityError(f"unsafe archive: member name {name!r} contains NUL")
+        raise _unsafe(f"member name {name!r} contains NUL")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise IntegrityError(f"unsafe archive: absolute member path {name!r}",
-                             hint="the archive was not installed; get it from a trusted source")
+        raise _unsafe(f"absolute member path {name!r}")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise IntegrityError(f"unsafe archive: member path {name!r} leaves the archive",
-                             hint="the archive was not installed; get it from a trusted source")
+        raise _unsafe(f"member path {name!r} leaves the archive")
     return PurePosixPath(*parts) if parts else PurePosixPath()
 
 
@@ -148,18 +147,24 @@ def extract(archive: Path, work: Path) -> Extracted:
             names, links = _extract_zip(archive, writer)
         else:
             names, links = _extract_tar(archive, writer)
+        top = _sdk_top(names)
+        _make_links(links, top, writer)
     except _CORRUPT as exc:
         raise IntegrityError(
             f"{archive.name} is corrupt or truncated: {exc}",
-            hint="delete it and download again (`qnnctl cache clean`, then `qnnctl install`)",
+            hint="nothing was installed; download the archive again",
+        ) from None
+    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+        # One name used for both a folder and a file or link: no real SDK archive does that.
+        raise IntegrityError(
+            f"{archive.name} is malformed: {exc.strerror}: {exc.filename}",
+            hint="the archive was not installed; get it from a trusted source",
         ) from None
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             free = shutil.disk_usage(work).free
             raise DiskSpaceError(str(work), 0, free, "extract the archive") from None
         raise
-    top = _sdk_top(names)
-    _make_links(links, top, writer)
     _apply_dir_modes(writer)
     root = work / top
     files = {
@@ -193,13 +198,16 @@ def _extract_zip(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], l
             if info.is_dir() or kind == stat.S_IFDIR:
                 writer.directory(name, stat.S_IMODE(unix_mode) or None)
             elif kind == stat.S_IFLNK:
-                target = zf.read(info).decode("utf-8", errors="surrogateescape")
-                links.append(_Link(name, target, hard=False))
+                with zf.open(info) as source:
+                    raw = source.read(MAX_LINK_TARGET + 1)
+                if len(raw) > MAX_LINK_TARGET:
+                    raise _unsafe(f"symlink {info.filename!r} has a target longer than {MAX_LINK_TARGET} bytes")
+                links.append(_Link(name, raw.decode("utf-8", errors="surrogateescape"), hard=False))
             elif kind in (0, stat.S_IFREG):
                 with zf.open(info) as source:
                     writer.file(name, source, stat.S_IMODE(unix_mode) or 0o644)
             else:
-                raise IntegrityError(f"unsafe archive: {info.filename!r} is a device or special file")
+                raise _unsafe(f"{info.filename!r} is a device or special file")
     return names, links
 
 
@@ -228,8 +236,7 @@ def _extract_tar(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], l
                 with source:
                     writer.file(name, source, stat.S_IMODE(member.mode))
             else:
-                raise IntegrityError(f"unsafe archive: {member.name!r} is a device or special file",
-                                     hint="the archive was not installed; get it from a trusted source")
+                raise _unsafe(f"{member.name!r} is a device or special file")
     return names, links
 
 
@@ -239,44 +246,63 @@ def _make_links(links: list[_Link], top: PurePosixPath, writer: _Writer) -> None
     for link in links:
         if not _within(link.name, top):
             continue  # outside the SDK folder: thrown away with the work folder
-        path = work / link.name
+        kind = "hard link" if link.hard else "symlink"
+        # Where the link really goes, given the links made before it: a folder on its path
+        # may already be a link (a -> . then a/b), so resolve the parent as it is now.
+        parent_real = os.path.realpath(work / link.name.parent)
+        if not _inside(parent_real, root_real):
+            raise _unsafe(f"{kind} {link.name} would be written outside the SDK")
+        place = os.path.join(parent_real, link.name.name)
+        # The name the link ends up under, for the record of files.
+        recorded = PurePosixPath(os.path.relpath(place, work))
         if link.hard:
             source = _member_path(link.target)
-            if not _within(source, top) or source not in writer.digests:
-                raise IntegrityError(
-                    f"unsafe archive: hard link {link.name} -> {link.target} leaves the SDK",
-                    hint="the archive was not installed; get it from a trusted source",
-                )
-            path.parent.mkdir(parents=True, exist_ok=True)
+            source_real = os.path.realpath(work / source)
+            if (
+                not _within(source, top)
+                or source not in writer.digests
+                or not _inside(source_real, root_real)
+                or not os.path.isfile(source_real)
+            ):
+                raise _unsafe(f"hard link {link.name} -> {link.target} leaves the SDK")
+            os.makedirs(parent_real, exist_ok=True)
+            _clear(place, link.name)
             # A copy rather than a link: the SDK tree then shares no inode with anything.
-            shutil.copy2(work / source, path)
-            writer.digests[link.name] = writer.digests[source]
+            shutil.copyfile(source_real, place)
+            shutil.copymode(source_real, place)
+            writer.digests[recorded] = writer.digests[source]
+            writer.size += os.path.getsize(place)
             continue
-        if link.target.startswith("/") or "\x00" in link.target:
-            raise IntegrityError(
-                f"unsafe archive: symlink {link.name} -> {link.target} points outside the SDK",
-                hint="the archive was not installed; get it from a trusted source",
-            )
-        resolved = os.path.normpath(os.path.join(os.path.dirname(path), link.target))
-        if not _inside(resolved, os.path.normpath(work / top)):
-            raise IntegrityError(
-                f"unsafe archive: symlink {link.name} -> {link.target} points outside the SDK",
-                hint="the archive was not installed; get it from a trusted source",
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink() or path.exists():
-            path.unlink()
-        os.symlink(link.target, path)
-    # Links made one at a time can combine into a path out of the tree (a -> . then
-    # b -> a/..): check where each one finally leads.
+        if not link.target or link.target.startswith("/") or "\x00" in link.target:
+            raise _unsafe(f"symlink {link.name} -> {link.target!r} points outside the SDK")
+        if not _inside(os.path.realpath(os.path.join(parent_real, link.target)), root_real):
+            raise _unsafe(f"symlink {link.name} -> {link.target} points outside the SDK")
+        os.makedirs(parent_real, exist_ok=True)
+        _clear(place, link.name)
+        os.symlink(link.target, place)
+        writer.digests.pop(recorded, None)
+    # A link made early can be redirected by one made later (b -> a/.. before a -> .):
+    # check where each one finally leads.
     for link in links:
         if _within(link.name, top) and not link.hard:
             real = os.path.realpath(work / link.name)
             if not _inside(real, root_real):
-                raise IntegrityError(
-                    f"unsafe archive: symlink {link.name} -> {link.target} leads outside the SDK",
-                    hint="the archive was not installed; get it from a trusted source",
-                )
+                raise _unsafe(f"symlink {link.name} -> {link.target} leads outside the SDK")
+
+
+def _clear(place: str, name: PurePosixPath) -> None:
+    """Make room for a link where an earlier member of the same name was written."""
+    if os.path.islink(place) or os.path.isfile(place):
+        os.unlink(place)
+    elif os.path.lexists(place):
+        raise _unsafe(f"{name} is both a folder and a link")
+
+
+def _unsafe(what: str) -> IntegrityError:
+    return IntegrityError(
+        f"unsafe archive: {what}",
+        hint="the archive was not installed; get it from a trusted source",
+    )
 
 
 def _inside(path: str, root: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import errno
 import hashlib
 import json
 import logging
@@ -32,7 +33,8 @@ MAX_TOTAL_ATTEMPTS = 30
 BACKOFF_BASE = 1.0
 BACKOFF_MAX = 60.0
 SPACE_MARGIN = 64 << 20
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Besides these, every 5xx is retried: a mirror's proxy can answer anything while it restarts.
+RETRY_STATUSES = frozenset({408, 425, 429})
 
 
 def make_session(user_agent_version: str | None = None) -> requests.Session:
@@ -304,7 +306,7 @@ class Downloader:
                 log.warning("the server refused to resume (HTTP 416); starting over")
                 part.unlink(missing_ok=True)
                 raise _Retry("range not satisfiable", delay=0.0)
-            if status in RETRY_STATUSES:
+            if status in RETRY_STATUSES or 500 <= status <= 599:
                 raise _Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
             if status == 404:
                 raise _NotFound(url)
@@ -370,6 +372,13 @@ class Downloader:
                 raise _Retry(f"connection lost after {_human(offset + received)}: {_short(exc)}") from None
             except DownloadError:
                 part.unlink(missing_ok=True)
+                raise
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    # The partial file stays: after space is freed the next run resumes it.
+                    raise DiskSpaceError(str(part.parent), total or 0,
+                                         shutil.disk_usage(part.parent).free,
+                                         "download the archive") from None
                 raise
             finally:
                 bar.close()

@@ -25,7 +25,15 @@ from qnnctl.sdk import (
     sdk_from_root,
     select_sdk,
 )
-from qnnctl.versions import archive_name, archive_urls, is_full_version, resolve_version, version_in
+from qnnctl.versions import (
+    archive_name,
+    archive_urls,
+    is_full_version,
+    is_version_prefix,
+    matches_prefix,
+    resolve_version,
+    version_in,
+)
 
 log = logging.getLogger("qnnctl.install")
 
@@ -141,9 +149,16 @@ def install(
         )
         log.info("downloading SDK %s from %s", version, urls[0])
         fetched = downloader.fetch(urls, name, sha256)
-        sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
-                     request.force)
-        for leftover in (fetched.path, cache.downloads / f"{name}.json"):
+        leftovers = (fetched.path, cache.downloads / f"{name}.json")
+        try:
+            sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
+                         request.force)
+        except IntegrityError:
+            # Bytes that are no good SDK archive must not be reused as a finished download.
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
+            raise
+        for leftover in leftovers:
             leftover.unlink(missing_ok=True)
     return InstallResult(sdk, "installed", selection)
 
@@ -210,6 +225,9 @@ def _commit(
         )
     from qnnctl import __version__
 
+    # The manifest is qnnctl's own record: a file of that name in the archive is not it.
+    remove_tree(root / MANIFEST_NAME)
+    files = {name: digest for name, digest in files.items() if name != MANIFEST_NAME}
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "version": version,
@@ -227,7 +245,7 @@ def _commit(
     destination = cache.sdk_dir(version)
     cache.sdks.mkdir(parents=True, exist_ok=True)
     if destination.exists() or destination.is_symlink():
-        if not force and (destination / MANIFEST_NAME).is_file():
+        if not force and (destination / MANIFEST_NAME).is_file() and not missing_layout(destination):
             return Sdk(destination, version, "qnnctl cache")
         # A folder without a manifest, or --force: move it aside, then replace it.
         os.replace(destination, work / "old")
@@ -261,42 +279,72 @@ def _install_file(
             extracted = extract(archive, work / "x")
             from qnnctl.sdk import read_sdk_version
 
-            version = wanted or extracted.version or read_sdk_version(extracted.root)
+            found = extracted.version or read_sdk_version(extracted.root)
+            if wanted is not None and found is not None and found != wanted:
+                raise IntegrityError(
+                    f"{archive} holds SDK {found}, not {wanted}",
+                    hint=f"run `qnnctl install --file {archive}` to install it as {found}",
+                )
+            version = wanted or found
             if version is None or not is_full_version(version):
                 raise UsageError(
                     f"cannot tell the SDK version of {archive}",
                     hint=f"give it: `qnnctl install VERSION --file {archive}`",
                 )
+            selection = Selection("argument", f"from {archive}", version=version)
             with version_lock(cache, version):
+                existing = cache.sdk_dir(version)
+                if not force and (existing / MANIFEST_NAME).is_file() and not missing_layout(existing):
+                    return InstallResult(Sdk(existing, version, "qnnctl cache"), "reused", selection)
                 sdk = _commit(extracted.root, version, archive.as_uri(), digest,
                               archive.stat().st_size, extracted.files, extracted.size, cache,
                               force, work)
-    return InstallResult(sdk, "installed", Selection("argument", f"from {archive}", version=version))
+    return InstallResult(sdk, "installed", selection)
 
 
 def uninstall(spec: str, cache: Cache) -> Path:
     """Remove an SDK from qnnctl's cache (never from anywhere else)."""
-    installed = cache.installed_versions()
-    version = spec if spec in installed else None
-    if version is None:
-        try:
-            version = resolve_version(spec)
-        except UsageError:
-            version = spec
-        if version not in installed:
-            matches = [v for v in installed if v.startswith(spec)]
-            if len(matches) == 1:
-                version = matches[0]
-    if version not in installed:
-        raise NotInstalledError(version) from None
+    spec = spec.strip()
+    if not is_version_prefix(spec):
+        resolve_version(spec)  # raises the standard "not an SDK version" error
+    version = _installed_version(spec, cache.installed_versions())
     with version_lock(cache, version):
         target = cache.sdk_dir(version)
+        if not (target / MANIFEST_NAME).is_file():
+            raise _not_installed(version)  # another qnnctl removed it meanwhile
         trash = cache.tmp / f"{version}.uninstall.{uuid.uuid4().hex[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
         os.replace(target, trash)
         remove_tree(trash)
     return target
+
+
+def _installed_version(spec: str, installed: list[str]) -> str:
+    """The one installed version that `spec` (a version or a prefix such as 2.37) names."""
+    if spec in installed:
+        return spec
+    matches = [v for v in installed if matches_prefix(v, spec)]
+    if len(matches) > 1:
+        raise UsageError(
+            f"{spec} matches more than one installed SDK: {', '.join(matches)}",
+            hint="give the full version",
+        )
+    if matches:
+        return matches[0]
+    try:
+        wanted = resolve_version(spec)
+    except UsageError:
+        wanted = spec
+    raise _not_installed(wanted)
+
+
+def _not_installed(version: str) -> NotInstalledError:
+    error = NotInstalledError(version)
+    error.message = f"SDK {version} is not installed in qnnctl's cache"
+    error.args = (error.message,)
+    error.hint = "`qnnctl list` shows what is installed"
+    return error
 
 
 @dataclass(frozen=True)
@@ -314,7 +362,8 @@ def clean_cache(cache: Cache) -> Cleaned:
     cache.locks.mkdir(parents=True, exist_ok=True)
     candidates: list[tuple[str, Path]] = []
     for entry in cache.stale_tmp():
-        candidates.append((entry.name.split(".", 1)[0] if "." in entry.name else entry.name, entry))
+        # Work folders are named <version>.<id> (or file.<id>): the lock is the version's.
+        candidates.append((version_in(entry.name) or entry.name.split(".", 1)[0], entry))
     if cache.downloads.is_dir():
         for entry in sorted(cache.downloads.iterdir()):
             key = version_in(entry.name) or "file"

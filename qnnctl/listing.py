@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from qnnctl.cache import Cache, read_manifest, tree_size
@@ -23,14 +23,16 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "size": size if isinstance(size, int) else tree_size(root),
             "origin": "qnnctl cache",
         })
-    seen: set[Path] = set()
-    for folder in {p.parent for p in executorch_cache_dirs("x", environ)}:
+    seen: set[str] = set()
+    # In the order ExecuTorch looks ($QNN_STAGING_DIR first), so --json output is stable.
+    for folder in dict.fromkeys(p.parent for p in executorch_cache_dirs("x", environ)):
         if not folder.is_dir():
             continue
         for entry in sorted(folder.glob("sdk-*")):
-            if entry in seen or missing_layout(entry):
+            real = os.path.realpath(entry)
+            if real in seen or missing_layout(entry):
                 continue
-            seen.add(entry)
+            seen.add(real)
             rows.append({
                 "version": read_sdk_version(entry) or entry.name.removeprefix("sdk-"),
                 "root": str(entry),

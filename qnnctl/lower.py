@@ -217,10 +217,21 @@ def staged_loader(sdk: Sdk, cache: Cache) -> StagedLoader | None:
     """The staged loader to start the pipeline under, or None to use the host's own.
 
     A loader is due only when the SDK's libraries need a newer glibc than the host has and a
-    runtime with one is staged in the cache (`qnnctl install --runtime`). This is where that
-    runtime's manifest is to be read; until then the host's loader is used.
+    runtime with one is staged in the cache (`qnnctl install --runtime --runtime-from GLIBC`).
     """
-    return None
+    from qnnctl.runtime import glibc_shortfall, staged_lib_dirs
+    from qnnctl.runtime import staged_loader as find_staged
+
+    if glibc_shortfall(sdk) is None:
+        return None
+    found = find_staged(cache)
+    if found is None:
+        log.warning("the SDK needs a newer glibc than this host's; stage one with "
+                    "`qnnctl install --runtime --runtime-from GLIBC.deb|GLIBC.rpm`")
+        return None
+    loader, glibc_lib = found
+    dirs = [str(glibc_lib), *(str(p) for p in staged_lib_dirs(cache, sdk)), str(sdk.lib_dir)]
+    return StagedLoader(loader, tuple(dirs))
 
 
 def under_loader(
@@ -237,8 +248,10 @@ def under_loader(
     program = shutil.which(argv[0], path=environ.get("PATH", os.defpath)) if os.sep not in argv[0] else argv[0]
     if program is None:
         raise CommandNotRunError(argv[0], "not found", 127)
-    wrapped = [str(loader.loader), "--library-path", ":".join(loader.library_path),
-               os.path.abspath(program), *argv[1:]]
+    # ld.so ignores LD_LIBRARY_PATH when --library-path is given: carry the child's along.
+    search = list(loader.library_path)
+    search += [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d and d not in search]
+    wrapped = [str(loader.loader), "--library-path", ":".join(search), os.path.abspath(program), *argv[1:]]
     return wrapped, {**environ, LOADER_GUARD: "1"}
 
 
@@ -261,6 +274,8 @@ def plan_lower(
     if target.kind == SCRIPT and not (cwd / target.name).exists():
         raise UsageError(f"no such script: {target.name}")
     selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
+    if sdk is not None and options.install:
+        _ensure_trio(sdk, environ, cache)
     changes: EnvValues = {}
     if sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
@@ -292,6 +307,19 @@ def plan_lower(
     if LOADER_GUARD in child and LOADER_GUARD not in environ:
         changes[LOADER_GUARD] = child[LOADER_GUARD]
     return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk)
+
+
+def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
+    """Stage libc++ and friends when the SDK needs them and the host lacks them."""
+    from qnnctl.errors import QnnctlError
+    from qnnctl.runtime import ensure_trio
+
+    try:
+        ensure_trio(cache, sdk, environ)
+    except QnnctlError as exc:
+        # The pipeline may still manage (its own LD_LIBRARY_PATH); doctor explains the rest.
+        log.warning("could not stage the host runtime: %s; if the SDK fails to load, run "
+                    "`qnnctl doctor`", exc.message)
 
 
 def _guard_wanted(options: LowerOptions, environ: Mapping[str, str]) -> bool:

@@ -247,6 +247,34 @@ def sdk_glibc_requirement(sdk: Sdk) -> Version | None:
     return glibc_needed_by(sorted(p for p in sdk.lib_dir.iterdir() if ".so" in p.name and p.is_file()))
 
 
+def trio_needed(sdk: Sdk) -> list[str]:
+    """The libc++ trio members that the SDK's required host libraries name in DT_NEEDED."""
+    from qnnctl.elf import read_elf
+    from qnnctl.sdk import REQUIRED_LIBS
+
+    needed: set[str] = set()
+    for name in REQUIRED_LIBS:
+        try:
+            needed.update(read_elf(sdk.lib_dir / name).needed)
+        except Exception as exc:  # an unreadable library is doctor's to report, not ours
+            log.debug("cannot read %s: %s", sdk.lib_dir / name, exc)
+    return [name for name in TRIO if name in needed]
+
+
+def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeResult | None:
+    """Stage the libc++ trio when the SDK needs it and neither the host nor the cache has it.
+
+    This is what `install` and `lower` do on their own; `install --runtime` stages whatever
+    is missing, needed or not.
+    """
+    wanted = trio_needed(sdk)
+    if not wanted or not missing_host_libraries(wanted, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]):
+        return None
+    log.info("the SDK's libraries need %s, which this host lacks; staging them "
+             "(what `qnnctl install --runtime` does)", ", ".join(wanted))
+    return stage_runtime(cache, sdk, RuntimeRequest(), environ)
+
+
 def glibc_shortfall(sdk: Sdk) -> tuple[Version, Version | None] | None:
     """(needed, host) when the SDK needs a newer glibc than this host's, else None."""
     from qnnctl.host import glibc_version

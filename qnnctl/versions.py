@@ -76,6 +76,17 @@ def is_full_version(text: str) -> bool:
     return _FULL.match(text.strip()) is not None
 
 
+def is_version_prefix(text: str) -> bool:
+    """True for a full version or a prefix of one (`2`, `2.37`, `2.37.0`)."""
+    return _PREFIX.match(text.strip()) is not None
+
+
+def matches_prefix(version: str, prefix: str) -> bool:
+    """True when `prefix` names `version` whole components at a time (`2.3` is not `2.37`)."""
+    wanted = prefix.strip().split(".")
+    return version.split(".")[: len(wanted)] == wanted
+
+
 def resolve_version(spec: str) -> str:
     """A full version as given, or the newest known release that a prefix (`2.37`) names."""
     spec = spec.strip()
@@ -83,8 +94,7 @@ def resolve_version(spec: str) -> str:
         return str(parse_version(spec))
     if not _PREFIX.match(spec):
         parse_version(spec)  # raises with the standard message
-    wanted = spec.split(".")
-    matches = [v for v in KNOWN_VERSIONS if v.split(".")[: len(wanted)] == wanted]
+    matches = [v for v in KNOWN_VERSIONS if matches_prefix(v, spec)]
     if not matches:
         raise UsageError(
             f"no known SDK version matches {spec!r}",

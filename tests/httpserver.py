@@ -11,6 +11,7 @@ normally. Every request is recorded (method, path, headers) for assertions.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -56,6 +57,16 @@ class Fault:
         return cls("stall", seconds)
 
     @classmethod
+    def claim_length(cls, nbytes: int) -> Fault:
+        """Announce a Content-Length of `nbytes` (say, more than the disk holds), send the file, close."""
+        return cls("claim_length", nbytes)
+
+    @classmethod
+    def gate(cls, opened: threading.Event) -> Fault:
+        """Hold the answer until the test sets `opened` (to keep a download open on cue)."""
+        return cls("gate", opened)
+
+    @classmethod
     def slow(cls, bytes_per_chunk: int, delay: float) -> Fault:
         """Serve the body in small chunks with a delay between them."""
         return cls("slow", (bytes_per_chunk, delay))
@@ -66,6 +77,14 @@ class Request:
     method: str
     path: str
     headers: dict[str, str]
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up (a killed qnnctl, a dropped keep-alive) is part of the tests.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class FaultServer:
@@ -90,9 +109,10 @@ class FaultServer:
             def do_GET(self) -> None:
                 server._handle(self, head=False)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -138,6 +158,9 @@ class FaultServer:
         if fault is not None and fault.kind == "stall":
             time.sleep(float(fault.arg))
             fault = None
+        if fault is not None and fault.kind == "gate":
+            fault.arg.wait(timeout=120)
+            fault = None
         if fault is not None and fault.kind == "status":
             self._send_empty(h, int(fault.arg), fault.headers)
             return
@@ -170,9 +193,10 @@ class FaultServer:
                 return
             status = 206
         body = data[start:]
+        claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)
         h.send_response(status)
         h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(len(body)))
+        h.send_header("Content-Length", str(claimed))
         h.send_header("Accept-Ranges", "bytes")
         if self.etag_enabled:
             h.send_header("ETag", etag)
@@ -190,6 +214,11 @@ class FaultServer:
                 import socket
 
                 h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if fault is not None and fault.kind == "claim_length":
+                h.wfile.write(body)
+                h.wfile.flush()
+                h.close_connection = True
                 return
             if fault is not None and fault.kind == "slow":
                 chunk, delay = fault.arg

@@ -111,8 +111,15 @@ def build_archive(workdir: Path, fmt: str = "zip", spec: SdkSpec | None = None,
     if fmt == "zip":
         write_zip_from_tree(staging, archive)
     else:
-        mode = {"tar.gz": "w:gz", "tgz": "w:gz", "tar.xz": "w:xz", "tar": "w"}[fmt]
-        with tarfile.open(archive, mode) as tf:
+        if fmt in ("tar.gz", "tgz"):
+            tf = tarfile.open(archive, "w:gz")
+        elif fmt == "tar.xz":
+            tf = tarfile.open(archive, "w:xz")
+        elif fmt == "tar":
+            tf = tarfile.open(archive, "w")
+        else:
+            raise ValueError(f"unknown archive format {fmt!r}")
+        with tf:
             for entry in sorted(staging.iterdir()):
                 tf.add(entry, arcname=entry.name)
     shutil.rmtree(staging)

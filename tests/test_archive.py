@@ -1,0 +1,399 @@
+"""Safe extraction: real zip and tar archives, well-formed, corrupt and hostile."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from qnnctl.archive import extract, work_folder
+from qnnctl.errors import DiskSpaceError, IntegrityError
+from tests.conftest import run_qnnctl
+from tests.sdkfactory import VERSION, SdkSpec, add_tar_entry, add_zip_entry, build_archive, build_sdk_tree
+
+TOP = f"qairt/{VERSION}"
+LIB = f"{TOP}/lib/x86_64-linux-clang"
+
+
+def _work(tmp_path: Path) -> Path:
+    """An extraction folder as deep below tmp_path as the CLI's (cache/tmp/<id>/x)."""
+    return tmp_path / "cache" / "tmp" / "w" / "x"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- well-formed archives --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz", "tgz", "tar.xz", "tar"])
+def test_extract_keeps_modes_links_and_records_digests(tmp_path: Path, fmt: str) -> None:
+    archive = build_archive(tmp_path, fmt)
+    result = extract(archive, _work(tmp_path))
+    root = result.root
+    assert root == _work(tmp_path) / TOP
+    assert result.top == TOP
+    assert result.version == VERSION
+    tool = root / "bin/x86_64-linux-clang/qnn-net-run"
+    assert stat.S_IMODE(tool.stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "QNN_README.txt").stat().st_mode) & 0o111 == 0
+    link = root / "lib/x86_64-linux-clang/libQnnHtp.so.2"
+    assert link.is_symlink()
+    assert os.readlink(link) == "libQnnHtp.so"
+    assert link.resolve() == (root / "lib/x86_64-linux-clang/libQnnHtp.so").resolve()
+    regular = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert set(result.files) == regular
+    for name, digest in result.files.items():
+        assert digest == _sha256(root / name), name
+    assert result.size == sum((root / name).stat().st_size for name in result.files)
+    assert (root / "lib/x86_64-linux-clang/libQnnHtp.so").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_top_folder_is_detected_not_assumed(tmp_path: Path) -> None:
+    """The SDK folder is the one that holds lib/x86_64-linux-clang, whatever it is called."""
+    archive = build_archive(tmp_path, "zip", SdkSpec(top="some/other/place-2.37.0.250724"))
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, "README-first.txt", b"not part of the SDK", stat.S_IFREG | 0o644)
+    result = extract(archive, _work(tmp_path))
+    assert result.top == "some/other/place-2.37.0.250724"
+    assert result.version == VERSION
+    assert "README-first.txt" not in result.files
+    assert (result.root / "QNN_README.txt").is_file()
+
+
+def test_top_folder_without_a_version(tmp_path: Path) -> None:
+    result = extract(build_archive(tmp_path, "tar.xz", SdkSpec(top="qairt/latest")), _work(tmp_path))
+    assert result.top == "qairt/latest"
+    assert result.version is None
+
+
+def test_in_tree_links_are_kept(tmp_path: Path) -> None:
+    """Links that stay in the SDK (to a file, to a folder, up and back down) are recreated."""
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP)
+    archive = tmp_path / "links.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(staging / "qairt", arcname="qairt")
+        add_tar_entry(tf, f"{TOP}/docs/latest", kind=tarfile.SYMTYPE, linkname="../share")
+        add_tar_entry(tf, f"{TOP}/include/QNN/up", kind=tarfile.SYMTYPE, linkname="../../lib/x86_64-linux-clang")
+        add_tar_entry(tf, f"{TOP}/bin/readme-copy", kind=tarfile.LNKTYPE, linkname=f"{TOP}/QNN_README.txt")
+    result = extract(archive, _work(tmp_path))
+    root = result.root
+    assert (root / "docs/latest").is_symlink()
+    assert (root / "docs/latest").resolve() == (root / "share").resolve()
+    assert (root / "include/QNN/up/libQnnHtp.so").is_file()
+    copy = root / "bin/readme-copy"
+    # A hard link inside the SDK becomes a copy: the tree shares no inode with anything.
+    assert not copy.is_symlink()
+    assert copy.read_bytes() == (root / "QNN_README.txt").read_bytes()
+    assert copy.stat().st_ino != (root / "QNN_README.txt").stat().st_ino
+    assert result.files["bin/readme-copy"] == result.files["QNN_README.txt"]
+
+
+def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
+    """Memory does not grow with member size: a 48 MiB member costs a few MiB at most."""
+    big = 48 << 20
+    archive = tmp_path / "big.zip"
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP)
+    from tests.sdkfactory import write_zip_from_tree
+
+    write_zip_from_tree(staging, archive)
+    with zipfile.ZipFile(archive, "a") as zf:
+        info = zipfile.ZipInfo(f"{TOP}/share/big.bin", date_time=(2025, 7, 24, 0, 0, 0))
+        info.create_system = 3
+        info.external_attr = (stat.S_IFREG | 0o644) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with zf.open(info, "w") as out:
+            block = bytes(1 << 20)
+            for _ in range(big >> 20):
+                out.write(block)
+    tracemalloc.start()
+    try:
+        result = extract(archive, _work(tmp_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (result.root / "share/big.bin").stat().st_size == big
+    assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a {big >> 20} MiB member"
+
+
+# -- corrupt and truncated archives -----------------------------------------------------
+
+
+def _truncate(path: Path, keep: float) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def _flip_in_payload(path: Path) -> Path:
+    """Change one byte inside a zip member's compressed data (not in any header)."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"{TOP}/docs/payload.bin")
+    # Local header: 30 bytes + name + extra, then the data.
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+PAYLOAD_SPEC = SdkSpec(extra_files={"docs/payload.bin": os.urandom(256 << 10)})
+
+
+@pytest.mark.parametrize(("fmt", "damage"), [
+    ("zip", lambda p: _truncate(p, 0.5)),
+    ("zip", _flip_in_payload),
+    ("tar.gz", lambda p: _truncate(p, 0.5)),
+    ("tar.xz", lambda p: _truncate(p, 0.5)),
+    ("tar.gz", lambda p: _truncate(p, 0.999)),
+], ids=["zip-truncated", "zip-bad-crc", "tar.gz-truncated", "tar.xz-truncated", "tar.gz-last-bytes"])
+def test_corrupt_archives_are_integrity_errors(tmp_path: Path, fmt: str,
+                                               damage: Callable[[Path], Path]) -> None:
+    archive = damage(build_archive(tmp_path, fmt, PAYLOAD_SPEC))
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.exit_code == 4
+
+
+def test_not_an_archive(tmp_path: Path) -> None:
+    page = tmp_path / "v2.37.0.250724.zip"
+    page.write_bytes(b"<!DOCTYPE html><html>log in</html>")
+    with pytest.raises(IntegrityError, match="not a zip or tar"):
+        extract(page, _work(tmp_path))
+
+
+def test_archive_without_an_sdk(tmp_path: Path) -> None:
+    archive = tmp_path / "other.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        add_zip_entry(zf, "qairt/2.37.0.250724/README.txt", b"hello", stat.S_IFREG | 0o644)
+    with pytest.raises(IntegrityError, match="no SDK"):
+        extract(archive, _work(tmp_path))
+
+
+def test_extraction_checks_free_space_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = build_archive(tmp_path, "zip")
+    real = shutil.disk_usage
+
+    def tiny(path: Any) -> Any:
+        usage = real(path)
+        return usage._replace(free=10 << 20)
+
+    monkeypatch.setattr(shutil, "disk_usage", tiny)
+    work = _work(tmp_path)
+    with pytest.raises(DiskSpaceError, match="not enough free space") as caught:
+        extract(archive, work)
+    assert caught.value.free == 10 << 20
+    assert list(work.iterdir()) == []  # checked before anything was written
+
+
+# -- hostile archives ---------------------------------------------------------------------
+
+
+class Member(NamedTuple):
+    name: str
+    kind: str  # file, symlink, hardlink, chardev, fifo
+    data: bytes = b""
+    target: str = ""
+
+
+_ZIP_MODES = {"file": stat.S_IFREG | 0o644, "symlink": stat.S_IFLNK | 0o777,
+              "chardev": stat.S_IFCHR | 0o644, "fifo": stat.S_IFIFO | 0o644}
+_TAR_KINDS = {"file": tarfile.REGTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE,
+              "chardev": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE}
+
+
+def hostile_archive(tmp_path: Path, fmt: str, members: list[Member]) -> Path:
+    """A valid SDK archive with `members` added after the SDK's own files."""
+    staging = tmp_path / "hostile-staging"
+    build_sdk_tree(staging / TOP)
+    archive = tmp_path / f"v{VERSION}.{fmt}"
+    if fmt == "zip":
+        from tests.sdkfactory import write_zip_from_tree
+
+        write_zip_from_tree(staging, archive)
+        with zipfile.ZipFile(archive, "a") as zf:
+            for m in members:
+                data = m.target.encode() if m.kind == "symlink" else m.data
+                add_zip_entry(zf, m.name, data, _ZIP_MODES[m.kind])
+    else:
+        with tarfile.open(archive, "w:gz") as tf:
+            tf.add(staging / "qairt", arcname="qairt")
+            for m in members:
+                add_tar_entry(tf, m.name, m.data, kind=_TAR_KINDS[m.kind], linkname=m.target)
+    shutil.rmtree(staging)
+    return archive
+
+
+@dataclass(frozen=True)
+class Hostile:
+    members: Callable[[Path], list[Member]]  # given tmp_path
+    formats: tuple[str, ...] = ("zip", "tar.gz")
+
+
+# Six levels up from <cache>/tmp/<id>/x/qairt/<version> is tmp_path: escapes land there.
+UP = "../../../../../.."
+_CHAIN = [Member(f"{TOP}/l1", "symlink", target=".")] + [
+    Member(f"{TOP}/l{i}", "symlink", target=f"l{i - 1}/..") for i in range(2, 8)
+]
+
+HOSTILE: dict[str, Hostile] = {
+    "zip-slip": Hostile(lambda t: [Member(f"{TOP}/{UP}/escaped.txt", "file", b"pwned")]),
+    "zip-slip-from-root": Hostile(lambda t: [Member("../../../../escaped.txt", "file", b"pwned")]),
+    "absolute-path": Hostile(lambda t: [Member(f"{t}/escaped.txt", "file", b"pwned")]),
+    "symlink-relative-then-file": Hostile(lambda t: [
+        Member(f"{TOP}/share/out", "symlink", target=f"../{UP}"),
+        Member(f"{TOP}/share/out/escaped.txt", "file", b"pwned"),
+    ]),
+    "symlink-absolute-then-file": Hostile(lambda t: [
+        Member(f"{TOP}/share/out", "symlink", target=str(t)),
+        Member(f"{TOP}/share/out/escaped.txt", "file", b"pwned"),
+    ]),
+    "symlink-to-a-system-file": Hostile(lambda t: [Member(f"{LIB}/libc.so", "symlink", target="/etc/passwd")]),
+    "symlink-two-step": Hostile(lambda t: [
+        Member(f"{TOP}/a", "symlink", target="."),
+        Member(f"{TOP}/b", "symlink", target="a/.."),
+    ]),
+    # Each link looks inside on its own; together they climb out and a link is then made
+    # through the last one.
+    "symlink-chain-then-link": Hostile(lambda t: [*_CHAIN, Member(f"{TOP}/l7/escaped.txt", "symlink",
+                                                                  target="whatever")]),
+    "symlink-chain-then-hardlink": Hostile(lambda t: [*_CHAIN, Member(f"{TOP}/l7/escaped.txt", "hardlink",
+                                                                      target=f"{TOP}/QNN_README.txt")],
+                                           formats=("tar.gz",)),
+    "hardlink-absolute": Hostile(lambda t: [Member(f"{TOP}/victim", "hardlink", target=str(t / "victim.txt")),
+                                            Member(f"{TOP}/victim", "file", b"pwned")],
+                                 formats=("tar.gz",)),
+    "hardlink-relative": Hostile(lambda t: [Member(f"{TOP}/victim", "hardlink", target=f"{UP}/victim.txt")],
+                                 formats=("tar.gz",)),
+    "hardlink-outside-the-sdk": Hostile(lambda t: [Member("qairt/elsewhere.txt", "file", b"x"),
+                                                   Member(f"{TOP}/victim", "hardlink",
+                                                          target="qairt/elsewhere.txt")],
+                                        formats=("tar.gz",)),
+    "char-device": Hostile(lambda t: [Member(f"{TOP}/share/null", "chardev")]),
+    "fifo": Hostile(lambda t: [Member(f"{TOP}/share/pipe", "fifo")]),
+}
+
+HOSTILE_CASES = [
+    pytest.param(name, fmt, id=f"{name}-{fmt}")
+    for name, case in HOSTILE.items()
+    for fmt in case.formats
+]
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"original")
+    return victim
+
+
+def _assert_nothing_escaped(tmp_path: Path, victim: Path) -> None:
+    escaped = [p for p in tmp_path.rglob("escaped*")]
+    assert escaped == [], escaped
+    assert victim.read_bytes() == b"original"
+    assert victim.stat().st_nlink == 1
+
+
+@pytest.mark.parametrize(("case", "fmt"), HOSTILE_CASES)
+def test_hostile_archive_is_refused_by_install(tmp_path: Path, cache_dir: Path, case: str, fmt: str) -> None:
+    victim = _victim(tmp_path)
+    archive = hostile_archive(tmp_path, fmt, HOSTILE[case].members(tmp_path))
+    result = run_qnnctl("install", "--file", str(archive))
+    assert result.returncode == 4, result.stderr
+    assert "unsafe archive" in result.stderr
+    assert result.stdout == ""
+    _assert_nothing_escaped(tmp_path, victim)
+    assert list((cache_dir / "sdks").iterdir()) == []
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize(("case", "fmt"), HOSTILE_CASES)
+def test_hostile_archive_is_refused_by_extract(tmp_path: Path, case: str, fmt: str) -> None:
+    victim = _victim(tmp_path)
+    archive = hostile_archive(tmp_path, fmt, HOSTILE[case].members(tmp_path))
+    with pytest.raises(IntegrityError, match="unsafe archive"), work_folder(_work(tmp_path).parent) as work:
+        extract(archive, work / "x")
+    _assert_nothing_escaped(tmp_path, victim)
+    assert not _work(tmp_path).parent.exists()
+
+
+def test_link_made_before_its_redirect_is_checked_at_the_end(tmp_path: Path) -> None:
+    """b -> a/.. is harmless while a does not exist; a -> . made later turns it outward."""
+    archive = hostile_archive(tmp_path, "tar.gz", [
+        Member(f"{TOP}/b", "symlink", target="a/.."),
+        Member(f"{TOP}/a", "symlink", target="."),
+    ])
+    with pytest.raises(IntegrityError, match="leads outside"):
+        extract(archive, _work(tmp_path))
+
+
+def test_name_used_for_a_folder_and_a_link(tmp_path: Path) -> None:
+    archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/share", "symlink", target="docs")])
+    with pytest.raises(IntegrityError):
+        extract(archive, _work(tmp_path))
+
+
+def test_file_then_folder_of_the_same_name(tmp_path: Path) -> None:
+    archive = hostile_archive(tmp_path, "zip", [Member(f"{TOP}/QNN_README.txt/inner", "file", b"x")])
+    with pytest.raises(IntegrityError, match="malformed"):
+        extract(archive, _work(tmp_path))
+
+
+def test_overlong_zip_symlink_target(tmp_path: Path) -> None:
+    archive = hostile_archive(tmp_path, "zip", [Member(f"{TOP}/long", "symlink", target="a/" * 4000)])
+    with pytest.raises(IntegrityError, match="longer than"):
+        extract(archive, _work(tmp_path))
+
+
+def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
+    """`tar -C dir -czf x.tgz .` stores ./qairt/...; that is not an escape."""
+    staging = tmp_path / "s"
+    build_sdk_tree(staging / TOP)
+    archive = tmp_path / "dot.tgz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(staging, arcname=".")
+    result = extract(archive, _work(tmp_path))
+    assert result.top == TOP
+    assert (result.root / "lib/x86_64-linux-clang/libQnnHtp.so").is_file()
+
+
+def test_setuid_bits_are_dropped(tmp_path: Path) -> None:
+    archive = tmp_path / "suid.tar"
+    staging = tmp_path / "s"
+    build_sdk_tree(staging / TOP)
+    with tarfile.open(archive, "w") as tf:
+        tf.add(staging / "qairt", arcname="qairt")
+        info = tarfile.TarInfo(f"{TOP}/bin/x86_64-linux-clang/suid-tool")
+        info.mode = 0o4755
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"#!\n"))
+    result = extract(archive, _work(tmp_path))
+    assert stat.S_IMODE((result.root / "bin/x86_64-linux-clang/suid-tool").stat().st_mode) == 0o755
+
+
+def test_record_of_files_follows_links_that_replace_files(tmp_path: Path) -> None:
+    """A link that replaces a file (through a linked folder) is not recorded as that file."""
+    archive = hostile_archive(tmp_path, "tar.gz", [
+        Member(f"{TOP}/docs/guide.txt", "file", b"old"),
+        Member(f"{TOP}/manual", "symlink", target="docs"),
+        Member(f"{TOP}/manual/guide.txt", "symlink", target="../QNN_README.txt"),
+        Member(f"{TOP}/manual/copy.txt", "hardlink", target=f"{TOP}/QNN_README.txt"),
+    ])
+    result = extract(archive, _work(tmp_path))
+    assert (result.root / "docs/guide.txt").is_symlink()
+    assert "docs/guide.txt" not in result.files
+    assert result.files["docs/copy.txt"] == result.files["QNN_README.txt"]
+    assert "manual/copy.txt" not in result.files

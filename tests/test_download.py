@@ -1,0 +1,395 @@
+"""Downloads over a real loopback HTTP server: resume, retries, faults, checksums, progress."""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import os
+import pty
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qnnctl.cache import read_manifest
+from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after
+from qnnctl.errors import DiskSpaceError, DownloadError
+from tests.conftest import run_qnnctl
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import VERSION
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+NAME = f"v{VERSION}.zip"
+
+
+def _served(server: FaultServer, path: str = PATH) -> bytes:
+    return server.files[path]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _range_start(request_headers: dict[str, str]) -> int | None:
+    value = request_headers.get("Range")
+    return None if value is None else int(value.removeprefix("bytes=").split("-", 1)[0])
+
+
+def _installed_manifest(cache_dir: Path) -> dict[str, Any]:
+    manifest = read_manifest(cache_dir / "sdks" / VERSION)
+    assert manifest is not None
+    return manifest
+
+
+def _nothing_installed(cache_dir: Path) -> None:
+    sdks = cache_dir / "sdks"
+    assert not sdks.exists() or list(sdks.iterdir()) == []
+    downloads = cache_dir / "downloads"
+    # No finished archive is left where the next run would take it as valid.
+    assert not (downloads / NAME).exists()
+
+
+# -- through the CLI ---------------------------------------------------------------------
+
+
+def test_resume_after_a_dropped_connection(mirror: FaultServer, cache_dir: Path) -> None:
+    mirror.fail(PATH, Fault.drop_after(300_000))
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    first, second = mirror.requests_for(PATH)
+    assert _range_start(first.headers) is None
+    offset = _range_start(second.headers)
+    assert offset is not None
+    assert 0 < offset <= 300_000
+    assert "If-Range" in second.headers  # so a changed file is sent whole, not spliced
+    manifest = _installed_manifest(cache_dir)
+    assert manifest["sha256"] == _sha256(_served(mirror))
+    assert manifest["size"] == len(_served(mirror))
+    assert "resuming" in result.stderr
+
+
+@pytest.mark.parametrize("status", [503, 429, 500, 502, 504, 507])
+def test_retry_after_a_transient_status(mirror: FaultServer, cache_dir: Path, status: int) -> None:
+    mirror.fail(PATH, Fault.status(status, retry_after="0"), Fault.status(status, retry_after="0"))
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    assert len(mirror.requests_for(PATH)) == 3
+    assert f"HTTP {status}" in result.stderr
+    assert "retrying" in result.stderr
+    assert _installed_manifest(cache_dir)["sha256"] == _sha256(_served(mirror))
+
+
+def test_restart_when_the_server_ignores_range(mirror: FaultServer, cache_dir: Path) -> None:
+    mirror.fail(PATH, Fault.drop_after(300_000), Fault.ignore_range())
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    requests = mirror.requests_for(PATH)
+    assert len(requests) == 2
+    assert _range_start(requests[1].headers)
+    # Had the 200 body been appended to the partial file, this would not hold.
+    assert _installed_manifest(cache_dir)["sha256"] == _sha256(_served(mirror))
+
+
+def _leave_partial(cache_dir: Path, url: str, data: bytes) -> Path:
+    downloads = cache_dir / "downloads"
+    downloads.mkdir(parents=True)
+    (downloads / f"{NAME}.json").write_text(json.dumps({"url": url}))
+    part = downloads / f"{NAME}.part"
+    part.write_bytes(data)
+    return part
+
+
+def test_416_discards_the_partial(mirror: FaultServer, cache_dir: Path) -> None:
+    """A partial file longer than the archive cannot be resumed: start again from zero."""
+    served = _served(mirror)
+    _leave_partial(cache_dir, mirror.url(PATH), served + b"trailing garbage")
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    first, second = mirror.requests_for(PATH)
+    assert _range_start(first.headers) == len(served) + len(b"trailing garbage")
+    assert _range_start(second.headers) is None
+    assert "416" in result.stderr
+    assert _installed_manifest(cache_dir)["sha256"] == _sha256(served)
+
+
+def test_partial_from_another_url_is_not_resumed(mirror: FaultServer, cache_dir: Path) -> None:
+    served = _served(mirror)
+    _leave_partial(cache_dir, "http://127.0.0.1:9/elsewhere/" + NAME, served[:1000])
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    (only,) = mirror.requests_for(PATH)
+    assert "Range" not in only.headers
+
+
+@pytest.mark.parametrize("fault", [Fault.html(), Fault.html_untyped()], ids=["text/html", "binary-type"])
+def test_html_page_with_200_is_not_an_archive(mirror: FaultServer, cache_dir: Path, fault: Fault) -> None:
+    mirror.fail(PATH, fault)
+    result = run_qnnctl("install")
+    assert result.returncode == 3, result.stderr
+    assert "HTML page" in result.stderr
+    assert result.stdout == ""
+    _nothing_installed(cache_dir)
+    assert not (cache_dir / "downloads" / f"{NAME}.part").exists()
+    # The next run downloads the real archive, it does not build on the page.
+    again = run_qnnctl("install")
+    assert again.returncode == 0, again.stderr
+    assert _range_start(mirror.requests_for(PATH)[-1].headers) is None
+
+
+def test_404_is_a_download_failure(server: FaultServer, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    result = run_qnnctl("install")
+    assert result.returncode == 3, result.stderr
+    assert "404" in result.stderr
+    assert server.url(PATH) in result.stderr
+    assert len(server.requests_for(PATH)) == 1  # not retried
+    _nothing_installed(cache_dir)
+
+
+@pytest.mark.parametrize("status", [403, 401, 410])
+def test_other_client_errors_are_not_retried(mirror: FaultServer, cache_dir: Path, status: int) -> None:
+    mirror.fail(PATH, Fault.status(status))
+    result = run_qnnctl("install")
+    assert result.returncode == 3, result.stderr
+    assert f"HTTP {status}" in result.stderr
+    assert len(mirror.requests_for(PATH)) == 1
+    _nothing_installed(cache_dir)
+
+
+def test_sha256_mismatch_removes_the_download(mirror: FaultServer, cache_dir: Path) -> None:
+    wrong = "0" * 64
+    result = run_qnnctl("install", "--sha256", wrong)
+    assert result.returncode == 4, result.stderr
+    assert "sha256 mismatch" in result.stderr
+    assert wrong in result.stderr
+    assert _sha256(_served(mirror)) in result.stderr
+    _nothing_installed(cache_dir)
+    assert list((cache_dir / "downloads").iterdir()) == []
+
+
+def test_sha256_match_installs(mirror: FaultServer, cache_dir: Path) -> None:
+    digest = _sha256(_served(mirror))
+    result = run_qnnctl("install", "--sha256", digest.upper())
+    assert result.returncode == 0, result.stderr
+    assert _installed_manifest(cache_dir)["sha256"] == digest
+
+
+def test_malformed_sha256_is_a_usage_error(mirror: FaultServer) -> None:
+    result = run_qnnctl("install", "--sha256", "abc")
+    assert result.returncode == 2, result.stderr
+    assert mirror.requests == []
+
+
+def test_not_enough_space_for_the_download(mirror: FaultServer, cache_dir: Path) -> None:
+    """The server announces more bytes than the disk holds; nothing is written."""
+    mirror.fail(PATH, Fault.claim_length(1 << 60))
+    result = run_qnnctl("install")
+    assert result.returncode == 1, result.stderr
+    assert "not enough free space" in result.stderr
+    assert "QNNCTL_CACHE_DIR" in result.stderr
+    _nothing_installed(cache_dir)
+    assert not (cache_dir / "downloads" / f"{NAME}.part").exists()
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(mirror: FaultServer) -> None:
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr
+    assert "\x1b" not in result.stderr
+    percent = [line for line in result.stderr.splitlines() if "% of" in line]
+    assert 2 <= len(percent) <= 12, result.stderr
+    assert percent[-1].startswith("qnnctl: ")
+    assert "100%" in percent[-1]
+
+
+def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> None:
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "install"], stdout=subprocess.PIPE,
+                            stderr=terminal, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    seen = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                block = os.read(controller, 4096)
+            except OSError:  # EIO: the child closed its end
+                return
+            if not block:
+                return
+            seen.extend(block)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    out, _ = proc.communicate(timeout=120)
+    reader.join(timeout=30)
+    os.close(controller)
+    assert proc.returncode == 0, seen.decode(errors="replace")
+    assert out.decode().strip().endswith(f"sdks/{VERSION}")
+    assert b"\r" in seen  # tqdm redraws its bar in place
+    assert b"% of" not in seen  # and the plain lines are not printed as well
+
+
+def test_proxy_from_the_environment_is_used(server: FaultServer, cache_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY is honoured: the request reaches the proxy in absolute form."""
+    from tests.sdkfactory import build_archive
+
+    (cache_dir.parent / "a").mkdir()
+    data = build_archive(cache_dir.parent / "a", "zip").read_bytes()
+    url = f"http://sdk.invalid/{VERSION}/v{VERSION}.zip"
+    server.add(url, data)  # the proxy sees the whole URL as the path
+    monkeypatch.setenv("HTTP_PROXY", server.base)
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    result = run_qnnctl("install", "--url", url)
+    assert result.returncode == 0, result.stderr
+    (request,) = server.requests_for(url)
+    assert request.headers["User-Agent"].startswith("qnnctl/")
+
+
+# -- the downloader on its own -----------------------------------------------------------
+
+
+class Sleeps(list[float]):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def served(server: FaultServer) -> bytes:
+    data = os.urandom(1 << 20)
+    server.add(PATH, data)
+    return data
+
+
+def _downloader(tmp_path: Path, sleeps: Sleeps | None = None) -> Downloader:
+    return Downloader(make_session(), tmp_path / "downloads", sleep=sleeps if sleeps is not None else Sleeps())
+
+
+def test_session_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    session = make_session()
+    assert str(session.headers["User-Agent"]).startswith("qnnctl/")
+    assert session.headers["Accept-Encoding"] == "identity"
+    settings = session.merge_environment_settings("https://softwarecenter.qualcomm.com/x", {}, None, None, None)
+    assert settings["verify"] == str(bundle)
+    assert settings["proxies"]["https"] == "http://proxy.example:3128"
+
+
+def test_backoff_is_exponential_without_retry_after(server: FaultServer, served: bytes, tmp_path: Path) -> None:
+    server.fail(PATH, Fault.status(503), Fault.status(503), Fault.status(503))
+    sleeps = Sleeps()
+    fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
+    assert sleeps == [1.0, 2.0, 4.0]
+    assert fetched.sha256 == _sha256(served)
+    assert fetched.path.read_bytes() == served
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("7", 7.0),
+    ("3600", 60.0),  # honoured, within a bound
+    (email.utils.formatdate(time.time() - 60, usegmt=True), 0.0),
+])
+def test_retry_after_is_honoured(server: FaultServer, served: bytes, tmp_path: Path,
+                                 header: str, expected: float) -> None:
+    server.fail(PATH, Fault.status(429, retry_after=header))
+    sleeps = Sleeps()
+    _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
+    assert sleeps == [expected]
+
+
+def test_retries_are_bounded(server: FaultServer, served: bytes, tmp_path: Path) -> None:
+    server.fail(PATH, *[Fault.status(503)] * 20)
+    sleeps = Sleeps()
+    with pytest.raises(DownloadError, match="after 6 attempts") as caught:
+        _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
+    assert caught.value.exit_code == 3
+    assert len(server.requests_for(PATH)) == MAX_ATTEMPTS
+    assert sleeps == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_connection_refused_is_retried_then_fails(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sleeps = Sleeps()
+    with pytest.raises(DownloadError, match="cannot reach"):
+        _downloader(tmp_path, sleeps).fetch([f"http://127.0.0.1:{port}{PATH}"], NAME)
+    assert len(sleeps) == MAX_ATTEMPTS - 1
+
+
+def test_drops_that_make_progress_do_not_exhaust_the_retries(server: FaultServer, served: bytes,
+                                                              tmp_path: Path) -> None:
+    # Each attempt keeps one more whole 64 KiB block: more attempts than MAX_ATTEMPTS, yet it
+    # completes.
+    server.fail(PATH, *[Fault.drop_after(100_000)] * (MAX_ATTEMPTS + 3))
+    fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert fetched.sha256 == _sha256(served)
+    starts = [_range_start(r.headers) or 0 for r in server.requests_for(PATH)]
+    assert starts == sorted(starts)
+    assert starts[-1] > 0
+
+
+def test_a_changed_file_is_fetched_whole(server: FaultServer, served: bytes, tmp_path: Path) -> None:
+    """If-Range: when the file changed between runs, the server sends all of it (200)."""
+    server.fail(PATH, Fault.drop_after(100_000), *[Fault.status(500)] * 10)
+    downloader = _downloader(tmp_path)
+    with pytest.raises(DownloadError):
+        downloader.fetch([server.url(PATH)], NAME)
+    assert (tmp_path / "downloads" / f"{NAME}.part").stat().st_size > 0
+    changed = os.urandom(700_000)
+    server.add(PATH, changed)
+    with server.lock:
+        server.faults[PATH].clear()
+    fetched = downloader.fetch([server.url(PATH)], NAME)
+    assert fetched.sha256 == _sha256(changed)
+    assert _range_start(server.requests_for(PATH)[-1].headers)  # it asked to resume...
+
+
+def test_finished_download_is_reused_without_a_request(server: FaultServer, served: bytes,
+                                                       tmp_path: Path) -> None:
+    downloader = _downloader(tmp_path)
+    first = downloader.fetch([server.url(PATH)], NAME)
+    again = downloader.fetch([server.url(PATH)], NAME)
+    assert again == first
+    assert len(server.requests_for(PATH)) == 1
+    # A finished file that was changed on disk is not trusted.
+    first.path.write_bytes(b"tampered")
+    third = downloader.fetch([server.url(PATH)], NAME)
+    assert third.sha256 == _sha256(served)
+    assert len(server.requests_for(PATH)) == 2
+
+
+def test_the_next_url_is_tried_after_a_404(server: FaultServer, served: bytes, tmp_path: Path) -> None:
+    fetched = _downloader(tmp_path).fetch([server.url("/missing/" + NAME), server.url(PATH)], NAME)
+    assert fetched.url == server.url(PATH)
+
+
+def test_free_space_is_checked_from_content_length(server: FaultServer, served: bytes, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 20))
+    with pytest.raises(DiskSpaceError) as caught:
+        _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert caught.value.needed >= len(served)
+    assert not (tmp_path / "downloads" / NAME).exists()
+    assert not (tmp_path / "downloads" / f"{NAME}.part").exists()
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, None), ("", None), ("0", 0.0), ("120", 120.0), ("soon", None),
+    ("Wed, 21 Oct 2015 07:28:00 GMT", 30.0),
+])
+def test_retry_after_parsing(value: str | None, expected: float | None) -> None:
+    now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:27:30 GMT").timestamp()
+    assert retry_after(value, now=now) == expected

@@ -1,0 +1,207 @@
+"""`qnnctl list`, `uninstall`, `use` and `cache clean`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from qnnctl.cache import Cache, tree_size
+from qnnctl.install import clean_cache
+from tests.conftest import run_qnnctl
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
+
+
+def _executorch_sdk(version: str) -> Path:
+    folder = Path(os.environ["XDG_CACHE_HOME"]) / "executorch" / "qnn" / f"sdk-{version}"
+    return build_sdk_tree(folder, SdkSpec(version=version))
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def test_list_json_when_nothing_is_installed() -> None:
+    result = run_qnnctl("list", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"schema": 1, "sdks": []}
+
+
+def test_list_json(cache_dir: Path, tmp_path: Path) -> None:
+    ours = [install_tree_into_cache(cache_dir, v) for v in (VERSION, OTHER_VERSION)]
+    build_sdk_tree(cache_dir / "sdks" / "2.40.0.251030")  # no manifest: not installed
+    staging = tmp_path / "staging"
+    staged = build_sdk_tree(staging / "sdk-2.28.2.241116", SdkSpec(version="2.28.2.241116", sdk_yaml=False))
+    theirs = _executorch_sdk("2.31.0.250130")
+    (theirs.parent / "sdk-2.32.0.250228").mkdir()  # an interrupted ExecuTorch download
+    env = os.environ.copy()
+    env["QNN_STAGING_DIR"] = str(staging)
+    result = run_qnnctl("list", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["schema"] == 1
+    rows = data["sdks"]
+    assert [(r["version"], r["root"], r["origin"]) for r in rows] == [
+        (OTHER_VERSION, str(ours[1]), "qnnctl cache"),
+        (VERSION, str(ours[0]), "qnnctl cache"),
+        ("2.28.2.241116", str(staged), "ExecuTorch cache"),
+        ("2.31.0.250130", str(theirs), "ExecuTorch cache"),
+    ]
+    for row in rows:
+        assert set(row) == {"version", "root", "size", "origin"}
+        assert row["size"] == tree_size(Path(row["root"])) > 0
+    assert run_qnnctl("list", "--json", env=env).stdout == result.stdout  # stable
+
+
+def test_list_text(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("list")
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert line.startswith(VERSION)
+    assert str(root) in line
+    assert "(qnnctl cache)" in line
+    empty = run_qnnctl("uninstall", VERSION)
+    assert empty.returncode == 0, empty.stderr
+    nothing = run_qnnctl("list")
+    assert nothing.stdout == ""
+    assert "no SDK installed" in nothing.stderr
+
+
+# -- uninstall -------------------------------------------------------------------------------
+
+
+def test_uninstall_by_full_version(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    other = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    result = run_qnnctl("uninstall", VERSION)
+    assert result.returncode == 0, result.stderr
+    assert not root.exists()
+    assert other.exists()
+    assert result.stdout == ""
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_uninstall_by_prefix(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("uninstall", "2.37")
+    assert result.returncode == 0, result.stderr
+    assert not root.exists()
+
+
+def test_uninstall_prefix_matches_whole_components(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("uninstall", "2.3")
+    assert result.returncode == 1, result.stderr
+    assert root.exists()
+
+
+def test_uninstall_ambiguous_prefix(cache_dir: Path) -> None:
+    a = install_tree_into_cache(cache_dir, "2.28.0.241029")
+    b = install_tree_into_cache(cache_dir, "2.28.2.241116")
+    result = run_qnnctl("uninstall", "2.28")
+    assert result.returncode == 2, result.stderr
+    assert "2.28.0.241029" in result.stderr
+    assert "2.28.2.241116" in result.stderr
+    assert a.exists()
+    assert b.exists()
+
+
+def test_uninstall_not_installed(cache_dir: Path) -> None:
+    theirs = _executorch_sdk(VERSION)
+    result = run_qnnctl("uninstall", VERSION)
+    assert result.returncode == 1, result.stderr
+    assert f"SDK {VERSION} is not installed" in result.stderr
+    assert "qnnctl list" in result.stderr
+    assert theirs.exists()  # ExecuTorch's cache is never touched
+
+
+def test_uninstall_ignores_a_folder_without_manifest(cache_dir: Path) -> None:
+    build_sdk_tree(cache_dir / "sdks" / VERSION)
+    result = run_qnnctl("uninstall", VERSION)
+    assert result.returncode == 1, result.stderr
+
+
+def test_uninstall_garbage_is_a_usage_error(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("uninstall", "../sdks")
+    assert result.returncode == 2, result.stderr
+
+
+# -- use -------------------------------------------------------------------------------------
+
+
+def test_use_writes_the_pin() -> None:
+    result = run_qnnctl("use", "2.28")
+    assert result.returncode == 0, result.stderr
+    pin = Path.cwd() / ".qnn-version"
+    assert result.stdout == f"{pin}\n"
+    assert pin.read_text() == "2.28.2.241116\n"
+    assert [p.name for p in Path.cwd().iterdir()] == [".qnn-version"]  # no temporary left
+
+
+def test_use_replaces_the_pin() -> None:
+    (Path.cwd() / ".qnn-version").write_text("2.28.2.241116\n")
+    assert run_qnnctl("use", VERSION).returncode == 0
+    assert (Path.cwd() / ".qnn-version").read_text() == f"{VERSION}\n"
+
+
+@pytest.mark.parametrize("spec", ["2.99", "latest"])
+def test_use_rejects_unknown_versions(spec: str) -> None:
+    result = run_qnnctl("use", spec)
+    assert result.returncode == 2, result.stderr
+    assert not (Path.cwd() / ".qnn-version").exists()
+
+
+# -- cache clean -----------------------------------------------------------------------------
+
+
+def _leftovers(cache_dir: Path) -> dict[str, Path]:
+    cache = Cache(cache_dir)
+    cache.ensure()
+    found = {
+        "part": cache.downloads / f"v{VERSION}.zip.part",
+        "meta": cache.downloads / f"v{VERSION}.zip.json",
+        "finished": cache.downloads / "v2.28.2.241116.zip",
+        "work": cache.tmp / f"{VERSION}.0123456789ab",
+        "file-work": cache.tmp / "file.0123456789ab",
+        "busy-work": cache.tmp / f"{OTHER_VERSION}.ba9876543210",
+        "busy-part": cache.downloads / f"v{OTHER_VERSION}.zip.part",
+    }
+    for name, path in found.items():
+        if "work" in name:
+            (path / "x" / "qairt").mkdir(parents=True)
+            (path / "x" / "qairt" / "f").write_text("x")
+        else:
+            path.write_bytes(b"partial")
+    return found
+
+
+def test_cache_clean(cache_dir: Path) -> None:
+    sdk = install_tree_into_cache(cache_dir, VERSION)
+    leftovers = _leftovers(cache_dir)
+    # Another install of OTHER_VERSION is running: its work folder and partial stay.
+    lock = FileLock(str(cache_dir / "locks" / f"{OTHER_VERSION}.lock"))
+    with lock.acquire(timeout=5):
+        result = run_qnnctl("cache", "clean")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    for name, path in leftovers.items():
+        assert path.exists() == name.startswith("busy"), name
+    assert "in use" in result.stderr
+    assert (sdk / ".qnnctl.json").exists()
+    again = run_qnnctl("cache", "clean")
+    assert again.returncode == 0
+    assert list((cache_dir / "tmp").iterdir()) == []
+    assert list((cache_dir / "downloads").iterdir()) == []
+    assert "nothing to clean" in run_qnnctl("cache", "clean").stderr
+
+
+def test_clean_cache_reports_what_it_did(cache_dir: Path) -> None:
+    leftovers = _leftovers(cache_dir)
+    with FileLock(str(cache_dir / "locks" / f"{OTHER_VERSION}.lock")).acquire(timeout=5):
+        cleaned = clean_cache(Cache(cache_dir))
+    assert sorted(cleaned.busy) == sorted([leftovers["busy-work"], leftovers["busy-part"]])
+    assert len(cleaned.removed) == len(leftovers) - 2

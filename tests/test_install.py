@@ -1,0 +1,441 @@
+"""`qnnctl install` end to end: real archives, a real HTTP server, real processes."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+import qnnctl
+from qnnctl.cache import MANIFEST_NAME, read_manifest
+from tests.conftest import run_qnnctl
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+LIB = "lib/x86_64-linux-clang"
+BIN = "bin/x86_64-linux-clang"
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _assert_complete_sdk(root: Path, version: str = VERSION) -> dict[str, object]:
+    """The tree works (tools run, libraries load) and its manifest describes it exactly."""
+    for tool in ("qnn-net-run", "qnn-context-binary-generator"):
+        path = root / BIN / tool
+        assert os.access(path, os.X_OK), path
+        ran = subprocess.run([str(path), "--help"], capture_output=True, text=True, check=True)
+        assert ran.stdout.strip() == f"{tool} {version} --help"
+    library = ctypes.CDLL(str(root / LIB / "libQnnHtp.so.2"))  # through the in-tree symlink
+    assert library.qnn_qnnhtp_version() == 42
+    link = root / LIB / "libQnnHtp.so.2"
+    assert link.is_symlink()
+    assert os.readlink(link) == "libQnnHtp.so"
+    manifest = read_manifest(root)
+    assert manifest is not None
+    files = manifest["files"]
+    assert isinstance(files, dict)
+    on_disk = {
+        str(p.relative_to(root)) for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME
+    }
+    assert set(files) == on_disk
+    for name, digest in files.items():
+        assert _sha256_file(root / name) == digest, name
+    assert manifest["file_count"] == len(files)
+    assert manifest["version"] == version
+    assert manifest["qnnctl_version"] == qnnctl.__version__
+    installed_at = datetime.strptime(str(manifest["installed_at"]), "%Y-%m-%dT%H:%M:%SZ")
+    age = datetime.now(timezone.utc).replace(tzinfo=None) - installed_at
+    assert abs(age.total_seconds()) < 3600
+    # Written last: nothing in the tree is newer than the manifest.
+    written = (root / MANIFEST_NAME).stat().st_mtime_ns
+    assert all(p.lstat().st_mtime_ns <= written for p in root.rglob("*"))
+    return manifest
+
+
+def _cache_is_tidy(cache_dir: Path) -> None:
+    assert list((cache_dir / "tmp").iterdir()) == []
+    assert list((cache_dir / "downloads").iterdir()) == []
+
+
+# -- from a mirror ---------------------------------------------------------------------------
+
+
+def test_fresh_install(mirror: FaultServer, cache_dir: Path) -> None:
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    assert result.stdout == f"{root}\n"
+    assert root == cache_dir / "sdks" / VERSION
+    manifest = _assert_complete_sdk(root)
+    archive = mirror.files[PATH]
+    assert manifest["source"] == mirror.url(PATH)
+    assert manifest["sha256"] == hashlib.sha256(archive).hexdigest()
+    assert manifest["size"] == len(archive)
+    (request,) = mirror.requests_for(PATH)
+    assert request.headers["User-Agent"] == f"qnnctl/{qnnctl.__version__}"
+    _cache_is_tidy(cache_dir)
+    assert "installed SDK" in result.stderr
+
+
+def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> None:
+    first = run_qnnctl("install")
+    assert first.returncode == 0, first.stderr
+    second = run_qnnctl("install", VERSION)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert "already installed" in second.stderr
+    assert len(mirror.requests) == 1
+
+
+def test_folder_without_manifest_is_not_an_installed_sdk(mirror: FaultServer, cache_dir: Path) -> None:
+    """A complete-looking tree in sdks/ without a manifest (an interrupted copy) is replaced."""
+    leftover = cache_dir / "sdks" / VERSION
+    build_sdk_tree(leftover)
+    (leftover / "stale-marker").write_text("from an interrupted install")
+    listed = run_qnnctl("list", "--json")
+    assert '"sdks": []' in listed.stdout
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    assert len(mirror.requests_for(PATH)) == 1
+    assert not (leftover / "stale-marker").exists()
+    _assert_complete_sdk(leftover)
+
+
+def test_manifest_with_a_broken_tree_is_reinstalled(mirror: FaultServer, cache_dir: Path) -> None:
+    assert run_qnnctl("install").returncode == 0
+    (cache_dir / "sdks" / VERSION / LIB / "libQnnHtp.so").unlink()
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    assert len(mirror.requests_for(PATH)) == 2
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+
+
+def test_force_reinstalls(mirror: FaultServer, cache_dir: Path) -> None:
+    assert run_qnnctl("install").returncode == 0
+    root = cache_dir / "sdks" / VERSION
+    (root / "added-by-hand").write_text("x")
+    result = run_qnnctl("install", "--force")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == root
+    assert len(mirror.requests_for(PATH)) == 2
+    assert not (root / "added-by-hand").exists()
+    _assert_complete_sdk(root)
+    _cache_is_tidy(cache_dir)
+
+
+def test_install_from_url(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "a").mkdir()
+    url = server.add(f"/custom/path/v{VERSION}.zip", build_archive(tmp_path / "a", "zip").read_bytes())
+    result = run_qnnctl("install", "--url", url)
+    assert result.returncode == 0, result.stderr
+    manifest = _assert_complete_sdk(Path(result.stdout.strip()))
+    assert manifest["source"] == url
+
+
+def test_url_without_a_version_needs_one(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "a").mkdir()
+    url = server.add("/latest.zip", build_archive(tmp_path / "a", "zip").read_bytes())
+    refused = run_qnnctl("install", "--url", url)
+    assert refused.returncode == 2
+    assert "cannot tell the SDK version" in refused.stderr
+    assert server.requests == []
+    result = run_qnnctl("install", "2.37", "--url", url)
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+def test_url_holding_another_version_is_refused(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "a").mkdir()
+    other = build_archive(tmp_path / "a", "zip", SdkSpec(version=OTHER_VERSION)).read_bytes()
+    url = server.add(f"/v{VERSION}.zip", other)
+    result = run_qnnctl("install", "--url", url)
+    assert result.returncode == 4, result.stderr
+    assert f"holds SDK {OTHER_VERSION}, not {VERSION}" in result.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
+    _cache_is_tidy(cache_dir)
+
+
+def _truncated(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _garbage(data: bytes) -> bytes:
+    return os.urandom(len(data))
+
+
+@pytest.mark.parametrize("damage", [_truncated, _garbage], ids=["truncated", "corrupt"])
+def test_bad_archive_from_the_server(mirror: FaultServer, cache_dir: Path,
+                                     damage: Callable[[bytes], bytes]) -> None:
+    good = mirror.files[PATH]
+    mirror.add(PATH, damage(good))
+    result = run_qnnctl("install")
+    assert result.returncode == 4, result.stderr
+    assert result.stdout == ""
+    assert list((cache_dir / "sdks").iterdir()) == []
+    # Nothing is kept as a finished download: the next run fetches again.
+    _cache_is_tidy(cache_dir)
+    mirror.add(PATH, good)
+    again = run_qnnctl("install")
+    assert again.returncode == 0, again.stderr
+    assert len(mirror.requests_for(PATH)) == 2
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+
+
+# -- from a file -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz", "tgz", "tar.xz"])
+def test_install_from_file(tmp_path: Path, cache_dir: Path, fmt: str) -> None:
+    archive = build_archive(tmp_path, fmt)
+    result = run_qnnctl("install", "--file", str(archive))
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    assert root == cache_dir / "sdks" / VERSION
+    manifest = _assert_complete_sdk(root)
+    assert manifest["source"] == archive.resolve().as_uri()
+    assert manifest["sha256"] == _sha256_file(archive)
+    assert archive.exists()  # the user's file is left alone
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_file_version_from_the_top_folder(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "tar.gz", SdkSpec(version=OTHER_VERSION, sdk_yaml=False))
+    result = run_qnnctl("install", "--file", str(archive))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / OTHER_VERSION
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.xz"])
+def test_file_version_from_sdk_yaml_when_the_folder_has_none(tmp_path: Path, cache_dir: Path, fmt: str) -> None:
+    archive = build_archive(tmp_path, fmt, SdkSpec(version=OTHER_VERSION, top="qairt/latest"))
+    result = run_qnnctl("install", "--file", str(archive))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / OTHER_VERSION
+    _assert_complete_sdk(cache_dir / "sdks" / OTHER_VERSION, OTHER_VERSION)
+
+
+def test_file_without_any_version_needs_one(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "zip", SdkSpec(top="qairt/latest", sdk_yaml=False))
+    refused = run_qnnctl("install", "--file", str(archive))
+    assert refused.returncode == 2, refused.stderr
+    assert "cannot tell the SDK version" in refused.stderr
+    result = run_qnnctl("install", VERSION, "--file", str(archive))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+def test_file_holding_another_version_than_asked(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "zip")
+    result = run_qnnctl("install", OTHER_VERSION, "--file", str(archive))
+    assert result.returncode == 4, result.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
+
+
+def test_file_sha256(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "zip")
+    wrong = run_qnnctl("install", "--file", str(archive), "--sha256", "f" * 64)
+    assert wrong.returncode == 4
+    assert "sha256 mismatch" in wrong.stderr
+    assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
+    right = run_qnnctl("install", "--file", str(archive), "--sha256", _sha256_file(archive))
+    assert right.returncode == 0, right.stderr
+
+
+def test_file_already_installed_is_reused(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    marker = cache_dir / "sdks" / VERSION / "still-here"
+    marker.write_text("x")
+    again = run_qnnctl("install", "--file", str(archive))
+    assert again.returncode == 0
+    assert "already installed" in again.stderr
+    assert marker.exists()
+    forced = run_qnnctl("install", "--file", str(archive), "--force")
+    assert forced.returncode == 0
+    assert not marker.exists()
+
+
+def test_manifest_in_the_archive_is_not_taken_for_ours(tmp_path: Path, cache_dir: Path) -> None:
+    spec = SdkSpec(extra_files={MANIFEST_NAME: b'{"version": "9.9.9.999999", "files": {}}'})
+    result = run_qnnctl("install", "--file", str(build_archive(tmp_path, "zip", spec)))
+    assert result.returncode == 0, result.stderr
+    manifest = _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    assert MANIFEST_NAME not in manifest["files"]  # type: ignore[operator]
+
+
+def test_file_install_waits_for_an_install_of_the_same_version(tmp_path: Path, cache_dir: Path) -> None:
+    """`--file` and a download of one version never build into sdks/ at the same time."""
+    from filelock import FileLock
+
+    archive = build_archive(tmp_path, "zip")
+    (cache_dir / "locks").mkdir(parents=True)
+    with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")):
+        proc = _start("install", "--file", str(archive))
+        stderr = _Stderr([proc])
+        assert stderr.wait_for(f"finish installing {VERSION}", 1), stderr.lines
+        assert not (cache_dir / "sdks" / VERSION).exists()
+    assert proc.wait(timeout=120) == 0, stderr.text(0)
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.xz"])
+def test_corrupt_file(tmp_path: Path, cache_dir: Path, fmt: str) -> None:
+    archive = build_archive(tmp_path, fmt, SdkSpec(extra_files={"docs/payload.bin": os.urandom(300_000)}))
+    archive.write_bytes(archive.read_bytes()[:-100_000])
+    result = run_qnnctl("install", "--file", str(archive))
+    assert result.returncode == 4, result.stderr
+    assert "corrupt or truncated" in result.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_qnnctl("install", "--file", str(tmp_path / "nope.zip"))
+    assert result.returncode == 2, result.stderr
+
+
+# -- concurrent installs -----------------------------------------------------------------------
+
+
+class _Stderr:
+    """Collects the stderr lines of several processes, so a test can wait for messages."""
+
+    def __init__(self, procs: list[subprocess.Popen[str]]) -> None:
+        self.lines: list[list[str]] = [[] for _ in procs]
+        self.changed = threading.Condition()
+        self.threads = [threading.Thread(target=self._read, args=(i, p.stderr), daemon=True)
+                        for i, p in enumerate(procs)]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, index: int, stream: Iterable[str]) -> None:
+        for line in stream:
+            with self.changed:
+                self.lines[index].append(line)
+                self.changed.notify_all()
+
+    def count(self, text: str) -> int:
+        return sum(any(text in line for line in lines) for lines in self.lines)
+
+    def wait_for(self, text: str, processes: int, timeout: float = 60) -> bool:
+        """Wait until `processes` of them have printed a line holding `text`."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count(text) >= processes, timeout)
+
+    def text(self, index: int) -> str:
+        self.threads[index].join(timeout=30)
+        return "".join(self.lines[index])
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_concurrent_installs_download_once(mirror: FaultServer, cache_dir: Path, count: int) -> None:
+    # The first GET is held open until every other process is seen waiting for the lock.
+    opened = threading.Event()
+    mirror.fail(PATH, Fault.gate(opened))
+    procs = [_start("install") for _ in range(count)]
+    stderr = _Stderr(procs)
+    try:
+        assert stderr.wait_for("waiting for another qnnctl", count - 1), stderr.lines
+    finally:
+        opened.set()
+    outputs = []
+    for index, proc in enumerate(procs):
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0, stderr.text(index)
+        outputs.append(out)
+    # Every process but the one that downloaded found the SDK after taking the lock.
+    assert stderr.count("installed 2.37.0.250724 meanwhile") == count - 1, stderr.lines
+    assert len(mirror.requests_for(PATH)) == 1
+    assert outputs == [f"{cache_dir / 'sdks' / VERSION}\n"] * count
+    assert [p.name for p in (cache_dir / "sdks").iterdir()] == [VERSION]
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    _cache_is_tidy(cache_dir)
+
+
+# -- killed installs ---------------------------------------------------------------------------
+
+
+def _wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen[str],
+                timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"qnnctl exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def test_sigkill_during_download_then_resume(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    spec = SdkSpec(extra_files={"docs/payload.bin": os.urandom(4 << 20)})
+    data = build_archive(tmp_path / "a", "zip", spec).read_bytes()
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    server.fail(PATH, Fault.slow(64 << 10, 0.05))
+    part = cache_dir / "downloads" / f"v{VERSION}.zip.part"
+    proc = _start("install")
+    try:
+        _wait_until(lambda: part.exists() and part.stat().st_size >= 1 << 20, "part of the download on disk",
+                    proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    kept = part.stat().st_size
+    assert 0 < kept < len(data)
+    assert not (cache_dir / "sdks" / VERSION).exists()
+
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    resumed = server.requests_for(PATH)[-1]
+    assert resumed.headers["Range"] == f"bytes={kept}-"
+    manifest = _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    _cache_is_tidy(cache_dir)
+
+
+def test_sigkill_during_extraction_then_rerun(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    many = {f"share/many/d{i // 100}/f{i}.txt": b"%d" % i * 40 for i in range(2000)}
+    server.add(PATH, build_archive(tmp_path / "a", "zip", SdkSpec(extra_files=many)).read_bytes())
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    proc = _start("install")
+    try:
+        # share/many/ is written last and takes most of the extraction.
+        _wait_until(lambda: any((cache_dir / "tmp").glob(f"{VERSION}.*/x/qairt/{VERSION}/share/many")),
+                    "the extraction", proc)
+        proc.send_signal(signal.SIGSTOP)
+        assert not (cache_dir / "sdks" / VERSION).exists(), "the install finished before it was killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert list((cache_dir / "tmp").iterdir()) != []
+    assert run_qnnctl("list", "--json").stdout.count('"version"') == 0
+
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    assert len(server.requests_for(PATH)) == 1  # the finished download was reused
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    _cache_is_tidy(cache_dir)  # the killed run's work folder is gone

@@ -1,0 +1,280 @@
+"""Which SDK `qnnctl install` picks, and SDKs already on disk that it reuses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qnnctl.errors import UnsupportedHostError
+from qnnctl.host import require_supported_host
+from qnnctl.sdk import executorch_expected_version
+from tests.conftest import run_qnnctl
+from tests.httpserver import FaultServer
+from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+
+
+def _env(**changes: str) -> dict[str, str]:
+    env = os.environ.copy()
+    env.update(changes)
+    return env
+
+
+# -- QNN_SDK_ROOT ----------------------------------------------------------------------------
+
+
+def test_empty_sdk_root_leaves_the_sdk_to_the_caller(mirror: FaultServer, cache_dir: Path) -> None:
+    result = run_qnnctl("install", env=_env(QNN_SDK_ROOT=""))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "caller" in result.stderr
+    assert "empty" in result.stderr
+    assert "''" not in result.stderr
+    assert '""' not in result.stderr
+    assert mirror.requests == []
+    assert not (cache_dir / "sdks").exists()
+
+
+def test_explicit_version_wins_over_an_empty_sdk_root(mirror: FaultServer, cache_dir: Path) -> None:
+    result = run_qnnctl("install", VERSION, env=_env(QNN_SDK_ROOT=""))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+def test_valid_sdk_root_is_used_as_it_is(mirror: FaultServer, tmp_path: Path) -> None:
+    root = build_sdk_tree(tmp_path / "vendor" / "qairt")
+    result = run_qnnctl("install", env=_env(QNN_SDK_ROOT=str(root)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert mirror.requests == []
+
+
+@pytest.mark.parametrize("broken", ["no-libs", "missing"])
+def test_invalid_sdk_root_names_what_is_missing(mirror: FaultServer, tmp_path: Path, broken: str) -> None:
+    root = tmp_path / "vendor" / "qairt"
+    if broken == "no-libs":
+        build_sdk_tree(root)
+        for lib in (root / "lib" / "x86_64-linux-clang").iterdir():
+            lib.unlink()
+    result = run_qnnctl("install", env=_env(QNN_SDK_ROOT=str(root)))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert str(root) in result.stderr
+    if broken == "no-libs":
+        assert "lib/x86_64-linux-clang/libQnnHtp.so" in result.stderr
+        assert "lib/x86_64-linux-clang/libQnnSystem.so" in result.stderr
+    else:
+        assert "missing the folder itself" in result.stderr
+    assert mirror.requests == []
+
+
+# -- ExecuTorch's cache ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["QNN_STAGING_DIR", "XDG_CACHE_HOME"])
+def test_executorch_cache_is_reused(mirror: FaultServer, tmp_path: Path, cache_dir: Path, where: str) -> None:
+    env = _env()
+    if where == "QNN_STAGING_DIR":
+        env["QNN_STAGING_DIR"] = str(tmp_path / "staging")
+        root = tmp_path / "staging" / f"sdk-{VERSION}"
+    else:
+        root = Path(env["XDG_CACHE_HOME"]) / "executorch" / "qnn" / f"sdk-{VERSION}"
+    build_sdk_tree(root)
+    result = run_qnnctl("install", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert "ExecuTorch cache" in result.stderr
+    assert mirror.requests == []
+    assert not (cache_dir / "sdks").exists()
+
+
+def test_home_cache_is_the_executorch_default(mirror: FaultServer, tmp_path: Path) -> None:
+    env = _env()
+    del env["XDG_CACHE_HOME"]
+    root = Path(env["HOME"]) / ".cache" / "executorch" / "qnn" / f"sdk-{VERSION}"
+    build_sdk_tree(root)
+    result = run_qnnctl("install", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert mirror.requests == []
+
+
+def test_incomplete_executorch_cache_is_not_reused(mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    # ExecuTorch writes no completion marker: an interrupted copy lacks its libraries.
+    root = tmp_path / "staging" / f"sdk-{VERSION}"
+    build_sdk_tree(root)
+    (root / "lib" / "x86_64-linux-clang" / "libQnnSystem.so").unlink()
+    result = run_qnnctl("install", env=_env(QNN_STAGING_DIR=str(tmp_path / "staging")))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+    assert len(mirror.requests_for(PATH)) == 1
+
+
+# -- the project pin -------------------------------------------------------------------------
+
+
+def test_pin_is_found_upward_from_a_subfolder(mirror: FaultServer, cache_dir: Path) -> None:
+    project = Path.cwd()
+    (project / ".qnn-version").write_text("# this project's SDK\n2.34\n")
+    deeper = project / "src" / "models"
+    deeper.mkdir(parents=True)
+    root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    result = run_qnnctl("install", cwd=deeper)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert mirror.requests == []
+
+
+def test_nearest_pin_wins(mirror: FaultServer, cache_dir: Path) -> None:
+    project = Path.cwd()
+    (project / ".qnn-version").write_text(f"{OTHER_VERSION}\n")
+    inner = project / "inner"
+    inner.mkdir()
+    (inner / ".qnn-version").write_text(f"{VERSION}\n")
+    result = run_qnnctl("install", cwd=inner)
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+def test_bad_pin_is_a_usage_error(mirror: FaultServer) -> None:
+    (Path.cwd() / ".qnn-version").write_text("latest\n")
+    result = run_qnnctl("install")
+    assert result.returncode == 2, result.stderr
+    assert mirror.requests == []
+
+
+# -- the version an installed ExecuTorch expects -----------------------------------------------
+
+
+def _fake_executorch(site: Path, marker: Path, version: str = OTHER_VERSION) -> Path:
+    """A package laid out like the ExecuTorch wheel; importing any part of it is detected."""
+    package = site / "executorch"
+    scripts = package / "backends" / "qualcomm" / "scripts"
+    scripts.mkdir(parents=True)
+    tripwire = (
+        "import pathlib\n"
+        f"pathlib.Path({str(marker)!r}).write_text(__name__)\n"
+        "raise RuntimeError('executorch must not be imported')\n"
+    )
+    for folder in (package, package / "backends", package / "backends" / "qualcomm", scripts):
+        (folder / "__init__.py").write_text(tripwire)
+    (scripts / "download_qnn_sdk.py").write_text(
+        tripwire
+        + "import os\n"
+        + f'QNN_VERSION = "{version}"\n'
+        + "def install_qnn_sdk():\n    pass\n"
+    )
+    return package
+
+
+def test_executorch_expectation_from_pythonpath(mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    marker = tmp_path / "executorch-was-imported"
+    _fake_executorch(site, marker)
+    root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    result = run_qnnctl("install", env=_env(PYTHONPATH=str(site)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert not marker.exists(), f"imported: {marker.read_text()}"
+    assert mirror.requests == []
+
+
+def test_executorch_expectation_from_sys_path(mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    site = tmp_path / "site-packages"
+    marker = tmp_path / "executorch-was-imported"
+    _fake_executorch(site, marker)
+    root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); from qnnctl.cli import main; main(['install'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert not marker.exists()
+
+
+def test_pin_wins_over_executorch(mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    site = tmp_path / "site-packages"
+    _fake_executorch(site, tmp_path / "marker")
+    (Path.cwd() / ".qnn-version").write_text(f"{VERSION}\n")
+    result = run_qnnctl("install", env=_env(PYTHONPATH=str(site)))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+def test_executorch_expectation_is_read_not_imported(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    package = _fake_executorch(tmp_path, marker)
+    assert executorch_expected_version(package) == OTHER_VERSION
+    assert not marker.exists()
+
+
+def test_no_executorch_means_the_default(mirror: FaultServer, cache_dir: Path) -> None:
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+# -- version prefixes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "version"), [("2.37", VERSION), ("2.28", "2.28.2.241116"),
+                                               ("2.28.0", "2.28.0.241029")])
+def test_prefix_resolves_to_a_known_release(mirror: FaultServer, cache_dir: Path, spec: str, version: str) -> None:
+    root = install_tree_into_cache(cache_dir, version)
+    result = run_qnnctl("install", spec)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert mirror.requests == []
+
+
+@pytest.mark.parametrize("spec", ["2.99", "banana", "2.37.x", "2.3"])
+def test_bad_version_is_a_usage_error(mirror: FaultServer, spec: str) -> None:
+    result = run_qnnctl("install", spec)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert mirror.requests == []
+
+
+# -- the host --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("system", "machine", "supported"), [
+    ("Linux", "x86_64", True),
+    ("Linux", "amd64", True),
+    ("Linux", "aarch64", False),
+    ("Linux", "i686", False),
+    ("Darwin", "arm64", False),
+    ("Darwin", "x86_64", False),
+    ("Windows", "AMD64", False),
+])
+def test_supported_hosts(system: str, machine: str, supported: bool) -> None:
+    if supported:
+        require_supported_host(system, machine)
+        return
+    with pytest.raises(UnsupportedHostError) as caught:
+        require_supported_host(system, machine)
+    assert caught.value.exit_code == 5
+    assert f"{system}/{machine}" in caught.value.message
+    assert "Linux x86_64" in caught.value.message
+
+
+@pytest.mark.parametrize(("system", "machine"), [("Darwin", "arm64"), ("Linux", "aarch64")])
+def test_install_on_an_unsupported_host(mirror: FaultServer, cache_dir: Path, system: str, machine: str) -> None:
+    code = (
+        "import platform, sys\n"
+        f"platform.system = lambda: {system!r}\n"
+        f"platform.machine = lambda: {machine!r}\n"
+        "from qnnctl.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, "install"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 5, result.stderr
+    assert "Linux x86_64" in result.stderr
+    assert f"{system}/{machine}" in result.stderr
+    assert result.stdout == ""
+    assert mirror.requests == []
+    assert not (cache_dir / "sdks").exists()

@@ -1,0 +1,94 @@
+"""Version strings: parsing, prefixes, known releases and archive URLs."""
+
+from __future__ import annotations
+
+import pytest
+
+from qnnctl.errors import EXIT_USAGE, UsageError
+from qnnctl.versions import (
+    DEFAULT_BASE_URL,
+    DEFAULT_VERSION,
+    KNOWN_VERSIONS,
+    LEGACY_BASE_URL,
+    Version,
+    archive_urls,
+    is_full_version,
+    is_version_prefix,
+    matches_prefix,
+    parse_version,
+    resolve_version,
+    version_in,
+)
+
+
+def test_parse_full_version() -> None:
+    assert parse_version("2.37.0.250724") == Version(2, 37, 0, 250724)
+    assert str(parse_version(" 2.48.40.260702 ")) == "2.48.40.260702"
+    assert parse_version("2.48.40.260702") > parse_version("2.48.0.260626")
+
+
+@pytest.mark.parametrize("text", ["", "2.37", "2.37.0", "2.37.0.25072", "v2.37.0.250724", "2.37.0.250724x",
+                                  "latest", "2.37.0.250724.1"])
+def test_parse_rejects_anything_else(text: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_version(text)
+    assert caught.value.exit_code == EXIT_USAGE
+    assert "2.37.0.250724" in (caught.value.hint or "")
+
+
+def test_known_versions_are_full_sorted_and_hold_the_default() -> None:
+    assert all(is_full_version(v) for v in KNOWN_VERSIONS)
+    assert list(KNOWN_VERSIONS) == sorted(KNOWN_VERSIONS, key=parse_version)
+    assert DEFAULT_VERSION == "2.37.0.250724"
+    assert DEFAULT_VERSION in KNOWN_VERSIONS
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("2.37", "2.37.0.250724"),
+    ("2.28", "2.28.2.241116"),  # the newest of two 2.28 releases
+    ("2.28.0", "2.28.0.241029"),
+    ("2.48", "2.48.40.260702"),  # 40 > 0 as numbers, not as text
+    ("2", "2.48.40.260702"),
+    ("2.37.0.250724", "2.37.0.250724"),
+    ("2.99.0.990101", "2.99.0.990101"),  # a full version need not be known
+    (" 2.34 ", "2.34.0.250424"),
+])
+def test_resolve_version(spec: str, expected: str) -> None:
+    assert resolve_version(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["2.99", "2.3", "3", "banana", "2.37.x", "", "2..37"])
+def test_resolve_version_rejects(spec: str) -> None:
+    with pytest.raises(UsageError):
+        resolve_version(spec)
+
+
+def test_prefix_matches_whole_components() -> None:
+    assert matches_prefix("2.37.0.250724", "2.37")
+    assert matches_prefix("2.37.0.250724", "2.37.0.250724")
+    assert not matches_prefix("2.37.0.250724", "2.3")
+    assert not matches_prefix("2.37.0.250724", "2.37.0.2")
+    assert is_version_prefix("2.37")
+    assert is_version_prefix("2")
+    assert not is_version_prefix("2.37.")
+    assert not is_version_prefix("abc")
+
+
+def test_archive_urls() -> None:
+    assert archive_urls("2.37.0.250724") == [f"{DEFAULT_BASE_URL}/2.37.0.250724/v2.37.0.250724.zip"]
+    assert DEFAULT_BASE_URL.startswith("https://softwarecenter.qualcomm.com/api/download/software/sdks/")
+    # Releases up to 2.28 were also published under the older path.
+    assert archive_urls("2.28.2.241116") == [
+        f"{DEFAULT_BASE_URL}/2.28.2.241116/v2.28.2.241116.zip",
+        f"{LEGACY_BASE_URL}/v2.28.2.241116.zip",
+    ]
+    assert archive_urls("2.37.0.250724", "http://127.0.0.1:9/m/") == [
+        "http://127.0.0.1:9/m/2.37.0.250724/v2.37.0.250724.zip"
+    ]
+
+
+def test_version_in() -> None:
+    assert version_in("v2.37.0.250724.zip") == "2.37.0.250724"
+    assert version_in("qairt/2.34.0.250424") == "2.34.0.250424"
+    assert version_in("sdk-2.28.2.241116") == "2.28.2.241116"
+    assert version_in("qairt-latest.zip") is None
