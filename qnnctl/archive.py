@@ -163,7 +163,7 @@ def extract(archive: Path, work: Path) -> Extracted:
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             free = shutil.disk_usage(work).free
-            raise DiskSpaceError(str(work), 0, free, "extract the archive") from None
+            raise DiskSpaceError(str(work), None, free, "extract the archive") from None
         raise
     _apply_dir_modes(writer)
     root = work / top

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,10 @@ def cache_root(environ: Mapping[str, str]) -> Path:
                 hint="unset it to use the default cache, or set it to a folder",
             )
         return Path(configured).expanduser()
+    if sys.platform == "linux":
+        # platformdirs' answer on Linux, without its import cost on every `qnnctl env`.
+        base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
+        return Path(base) / "qnnctl"
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("qnnctl", appauthor=False))
@@ -151,4 +155,6 @@ def remove_tree(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.exists():
+        import shutil
+
         shutil.rmtree(path, ignore_errors=False)

@@ -6,42 +6,74 @@ goes to stderr through logging.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
 
-log = logging.getLogger("qnnctl")
+if TYPE_CHECKING:
+    import logging
+
+
+class _Logger:
+    """The "qnnctl" logger, imported and set up on first use.
+
+    `eval "$(qnnctl env)"` runs in shell start-up files; it has nothing to log on success,
+    so it does not pay for importing the logging module.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_setup_logging(), name)
+
+
+log = _Logger()
+# Commands that set logging up only once something on their path uses it.
+_LAZY_LOGGING = ("env",)
+# This invocation's -v/-q, until the logger is set up with them.
+_pending_verbosity: dict[str, int] = {}
 # The same names as qnnctl.shell.SHELLS, kept here so that parsing imports nothing more.
 SHELL_CHOICES = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
 
 
-class _StderrFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if record.levelno >= logging.ERROR:
-            return f"qnnctl: error: {message}"
-        if record.levelno >= logging.WARNING:
-            return f"qnnctl: warning: {message}"
-        return f"qnnctl: {message}"
-
-
 def _configure_logging(verbose: int, quiet: int) -> None:
-    level = logging.INFO - 10 * verbose + 10 * quiet
+    _pending_verbosity.update(verbose=verbose, quiet=quiet)
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.invoked_subcommand not in _LAZY_LOGGING:
+        _setup_logging()
+
+
+def _setup_logging() -> logging.Logger:
+    """The "qnnctl" logger, with a stderr handler for this invocation's -v/-q in place."""
+    import logging
+
+    root = logging.getLogger("qnnctl")
+    if not _pending_verbosity:
+        return root
+
+    class StderrFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            message = record.getMessage()
+            if record.levelno >= logging.ERROR:
+                return f"qnnctl: error: {message}"
+            if record.levelno >= logging.WARNING:
+                return f"qnnctl: warning: {message}"
+            return f"qnnctl: {message}"
+
+    level = logging.INFO - 10 * _pending_verbosity["verbose"] + 10 * _pending_verbosity["quiet"]
+    _pending_verbosity.clear()
     if os.environ.get("QNNCTL_DEBUG"):
         level = logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_StderrFormatter())
-    root = logging.getLogger("qnnctl")
+    handler.setFormatter(StderrFormatter())
     root.handlers[:] = [handler]
     root.setLevel(max(logging.DEBUG, min(level, logging.CRITICAL)))
     root.propagate = False
+    return root
 
 
 def _cache() -> Any:
@@ -51,7 +83,9 @@ def _cache() -> Any:
 
 
 def _stderr_is_terminal() -> bool:
-    return sys.stderr.isatty() and log.isEnabledFor(logging.INFO)
+    import logging
+
+    return sys.stderr.isatty() and bool(log.isEnabledFor(logging.INFO))
 
 
 def complete_installed(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
@@ -86,13 +120,21 @@ def cli(verbose: int, quiet: int) -> None:
 @click.option("--file", "file", type=click.Path(path_type=Path), help="Install from an archive on disk.")
 @click.option("--sha256", help="Expected sha256 of the archive.")
 @click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed.")
-def install(version: str | None, url: str | None, file: Path | None, sha256: str | None, force: bool) -> None:
+@click.option("--runtime", is_flag=True, help="Also stage the host libraries the SDK needs and the host lacks.")
+@click.option("--runtime-from", "runtime_from", multiple=True, type=click.Path(path_type=Path),
+              help="Stage them from this .deb, .rpm, .tar.xz or folder (repeatable; implies --runtime).")
+def install(version: str | None, url: str | None, file: Path | None, sha256: str | None, force: bool,
+            runtime: bool, runtime_from: tuple[Path, ...]) -> None:
     """Install an SDK (or find one already on disk); print its root on stdout."""
     from qnnctl.install import InstallRequest
     from qnnctl.install import install as do_install
 
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force)
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=_stderr_is_terminal())
+    if runtime or runtime_from:
+        from qnnctl.runtime import RuntimeRequest, stage_runtime
+
+        stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=runtime_from), os.environ)
     if result.sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; nothing to install")
         return
@@ -112,8 +154,13 @@ def env(version: str | None, sdk_path: Path | None, shell: str | None, unset: bo
     from qnnctl.errors import UsageError
     from qnnctl.shell import detect_shell, render
 
+    if "logging" in sys.modules:
+        _setup_logging()  # something on env's path logs: give it the usual stderr handler
+
     if version is not None and sdk_path is not None:
         raise UsageError("give either VERSION or --sdk PATH, not both")
+    if unset and (version is not None or sdk_path is not None):
+        raise UsageError("--unset undoes whatever qnnctl exported; it takes no VERSION or --sdk")
     spec = version
     if sdk_path is not None:
         # A bare folder name given to --sdk is still a path, never a version.
@@ -189,7 +236,78 @@ def clean() -> None:
 # -- doctor --------------------------------------------------------------------------------
 
 
+@cli.command()
+@click.option("--sdk", "spec", metavar="PATH|VERSION", shell_complete=complete_installed,
+              help="Check this SDK instead of the one qnnctl would choose.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--offline", is_flag=True, help="Skip the network check.")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--verify", is_flag=True, help="Re-hash the SDK's files against its manifest.")
+def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool) -> None:
+    """Check the host, the SDK and the environment; exit 1 when a check fails."""
+    from qnnctl.doctor import diagnose, exit_code, render_json, render_table, render_text
+
+    results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify)
+    # The report is what was asked for, so it goes to stdout, as a table on a terminal.
+    if as_json:
+        click.echo(render_json(results, strict), nl=False)
+    elif sys.stdout.isatty():
+        click.echo(render_table(results), nl=False)
+    else:
+        click.echo(render_text(results), nl=False)
+    click.get_current_context().exit(exit_code(results, strict))
+
+
 # -- lower ---------------------------------------------------------------------------------
+
+
+class _LowerCommand(click.Command):
+    """qnnctl's options end where the pipeline begins: at SCRIPT, `-m` or `--`.
+
+    Whatever follows belongs to the pipeline, even `--sdk`, `-v` or `--help`. The pipeline's
+    words reach the PIPELINE argument after a `--` of our own, with the first `--` kept, so
+    that `lower -- x.py` (a command) stays apart from `lower x.py` (a script).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        valued = {name for param in self.get_params(ctx) if isinstance(param, click.Option)
+                  and not param.is_flag and not param.count for name in param.opts}
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--" or arg == "-" or not arg.startswith("-") or arg.startswith("-m"):
+                break
+            i += 2 if arg in valued else 1
+        return super().parse_args(ctx, [*args[:i], "--", *args[i:]])
+
+
+@cli.command(cls=_LowerCommand)
+@click.option("--sdk", "spec", metavar="VERSION|PATH", shell_complete=complete_known,
+              help="Use this SDK (installed first when missing).")
+@click.option("--python", "python", metavar="PATH",
+              help="The interpreter for SCRIPT.py and -m MODULE (default: the active virtualenv's, "
+              "else python3 on PATH).")
+@click.option("--no-install", is_flag=True, help="Exit 1 instead of installing a missing SDK.")
+@click.option("--dry-run", is_flag=True, help="Print the environment changes and the command (sh); run nothing.")
+@click.option("--keep-mkldnn", is_flag=True, help="Leave PyTorch's MKLDNN on, even on AMD CPUs.")
+@click.argument("pipeline", nargs=-1, type=click.UNPROCESSED,
+                metavar="SCRIPT.py|-m MODULE|-- COMMAND [ARGS]...")
+def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool, keep_mkldnn: bool,
+          pipeline: tuple[str, ...]) -> None:
+    """Run a lowering pipeline in a fresh process that starts with the SDK in place.
+
+    The pipeline's exit code, signals and standard streams are its own; qnnctl prints nothing
+    once it starts.
+    """
+    from qnnctl.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
+
+    options = LowerOptions(spec=spec, python=python, install=not no_install, keep_mkldnn=keep_mkldnn)
+    plan = plan_lower(parse_target(pipeline), options, os.environ, Path.cwd(), _cache(),
+                      terminal=_stderr_is_terminal())
+    if dry_run:
+        click.echo(render_plan(plan), nl=False)
+        return
+    exec_plan(plan)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -215,6 +333,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.stderr.close()
         sys.exit(EXIT_FAILED)
     except Exception as exc:
+        import logging
+
         if os.environ.get("QNNCTL_DEBUG") or log.isEnabledFor(logging.DEBUG):
             import traceback
 

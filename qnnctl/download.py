@@ -376,7 +376,7 @@ class Downloader:
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     # The partial file stays: after space is freed the next run resumes it.
-                    raise DiskSpaceError(str(part.parent), total or 0,
+                    raise DiskSpaceError(str(part.parent), None,
                                          shutil.disk_usage(part.parent).free,
                                          "download the archive") from None
                 raise

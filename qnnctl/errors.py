@@ -69,16 +69,22 @@ class IntegrityError(QnnctlError):
 
 
 class DiskSpaceError(QnnctlError):
-    """Not enough free space for a download or an extraction."""
+    """Not enough free space for a download or an extraction.
 
-    def __init__(self, where: str, needed: int, free: int, what: str) -> None:
+    `needed` is None when the disk filled up part-way and the total is not known.
+    """
+
+    def __init__(self, where: str, needed: int | None, free: int, what: str) -> None:
         self.where = where
         self.needed = needed
         self.free = free
+        if needed is None:
+            message = f"ran out of space in {where} while trying to {what} ({_mib(free)} free)"
+        else:
+            message = f"not enough free space in {where} to {what}: need {_mib(needed)}, {_mib(free)} free"
         super().__init__(
-            f"not enough free space in {where} to {what}: "
-            f"need {_mib(needed)}, {_mib(free)} free",
-            hint="free some space, or point QNNCTL_CACHE_DIR at a larger disk",
+            message,
+            hint="free some space, or point QNNCTL_CACHE_DIR at a larger disk, then run the same command again",
         )
 
 

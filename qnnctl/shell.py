@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from qnnctl.errors import UsageError
 
@@ -21,18 +20,33 @@ SHELLS = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
 EnvValues = dict[str, "str | None"]
 
 
-@dataclass(frozen=True)
 class Marker:
-    """What an earlier `qnnctl env` changed, so that exactly that can be undone."""
+    """What an earlier `qnnctl env` changed, so that exactly that can be undone.
 
-    root: str
-    owns_root: bool
-    added: dict[str, list[str]] = field(default_factory=dict)
-    was_unset: list[str] = field(default_factory=list)
+    A plain class: `qnnctl env` runs in shell start-up files, and generating a dataclass
+    costs about a millisecond of import time.
+    """
+
+    __slots__ = ("added", "owns_root", "previous_root", "root", "was_unset")
+
+    def __init__(
+        self,
+        root: str,
+        owns_root: bool,
+        added: dict[str, list[str]] | None = None,
+        was_unset: list[str] | None = None,
+        previous_root: str | None = None,
+    ) -> None:
+        self.root = root
+        self.owns_root = owns_root
+        self.added = {} if added is None else added
+        self.was_unset = [] if was_unset is None else was_unset
+        # The QNN_SDK_ROOT that qnnctl replaced (None: it was unset), put back by an undo.
+        self.previous_root = previous_root
 
     def dumps(self) -> str:
         data = {"root": self.root, "owns_root": self.owns_root, "added": self.added,
-                "was_unset": self.was_unset}
+                "was_unset": self.was_unset, "previous_root": self.previous_root}
         return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
@@ -43,11 +57,13 @@ def read_marker(environ: Mapping[str, str]) -> Marker | None:
     try:
         data = json.loads(raw)
         added = {str(k): [str(e) for e in v] for k, v in dict(data.get("added", {})).items()}
+        previous = data.get("previous_root")
         return Marker(
             root=str(data["root"]),
             owns_root=bool(data.get("owns_root", False)),
             added={k: v for k, v in added.items() if k in PATH_VARS},
             was_unset=[str(n) for n in data.get("was_unset", []) if n in PATH_VARS],
+            previous_root=None if previous is None else str(previous),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         # Not ours (or mangled): nothing can be undone safely, so nothing is.
@@ -65,6 +81,14 @@ def check_exportable(name: str, value: str) -> None:
             f"cannot export {name}: the path {value!r} contains a newline or NUL",
             hint="move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without one",
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # Bytes the locale could not decode: no shell syntax below can carry them exactly.
+        raise UsageError(
+            f"cannot export {name}: the path {value!r} is not valid text in this locale",
+            hint="move the SDK or the cache (QNNCTL_CACHE_DIR) to a path with a valid name",
+        ) from None
 
 
 def _check_path_entry(name: str, entry: str) -> None:
@@ -80,15 +104,21 @@ def _undo(values: dict[str, str | None], marker: Marker | None) -> None:
     if marker is None:
         return
     for name, entries in marker.added.items():
-        current = split_path(values.get(name))
+        value = values.get(name)
+        if value is None:
+            continue  # unset since: nothing of qnnctl's is left to remove
+        current = split_path(value)
         for entry in entries:
             if entry in current:
                 current.remove(entry)
-        # When nothing of the user's is left the variable goes away rather than stay
-        # empty: an empty entry means "the current directory" to the loader.
-        values[name] = ":".join(current) if current else None
+        if current:
+            values[name] = ":".join(current)
+        else:
+            # Nothing of the user's is left: back to unset, or to the empty value the user
+            # had. Never ":" or a stray empty entry, which the loader reads as the cwd.
+            values[name] = None if name in marker.was_unset else ""
     if marker.owns_root and values.get("QNN_SDK_ROOT") == marker.root:
-        values["QNN_SDK_ROOT"] = None
+        values["QNN_SDK_ROOT"] = marker.previous_root
     values[MARKER] = None
 
 
@@ -123,9 +153,10 @@ def sdk_environment(
         added[name] = new
         if new or values[name] is not None:
             values[name] = ":".join(new + current)
+    previous_root = values["QNN_SDK_ROOT"] if owns_root else None
     if owns_root:
         values["QNN_SDK_ROOT"] = root
-    values[MARKER] = Marker(root, owns_root, added, was_unset).dumps()
+    values[MARKER] = Marker(root, owns_root, added, was_unset, previous_root).dumps()
     return {
         "QNN_SDK_ROOT": values["QNN_SDK_ROOT"],
         "LD_LIBRARY_PATH": values["LD_LIBRARY_PATH"],
@@ -195,8 +226,17 @@ def quote_powershell(value: str) -> str:
 
 
 def quote_nu(value: str) -> str:
-    # A plain double-quoted nu string does no interpolation; JSON's escapes are nu's.
-    return json.dumps(value, ensure_ascii=False)
+    """Double-quoted for nu: no interpolation without a leading `$`; backslash escapes."""
+    out = []
+    for char in value:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            # nu spells a code point \u{...}; JSON's \u0001 form is not nu syntax.
+            out.append(f"\\u{{{ord(char):x}}}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
 
 
 def render(values: EnvValues, shell: str) -> str:

@@ -381,7 +381,9 @@ def test_free_space_is_checked_from_content_length(server: FaultServer, served: 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 20))
     with pytest.raises(DiskSpaceError) as caught:
         _downloader(tmp_path).fetch([server.url(PATH)], NAME)
-    assert caught.value.needed >= len(served)
+    needed = caught.value.needed
+    assert needed is not None
+    assert needed >= len(served)
     assert not (tmp_path / "downloads" / NAME).exists()
     assert not (tmp_path / "downloads" / f"{NAME}.part").exists()
 

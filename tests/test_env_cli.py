@@ -1,0 +1,171 @@
+"""`qnnctl env` through the real entry point: selection, output formats, errors, purity."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_qnnctl
+from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
+from tests.test_startup import run_probe
+
+LIB = "lib/x86_64-linux-clang"
+BIN = "bin/x86_64-linux-clang"
+
+
+def _env(**changes: str | None) -> dict[str, str]:
+    env = os.environ.copy()
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def _json(*args: str, env: dict[str, str] | None = None) -> dict[str, str | None]:
+    result = run_qnnctl("env", *args, "--shell", "json", env=env or _env())
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # exactly one JSON document
+    assert isinstance(data, dict)
+    return data
+
+
+def test_json_is_one_object_with_the_final_values(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    data = _json(env=_env(LD_LIBRARY_PATH="/opt/user"))
+    assert set(data) == {"QNN_SDK_ROOT", "LD_LIBRARY_PATH", "PATH", "QNNCTL_SDK"}
+    assert data["QNN_SDK_ROOT"] == str(root)
+    assert data["LD_LIBRARY_PATH"] == f"{root / LIB}:/opt/user"
+    assert data["PATH"] == f"{root / BIN}:/usr/local/bin:/usr/bin:/bin"
+    marker = data["QNNCTL_SDK"]
+    assert marker is not None
+    assert json.loads(marker)["root"] == str(root)
+
+
+def test_unset_ld_library_path_gets_no_empty_entry(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    data = _json(env=_env(LD_LIBRARY_PATH=None))
+    assert data["LD_LIBRARY_PATH"] == str(root / LIB)
+
+
+def test_dotenv_lines_are_literal(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cache = tmp_path / "it's a $cache"
+    root = install_tree_into_cache(cache, VERSION)
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(cache))
+    result = run_qnnctl("env", "--shell", "dotenv", env=_env())
+    assert result.returncode == 0, result.stderr
+    pairs = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert pairs["QNN_SDK_ROOT"] == str(root)
+    assert pairs["LD_LIBRARY_PATH"] == str(root / LIB)
+    assert pairs["PATH"] == f"{root / BIN}:/usr/local/bin:/usr/bin:/bin"
+    assert set(pairs) == {"QNN_SDK_ROOT", "LD_LIBRARY_PATH", "PATH", "QNNCTL_SDK"}
+
+
+@pytest.mark.parametrize(("shell_var", "start"), [
+    ("/usr/bin/fish", "set -gx QNN_SDK_ROOT "),
+    ("/bin/bash", "export QNN_SDK_ROOT="),
+    ("/usr/bin/zsh", "export QNN_SDK_ROOT="),
+    ("/usr/bin/pwsh", "$env:QNN_SDK_ROOT = "),
+    ("/opt/nu/bin/nu", "$env.QNN_SDK_ROOT = "),
+    ("/bin/tcsh", "export QNN_SDK_ROOT="),
+    (None, "export QNN_SDK_ROOT="),
+])
+def test_shell_is_detected_from_shell_variable(shell_var: str | None, start: str, cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("env", env=_env(SHELL=shell_var))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(start)
+
+
+def test_empty_sdk_root_means_the_caller_is_in_charge(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("env", "--shell", "bash", env=_env(QNN_SDK_ROOT=""))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "QNN_SDK_ROOT is exported but empty" in result.stderr
+    assert "''" not in result.stderr
+
+
+def test_users_sdk_root_is_used_as_is(tmp_path: Path) -> None:
+    mine = build_sdk_tree(tmp_path / "my sdk")
+    given = f"{mine}/"  # exactly as the user wrote it, trailing slash included
+    data = _json(env=_env(QNN_SDK_ROOT=given))
+    assert data["QNN_SDK_ROOT"] == given
+    assert data["LD_LIBRARY_PATH"] == str(mine / LIB)
+    marker = data["QNNCTL_SDK"]
+    assert marker is not None
+    # --unset after it leaves the user's QNN_SDK_ROOT alone.
+    undo = _json("--unset", env=_env(QNN_SDK_ROOT=given, QNNCTL_SDK=marker,
+                                     LD_LIBRARY_PATH=data["LD_LIBRARY_PATH"], PATH=data["PATH"]))
+    assert "QNN_SDK_ROOT" not in undo
+    assert undo == {"LD_LIBRARY_PATH": None, "PATH": "/usr/local/bin:/usr/bin:/bin", "QNNCTL_SDK": None}
+
+
+def test_users_sdk_root_gets_a_layout_check(tmp_path: Path) -> None:
+    broken = tmp_path / "not an sdk"
+    broken.mkdir()
+    result = run_qnnctl("env", "--shell", "bash", env=_env(QNN_SDK_ROOT=str(broken)))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"{LIB}/libQnnHtp.so" in result.stderr
+
+
+@pytest.mark.parametrize(("how", "version"), [("argument", VERSION), ("pin", OTHER_VERSION), ("default", VERSION)])
+def test_not_installed_names_the_install_command(how: str, version: str) -> None:
+    args = [VERSION] if how == "argument" else []
+    if how == "pin":
+        Path(".qnn-version").write_text("2.34\n")
+    result = run_qnnctl("env", *args, env=_env())
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"`qnnctl install {version}`" in result.stderr
+
+
+def test_sdk_path_option(tmp_path: Path) -> None:
+    mine = build_sdk_tree(tmp_path / "elsewhere")
+    data = _json("--sdk", str(mine))
+    assert data["QNN_SDK_ROOT"] == str(mine)
+    missing = run_qnnctl("env", "--sdk", str(tmp_path / "nothing"))
+    assert missing.returncode == 1
+    assert missing.stdout == ""
+
+
+@pytest.mark.parametrize("args", [[VERSION, "--sdk", "/x"], ["--unset", VERSION], ["--unset", "--sdk", "/x"],
+                                  ["--shell", "tcsh"]])
+def test_usage_errors(args: list[str], cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("env", *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+
+
+def _snapshot(top: Path) -> dict[str, tuple[int, int, int]]:
+    """Every path under `top` with its type, size and modification time."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            st = path.lstat()
+            found[str(path.relative_to(top))] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return found
+
+
+MISSING = "2.99.0.991231"
+
+
+@pytest.mark.parametrize("args", [[VERSION], [], ["--unset"], [MISSING]],
+                         ids=["version", "default", "unset", "missing"])
+def test_env_is_a_pure_read(args: list[str], cache_dir: Path, tmp_path: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    before = _snapshot(tmp_path)
+    probe = run_probe("env", *args, "--shell", "json", env=_env())
+    assert probe.returncode == (1 if args == [MISSING] else 0), probe.stderr
+    assert probe.started == []
+    assert not [m for m in probe.modules if m.startswith(("filelock", "qnnctl.install", "qnnctl.download"))]
+    assert _snapshot(tmp_path) == before

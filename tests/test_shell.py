@@ -1,0 +1,453 @@
+"""`qnnctl env` output evaluated by real shells, and the rendering rules of each shell.
+
+Every real-shell test runs the real entry point through a `qnnctl` wrapper on PATH, evals
+its output the way a start-up file would, and reads the variables back twice: as the shell
+sees them and as a child process receives them (`env -0`). Both must equal the expected
+strings exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from qnnctl.errors import UsageError
+from qnnctl.shell import (
+    MARKER,
+    apply,
+    detect_shell,
+    quote_fish,
+    quote_nu,
+    quote_posix,
+    quote_powershell,
+    render,
+    sdk_environment,
+    unset_environment,
+)
+from tests.conftest import require_tool
+from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
+
+VARS = ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "PATH", MARKER)
+LIB = "lib/x86_64-linux-clang"
+BIN = "bin/x86_64-linux-clang"
+
+Values = dict[str, "str | None"]
+
+
+@dataclass(frozen=True)
+class Shell:
+    name: str  # the --shell value
+    exe: str
+    flags: tuple[str, ...]
+
+    @property
+    def fish(self) -> bool:
+        return self.name == "fish"
+
+    def eval_line(self, args: Sequence[str]) -> str:
+        """One `qnnctl env` evaluated as a user would, failing the script if qnnctl fails."""
+        if self.fish:
+            quoted = " ".join(quote_fish(a) for a in args)
+            return f"qnnctl env --shell fish {quoted} | source; test $pipestatus[1] -eq 0; or exit 97"
+        quoted = " ".join(shlex.quote(a) for a in args)
+        return f'out="$(qnnctl env --shell {self.name} {quoted})" || exit 97\neval "$out"'
+
+    def dump(self) -> str:
+        """Print each variable as the shell sees it, then the exported environment."""
+        lines = []
+        for name in VARS:
+            if self.fish:
+                lines.append(
+                    f"if set -q {name}; printf '%s\\0' \"{name}=set:${name}\"; "
+                    f"else; printf '%s\\0' '{name}=unset'; end"
+                )
+            else:
+                lines.append(
+                    f'if [ -n "${{{name}+x}}" ]; then printf "%s\\000" "{name}=set:${name}"; '
+                    f"else printf '%s\\000' '{name}=unset'; fi"
+                )
+        lines.append("command env -0")
+        nul = "\\0" if self.fish else "\\000"
+        lines.append(f"printf '%s{nul}' {END}")
+        return "\n".join(lines)
+
+
+SHELLS = {
+    "bash": Shell("bash", "bash", ("--norc", "--noprofile")),
+    "sh": Shell("sh", "dash", ()),
+    "zsh": Shell("zsh", "zsh", ("-f",)),
+    "fish": Shell("fish", "fish", ("--no-config",)),
+}
+
+
+END = "--end-of-dump--"
+
+
+def _parse(out: bytes) -> list[tuple[Values, Values]]:
+    """Each dump: the variables as the shell saw them, and as its child received them."""
+    records = out.decode("utf-8", "surrogateescape").split("\0")
+    dumps = []
+    while len(records) > 1:
+        end = records.index(END)
+        dump, records = records[:end], records[end + 1:]
+        seen: Values = {}
+        for record in dump[: len(VARS)]:
+            name, _, rest = record.partition("=")
+            seen[name] = rest.removeprefix("set:") if rest.startswith("set:") else None
+        child: Values = dict.fromkeys(VARS)
+        for record in dump[len(VARS):]:
+            name, _, value = record.partition("=")
+            if name in child:
+                child[name] = value
+        dumps.append((seen, child))
+    return dumps
+
+
+@dataclass
+class Session:
+    """A shell started with a given environment, which evals a sequence of `qnnctl env`."""
+
+    shell: Shell
+    env: dict[str, str]
+    cwd: Path
+
+    def run(self, *invocations: Sequence[str]) -> Values:
+        """The variables after evaluating all the invocations."""
+        return self._run(invocations, dump_each=False)[-1]
+
+    def run_each(self, *invocations: Sequence[str]) -> list[Values]:
+        """The variables after each invocation, all in one shell."""
+        return self._run(invocations, dump_each=True)
+
+    def _run(self, invocations: Sequence[Sequence[str]], dump_each: bool) -> list[Values]:
+        exe = require_tool(self.shell.exe)
+        lines = []
+        for args in invocations:
+            lines.append(self.shell.eval_line(args))
+            if dump_each:
+                lines.append(self.shell.dump())
+        if not dump_each:
+            lines.append(self.shell.dump())
+        proc = subprocess.run([exe, *self.shell.flags, "-c", "\n".join(lines)], env=self.env, cwd=self.cwd,
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        dumps = _parse(proc.stdout)
+        assert len(dumps) == (len(invocations) if dump_each else 1)
+        for seen, child in dumps:
+            # What the shell holds is what its children receive.
+            assert seen == child
+        return [seen for seen, _ in dumps]
+
+
+def _wrapper(folder: Path) -> Path:
+    """A `qnnctl` command that runs this checkout's entry point with this interpreter."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "qnnctl"
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m qnnctl "$@"\n')
+    script.chmod(0o755)
+    return folder
+
+
+def _session(shell: Shell, tmp_path: Path, ld: str | None, **extra: str) -> Session:
+    env = os.environ.copy()
+    # A duplicate and an odd entry in the user's PATH: both must survive in their order.
+    env["PATH"] = f"{_wrapper(tmp_path / 'user bin')}:/usr/bin:/bin:/usr/bin"
+    if ld is not None:
+        env["LD_LIBRARY_PATH"] = ld
+    env.update(extra)
+    return Session(shell, env, Path.cwd())
+
+
+def _join(entry: str, rest: str | None) -> str:
+    return f"{entry}:{rest}" if rest else entry
+
+
+def _expected(root: Path, user: dict[str, str]) -> Values:
+    return {
+        "QNN_SDK_ROOT": str(root),
+        "LD_LIBRARY_PATH": _join(str(root / LIB), user.get("LD_LIBRARY_PATH")),
+        "PATH": _join(str(root / BIN), user["PATH"]),
+    }
+
+
+def _user(session: Session) -> Values:
+    return {name: session.env.get(name) for name in VARS}
+
+
+def _check_marker(values: Values, root: Path) -> None:
+    marker = values[MARKER]
+    assert marker is not None
+    assert json.loads(marker)["root"] == str(root)
+
+
+SHELL_IDS = list(SHELLS)
+# Unset, the empty value, and a value with a space and an empty entry (the cwd) in it.
+LD_CASES = {"ld-unset": None, "ld-empty": "", "ld-set": "/opt/user one::/usr/lib/user2"}
+
+
+@pytest.fixture
+def sdks(cache_dir: Path) -> tuple[Path, Path]:
+    return install_tree_into_cache(cache_dir, VERSION), install_tree_into_cache(cache_dir, OTHER_VERSION)
+
+
+@pytest.mark.parametrize("ld", list(LD_CASES.values()), ids=list(LD_CASES))
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_eval_once_and_twice(shell: str, ld: str | None, sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = sdks
+    session = _session(SHELLS[shell], tmp_path, ld)
+    user = {k: v for k, v in _user(session).items() if v is not None}
+    once, twice = session.run_each([VERSION], [VERSION])
+    expected = _expected(root, user)
+    assert {k: once[k] for k in expected} == expected
+    _check_marker(once, root)
+    assert twice == once
+
+
+@pytest.mark.parametrize("ld", list(LD_CASES.values()), ids=list(LD_CASES))
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_switch_versions(shell: str, ld: str | None, sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    root_a, root_b = sdks
+    session = _session(SHELLS[shell], tmp_path, ld)
+    user = {k: v for k, v in _user(session).items() if v is not None}
+    values = session.run([VERSION], [OTHER_VERSION])
+    expected = _expected(root_b, user)
+    assert {k: values[k] for k in expected} == expected
+    _check_marker(values, root_b)
+    for value in values.values():
+        assert str(root_a) not in (value or "")
+
+
+@pytest.mark.parametrize("ld", list(LD_CASES.values()), ids=list(LD_CASES))
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_unset_restores_the_users_values(shell: str, ld: str | None, sdks: tuple[Path, Path],
+                                         tmp_path: Path) -> None:
+    session = _session(SHELLS[shell], tmp_path, ld)
+    user = _user(session)
+    # Nothing exported yet: --unset changes nothing.
+    assert session.run(["--unset"]) == user
+    steps = session.run_each([VERSION], ["--unset"], [VERSION], [OTHER_VERSION], [VERSION], ["--unset"],
+                             ["--unset"])
+    assert steps[1] == user
+    assert steps[5] == user
+    assert steps[6] == user
+
+
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_users_own_sdk_root(shell: str, sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    """A QNN_SDK_ROOT qnnctl did not set is used as is and never unset; one it replaced comes back."""
+    mine = build_sdk_tree(tmp_path / "my sdk")
+    session = _session(SHELLS[shell], tmp_path, None, QNN_SDK_ROOT=str(mine))
+    user = _user(session)
+    steps = session.run_each([], [], ["--unset"], [VERSION], ["--unset"], [VERSION], [])
+    assert steps[0]["QNN_SDK_ROOT"] == str(mine)
+    assert steps[0]["LD_LIBRARY_PATH"] == str(mine / LIB)
+    assert steps[1] == steps[0]
+    assert steps[2] == user
+    # An explicit version wins over it for the session, and --unset gives it back.
+    root_a, _ = sdks
+    assert steps[3]["QNN_SDK_ROOT"] == str(root_a)
+    assert steps[4] == user
+    # Without a version, the user's own root is the choice again, and nothing of A is left.
+    assert steps[6] == steps[0]
+
+
+# -- hostile cache folders ---------------------------------------------------------------
+
+HOSTILE = {
+    "space": "with space",
+    "single-quote": "it's",
+    "double-quote": 'say "hi"',
+    "dollar": "cost$HOME$1${PATH}",
+    "backtick": "tick`touch pwned`",
+    "command-substitution": "$(touch pwned)",
+    "semicolon": "a;touch pwned;b",
+    "non-ascii": "çache-日本語-ünï",
+    "backslash": "back\\slash\\'\\n",
+    "glob-and-braces": "*?[ab]{c,d}~",
+    "typographic-quotes": "\u2018left\u2019 \u201cdq\u201d",
+    "everything": "a b'c\"d$e`touch pwned`$(touch pwned);touch pwned;é\\{x,y}*",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE.values()), ids=list(HOSTILE))
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_hostile_cache_path_round_trips(shell: str, name: str, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "caches" / name / "qnnctl"
+    root = install_tree_into_cache(cache, VERSION)
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(cache))
+    session = _session(SHELLS[shell], tmp_path, "/usr/lib/user")
+    user = _user(session)
+    once, twice, unset = session.run_each([VERSION], [VERSION], ["--unset"])
+    expected = _expected(root, {k: v for k, v in user.items() if v is not None})
+    assert {k: once[k] for k in expected} == expected
+    _check_marker(once, root)
+    assert twice == once
+    assert unset == user
+    assert list(tmp_path.rglob("pwned")) == []
+
+
+@pytest.mark.parametrize("name", ["new\nline", "carriage\rreturn"], ids=["newline", "cr"])
+def test_path_with_a_newline_is_refused(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import run_qnnctl
+
+    cache = tmp_path / name
+    install_tree_into_cache(cache, VERSION)
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(cache))
+    for shell in ("bash", "fish", "json", "dotenv"):
+        result = run_qnnctl("env", VERSION, "--shell", shell)
+        assert result.returncode == 2, result.stderr
+        assert result.stdout == ""
+        assert "newline" in result.stderr
+
+
+def test_colon_in_a_path_list_entry_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import run_qnnctl
+
+    cache = tmp_path / "a:b"
+    install_tree_into_cache(cache, VERSION)
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(cache))
+    result = run_qnnctl("env", VERSION, "--shell", "bash")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "cannot hold a ':'" in result.stderr
+
+
+# -- rendering (shells that are not installed here, and the rules themselves) ----------
+
+SAMPLE: Values = {
+    "QNN_SDK_ROOT": "/c/it's ‘q’ ‚l‛ \"d\" $x `y` \\z",
+    "LD_LIBRARY_PATH": None,
+    "PATH": "/a b:/c'd",
+}
+
+
+def test_render_posix_exact() -> None:
+    expected = (
+        "export QNN_SDK_ROOT='/c/it'\\''s ‘q’ ‚l‛ \"d\" $x `y` \\z'\n"
+        "unset LD_LIBRARY_PATH\n"
+        "export PATH='/a b:/c'\\''d'\n"
+    )
+    for shell in ("sh", "bash", "zsh"):
+        assert render(SAMPLE, shell) == expected
+
+
+def test_render_fish_exact() -> None:
+    assert render(SAMPLE, "fish") == (
+        "set -gx QNN_SDK_ROOT '/c/it\\'s ‘q’ ‚l‛ \"d\" $x `y` \\\\z'\n"
+        "set -e LD_LIBRARY_PATH\n"
+        "set -gx PATH '/a b' '/c\\'d'\n"
+    )
+
+
+def test_render_powershell_doubles_every_single_quote() -> None:
+    assert render(SAMPLE, "powershell") == (
+        "$env:QNN_SDK_ROOT = '/c/it''s ‘‘q’’ ‚‚l‛‛ \"d\" $x `y` \\z'\n"
+        "Remove-Item -Path Env:LD_LIBRARY_PATH -ErrorAction SilentlyContinue\n"
+        "$env:PATH = '/a b:/c''d'\n"
+    )
+    assert quote_powershell("plain") == "'plain'"
+    assert quote_powershell("'") == "''''"
+
+
+def test_render_nu_escapes_double_quotes() -> None:
+    assert render(SAMPLE, "nu") == (
+        "$env.QNN_SDK_ROOT = \"/c/it's ‘q’ ‚l‛ \\\"d\\\" $x `y` \\\\z\"\n"
+        "hide-env --ignore-errors LD_LIBRARY_PATH\n"
+        "$env.PATH = [\"/a b\", \"/c'd\"]\n"
+    )
+    # nu spells control characters \u{..} (JSON's \u0001 is not nu syntax).
+    assert quote_nu("a\tb\x01c\x7f") == '"a\\u{9}b\\u{1}c\\u{7f}"'
+    assert quote_nu("$(x) (y)") == '"$(x) (y)"'
+
+
+def test_render_json_and_dotenv() -> None:
+    assert json.loads(render(SAMPLE, "json")) == SAMPLE
+    assert render(SAMPLE, "dotenv") == f"QNN_SDK_ROOT={SAMPLE['QNN_SDK_ROOT']}\nPATH=/a b:/c'd\n"
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "a\nb", "a\rb", "a\udcffb"], ids=["nul", "newline", "cr", "undecodable"])
+@pytest.mark.parametrize("shell", ["sh", "bash", "zsh", "fish", "powershell", "nu", "json", "dotenv"])
+def test_render_refuses_values_no_shell_can_carry(bad: str, shell: str) -> None:
+    with pytest.raises(UsageError) as info:
+        render({"QNN_SDK_ROOT": bad}, shell)
+    assert info.value.exit_code == 2
+
+
+def test_quoting_is_exact_for_posix_and_fish() -> None:
+    assert quote_posix("it's") == "'it'\\''s'"
+    assert quote_fish("a\\'b") == "'a\\\\\\'b'"
+
+
+def test_unknown_shell_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        render({"PATH": "/x"}, "tcsh")
+
+
+@pytest.mark.parametrize(("value", "shell"), [
+    ("/bin/bash", "bash"), ("/usr/bin/zsh", "zsh"), ("/usr/bin/fish", "fish"),
+    ("/bin/dash", "sh"), ("/bin/sh", "sh"), ("/usr/bin/pwsh", "powershell"), ("/usr/local/bin/nu", "nu"),
+    ("/bin/tcsh", "sh"), ("", "sh"), ("/usr/bin/json", "sh"),
+])
+def test_detect_shell(value: str, shell: str) -> None:
+    assert detect_shell({"SHELL": value}) == shell
+
+
+def test_detect_shell_without_shell_variable() -> None:
+    assert detect_shell({}) == "sh"
+
+
+# -- the change as data --------------------------------------------------------------------
+
+
+def _env(root: str, environ: dict[str, str], owns_root: bool = True) -> dict[str, str]:
+    values = sdk_environment(environ, root, [f"{root}/{LIB}"], [f"{root}/{BIN}"], owns_root)
+    return apply(environ, values)
+
+
+def test_unset_ld_library_path_gets_no_empty_entry() -> None:
+    after = _env("/sdk", {"PATH": "/usr/bin"})
+    assert after["LD_LIBRARY_PATH"] == f"/sdk/{LIB}"
+    assert after["PATH"] == f"/sdk/{BIN}:/usr/bin"
+
+
+def test_entry_already_present_is_not_added_and_not_removed() -> None:
+    user = {"PATH": f"/usr/bin:/sdk/{BIN}", "LD_LIBRARY_PATH": f"/x:/sdk/{LIB}"}
+    after = _env("/sdk", user)
+    assert after["PATH"] == user["PATH"]
+    assert after["LD_LIBRARY_PATH"] == user["LD_LIBRARY_PATH"]
+    assert apply(after, unset_environment(after)) == user
+
+
+def test_empty_user_value_comes_back_empty() -> None:
+    user = {"PATH": "/usr/bin", "LD_LIBRARY_PATH": ""}
+    after = _env("/sdk", user)
+    assert after["LD_LIBRARY_PATH"] == f"/sdk/{LIB}"
+    assert apply(after, unset_environment(after)) == user
+
+
+def test_replaced_sdk_root_comes_back_and_users_root_is_kept() -> None:
+    user = {"PATH": "/usr/bin", "QNN_SDK_ROOT": "/mine"}
+    replaced = _env("/sdk", user)
+    assert replaced["QNN_SDK_ROOT"] == "/sdk"
+    assert apply(replaced, unset_environment(replaced)) == user
+    kept = _env("/mine", user, owns_root=False)
+    assert kept["QNN_SDK_ROOT"] == "/mine"
+    assert "QNN_SDK_ROOT" not in unset_environment(kept)
+    assert apply(kept, unset_environment(kept)) == user
+
+
+def test_a_mangled_marker_undoes_nothing() -> None:
+    environ = {"PATH": "/usr/bin", MARKER: "{not json", "QNN_SDK_ROOT": "/x"}
+    assert unset_environment(environ) == {MARKER: None}
+    environ[MARKER] = json.dumps({"root": "/x", "added": {"HOME": ["/"]}, "owns_root": True})
+    # Only the path lists qnnctl manages can be edited through the marker.
+    assert "HOME" not in unset_environment(environ)

@@ -1,0 +1,117 @@
+"""A fresh interpreter running the CLI: what it imports, and what `env` may not do.
+
+`run_probe` runs the real entry point in a new interpreter whose process-starting calls
+raise (and are recorded), and which reports `sys.modules` as it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.sdkfactory import VERSION, install_tree_into_cache
+
+HEAVY = ("requests", "rich", "tqdm", "cpuinfo", "elftools", "torch", "filelock", "urllib3")
+PROBE_TAG = "QNNCTL-PROBE "
+
+_PROBE = r"""
+import atexit, json, os, sys
+
+started = []
+
+def _forbidden(name):
+    def refuse(*args, **kwargs):
+        started.append(name)
+        raise RuntimeError(f"qnnctl env called {name}")
+    return refuse
+
+import subprocess, _posixsubprocess
+subprocess.Popen = _forbidden("subprocess.Popen")
+_posixsubprocess.fork_exec = _forbidden("_posixsubprocess.fork_exec")
+for _name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "popen",
+              "execv", "execve", "execvp", "execvpe", "spawnv", "spawnve"):
+    if hasattr(os, _name):
+        setattr(os, _name, _forbidden("os." + _name))
+# The probe itself imported subprocess; what qnnctl imports is what matters.
+_before = set(sys.modules) - {"subprocess", "_posixsubprocess"}
+
+def _report():
+    loaded = sorted(set(sys.modules) - _before)
+    sys.stderr.write("QNNCTL-PROBE " + json.dumps({"modules": loaded, "started": started}) + "\n")
+    sys.stderr.flush()
+
+atexit.register(_report)
+sys.argv = ["qnnctl", *sys.argv[1:]]
+from qnnctl.cli import main
+main()
+"""
+
+
+@dataclass(frozen=True)
+class Probe:
+    returncode: int
+    stdout: str
+    stderr: str  # without the probe's own line
+    modules: list[str]
+    started: list[str]
+
+
+def run_probe(*args: str, env: dict[str, str] | None = None) -> Probe:
+    """Run `qnnctl ARGS` in a fresh interpreter that may not start a process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        env=os.environ.copy() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.splitlines(keepends=True)
+    tagged = [line for line in lines if line.startswith(PROBE_TAG)]
+    assert len(tagged) == 1, proc.stderr
+    report = json.loads(tagged[0].removeprefix(PROBE_TAG))
+    rest = "".join(line for line in lines if not line.startswith(PROBE_TAG))
+    return Probe(proc.returncode, proc.stdout, rest, report["modules"], report["started"])
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.split(".")[0] in HEAVY]
+
+
+def test_importing_the_cli_imports_nothing_heavy() -> None:
+    code = "import json, sys; import qnnctl.cli; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert _heavy(json.loads(proc.stdout)) == []
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash", "zsh", "fish", "powershell", "nu", "json", "dotenv"])
+def test_env_imports_nothing_heavy_and_starts_no_process(shell: str, cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    probe = run_probe("env", VERSION, "--shell", shell)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout
+    assert probe.started == []
+    assert _heavy(probe.modules) == []
+    assert "qnnctl.environment" in probe.modules  # the probe saw the env path run
+
+
+def test_env_default_selection_and_unset_stay_light(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paths that read the default cache folder, the pin and ExecuTorch's files."""
+    monkeypatch.delenv("QNNCTL_CACHE_DIR")
+    for args in (["env", "--shell", "json"], ["env", "--unset"], ["--help"]):
+        probe = run_probe(*args)
+        assert probe.started == []
+        assert _heavy(probe.modules) == [], args
+
+
+def test_probe_sees_a_process_being_started() -> None:
+    """The probe itself: a command that does start a process is caught."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE.replace("main()\n", "subprocess.run(['true'])\n")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert '"started": ["subprocess.Popen"]' in proc.stderr
