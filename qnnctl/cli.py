@@ -135,12 +135,26 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         from qnnctl.runtime import RuntimeRequest, stage_runtime
 
         stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=runtime_from), os.environ)
+    elif result.action == "installed" and result.sdk is not None:
+        _stage_missing_trio(result.sdk)
     if result.sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; nothing to install")
         return
     if result.action == "reused":
         log.info("SDK %s is already installed (%s)", result.sdk.version, result.sdk.origin)
     click.echo(str(result.sdk.root))
+
+
+def _stage_missing_trio(sdk: Any) -> None:
+    """A fresh SDK whose libraries need libc++ the host lacks: stage it, or say how to."""
+    from qnnctl.runtime import ensure_trio
+
+    try:
+        ensure_trio(_cache(), sdk, os.environ)
+    except QnnctlError as exc:
+        # The SDK itself is installed; what it still lacks is doctor's to explain.
+        log.warning("the SDK is installed, but staging the libraries it needs failed: %s "
+                    "(retry with `qnnctl install --runtime`; `qnnctl doctor` explains)", exc.message)
 
 
 @cli.command()

@@ -54,8 +54,8 @@ LOAD_TIMEOUT = 60.0
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
 LIBCXX_HINT = (
-    "on Debian/Ubuntu: `sudo apt-get install libc++1 libc++abi1 libunwind-14`; elsewhere install "
-    "LLVM's libc++, libc++abi and libunwind and add their folder to LD_LIBRARY_PATH"
+    "run `qnnctl install --runtime` (stages them into qnnctl's cache, no root needed); or on "
+    "Debian/Ubuntu: `sudo apt-get install libc++1 libc++abi1 libunwind-14`"
 )
 
 
@@ -545,7 +545,34 @@ def glibc_verdict(highest: tuple[tuple[int, ...], Path] | None, host: tuple[int,
 
 def check_glibc(ctx: Context) -> Outcome:
     scan = ctx.scan()
-    return glibc_verdict(scan.required.highest_glibc(), ctx.glibc(), scan.others.highest_glibc())
+    outcome = glibc_verdict(scan.required.highest_glibc(), ctx.glibc(), scan.others.highest_glibc())
+    if outcome.status != FAIL:
+        return outcome
+    staged = staged_glibc(ctx.cache())
+    needed = scan.required.highest_glibc()
+    if staged is not None and needed is not None and staged[1] >= needed[0]:
+        from qnnctl.elf import format_version
+
+        return warn(f"{outcome.detail}; `qnnctl lower` runs pipelines under the staged glibc "
+                    f"{format_version(staged[1])} ({staged[0]})",
+                    hint="other programs still need `qnnctl lower` (or a newer host) to load the SDK")
+    return Outcome(outcome.status, outcome.detail, (outcome.hint or "") + (
+        "; or stage a newer glibc for `qnnctl lower`: `qnnctl install --runtime --runtime-from "
+        "GLIBC.deb|GLIBC.rpm`"))
+
+
+def staged_glibc(cache: Cache) -> tuple[Path, tuple[int, ...]] | None:
+    """(loader, glibc version) of a glibc staged with `install --runtime`, if any."""
+    if not cache.runtime.is_dir():
+        return None
+    from qnnctl.host import parse_dotted_version
+    from qnnctl.runtime import GLIBC, current
+
+    staged = current(cache, GLIBC)
+    if staged is None or staged.loader is None:
+        return None
+    version = parse_dotted_version(str(staged.manifest.get("glibc_version", "")))
+    return (staged.loader, version) if version is not None else None
 
 
 # Runs in a fresh interpreter with the environment the SDK needs; prints one JSON line after

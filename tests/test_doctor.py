@@ -156,6 +156,7 @@ def test_missing_dependency_fails_with_the_loaders_own_words(tmp_path: Path) -> 
 
 def test_libcxx_missing_names_the_packages(tmp_path: Path) -> None:
     target = Target(Selection("argument", "given"), None, None)
+    assert "qnnctl install --runtime" in missing_hint("libc++.so.1", target)
     assert "apt-get install libc++1 libc++abi1 libunwind-14" in missing_hint("libc++.so.1", target)
     assert "apt-get install libc++1 libc++abi1 libunwind-14" in missing_hint("libunwind.so.1", target)
     assert "apt-get" not in missing_hint("libfoo.so", target)
