@@ -384,7 +384,7 @@ def check_layout(ctx: Context) -> Outcome:
     if problems:
         return fail(f"{sdk.root}: " + "; ".join(problems), "; ".join(dict.fromkeys(fixes)))
     libs = sum(1 for p in lib_dir.iterdir() if _is_library_name(p.name))
-    return ok(f"{libs} host libraries, {len(tools)} tools (executable), include/QNN")
+    return ok(f"{libs} host libraries, {len(tools)} tool{'' if len(tools) == 1 else 's'} (executable), include/QNN")
 
 
 def check_version(ctx: Context) -> Outcome:
@@ -514,8 +514,9 @@ def check_libraries(ctx: Context) -> Outcome:
     if optional:
         return warn(f"{required} resolve; other libraries do not: " + "; ".join(optional),
                     "; ".join(dict.fromkeys(optional_hints)) or None)
-    count = len(scan.required.libraries) + len(scan.others.libraries)
-    return ok(f"{required} and {count - len(scan.required.roots)} more resolve every library they need")
+    others = len(scan.required.libraries) + len(scan.others.libraries) - len(scan.required.roots)
+    more = f" and {others} other librar{'y' if others == 1 else 'ies'}" if others else ""
+    return ok(f"{required}{more} resolve every library they need")
 
 
 def glibc_verdict(highest: tuple[tuple[int, ...], Path] | None, host: tuple[int, ...] | None,
