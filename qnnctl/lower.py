@@ -24,6 +24,7 @@ from typing import NoReturn
 from qnnctl.bootstrap import GUARD_VARIABLE
 from qnnctl.cache import Cache
 from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.runtime import LOADER_GUARD
 from qnnctl.sdk import BY_ENV, Sdk, Selection, resolve_installed, select_sdk
 from qnnctl.shell import EnvValues
 
@@ -34,7 +35,6 @@ MODULE = "module"
 COMMAND = "command"
 
 # Set in the child when it was started under a staged loader, so that it is never wrapped twice.
-LOADER_GUARD = "QNNCTL_STAGED_LOADER"
 
 # python, python3, python3.11, python3.13t (free-threaded)
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*t?)?")
@@ -219,19 +219,50 @@ def staged_loader(sdk: Sdk, cache: Cache) -> StagedLoader | None:
     A loader is due only when the SDK's libraries need a newer glibc than the host has and a
     runtime with one is staged in the cache (`qnnctl install --runtime --runtime-from GLIBC`).
     """
-    from qnnctl.runtime import glibc_shortfall, staged_lib_dirs
+    from qnnctl.host import parse_dotted_version
+    from qnnctl.runtime import GLIBC, current, glibc_shortfall, loader_library_path
     from qnnctl.runtime import staged_loader as find_staged
 
-    if glibc_shortfall(sdk) is None:
+    shortfall = glibc_shortfall(sdk)
+    if shortfall is None:
         return None
     found = find_staged(cache)
-    if found is None:
-        log.warning("the SDK needs a newer glibc than this host's; stage one with "
-                    "`qnnctl install --runtime --runtime-from GLIBC.deb|GLIBC.rpm`")
+    staged = current(cache, GLIBC) if found is not None else None
+    provided = parse_dotted_version(str(staged.manifest.get("glibc_version", ""))) if staged else None
+    if found is None or provided is None or provided < shortfall[0]:
+        # A glibc staged for an earlier SDK may be too old for this one: it would not help.
+        have = "none is staged" if provided is None else f"the staged one is {'.'.join(map(str, provided))}"
+        log.warning("the SDK needs glibc %s or newer, and %s; stage one with "
+                    "`qnnctl install --runtime --runtime-from GLIBC.deb|GLIBC.rpm`",
+                    ".".join(map(str, shortfall[0])), have)
         return None
     loader, glibc_lib = found
-    dirs = [str(glibc_lib), *(str(p) for p in staged_lib_dirs(cache, sdk)), str(sdk.lib_dir)]
-    return StagedLoader(loader, tuple(dirs))
+    return StagedLoader(loader, tuple(loader_library_path(cache, sdk, glibc_lib)))
+
+
+def script_interpreter(program: str, environ: Mapping[str, str]) -> list[str]:
+    """The `#!` line of a script, as the kernel would run it; [] for anything else.
+
+    ld.so starts ELF programs only, so a script (a console script such as torchrun, a shell
+    script) is started as its interpreter with the script's path. `#!/usr/bin/env NAME` is
+    resolved here: env would exec NAME on the host's loader, not the staged one.
+    """
+    try:
+        with open(program, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []
+    line = head[2:].split(b"\n", 1)[0].decode("utf-8", "surrogateescape").strip()
+    # As the kernel does: the interpreter, then the rest of the line as one argument.
+    interpreter, _, argument = line.partition(" ")
+    argument = argument.strip()
+    if os.path.basename(interpreter) == "env" and argument and " " not in argument and not argument.startswith("-"):
+        found = shutil.which(argument, path=environ.get("PATH", os.defpath))
+        if found is not None:
+            return [found]
+    return [interpreter, argument] if argument else [interpreter]
 
 
 def under_loader(
@@ -248,11 +279,13 @@ def under_loader(
     program = shutil.which(argv[0], path=environ.get("PATH", os.defpath)) if os.sep not in argv[0] else argv[0]
     if program is None:
         raise CommandNotRunError(argv[0], "not found", 127)
+    program = os.path.abspath(program)
     # ld.so ignores LD_LIBRARY_PATH when --library-path is given: carry the child's along.
     search = list(loader.library_path)
     search += [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d and d not in search]
-    wrapped = [str(loader.loader), "--library-path", ":".join(search), os.path.abspath(program), *argv[1:]]
-    return wrapped, {**environ, LOADER_GUARD: "1"}
+    start = [*script_interpreter(program, environ), program]
+    wrapped = [str(loader.loader), "--library-path", ":".join(search), *start, *argv[1:]]
+    return wrapped, {**environ, LOADER_GUARD: str(loader.loader)}
 
 
 # -- planning and running --------------------------------------------------------------

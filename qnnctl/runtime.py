@@ -10,7 +10,7 @@ so that only the three libraries ever reach the disk (a megabyte out of 575).
 
 A staged glibc is never put on LD_LIBRARY_PATH (a libc that does not match the running loader
 crashes every program); it is used only by starting a program under its own loader,
-`<ld.so> --library-path <dirs> PROGRAM ...` (see `reexec_command`).
+`<ld.so> --library-path <dirs> PROGRAM ...` (see `reexec_command` and `qnnctl lower`).
 """
 
 from __future__ import annotations
@@ -151,9 +151,13 @@ def staged_loader(cache: Cache) -> tuple[Path, Path] | None:
     return staged.loader, staged.lib_dir
 
 
-def loader_command(loader: Path, lib_dirs: Sequence[Path | str], argv: Sequence[str]) -> list[str]:
-    """`argv` started by `loader` with its own library path (LD_LIBRARY_PATH is not read)."""
-    return [str(loader), "--library-path", os.pathsep.join(str(d) for d in lib_dirs), *argv]
+def loader_library_path(cache: Cache, sdk: Sdk | None, glibc_lib: Path) -> list[str]:
+    """What the staged loader searches first: its glibc, the staged trio, the SDK's libraries."""
+    dirs: list[str] = []
+    for folder in (glibc_lib, *staged_lib_dirs(cache, sdk), *([sdk.lib_dir] if sdk else [])):
+        if str(folder) not in dirs:
+            dirs.append(str(folder))
+    return dirs
 
 
 def reexec_command(
@@ -162,23 +166,18 @@ def reexec_command(
     """The command and environment that run `argv` under the staged loader.
 
     None when no glibc is staged, or when `environ` says this process already runs under it
-    (LOADER_GUARD): a re-exec happens at most once.
+    (LOADER_GUARD): a re-exec happens at most once. The wrapping is `qnnctl lower`'s own.
     """
+    from qnnctl.lower import StagedLoader, under_loader
+
     if environ.get(LOADER_GUARD):
         return None
     staged = staged_loader(cache)
     if staged is None:
         return None
     loader, glibc_lib = staged
-    dirs: list[str] = []
-    candidates = [glibc_lib, *staged_lib_dirs(cache, sdk), *([sdk.lib_dir] if sdk else [])]
-    candidates += [Path(d) for d in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
-    for folder in candidates:
-        if str(folder) not in dirs:
-            dirs.append(str(folder))
-    env = dict(environ)
-    env[LOADER_GUARD] = str(loader)
-    return loader_command(loader, dirs, argv), env
+    wrapped = StagedLoader(loader, tuple(loader_library_path(cache, sdk, glibc_lib)))
+    return under_loader(list(argv), dict(environ), wrapped)
 
 
 # -- host facts --------------------------------------------------------------------------

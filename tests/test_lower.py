@@ -17,7 +17,6 @@ from qnnctl.bootstrap import GUARD_VARIABLE
 from qnnctl.cache import Cache
 from qnnctl.lower import (
     COMMAND,
-    LOADER_GUARD,
     MODULE,
     SCRIPT,
     LowerOptions,
@@ -29,6 +28,7 @@ from qnnctl.lower import (
     python_invocation,
     under_loader,
 )
+from qnnctl.runtime import LOADER_GUARD
 from qnnctl.shell import quote_posix
 from tests.httpserver import FaultServer
 from tests.lowerkit import PROBE, direct, last_json, lower, write
@@ -374,7 +374,7 @@ def test_staged_loader_wraps_the_command_once(sdk: Path, monkeypatch: pytest.Mon
     plan = plan_lower(Target(SCRIPT, "probe.py", ("a",)), LowerOptions(python=PY), environ, Path.cwd(),
                       Cache.from_env(environ))
     assert plan.argv[:4] == [str(host_loader), "--library-path", lib_dir(sdk), PY]
-    assert plan.changes[LOADER_GUARD] == "1"
+    assert plan.changes[LOADER_GUARD] == str(host_loader)
     ran = subprocess.run(plan.argv, env=plan.environ, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert last_json(ran.stdout)["argv"] == ["probe.py", "a"]
