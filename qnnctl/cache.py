@@ -25,11 +25,12 @@ def cache_root(environ: Mapping[str, str]) -> Path:
                 "QNNCTL_CACHE_DIR is set but empty",
                 hint="unset it to use the default cache, or set it to a folder",
             )
-        return Path(configured).expanduser()
+        # Absolute, so that exported paths survive a `cd`.
+        return Path(configured).expanduser().absolute()
     if sys.platform == "linux":
         # platformdirs' answer on Linux, without its import cost on every `qnnctl env`.
         base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
-        return Path(base) / "qnnctl"
+        return Path(base).absolute() / "qnnctl"
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("qnnctl", appauthor=False))

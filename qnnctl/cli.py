@@ -114,18 +114,24 @@ def cli(verbose: int, quiet: int) -> None:
     _configure_logging(verbose, quiet)
 
 
-@cli.command()
+@cli.command(short_help="Install an SDK (or find one on disk); print its root.")
 @click.argument("version", required=False, shell_complete=complete_known)
-@click.option("--url", help="Download the archive from this URL.")
+@click.option("--url", metavar="URL", help="Download the archive from this URL.")
 @click.option("--file", "file", type=click.Path(path_type=Path), help="Install from an archive on disk.")
-@click.option("--sha256", help="Expected sha256 of the archive.")
+@click.option("--sha256", metavar="HEX", help="Expected sha256 of the archive.")
 @click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed.")
 @click.option("--runtime", is_flag=True, help="Also stage the host libraries the SDK needs and the host lacks.")
 @click.option("--runtime-from", "runtime_from", multiple=True, type=click.Path(path_type=Path),
               help="Stage them from this .deb, .rpm, .tar.xz or folder (repeatable; implies --runtime).")
 def install(version: str | None, url: str | None, file: Path | None, sha256: str | None, force: bool,
             runtime: bool, runtime_from: tuple[Path, ...]) -> None:
-    """Install an SDK (or find one already on disk); print its root on stdout."""
+    """Install an SDK (or find one already on disk); print its root on stdout.
+
+    VERSION is a full version (2.37.0.250724) or a prefix of a known release (2.37). Without
+    it: a non-empty QNN_SDK_ROOT, else a .qnn-version pin, else the version the installed
+    ExecuTorch expects, else the default. An exported but empty QNN_SDK_ROOT means the caller
+    manages the SDK: nothing is installed.
+    """
     from qnnctl.install import InstallRequest
     from qnnctl.install import install as do_install
 
@@ -157,7 +163,7 @@ def _stage_missing_trio(sdk: Any) -> None:
                     "(retry with `qnnctl install --runtime`; `qnnctl doctor` explains)", exc.message)
 
 
-@cli.command()
+@cli.command(short_help="Print the shell exports for an installed SDK.")
 @click.argument("version", required=False, shell_complete=complete_installed)
 @click.option("--sdk", "sdk_path", type=click.Path(path_type=Path), help="Use the SDK at this path.")
 @click.option("--shell", "shell", type=click.Choice(SHELL_CHOICES), help="Output syntax (default: from $SHELL).")
@@ -218,7 +224,7 @@ def uninstall(version: str) -> None:
     log.info("removed %s", removed)
 
 
-@cli.command()
+@cli.command(short_help="Pin VERSION for this project (.qnn-version).")
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
     """Pin VERSION for this project: write .qnn-version here; print its path."""
@@ -250,7 +256,7 @@ def clean() -> None:
 # -- doctor --------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Check host, SDK and environment; exit 1 on a failure.")
 @click.option("--sdk", "spec", metavar="PATH|VERSION", shell_complete=complete_installed,
               help="Check this SDK instead of the one qnnctl would choose.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -295,7 +301,7 @@ class _LowerCommand(click.Command):
         return super().parse_args(ctx, [*args[:i], "--", *args[i:]])
 
 
-@cli.command(cls=_LowerCommand)
+@cli.command(cls=_LowerCommand, short_help="Run a lowering pipeline with the SDK in place.")
 @click.option("--sdk", "spec", metavar="VERSION|PATH", shell_complete=complete_known,
               help="Use this SDK (installed first when missing).")
 @click.option("--python", "python", metavar="PATH",
@@ -333,18 +339,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if exc.hint:
             click.echo(f"qnnctl: hint: {exc.hint}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("qnnctl: aborted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("qnnctl: interrupted; run the same command again to resume", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
-    except KeyboardInterrupt:
-        click.echo("qnnctl: interrupted", err=True)
-        sys.exit(130)
-    except BrokenPipeError:
-        # The reader went away (`qnnctl list | head`): not an error worth a traceback.
-        sys.stderr.close()
+    except OSError as exc:
+        # The file system said no (permissions, a read-only or full disk): name the path.
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(f"qnnctl: error: cannot use{where}: {exc.strerror or exc}", err=True)
+        click.echo("qnnctl: hint: check its permissions and free space, or point QNNCTL_CACHE_DIR "
+                   "at a folder you can write to", err=True)
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         import logging

@@ -355,7 +355,7 @@ def check_selection(ctx: Context) -> Outcome:
     if sdk is None:  # pragma: no cover - only a caller-managed selection has no SDK
         return ok(why)
     if selection.root is not None:
-        return ok(f"{why}; version {sdk.version}")
+        return ok(f"{why}: {sdk.root}, version {sdk.version}")
     return ok(f"{why}; {sdk.version} at {sdk.root} ({sdk.origin})")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from qnnctl.cache import Cache
 from qnnctl.sdk import BY_ENV, Sdk, Selection, resolve_installed, select_sdk
-from qnnctl.shell import EnvValues, apply, sdk_environment, unset_environment
+from qnnctl.shell import EnvValues, sdk_environment, unset_environment
 
 
 def runtime_lib_dirs(cache: Cache, sdk: Sdk) -> list[str]:
@@ -44,16 +44,14 @@ def plan_env(
 ) -> EnvPlan:
     """Choose the SDK (never installing it) and compute the exports for it.
 
-    The choice is made as if an earlier `qnnctl env` had been undone: a QNN_SDK_ROOT that
-    qnnctl exported is not the user's choice, but one it replaced is.
+    The choice is made as if an earlier `qnnctl env` had been undone (see
+    `sdk.user_environ`), the way every command makes it.
     """
-    undo = unset_environment(environ)
     if unset:
-        return EnvPlan(None, None, undo)
-    users = apply(environ, undo)
-    selection = select_sdk(spec, users, cwd)
+        return EnvPlan(None, None, unset_environment(environ))
+    selection = select_sdk(spec, environ, cwd)
     if selection.caller_managed:
         return EnvPlan(selection, None, {})
-    sdk = resolve_installed(selection, cache, users)
+    sdk = resolve_installed(selection, cache, environ)
     owns_root = selection.reason != BY_ENV
     return EnvPlan(selection, sdk, environment_for(sdk, environ, cache, owns_root))

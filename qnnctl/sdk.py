@@ -99,6 +99,7 @@ def sdk_from_root(root: Path, origin: str) -> Sdk:
     """An SDK named by path: its layout checked, its version read from disk."""
     if str(root).strip() == "":
         raise UsageError(f"{origin} is empty; an SDK root must be a folder")
+    root = root.expanduser().absolute()
     missing = missing_layout(root)
     if missing:
         raise InvalidSdkError(str(root), missing, origin)
@@ -108,17 +109,15 @@ def sdk_from_root(root: Path, origin: str) -> Sdk:
 # -- which SDK -------------------------------------------------------------------------
 
 
-def qnnctl_owns_root(environ: Mapping[str, str]) -> bool:
-    """True when `QNN_SDK_ROOT` holds the value that `qnnctl env` exported itself."""
-    from qnnctl.shell import read_marker
+def user_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` as it was before any `qnnctl env`: what the user chose, not what qnnctl exported.
 
-    marker = read_marker(environ)
-    return bool(
-        marker
-        and marker.owns_root
-        and marker.root
-        and marker.root == environ.get("QNN_SDK_ROOT")
-    )
+    A QNN_SDK_ROOT that qnnctl exported is not the user's choice, but one that it replaced is;
+    every command chooses its SDK from this view, so that they all agree.
+    """
+    from qnnctl.shell import apply, unset_environment
+
+    return apply(environ, unset_environment(environ))
 
 
 def find_pin(start: Path) -> Path | None:
@@ -131,10 +130,20 @@ def find_pin(start: Path) -> Path | None:
 
 
 def read_pin(path: Path) -> str:
-    for line in path.read_text(encoding="utf-8").splitlines():
+    """The full version a `.qnn-version` file names; errors name the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the pin {path}: {exc}",
+                         hint="fix it, or rewrite it with `qnnctl use VERSION`") from None
+    for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            return line
+            try:
+                return resolve_version(line)
+            except UsageError as exc:
+                raise UsageError(f"{path}: {exc.message}",
+                                 hint="fix it, or rewrite it with `qnnctl use VERSION`") from None
     raise UsageError(f"{path} names no version", hint="write a version such as 2.37.0.250724 into it")
 
 
@@ -203,22 +212,23 @@ def select_sdk(
         if spec.strip() == "":
             raise UsageError("an empty string is neither an SDK version nor a path")
         if _looks_like_path(spec) or (not spec[0].isdigit() and Path(spec).is_dir()):
-            root = Path(spec).expanduser()
+            # Absolute, so that exported paths survive a `cd` (a relative LD_LIBRARY_PATH entry
+            # would be searched from wherever the process happens to be).
+            root = Path(spec).expanduser().absolute()
             return Selection(BY_ARGUMENT, f"given as {root}", root=root)
         version = resolve_version(spec)
         return Selection(BY_ARGUMENT, f"given as {spec}", version=version)
-    env_root = environ.get("QNN_SDK_ROOT")
+    env_root = user_environ(environ).get("QNN_SDK_ROOT")
     if env_root is not None:
         if env_root == "":
             return Selection(
                 BY_CALLER,
                 "QNN_SDK_ROOT is exported but empty: the caller manages the SDK",
             )
-        if not qnnctl_owns_root(environ):
-            return Selection(BY_ENV, "from QNN_SDK_ROOT", root=Path(env_root))
+        return Selection(BY_ENV, "from QNN_SDK_ROOT", root=Path(env_root).expanduser().absolute())
     pin = find_pin(cwd)
     if pin is not None:
-        return Selection(BY_PIN, f"pinned in {pin}", version=resolve_version(read_pin(pin)))
+        return Selection(BY_PIN, f"pinned in {pin}", version=read_pin(pin))
     expected = executorch_expected_version()
     if expected is not None:
         return Selection(BY_EXECUTORCH, "the version the installed ExecuTorch expects", version=expected)

@@ -141,6 +141,61 @@ def test_nearest_pin_wins(mirror: FaultServer, cache_dir: Path) -> None:
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
 
 
+@pytest.mark.parametrize("content", [b"latest\n", b"\xff\xfe2.37\n"])
+def test_a_bad_pin_names_its_file(mirror: FaultServer, content: bytes) -> None:
+    pin = Path.cwd() / ".qnn-version"
+    pin.write_bytes(content)
+    for command in (("install",), ("env",)):
+        result = run_qnnctl(*command)
+        assert result.returncode == 2, result.stderr
+        assert str(pin) in result.stderr
+        assert "qnnctl use" in result.stderr
+        assert "unexpected" not in result.stderr
+    assert mirror.requests == []
+
+
+def test_relative_paths_are_exported_absolute(tmp_path: Path) -> None:
+    install_tree_into_cache(tmp_path / "rel-cache")
+    env = _env(QNNCTL_CACHE_DIR="rel-cache")
+    result = run_qnnctl("env", "--shell", "json", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    import json
+
+    values = json.loads(result.stdout)
+    root = tmp_path / "rel-cache" / "sdks" / VERSION
+    assert values["QNN_SDK_ROOT"] == str(root)
+    assert values["LD_LIBRARY_PATH"] == str(root / "lib" / "x86_64-linux-clang")
+    user_root = build_sdk_tree(tmp_path / "vendor")
+    for args, sdk_env in ((("--sdk", "vendor"), {}), ((), {"QNN_SDK_ROOT": "vendor"})):
+        result = run_qnnctl("env", "--shell", "json", *args, env=_env(**sdk_env), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        lib = json.loads(result.stdout)["LD_LIBRARY_PATH"]
+        assert lib == str(user_root / "lib" / "x86_64-linux-clang")
+
+
+def test_every_command_sees_the_users_root_behind_an_env_export(mirror: FaultServer, tmp_path: Path,
+                                                                 cache_dir: Path) -> None:
+    """After `eval "$(qnnctl env VERSION)"` replaced the user's QNN_SDK_ROOT, plain commands
+    choose the user's SDK again, all of them alike."""
+    import json
+
+    install_tree_into_cache(cache_dir)
+    user_root = build_sdk_tree(tmp_path / "vendor" / "qairt")
+    exported = json.loads(run_qnnctl("env", VERSION, "--shell", "json",
+                                     env=_env(QNN_SDK_ROOT=str(user_root))).stdout)
+    after = _env(**{k: v for k, v in exported.items() if v is not None})
+    assert after["QNN_SDK_ROOT"] == str(cache_dir / "sdks" / VERSION)
+    installed = run_qnnctl("install", env=after)
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout.strip() == str(user_root)
+    env_again = json.loads(run_qnnctl("env", "--shell", "json", env=after).stdout)
+    assert env_again["QNN_SDK_ROOT"] == str(user_root)
+    doctor = json.loads(run_qnnctl("doctor", "--json", "--offline", env=after).stdout)
+    selection = next(c for c in doctor["checks"] if c["id"] == "sdk.selection")
+    assert str(user_root) in selection["detail"]
+    assert mirror.requests == []
+
+
 def test_bad_pin_is_a_usage_error(mirror: FaultServer) -> None:
     (Path.cwd() / ".qnn-version").write_text("latest\n")
     result = run_qnnctl("install")

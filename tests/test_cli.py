@@ -1,0 +1,61 @@
+"""The error boundary: every failure is one line on stderr, a hint, and the contract's exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import run_qnnctl
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import VERSION, install_tree_into_cache
+
+
+def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env = dict(os.environ, QNNCTL_CACHE_DIR=str(blocker / "cache"))
+    for args in (("install", "--file", str(blocker)), ("cache", "clean"), ("install", VERSION)):
+        result = run_qnnctl(*args, env=env)
+        assert result.returncode == 1, result.stderr
+        assert result.stdout == ""
+        assert "Traceback" not in result.stderr
+        assert "unexpected" not in result.stderr
+        assert str(blocker) in result.stderr
+        assert "QNNCTL_CACHE_DIR" in result.stderr
+
+
+def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path) -> None:
+    path = f"/{VERSION}/v{VERSION}.zip"
+    mirror.fail(path, Fault.slow(16 << 10, 0.05))
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "install"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    part = cache_dir / "downloads" / f"v{VERSION}.zip.part"
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size > 0):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert out == ""
+    assert "interrupted; run the same command again to resume" in err
+    assert "Traceback" not in err
+    assert part.exists()  # kept for the resume
+    again = run_qnnctl("install")
+    assert again.returncode == 0, again.stderr
+    assert mirror.requests_for(path)[-1].headers.get("Range", "").startswith("bytes=")
+
+
+def test_a_reader_that_goes_away_is_not_an_error(cache_dir: Path) -> None:
+    for version in ("2.34.0.250424", "2.36.1.250708", VERSION):
+        install_tree_into_cache(cache_dir, version)
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `qnnctl list | true`
+    _, err = proc.communicate(timeout=60)
+    # click ends such a run quietly with exit 1; the point is that nothing is printed.
+    assert err == b""
