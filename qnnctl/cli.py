@@ -211,7 +211,8 @@ def list_(as_json: bool) -> None:
     width = max(len(str(r["version"])) for r in rows)
     for row in rows:
         size = f"{row['size'] / (1 << 20):.0f} MiB" if row["size"] is not None else "?"
-        click.echo(f"{row['version']:<{width}}  {row['root']}  {size}  ({row['origin']})")
+        damaged = f"; damaged, missing {', '.join(row['missing'])}" if row["missing"] else ""
+        click.echo(f"{row['version']:<{width}}  {row['root']}  {size}  ({row['origin']}{damaged})")
 
 
 @cli.command()

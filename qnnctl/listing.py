@@ -11,7 +11,11 @@ from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_sdk_version
 
 
 def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per SDK: version, root, size in bytes, and where it was found."""
+    """One row per SDK: version, root, size in bytes, where it was found, and what is missing.
+
+    `missing` is empty for a usable SDK; a damaged one in qnnctl's cache is still listed, so
+    that it can be found and reinstalled (`qnnctl install --force VERSION`).
+    """
     rows: list[dict[str, Any]] = []
     for version in cache.installed_versions():
         root = cache.sdk_dir(version)
@@ -22,6 +26,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "root": str(root),
             "size": size if isinstance(size, int) else tree_size(root),
             "origin": "qnnctl cache",
+            "missing": missing_layout(root),
         })
     seen: set[str] = set()
     # In the order ExecuTorch looks ($QNN_STAGING_DIR first), so --json output is stable.
@@ -36,6 +41,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             rows.append({
                 "version": read_sdk_version(entry) or entry.name.removeprefix("sdk-"),
                 "root": str(entry),
+                "missing": [],
                 "size": tree_size(entry),
                 "origin": "ExecuTorch cache",
             })

@@ -578,7 +578,7 @@ def _apt_download(folder: Path) -> list[Path] | None:
 
 def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
     """Stream the release archive once, keeping only the trio; retry from the start."""
-    from qnnctl.download import backoff_delay, make_session
+    from qnnctl.download import BACKOFF_MAX, backoff_delay, make_session
 
     session = make_session()
     attempt = 0
@@ -596,6 +596,7 @@ def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
                     "or give the libraries with --runtime-from",
                 ) from None
             delay = retry.delay if retry.delay is not None else backoff_delay(attempt, backoff_base)
+            delay = min(delay, BACKOFF_MAX)  # a server's Retry-After is a request, not an order
             log.warning("%s; retrying in %.1fs", retry.reason, delay)
             time.sleep(delay)
 

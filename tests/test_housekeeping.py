@@ -50,7 +50,8 @@ def test_list_json(cache_dir: Path, tmp_path: Path) -> None:
         ("2.31.0.250130", str(theirs), "ExecuTorch cache"),
     ]
     for row in rows:
-        assert set(row) == {"version", "root", "size", "origin"}
+        assert set(row) == {"version", "root", "size", "origin", "missing"}
+        assert row["missing"] == []
         assert row["size"] == tree_size(Path(row["root"])) > 0
     assert run_qnnctl("list", "--json", env=env).stdout == result.stdout  # stable
 
@@ -63,6 +64,11 @@ def test_list_text(cache_dir: Path) -> None:
     assert line.startswith(VERSION)
     assert str(root) in line
     assert "(qnnctl cache)" in line
+    (root / "lib" / "x86_64-linux-clang" / "libQnnSystem.so").unlink()
+    (damaged,) = run_qnnctl("list").stdout.splitlines()
+    assert "damaged, missing lib/x86_64-linux-clang/libQnnSystem.so" in damaged
+    (row,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
+    assert row["missing"] == ["lib/x86_64-linux-clang/libQnnSystem.so"]
     empty = run_qnnctl("uninstall", VERSION)
     assert empty.returncode == 0, empty.stderr
     nothing = run_qnnctl("list")
