@@ -128,15 +128,12 @@ def _set(name: str, value: str | None) -> None:
 
 def _caller_managed(environ: Mapping[str, str]) -> Sdk:
     """The SDK a caller put on LD_LIBRARY_PATH itself (QNN_SDK_ROOT exported but empty)."""
-    from qnnctl.sdk import missing_layout, read_sdk_version
-    from qnnctl.shell import split_path
+    from qnnctl.sdk import caller_lib_dir, missing_layout, read_sdk_version
 
-    for entry in split_path(environ.get("LD_LIBRARY_PATH")):
-        lib_dir = Path(entry)
-        if not entry or not (lib_dir / "libQnnHtp.so").is_file():
-            continue
+    lib_dir = caller_lib_dir(environ)
+    if lib_dir is not None and lib_dir.parts[-2:] == tuple(HOST_LIB_DIR.split("/")):
         root = lib_dir.parent.parent
-        if lib_dir.parts[-2:] == tuple(HOST_LIB_DIR.split("/")) and not missing_layout(root):
+        if not missing_layout(root):
             preload(lib_dir)
             return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin="LD_LIBRARY_PATH")
     raise QnnctlError(

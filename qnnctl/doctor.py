@@ -28,6 +28,7 @@ from qnnctl.sdk import (
     REQUIRED_LIBS,
     Sdk,
     Selection,
+    caller_lib_dir,
     read_sdk_version,
     resolve_installed,
     select_sdk,
@@ -159,7 +160,7 @@ class Context:
     def _find_target(self) -> Target:
         selection = select_sdk(self.spec, self.environ, self.cwd)
         if selection.caller_managed:
-            return Target(selection, None, library_dir_on_path(self.environ.get("LD_LIBRARY_PATH")))
+            return Target(selection, None, caller_lib_dir(self.environ))
         sdk = locate(selection, self.cache(), self.environ)
         return Target(selection, sdk, sdk.lib_dir)
 
@@ -263,14 +264,6 @@ def _is_program(path: Path) -> bool:
 
 def _is_library_name(name: str) -> bool:
     return name.endswith(".so") or ".so." in name
-
-
-def library_dir_on_path(ld_library_path: str | None) -> Path | None:
-    """The first folder on LD_LIBRARY_PATH that holds libQnnHtp.so."""
-    for entry in split_path(ld_library_path):
-        if entry and (Path(entry) / REQUIRED_LIBS[0]).is_file():
-            return Path(entry)
-    return None
 
 
 def locate(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:

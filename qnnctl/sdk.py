@@ -106,6 +106,15 @@ def sdk_from_root(root: Path, origin: str) -> Sdk:
     return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=origin)
 
 
+def caller_lib_dir(environ: Mapping[str, str]) -> Path | None:
+    """The first folder on LD_LIBRARY_PATH that holds libQnnHtp.so: where a caller who
+    manages the SDK itself (QNN_SDK_ROOT exported but empty) has put its libraries."""
+    for entry in (environ.get("LD_LIBRARY_PATH") or "").split(":"):
+        if entry and (Path(entry) / REQUIRED_LIBS[0]).is_file():
+            return Path(entry)
+    return None
+
+
 # -- which SDK -------------------------------------------------------------------------
 
 
