@@ -9,7 +9,13 @@ interleaved rounds: (a) `qnnctl install` into an empty cache, (b) `curl` then `u
 (c) the reference, `_download_qnn_sdk()` from ExecuTorch 1.5.1's
 `backends/qualcomm/scripts/download_qnn_sdk.py`, loaded by file path from the wheel (fetched with
 `pip download --no-deps` into a temporary folder). Then a cache-hit install against
-`qnnctl --version`. Reports medians, ratios and each one's peak RSS.
+`qnnctl --version`. Reports medians of wall and CPU time, ratios and each one's peak RSS.
+
+The order of the contenders rotates every round, and one warm-up round is not counted. What
+each run extracts is kept until the end: deleting thousands of files just before the next
+run makes creating files slower on some file systems (ext4 without a journal skips inodes
+freed in the last 30 s), which would favour whoever runs first. Bytecode caching is on for
+the children, as after a normal install.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 VERSION = "2.37.0.250724"
 REFERENCE_WHEEL = "executorch==1.5.1"
@@ -98,7 +105,8 @@ def _info(name: str, mode: int) -> zipfile.ZipInfo:
 # -- a file server with Range support ------------------------------------------------------
 
 
-def serve(folder: Path) -> tuple[ThreadingHTTPServer, str]:
+def serve(folder: Path, rate: float | None = None) -> tuple[ThreadingHTTPServer, str]:
+    """Serve `folder` on 127.0.0.1, at `rate` MB/s when given (a network, not loopback)."""
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -129,7 +137,17 @@ def serve(folder: Path) -> tuple[ThreadingHTTPServer, str]:
             self.end_headers()
             with open(path, "rb") as handle:
                 try:
-                    os.sendfile(self.wfile.fileno(), handle.fileno(), start, end - start + 1)
+                    if rate is None:
+                        os.sendfile(self.wfile.fileno(), handle.fileno(), start, end - start + 1)
+                        return
+                    began = time.monotonic()
+                    sent = 0
+                    while start + sent <= end:
+                        sent += os.sendfile(self.wfile.fileno(), handle.fileno(), start + sent,
+                                            min(256 << 10, end - start + 1 - sent))
+                        ahead = sent / (rate * 1e6) - (time.monotonic() - began)
+                        if ahead > 0:
+                            time.sleep(ahead)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
@@ -156,7 +174,7 @@ for line in sys.stdin:
     err = proc.stderr.read().decode(errors="replace")
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    print(json.dumps({"elapsed": elapsed, "maxrss": usage.ru_maxrss,
+    print(json.dumps({"elapsed": elapsed, "maxrss": usage.ru_maxrss, "cpu": usage.ru_utime + usage.ru_stime,
                       "rc": os.waitstatus_to_exitcode(status), "stderr": err[-4000:]}), flush=True)
 """
 
@@ -167,8 +185,8 @@ class Launcher:
             [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
 
-    def run(self, cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
-        """Wall time and peak RSS (KiB, the largest of the process and its descendants)."""
+    def run(self, cmd: list[str], env: dict[str, str] | None = None) -> Run:
+        """Wall time, CPU time and peak RSS (KiB, the largest of the process and its descendants)."""
         if self.proc.stdin is None or self.proc.stdout is None:
             raise RuntimeError("launcher pipes are closed")
         self.proc.stdin.write(json.dumps({"cmd": cmd, "env": env or dict(os.environ)}) + "\n")
@@ -176,7 +194,7 @@ class Launcher:
         result = json.loads(self.proc.stdout.readline())
         if result["rc"] != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({result['rc']}):\n{result['stderr']}")
-        return float(result["elapsed"]), int(result["maxrss"])
+        return Run(float(result["elapsed"]), float(result["cpu"]), int(result["maxrss"]))
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -184,10 +202,16 @@ class Launcher:
         self.proc.wait()
 
 
+class Run(NamedTuple):
+    wall: float
+    cpu: float  # user + system, of the process and its descendants
+    maxrss: int  # KiB
+
+
 _launcher: Launcher | None = None
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> Run:
     if _launcher is None:
         raise RuntimeError("the launcher is not started")
     return _launcher.run(cmd, env)
@@ -219,86 +243,128 @@ if mod._download_qnn_sdk(pathlib.Path(sys.argv[4])) is None:
 """
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    # Bytecode caching on, as after a normal install; no SDK chosen by the caller's shell.
+    for name in ("PYTHONDONTWRITEBYTECODE", "QNN_SDK_ROOT", "QNNCTL_DEBUG"):
+        env.pop(name, None)
+    return env
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=100, help="uncompressed size in MB (default 100)")
     parser.add_argument("--files", type=int, default=2000, help="number of files (default 2000)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="rounds not counted (default 1)")
     parser.add_argument("--hit-runs", type=int, default=20, help="runs of the cache-hit comparison")
     parser.add_argument("--no-reference", action="store_true", help="skip ExecuTorch's downloader")
+    parser.add_argument("--only", choices=("qnnctl", "curl", "reference"), action="append",
+                        help="time only these (repeatable)")
+    parser.add_argument("--rate", type=float, help="serve at this many MB/s, like a network (default: as fast "
+                        "as loopback goes)")
+    parser.add_argument("--tmp", type=Path, help="where to build, serve and extract (default: the system's)")
     args = parser.parse_args()
     global _launcher
     _launcher = Launcher()
 
-    qnnctl = [sys.executable, "-m", "qnnctl"]
-    with tempfile.TemporaryDirectory(prefix="qnnctl-bench-") as tmp:
+    # The installed `qnnctl` script next to this interpreter, as a user runs it.
+    script = Path(sys.executable).with_name("qnnctl")
+    qnnctl = [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "qnnctl"]
+    with tempfile.TemporaryDirectory(prefix="qnnctl-bench-", dir=args.tmp) as tmp:
         work = Path(tmp)
         archive = build_archive(work, args.size, args.files)
+        compressed = archive.stat().st_size
+        needed = (args.rounds + args.warmup) * 3 * ((args.size << 20) + archive.stat().st_size)
+        if shutil.disk_usage(work).free < needed:
+            raise SystemExit(f"{work} needs about {needed >> 30} GiB free for the extracted trees")
         print(f"archive: {archive.stat().st_size / 1e6:.1f} MB compressed, {args.size} MB uncompressed, "
-              f"{args.files} files; {os.cpu_count()} cores", file=sys.stderr)
-        httpd, base = serve(work)
+              f"{args.files} files; {os.cpu_count()} cores; load average {_load()}; served at "
+              f"{f'{args.rate:g} MB/s' if args.rate else 'loopback speed'}", file=sys.stderr)
+        httpd, base = serve(work, args.rate)
         url = f"{base}/{VERSION}/v{VERSION}.zip"
-        reference = None if args.no_reference else fetch_reference(work)
+        want_reference = not args.no_reference and (not args.only or "reference" in args.only)
+        reference = fetch_reference(work) if want_reference else None
+        runs = work / "runs"
+        runs.mkdir()
 
-        def run_qnnctl(i: int) -> tuple[float, int]:
-            env = dict(os.environ, QNNCTL_CACHE_DIR=str(work / f"cache-{i}"), QNNCTL_MIRROR=base)
-            env.pop("QNN_SDK_ROOT", None)
-            result = timed([*qnnctl, "-q", "install", VERSION], env)
-            shutil.rmtree(work / f"cache-{i}")
-            return result
+        def run_qnnctl(i: int) -> Run:
+            cache = runs / f"cache-{i}"
+            return timed([*qnnctl, "-q", "install", VERSION],
+                         child_env(QNNCTL_CACHE_DIR=str(cache), QNNCTL_MIRROR=base))
 
-        def run_curl(i: int) -> tuple[float, int]:
-            out = work / f"curl-{i}"
+        def run_curl(i: int) -> Run:
+            out = runs / f"curl-{i}"
             out.mkdir()
             zip_path = out / "a.zip"
-            result = timed(["bash", "-c", f'curl -sSfo "{zip_path}" "{url}" && unzip -q "{zip_path}" -d "{out}/x"'])
-            shutil.rmtree(out)
-            return result
+            return timed(["bash", "-c", f'curl -sSfo "{zip_path}" "{url}" && unzip -q "{zip_path}" -d "{out}/x"'])
 
-        def run_reference(i: int) -> tuple[float, int]:
-            dest = work / f"ref-{i}"
-            result = timed([sys.executable, "-c", REFERENCE_RUNNER, str(reference), VERSION, url, str(dest)])
-            shutil.rmtree(dest)
-            return result
+        def run_reference(i: int) -> Run:
+            dest = runs / f"ref-{i}"
+            return timed([sys.executable, "-c", REFERENCE_RUNNER, str(reference), VERSION, url, str(dest)],
+                         child_env())
 
-        contenders: dict[str, Callable[[int], tuple[float, int]]] = {
-            "qnnctl install": run_qnnctl,
-            "curl + unzip": run_curl,
-        }
+        contenders: dict[str, Callable[[int], Run]] = {}
+        if not args.only or "qnnctl" in args.only:
+            contenders["qnnctl install"] = run_qnnctl
+        if not args.only or "curl" in args.only:
+            contenders["curl + unzip"] = run_curl
         if reference is not None:
             contenders["reference"] = run_reference
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        rss: dict[str, int] = dict.fromkeys(contenders, 0)
-        for i in range(args.rounds):
-            for name, run in contenders.items():
-                elapsed, peak = run(i)
-                times[name].append(elapsed)
-                rss[name] = max(rss[name], peak)
-                print(f"round {i + 1}: {name}: {elapsed:.2f}s, peak RSS {peak / 1024:.0f} MB", file=sys.stderr)
+        results: dict[str, list[Run]] = {name: [] for name in contenders}
+        names = list(contenders)
+        for i in range(args.warmup + args.rounds):
+            counted = i >= args.warmup
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                result = contenders[name](i)
+                if counted:
+                    results[name].append(result)
+                label = f"round {i - args.warmup + 1}" if counted else "warm-up"
+                print(f"{label}: {name}: {result.wall:.2f}s wall, {result.cpu:.2f}s CPU, "
+                      f"peak RSS {result.maxrss / 1024:.0f} MB", file=sys.stderr)
 
-        # Cache hit against `qnnctl --version`, interleaved.
-        hit_env = dict(os.environ, QNNCTL_CACHE_DIR=str(work / "hit"), QNNCTL_MIRROR=base)
-        hit_env.pop("QNN_SDK_ROOT", None)
-        timed([*qnnctl, "-q", "install", VERSION], hit_env)
         hit: list[float] = []
         version: list[float] = []
-        for _ in range(args.hit_runs):
-            hit.append(timed([*qnnctl, "-q", "install", VERSION], hit_env)[0])
-            version.append(timed([*qnnctl, "--version"])[0])
+        if "qnnctl install" in contenders and args.hit_runs:
+            # Cache hit against `qnnctl --version`, interleaved, the order alternating.
+            hit_env = child_env(QNNCTL_CACHE_DIR=str(runs / "cache-0"), QNNCTL_MIRROR=base)
+            hit_cmd = [*qnnctl, "-q", "install", VERSION]
+            for _ in range(3):
+                timed(hit_cmd, hit_env)
+                timed([*qnnctl, "--version"], child_env())
+            for i in range(args.hit_runs):
+                pair = [(hit, hit_cmd, hit_env), (version, [*qnnctl, "--version"], child_env())]
+                for into, cmd, env in pair if i % 2 == 0 else pair[::-1]:
+                    into.append(timed(cmd, env).wall)
         httpd.shutdown()
         _launcher.close()
+        load_after = _load()
 
-    med = {name: statistics.median(values) for name, values in times.items()}
-    print(f"\n{'':18}{'median':>10}{'peak RSS':>12}")
+    def med(name: str, field: str) -> float:
+        return float(statistics.median(getattr(r, field) for r in results[name]))
+
+    print(f"\n{compressed / 1e6:.0f} MB archive, {args.size} MB in {args.files} files, served at "
+          f"{f'{args.rate:g} MB/s' if args.rate else 'loopback speed'}; {os.cpu_count()} cores; "
+          f"load average at the end {load_after}")
+    print(f"{'':18}{'median wall':>12}{'median CPU':>12}{'peak RSS':>10}")
     for name in contenders:
-        print(f"{name:18}{med[name]:>9.2f}s{rss[name] / 1024:>9.0f} MB")
-    ours = med["qnnctl install"]
-    print(f"\nqnnctl / (curl + unzip) = {ours / med['curl + unzip']:.2f}   (target <= 0.7)")
-    if "reference" in med:
-        print(f"qnnctl / reference      = {ours / med['reference']:.2f}   (target <= 0.7)")
-    print(f"cache hit: {statistics.median(hit) * 1000:.0f} ms vs qnnctl --version "
-          f"{statistics.median(version) * 1000:.0f} ms: ratio {statistics.median(hit) / statistics.median(version):.2f}"
-          "   (target <= 1.3)")
+        peak = max(r.maxrss for r in results[name])
+        print(f"{name:18}{med(name, 'wall'):>11.2f}s{med(name, 'cpu'):>11.2f}s{peak / 1024:>7.0f} MB")
+    if "qnnctl install" in contenders:
+        ours = med("qnnctl install", "wall")
+        if "curl + unzip" in contenders:
+            print(f"\nqnnctl / (curl + unzip) = {ours / med('curl + unzip', 'wall'):.2f}   (target <= 0.7)")
+        if "reference" in contenders:
+            print(f"qnnctl / reference      = {ours / med('reference', 'wall'):.2f}   (target <= 0.7)")
+    if hit:
+        print(f"cache hit: {statistics.median(hit) * 1000:.0f} ms vs qnnctl --version "
+              f"{statistics.median(version) * 1000:.0f} ms: ratio "
+              f"{statistics.median(hit) / statistics.median(version):.2f}   (target <= 1.3)")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

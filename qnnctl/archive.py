@@ -1,10 +1,12 @@
 """Safe extraction of SDK archives (zip, tar.gz, tar.xz, tar.bz2, tar).
 
-Members are streamed to disk one at a time. Nothing is written outside the extraction
-folder: absolute names, `..` components, device files and links that point outside the
-SDK are refused. Symlinks and hard links are created only after every regular file is
-written, so no file is ever written through a link, and the final tree is checked once
-more so that no combination of links can reach outside.
+Members are streamed to disk block by block, each file hashed in the same pass that writes
+it; a zip's members are written by a few threads at once, and `ZipStream` starts on them
+while the archive is still downloading. Nothing is written outside the extraction folder:
+absolute names, `..` components, device files and links that point outside the SDK are
+refused. Symlinks and hard links are created only after every regular file is written, so
+no file is ever written through a link, and the final tree is checked once more so that no
+combination of links can reach outside.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ import lzma
 import os
 import shutil
 import stat
+import struct
 import tarfile
+import threading
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Any, Protocol, TypeVar
 
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.sdk import HOST_LIB_DIR
@@ -35,6 +39,13 @@ log = logging.getLogger("qnnctl.archive")
 COPY_BUFFER = 1 << 20
 SPACE_MARGIN = 64 << 20
 MAX_LINK_TARGET = 4096  # PATH_MAX: a longer symlink target is not a path
+MIN_THREADS = 2
+MAX_THREADS = 8
+# Below this, a download is over before extracting alongside it could gain anything.
+STREAM_MIN = 16 << 20
+# Never through a link, never over an existing file.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_T = TypeVar("_T")
 _CORRUPT = (zipfile.BadZipFile, tarfile.TarError, EOFError, lzma.LZMAError, zlib.error,
             gzip.BadGzipFile)
 _LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
@@ -81,7 +92,8 @@ def _member_path(name: str) -> PurePosixPath:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise _unsafe(f"member path {name!r} leaves the archive")
-    return PurePosixPath(*parts) if parts else PurePosixPath()
+    # One string to parse rather than one per part: this runs for every member.
+    return PurePosixPath("/".join(parts)) if parts else PurePosixPath()
 
 
 def _sdk_top(names: list[PurePosixPath]) -> PurePosixPath:
@@ -106,47 +118,157 @@ def _within(path: PurePosixPath, top: PurePosixPath) -> bool:
     return path == top or top in path.parents or top == PurePosixPath()
 
 
+class _Source(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+
 class _Writer:
-    """Writes members under `work`, hashing files that land inside the SDK folder."""
+    """Writes members under `work` and records the sha256 of each file it writes.
+
+    Folders are made before the files in them, and links only after every file, so while
+    files are written the tree holds nothing but folders and regular files: no file can be
+    written through a link, and `write()` can run in several threads at once.
+    """
 
     def __init__(self, work: Path) -> None:
         self.work = work
         self.digests: dict[PurePosixPath, str] = {}
         self.size = 0
         self.dir_modes: dict[PurePosixPath, int] = {}
+        self._made: set[PurePosixPath] = {PurePosixPath()}
 
     def directory(self, name: PurePosixPath, mode: int | None) -> None:
-        (self.work / name).mkdir(parents=True, exist_ok=True)
+        self.folder(name)
         if mode is not None:
             self.dir_modes[name] = mode
 
+    def folder(self, name: PurePosixPath) -> None:
+        """Make the folder `name` and its parents, once: made folders are remembered."""
+        if name in self._made:
+            return
+        os.makedirs(self.work / name, exist_ok=True)
+        self._made.add(name)
+        self._made.update(name.parents)
+
     def file(self, name: PurePosixPath, source: IO[bytes], mode: int) -> None:
-        target = self.work / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink() or target.exists():
-            target.unlink()
+        self.folder(name.parent)
+        self.record(name, *self.write(name, source, mode))
+
+    def write(self, name: PurePosixPath, source: _Source, mode: int,
+              stop: threading.Event | None = None) -> tuple[str, int]:
+        """Write one file into its (existing) folder; return its sha256 and size."""
+        path = os.path.join(self.work, name)
+        try:
+            fd = os.open(path, _CREATE, 0o600)
+        except FileExistsError:
+            # The same name earlier in the archive: the last one wins, as with tar and unzip.
+            # A folder of that name fails here (IsADirectoryError): the archive is malformed.
+            os.unlink(path)
+            fd = os.open(path, _CREATE, 0o600)
         digest = hashlib.sha256()
         size = 0
-        with open(target, "wb") as out:
+        try:
+            # One pass: each block is hashed and written while it is in memory.
             while block := source.read(COPY_BUFFER):
+                if stop is not None and stop.is_set():
+                    raise _Stopped
                 digest.update(block)
-                out.write(block)
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(fd, view):]
                 size += len(block)
-        os.chmod(target, mode & 0o777)
-        self.digests[name] = digest.hexdigest()
+            os.fchmod(fd, mode & 0o777)
+        finally:
+            os.close(fd)
+        return digest.hexdigest(), size
+
+    def record(self, name: PurePosixPath, digest: str, size: int) -> None:
+        self.digests[name] = digest
         self.size += size
 
 
-def extract(archive: Path, work: Path) -> Extracted:
-    """Extract `archive` into the empty folder `work` and find the SDK inside it."""
+class _Stopped(Exception):
+    """Another extraction thread failed, so this one stops early."""
+
+
+def extraction_threads() -> int:
+    """How many threads write files: zlib, sha256 and file writes release the GIL, and
+    creating many small files is mostly kernel time, which runs on every core."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(MIN_THREADS, min(cores, MAX_THREADS))
+
+
+def in_threads(jobs: Iterable[_T], run: Callable[[_T, threading.Event], None], threads: int,
+               stop: threading.Event | None = None) -> None:
+    """Call `run(job, stop)` for each job in `threads` threads, this one included.
+
+    The first failure sets `stop` and is raised here once every thread has finished: when
+    this returns or raises, nothing is being written any more. Jobs are taken one at a time
+    under a lock, so `jobs` may be a generator that waits for its next job.
+    """
+    pending = iter(jobs)
+    take = threading.Lock()
+    stop = stop or threading.Event()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            while not stop.is_set():
+                with take:
+                    job = next(pending, None)
+                if job is None:
+                    return
+                run(job, stop)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # raised again in the calling thread
+            errors.append(exc)
+            stop.set()
+
+    helpers = [threading.Thread(target=worker, name=f"qnnctl-extract-{i}", daemon=True)
+               for i in range(threads - 1)]
+    for helper in helpers:
+        helper.start()
+    worker()
+    interrupted: BaseException | None = None
+    for helper in helpers:
+        while helper.is_alive():
+            try:
+                helper.join()
+            except BaseException as exc:  # Ctrl-C while waiting: stop the others, still wait
+                interrupted = interrupted or exc
+                stop.set()
+    if interrupted is not None:
+        raise interrupted
+    if errors:
+        raise errors[0]
+
+
+def extract(archive: Path, work: Path, streamed: Streamed | None = None) -> Extracted:
+    """Extract `archive` into the empty folder `work` and find the SDK inside it.
+
+    `streamed` is what a `ZipStream` already wrote into `work` while the archive downloaded;
+    what agrees with the central directory is kept, the rest is written now.
+    """
     work.mkdir(parents=True, exist_ok=True)
     kind = archive_kind(archive)
     writer = _Writer(work)
     try:
-        if kind == "zip":
-            names, links = _extract_zip(archive, writer)
-        else:
-            names, links = _extract_tar(archive, writer)
+        try:
+            if kind == "zip":
+                names, links = _extract_zip(archive, writer, streamed)
+            else:
+                names, links = _extract_tar(archive, writer)
+        except _Redo as redo:
+            # Anything unexpected in what was streamed: start again, with the one careful path.
+            log.debug("extracting %s again: %s", archive.name, redo)
+            shutil.rmtree(work)
+            work.mkdir()
+            writer = _Writer(work)
+            names, links = _extract_zip(archive, writer, None)
         top = _sdk_top(names)
         _make_links(links, top, writer)
     except _CORRUPT as exc:
@@ -167,10 +289,11 @@ def extract(archive: Path, work: Path) -> Extracted:
         raise
     _apply_dir_modes(writer)
     root = work / top
+    prefix = f"{top}/" if top.parts else ""
     files = {
-        str(name.relative_to(top)): digest
+        str(name)[len(prefix):]: digest
         for name, digest in writer.digests.items()
-        if _within(name, top)
+        if str(name).startswith(prefix)
     }
     version = version_in(top.name) if top.parts else None
     return Extracted(root=root, top=str(top), version=version, files=files, size=writer.size)
@@ -182,13 +305,19 @@ def _check_space(work: Path, needed: int) -> None:
         raise DiskSpaceError(str(work), needed + SPACE_MARGIN, free, "extract the archive")
 
 
-def _extract_zip(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], list[_Link]]:
+class _Redo(Exception):
+    """What was streamed does not match the central directory."""
+
+
+def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
+                 ) -> tuple[list[PurePosixPath], list[_Link]]:
     names: list[PurePosixPath] = []
     links: list[_Link] = []
+    folders: list[tuple[PurePosixPath, int | None]] = []
+    files: dict[PurePosixPath, tuple[zipfile.ZipInfo, int]] = {}
     with zipfile.ZipFile(archive) as zf:
-        infos = zf.infolist()
-        _check_space(writer.work, sum(info.file_size for info in infos))
-        for info in infos:
+        # Every member is checked before anything is written.
+        for info in zf.infolist():
             name = _member_path(info.filename)
             if not name.parts:
                 continue
@@ -196,19 +325,430 @@ def _extract_zip(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], l
             unix_mode = info.external_attr >> 16 if info.create_system == 3 else 0
             kind = stat.S_IFMT(unix_mode)
             if info.is_dir() or kind == stat.S_IFDIR:
-                writer.directory(name, stat.S_IMODE(unix_mode) or None)
+                folders.append((name, stat.S_IMODE(unix_mode) or None))
+                _take(streamed, name, info, folder=True)
             elif kind == stat.S_IFLNK:
                 with zf.open(info) as source:
                     raw = source.read(MAX_LINK_TARGET + 1)
                 if len(raw) > MAX_LINK_TARGET:
                     raise _unsafe(f"symlink {info.filename!r} has a target longer than {MAX_LINK_TARGET} bytes")
                 links.append(_Link(name, raw.decode("utf-8", errors="surrogateescape"), hard=False))
+                # Streamed as a file holding the target: the link replaces it at the end.
+                _take(streamed, name, info, folder=False)
             elif kind in (0, stat.S_IFREG):
-                with zf.open(info) as source:
-                    writer.file(name, source, stat.S_IMODE(unix_mode) or 0o644)
+                # A name given twice is written once, from its last member (as unzip does).
+                files.pop(name, None)
+                files[name] = (info, stat.S_IMODE(unix_mode) or 0o644)
             else:
                 raise _unsafe(f"{info.filename!r} is a device or special file")
+        done: dict[PurePosixPath, tuple[str, int]] = {}
+        for name, (info, _) in files.items():
+            written = _take(streamed, name, info, folder=False)
+            if written is not None:
+                done[name] = written
+        if streamed is not None:
+            if streamed.members:
+                raise _Redo(f"{len(streamed.members)} streamed members are not in the central directory")
+            # Streaming made real folders where a link may lead elsewhere: leave that case
+            # to the careful path, which makes links only at the end.
+            linked = tuple(f"{link.name}/" for link in links)
+            if linked and any(str(name).startswith(linked) for name in names):
+                raise _Redo("a link stands for a folder of other members")
+        if done:
+            log.debug("%d of %d files were extracted while downloading", len(done), len(files))
+        _check_space(writer.work, sum(info.file_size for name, (info, _) in files.items() if name not in done))
+        for name, mode in folders:
+            writer.directory(name, mode)
+        for name, (_, mode) in files.items():
+            if name in done:
+                # Streamed files have the usual mode; the directory holds the real one.
+                if mode & 0o777 != _STREAMED_MODE:
+                    os.chmod(os.path.join(writer.work, name), mode & 0o777)
+                writer.record(name, *done[name])
+            else:
+                writer.folder(name.parent)
+        results: dict[PurePosixPath, tuple[str, int]] = {}
+
+        fd = zf.fp.fileno() if zf.fp is not None else -1
+
+        def write(name: PurePosixPath, stop: threading.Event) -> None:
+            info, mode = files[name]
+            # Threads share the open file: they read it with pread(), which has no position.
+            data = _member_data(fd, info)
+            if data is None:
+                with zf.open(info) as source:
+                    results[name] = writer.write(name, source, mode, stop)
+                return
+            results[name] = writer.write(name, data, mode, stop)
+            data.verify()
+
+        # Largest first, so that no thread is left alone with a big file at the end.
+        order = sorted((n for n in files if n not in done), key=lambda n: files[n][0].compress_size,
+                       reverse=True)
+        in_threads(order, write, extraction_threads())
+        for name in files:
+            if name not in done:
+                writer.record(name, *results[name])
     return names, links
+
+
+def _take(streamed: Streamed | None, name: PurePosixPath, info: zipfile.ZipInfo, folder: bool
+          ) -> tuple[str, int] | None:
+    """The digest and size of `info` if it was streamed exactly as the directory describes it."""
+    if streamed is None:
+        return None
+    member = streamed.members.pop(name, None)
+    if member is None:
+        return None
+    local, written = member
+    if (local.offset, local.filename, local.crc, local.csize, local.usize, local.method) != (
+        info.header_offset, info.filename, info.CRC, info.compress_size, info.file_size, info.compress_type
+    ) or (written is None) != folder:
+        raise _Redo(f"{info.filename!r} differs between its local header and the central directory")
+    return written
+
+
+# -- extracting a zip while it downloads ----------------------------------------------------
+
+_LOCAL = struct.Struct("<4s5H3L2H")  # a zip local file header, up to the name
+_LOCAL_SIG = b"PK\x03\x04"
+_STREAMED_MODE = 0o644  # the mode of most files; only the central directory tells
+_ZIP64_EXTRA = 0x0001
+_ENCRYPTED_FLAG = 0x01
+_DESCRIPTOR_FLAG = 0x08  # sizes follow the data: where the data ends is not known
+_PATCHED_FLAG = 0x20
+_UTF8_FLAG = 0x800
+
+
+@dataclass(frozen=True)
+class _Local:
+    """A zip member as its local header describes it."""
+
+    offset: int
+    filename: str  # as zipfile names it
+    name: PurePosixPath
+    crc: int
+    csize: int
+    usize: int
+    method: int
+    header: int  # bytes from `offset` to the data: the fixed part, the name, the extra field
+
+    @property
+    def data(self) -> int:
+        return self.offset + self.header
+
+
+@dataclass
+class Streamed:
+    """What a ZipStream wrote: each member's local header, with its sha256 and size (None
+    for a folder)."""
+
+    members: dict[PurePosixPath, tuple[_Local, tuple[str, int] | None]]
+
+
+class ZipStream:
+    """Extracts a zip archive's members from their local headers while it downloads.
+
+    The downloader calls `begin()` and `extend()` as bytes reach the partial file; threads
+    read the new bytes from that file, parse the local headers in order and write each
+    member's file into `work` under the same rules as `extract()`, with mode 0644 (the real
+    mode is only in the central directory, at the end). They stop at anything unusual (an
+    unsafe name, sizes that follow the data, an unknown method): `extract()` writes the rest.
+    `close()` waits for them and returns what they wrote, or None when nothing can be trusted
+    (the download started over, or anything failed). `extract()`, given the complete archive
+    once its sha256 is known, checks each streamed member against the central directory; if
+    any disagrees, the whole extraction is done again without them.
+    """
+
+    def __init__(self, work: Path, threads: int | None = None, min_size: int | None = None) -> None:
+        self.work = work
+        self.threads = threads or extraction_threads()
+        self.min_size = STREAM_MIN if min_size is None else min_size
+        self._writer = _Writer(work)
+        self._members: dict[PurePosixPath, tuple[_Local, tuple[str, int] | None]] = {}
+        self._changed = threading.Condition()
+        self._part: Path | None = None
+        self._fd: int | None = None
+        self._size = 0  # bytes of the partial file known to be written
+        self._ended = False  # no more bytes will come
+        self._stop = threading.Event()
+        self._failed: str | None = None
+        self._budget = 0  # bytes the streamed files may take on disk
+        self._thread: threading.Thread | None = None
+
+    # -- called by the downloader ------------------------------------------------------
+
+    def begin(self, part: Path, offset: int, total: int | None) -> None:
+        """`part` holds `offset` good bytes and is about to be written from there on."""
+        with self._changed:
+            if self._failed is not None:
+                return
+            if self._thread is None:
+                if total is None or total < self.min_size:
+                    self._failed = "not streamed"
+                    return
+                self.work.mkdir(parents=True, exist_ok=True)
+                free = shutil.disk_usage(self.work).free
+                self._budget = free - (total - offset) - SPACE_MARGIN
+                self._thread = threading.Thread(target=self._run, name="qnnctl-stream", daemon=True)
+                self._thread.start()
+            elif offset < self._size or not self._same_file(part):
+                # The download starts over: bytes already read may change under us.
+                self._fail("the download started over")
+                return
+            self._part = part
+            self._open()
+            self._size = offset
+            self._changed.notify_all()
+
+    def extend(self, size: int) -> None:
+        """The first `size` bytes of the partial file are written."""
+        with self._changed:
+            if self._failed is not None:
+                return
+            self._open()
+            self._size = size
+            self._changed.notify_all()
+
+    # -- called by the installer -------------------------------------------------------
+
+    def close(self, abandon: bool = False) -> Streamed | None:
+        """Wait for the threads (stopping them when `abandon`), and return what they wrote.
+
+        None means nothing: what the threads wrote is removed, and `work` is gone.
+        """
+        with self._changed:
+            self._ended = True
+            if abandon:
+                self._fail("abandoned")
+            self._changed.notify_all()
+        if self._thread is None:
+            return None
+        try:
+            while self._thread.is_alive():
+                try:
+                    self._thread.join()
+                except BaseException:  # Ctrl-C: stop the threads, still wait for them
+                    self._fail("interrupted")
+                    self._thread.join()
+                    raise
+        finally:
+            with self._changed:
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+        if self._failed is not None:
+            log.debug("nothing kept from extracting while downloading: %s", self._failed)
+            shutil.rmtree(self.work, ignore_errors=True)
+            return None
+        return Streamed(dict(self._members))
+
+    # -- the threads -------------------------------------------------------------------
+
+    def _fail(self, why: str) -> None:
+        with self._changed:
+            if self._failed is None:
+                self._failed = why
+            self._stop.set()
+            self._changed.notify_all()
+
+    def _open(self) -> None:
+        # One descriptor for the whole download: it is never swapped under a reading thread.
+        if self._fd is None and self._part is not None and self._part.exists():
+            self._fd = os.open(self._part, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _same_file(self, part: Path) -> bool:
+        """Whether `part` is still the file being read (not one made after a restart)."""
+        if self._fd is None:
+            return True
+        try:
+            now = os.stat(part)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self._fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+    def _read(self, offset: int, size: int) -> bytes:
+        """`size` bytes at `offset`, once they are written; _Stopped if they never will be."""
+        with self._changed:
+            while self._size < offset + size and not self._ended and not self._stop.is_set():
+                self._changed.wait()
+            if self._stop.is_set() or self._size < offset + size or self._fd is None:
+                raise _Stopped
+            fd = self._fd
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise _Stopped
+        return data
+
+    def _run(self) -> None:
+        try:
+            in_threads(self._headers(), self._write, self.threads, self._stop)
+        except _Stopped:
+            pass
+        except Exception as exc:  # anything at all: extract() does it the careful way
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _headers(self) -> Iterator[_Local]:
+        """The members, in archive order, as their local headers arrive; creates folders."""
+        offset = 0
+        used = 0
+        seen: set[PurePosixPath] = set()
+        while True:
+            head = self._read(offset, _LOCAL.size)
+            (signature, _, flags, method, _, _, crc, csize, usize, name_len,
+             extra_len) = _LOCAL.unpack(head)
+            if signature != _LOCAL_SIG:
+                return  # the central directory (or not a zip): the rest is extract()'s
+            if flags & (_ENCRYPTED_FLAG | _PATCHED_FLAG | _DESCRIPTOR_FLAG) or method not in (
+                zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED
+            ):
+                return  # encrypted, sizes unknown, or unusual: extract() writes the rest
+            tail = self._read(offset + _LOCAL.size, name_len + extra_len)
+            raw_name, extra = tail[:name_len], tail[name_len:]
+            if 0xFFFFFFFF in (csize, usize):
+                usize, csize = _zip64_sizes(extra, usize, csize)
+            # Decoded and cut as zipfile does, so that the names compare.
+            filename = raw_name.decode("utf-8" if flags & _UTF8_FLAG else "cp437")
+            filename = filename.split("\x00", 1)[0]
+            try:
+                name = _member_path(filename)
+            except IntegrityError:
+                return  # extract() refuses the archive, with the proper message
+            if not name.parts or name in seen:
+                return
+            seen.add(name)
+            used += usize
+            if used > self._budget:
+                return  # extract() checks the space needed for the rest
+            local = _Local(offset, filename, name, crc, csize, usize, method,
+                           _LOCAL.size + name_len + extra_len)
+            offset = local.data + csize
+            if filename.endswith("/"):
+                self._writer.folder(name)
+                self._members[name] = (local, None)
+                continue
+            self._writer.folder(name.parent)
+            yield local
+
+    def _write(self, local: _Local, stop: threading.Event) -> None:
+        source = _MemberData(self._read, local.data, local.csize, local.usize, local.crc, local.method,
+                             local.filename)
+        digest, size = self._writer.write(local.name, source, _STREAMED_MODE, stop)
+        source.verify()
+        self._members[local.name] = (local, (digest, size))
+
+
+class _MemberData:
+    """A stored or deflated zip member's data, inflated block by block from `read_at`, and
+    checked at the end against the size and CRC the archive gives for it."""
+
+    def __init__(self, read_at: Callable[[int, int], bytes], start: int, csize: int, usize: int,
+                 crc: int, method: int, filename: str) -> None:
+        self.read_at = read_at
+        self.position = start
+        self.left = csize
+        self.usize = usize
+        self.expected_crc = crc
+        self.filename = filename
+        self.zlib = _zlib()
+        self.inflate = self.zlib.decompressobj(-zlib.MAX_WBITS) if method == zipfile.ZIP_DEFLATED else None
+        self.pending = b""
+        self.crc = 0
+        self.size = 0
+
+    def read(self, size: int) -> bytes:
+        while True:
+            block = self._next(size)
+            if block or not (self.left or self.pending):
+                break
+        self.crc = self.zlib.crc32(block, self.crc)
+        self.size += len(block)
+        if self.size > self.usize:
+            raise zipfile.BadZipFile(f"{self.filename!r} is longer than the archive says")
+        return block
+
+    def _next(self, size: int) -> bytes:
+        if self.inflate is None:
+            if not self.left:
+                return b""
+            block = self.read_at(self.position, min(size, self.left))
+            self.position += len(block)
+            self.left -= len(block)
+            return block
+        if not self.pending:
+            if not self.left:
+                return bytes(self.inflate.flush())
+            self.pending = self.read_at(self.position, min(size, self.left))
+            self.position += len(self.pending)
+            self.left -= len(self.pending)
+        # Never more than `size` bytes out at once, whatever the input expands to.
+        block = bytes(self.inflate.decompress(self.pending, size))
+        self.pending = self.inflate.unconsumed_tail
+        return block
+
+    def verify(self) -> None:
+        if self.inflate is not None and not self.inflate.eof:
+            raise zipfile.BadZipFile(f"{self.filename!r} ends early")
+        if self.size != self.usize or self.crc != self.expected_crc:
+            raise zipfile.BadZipFile(f"Bad CRC-32 or size for {self.filename!r}")
+
+
+_ZLIB: list[Any] = []
+
+
+def _zlib() -> Any:
+    """zlib-ng when it is installed (it inflates about twice as fast), else zlib."""
+    if not _ZLIB:
+        import importlib
+
+        try:
+            _ZLIB.append(importlib.import_module("zlib_ng.zlib_ng"))
+        except ImportError:
+            _ZLIB.append(zlib)
+    return _ZLIB[0]
+
+
+def _member_data(fd: int, info: zipfile.ZipInfo) -> _MemberData | None:
+    """A reader for a stored or deflated member of the zip open as `fd`, after the checks
+    zipfile makes on its local header; None for other methods, which zipfile reads."""
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        return None
+
+    def read_at(offset: int, size: int) -> bytes:
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise zipfile.BadZipFile(f"{info.filename!r} is cut short")
+        return data
+
+    (signature, _, flags, _, _, _, _, _, _, name_len, extra_len) = _LOCAL.unpack(
+        read_at(info.header_offset, _LOCAL.size)
+    )
+    if signature != _LOCAL_SIG:
+        raise zipfile.BadZipFile(f"bad local header for {info.filename!r}")
+    if flags & (_ENCRYPTED_FLAG | _PATCHED_FLAG):
+        raise zipfile.BadZipFile(f"{info.filename!r} is encrypted or patched data")
+    raw = read_at(info.header_offset + _LOCAL.size, name_len)
+    if raw.decode("utf-8" if flags & _UTF8_FLAG else "cp437") != info.orig_filename:
+        raise zipfile.BadZipFile(f"{info.filename!r} has another name in its local header")
+    start = info.header_offset + _LOCAL.size + name_len + extra_len
+    return _MemberData(read_at, start, info.compress_size, info.file_size, info.CRC,
+                       info.compress_type, info.filename)
+
+
+def _zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int]:
+    """The sizes a zip64 extra field holds for the fields set to 0xFFFFFFFF."""
+    while len(extra) >= 4:
+        kind, length = struct.unpack("<HH", extra[:4])
+        if kind == _ZIP64_EXTRA:
+            values = list(struct.unpack(f"<{length // 8}Q", extra[4 : 4 + length - length % 8]))
+            if usize == 0xFFFFFFFF and values:
+                usize = values.pop(0)
+            if csize == 0xFFFFFFFF and values:
+                csize = values.pop(0)
+            break
+        extra = extra[4 + length:]
+    return usize, csize
 
 
 def _extract_tar(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], list[_Link]]:

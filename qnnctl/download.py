@@ -63,6 +63,17 @@ class Fetched:
     size: int
 
 
+class Sink(Protocol):
+    """Reads the partial file while it downloads (an archive extracted as it arrives)."""
+
+    def begin(self, part: Path, offset: int, total: int | None) -> None:
+        """`part` holds `offset` good bytes and is about to be written from there on; called
+        before the file is truncated when the download starts over."""
+
+    def extend(self, size: int) -> None:
+        """The first `size` bytes of `part` are written."""
+
+
 class Progress(Protocol):
     def update(self, n: int) -> None: ...
 
@@ -185,12 +196,16 @@ class Downloader:
         self.sleep = sleep
         self.backoff_base = backoff_base
 
-    def fetch(self, urls: Sequence[str], name: str, expected_sha256: str | None = None) -> Fetched:
-        """Download the first of `urls` that exists; the result is complete and hashed."""
+    def fetch(self, urls: Sequence[str], name: str, expected_sha256: str | None = None,
+              sink: Sink | None = None) -> Fetched:
+        """Download the first of `urls` that exists; the result is complete and hashed.
+
+        `sink` is told about every byte written, as soon as it is in the partial file.
+        """
         last_missing = ""
         for url in urls:
             try:
-                return self._fetch(url, name, expected_sha256)
+                return self._fetch(url, name, expected_sha256, sink)
             except _NotFound:
                 last_missing = url
                 log.info("not found at %s", url)
@@ -217,7 +232,7 @@ class Downloader:
 
         write_json_atomic(meta_path, data)
 
-    def _fetch(self, url: str, name: str, expected_sha256: str | None) -> Fetched:
+    def _fetch(self, url: str, name: str, expected_sha256: str | None, sink: Sink | None) -> Fetched:
         self.folder.mkdir(parents=True, exist_ok=True)
         final, part, meta_path = self._paths(name)
         meta = self._read_meta(meta_path)
@@ -240,7 +255,7 @@ class Downloader:
             total_attempts += 1
             before = part.stat().st_size if part.exists() else 0
             try:
-                digest, size = self._attempt(url, part, meta, meta_path)
+                digest, size = self._attempt(url, part, meta, meta_path, sink)
             except _Retry as retry:
                 after = part.stat().st_size if part.exists() else 0
                 no_progress = 0 if after > before else no_progress + 1
@@ -276,7 +291,8 @@ class Downloader:
             )
         return Fetched(final, url, digest, final.stat().st_size)
 
-    def _attempt(self, url: str, part: Path, meta: dict[str, Any], meta_path: Path) -> tuple[str, int]:
+    def _attempt(self, url: str, part: Path, meta: dict[str, Any], meta_path: Path,
+                 sink: Sink | None) -> tuple[str, int]:
         """One request; returns (sha256, size) of the complete file or raises _Retry."""
         import requests
 
@@ -351,8 +367,11 @@ class Downloader:
                     while block := existing.read(CHUNK):
                         digest.update(block)
             total = meta["total"]
+            if sink is not None:
+                sink.begin(part, offset, total)
             bar = self.progress(part.name.removesuffix(".part"), total, offset)
             received = 0
+            announced = 0
             try:
                 with open(part, mode, buffering=CHUNK) as out:
                     first = True
@@ -368,6 +387,10 @@ class Downloader:
                         digest.update(block)
                         received += len(block)
                         bar.update(len(block))
+                        if sink is not None and received - announced >= CHUNK:
+                            out.flush()
+                            announced = received
+                            sink.extend(offset + received)
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 raise _Retry(f"connection lost after {_human(offset + received)}: {_short(exc)}") from None
             except DownloadError:
@@ -383,6 +406,8 @@ class Downloader:
             finally:
                 bar.close()
             size = offset + received
+            if sink is not None:
+                sink.extend(size)
             if total is not None and size != total:
                 raise _Retry(f"the body ended early at {_human(size)} of {_human(total)}")
             return digest.hexdigest(), size

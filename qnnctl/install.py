@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
@@ -35,13 +34,17 @@ from qnnctl.versions import (
     version_in,
 )
 
+if TYPE_CHECKING:
+    from qnnctl.archive import Streamed
+
 log = logging.getLogger("qnnctl.install")
 
 LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
 
 
-@dataclass(frozen=True)
-class InstallRequest:
+# NamedTuples rather than frozen dataclasses: a cache hit imports this module, and each
+# frozen dataclass costs about a millisecond to build.
+class InstallRequest(NamedTuple):
     spec: str | None = None  # VERSION (or prefix) as given
     url: str | None = None
     file: Path | None = None
@@ -49,8 +52,7 @@ class InstallRequest:
     force: bool = False
 
 
-@dataclass(frozen=True)
-class InstallResult:
+class InstallResult(NamedTuple):
     """The SDK in use, or None when the caller manages it (empty QNN_SDK_ROOT)."""
 
     sdk: Sdk | None
@@ -142,24 +144,34 @@ def install(
                 log.info("another qnnctl installed %s meanwhile", version)
                 return InstallResult(found_sdk, "reused", selection)
         _remove_stale_work(cache, version)
+        from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
 
         downloader = Downloader(
             make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
         )
         log.info("downloading SDK %s from %s", version, urls[0])
-        fetched = downloader.fetch(urls, name, sha256)
-        leftovers = (fetched.path, cache.downloads / f"{name}.json")
-        try:
-            sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
-                         request.force)
-        except IntegrityError:
-            # Bytes that are no good SDK archive must not be reused as a finished download.
+        with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
+            # A zip's members are extracted from the partial file while the rest arrives;
+            # the archive's digest and its central directory are still checked before use.
+            stream = ZipStream(work / "x")
+            try:
+                fetched = downloader.fetch(urls, name, sha256, sink=stream)
+            except BaseException:
+                stream.close(abandon=True)
+                raise
+            streamed = stream.close()
+            leftovers = (fetched.path, cache.downloads / f"{name}.json")
+            try:
+                sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
+                             request.force, work, streamed)
+            except IntegrityError:
+                # Bytes that are no good SDK archive must not be reused as a finished download.
+                for leftover in leftovers:
+                    leftover.unlink(missing_ok=True)
+                raise
             for leftover in leftovers:
                 leftover.unlink(missing_ok=True)
-            raise
-        for leftover in leftovers:
-            leftover.unlink(missing_ok=True)
     return InstallResult(sdk, "installed", selection)
 
 
@@ -169,6 +181,10 @@ def _download_name(url: str, version: str) -> str:
     if not safe or safe.startswith("."):
         safe = archive_name(version)
     return safe if version in safe else f"{version}-{safe}"
+
+
+def _work_id() -> str:
+    return os.urandom(6).hex()
 
 
 def _remove_stale_work(cache: Cache, key: str) -> None:
@@ -189,20 +205,21 @@ def _build(
     size: int,
     cache: Cache,
     force: bool,
+    work: Path,
+    streamed: Streamed | None,
 ) -> Sdk:
     """Extract, validate, write the manifest, rename into sdks/. Caller holds the lock."""
-    from qnnctl.archive import extract, work_folder
+    from qnnctl.archive import extract
 
-    with work_folder(cache.tmp / f"{version}.{uuid.uuid4().hex[:12]}") as work:
-        extracted = extract(archive, work / "x")
-        if extracted.version is not None and extracted.version != version:
-            raise IntegrityError(
-                f"the archive holds SDK {extracted.version}, not {version}",
-                hint=f"check the URL or mirror; to install it anyway run `qnnctl install "
-                f"--file {archive}`",
-            )
-        return _commit(extracted.root, version, source, sha256, size, extracted.files,
-                       extracted.size, cache, force, work)
+    extracted = extract(archive, work / "x", streamed)
+    if extracted.version is not None and extracted.version != version:
+        raise IntegrityError(
+            f"the archive holds SDK {extracted.version}, not {version}",
+            hint=f"check the URL or mirror; to install it anyway run `qnnctl install "
+            f"--file {archive}`",
+        )
+    return _commit(extracted.root, version, source, sha256, size, extracted.files,
+                   extracted.size, cache, force, work)
 
 
 def _commit(
@@ -275,7 +292,7 @@ def _install_file(
     # Extraction comes before the version is known, so file installs share one lock.
     with version_lock(cache, "file"):
         _remove_stale_work(cache, "file")
-        with work_folder(cache.tmp / f"file.{uuid.uuid4().hex[:12]}") as work:
+        with work_folder(cache.tmp / f"file.{_work_id()}") as work:
             extracted = extract(archive, work / "x")
             from qnnctl.sdk import read_sdk_version
 
@@ -312,7 +329,7 @@ def uninstall(spec: str, cache: Cache) -> Path:
         target = cache.sdk_dir(version)
         if not (target / MANIFEST_NAME).is_file():
             raise _not_installed(version)  # another qnnctl removed it meanwhile
-        trash = cache.tmp / f"{version}.uninstall.{uuid.uuid4().hex[:8]}"
+        trash = cache.tmp / f"{version}.uninstall.{_work_id()[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
         os.replace(target, trash)
@@ -347,8 +364,7 @@ def _not_installed(version: str) -> NotInstalledError:
     return error
 
 
-@dataclass(frozen=True)
-class Cleaned:
+class Cleaned(NamedTuple):
     removed: list[Path]
     busy: list[Path]
 

@@ -1,0 +1,499 @@
+"""Extracting a zip while it downloads: real downloads from a loopback server, real threads.
+
+The SDK archives here are small, so each test lowers the size from which qnnctl streams.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, cast
+
+import pytest
+
+import qnnctl.archive
+from qnnctl.archive import ZipStream, extract
+from qnnctl.cache import Cache
+from qnnctl.errors import IntegrityError
+from qnnctl.install import InstallRequest, InstallResult, install
+from tests.conftest import PAYLOAD
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree
+from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, hostile_archive
+from tests.test_install import _assert_complete_sdk, _cache_is_tidy
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+TOP = f"qairt/{VERSION}"
+STREAMED = "files were extracted while downloading"
+# Many files in several folders, so that the threads have work to share.
+MANY = {f"share/d{i % 7}/f{i}.txt": (b"%d " % i) * (50 + i % 300) for i in range(300)}
+
+
+@pytest.fixture(autouse=True)
+def stream_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(qnnctl.archive, "STREAM_MIN", 0)
+
+
+class Log(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def find(self, text: str) -> list[str]:
+        return [m for m in self.messages if text in m]
+
+
+@pytest.fixture
+def log() -> Iterator[Log]:
+    """qnnctl's debug messages (attached to its own logger: the CLI may stop propagation)."""
+    handler = Log()
+    logger = logging.getLogger("qnnctl")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _install() -> InstallResult:
+    return install(InstallRequest(spec=VERSION), Cache.from_env(os.environ), os.environ, Path.cwd())
+
+
+def _serve(server: FaultServer, monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+
+
+def _archive(tmp_path: Path, spec: SdkSpec | None = None) -> Path:
+    folder = tmp_path / "archives"
+    folder.mkdir(exist_ok=True)
+    return build_archive(folder, "zip", spec or SdkSpec(extra_files=MANY))
+
+
+def _tree(root: Path) -> dict[str, tuple[int, str]]:
+    """Every entry under root: its mode and its content (or link target)."""
+    found: dict[str, tuple[int, str]] = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            found[str(path.relative_to(root))] = (info.st_mode, os.readlink(path))
+        elif stat.S_ISREG(info.st_mode) and path.name != ".qnnctl.json":
+            found[str(path.relative_to(root))] = (info.st_mode, hashlib.sha256(path.read_bytes()).hexdigest())
+        elif stat.S_ISDIR(info.st_mode):
+            found[str(path.relative_to(root))] = (info.st_mode, "")
+    return found
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+# -- the same result as extracting after the download -------------------------------------
+
+
+def test_streamed_install_is_the_same_as_extracting_afterwards(server: FaultServer, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+    archive = _archive(tmp_path)
+    # Slowly, so that the threads extract while the rest is on its way.
+    _serve(server, monkeypatch, archive.read_bytes())
+    server.fail(PATH, Fault.slow(32 << 10, 0.005))
+    result = _install()
+    assert result.sdk is not None
+    manifest = _assert_complete_sdk(result.sdk.root)
+    with zipfile.ZipFile(archive) as zf:
+        files = sum(1 for i in zf.infolist() if stat.S_ISREG(i.external_attr >> 16))
+    assert log.find(f"{files} of {files} {STREAMED}"), log.messages
+    plain = extract(archive, tmp_path / "plain")
+    assert manifest["files"] == plain.files
+    assert _tree(result.sdk.root) == _tree(plain.root)
+    assert len(server.requests_for(PATH)) == 1
+
+
+def test_resumed_download_streams_on(server: FaultServer, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+    # Incompressible, so that whole blocks reach the disk before the connection drops.
+    data = _archive(tmp_path, SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD})).read_bytes()
+    _serve(server, monkeypatch, data)
+    server.fail(PATH, Fault.drop_after(len(data) // 2))
+    result = _install()
+    assert result.sdk is not None
+    requests = server.requests_for(PATH)
+    assert len(requests) == 2
+    assert requests[1].headers["Range"].startswith("bytes=")
+    assert log.find(STREAMED), log.messages
+    assert not log.find("nothing kept"), log.messages
+    _assert_complete_sdk(result.sdk.root)
+
+
+def test_download_killed_while_streaming_then_resumed(server: FaultServer, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
+    spec = SdkSpec(extra_files={**MANY, "docs/payload.bin": os.urandom(4 << 20)})
+    data = _archive(tmp_path, spec).read_bytes()
+    _serve(server, monkeypatch, data)
+    server.fail(PATH, Fault.slow(64 << 10, 0.05))
+    code = ("import sys, qnnctl.archive as a; a.STREAM_MIN = 0; from qnnctl.cli import main; "
+            "sys.argv[0] = 'qnnctl'; main()")
+    part = cache_dir / "downloads" / f"v{VERSION}.zip.part"
+    proc = subprocess.Popen([sys.executable, "-c", code, "install"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        # Files are being written from the part of the archive that is there.
+        _wait_until(lambda: any((cache_dir / "tmp").glob(f"{VERSION}.*/x/{TOP}/QNN_README.txt"))
+                    and part.exists() and part.stat().st_size >= 1 << 20, "streamed files")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    kept = part.stat().st_size
+    assert kept < len(data)
+
+    rerun = subprocess.run([sys.executable, "-c", code, "install"], capture_output=True, text=True,
+                           timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert server.requests_for(PATH)[-1].headers["Range"] == f"bytes={kept}-"
+    manifest = _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    _cache_is_tidy(cache_dir)
+
+
+# -- what is not kept -----------------------------------------------------------------------
+
+
+def _flip_in_member(data: bytes, name: str) -> bytes:
+    """One byte changed inside a member's compressed data (no header touched)."""
+    out = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        info = zf.getinfo(name)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    out[start + info.compress_size // 2] ^= 0xFF
+    return bytes(out)
+
+
+def test_member_with_a_bad_crc_is_not_installed(server: FaultServer, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
+    spec = SdkSpec(extra_files={"docs/payload.bin": os.urandom(256 << 10)})
+    data = _flip_in_member(_archive(tmp_path, spec).read_bytes(), f"{TOP}/docs/payload.bin")
+    _serve(server, monkeypatch, data)
+    with pytest.raises(IntegrityError, match="corrupt"):
+        _install()
+    assert list((cache_dir / "sdks").iterdir()) == []
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def _drop_from_central_directory(data: bytes, name: str) -> bytes:
+    """The archive with `name` left out of its central directory: its local entry stays."""
+    end = data.rfind(b"PK\x05\x06")
+    _, _, _, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
+    entries = []
+    position = offset
+    while position < offset + size:
+        name_len, extra_len, comment_len = struct.unpack("<3H", data[position + 28:position + 34])
+        length = 46 + name_len + extra_len + comment_len
+        if data[position + 46:position + 46 + name_len].decode() != name:
+            entries.append(data[position:position + length])
+        position += length
+    directory = b"".join(entries)
+    return data[:offset] + directory + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(entries),
+                                                    len(entries), len(directory), offset, 0)
+
+
+def test_member_missing_from_the_central_directory_is_not_installed(
+    server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log: Log
+) -> None:
+    spec = SdkSpec(extra_files={**MANY, "share/hidden.txt": b"only in a local header"})
+    data = _drop_from_central_directory(_archive(tmp_path, spec).read_bytes(), f"{TOP}/share/hidden.txt")
+    _serve(server, monkeypatch, data)
+    result = _install()
+    assert result.sdk is not None
+    assert not (result.sdk.root / "share/hidden.txt").exists()
+    assert log.find("again"), log.messages  # extracted again, the careful way
+    files = _assert_complete_sdk(result.sdk.root)["files"]
+    assert isinstance(files, dict)
+    assert "share/hidden.txt" not in files
+
+
+@pytest.mark.parametrize("case", [name for name, case in HOSTILE.items() if "zip" in case.formats])
+def test_hostile_archive_is_refused_when_streamed(server: FaultServer, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, cache_dir: Path,
+                                                  case: str) -> None:
+    victim = _victim(tmp_path)
+    archive = hostile_archive(tmp_path, "zip", HOSTILE[case].members(tmp_path))
+    _serve(server, monkeypatch, archive.read_bytes())
+    with pytest.raises(IntegrityError, match="unsafe archive"):
+        _install()
+    _assert_nothing_escaped(tmp_path, victim)
+    assert list((cache_dir / "sdks").iterdir()) == []
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+# -- zip variants ---------------------------------------------------------------------------
+
+
+def test_zip64_headers_are_streamed(server: FaultServer, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP)
+    archive = tmp_path / "zip64.zip"
+    count = 0
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(staging.rglob("*")):
+            if path.is_file():
+                info = zipfile.ZipInfo(str(path.relative_to(staging)), date_time=(2025, 7, 24, 0, 0, 0))
+                info.create_system = 3
+                info.external_attr = (stat.S_IFREG | stat.S_IMODE(path.stat().st_mode)) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                # Sizes in a zip64 extra field, 0xFFFFFFFF in the header.
+                with zf.open(info, "w", force_zip64=True) as out:
+                    out.write(path.read_bytes())
+                count += 1
+    with zipfile.ZipFile(archive) as zf, open(archive, "rb") as raw:
+        for info in zf.infolist():
+            raw.seek(info.header_offset + 18)
+            assert struct.unpack("<2L", raw.read(8)) == (0xFFFFFFFF, 0xFFFFFFFF)
+    _serve(server, monkeypatch, archive.read_bytes())
+    result = _install()
+    assert result.sdk is not None
+    assert log.find(f"{count} of {count} {STREAMED}"), log.messages
+    assert _tree(result.sdk.root) == _tree(extract(archive, tmp_path / "plain").root)
+
+
+class _Unseekable:
+    """A file zipfile cannot seek in, so that it writes the sizes after each member's data."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+
+    def write(self, data: bytes) -> int:
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def tell(self) -> int:
+        raise OSError("not seekable")
+
+
+def test_members_with_data_descriptors_are_extracted_afterwards(server: FaultServer, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                log: Log) -> None:
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP)
+    archive = tmp_path / "descriptors.zip"
+    with open(archive, "wb") as out, zipfile.ZipFile(cast(IO[bytes], _Unseekable(out)), "w") as zf:
+        for path in sorted(staging.rglob("*")):
+            if path.is_file():
+                add_zip_entry(zf, str(path.relative_to(staging)), path.read_bytes(),
+                              stat.S_IFREG | stat.S_IMODE(path.stat().st_mode))
+    with zipfile.ZipFile(archive) as zf:
+        assert all(i.flag_bits & 0x08 for i in zf.infolist())
+    _serve(server, monkeypatch, archive.read_bytes())
+    result = _install()
+    assert result.sdk is not None
+    assert not log.find(STREAMED), log.messages  # where each member ends is not in its header
+    assert _tree(result.sdk.root) == _tree(extract(archive, tmp_path / "plain").root)
+
+
+# -- a download that starts over --------------------------------------------------------------
+
+
+def _crc_suffix(prefix: bytes, target: int) -> bytes:
+    """Four bytes that, appended to `prefix`, make its CRC-32 equal `target`."""
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        table.append(c)
+    by_top = {entry >> 24: index for index, entry in enumerate(table)}
+    register = target ^ 0xFFFFFFFF
+    indexes = []
+    for _ in range(4):
+        index = by_top[register >> 24]
+        indexes.append(index)
+        register = ((register ^ table[index]) << 8) & 0xFFFFFFFF
+    state = zlib.crc32(prefix) ^ 0xFFFFFFFF
+    suffix = bytearray()
+    for index in reversed(indexes):
+        byte = (state ^ index) & 0xFF
+        suffix.append(byte)
+        state = table[(state ^ byte) & 0xFF] ^ (state >> 8)
+    assert zlib.crc32(prefix + bytes(suffix)) == target
+    return bytes(suffix)
+
+
+def _archive_with(tmp_path: Path, name: str, content: bytes) -> bytes:
+    """An SDK zip holding `content`, stored (not deflated) at `name`, before many other files."""
+    staging = tmp_path / f"staging-{hashlib.sha256(content).hexdigest()[:8]}"
+    build_sdk_tree(staging / TOP, SdkSpec(extra_files=MANY))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        info = zipfile.ZipInfo(f"{TOP}/{name}", date_time=(2025, 7, 24, 0, 0, 0))
+        info.create_system = 3
+        info.external_attr = (stat.S_IFREG | 0o644) << 16
+        zf.writestr(info, content)
+        for path in sorted(staging.rglob("*")):
+            if path.is_file():
+                add_zip_entry(zf, str(path.relative_to(staging)), path.read_bytes(),
+                              stat.S_IFREG | stat.S_IMODE(path.stat().st_mode))
+    shutil.rmtree(staging)
+    return buffer.getvalue()
+
+
+def test_download_that_starts_over_discards_what_was_streamed(tmp_path: Path) -> None:
+    """The file on the server changed: members already written from the old bytes are not
+    kept, even one whose name, place, size and CRC are the same as in the new archive."""
+    old = b"old content " * 1000
+    new = b"new content " * 1000
+    new = new[:-4] + _crc_suffix(new[:-4], zlib.crc32(old))
+    first = _archive_with(tmp_path, "docs/guide.txt", old)
+    second = _archive_with(tmp_path, "docs/guide.txt", new)
+    assert len(first) == len(second)
+    assert first != second
+    part = tmp_path / "download.part"
+    work = tmp_path / "work" / "x"
+    stream = ZipStream(work, min_size=0)
+    try:
+        stream.begin(part, 0, len(first))
+        part.write_bytes(first[: len(first) // 2])
+        stream.extend(len(first) // 2)
+        guide = work / TOP / "docs/guide.txt"
+        _wait_until(lambda: guide.exists() and guide.read_bytes() == old, "the old member")
+        # Whole again from the start, as when the server ignores Range or the file changed.
+        stream.begin(part, 0, len(second))
+        part.write_bytes(second)
+        stream.extend(len(second))
+    finally:
+        streamed = stream.close()
+    assert streamed is None
+    assert not work.exists()  # nothing of it is left to be taken for the new archive's
+    archive = tmp_path / "second.zip"
+    archive.write_bytes(second)
+    result = extract(archive, work, streamed)
+    assert (result.root / "docs/guide.txt").read_bytes() == new
+    assert result.files["docs/guide.txt"] == hashlib.sha256(new).hexdigest()
+
+
+def test_partial_file_replaced_by_another_is_not_read_on(tmp_path: Path) -> None:
+    """A 416 or a resume at the wrong offset removes the partial file; its successor is a
+    new file, and the threads never read on from the old one."""
+    data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
+    part = tmp_path / "download.part"
+    work = tmp_path / "work" / "x"
+    stream = ZipStream(work, min_size=0)
+    try:
+        stream.begin(part, 0, len(data))
+        part.write_bytes(data[:4096])
+        stream.extend(4096)
+        part.unlink()
+        part.write_bytes(data[:8192])
+        stream.begin(part, 8192, len(data))
+        stream.extend(8192)
+    finally:
+        assert stream.close() is None
+    assert not work.exists()
+
+
+def test_abandoned_stream_stops_its_threads(tmp_path: Path) -> None:
+    data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
+    part = tmp_path / "download.part"
+    stream = ZipStream(tmp_path / "work" / "x", min_size=0)
+    stream.begin(part, 0, len(data))
+    part.write_bytes(data[: len(data) // 3])
+    stream.extend(len(data) // 3)
+    # The rest never comes: close() returns at once instead of waiting for it.
+    assert stream.close(abandon=True) is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("qnnctl-")]
+
+
+def test_small_downloads_are_not_streamed(tmp_path: Path) -> None:
+    stream = ZipStream(tmp_path / "x", min_size=1 << 30)
+    stream.begin(tmp_path / "a.part", 0, 1 << 20)
+    stream.extend(1 << 20)
+    assert stream.close() is None
+    assert not (tmp_path / "x").exists()
+
+
+# -- reading members in threads, after the download ---------------------------------------
+
+
+def _patch_local_header(data: bytes, name: str, change: Callable[[bytearray, int], None]) -> bytes:
+    out = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        change(out, zf.getinfo(name).header_offset)
+    return bytes(out)
+
+
+def _rename_locally(out: bytearray, offset: int) -> None:
+    out[offset + 30] ^= 0x20  # the first letter of the name, in the local header only
+
+
+def _mark_encrypted(out: bytearray, offset: int) -> None:
+    out[offset + 6] |= 0x01
+
+
+@pytest.mark.parametrize("damage", [_rename_locally, _mark_encrypted])
+def test_local_header_is_checked(tmp_path: Path, damage: Callable[[bytearray, int], None]) -> None:
+    archive = _archive(tmp_path)
+    archive.write_bytes(_patch_local_header(archive.read_bytes(), f"{TOP}/QNN_README.txt", damage))
+    with pytest.raises(IntegrityError, match="corrupt"):
+        extract(archive, tmp_path / "x")
+
+
+def test_every_compression_method_is_read(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP, SdkSpec(extra_files=MANY))
+    archive = tmp_path / "methods.zip"
+    methods = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
+    expected = {}
+    with zipfile.ZipFile(archive, "w") as zf:
+        for index, path in enumerate(sorted(p for p in staging.rglob("*") if p.is_file())):
+            rel = str(path.relative_to(staging / TOP))
+            info = zipfile.ZipInfo(f"{TOP}/{rel}", date_time=(2025, 7, 24, 0, 0, 0))
+            info.create_system = 3
+            info.external_attr = (stat.S_IFREG | stat.S_IMODE(path.stat().st_mode)) << 16
+            info.compress_type = methods[index % len(methods)]
+            zf.writestr(info, path.read_bytes())
+            expected[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    result = extract(archive, tmp_path / "x")
+    assert result.files == expected
+    for rel, digest in expected.items():
+        assert hashlib.sha256((result.root / rel).read_bytes()).hexdigest() == digest
+
+
+@pytest.mark.parametrize("module", ["zlib", "zlib_ng.zlib_ng"])
+def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              module: str) -> None:
+    """zlib-ng is used when it is installed; the result is byte for byte the same."""
+    inflater = pytest.importorskip(module)
+    monkeypatch.setattr(qnnctl.archive, "_ZLIB", [inflater])
+    archive = _archive(tmp_path, SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD}))
+    result = extract(archive, tmp_path / "x")
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            if stat.S_ISREG(info.external_attr >> 16):
+                rel = info.filename.removeprefix(f"{TOP}/")
+                assert result.files[rel] == hashlib.sha256(zf.read(info)).hexdigest(), rel
