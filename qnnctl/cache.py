@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -105,6 +104,8 @@ def _sort_key(version: str) -> tuple[int, ...]:
 
 def read_manifest(sdk_root: Path) -> dict[str, Any] | None:
     """The manifest of an SDK folder, or None when there is none (or it cannot be read)."""
+    import json
+
     try:
         with open(sdk_root / MANIFEST_NAME, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -115,6 +116,8 @@ def read_manifest(sdk_root: Path) -> dict[str, Any] | None:
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON next to `path`, fsync it, and rename it into place."""
+    import json
+
     partial = path.with_name(path.name + ".tmp")
     with open(partial, "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1, sort_keys=True)
