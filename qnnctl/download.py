@@ -113,7 +113,11 @@ class PlainProgress:
 
     def close(self) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        log.info("%s: %s in %.1fs", self.label, _human(self.done), elapsed)
+        if self.total is not None and self.done < self.total:
+            # Interrupted or dropped: say how far it got, not something that reads like success.
+            log.info("%s: stopped at %s of %s", self.label, _human(self.done), _human(self.total))
+        else:
+            log.info("%s: %s in %.1fs", self.label, _human(self.done), elapsed)
 
 
 def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
@@ -211,8 +215,8 @@ class Downloader:
                 log.info("not found at %s", url)
         raise DownloadError(
             f"the archive was not found (HTTP 404) at {last_missing}",
-            hint="check the version with `qnnctl install --help`, or set QNNCTL_MIRROR "
-            "to a mirror that holds it",
+            hint="check the version (a prefix such as `qnnctl install 2.37` picks the newest known "
+            "release), or set QNNCTL_MIRROR to a mirror that holds it",
         )
 
     # -- one URL -----------------------------------------------------------------------

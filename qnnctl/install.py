@@ -107,6 +107,11 @@ def install(
         if selection.reason == BY_CALLER:
             return InstallResult(None, "caller", selection)
         if selection.reason == BY_ENV and selection.root is not None:
+            if request.force:
+                raise UsageError(
+                    "--force reinstalls into qnnctl's cache, but QNN_SDK_ROOT names an SDK outside it",
+                    hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
+                )
             return InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection)
     elif request.spec is not None:
         selection = select_sdk(request.spec, environ, cwd)
@@ -214,9 +219,9 @@ def _build(
     extracted = extract(archive, work / "x", streamed)
     if extracted.version is not None and extracted.version != version:
         raise IntegrityError(
-            f"the archive holds SDK {extracted.version}, not {version}",
-            hint=f"check the URL or mirror; to install it anyway run `qnnctl install "
-            f"--file {archive}`",
+            f"{source} holds SDK {extracted.version}, not {version}",
+            hint=f"check the URL or QNNCTL_MIRROR; to install {extracted.version}, run "
+            f"`qnnctl install {extracted.version}` with a source that serves it",
         )
     return _commit(extracted.root, version, source, sha256, size, extracted.files,
                    extracted.size, cache, force, work)
@@ -288,6 +293,12 @@ def _install_file(
             hint="check the --sha256 value, or download the archive again",
         )
     wanted = resolve_version(spec) if spec else None
+    if wanted is not None and not force:
+        # Named and already installed: no need to read a 1-2 GB archive to find that out.
+        existing = cache.sdk_dir(wanted)
+        if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing):
+            return InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
+                                 Selection("argument", f"from {archive}", version=wanted))
     cache.ensure()
     # Extraction comes before the version is known, so file installs share one lock.
     with version_lock(cache, "file"):

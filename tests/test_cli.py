@@ -59,3 +59,26 @@ def test_a_reader_that_goes_away_is_not_an_error(cache_dir: Path) -> None:
     _, err = proc.communicate(timeout=60)
     # click ends such a run quietly with exit 1; the point is that nothing is printed.
     assert err == b""
+
+
+def test_force_with_a_users_sdk_root_is_a_usage_error(mirror: FaultServer, tmp_path: Path) -> None:
+    from tests.sdkfactory import build_sdk_tree
+
+    root = build_sdk_tree(tmp_path / "vendor")
+    result = run_qnnctl("install", "--force", env=dict(os.environ, QNN_SDK_ROOT=str(root)))
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "QNN_SDK_ROOT" in result.stderr
+    assert "qnnctl install --force VERSION" in result.stderr
+    assert mirror.requests == []
+
+
+def test_a_named_file_install_of_an_installed_version_reads_no_archive(cache_dir: Path, tmp_path: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    not_an_archive = tmp_path / "v2.37.0.250724.zip"
+    not_an_archive.write_bytes(b"not a zip at all")
+    result = run_qnnctl("install", VERSION, "--file", str(not_an_archive))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    forced = run_qnnctl("install", VERSION, "--file", str(not_an_archive), "--force")
+    assert forced.returncode == 4, forced.stderr  # --force does read it, and refuses it

@@ -165,6 +165,7 @@ def test_url_holding_another_version_is_refused(server: FaultServer, tmp_path: P
     result = run_qnnctl("install", "--url", url)
     assert result.returncode == 4, result.stderr
     assert f"holds SDK {OTHER_VERSION}, not {VERSION}" in result.stderr
+    assert "--file" not in result.stderr  # the download is gone: no hint may point at it
     assert list((cache_dir / "sdks").iterdir()) == []
     _cache_is_tidy(cache_dir)
 
