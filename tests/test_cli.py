@@ -42,6 +42,7 @@ def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_
     assert proc.returncode == 130, err
     assert out == ""
     assert "interrupted; run the same command again to resume" in err
+    assert "stopped at" in err  # the progress line does not read like a finished download
     assert "Traceback" not in err
     assert part.exists()  # kept for the resume
     again = run_qnnctl("install")
