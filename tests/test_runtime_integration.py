@@ -23,6 +23,7 @@ from qnnctl.cache import Cache
 from qnnctl.lower import StagedLoader, bootstrap_path, under_loader
 from qnnctl.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, TRIO, RuntimeRequest, stage_runtime
 from qnnctl.sdk import HOST_LIB_DIR, Sdk
+from qnnctl.shell import apply
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.lowerkit import write
@@ -129,16 +130,6 @@ def split_plan(stdout: str) -> tuple[str, list[str]]:
     return "\n".join(lines[:-1]) + "\n", shlex.split(lines[-1])
 
 
-def apply_json(environ: dict[str, str], values: dict[str, str | None]) -> dict[str, str]:
-    result = dict(environ)
-    for name, value in values.items():
-        if value is None:
-            result.pop(name, None)
-        else:
-            result[name] = value
-    return result
-
-
 def installed_sdk_needing_libcxx(cache_dir: Path, stubs: Path) -> Path:
     root = install_tree_into_cache(cache_dir)
     htp_needing_libcxx(stubs, root / HOST_LIB_DIR / "libQnnHtp.so")
@@ -173,10 +164,10 @@ def test_fresh_install_stages_the_trio_and_env_exports_it(llvm: Llvm, apt_log: P
     assert exported.returncode == 0, exported.stderr
     values = json.loads(exported.stdout)
     assert values["LD_LIBRARY_PATH"].split(":") == [lib, str(trio), "/opt/caller/lib"]
-    after = apply_json(base, values)
+    after = apply(base, values)
     undone = run_qnnctl("env", "--unset", "--shell", "json", env=after)
     assert undone.returncode == 0, undone.stderr
-    assert apply_json(after, json.loads(undone.stdout))["LD_LIBRARY_PATH"] == "/opt/caller/lib"
+    assert apply(after, json.loads(undone.stdout))["LD_LIBRARY_PATH"] == "/opt/caller/lib"
     # A second install of the same archive finds everything in place: no second fetch.
     again = run_qnnctl("install", "--file", str(archive))
     assert again.returncode == 0, again.stderr
