@@ -286,6 +286,11 @@ def extract(archive: Path, work: Path, streamed: Streamed | None = None) -> Extr
         if exc.errno == errno.ENOSPC:
             free = shutil.disk_usage(work).free
             raise DiskSpaceError(str(work), None, free, "extract the archive") from None
+        if exc.errno == errno.ENAMETOOLONG:
+            raise IntegrityError(
+                f"{archive.name} is malformed: a member's name is too long: {exc.filename}",
+                hint="the archive was not installed; get it from a trusted source",
+            ) from None
         raise
     _apply_dir_modes(writer)
     root = work / top
@@ -574,6 +579,10 @@ class ZipStream:
             while self._size < offset + size and not self._ended and not self._stop.is_set():
                 self._changed.wait()
             if self._stop.is_set() or self._size < offset + size or self._fd is None:
+                if not self._stop.is_set():
+                    # A header or member that runs past the end of the archive: whatever the
+                    # threads wrote of it matches no central directory entry, so nothing stays.
+                    self._fail("a member runs past the end of the archive")
                 raise _Stopped
             fd = self._fd
         data = os.pread(fd, size, offset)

@@ -397,3 +397,13 @@ def test_record_of_files_follows_links_that_replace_files(tmp_path: Path) -> Non
     assert "docs/guide.txt" not in result.files
     assert result.files["docs/copy.txt"] == result.files["QNN_README.txt"]
     assert "manual/copy.txt" not in result.files
+
+
+def test_a_member_name_too_long_for_the_file_system_is_an_integrity_error(tmp_path: Path) -> None:
+    archive = tmp_path / "long.zip"
+    top = f"qairt/{VERSION}"
+    with zipfile.ZipFile(archive, "w") as zf:
+        add_zip_entry(zf, f"{top}/lib/x86_64-linux-clang/libQnnHtp.so", b"x", 0o100644)
+        add_zip_entry(zf, f"{top}/share/{'n' * 300}.txt", b"x", 0o100644)
+    with pytest.raises(IntegrityError, match="too long"):
+        extract(archive, tmp_path / "work")

@@ -236,6 +236,40 @@ def test_member_missing_from_the_central_directory_is_not_installed(
     assert "share/hidden.txt" not in files
 
 
+def _local_member_running_past_the_end(data: bytes, name: str, payload: bytes) -> bytes:
+    """A local header for `name`, with `payload` after it, inserted before the central
+    directory, declaring more data than the rest of the archive holds. The result is a valid
+    zip in which `name` does not exist; only a reader of local headers would see it."""
+    end = data.rfind(b"PK\x05\x06")
+    signature, disk, cd_disk, here, total, size, offset, comment = struct.unpack(
+        "<4s4H2LH", data[end:end + 22])
+    encoded = name.encode()
+    declared = len(payload) + size + 22 + (4 << 20)
+    header = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, declared, declared,
+                         len(encoded), 0) + encoded
+    moved = offset + len(header) + len(payload)
+    return (data[:offset] + header + payload + data[offset:offset + size]
+            + struct.pack("<4s4H2LH", signature, disk, cd_disk, here, total, size, moved, comment))
+
+
+@pytest.mark.parametrize("payload_size", [100, (1 << 20) + 4096])
+def test_a_local_member_running_past_the_end_is_not_installed(
+    server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload_size: int
+) -> None:
+    name = f"{TOP}/lib/x86_64-linux-clang/libEvil.so"
+    data = _local_member_running_past_the_end(_archive(tmp_path).read_bytes(), name, b"E" * payload_size)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert zf.testzip() is None
+        assert name not in zf.namelist()
+    _serve(server, monkeypatch, data)
+    result = _install()
+    assert result.sdk is not None
+    assert not (result.sdk.root / "lib/x86_64-linux-clang/libEvil.so").exists()
+    files = _assert_complete_sdk(result.sdk.root)["files"]
+    assert isinstance(files, dict)
+    assert "lib/x86_64-linux-clang/libEvil.so" not in files
+
+
 @pytest.mark.parametrize("case", [name for name, case in HOSTILE.items() if "zip" in case.formats])
 def test_hostile_archive_is_refused_when_streamed(server: FaultServer, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch, cache_dir: Path,
