@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Protocol, TypeVar
 
+from qnnctl.cache import SPACE_MARGIN, require_free_space
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.sdk import HOST_LIB_DIR
 from qnnctl.versions import version_in
@@ -37,7 +38,6 @@ from qnnctl.versions import version_in
 log = logging.getLogger("qnnctl.archive")
 
 COPY_BUFFER = 1 << 20
-SPACE_MARGIN = 64 << 20
 MAX_LINK_TARGET = 4096  # PATH_MAX: a longer symlink target is not a path
 MIN_THREADS = 2
 MAX_THREADS = 8
@@ -304,12 +304,6 @@ def extract(archive: Path, work: Path, streamed: Streamed | None = None) -> Extr
     return Extracted(root=root, top=str(top), version=version, files=files, size=writer.size)
 
 
-def _check_space(work: Path, needed: int) -> None:
-    free = shutil.disk_usage(work).free
-    if free < needed + SPACE_MARGIN:
-        raise DiskSpaceError(str(work), needed + SPACE_MARGIN, free, "extract the archive")
-
-
 class _Redo(Exception):
     """What was streamed does not match the central directory."""
 
@@ -361,7 +355,8 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
                 raise _Redo("a link stands for a folder of other members")
         if done:
             log.debug("%d of %d files were extracted while downloading", len(done), len(files))
-        _check_space(writer.work, sum(info.file_size for name, (info, _) in files.items() if name not in done))
+        require_free_space(writer.work, sum(info.file_size for name, (info, _) in files.items() if name not in done),
+                           "extract the archive")
         for name, mode in folders:
             writer.directory(name, mode)
         for name, (_, mode) in files.items():
@@ -764,7 +759,7 @@ def _extract_tar(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], l
     names: list[PurePosixPath] = []
     links: list[_Link] = []
     # The uncompressed size is unknown until the end; a typical SDK compresses about 3:1.
-    _check_space(writer.work, 3 * archive.stat().st_size)
+    require_free_space(writer.work, 3 * archive.stat().st_size, "extract the archive")
     # "r|*" streams the archive once, in order, whatever its compression.
     with tarfile.open(archive, mode="r|*") as tf:
         for member in tf:

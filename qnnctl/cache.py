@@ -136,6 +136,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# Room left over after a download or an extraction, so that the disk is never filled to the brim.
+SPACE_MARGIN = 64 << 20
+
+
+def require_free_space(folder: Path, needed: int, what: str) -> None:
+    """DiskSpaceError unless `folder`'s disk has `needed` bytes and a margin free."""
+    import shutil
+
+    from qnnctl.errors import DiskSpaceError
+
+    free = shutil.disk_usage(folder).free
+    if free < needed + SPACE_MARGIN:
+        raise DiskSpaceError(str(folder), needed + SPACE_MARGIN, free, what)
+
+
 def tree_size(root: Path) -> int:
     total = 0
     for entry in _walk(root):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from qnnctl.cache import require_free_space
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ MAX_ATTEMPTS = 6  # attempts that make no progress; a resumed download that move
 MAX_TOTAL_ATTEMPTS = 30
 BACKOFF_BASE = 1.0
 BACKOFF_MAX = 60.0
-SPACE_MARGIN = 64 << 20
 # Besides these, every 5xx is retried: a mirror's proxy can answer anything while it restarts.
 RETRY_STATUSES = frozenset({408, 425, 429})
 
@@ -364,7 +364,7 @@ class Downloader:
             meta.pop("sha256", None)
             self._write_meta(meta_path, meta)
             if body_length is not None:
-                _check_space(part.parent, body_length, "download the archive")
+                require_free_space(part.parent, body_length, "download the archive")
             digest = hashlib.sha256()
             if mode == "ab":
                 with open(part, "rb") as existing:
@@ -434,9 +434,3 @@ def _range_start(content_range: str | None) -> int | None:
 def _short(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
-
-
-def _check_space(folder: Path, needed: int, what: str) -> None:
-    free = shutil.disk_usage(folder).free
-    if free < needed + SPACE_MARGIN:
-        raise DiskSpaceError(str(folder), needed + SPACE_MARGIN, free, what)
