@@ -140,7 +140,9 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-class _Retry(Exception):
+class Retry(Exception):
+    """A failure worth another attempt; `delay` is what the server asked for, if anything."""
+
     def __init__(self, reason: str, delay: float | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -164,6 +166,11 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
         return None
     now = time.time() if now is None else now
     return max(0.0, when.timestamp() - now)
+
+
+def retryable_status(status: int) -> bool:
+    """Statuses that a later attempt may not get: timeouts, rate limits, any server error."""
+    return status in RETRY_STATUSES or 500 <= status <= 599
 
 
 def backoff_delay(attempt: int, base: float = BACKOFF_BASE) -> float:
@@ -260,7 +267,7 @@ class Downloader:
             before = part.stat().st_size if part.exists() else 0
             try:
                 digest, size = self._attempt(url, part, meta, meta_path, sink)
-            except _Retry as retry:
+            except Retry as retry:
                 after = part.stat().st_size if part.exists() else 0
                 no_progress = 0 if after > before else no_progress + 1
                 if no_progress >= MAX_ATTEMPTS or total_attempts >= MAX_TOTAL_ATTEMPTS:
@@ -297,7 +304,7 @@ class Downloader:
 
     def _attempt(self, url: str, part: Path, meta: dict[str, Any], meta_path: Path,
                  sink: Sink | None) -> tuple[str, int]:
-        """One request; returns (sha256, size) of the complete file or raises _Retry."""
+        """One request; returns (sha256, size) of the complete file or raises Retry."""
         import requests
 
         offset = part.stat().st_size if part.exists() else 0
@@ -313,7 +320,7 @@ class Downloader:
                 url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
-            raise _Retry(f"cannot reach {url}: {_short(exc)}") from None
+            raise Retry(f"cannot reach {url}: {_short(exc)}") from None
         except requests.RequestException as exc:
             raise DownloadError(
                 f"request to {url} failed: {_short(exc)}",
@@ -325,9 +332,9 @@ class Downloader:
                 # Our partial file does not fit the file on the server: start over.
                 log.warning("the server refused to resume (HTTP 416); starting over")
                 part.unlink(missing_ok=True)
-                raise _Retry("range not satisfiable", delay=0.0)
-            if status in RETRY_STATUSES or 500 <= status <= 599:
-                raise _Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
+                raise Retry("range not satisfiable", delay=0.0)
+            if retryable_status(status):
+                raise Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
             if status == 404:
                 raise _NotFound(url)
             if status not in (200, 206):
@@ -350,7 +357,7 @@ class Downloader:
             else:
                 if status == 206:
                     part.unlink(missing_ok=True)
-                    raise _Retry("the server resumed at the wrong offset", delay=0.0)
+                    raise Retry("the server resumed at the wrong offset", delay=0.0)
                 offset = 0
                 mode = "wb"
                 if part.exists():
@@ -396,7 +403,7 @@ class Downloader:
                             announced = received
                             sink.extend(offset + received)
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
-                raise _Retry(f"connection lost after {_human(offset + received)}: {_short(exc)}") from None
+                raise Retry(f"connection lost after {_human(offset + received)}: {_short(exc)}") from None
             except DownloadError:
                 part.unlink(missing_ok=True)
                 raise
@@ -413,7 +420,7 @@ class Downloader:
             if sink is not None:
                 sink.extend(size)
             if total is not None and size != total:
-                raise _Retry(f"the body ended early at {_human(size)} of {_human(total)}")
+                raise Retry(f"the body ended early at {_human(size)} of {_human(total)}")
             return digest.hexdigest(), size
 
 

@@ -148,7 +148,7 @@ def install(
             if found_sdk is not None:
                 log.info("another qnnctl installed %s meanwhile", version)
                 return InstallResult(found_sdk, "reused", selection)
-        _remove_stale_work(cache, version)
+        remove_stale_work(cache, version)
         from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
 
@@ -192,7 +192,7 @@ def _work_id() -> str:
     return os.urandom(6).hex()
 
 
-def _remove_stale_work(cache: Cache, key: str) -> None:
+def remove_stale_work(cache: Cache, key: str) -> None:
     """Folders left in tmp/ by an install of `key` that was killed; we hold its lock."""
     if not cache.tmp.is_dir():
         return
@@ -302,7 +302,7 @@ def _install_file(
     cache.ensure()
     # Extraction comes before the version is known, so file installs share one lock.
     with version_lock(cache, "file"):
-        _remove_stale_work(cache, "file")
+        remove_stale_work(cache, "file")
         with work_folder(cache.tmp / f"file.{_work_id()}") as work:
             extracted = extract(archive, work / "x")
             from qnnctl.sdk import read_sdk_version

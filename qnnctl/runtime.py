@@ -359,7 +359,7 @@ def stage_runtime(
     committed: dict[str, Staged] = {}
     if plan.trio or plan.glibc:
         from qnnctl.archive import work_folder
-        from qnnctl.install import _remove_stale_work, version_lock
+        from qnnctl.install import remove_stale_work, version_lock
 
         cache.ensure()
         with version_lock(cache, LOCK_KEY):
@@ -368,7 +368,7 @@ def stage_runtime(
                 if not plan.trio and not plan.glibc:
                     log.info("another qnnctl staged the runtime meanwhile")
             if plan.trio or plan.glibc:
-                _remove_stale_work(cache, LOCK_KEY)
+                remove_stale_work(cache, LOCK_KEY)
                 with work_folder(cache.tmp / f"{LOCK_KEY}.{uuid.uuid4().hex[:12]}") as work:
                     committed = _stage(cache, sdk, request, environ, sources, plan, work)
     return _result(cache, plan, committed, bool(sources))
@@ -578,7 +578,7 @@ def _apt_download(folder: Path) -> list[Path] | None:
 
 def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
     """Stream the release archive once, keeping only the trio; retry from the start."""
-    from qnnctl.download import BACKOFF_MAX, backoff_delay, make_session
+    from qnnctl.download import BACKOFF_MAX, Retry, backoff_delay, make_session
 
     session = make_session()
     attempt = 0
@@ -587,7 +587,7 @@ def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
         target = dest / f"attempt{attempt}"
         try:
             return _stream_once(session, url, target)
-        except _Retry as retry:
+        except Retry as retry:
             remove_tree(target)
             if attempt >= LLVM_ATTEMPTS:
                 raise DownloadError(
@@ -601,31 +601,24 @@ def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
             time.sleep(delay)
 
 
-class _Retry(Exception):
-    def __init__(self, reason: str, delay: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.delay = delay
-
-
 def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
     import requests
     import urllib3
 
-    from qnnctl.download import CONNECT_TIMEOUT, READ_TIMEOUT, RETRY_STATUSES, retry_after
+    from qnnctl.download import CONNECT_TIMEOUT, READ_TIMEOUT, Retry, retry_after, retryable_status
     from qnnctl.packages import HashingReader, collect, tar_members
 
     log.info("streaming %s (only the three libraries are kept)", url)
     try:
         response = session.get(url, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
     except (requests.ConnectionError, requests.Timeout) as exc:
-        raise _Retry(f"cannot reach {url}: {exc}") from None
+        raise Retry(f"cannot reach {url}: {exc}") from None
     except requests.RequestException as exc:
         raise DownloadError(f"request to {url} failed: {exc}") from None
     with response:
         status = response.status_code
-        if status in RETRY_STATUSES or 500 <= status <= 599:
-            raise _Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
+        if retryable_status(status):
+            raise Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
         if status != 200:
             raise DownloadError(
                 f"HTTP {status} from {url}",
@@ -639,7 +632,7 @@ def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
             collected = collect(tar_members(io.BufferedReader(hashing, 1 << 20), url), _trio_only, dest, url)
             hashing.drain()
         except (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
-            raise _Retry(f"the connection to {url} broke: {exc}") from None
+            raise Retry(f"the connection to {url} broke: {exc}") from None
     record = {"source": url, "sha256": hashing.sha256.hexdigest(), "size": hashing.size}
     return _Scan(url, [record], collected, version=_llvm_version(collected))
 
