@@ -62,6 +62,21 @@ def require_tool(name: str) -> str:
     return path
 
 
+def read_terminal(controller: int) -> bytes:
+    """Everything written to a pseudo-terminal until the child closes its end, then close ours."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    return b"".join(chunks)
+
+
 def run_qnnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
                input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real entry point (`python -m qnnctl`) in a fresh interpreter."""

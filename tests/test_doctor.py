@@ -40,7 +40,7 @@ from qnnctl.environment import environment_for
 from qnnctl.errors import QnnctlError
 from qnnctl.sdk import HOST_BIN_DIR, HOST_LIB_DIR, Sdk, Selection
 from qnnctl.shell import apply
-from tests.conftest import run_qnnctl
+from tests.conftest import read_terminal, run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import (
     OTHER_VERSION,
@@ -498,20 +498,10 @@ def test_a_terminal_gets_the_table(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "doctor", "--sdk", str(root), "--offline"],
                             stdout=follower, stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="200"))
     os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
+    out = read_terminal(leader).decode()
     assert proc.wait(timeout=120) == 0
     assert proc.stderr is not None
     proc.stderr.close()
-    out = b"".join(chunks).decode()
     assert "\x1b[" in out  # colours: rich, not the plain text
     assert "sdk.selection" in out
     assert "libraries" in out

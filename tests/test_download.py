@@ -21,7 +21,7 @@ import pytest
 from qnnctl.cache import read_manifest
 from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after
 from qnnctl.errors import DiskSpaceError, DownloadError
-from tests.conftest import run_qnnctl
+from tests.conftest import read_terminal, run_qnnctl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION
 
@@ -215,22 +215,10 @@ def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> Non
                             stderr=terminal, stdin=subprocess.DEVNULL)
     os.close(terminal)
     seen = bytearray()
-
-    def drain() -> None:
-        while True:
-            try:
-                block = os.read(controller, 4096)
-            except OSError:  # EIO: the child closed its end
-                return
-            if not block:
-                return
-            seen.extend(block)
-
-    reader = threading.Thread(target=drain)
+    reader = threading.Thread(target=lambda: seen.extend(read_terminal(controller)))
     reader.start()
     out, _ = proc.communicate(timeout=120)
     reader.join(timeout=30)
-    os.close(controller)
     assert proc.returncode == 0, seen.decode(errors="replace")
     assert out.decode().strip().endswith(f"sdks/{VERSION}")
     assert b"\r" in seen  # tqdm redraws its bar in place
