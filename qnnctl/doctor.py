@@ -559,15 +559,12 @@ def staged_glibc(cache: Cache) -> tuple[Path, tuple[int, ...]] | None:
     """(loader, glibc version) of a glibc staged with `install --runtime`, as `lower` sees it."""
     if not cache.runtime.is_dir():
         return None
-    from qnnctl.host import parse_dotted_version
     from qnnctl.runtime import GLIBC, current, staged_loader
 
     found = staged_loader(cache)  # None too when the loader file has gone missing
     staged = current(cache, GLIBC)
-    if found is None or staged is None:
-        return None
-    version = parse_dotted_version(str(staged.manifest.get("glibc_version", "")))
-    return (found[0], version) if version is not None else None
+    version = staged.glibc_version if staged is not None else None
+    return (found[0], version) if found is not None and version is not None else None
 
 
 # Runs in a fresh interpreter with the environment the SDK needs; prints one JSON line after

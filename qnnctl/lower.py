@@ -219,7 +219,6 @@ def staged_loader(sdk: Sdk, cache: Cache) -> StagedLoader | None:
     A loader is due only when the SDK's libraries need a newer glibc than the host has and a
     runtime with one is staged in the cache (`qnnctl install --runtime --runtime-from GLIBC`).
     """
-    from qnnctl.host import parse_dotted_version
     from qnnctl.runtime import GLIBC, current, glibc_shortfall, loader_library_path
     from qnnctl.runtime import staged_loader as find_staged
 
@@ -228,7 +227,7 @@ def staged_loader(sdk: Sdk, cache: Cache) -> StagedLoader | None:
         return None
     found = find_staged(cache)
     staged = current(cache, GLIBC) if found is not None else None
-    provided = parse_dotted_version(str(staged.manifest.get("glibc_version", ""))) if staged else None
+    provided = staged.glibc_version if staged is not None else None
     if found is None or provided is None or provided < shortfall[0]:
         # A glibc staged for an earlier SDK may be too old for this one: it would not help.
         have = "none is staged" if provided is None else f"the staged one is {'.'.join(map(str, provided))}"

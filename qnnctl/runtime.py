@@ -107,6 +107,13 @@ class Staged:
         relative = self.manifest.get("loader")
         return self.root / str(relative) if relative else None
 
+    @property
+    def glibc_version(self) -> Version | None:
+        """The version of a staged glibc, as its manifest records it."""
+        from qnnctl.host import parse_dotted_version
+
+        return parse_dotted_version(str(self.manifest.get("glibc_version", "")))
+
 
 def staged_runtimes(cache: Cache) -> list[Staged]:
     """Every complete staged runtime, the most recently staged first."""
@@ -441,20 +448,13 @@ def _plan(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, have_sources: 
     shortfall = glibc_shortfall(sdk) if sdk is not None else None
     needed = shortfall[0] if shortfall is not None else None
     if needed is not None:
-        provided = _staged_glibc_version(current(cache, GLIBC))
+        staged = current(cache, GLIBC)
+        provided = staged.glibc_version if staged is not None else None
         glibc = request.force or provided is None or provided < needed
     else:
         # Only --force stages a glibc package the host does not need.
         glibc = request.force and have_sources
     return _Plan(trio_missing, trio, needed, glibc)
-
-
-def _staged_glibc_version(staged: Staged | None) -> Version | None:
-    if staged is None:
-        return None
-    from qnnctl.host import parse_dotted_version
-
-    return parse_dotted_version(str(staged.manifest.get("glibc_version", "")))
 
 
 # -- reading sources ---------------------------------------------------------------------
