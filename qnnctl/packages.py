@@ -176,10 +176,6 @@ def _buffered(raw: io.RawIOBase) -> IO[bytes]:
 # -- compression -------------------------------------------------------------------------
 
 
-def zstd_module_names() -> tuple[str, ...]:
-    return ("compression.zstd", "zstandard")
-
-
 def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
     """A decompressing reader over zstd data, from whichever zstd module can be imported."""
     try:
