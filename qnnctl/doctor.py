@@ -770,9 +770,15 @@ def check_cache(ctx: Context) -> Outcome:
             leftovers.append(f"{len(stale)} folder(s) left by interrupted installs in {cache.tmp}")
         problems.append(", ".join(leftovers))
         hints.append("`qnnctl install` resumes a partial download; `qnnctl cache clean` removes them")
+    staged = ""
+    if cache.runtime.is_dir():
+        from qnnctl.runtime import staged_runtimes
+
+        names = [s.name for s in staged_runtimes(cache)]
+        staged = f"; staged host runtime: {', '.join(names)} (used by env and lower)" if names else ""
     if problems:
-        return warn(f"{where}: " + "; ".join(problems), "; ".join(hints))
-    return ok(f"{where}: writable, {_gib(free)} free")
+        return warn(f"{where}: " + "; ".join(problems) + staged, "; ".join(hints))
+    return ok(f"{where}: writable, {_gib(free)} free{staged}")
 
 
 def _redact(url: str) -> str:

@@ -168,6 +168,11 @@ def test_fresh_install_stages_the_trio_and_env_exports_it(llvm: Llvm, apt_log: P
     undone = run_qnnctl("env", "--unset", "--shell", "json", env=after)
     assert undone.returncode == 0, undone.stderr
     assert apply(after, json.loads(undone.stdout))["LD_LIBRARY_PATH"] == "/opt/caller/lib"
+    # doctor names the staged runtime, and the libraries resolve through it.
+    report = json.loads(run_qnnctl("doctor", "--json", "--offline").stdout)
+    checks = {c["id"]: c for c in report["checks"]}
+    assert "staged host runtime: libcxx-14.0.0" in checks["cache"]["detail"]
+    assert checks["libraries"]["status"] == "ok", checks["libraries"]
     # A second install of the same archive finds everything in place: no second fetch.
     again = run_qnnctl("install", "--file", str(archive))
     assert again.returncode == 0, again.stderr
