@@ -127,7 +127,7 @@ def test_guard_leaves_frozen_flags_alone_in_the_pipeline(sdk: Path, tmp_path: Pa
     env = env_with(**{FORCE_VENDOR_VARIABLE: AMD, "PYTHONPATH": str(site)})
     result = lower("--python", PY, "probe.py", env=env)
     assert mkldnn_seen(result) is True
-    assert "qnnctl" not in result.stderr
+    assert "qnnctl:" not in result.stderr  # no message of ours (the checkout path may hold the name)
 
 
 # -- in-process: disable_mkldnn_on_amd() ------------------------------------------------
