@@ -1,7 +1,7 @@
 """Safe extraction of SDK archives (zip, tar.gz, tar.xz, tar.bz2, tar).
 
-Members are streamed to disk block by block, each file hashed in the same pass that writes
-it; a zip's members are written by a few threads at once, and `ZipStream` starts on them
+Members are streamed to disk block by block, each file's CRC-32 taken in the same pass that
+writes it; a zip's members are written by a few threads at once, and `ZipStream` starts on them
 while the archive is still downloading. Nothing is written outside the extraction folder:
 absolute names, `..` components, device files and links that point outside the SDK are
 refused. Symlinks and hard links are created only after every regular file is written, so
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import hashlib
 import logging
 import lzma
 import os
@@ -58,7 +57,7 @@ class Extracted:
     root: Path
     top: str  # the archive folder that held the SDK, e.g. "qairt/2.37.0.250724"
     version: str | None
-    files: dict[str, str] = field(default_factory=dict)  # path -> sha256, under root
+    files: dict[str, str] = field(default_factory=dict)  # path -> digest (cache.file_digest), under root
     size: int = 0
 
 
@@ -123,7 +122,7 @@ class _Source(Protocol):
 
 
 class _Writer:
-    """Writes members under `work` and records the sha256 of each file it writes.
+    """Writes members under `work` and records the digest of each file it writes.
 
     Folders are made before the files in them, and links only after every file, so while
     files are written the tree holds nothing but folders and regular files: no file can be
@@ -155,8 +154,8 @@ class _Writer:
         self.record(name, *self.write(name, source, mode))
 
     def write(self, name: PurePosixPath, source: _Source, mode: int,
-              stop: threading.Event | None = None) -> tuple[str, int]:
-        """Write one file into its (existing) folder; return its sha256 and size."""
+              stop: threading.Event | None = None) -> tuple[int, int]:
+        """Write one file into its (existing) folder; return its CRC-32 and size."""
         path = os.path.join(self.work, name)
         try:
             fd = os.open(path, _CREATE, 0o600)
@@ -165,14 +164,14 @@ class _Writer:
             # A folder of that name fails here (IsADirectoryError): the archive is malformed.
             os.unlink(path)
             fd = os.open(path, _CREATE, 0o600)
-        digest = hashlib.sha256()
-        size = 0
+        crc32 = _zlib().crc32
+        crc = size = 0
         try:
-            # One pass: each block is hashed and written while it is in memory.
+            # One pass: each block is checksummed and written while it is in memory.
             while block := source.read(COPY_BUFFER):
                 if stop is not None and stop.is_set():
                     raise _Stopped
-                digest.update(block)
+                crc = crc32(block, crc)
                 view = memoryview(block)
                 while view:
                     view = view[os.write(fd, view):]
@@ -180,10 +179,10 @@ class _Writer:
             os.fchmod(fd, mode & 0o777)
         finally:
             os.close(fd)
-        return digest.hexdigest(), size
+        return crc, size
 
-    def record(self, name: PurePosixPath, digest: str, size: int) -> None:
-        self.digests[name] = digest
+    def record(self, name: PurePosixPath, crc: int, size: int) -> None:
+        self.digests[name] = crc32_digest(crc)
         self.size += size
 
 
@@ -192,7 +191,7 @@ class _Stopped(Exception):
 
 
 def extraction_threads() -> int:
-    """How many threads write files: zlib, sha256 and file writes release the GIL, and
+    """How many threads write files: inflating, checksums and file writes release the GIL, and
     creating many small files is mostly kernel time, which runs on every core."""
     try:
         cores = len(os.sched_getaffinity(0))
@@ -340,7 +339,7 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
                 files[name] = (info, stat.S_IMODE(unix_mode) or 0o644)
             else:
                 raise _unsafe(f"{info.filename!r} is a device or special file")
-        done: dict[PurePosixPath, tuple[str, int]] = {}
+        done: dict[PurePosixPath, tuple[int, int]] = {}
         for name, (info, _) in files.items():
             written = _take(streamed, name, info, folder=False)
             if written is not None:
@@ -367,7 +366,7 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
                 writer.record(name, *done[name])
             else:
                 writer.folder(name.parent)
-        results: dict[PurePosixPath, tuple[str, int]] = {}
+        results: dict[PurePosixPath, tuple[int, int]] = {}
 
         fd = zf.fp.fileno() if zf.fp is not None else -1
 
@@ -379,8 +378,8 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
                 with zf.open(info) as source:
                     results[name] = writer.write(name, source, mode, stop)
                 return
-            results[name] = writer.write(name, data, mode, stop)
-            data.verify()
+            results[name] = written = writer.write(name, data, mode, stop)
+            data.verify(*written)
 
         # Largest first, so that no thread is left alone with a big file at the end.
         order = sorted((n for n in files if n not in done), key=lambda n: files[n][0].compress_size,
@@ -393,8 +392,8 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
 
 
 def _take(streamed: Streamed | None, name: PurePosixPath, info: zipfile.ZipInfo, folder: bool
-          ) -> tuple[str, int] | None:
-    """The digest and size of `info` if it was streamed exactly as the directory describes it."""
+          ) -> tuple[int, int] | None:
+    """The CRC-32 and size of `info` if it was streamed exactly as the directory describes it."""
     if streamed is None:
         return None
     member = streamed.members.pop(name, None)
@@ -440,10 +439,10 @@ class _Local:
 
 @dataclass
 class Streamed:
-    """What a ZipStream wrote: each member's local header, with its sha256 and size (None
-    for a folder)."""
+    """What a ZipStream wrote: each member's local header, with the CRC-32 and size of the file
+    written (None for a folder)."""
 
-    members: dict[PurePosixPath, tuple[_Local, tuple[str, int] | None]]
+    members: dict[PurePosixPath, tuple[_Local, tuple[int, int] | None]]
 
 
 class ZipStream:
@@ -465,7 +464,7 @@ class ZipStream:
         self.threads = threads or extraction_threads()
         self.min_size = STREAM_MIN if min_size is None else min_size
         self._writer = _Writer(work)
-        self._members: dict[PurePosixPath, tuple[_Local, tuple[str, int] | None]] = {}
+        self._members: dict[PurePosixPath, tuple[_Local, tuple[int, int] | None]] = {}
         self._changed = threading.Condition()
         self._part: Path | None = None
         self._fd: int | None = None
@@ -638,14 +637,14 @@ class ZipStream:
     def _write(self, local: _Local, stop: threading.Event) -> None:
         source = _MemberData(self._read, local.data, local.csize, local.usize, local.crc, local.method,
                              local.filename)
-        digest, size = self._writer.write(local.name, source, _STREAMED_MODE, stop)
-        source.verify()
-        self._members[local.name] = (local, (digest, size))
+        written = self._writer.write(local.name, source, _STREAMED_MODE, stop)
+        source.verify(*written)
+        self._members[local.name] = (local, written)
 
 
 class _MemberData:
-    """A stored or deflated zip member's data, inflated block by block from `read_at`, and
-    checked at the end against the size and CRC the archive gives for it."""
+    """A stored or deflated zip member's data, inflated block by block from `read_at`; what
+    was read is checked at the end against the size and CRC-32 the archive gives for it."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], start: int, csize: int, usize: int,
                  crc: int, method: int, filename: str) -> None:
@@ -658,7 +657,6 @@ class _MemberData:
         self.zlib = _zlib()
         self.inflate = self.zlib.decompressobj(-zlib.MAX_WBITS) if method == zipfile.ZIP_DEFLATED else None
         self.pending = b""
-        self.crc = 0
         self.size = 0
 
     def read(self, size: int) -> bytes:
@@ -666,7 +664,6 @@ class _MemberData:
             block = self._next(size)
             if block or not (self.left or self.pending):
                 break
-        self.crc = self.zlib.crc32(block, self.crc)
         self.size += len(block)
         if self.size > self.usize:
             raise zipfile.BadZipFile(f"{self.filename!r} is longer than the archive says")
@@ -691,11 +688,40 @@ class _MemberData:
         self.pending = self.inflate.unconsumed_tail
         return block
 
-    def verify(self) -> None:
+    def verify(self, crc: int, size: int) -> None:
+        """Check the CRC-32 and size of what was read (the writer takes them as it writes)."""
         if self.inflate is not None and not self.inflate.eof:
             raise zipfile.BadZipFile(f"{self.filename!r} ends early")
-        if self.size != self.usize or self.crc != self.expected_crc:
+        if size != self.usize or crc != self.expected_crc:
             raise zipfile.BadZipFile(f"Bad CRC-32 or size for {self.filename!r}")
+
+
+def crc32_digest(crc: int) -> str:
+    """How the manifest records a file: its CRC-32, taken as it was written.
+
+    A checksum, not a cryptographic hash: the archive's sha256 vouches for what was
+    downloaded, and the per-file record is for `doctor --verify` to notice files changed,
+    damaged or lost since (anyone who could forge a file could rewrite the manifest too).
+    Zip archives carry each member's CRC-32, so extraction checks it at no extra cost.
+    """
+    return f"crc32:{crc:08x}"
+
+
+def digest_matches(path: Path, recorded: str) -> bool:
+    """Whether the file at `path` still has the digest the manifest recorded for it: a
+    CRC-32, or a sha256 (64 hex digits) in manifests of earlier versions."""
+    import hashlib
+
+    crc32 = _zlib().crc32
+    legacy = hashlib.sha256() if ":" not in recorded else None
+    crc = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(COPY_BUFFER):
+            if legacy is not None:
+                legacy.update(block)
+            else:
+                crc = crc32(block, crc)
+    return (legacy.hexdigest() if legacy is not None else crc32_digest(crc)) == recorded
 
 
 _ZLIB: list[Any] = []

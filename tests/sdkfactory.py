@@ -13,6 +13,7 @@ import stat
 import subprocess
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,11 @@ def write_zip_from_tree(tree: Path, archive: Path) -> None:
                 else:
                     mode = stat.S_IMODE(path.stat().st_mode)
                     add_zip_entry(zf, rel, path.read_bytes(), stat.S_IFREG | mode)
+
+
+def manifest_digest(data: bytes) -> str:
+    """What the manifest records for a file holding `data`: its CRC-32, as stdlib zlib computes it."""
+    return f"crc32:{zlib.crc32(data):08x}"
 
 
 def add_zip_entry(zf: zipfile.ZipFile, name: str, data: bytes, mode: int) -> None:

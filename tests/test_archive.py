@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -20,7 +19,15 @@ import pytest
 from qnnctl.archive import extract, work_folder
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from tests.conftest import run_qnnctl
-from tests.sdkfactory import VERSION, SdkSpec, add_tar_entry, add_zip_entry, build_archive, build_sdk_tree
+from tests.sdkfactory import (
+    VERSION,
+    SdkSpec,
+    add_tar_entry,
+    add_zip_entry,
+    build_archive,
+    build_sdk_tree,
+    manifest_digest,
+)
 
 TOP = f"qairt/{VERSION}"
 LIB = f"{TOP}/lib/x86_64-linux-clang"
@@ -29,10 +36,6 @@ LIB = f"{TOP}/lib/x86_64-linux-clang"
 def _work(tmp_path: Path) -> Path:
     """An extraction folder as deep below tmp_path as the CLI's (cache/tmp/<id>/x)."""
     return tmp_path / "cache" / "tmp" / "w" / "x"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # -- well-formed archives --------------------------------------------------------------
@@ -56,7 +59,7 @@ def test_extract_keeps_modes_links_and_records_digests(tmp_path: Path, fmt: str)
     regular = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
     assert set(result.files) == regular
     for name, digest in result.files.items():
-        assert digest == _sha256(root / name), name
+        assert digest == manifest_digest((root / name).read_bytes()), name
     assert result.size == sum((root / name).stat().st_size for name in result.files)
     assert (root / "lib/x86_64-linux-clang/libQnnHtp.so").read_bytes()[:4] == b"\x7fELF"
 

@@ -317,7 +317,7 @@ def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
     results = doctor(VERSION)
     assert results["sdk.manifest"].status == OK
     assert results["sdk.verify"].status == SKIP
-    assert results["sdk.verify"].hint == "`qnnctl doctor --verify` re-hashes them"
+    assert results["sdk.verify"].hint == "`qnnctl doctor --verify` checks them"
     verified = doctor(VERSION, verify=True)["sdk.verify"]
     assert verified.status == OK
     assert verified.detail.startswith("all ")
@@ -329,6 +329,31 @@ def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
     assert "1 changed (QNN_README.txt)" in verified.detail
     assert f"1 missing ({HOST_BIN_DIR}/qnn-context-binary-generator)" in verified.detail
     assert verified.hint == f"reinstall it: `qnnctl install --force {VERSION}`"
+
+
+def test_verify_checks_sha256_digests_of_earlier_manifests(tmp_path: Path, cache_dir: Path) -> None:
+    """Manifests written before digests became CRC-32s hold sha256s: --verify still reads them."""
+    import hashlib
+
+    from qnnctl.cache import MANIFEST_NAME, read_manifest
+    from qnnctl.install import InstallRequest, install
+
+    installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
+                        dict(os.environ), Path.cwd())
+    assert installed.sdk is not None
+    root = installed.sdk.root
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert all(str(digest).startswith("crc32:") for digest in manifest["files"].values())
+    manifest["files"] = {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in manifest["files"]}
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert doctor(VERSION, verify=True)["sdk.verify"].status == OK
+
+    readme = root / "QNN_README.txt"
+    readme.write_bytes(bytes(reversed(readme.read_bytes())))  # same size, other bytes
+    verified = doctor(VERSION, verify=True)["sdk.verify"]
+    assert verified.status == FAIL
+    assert "1 changed (QNN_README.txt)" in verified.detail
 
 
 def test_manifest_without_digests_warns(cache_dir: Path) -> None:

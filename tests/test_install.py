@@ -20,7 +20,7 @@ import qnnctl
 from qnnctl.cache import MANIFEST_NAME, read_manifest
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, manifest_digest
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 LIB = "lib/x86_64-linux-clang"
@@ -53,7 +53,7 @@ def _assert_complete_sdk(root: Path, version: str = VERSION) -> dict[str, object
     }
     assert set(files) == on_disk
     for name, digest in files.items():
-        assert _sha256_file(root / name) == digest, name
+        assert manifest_digest((root / name).read_bytes()) == digest, name
     assert manifest["file_count"] == len(files)
     assert manifest["version"] == version
     assert manifest["qnnctl_version"] == qnnctl.__version__

@@ -32,7 +32,7 @@ from qnnctl.errors import IntegrityError
 from qnnctl.install import InstallRequest, InstallResult, install
 from tests.conftest import PAYLOAD
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree
+from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest
 from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, hostile_archive
 from tests.test_install import _assert_complete_sdk, _cache_is_tidy
 
@@ -428,7 +428,7 @@ def test_download_that_starts_over_discards_what_was_streamed(tmp_path: Path) ->
     archive.write_bytes(second)
     result = extract(archive, work, streamed)
     assert (result.root / "docs/guide.txt").read_bytes() == new
-    assert result.files["docs/guide.txt"] == hashlib.sha256(new).hexdigest()
+    assert result.files["docs/guide.txt"] == manifest_digest(new)
 
 
 def test_partial_file_replaced_by_another_is_not_read_on(tmp_path: Path) -> None:
@@ -511,11 +511,11 @@ def test_every_compression_method_is_read(tmp_path: Path) -> None:
             info.external_attr = (stat.S_IFREG | stat.S_IMODE(path.stat().st_mode)) << 16
             info.compress_type = methods[index % len(methods)]
             zf.writestr(info, path.read_bytes())
-            expected[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+            expected[rel] = manifest_digest(path.read_bytes())
     result = extract(archive, tmp_path / "x")
     assert result.files == expected
     for rel, digest in expected.items():
-        assert hashlib.sha256((result.root / rel).read_bytes()).hexdigest() == digest
+        assert manifest_digest((result.root / rel).read_bytes()) == digest
 
 
 @pytest.mark.parametrize("module", ["zlib", "zlib_ng.zlib_ng"])
@@ -530,4 +530,4 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
         for info in zf.infolist():
             if stat.S_ISREG(info.external_attr >> 16):
                 rel = info.filename.removeprefix(f"{TOP}/")
-                assert result.files[rel] == hashlib.sha256(zf.read(info)).hexdigest(), rel
+                assert result.files[rel] == manifest_digest(zf.read(info)), rel
