@@ -23,7 +23,7 @@ import tarfile
 import threading
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -40,11 +40,13 @@ COPY_BUFFER = 1 << 20
 MAX_LINK_TARGET = 4096  # PATH_MAX: a longer symlink target is not a path
 MIN_THREADS = 2
 MAX_THREADS = 8
+_FILE_COST = 32 << 10  # what creating one file weighs, in bytes inflated
 # Below this, a download is over before extracting alongside it could gain anything.
 STREAM_MIN = 16 << 20
 # Never through a link, never over an existing file.
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _CORRUPT = (zipfile.BadZipFile, tarfile.TarError, EOFError, lzma.LZMAError, zlib.error,
             gzip.BadGzipFile)
 _LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
@@ -135,6 +137,7 @@ class _Writer:
         self.size = 0
         self.dir_modes: dict[PurePosixPath, int] = {}
         self._made: set[PurePosixPath] = {PurePosixPath()}
+        self._umask = _umask()
 
     def directory(self, name: PurePosixPath, mode: int | None) -> None:
         self.folder(name)
@@ -157,13 +160,14 @@ class _Writer:
               stop: threading.Event | None = None) -> tuple[int, int]:
         """Write one file into its (existing) folder; return its CRC-32 and size."""
         path = os.path.join(self.work, name)
+        mode &= 0o777
         try:
-            fd = os.open(path, _CREATE, 0o600)
+            fd = os.open(path, _CREATE, mode)
         except FileExistsError:
             # The same name earlier in the archive: the last one wins, as with tar and unzip.
             # A folder of that name fails here (IsADirectoryError): the archive is malformed.
             os.unlink(path)
-            fd = os.open(path, _CREATE, 0o600)
+            fd = os.open(path, _CREATE, mode)
         crc32 = _zlib().crc32
         crc = size = 0
         try:
@@ -176,7 +180,8 @@ class _Writer:
                 while view:
                     view = view[os.write(fd, view):]
                 size += len(block)
-            os.fchmod(fd, mode & 0o777)
+            if self._umask is None or mode & self._umask:
+                os.fchmod(fd, mode)  # the umask took bits the archive gives: set them exactly
         finally:
             os.close(fd)
         return crc, size
@@ -184,6 +189,26 @@ class _Writer:
     def record(self, name: PurePosixPath, crc: int, size: int) -> None:
         self.digests[name] = crc32_digest(crc)
         self.size += size
+
+
+def _umask() -> int | None:
+    """This process's umask, read without changing it (os.umask() sets it, for every
+    thread); None where /proc does not tell."""
+    value = _proc_status("Umask")
+    return int(value, 8) if value is not None and value.isdigit() else None
+
+
+def _proc_status(field: str) -> str | None:
+    """One field of /proc/self/status (Linux), or None."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key == field:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
 
 class _Stopped(Exception):
@@ -244,6 +269,141 @@ def in_threads(jobs: Iterable[_T], run: Callable[[_T, threading.Event], None], t
         raise interrupted
     if errors:
         raise errors[0]
+
+
+def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
+                 weight: Callable[[_T], int], workers: int) -> dict[_T, _R]:
+    """`run(job, stop)` for every job, in `workers` processes when this one may fork; the
+    results by job.
+
+    Threads share one interpreter lock, and two threads that each make thousands of short
+    system calls hand it back and forth thousands of times: on two cores, two processes
+    extract 100 MB in 2,000 files in 0.16 s where two threads take 0.23 s. The jobs are
+    dealt into shares of about equal weight; this process does the first, a forked child
+    each of the others, and each child sends back its results (or its exception) through a
+    pipe. A child dies with this process. Forking copies only the calling thread, so a
+    process running other threads (an application that called the library) uses threads.
+    """
+    if workers < 2 or len(jobs) < 2 or _proc_status("Threads") != "1":
+        results: dict[_T, _R] = {}
+        in_threads(jobs, lambda job, stop: results.__setitem__(job, run(job, stop)), workers)
+        return results
+    shares: list[list[_T]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for job in sorted(jobs, key=weight, reverse=True):
+        lightest = loads.index(min(loads))
+        shares[lightest].append(job)
+        loads[lightest] += weight(job)
+    children: list[_Child] = []
+    try:
+        for share in shares[1:]:
+            if share:
+                children.append(_Child.fork(share, run))
+        results = {job: run(job, threading.Event()) for job in shares[0]}
+    except BaseException:
+        for child in children:
+            child.kill()
+        raise
+    failures: list[BaseException] = []
+    for child in children:  # every child is waited for, whichever fails
+        try:
+            results.update(child.collect())
+        except BaseException as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+    return results
+
+
+class _Child:
+    """A forked process running a share of `in_processes()`'s jobs."""
+
+    def __init__(self, pid: int, result: int) -> None:
+        self.pid = pid
+        self.result = result  # the read end of the pipe that brings its results
+
+    @classmethod
+    def fork(cls, share: list[_T], run: Callable[[_T, threading.Event], _R]) -> _Child:
+        parent = os.getpid()
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            status = 1
+            try:
+                os.close(read_end)
+                _die_with(parent)
+                stop = threading.Event()
+                payload: tuple[str, Any] = ("ok", {job: run(job, stop) for job in share})
+                status = 0
+            except BaseException as exc:  # sent to the parent, which raises it
+                payload = ("error", exc)
+            finally:
+                try:
+                    _send(write_end, payload)
+                finally:
+                    os._exit(status)
+        os.close(write_end)
+        return cls(pid, read_end)
+
+    def collect(self) -> dict[Any, Any]:
+        """Wait for the child; its results, or its exception raised here."""
+        import pickle
+
+        chunks = []
+        try:
+            while chunk := os.read(self.result, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(self.result)
+            _, status = os.waitpid(self.pid, 0)
+        try:
+            # From our own child, through a pipe no one else holds.
+            kind, value = pickle.loads(b"".join(chunks))  # noqa: S301
+        except Exception:
+            raise RuntimeError(f"an extraction process ended without a result (wait status {status})"
+                               ) from None
+        if kind == "error":
+            raise value
+        return dict(value)
+
+    def kill(self) -> None:
+        import signal
+
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(self.result)
+        os.waitpid(self.pid, 0)
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this (forked) process when its parent dies: a killed qnnctl
+    leaves nothing writing into its work folder."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
+def _send(fd: int, payload: tuple[str, Any]) -> None:
+    import pickle
+
+    try:
+        data = pickle.dumps(payload)
+    except Exception:  # an exception that does not pickle: its text still reaches the parent
+        exc = payload[1]
+        data = pickle.dumps(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.close(fd)
 
 
 def extract(archive: Path, work: Path, streamed: Streamed | None = None) -> Extracted:
@@ -366,29 +526,40 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
                 writer.record(name, *done[name])
             else:
                 writer.folder(name.parent)
-        results: dict[PurePosixPath, tuple[int, int]] = {}
-
         fd = zf.fp.fileno() if zf.fp is not None else -1
+        zips = {os.getpid(): zf}
 
-        def write(name: PurePosixPath, stop: threading.Event) -> None:
+        def write(name: PurePosixPath, stop: threading.Event) -> tuple[int, int]:
             info, mode = files[name]
-            # Threads share the open file: they read it with pread(), which has no position.
+            # Workers share the open file: they read it with pread(), which has no position.
             data = _member_data(fd, info)
             if data is None:
-                with zf.open(info) as source:
-                    results[name] = writer.write(name, source, mode, stop)
-                return
-            results[name] = written = writer.write(name, data, mode, stop)
+                with _own(zips, archive).open(info) as source:
+                    return writer.write(name, source, mode, stop)
+            written = writer.write(name, data, mode, stop)
             data.verify(*written)
+            return written
 
-        # Largest first, so that no thread is left alone with a big file at the end.
-        order = sorted((n for n in files if n not in done), key=lambda n: files[n][0].compress_size,
-                       reverse=True)
-        in_threads(order, write, extraction_threads())
+        def weight(name: PurePosixPath) -> int:
+            # Creating a file costs about as much as inflating a few dozen kilobytes.
+            return files[name][0].file_size + _FILE_COST
+
+        # Largest first, so that no worker is left alone with a big file at the end.
+        order = sorted((n for n in files if n not in done), key=weight, reverse=True)
+        results = in_processes(order, write, weight, extraction_threads())
         for name in files:
             if name not in done:
                 writer.record(name, *results[name])
     return names, links
+
+
+def _own(zips: dict[int, zipfile.ZipFile], archive: Path) -> zipfile.ZipFile:
+    """The archive opened by this process: zipfile seeks and reads its file, and a forked
+    worker would share the file's offset with its parent."""
+    pid = os.getpid()
+    if pid not in zips:
+        zips[pid] = zipfile.ZipFile(archive)  # closed when the worker exits
+    return zips[pid]
 
 
 def _take(streamed: Streamed | None, name: PurePosixPath, info: zipfile.ZipInfo, folder: bool
@@ -411,6 +582,7 @@ def _take(streamed: Streamed | None, name: PurePosixPath, info: zipfile.ZipInfo,
 
 _LOCAL = struct.Struct("<4s5H3L2H")  # a zip local file header, up to the name
 _LOCAL_SIG = b"PK\x03\x04"
+_HEADER_ROOM = 512  # read with a local header: room for its name and extra field
 _STREAMED_MODE = 0o644  # the mode of most files; only the central directory tells
 _ZIP64_EXTRA = 0x0001
 _ENCRYPTED_FLAG = 0x01
@@ -514,6 +686,8 @@ class ZipStream:
     def close(self, abandon: bool = False) -> Streamed | None:
         """Wait for the threads (stopping them when `abandon`), and return what they wrote.
 
+        The threads finish the members they are writing and take no more: with the whole
+        archive on disk, `extract()` writes the rest faster, in processes, largest first.
         None means nothing: what the threads wrote is removed, and `work` is gone.
         """
         with self._changed:
@@ -592,12 +766,13 @@ class ZipStream:
         except Exception as exc:  # anything at all: extract() does it the careful way
             self._fail(f"{type(exc).__name__}: {exc}")
 
-    def _headers(self) -> Iterator[_Local]:
-        """The members, in archive order, as their local headers arrive; creates folders."""
+    def _headers(self) -> Iterator[tuple[_Local, bytes]]:
+        """The members, in archive order, as their local headers arrive, each with the data
+        of a small member (read along with its header); creates folders."""
         offset = 0
         used = 0
         seen: set[PurePosixPath] = set()
-        while True:
+        while not self._ended:
             head = self._read(offset, _LOCAL.size)
             (signature, _, flags, method, _, _, crc, csize, usize, name_len,
              extra_len) = _LOCAL.unpack(head)
@@ -607,8 +782,10 @@ class ZipStream:
                 zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED
             ):
                 return  # encrypted, sizes unknown, or unusual: extract() writes the rest
-            tail = self._read(offset + _LOCAL.size, name_len + extra_len)
-            raw_name, extra = tail[:name_len], tail[name_len:]
+            # A small member's data comes in the same read: the next header is after it anyway.
+            small = csize if csize <= COPY_BUFFER else 0
+            tail = self._read(offset + _LOCAL.size, name_len + extra_len + small)
+            raw_name, extra = tail[:name_len], tail[name_len:name_len + extra_len]
             if 0xFFFFFFFF in (csize, usize):
                 usize, csize = _zip64_sizes(extra, usize, csize)
             # Decoded and cut as zipfile does, so that the names compare.
@@ -632,11 +809,12 @@ class ZipStream:
                 self._members[name] = (local, None)
                 continue
             self._writer.folder(name.parent)
-            yield local
+            yield local, tail[name_len + extra_len:]
 
-    def _write(self, local: _Local, stop: threading.Event) -> None:
+    def _write(self, job: tuple[_Local, bytes], stop: threading.Event) -> None:
+        local, head = job
         source = _MemberData(self._read, local.data, local.csize, local.usize, local.crc, local.method,
-                             local.filename)
+                             local.filename, head)
         written = self._writer.write(local.name, source, _STREAMED_MODE, stop)
         source.verify(*written)
         self._members[local.name] = (local, written)
@@ -647,16 +825,17 @@ class _MemberData:
     was read is checked at the end against the size and CRC-32 the archive gives for it."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], start: int, csize: int, usize: int,
-                 crc: int, method: int, filename: str) -> None:
+                 crc: int, method: int, filename: str, head: bytes = b"") -> None:
+        # `head`: the first bytes of the data, when they were read along with the header.
         self.read_at = read_at
-        self.position = start
-        self.left = csize
+        self.position = start + len(head)
+        self.left = csize - len(head)
         self.usize = usize
         self.expected_crc = crc
         self.filename = filename
         self.zlib = _zlib()
         self.inflate = self.zlib.decompressobj(-zlib.MAX_WBITS) if method == zipfile.ZIP_DEFLATED else None
-        self.pending = b""
+        self.pending = head
         self.size = 0
 
     def read(self, size: int) -> bytes:
@@ -670,19 +849,17 @@ class _MemberData:
         return block
 
     def _next(self, size: int) -> bytes:
-        if self.inflate is None:
-            if not self.left:
-                return b""
-            block = self.read_at(self.position, min(size, self.left))
-            self.position += len(block)
-            self.left -= len(block)
-            return block
         if not self.pending:
             if not self.left:
+                if self.inflate is None or self.inflate.eof:
+                    return b""
                 return bytes(self.inflate.flush())
             self.pending = self.read_at(self.position, min(size, self.left))
             self.position += len(self.pending)
             self.left -= len(self.pending)
+        if self.inflate is None:
+            block, self.pending = self.pending[:size], self.pending[size:]
+            return block
         # Never more than `size` bytes out at once, whatever the input expands to.
         block = bytes(self.inflate.decompress(self.pending, size))
         self.pending = self.inflate.unconsumed_tail
@@ -751,19 +928,25 @@ def _member_data(fd: int, info: zipfile.ZipInfo) -> _MemberData | None:
             raise zipfile.BadZipFile(f"{info.filename!r} is cut short")
         return data
 
-    (signature, _, flags, _, _, _, _, _, _, name_len, extra_len) = _LOCAL.unpack(
-        read_at(info.header_offset, _LOCAL.size)
-    )
+    # One read for the header, the name and, for the many small members, all of the data.
+    csize = info.compress_size
+    head = os.pread(fd, _LOCAL.size + _HEADER_ROOM + (csize if csize <= COPY_BUFFER else 0),
+                    info.header_offset)
+    if len(head) < _LOCAL.size:
+        raise zipfile.BadZipFile(f"{info.filename!r} is cut short")
+    (signature, _, flags, _, _, _, _, _, _, name_len, extra_len) = _LOCAL.unpack_from(head)
     if signature != _LOCAL_SIG:
         raise zipfile.BadZipFile(f"bad local header for {info.filename!r}")
     if flags & (_ENCRYPTED_FLAG | _PATCHED_FLAG):
         raise zipfile.BadZipFile(f"{info.filename!r} is encrypted or patched data")
-    raw = read_at(info.header_offset + _LOCAL.size, name_len)
+    skip = _LOCAL.size + name_len + extra_len
+    if len(head) < skip:  # a long name or extra field
+        head = read_at(info.header_offset, skip)
+    raw = head[_LOCAL.size:_LOCAL.size + name_len]
     if raw.decode("utf-8" if flags & _UTF8_FLAG else "cp437") != info.orig_filename:
         raise zipfile.BadZipFile(f"{info.filename!r} has another name in its local header")
-    start = info.header_offset + _LOCAL.size + name_len + extra_len
-    return _MemberData(read_at, start, info.compress_size, info.file_size, info.CRC,
-                       info.compress_type, info.filename)
+    return _MemberData(read_at, info.header_offset + skip, csize, info.file_size, info.CRC,
+                       info.compress_type, info.filename, head[skip:skip + csize])
 
 
 def _zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int]:

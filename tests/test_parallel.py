@@ -1,0 +1,205 @@
+"""archive.in_processes: jobs shared between this process and forked children.
+
+Each case runs in a fresh interpreter: whether qnnctl forks depends on the process having a
+single thread, which a test runner's own threads would decide otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
+
+PRELUDE = """
+import errno, json, os, sys, threading, time
+from qnnctl.archive import in_processes
+"""
+
+
+def _run(body: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    code = PRELUDE + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _ok(body: str, *args: str) -> str:
+    ran = _run(body, *args)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` no longer runs (reaped, or a zombie left for init to reap)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return "\nState:\tZ" in status
+
+
+def _wait_gone(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_jobs_are_shared_between_processes() -> None:
+    out = _ok("""
+        results = in_processes(list(range(40)), lambda job, stop: (job * job, os.getpid()),
+                               weight=lambda job: job, workers=3)
+        print(json.dumps({"me": os.getpid(), "results": results}))
+    """)
+    data = json.loads(out)
+    results = {int(job): value for job, value in data["results"].items()}
+    assert sorted(results) == list(range(40))
+    assert all(square == job * job for job, (square, _) in results.items())
+    pids = {pid for _, pid in results.values()}
+    assert len(pids) == 3
+    assert data["me"] in pids
+
+
+def test_shares_weigh_about_the_same() -> None:
+    out = _ok("""
+        jobs = [1000] + [10] * 100
+        results = in_processes(list(range(len(jobs))), lambda job, stop: os.getpid(),
+                               weight=lambda job: jobs[job], workers=2)
+        heavy = results[0]
+        print(sum(1 for job, pid in results.items() if pid == heavy))
+    """)
+    assert out.strip() == "1"  # the heavy job alone on one side, the hundred light ones on the other
+
+
+def test_a_threaded_process_uses_threads() -> None:
+    out = _ok("""
+        idle = threading.Event()
+        threading.Thread(target=idle.wait, daemon=True).start()
+        results = in_processes(list(range(10)), lambda job, stop: os.getpid(),
+                               weight=lambda job: 1, workers=2)
+        idle.set()
+        print(set(results.values()) == {os.getpid()})
+    """)
+    assert out.strip() == "True"
+
+
+def test_a_childs_exception_is_raised_in_the_parent() -> None:
+    out = _ok("""
+        def run(job, stop):
+            if job == 1:
+                raise OSError(errno.ENOSPC, "No space left on device", "/work/x/lib/libA.so")
+            return os.getpid()
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)  # job 1: the child's
+        except OSError as exc:
+            print(exc.errno == errno.ENOSPC, exc.filename)
+    """)
+    assert out.strip() == "True /work/x/lib/libA.so"
+
+
+def test_an_exception_that_does_not_pickle_still_reaches_the_parent() -> None:
+    out = _ok("""
+        class Odd(Exception):
+            def __init__(self, what, hook):
+                super().__init__(what)
+                self.hook = hook
+        def run(job, stop):
+            if job == 1:
+                raise Odd("member libB.so is odd", lambda: None)
+            return job
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    assert "member libB.so is odd" in out
+
+
+def test_a_failing_parent_kills_its_children(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    started = time.monotonic()
+    out = _ok("""
+        folder = sys.argv[1]
+        def run(job, stop):
+            if job == 0:  # the parent's share: fail once the child is busy
+                while not os.listdir(folder):
+                    time.sleep(0.01)
+                raise ValueError("the parent's member is corrupt")
+            open(os.path.join(folder, str(os.getpid())), "w").close()
+            time.sleep(60)
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except ValueError as exc:
+            print(exc)
+        (child,) = os.listdir(folder)
+        print("running" if os.path.exists(f"/proc/{child}") else "reaped")
+    """, str(pids))
+    # Reaped before the error reached the caller, not left running until this process ends.
+    assert out.split("\n")[:2] == ["the parent's member is corrupt", "reaped"]
+    assert time.monotonic() - started < 30
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = PRELUDE + textwrap.dedent("""
+        folder = sys.argv[1]
+        def run(job, stop):
+            open(os.path.join(folder, f"{job}-{os.getpid()}"), "w").close()
+            time.sleep(60)
+        in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code, str(pids)])
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        written = dict(name.split("-") for name in os.listdir(pids))
+        assert set(written) == {"0", "1"}
+        child = int(written["1"])
+        assert child != parent.pid
+        assert not _gone(child)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    assert _wait_gone(child), "the forked worker outlived its killed parent"
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_extraction_is_the_same_in_processes_and_in_threads(tmp_path: Path, threads: bool) -> None:
+    """The same tree, modes and manifest digests whichever way the members were shared out."""
+    many = {f"share/d{i % 5}/f{i}.bin": os.urandom(64) * (i % 50 + 1) for i in range(400)}
+    archive = build_archive(tmp_path, "zip", SdkSpec(extra_files=many))
+    out = _ok("""
+        import threading
+        from pathlib import Path
+        from qnnctl.archive import extract
+        if sys.argv[3] == "True":
+            idle = threading.Event()
+            threading.Thread(target=idle.wait, daemon=True).start()
+        result = extract(Path(sys.argv[1]), Path(sys.argv[2]))
+        tree = {}
+        for path in sorted(result.root.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                tree[str(path.relative_to(result.root))] = [oct(path.stat().st_mode), path.read_bytes().hex()]
+        print(json.dumps({"files": result.files, "tree": tree}))
+    """, str(archive), str(tmp_path / f"x-{threads}"), str(threads))
+    data = json.loads(out)
+    assert set(data["files"]) == set(data["tree"])
+    for rel, (_, content) in data["tree"].items():
+        assert data["files"][rel] == manifest_digest(bytes.fromhex(content)), rel
+    for rel, data_bytes in many.items():
+        assert bytes.fromhex(data["tree"][rel][1]) == data_bytes
+    tool = data["tree"]["bin/x86_64-linux-clang/qnn-net-run"]
+    assert int(tool[0], 8) & 0o777 == 0o755
