@@ -255,13 +255,13 @@ def sdk_glibc_requirement(sdk: Sdk) -> Version | None:
 
 def trio_needed(sdk: Sdk) -> list[str]:
     """The libc++ trio members that the SDK's required host libraries name in DT_NEEDED."""
-    from qnnctl.elf import read_elf
+    from qnnctl.elf import needed_libraries
     from qnnctl.sdk import REQUIRED_LIBS
 
     needed: set[str] = set()
     for name in REQUIRED_LIBS:
         try:
-            needed.update(read_elf(sdk.lib_dir / name).needed)
+            needed.update(needed_libraries(sdk.lib_dir / name))
         except Exception as exc:  # an unreadable library is doctor's to report, not ours
             log.debug("cannot read %s: %s", sdk.lib_dir / name, exc)
     return [name for name in TRIO if name in needed]

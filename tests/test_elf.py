@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from qnnctl.elf import (
     Resolver,
     Scanner,
     glibc_of,
+    needed_libraries,
     read_elf,
 )
 from qnnctl.errors import IntegrityError
@@ -112,6 +114,77 @@ def test_highest_glibc_version_needed(tmp_path: Path) -> None:
     plain_glibc = read_elf(plain).glibc
     assert plain_glibc is not None
     assert plain_glibc < (2, 34)
+
+
+def test_needed_libraries_reads_what_pyelftools_reads(tmp_path: Path) -> None:
+    deps = tuple(_library(tmp_path / "deps" / f"lib{name}.so") for name in ("alpha", "beta", "gamma"))
+    lib = _library(tmp_path / "lib" / "libtop.so", needs=deps, extra=("-Wl,-rpath,$ORIGIN", NEW_DTAGS))
+    assert needed_libraries(lib) == read_elf(lib).needed == ("libalpha.so", "libbeta.so", "libgamma.so")
+    system = Path(os.__file__).parents[1] / f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0"
+    for path in [*Path("/usr/lib/x86_64-linux-gnu").glob("libstdc++.so.6*"), system]:
+        if path.is_file() and not path.is_symlink():
+            assert needed_libraries(path) == read_elf(path).needed, path
+
+
+def test_needed_libraries_does_without_section_headers(tmp_path: Path) -> None:
+    """ld.so reads program headers only; a library may have no section header table at all."""
+    dep = _library(tmp_path / "libdep.so")
+    lib = _library(tmp_path / "libtop.so", needs=(dep,))
+    data = bytearray(lib.read_bytes())
+    struct.pack_into("<Q", data, 40, 0)  # e_shoff
+    struct.pack_into("<3H", data, 58, 0, 0, 0)  # e_shentsize, e_shnum, e_shstrndx
+    lib.write_bytes(bytes(data))
+    assert needed_libraries(lib) == ("libdep.so",)
+
+
+def _synthetic_elf(bits: int, little: bool, needed: tuple[str, ...]) -> bytes:
+    """A minimal ELF object: one PT_LOAD over the whole file at 0x10000, PT_DYNAMIC, a string table."""
+    order = "<" if little else ">"
+    wide = bits == 64
+    ehsize, phentsize, dynsize = (64, 56, 16) if wide else (52, 32, 8)
+    strings = b"\0" + b"".join(name.encode() + b"\0" for name in needed)
+    offsets = [1 + sum(len(n) + 1 for n in needed[:i]) for i in range(len(needed))]
+    dyn_at = ehsize + 2 * phentsize
+    entries = [(1, o) for o in offsets] + [(5, 0), (10, len(strings)), (0, 0)]
+    str_at = dyn_at + dynsize * len(entries)
+    entries[len(offsets)] = (5, 0x10000 + str_at)
+    total = str_at + len(strings)
+    ident = b"\x7fELF" + bytes([2 if wide else 1, 1 if little else 2, 1]) + bytes(9)
+    if wide:
+        header = struct.pack(order + "HHIQQQIHHHHHH", 3, 62, 1, 0, ehsize, 0, 0, ehsize, phentsize, 2, 0, 0, 0)
+        load = struct.pack(order + "IIQQQQQQ", 1, 4, 0, 0x10000, 0x10000, total, total, 0x1000)
+        dynamic = struct.pack(order + "IIQQQQQQ", 2, 4, dyn_at, 0x10000 + dyn_at, 0, dynsize * len(entries),
+                              dynsize * len(entries), 8)
+        table = b"".join(struct.pack(order + "qQ", tag, value) for tag, value in entries)
+    else:
+        header = struct.pack(order + "HHIIIIIHHHHHH", 3, 20, 1, 0, ehsize, 0, 0, ehsize, phentsize, 2, 0, 0, 0)
+        load = struct.pack(order + "IIIIIIII", 1, 0, 0x10000, 0x10000, total, total, 4, 0x1000)
+        dynamic = struct.pack(order + "IIIIIIII", 2, dyn_at, 0x10000 + dyn_at, 0, dynsize * len(entries),
+                              dynsize * len(entries), 4, 4)
+        table = b"".join(struct.pack(order + "iI", tag, value) for tag, value in entries)
+    return ident + header + load + dynamic + table + strings
+
+
+@pytest.mark.parametrize(("bits", "little"), [(64, True), (64, False), (32, True), (32, False)])
+def test_needed_libraries_of_every_class_and_byte_order(tmp_path: Path, bits: int, little: bool) -> None:
+    path = tmp_path / "libsynthetic.so"
+    path.write_bytes(_synthetic_elf(bits, little, ("libc++.so.1", "libc++abi.so.1", "libm.so.6")))
+    # pyelftools, reading the same segments, vouches for the synthetic file.
+    assert read_elf(path).needed == ("libc++.so.1", "libc++abi.so.1", "libm.so.6")
+    assert needed_libraries(path) == ("libc++.so.1", "libc++abi.so.1", "libm.so.6")
+
+
+def test_needed_libraries_of_a_damaged_file_is_an_integrity_error(tmp_path: Path) -> None:
+    lib = _library(tmp_path / "libtop.so", needs=(_library(tmp_path / "libdep.so"),))
+    data = lib.read_bytes()
+    cut = tmp_path / "libcut.so"
+    cut.write_bytes(data[:200])
+    with pytest.raises(IntegrityError, match="cannot read the ELF dynamic section"):
+        needed_libraries(cut)
+    text = tmp_path / "libtext.so"
+    text.write_text("INPUT(libc.so.6)\n")
+    with pytest.raises(IntegrityError, match="not an ELF file"):
+        needed_libraries(text)
 
 
 def test_glibc_of_symbol_versions() -> None:
