@@ -1,12 +1,12 @@
 """Safe extraction of SDK archives (zip, tar.gz, tar.xz, tar.bz2, tar).
 
 Members are streamed to disk block by block, each file's CRC-32 taken in the same pass that
-writes it; a zip's members are written by a few threads at once, and `ZipStream` starts on them
-while the archive is still downloading. Nothing is written outside the extraction folder:
-absolute names, `..` components, device files and links that point outside the SDK are
-refused. Symlinks and hard links are created only after every regular file is written, so
-no file is ever written through a link, and the final tree is checked once more so that no
-combination of links can reach outside.
+writes it. `ZipStream` starts on a zip's members while the archive is still downloading; once
+it is complete, the rest are shared out between this process and forked ones (or threads).
+Nothing is written outside the extraction folder: absolute names, `..` components, device
+files and links that point outside the SDK are refused. Symlinks and hard links are created
+only after every regular file is written, so no file is ever written through a link, and the
+final tree is checked once more so that no combination of links can reach outside.
 """
 
 from __future__ import annotations
@@ -295,21 +295,20 @@ def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
         shares[lightest].append(job)
         loads[lightest] += weight(job)
     children: list[_Child] = []
+    failures: list[Exception] = []
     try:
         for share in shares[1:]:
             if share:
                 children.append(_Child.fork(share, run))
         results = {job: run(job, threading.Event()) for job in shares[0]}
-    except BaseException:
-        for child in children:
+        for child in children:  # every child is waited for, whichever fails
+            try:
+                results.update(child.collect())
+            except Exception as exc:
+                failures.append(exc)
+    finally:
+        for child in children:  # after a failure or Ctrl-C here: none keeps writing
             child.kill()
-        raise
-    failures: list[BaseException] = []
-    for child in children:  # every child is waited for, whichever fails
-        try:
-            results.update(child.collect())
-        except BaseException as exc:
-            failures.append(exc)
     if failures:
         raise failures[0]
     return results
@@ -320,7 +319,8 @@ class _Child:
 
     def __init__(self, pid: int, result: int) -> None:
         self.pid = pid
-        self.result = result  # the read end of the pipe that brings its results
+        self.result = result  # the read end of the pipe that brings its results; -1 once closed
+        self.status: int | None = None  # its wait status, once reaped
 
     @classmethod
     def fork(cls, share: list[_T], run: Callable[[_T, threading.Event], _R]) -> _Child:
@@ -350,12 +350,9 @@ class _Child:
         import pickle
 
         chunks = []
-        try:
-            while chunk := os.read(self.result, 1 << 16):
-                chunks.append(chunk)
-        finally:
-            os.close(self.result)
-            _, status = os.waitpid(self.pid, 0)
+        while chunk := os.read(self.result, 1 << 16):
+            chunks.append(chunk)
+        status = self._reap()
         try:
             # From our own child, through a pipe no one else holds.
             kind, value = pickle.loads(b"".join(chunks))  # noqa: S301
@@ -367,14 +364,19 @@ class _Child:
         return dict(value)
 
     def kill(self) -> None:
+        """Stop and reap the child, unless it was collected already."""
         import signal
 
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.close(self.result)
-        os.waitpid(self.pid, 0)
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)  # not reaped, so the pid is still its own
+            self._reap()
+
+    def _reap(self) -> int:
+        if self.result >= 0:
+            os.close(self.result)
+            self.result = -1
+        _, self.status = os.waitpid(self.pid, 0)
+        return self.status
 
 
 def _die_with(parent: int) -> None:

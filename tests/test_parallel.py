@@ -150,6 +150,35 @@ def test_a_failing_parent_kills_its_children(tmp_path: Path) -> None:
     assert time.monotonic() - started < 30
 
 
+def test_interrupting_the_parent_while_it_waits_stops_its_children(tmp_path: Path) -> None:
+    """Ctrl-C sent to qnnctl alone (not to its process group) while a child still works."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = PRELUDE + textwrap.dedent("""
+        folder = sys.argv[1]
+        def run(job, stop):
+            if job == 1:
+                open(os.path.join(folder, str(os.getpid())), "w").close()
+                time.sleep(60)
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except KeyboardInterrupt:
+            (child,) = os.listdir(folder)
+            print("running" if os.path.exists(f"/proc/{child}") else "reaped", flush=True)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code, str(pids)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.listdir(pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # the parent's own share is done: it waits for the child
+        parent.send_signal(signal.SIGINT)
+        out, _ = parent.communicate(timeout=30)
+    finally:
+        parent.kill()
+    assert out.strip() == "reaped"
+
+
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
