@@ -284,7 +284,10 @@ def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
     pipe. A child dies with this process. Forking copies only the calling thread, so a
     process running other threads (an application that called the library) uses threads.
     """
-    if workers < 2 or len(jobs) < 2 or _proc_status("Threads") != "1":
+    threads = _proc_status("Threads")
+    if workers < 2 or len(jobs) < 2 or threads != "1":
+        if workers > 1 and len(jobs) > 1:
+            log.debug("%d jobs in %d threads (this process runs %s threads)", len(jobs), workers, threads)
         results: dict[_T, _R] = {}
         in_threads(jobs, lambda job, stop: results.__setitem__(job, run(job, stop)), workers)
         return results
@@ -294,6 +297,7 @@ def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
         lightest = loads.index(min(loads))
         shares[lightest].append(job)
         loads[lightest] += weight(job)
+    log.debug("%d jobs in %d processes", len(jobs), workers)
     children: list[_Child] = []
     failures: list[Exception] = []
     try:

@@ -124,7 +124,12 @@ def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
     """A tqdm bar on stderr, for when stderr is a terminal."""
     from tqdm import tqdm
 
-    bar: Progress = tqdm(
+    class Bar(tqdm):  # type: ignore[misc]
+        # No monitor thread: the download updates the bar often enough, and that thread
+        # outlives the bar, which would keep the extraction from forking (archive.in_processes).
+        monitor_interval = 0
+
+    bar: Progress = Bar(
         total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
         desc=label, file=sys.stderr, leave=False,
     )

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pty
+import re
 import shutil
 import socket
 import subprocess
@@ -211,7 +212,7 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(mirror: FaultServ
 
 def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> None:
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "install"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "-v", "install"], stdout=subprocess.PIPE,
                             stderr=terminal, stdin=subprocess.DEVNULL)
     os.close(terminal)
     seen = bytearray()
@@ -223,6 +224,8 @@ def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> Non
     assert out.decode().strip().endswith(f"sdks/{VERSION}")
     assert b"\r" in seen  # tqdm redraws its bar in place
     assert b"% of" not in seen  # and the plain lines are not printed as well
+    # The bar leaves no thread behind that would keep the extraction from forking.
+    assert re.search(rb"\d+ jobs in \d+ processes", seen), seen.decode(errors="replace")
 
 
 def test_proxy_from_the_environment_is_used(server: FaultServer, cache_dir: Path,
