@@ -105,7 +105,12 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
     entry = struct.Struct(order + ("qQ" if wide else "iI"))  # Elf_Dyn: d_tag, d_val
     try:
         with open(path, "rb") as handle:
+            length = os.fstat(handle.fileno()).st_size
+
             def read(offset: int, size: int) -> bytes:
+                # Sizes come from the file: a damaged one must not make us allocate gigabytes.
+                if offset < 0 or size < 0 or offset + size > length:
+                    raise ValueError("the file ends early")
                 handle.seek(offset)
                 data = handle.read(size)
                 if len(data) != size:

@@ -174,6 +174,25 @@ def test_needed_libraries_of_every_class_and_byte_order(tmp_path: Path, bits: in
     assert needed_libraries(path) == ("libc++.so.1", "libc++abi.so.1", "libm.so.6")
 
 
+def test_needed_libraries_trusts_no_size_in_a_damaged_file(tmp_path: Path) -> None:
+    """Sizes in the headers are checked against the file before anything is read."""
+    import tracemalloc
+
+    lib = _library(tmp_path / "libtop.so", needs=(_library(tmp_path / "libdep.so"),))
+    data = bytearray(lib.read_bytes())
+    struct.pack_into("<2H", data, 54, 0xFFFF, 0xFFFF)  # e_phentsize, e_phnum: 4 GiB of headers
+    huge = tmp_path / "libhuge.so"
+    huge.write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        with pytest.raises(IntegrityError, match="ends early"):
+            needed_libraries(huge)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
 def test_needed_libraries_of_a_damaged_file_is_an_integrity_error(tmp_path: Path) -> None:
     lib = _library(tmp_path / "libtop.so", needs=(_library(tmp_path / "libdep.so"),))
     data = lib.read_bytes()
