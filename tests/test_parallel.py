@@ -37,6 +37,21 @@ def _ok(body: str, *args: str) -> str:
     return ran.stdout
 
 
+def _start(body: str, folder: Path, stdout: int | None = None) -> subprocess.Popen[str]:
+    """The script `body` in a fresh interpreter, with `folder` (where its workers leave
+    their pids) as its argument."""
+    code = PRELUDE + textwrap.dedent(body)
+    return subprocess.Popen([sys.executable, "-c", code, str(folder)], text=True, stdout=stdout)
+
+
+def _files(folder: Path, count: int) -> list[str]:
+    """The names in `folder`, once there are `count` of them (or 30 s have passed)."""
+    deadline = time.monotonic() + 30
+    while len(os.listdir(folder)) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return os.listdir(folder)
+
+
 def _gone(pid: int) -> bool:
     """Whether `pid` no longer runs (reaped, or a zombie left for init to reap)."""
     try:
@@ -154,7 +169,7 @@ def test_interrupting_the_parent_while_it_waits_stops_its_children(tmp_path: Pat
     """Ctrl-C sent to qnnctl alone (not to its process group) while a child still works."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    code = PRELUDE + textwrap.dedent("""
+    parent = _start("""
         folder = sys.argv[1]
         def run(job, stop):
             if job == 1:
@@ -165,12 +180,9 @@ def test_interrupting_the_parent_while_it_waits_stops_its_children(tmp_path: Pat
         except KeyboardInterrupt:
             (child,) = os.listdir(folder)
             print("running" if os.path.exists(f"/proc/{child}") else "reaped", flush=True)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", code, str(pids)], stdout=subprocess.PIPE, text=True)
+    """, pids, stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while not os.listdir(pids) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert _files(pids, 1)
         time.sleep(0.2)  # the parent's own share is done: it waits for the child
         parent.send_signal(signal.SIGINT)
         out, _ = parent.communicate(timeout=30)
@@ -182,19 +194,15 @@ def test_interrupting_the_parent_while_it_waits_stops_its_children(tmp_path: Pat
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
-    code = PRELUDE + textwrap.dedent("""
+    parent = _start("""
         folder = sys.argv[1]
         def run(job, stop):
             open(os.path.join(folder, f"{job}-{os.getpid()}"), "w").close()
             time.sleep(60)
         in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", code, str(pids)])
+    """, pids)
     try:
-        deadline = time.monotonic() + 30
-        while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        written = dict(name.split("-") for name in os.listdir(pids))
+        written = dict(name.split("-") for name in _files(pids, 2))
         assert set(written) == {"0", "1"}
         child = int(written["1"])
         assert child != parent.pid
