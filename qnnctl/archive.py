@@ -17,6 +17,7 @@ import logging
 import lzma
 import os
 import shutil
+import signal
 import stat
 import struct
 import tarfile
@@ -24,10 +25,10 @@ import threading
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, NoReturn, Protocol, TypeVar
 
 from qnnctl.cache import SPACE_MARGIN, require_free_space
 from qnnctl.errors import DiskSpaceError, IntegrityError
@@ -137,7 +138,7 @@ class _Writer:
         self.size = 0
         self.dir_modes: dict[PurePosixPath, int] = {}
         self._made: set[PurePosixPath] = {PurePosixPath()}
-        self._umask = _umask()
+        self._mask = _creation_mask(work)
 
     def directory(self, name: PurePosixPath, mode: int | None) -> None:
         self.folder(name)
@@ -180,7 +181,7 @@ class _Writer:
                 while view:
                     view = view[os.write(fd, view):]
                 size += len(block)
-            if self._umask is None or mode & self._umask:
+            if self._mask is None or mode & self._mask:
                 os.fchmod(fd, mode)  # the umask took bits the archive gives: set them exactly
         finally:
             os.close(fd)
@@ -191,9 +192,19 @@ class _Writer:
         self.size += size
 
 
-def _umask() -> int | None:
-    """This process's umask, read without changing it (os.umask() sets it, for every
-    thread); None where /proc does not tell."""
+def _creation_mask(work: Path) -> int | None:
+    """The bits the system takes from the mode a file is created with under `work`: this
+    process's umask, read without changing it (os.umask() sets it, for every thread). None
+    when that is not known: /proc does not tell, or a default ACL on `work` (which folders
+    made inside it inherit) takes the umask's place."""
+    try:
+        os.getxattr(work, "system.posix_acl_default")
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+    except AttributeError:  # pragma: no cover - no extended attributes on this platform
+        return None
     value = _proc_status("Umask")
     return int(value, 8) if value is not None and value.isdigit() else None
 
@@ -298,24 +309,37 @@ def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
         shares[lightest].append(job)
         loads[lightest] += weight(job)
     log.debug("%d jobs in %d processes", len(jobs), workers)
+    own = shares[0]
     children: list[_Child] = []
     failures: list[Exception] = []
     try:
         for share in shares[1:]:
-            if share:
-                children.append(_Child.fork(share, run))
-        results = {job: run(job, threading.Event()) for job in shares[0]}
+            if share and not _Child.start(share, run, children):
+                own = own + share  # the system refused a process: this one does that share too
+        results = {job: run(job, threading.Event()) for job in own}
         for child in children:  # every child is waited for, whichever fails
             try:
                 results.update(child.collect())
             except Exception as exc:
                 failures.append(exc)
     finally:
-        for child in children:  # after a failure or Ctrl-C here: none keeps writing
-            child.kill()
+        with _sigint_blocked():  # after a failure or Ctrl-C here: none keeps writing
+            for child in children:
+                child.kill()
     if failures:
         raise failures[0]
     return results
+
+
+@contextmanager
+def _sigint_blocked() -> Iterator[signal.Signals]:
+    """Ctrl-C held back (delivered on leaving) while a child is forked, recorded or reaped:
+    a KeyboardInterrupt in between would lose track of it, or raise in the child."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield signal.SIGINT
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 class _Child:
@@ -327,27 +351,31 @@ class _Child:
         self.status: int | None = None  # its wait status, once reaped
 
     @classmethod
-    def fork(cls, share: list[_T], run: Callable[[_T, threading.Event], _R]) -> _Child:
+    def start(cls, share: list[_T], run: Callable[[_T, threading.Event], _R], children: list[_Child]) -> bool:
+        """Fork a child for `share` and add it to `children`; False when the system refuses."""
+        import gc
+
         parent = os.getpid()
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            status = 1
+        collecting = gc.isenabled()
+        with _sigint_blocked():
+            read_end, write_end = os.pipe()
+            # The child never collects: it would run finalizers of this process's garbage.
+            gc.disable()
             try:
+                pid = os.fork()
+            except OSError as exc:  # too many processes, or no memory for another
+                log.debug("cannot start an extraction process: %s", exc)
                 os.close(read_end)
-                _die_with(parent)
-                stop = threading.Event()
-                payload: tuple[str, Any] = ("ok", {job: run(job, stop) for job in share})
-                status = 0
-            except BaseException as exc:  # sent to the parent, which raises it
-                payload = ("error", exc)
+                os.close(write_end)
+                return False
             finally:
-                try:
-                    _send(write_end, payload)
-                finally:
-                    os._exit(status)
-        os.close(write_end)
-        return cls(pid, read_end)
+                if collecting and os.getpid() == parent:
+                    gc.enable()
+            if pid == 0:
+                _child(share, run, parent, read_end, write_end)  # never returns
+            os.close(write_end)
+            children.append(cls(pid, read_end))
+        return True
 
     def collect(self) -> dict[Any, Any]:
         """Wait for the child; its results, or its exception raised here."""
@@ -369,25 +397,52 @@ class _Child:
 
     def kill(self) -> None:
         """Stop and reap the child, unless it was collected already."""
-        import signal
-
         if self.status is None:
-            os.kill(self.pid, signal.SIGKILL)  # not reaped, so the pid is still its own
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)  # not reaped, so the pid is still its own
             self._reap()
 
     def _reap(self) -> int:
-        if self.result >= 0:
-            os.close(self.result)
-            self.result = -1
-        _, self.status = os.waitpid(self.pid, 0)
+        # Its end of the pipe is closed: it is exiting, or killed. Ctrl-C waits for the
+        # status to be recorded, so that a reaped pid (which another process may take
+        # next) is never signalled.
+        with _sigint_blocked():
+            if self.result >= 0:
+                os.close(self.result)
+                self.result = -1
+            try:
+                _, self.status = os.waitpid(self.pid, 0)
+            except ChildProcessError:  # reaped by someone else (an application's SIGCHLD handler)
+                self.status = -1
         return self.status
+
+
+def _child(share: list[_T], run: Callable[[_T, threading.Event], _R], parent: int, read_end: int,
+           write_end: int) -> NoReturn:
+    """A forked child's whole life: its share, then the results (or the exception) to the
+    parent, then `os._exit`: nothing of the parent's code that called fork() runs again here."""
+    status = 1
+    payload: tuple[str, Any] = ("error", RuntimeError("the extraction process did not start"))
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        os.close(read_end)
+        _die_with(parent)
+        stop = threading.Event()
+        payload = ("ok", {job: run(job, stop) for job in share})
+        status = 0
+    except BaseException as exc:  # sent to the parent, which raises it
+        payload = ("error", exc)
+    finally:
+        try:
+            _send(write_end, payload)
+        finally:
+            os._exit(status)
 
 
 def _die_with(parent: int) -> None:
     """Have the kernel kill this (forked) process when its parent dies: a killed qnnctl
     leaves nothing writing into its work folder."""
     import ctypes
-    import signal
 
     pr_set_pdeathsig = 1
     try:
@@ -403,7 +458,9 @@ def _send(fd: int, payload: tuple[str, Any]) -> None:
 
     try:
         data = pickle.dumps(payload)
-    except Exception:  # an exception that does not pickle: its text still reaches the parent
+        if payload[0] == "error":
+            pickle.loads(data)  # noqa: S301 - an exception that pickles may still not unpickle
+    except Exception:  # one that does not come back: its text still reaches the parent
         exc = payload[1]
         data = pickle.dumps(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
     view = memoryview(data)
@@ -867,7 +924,10 @@ class _MemberData:
             block, self.pending = self.pending[:size], self.pending[size:]
             return block
         # Never more than `size` bytes out at once, whatever the input expands to.
-        block = bytes(self.inflate.decompress(self.pending, size))
+        try:
+            block = bytes(self.inflate.decompress(self.pending, size))
+        except self.zlib.error as exc:  # zlib-ng's error is not zlib's, and does not pickle
+            raise zipfile.BadZipFile(f"{self.filename!r} does not inflate: {exc}") from None
         self.pending = self.inflate.unconsumed_tail
         return block
 

@@ -42,6 +42,9 @@ _GLIBC_VERSION = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
 _ELF_MAGIC = b"\x7fELF"
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
+# Bounds for a damaged or hostile library: names (PATH_MAX) and how many are read.
+_MAX_NAME = 4096
+_MAX_NEEDED = 1024
 
 
 @dataclass(frozen=True)
@@ -134,13 +137,13 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
             if dynamic is None:
                 return ()  # linked statically: it needs nothing
             raw = read(dynamic[0], dynamic[1] - dynamic[1] % entry.size)
-            names: list[int] = []
+            names: dict[int, None] = {}  # offsets of the names, each once, in order
             strtab = strsz = None
             for tag, value in entry.iter_unpack(raw):
                 if tag == _DT_NULL:
                     break
-                if tag == _DT_NEEDED:
-                    names.append(value)
+                if tag == _DT_NEEDED and len(names) < _MAX_NEEDED:
+                    names[value] = None
                 elif tag == _DT_STRTAB:
                     strtab = value
                 elif tag == _DT_STRSZ:
@@ -154,8 +157,13 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
             if start is None:
                 raise ValueError("the string table is in no loaded segment")
             strings = read(start, strsz)
-            return tuple(strings[name:strings.index(b"\0", name)].decode("utf-8", "surrogateescape")
-                         for name in names)
+            found: list[str] = []
+            for name in names:
+                end = strings.find(b"\0", name, name + _MAX_NAME)
+                if end < 0:
+                    raise ValueError("a DT_NEEDED name without an end")
+                found.append(strings[name:end].decode("utf-8", "surrogateescape"))
+            return tuple(found)
     except (OSError, ValueError, struct.error) as exc:
         raise IntegrityError(
             f"cannot read the ELF dynamic section of {path}: {exc}",

@@ -154,16 +154,31 @@ def _flip_in_payload(path: Path) -> Path:
     return path
 
 
-PAYLOAD_SPEC = SdkSpec(extra_files={"docs/payload.bin": os.urandom(256 << 10)})
+def garble_deflate(path: Path) -> Path:
+    """Make a deflated member's data something that does not inflate at all (where a flipped
+    byte in stored data only breaks the CRC)."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"{TOP}/docs/text.txt")
+    assert info.compress_type == zipfile.ZIP_DEFLATED
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start:start + 8] = b"\xff" * 8  # block type 3: reserved, an error for every inflater
+    path.write_bytes(bytes(data))
+    return path
+
+
+PAYLOAD_SPEC = SdkSpec(extra_files={"docs/payload.bin": os.urandom(256 << 10),
+                                    "docs/text.txt": b"the quick brown fox jumps over the lazy dog\n" * 5000})
 
 
 @pytest.mark.parametrize(("fmt", "damage"), [
     ("zip", lambda p: _truncate(p, 0.5)),
     ("zip", _flip_in_payload),
+    ("zip", garble_deflate),
     ("tar.gz", lambda p: _truncate(p, 0.5)),
     ("tar.xz", lambda p: _truncate(p, 0.5)),
     ("tar.gz", lambda p: _truncate(p, 0.999)),
-], ids=["zip-truncated", "zip-bad-crc", "tar.gz-truncated", "tar.xz-truncated", "tar.gz-last-bytes"])
+], ids=["zip-truncated", "zip-bad-crc", "zip-bad-deflate", "tar.gz-truncated", "tar.xz-truncated", "tar.gz-last-bytes"])
 def test_corrupt_archives_are_integrity_errors(tmp_path: Path, fmt: str,
                                                damage: Callable[[Path], Path]) -> None:
     archive = damage(build_archive(tmp_path, fmt, PAYLOAD_SPEC))

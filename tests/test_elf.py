@@ -193,6 +193,14 @@ def test_needed_libraries_trusts_no_size_in_a_damaged_file(tmp_path: Path) -> No
     assert peak < 1 << 20
 
 
+def test_needed_libraries_bounds_each_name(tmp_path: Path) -> None:
+    """Thousands of DT_NEEDED entries may point into one endless string: names stop at PATH_MAX."""
+    path = tmp_path / "libendless.so"
+    path.write_bytes(_synthetic_elf(64, True, ("lib" + "x" * 10000 + ".so",)))
+    with pytest.raises(IntegrityError, match="without an end"):
+        needed_libraries(path)
+
+
 def test_needed_libraries_of_a_damaged_file_is_an_integrity_error(tmp_path: Path) -> None:
     lib = _library(tmp_path / "libtop.so", needs=(_library(tmp_path / "libdep.so"),))
     data = lib.read_bytes()

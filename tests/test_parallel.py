@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -18,10 +20,25 @@ from pathlib import Path
 import pytest
 
 from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
+from tests.test_archive import PAYLOAD_SPEC, garble_deflate
 
 PRELUDE = """
 import errno, json, os, sys, threading, time
 from qnnctl.archive import in_processes
+"""
+
+
+# A script that extracts sys.argv[1] into sys.argv[2], in threads if sys.argv[3] is "True"
+# (this process then runs a second thread), with qnnctl's debug messages on stderr.
+EXTRACT = """
+import logging, threading
+from pathlib import Path
+from qnnctl.archive import extract
+from qnnctl.errors import IntegrityError
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+if sys.argv[3] == "True":
+    idle = threading.Event()
+    threading.Thread(target=idle.wait, daemon=True).start()
 """
 
 
@@ -218,21 +235,17 @@ def test_extraction_is_the_same_in_processes_and_in_threads(tmp_path: Path, thre
     """The same tree, modes and manifest digests whichever way the members were shared out."""
     many = {f"share/d{i % 5}/f{i}.bin": os.urandom(64) * (i % 50 + 1) for i in range(400)}
     archive = build_archive(tmp_path, "zip", SdkSpec(extra_files=many))
-    out = _ok("""
-        import threading
-        from pathlib import Path
-        from qnnctl.archive import extract
-        if sys.argv[3] == "True":
-            idle = threading.Event()
-            threading.Thread(target=idle.wait, daemon=True).start()
+    ran = _run(EXTRACT + textwrap.dedent("""
         result = extract(Path(sys.argv[1]), Path(sys.argv[2]))
         tree = {}
         for path in sorted(result.root.rglob("*")):
             if path.is_file() and not path.is_symlink():
                 tree[str(path.relative_to(result.root))] = [oct(path.stat().st_mode), path.read_bytes().hex()]
         print(json.dumps({"files": result.files, "tree": tree}))
-    """, str(archive), str(tmp_path / f"x-{threads}"), str(threads))
-    data = json.loads(out)
+    """), str(archive), str(tmp_path / f"x-{threads}"), str(threads))
+    assert ran.returncode == 0, ran.stderr
+    assert re.search(r"\d+ jobs in 2 threads" if threads else r"\d+ jobs in 2 processes", ran.stderr), ran.stderr
+    data = json.loads(ran.stdout)
     assert set(data["files"]) == set(data["tree"])
     for rel, (_, content) in data["tree"].items():
         assert data["files"][rel] == manifest_digest(bytes.fromhex(content)), rel
@@ -240,3 +253,69 @@ def test_extraction_is_the_same_in_processes_and_in_threads(tmp_path: Path, thre
         assert bytes.fromhex(data["tree"][rel][1]) == data_bytes
     tool = data["tree"]["bin/x86_64-linux-clang/qnn-net-run"]
     assert int(tool[0], 8) & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_a_member_that_does_not_inflate_is_an_integrity_error(tmp_path: Path, threads: bool) -> None:
+    """zlib-ng's error is not zlib's and does not pickle: a worker reports it as a corrupt member."""
+    archive = garble_deflate(build_archive(tmp_path, "zip", PAYLOAD_SPEC))
+    out = _ok(EXTRACT + textwrap.dedent("""
+        try:
+            extract(Path(sys.argv[1]), Path(sys.argv[2]))
+        except IntegrityError as exc:
+            print(exc.exit_code, exc.message)
+    """), str(archive), str(tmp_path / "x"), str(threads))
+    assert out.startswith("4 "), out
+    assert "corrupt or truncated" in out
+    assert "docs/text.txt" in out
+
+
+def test_a_refused_fork_leaves_the_share_to_this_process() -> None:
+    """fork() can fail (a pids cgroup limit, no memory): the work is done all the same."""
+    out = _ok("""
+        def refuse():
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        os.fork = refuse
+        before = len(os.listdir("/proc/self/fd"))
+        results = in_processes(list(range(20)), lambda job, stop: (job, os.getpid()),
+                               weight=lambda job: 1, workers=3)
+        print(sorted(results) == list(range(20)), {pid for _, pid in results.values()} == {os.getpid()},
+              len(os.listdir("/proc/self/fd")) - before)
+    """)
+    assert out.split() == ["True", "True", "0"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000, "default ACL"])
+def test_files_get_the_archives_modes_exactly(tmp_path: Path, umask: int | str) -> None:
+    """Files are created with their final mode; fchmod() only where the system took bits away,
+    which a default ACL on the folder does in place of the umask."""
+    import zipfile
+
+    from tests.sdkfactory import add_zip_entry
+
+    modes = {"bin/tool": 0o755, "lib/x86_64-linux-clang/libx.so": 0o644, "etc/secret": 0o600, "share/open": 0o666,
+             "bin/group-tool": 0o775}
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for rel, mode in modes.items():
+            add_zip_entry(zf, f"qairt/2.37.0.250724/{rel}", b"x" * 100, 0o100000 | mode)
+    work = tmp_path / "w"
+    work.mkdir()
+    if umask == "default ACL":
+        # user::rwx group::r-x other::--- as `setfacl -d -m g::rx,o::0` sets it; the umask is then ignored.
+        acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, 0xFFFFFFFF)
+                                              for tag, perm in [(0x01, 7), (0x04, 5), (0x20, 0)])
+        try:
+            os.setxattr(work, "system.posix_acl_default", acl)
+        except OSError as exc:
+            pytest.skip(f"this file system keeps no ACLs: {exc}")
+    out = _ok("""
+        import json
+        from pathlib import Path
+        from qnnctl.archive import extract
+        os.umask(int(sys.argv[2], 8))
+        root = extract(Path(sys.argv[1]), Path(sys.argv[3]) / "x").root
+        print(json.dumps({str(p.relative_to(root)): p.stat().st_mode & 0o777
+                          for p in root.rglob("*") if p.is_file()}))
+    """, str(archive), "022" if umask == "default ACL" else oct(int(umask))[2:], str(work))
+    assert json.loads(out) == modes
