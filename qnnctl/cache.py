@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
 
@@ -35,8 +34,9 @@ def cache_root(environ: Mapping[str, str]) -> Path:
     return Path(user_cache_dir("qnnctl", appauthor=False))
 
 
-@dataclass(frozen=True)
-class Cache:
+class Cache(NamedTuple):
+    """qnnctl's cache folder and its layout."""
+
     root: Path
 
     @classmethod

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.errors import InvalidSdkError, NotInstalledError, UsageError
@@ -28,8 +28,7 @@ BY_EXECUTORCH = "executorch"
 BY_DEFAULT = "default"
 
 
-@dataclass(frozen=True)
-class Sdk:
+class Sdk(NamedTuple):
     """A usable SDK: its root folder, its version and where it was found."""
 
     root: Path
@@ -45,8 +44,7 @@ class Sdk:
         return self.root / HOST_BIN_DIR
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     """Which SDK a command should use, and why.
 
     Exactly one of `version` and `root` is set, except for a caller-managed SDK
