@@ -197,8 +197,11 @@ def _creation_mask(work: Path) -> int | None:
     process's umask, read without changing it (os.umask() sets it, for every thread). None
     when that is not known: /proc does not tell, or a default ACL on `work` (which folders
     made inside it inherit) takes the umask's place."""
+    folder = work
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # `work` is made later, and inherits this one's default ACL
     try:
-        os.getxattr(work, "system.posix_acl_default")
+        os.getxattr(folder, "system.posix_acl_default")
         return None
     except OSError as exc:
         if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):

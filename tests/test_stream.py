@@ -149,6 +149,34 @@ def test_streamed_install_is_the_same_as_extracting_afterwards(server: FaultServ
     assert len(server.requests_for(PATH)) == 1
 
 
+def test_streamed_files_get_exact_modes_under_a_default_acl(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+    """A default ACL on the cache takes the umask's place for every folder made in it: files
+    are then given their modes explicitly, the streamed ones too."""
+    import struct as layout
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # user::rwx group::r-x other::--- (as `setfacl -d -m g::rx,o::0` sets it)
+    acl = layout.pack("<I", 2) + b"".join(layout.pack("<HHI", tag, perm, 0xFFFFFFFF)
+                                          for tag, perm in [(0x01, 7), (0x04, 5), (0x20, 0)])
+    try:
+        os.setxattr(cache_dir, "system.posix_acl_default", acl)
+    except OSError as exc:
+        pytest.skip(f"this file system keeps no ACLs: {exc}")
+    archive = _archive(tmp_path)
+    _serve(server, monkeypatch, archive.read_bytes())
+    server.fail(PATH, Fault.slow(4 << 10, 0.005))
+    result = _install()
+    assert result.sdk is not None
+    assert log.streamed()[0] > 0, log.messages
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            mode = info.external_attr >> 16
+            if stat.S_ISREG(mode):
+                path = result.sdk.root / info.filename.removeprefix(f"{TOP}/")
+                assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE(mode), info.filename
+
+
 def test_resumed_download_streams_on(server: FaultServer, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
     # Incompressible, so that whole blocks reach the disk before the connection drops.
