@@ -60,7 +60,7 @@ class Extracted:
     root: Path
     top: str  # the archive folder that held the SDK, e.g. "qairt/2.37.0.250724"
     version: str | None
-    files: dict[str, str] = field(default_factory=dict)  # path -> digest (cache.file_digest), under root
+    files: dict[str, str] = field(default_factory=dict)  # path -> crc32_digest(), under root
     size: int = 0
 
 
@@ -182,7 +182,7 @@ class _Writer:
                     view = view[os.write(fd, view):]
                 size += len(block)
             if self._mask is None or mode & self._mask:
-                os.fchmod(fd, mode)  # the umask took bits the archive gives: set them exactly
+                os.fchmod(fd, mode)  # the umask (or an ACL) took bits the archive gives
         finally:
             os.close(fd)
         return crc, size
@@ -297,7 +297,9 @@ def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
     each of the others, and each child sends back its results (or its exception) through a
     pipe. A child dies with this process. Forking copies only the calling thread, so a
     process running other threads (an application that called the library) uses threads.
+    Either way the heaviest jobs go first, so that no worker is left alone with one at the end.
     """
+    jobs = sorted(jobs, key=weight, reverse=True)
     threads = _proc_status("Threads")
     if workers < 2 or len(jobs) < 2 or threads != "1":
         if workers > 1 and len(jobs) > 1:
@@ -307,7 +309,7 @@ def in_processes(jobs: Sequence[_T], run: Callable[[_T, threading.Event], _R],
         return results
     shares: list[list[_T]] = [[] for _ in range(workers)]
     loads = [0] * workers
-    for job in sorted(jobs, key=weight, reverse=True):
+    for job in jobs:
         lightest = loads.index(min(loads))
         shares[lightest].append(job)
         loads[lightest] += weight(job)
@@ -610,8 +612,7 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
             # Creating a file costs about as much as inflating a few dozen kilobytes.
             return files[name][0].file_size + _FILE_COST
 
-        # Largest first, so that no worker is left alone with a big file at the end.
-        order = sorted((n for n in files if n not in done), key=weight, reverse=True)
+        order = [n for n in files if n not in done]
         results = in_processes(order, write, weight, extraction_threads())
         for name in files:
             if name not in done:
@@ -956,18 +957,16 @@ def crc32_digest(crc: int) -> str:
 def digest_matches(path: Path, recorded: str) -> bool:
     """Whether the file at `path` still has the digest the manifest recorded for it: a
     CRC-32, or a sha256 (64 hex digits) in manifests of earlier versions."""
-    import hashlib
+    if ":" not in recorded:
+        from qnnctl.download import file_sha256
 
+        return file_sha256(path) == recorded
     crc32 = _zlib().crc32
-    legacy = hashlib.sha256() if ":" not in recorded else None
     crc = 0
     with open(path, "rb") as handle:
         while block := handle.read(COPY_BUFFER):
-            if legacy is not None:
-                legacy.update(block)
-            else:
-                crc = crc32(block, crc)
-    return (legacy.hexdigest() if legacy is not None else crc32_digest(crc)) == recorded
+            crc = crc32(block, crc)
+    return crc32_digest(crc) == recorded
 
 
 _ZLIB: list[Any] = []

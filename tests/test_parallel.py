@@ -104,10 +104,10 @@ def test_jobs_are_shared_between_processes() -> None:
 
 def test_shares_weigh_about_the_same() -> None:
     out = _ok("""
-        jobs = [1000] + [10] * 100
+        jobs = [10] * 100 + [1000]  # the heavy one last: in_processes deals the heaviest first
         results = in_processes(list(range(len(jobs))), lambda job, stop: os.getpid(),
                                weight=lambda job: jobs[job], workers=2)
-        heavy = results[0]
+        heavy = results[100]
         print(sum(1 for job, pid in results.items() if pid == heavy))
     """)
     assert out.strip() == "1"  # the heavy job alone on one side, the hundred light ones on the other
