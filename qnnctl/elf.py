@@ -87,6 +87,15 @@ def elf_identity(path: Path) -> ElfIdentity | None:
     return ElfIdentity(bits=32 if head[4] == 1 else 64, little_endian=little, machine=machine)
 
 
+def _not_elf(path: Path) -> IntegrityError:
+    return IntegrityError(f"{path} is not an ELF file", hint="reinstall the SDK it belongs to")
+
+
+def _unreadable(path: Path, why: Exception) -> IntegrityError:
+    return IntegrityError(f"cannot read the ELF dynamic section of {path}: {why}",
+                          hint="the file is damaged or truncated; reinstall the SDK it belongs to")
+
+
 def needed_libraries(path: Path) -> tuple[str, ...]:
     """The DT_NEEDED names of an ELF object, found as ld.so finds them: through its program
     headers, PT_DYNAMIC and the PT_LOAD segment that holds the string table.
@@ -98,7 +107,7 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
     """
     identity = elf_identity(path)
     if identity is None:
-        raise IntegrityError(f"{path} is not an ELF file", hint="reinstall the SDK it belongs to")
+        raise _not_elf(path)
     order = "<" if identity.little_endian else ">"
     wide = identity.bits == 64
     # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz, ...; Elf32_Phdr: type, offset,
@@ -165,10 +174,7 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
                 found.append(strings[name:end].decode("utf-8", "surrogateescape"))
             return tuple(found)
     except (OSError, ValueError, struct.error) as exc:
-        raise IntegrityError(
-            f"cannot read the ELF dynamic section of {path}: {exc}",
-            hint="the file is damaged or truncated; reinstall the SDK it belongs to",
-        ) from None
+        raise _unreadable(path, exc) from None
 
 
 def glibc_of(version_name: str) -> tuple[int, ...] | None:
@@ -211,7 +217,7 @@ def read_elf(path: Path) -> ElfInfo:
 
     identity = elf_identity(path)
     if identity is None:
-        raise IntegrityError(f"{path} is not an ELF file", hint="reinstall the SDK it belongs to")
+        raise _not_elf(path)
     origin = Path(os.path.abspath(path)).parent
     needed: list[str] = []
     rpath: list[str] = []
@@ -246,10 +252,7 @@ def read_elf(path: Path) -> ElfInfo:
                         if version is not None and (highest is None or version > highest):
                             highest = version
     except (ELFError, OSError, ValueError, KeyError) as exc:
-        raise IntegrityError(
-            f"cannot read the ELF dynamic section of {path}: {exc}",
-            hint="the file is damaged or truncated; reinstall the SDK it belongs to",
-        ) from None
+        raise _unreadable(path, exc) from None
     if runpath:
         # ld.so ignores DT_RPATH in an object that also has DT_RUNPATH, for every search.
         rpath = []
