@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import give_default_acl
 from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
 from tests.test_archive import PAYLOAD_SPEC, garble_deflate
 
@@ -302,13 +302,7 @@ def test_files_get_the_archives_modes_exactly(tmp_path: Path, umask: int | str) 
     work = tmp_path / "w"
     work.mkdir()
     if umask == "default ACL":
-        # user::rwx group::r-x other::--- as `setfacl -d -m g::rx,o::0` sets it; the umask is then ignored.
-        acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, 0xFFFFFFFF)
-                                              for tag, perm in [(0x01, 7), (0x04, 5), (0x20, 0)])
-        try:
-            os.setxattr(work, "system.posix_acl_default", acl)
-        except OSError as exc:
-            pytest.skip(f"this file system keeps no ACLs: {exc}")
+        give_default_acl(work)  # the umask is then ignored
     out = _ok("""
         import json
         from pathlib import Path

@@ -32,7 +32,7 @@ from qnnctl.archive import ZipStream, extract
 from qnnctl.cache import Cache
 from qnnctl.errors import IntegrityError
 from qnnctl.install import InstallRequest, InstallResult, install
-from tests.conftest import PAYLOAD
+from tests.conftest import PAYLOAD, give_default_acl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest
 from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, hostile_archive
@@ -153,16 +153,8 @@ def test_streamed_files_get_exact_modes_under_a_default_acl(server: FaultServer,
                                                            monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
     """A default ACL on the cache takes the umask's place for every folder made in it: files
     are then given their modes explicitly, the streamed ones too."""
-    import struct as layout
-
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # user::rwx group::r-x other::--- (as `setfacl -d -m g::rx,o::0` sets it)
-    acl = layout.pack("<I", 2) + b"".join(layout.pack("<HHI", tag, perm, 0xFFFFFFFF)
-                                          for tag, perm in [(0x01, 7), (0x04, 5), (0x20, 0)])
-    try:
-        os.setxattr(cache_dir, "system.posix_acl_default", acl)
-    except OSError as exc:
-        pytest.skip(f"this file system keeps no ACLs: {exc}")
+    give_default_acl(cache_dir)
     archive = _archive(tmp_path)
     _serve(server, monkeypatch, archive.read_bytes())
     server.fail(PATH, Fault.slow(4 << 10, 0.005))
