@@ -51,7 +51,6 @@ STATUSES = (OK, WARN, FAIL, SKIP)
 TYPICAL_ARCHIVE = 1_500 << 20
 TYPICAL_UNPACKED = 2_500 << 20
 NETWORK_TIMEOUT = 5.0
-LOAD_TIMEOUT = 60.0
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
 LIBCXX_HINT = (
@@ -567,76 +566,42 @@ def staged_glibc(cache: Cache) -> tuple[Path, tuple[int, ...]] | None:
     return (found[0], version) if found is not None and version is not None else None
 
 
-# Runs in a fresh interpreter with the environment the SDK needs; prints one JSON line after
-# a marker, so anything a library prints while it loads cannot be taken for the answer.
-_LOAD_SCRIPT = r"""
-import ctypes, json, sys
-report = {}
-for name in sys.argv[1:]:
-    try:
-        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        report[name] = {"ok": True}
-    except OSError as exc:
-        report[name] = {"ok": False, "error": str(exc)}
-try:
-    with open("/proc/self/maps") as maps:
-        mapped = [line.split(None, 5)[-1].strip() for line in maps if len(line.split(None, 5)) == 6]
-except OSError:
-    mapped = []
-for name, entry in report.items():
-    if entry["ok"]:
-        entry["path"] = next((p for p in mapped if p.rsplit("/", 1)[-1] == name), None)
-sys.stdout.write("\n@@qnnctl-load@@" + json.dumps(report) + "\n")
-"""
-_LOAD_MARKER = "@@qnnctl-load@@"
-
-
-def load_in_child(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """dlopen each library by bare name in a fresh process that starts with `environ`.
-
-    Never in this process: LD_LIBRARY_PATH is read when a process starts (and a library that
-    loads here would stay loaded).
-    """
-    import subprocess
-
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-I", "-c", _LOAD_SCRIPT, *names],
-            env=dict(environ), capture_output=True, text=True, timeout=LOAD_TIMEOUT, check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise QnnctlError(f"loading {', '.join(names)} did not finish within {LOAD_TIMEOUT:.0f}s") from None
-    if proc.returncode != 0 or _LOAD_MARKER not in proc.stdout:
-        import signal
-
-        how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
-               else f"exited with {proc.returncode}")
-        tail = proc.stderr.strip().splitlines()[-1:] or [""]
-        raise QnnctlError(f"the process loading {', '.join(names)} {how} {tail[0]}".rstrip(),
-                          hint="a library constructor crashed; run `qnnctl doctor --verify`")
-    report = json.loads(proc.stdout.rsplit(_LOAD_MARKER, 1)[1])
-    return {str(k): dict(v) for k, v in report.items()}
-
-
 def check_load(ctx: Context) -> Outcome:
+    from qnnctl.probe import HTP_BACKEND_ID, probe
+
     target = ctx.require_target()
     # For a caller-managed SDK this is the environment as it is: whatever it provides is
     # what a lowering would get.
-    environ = ctx.child_environ()
-    report = load_in_child(REQUIRED_LIBS, environ)
-    errors = [f"{entry['error']}" for name, entry in report.items() if not entry.get("ok")]
-    if errors:
-        return fail(" | ".join(errors), hint=_load_hint(ctx, target))
+    loaded = probe(REQUIRED_LIBS, ctx.child_environ())
+    failures = [entry.failure for entry in loaded if not entry.ok]
+    if failures:
+        return fail("; ".join(failures), hint=_load_hint(ctx, target))
+    offered: list[str] = []
+    problems: list[str] = []
+    for entry in loaded:
+        if entry.function is None:
+            problems.append(f"{entry.name} loads but exports no QnnInterface_getProviders: not a QNN library")
+        elif entry.status:
+            problems.append(f"{entry.name}: {entry.function} failed with error {entry.status}")
+        elif not entry.providers:
+            problems.append(f"{entry.name}: {entry.function} lists no provider")
+        else:
+            offered.append(f"{entry.name}: " + ", ".join(p.describe() for p in entry.providers))
+    htp = next((e for e in loaded if e.name == "libQnnHtp.so"), None)
+    if htp is not None and htp.providers and not any(p.backend_id == HTP_BACKEND_ID for p in htp.providers):
+        problems.append(f"libQnnHtp.so offers no HTP provider (backend {HTP_BACKEND_ID})")
+    if problems:
+        return fail("; ".join(problems + offered), hint=reinstall_hint(target))
     expected = os.path.realpath(target.lib_dir) if target.lib_dir else None
     elsewhere = [
-        f"{name} from {entry['path']}"
-        for name, entry in report.items()
-        if entry.get("path") and expected and os.path.dirname(os.path.realpath(entry["path"])) != expected
+        f"{entry.name} from {entry.path}"
+        for entry in loaded
+        if entry.path and expected and os.path.dirname(os.path.realpath(entry.path)) != expected
     ]
     if elsewhere:
         return warn(f"loads, but {'; '.join(elsewhere)}, not from {target.lib_dir}",
                     hint="remove the other SDK's folder from LD_LIBRARY_PATH")
-    return ok(f"{' and '.join(REQUIRED_LIBS)} load in a fresh process")
+    return ok("load in a fresh process; " + "; ".join(offered))
 
 
 def _load_hint(ctx: Context, target: Target) -> str:

@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -24,11 +25,40 @@ OTHER_VERSION = "2.34.0.250424"
 _LIB_SOURCE = """
 int qnn_{name}_version(void) {{ return 42; }}
 """
+# The interface the SDK's libraries export (QnnInterface.h, QnnSystemInterface.h): an array of
+# providers, each {{backendId, providerName, version}}; doctor's load check asks for it.
+_PROVIDER_SOURCE = """
+#include <stdint.h>
+typedef struct {{ uint32_t major, minor, patch; }} ApiVersion;
+typedef struct {{ uint32_t backendId; const char *providerName; ApiVersion first, second; }} Provider;
+static const Provider provider = {{ {backend_id}, "{provider}", {{2, 40, 0}}, {{5, 51, 0}} }};
+static const Provider *providers[] = {{ &provider }};
+uint64_t {function}(const Provider ***list, uint32_t *count) {{
+    *list = providers;
+    *count = 1;
+    return 0;
+}}
+"""
+# Which synthetic library offers which provider, as Qualcomm's own do.
+PROVIDERS = {
+    "libQnnHtp.so": ("QnnInterface_getProviders", 6, "HTP_QTI_AISW"),
+    "libQnnCpu.so": ("QnnInterface_getProviders", 3, "CPU_QTI_AISW"),
+    "libQnnSystem.so": ("QnnSystemInterface_getProviders", 0, "SYSTEM_QTI_AISW"),
+}
+
+
 
 
 def compile_shared(path: Path, source: str = "int f(void) { return 1; }\n",
-                   extra: Iterable[str] = ()) -> Path:
-    """Compile C source into a shared library at `path` with the machine's `cc`."""
+                   extra: Iterable[str] = (), providers: bool = True) -> Path:
+    """Compile C source into a shared library at `path` with the machine's `cc`.
+
+    A library named as one of the SDK's (libQnnHtp.so...) also gets that library's provider
+    list, as Qualcomm's own have, unless `providers` is off.
+    """
+    if providers and path.name in PROVIDERS:
+        function, backend_id, provider = PROVIDERS[path.name]
+        source += _PROVIDER_SOURCE.format(function=function, backend_id=backend_id, provider=provider)
     path.parent.mkdir(parents=True, exist_ok=True)
     src = path.with_name(path.name + ".c")
     src.write_text(source)
@@ -56,9 +86,10 @@ def _library_bytes(name: str, workdir: Path) -> bytes:
     """Compile each distinct library once per test session (cc is slow-ish)."""
     if name not in _lib_cache:
         stem = name.removeprefix("lib").removesuffix(".so").replace("-", "_").lower()
-        out = compile_shared(workdir / f"build-{name}", _LIB_SOURCE.format(name=stem))
-        _lib_cache[name] = out.read_bytes()
-        out.unlink()
+        # Built under its own name, which decides the provider list it gets (compile_shared).
+        with tempfile.TemporaryDirectory() as build:
+            out = compile_shared(Path(build) / name, _LIB_SOURCE.format(name=stem))
+            _lib_cache[name] = out.read_bytes()
     return _lib_cache[name]
 
 

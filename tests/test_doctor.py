@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shutil
 import socket
 import subprocess
 import sys
@@ -147,7 +148,8 @@ def test_missing_dependency_fails_with_the_loaders_own_words(tmp_path: Path) -> 
     libraries = next(line for line in lines if line.startswith("fail  libraries"))
     assert "libqnnctl_absent.so not found (needed by libQnnHtp.so)" in libraries
     load = next(line for line in lines if line.startswith("fail  load"))
-    assert "libqnnctl_absent.so: cannot open shared object file: No such file or directory" in load
+    # Which library failed, and what it lacks, not only the missing file's name.
+    assert "libQnnHtp.so needs libqnnctl_absent.so, which the loader cannot find (No such file or directory)" in load
     assert "\x1b[" not in result.stdout
     assert lines[-1].startswith("2 failed")
     assert any(line.strip().startswith("hint: install the package that provides libqnnctl_absent.so")
@@ -233,7 +235,7 @@ def test_broken_sdk_names_the_missing_library_and_the_tool_without_exec_bit(tmp_
     assert results["libraries"].status == FAIL
     assert "libQnnSystem.so not in" in results["libraries"].detail
     assert results["load"].status == FAIL
-    assert "libQnnSystem.so: cannot open shared object file" in results["load"].detail
+    assert "libQnnSystem.so cannot be found: no folder on the loader's path holds it" in results["load"].detail
     assert exit_code(list(results.values())) == 1
 
 
@@ -285,7 +287,7 @@ def test_an_empty_qnn_sdk_root_checks_ld_library_path_as_it_is(tmp_path: Path,
     assert "LD_LIBRARY_PATH" in (results["libraries"].hint or "")
     # The load runs with the environment as it is, and the loader says what is wrong.
     assert results["load"].status == FAIL
-    assert "libQnnHtp.so: cannot open shared object file" in results["load"].detail
+    assert "libQnnHtp.so cannot be found: no folder on the loader's path holds it" in results["load"].detail
     assert results["environment"].status == WARN
 
     monkeypatch.setenv("LD_LIBRARY_PATH", str(root / HOST_LIB_DIR))
@@ -650,3 +652,43 @@ def test_network_goes_through_the_proxy_and_hides_its_password(server: FaultServ
     monkeypatch.setenv("ALL_PROXY", f"http://{host_port}")
     result = doctor(offline=False)["network"]
     assert f"through proxy http://{host_port} (from HTTPS_PROXY, ALL_PROXY)" in result.detail
+
+
+# -- load: what the libraries offer, whatever they print ------------------------------------------
+
+# What QAIRT 2.51's libQnnHtp.so prints to stdout while it loads. C's stdout buffer reaches a
+# pipe when the process exits, after anything the loading Python wrote.
+NOISY_CONSTRUCTOR = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void noisy(void) {
+    printf(" # LIBNATIVE: No alternate configuration present in libnative_tls.conf\n{\"libQnnHtp.so\": 1}\n");
+}
+"""
+
+
+def test_load_reports_providers_whatever_the_libraries_print(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    compile_shared(root / HOST_LIB_DIR / "libQnnHtp.so", NOISY_CONSTRUCTOR)
+    results = doctor(str(root))
+    load = results["load"]
+    assert load.status == OK, load
+    assert "libQnnHtp.so: HTP_QTI_AISW (backend 6, core API 2.40.0, backend API 5.51.0)" in load.detail
+    assert "libQnnSystem.so: SYSTEM_QTI_AISW (system API 2.40.0)" in load.detail
+
+
+def test_load_fails_a_library_that_offers_no_providers(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    compile_shared(root / HOST_LIB_DIR / "libQnnHtp.so", "int qnn_htp(void) { return 1; }\n", providers=False)
+    load = doctor(str(root))["load"]
+    assert load.status == FAIL
+    assert "libQnnHtp.so loads but exports no QnnInterface_getProviders" in load.detail
+
+
+def test_load_fails_an_htp_library_without_an_htp_provider(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    # libQnnCpu.so's provider (backend 3) under libQnnHtp.so's name.
+    shutil.copyfile(root / HOST_LIB_DIR / "libQnnCpu.so", root / HOST_LIB_DIR / "libQnnHtp.so")
+    load = doctor(str(root))["load"]
+    assert load.status == FAIL
+    assert "libQnnHtp.so offers no HTP provider (backend 6)" in load.detail
+    assert "CPU_QTI_AISW (backend 3" in load.detail
