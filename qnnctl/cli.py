@@ -165,10 +165,11 @@ def _stage_missing_trio(sdk: Any) -> None:
 
 @cli.command(short_help="Print the shell exports for an installed SDK.")
 @click.argument("version", required=False, shell_complete=complete_installed)
-@click.option("--sdk", "sdk_path", type=click.Path(path_type=Path), help="Use the SDK at this path.")
-@click.option("--shell", "shell", type=click.Choice(SHELL_CHOICES), help="Output syntax (default: from $SHELL).")
+@click.option("--sdk", "sdk_path", type=click.Path(), help="Use the SDK at this path.")
+@click.option("--shell", "shell", type=click.Choice(SHELL_CHOICES),
+              help="Output syntax (default: the shell that runs qnnctl, else $SHELL, else sh).")
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
-def env(version: str | None, sdk_path: Path | None, shell: str | None, unset: bool) -> None:
+def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
     from qnnctl.environment import plan_env
     from qnnctl.errors import UsageError
@@ -177,6 +178,10 @@ def env(version: str | None, sdk_path: Path | None, shell: str | None, unset: bo
     if "logging" in sys.modules:
         _setup_logging()  # something on env's path logs: give it the usual stderr handler
 
+    if sdk_path is not None and not sdk_path.strip():
+        # Path("") is ".": taken as a path, an empty value would name the current folder.
+        raise UsageError("--sdk is empty; it takes the path of an SDK root",
+                         hint="give the folder that holds lib/ and bin/, e.g. --sdk /opt/qairt/2.37.0.250724")
     if version is not None and sdk_path is not None:
         raise UsageError("give either VERSION or --sdk PATH, not both")
     if unset and (version is not None or sdk_path is not None):
@@ -184,12 +189,16 @@ def env(version: str | None, sdk_path: Path | None, shell: str | None, unset: bo
     spec = version
     if sdk_path is not None:
         # A bare folder name given to --sdk is still a path, never a version.
-        spec = str(sdk_path) if os.sep in str(sdk_path) else os.path.join(".", str(sdk_path))
+        spec = sdk_path if sdk_path.startswith(("/", "~")) else os.path.join(".", sdk_path)
     plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
     if plan.selection is not None and plan.selection.caller_managed:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; nothing to export")
+        if shell == "json":
+            # One JSON document all the same, with the final values: QNN_SDK_ROOT stays empty,
+            # which is how the caller said that the SDK is theirs; nothing else changes.
+            click.echo(render({"QNN_SDK_ROOT": ""}, "json"), nl=False)
         return
-    text = render(plan.values, shell or detect_shell(os.environ))
+    text = render(plan.values, shell or detect_shell(os.environ, os.getppid()))
     click.echo(text, nl=False)
 
 

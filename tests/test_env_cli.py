@@ -91,6 +91,15 @@ def test_empty_sdk_root_means_the_caller_is_in_charge(cache_dir: Path) -> None:
     assert "''" not in result.stderr
 
 
+def test_empty_sdk_root_still_gives_json_one_object(cache_dir: Path) -> None:
+    """A program reading --shell json gets a document: the final values, QNN_SDK_ROOT left empty."""
+    install_tree_into_cache(cache_dir, VERSION)
+    assert _json(env=_env(QNN_SDK_ROOT="")) == {"QNN_SDK_ROOT": ""}
+    for shell in ("sh", "fish", "dotenv"):
+        result = run_qnnctl("env", "--shell", shell, env=_env(QNN_SDK_ROOT=""))
+        assert (result.returncode, result.stdout) == (0, ""), result.stderr
+
+
 def test_users_sdk_root_is_used_as_is(tmp_path: Path) -> None:
     mine = build_sdk_tree(tmp_path / "my sdk")
     given = f"{mine}/"  # exactly as the user wrote it, trailing slash included
@@ -136,12 +145,28 @@ def test_sdk_path_option(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [[VERSION, "--sdk", "/x"], ["--unset", VERSION], ["--unset", "--sdk", "/x"],
-                                  ["--shell", "tcsh"]])
+                                  ["--shell", "tcsh"], ["--sdk", ""], ["--sdk", " "]])
 def test_usage_errors(args: list[str], cache_dir: Path) -> None:
     install_tree_into_cache(cache_dir, VERSION)
     result = run_qnnctl("env", *args)
     assert result.returncode == 2
     assert result.stdout == ""
+
+
+def test_empty_sdk_option_is_not_the_current_folder(tmp_path: Path) -> None:
+    """--sdk '' once checked the working directory; even an SDK there is not what was meant."""
+    build_sdk_tree(Path.cwd())
+    result = run_qnnctl("env", "--sdk", "", "--shell", "json")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "--sdk is empty" in result.stderr
+
+
+def test_sdk_option_relative_paths(tmp_path: Path) -> None:
+    """A relative --sdk is a path even when it reads like a version (2.37.0.250724/...)."""
+    mine = build_sdk_tree(Path.cwd() / VERSION / "qairt")
+    for given in (f"{VERSION}/qairt", f"./{VERSION}/qairt"):
+        assert _json("--sdk", given)["QNN_SDK_ROOT"] == str(mine)
 
 
 def _snapshot(top: Path) -> dict[str, tuple[int, int, int]]:

@@ -24,6 +24,7 @@ from qnnctl.shell import (
     MARKER,
     apply,
     detect_shell,
+    process_shell,
     quote_fish,
     quote_nu,
     quote_posix,
@@ -52,8 +53,17 @@ class Shell:
     def fish(self) -> bool:
         return self.name == "fish"
 
-    def eval_line(self, args: Sequence[str]) -> str:
-        """One `qnnctl env` evaluated as a user would, failing the script if qnnctl fails."""
+    def eval_line(self, args: Sequence[str], detect: bool = False) -> str:
+        """One `qnnctl env` evaluated as a user would, failing the script if qnnctl fails.
+
+        With `detect`, no --shell: exactly the README's line, and qnnctl must tell the shell.
+        A `false` after it ends the script if the output switched on exit-on-error (fish's
+        `set -e NAME` read by a POSIX shell).
+        """
+        if detect:
+            if self.fish:
+                return " ".join(["qnnctl env", *(quote_fish(a) for a in args), "| source"])
+            return 'eval "$(qnnctl env' + "".join(" " + shlex.quote(a) for a in args) + ')"\nfalse'
         if self.fish:
             quoted = " ".join(quote_fish(a) for a in args)
             return f"qnnctl env --shell fish {quoted} | source; test $pipestatus[1] -eq 0; or exit 97"
@@ -118,6 +128,7 @@ class Session:
     shell: Shell
     env: dict[str, str]
     cwd: Path
+    detect: bool = False  # evaluate without --shell
 
     def run(self, *invocations: Sequence[str]) -> Values:
         """The variables after evaluating all the invocations."""
@@ -131,7 +142,7 @@ class Session:
         exe = require_tool(self.shell.exe)
         lines = []
         for args in invocations:
-            lines.append(self.shell.eval_line(args))
+            lines.append(self.shell.eval_line(args, self.detect))
             if dump_each:
                 lines.append(self.shell.dump())
         if not dump_each:
@@ -257,6 +268,88 @@ def test_users_own_sdk_root(shell: str, sdks: tuple[Path, Path], tmp_path: Path)
     assert steps[4] == user
     # Without a version, the user's own root is the choice again, and nothing of A is left.
     assert steps[6] == steps[0]
+
+
+# -- which shell reads the output ----------------------------------------------------------
+
+# Each shell runs with SHELL naming another one, as when it was started from a login shell of
+# another kind: the syntax must be the running shell's all the same.
+OTHER_LOGIN_SHELL = {"bash": "/usr/bin/fish", "sh": "/usr/bin/fish", "zsh": "/usr/bin/fish", "fish": "/bin/bash"}
+
+
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_the_shell_that_runs_qnnctl_is_detected(shell: str, sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = sdks
+    session = _session(SHELLS[shell], tmp_path, "/opt/user", SHELL=OTHER_LOGIN_SHELL[shell])
+    session.detect = True
+    user = _user(session)
+    exported, unset, again, unset_twice = session.run_each([VERSION], ["--unset"], [VERSION], ["--unset"])
+    expected = _expected(root, {k: v for k, v in user.items() if v is not None})
+    assert {k: exported[k] for k in expected} == expected
+    _check_marker(exported, root)
+    assert unset == user
+    assert again == exported
+    assert unset_twice == user
+
+
+def test_bash_started_from_fish_gets_bash_syntax(sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    """The report: typed in fish, `bash -c 'eval "$(qnnctl env --unset)"'` got `set -e NAME`,
+    which switched on bash's exit-on-error."""
+    fish = require_tool("fish")
+    require_tool("bash")
+    env = _session(SHELLS["fish"], tmp_path, None, SHELL="/usr/bin/fish").env
+    inner = (f'eval "$(qnnctl env {VERSION})"; printf "%s\\n" "$QNN_SDK_ROOT"; '
+             'eval "$(qnnctl env --unset)"; false; printf "alive:%s\\n" "${QNN_SDK_ROOT-unset}"')
+    proc = subprocess.run([fish, "--no-config", "-c", f"bash --norc --noprofile -c {quote_fish(inner)}"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(sdks[0]), "alive:unset"]
+
+
+def test_a_launcher_between_shell_and_qnnctl_is_looked_through(sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    bash = require_tool("bash")
+    timeout = require_tool("timeout")
+    env = _session(SHELLS["bash"], tmp_path, None, SHELL="/usr/bin/fish").env
+    script = f'eval "$({timeout} 60 qnnctl env {VERSION})"; printf "%s\\n" "$QNN_SDK_ROOT"'
+    proc = subprocess.run([bash, "--norc", "--noprofile", "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{sdks[0]}\n"
+
+
+def test_shell_option_wins_over_the_running_shell(sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    bash = require_tool("bash")
+    env = _session(SHELLS["bash"], tmp_path, None, SHELL="/bin/bash").env
+    proc = subprocess.run([bash, "--norc", "--noprofile", "-c", f"qnnctl env {VERSION} --shell fish; :"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("set -gx QNN_SDK_ROOT ")
+
+
+def _sleeper(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("exe", "expected"), [("bash", "bash"), ("dash", "sh"), ("zsh", "zsh"), ("fish", "fish")])
+def test_process_shell_names_a_running_shell(exe: str, expected: str) -> None:
+    # The trailing command keeps each shell from exec'ing sleep in its own place.
+    proc = _sleeper([require_tool(exe), "-c", "sleep 30; echo done"])
+    try:
+        assert process_shell(proc.pid) == expected
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_process_shell_is_none_for_a_program_that_is_no_shell() -> None:
+    proc = _sleeper([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert process_shell(proc.pid) is None
+        assert process_shell(1) is None
+        assert process_shell(2**22 + 12345) is None  # no such process
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # -- hostile cache folders ---------------------------------------------------------------
@@ -403,6 +496,29 @@ def test_detect_shell(value: str, shell: str) -> None:
 
 def test_detect_shell_without_shell_variable() -> None:
     assert detect_shell({}) == "sh"
+
+
+def test_detect_shell_prefers_the_parent_and_falls_back_to_shell_variable() -> None:
+    fish = require_tool("fish")
+    proc = _sleeper([fish, "--no-config", "-c", "sleep 30; echo done"])
+    try:
+        assert detect_shell({"SHELL": "/bin/bash"}, proc.pid) == "fish"
+    finally:
+        proc.kill()
+        proc.wait()
+    # Not a shell (this test's own interpreter): $SHELL, then sh.
+    assert detect_shell({"SHELL": "/usr/bin/zsh"}, os.getpid()) == "zsh"
+    assert detect_shell({}, os.getpid()) == "sh"
+
+
+@pytest.mark.parametrize(("name", "shell"), [
+    ("bash", "bash"), ("-zsh", "zsh"), ("ksh93", "sh"), ("/usr/bin/fish", "fish"),
+    ("bash-5.2", "bash"), ("pwsh", "powershell"), ("python3.12", None), ("", None),
+])
+def test_shell_names(name: str, shell: str | None) -> None:
+    from qnnctl.shell import _shell_name
+
+    assert _shell_name(name) == shell
 
 
 # -- the change as data --------------------------------------------------------------------
