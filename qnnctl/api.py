@@ -11,11 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.sdk import HOST_LIB_DIR, Sdk
+
+if TYPE_CHECKING:
+    from qnnctl.cache import Cache
 
 log = logging.getLogger("qnnctl.api")
 
@@ -96,8 +100,7 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
 
 def _setup(spec: str | None) -> Sdk:
     from qnnctl.cache import Cache
-    from qnnctl.environment import environment_for
-    from qnnctl.lower import resolve_sdk
+    from qnnctl.environment import ensure_loadable, environment_for, resolve_sdk
     from qnnctl.sdk import BY_ENV
 
     environ = os.environ
@@ -107,9 +110,13 @@ def _setup(spec: str | None) -> Sdk:
         selection, sdk = resolve_sdk(spec, environ, Path.cwd(), cache)
         if sdk is None:
             return _caller_managed(environ)
+        # As `qnnctl install` does: a host without libc++ gets the staged trio, which this
+        # process must load before the SDK's libraries (its loader never saw LD_LIBRARY_PATH).
+        ensure_loadable(sdk, environ, cache)
         values = environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV)
         for name in MANAGED:
             _set(name, values.get(name))
+        preload_runtime(cache, sdk)
         preload(sdk.lib_dir)
     except BaseException:
         for name, value in saved.items():
@@ -144,12 +151,12 @@ def _caller_managed(environ: Mapping[str, str]) -> Sdk:
     )
 
 
-def preload(lib_dir: Path) -> list[Path]:
-    """Load the SDK's host libraries (those of PRELOAD that exist) with RTLD_GLOBAL."""
+def preload(lib_dir: Path, names: Sequence[str] = PRELOAD) -> list[Path]:
+    """Load the libraries of `names` that `lib_dir` holds, in that order, with RTLD_GLOBAL."""
     import ctypes
 
     loaded = []
-    for name in PRELOAD:
+    for name in names:
         path = lib_dir / name
         if not path.is_file():
             continue
@@ -158,6 +165,21 @@ def preload(lib_dir: Path) -> list[Path]:
         except OSError as exc:
             raise LibraryLoadError(path, str(exc)) from exc
         loaded.append(path)
+    return loaded
+
+
+# The staged trio, each after what it needs: the loader then finds them by soname when the
+# SDK's libraries ask for libc++.so.1.
+RUNTIME_PRELOAD = ("libunwind.so.1", "libc++abi.so.1", "libc++.so.1")
+
+
+def preload_runtime(cache: Cache, sdk: Sdk) -> list[Path]:
+    """Load the staged libc++ trio the SDK uses, if any, with RTLD_GLOBAL."""
+    from qnnctl.environment import runtime_lib_dirs
+
+    loaded: list[Path] = []
+    for folder in runtime_lib_dirs(cache, sdk):
+        loaded += preload(Path(folder), RUNTIME_PRELOAD)
     return loaded
 
 

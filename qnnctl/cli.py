@@ -134,14 +134,16 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     """
     from qnnctl.install import InstallRequest
     from qnnctl.install import install as do_install
+    from qnnctl.shell import check_cache_path
 
+    check_cache_path(str(_cache().root))
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force)
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=_stderr_is_terminal())
     if runtime or runtime_from:
         from qnnctl.runtime import RuntimeRequest, stage_runtime
 
         stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=runtime_from), os.environ)
-    elif result.action == "installed" and result.sdk is not None:
+    elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
     if result.sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; nothing to install")
@@ -152,15 +154,26 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
 
 
 def _stage_missing_trio(sdk: Any) -> None:
-    """A fresh SDK whose libraries need libc++ the host lacks: stage it, or say how to."""
-    from qnnctl.runtime import ensure_trio
+    """An SDK whose libraries need libc++ the host lacks: stage it, or fail saying how to.
+
+    Installed or found on disk alike: an SDK that cannot load here is no success, and a CI
+    step that goes on would only fail later, further from the cause.
+    """
+    from qnnctl.environment import ensure_loadable
 
     try:
-        ensure_trio(_cache(), sdk, os.environ)
+        ensure_loadable(sdk, os.environ, _cache())
     except QnnctlError as exc:
-        # The SDK itself is installed; what it still lacks is doctor's to explain.
-        log.warning("the SDK is installed, but staging the libraries it needs failed: %s "
-                    "(retry with `qnnctl install --runtime`; `qnnctl doctor` explains)", exc.message)
+        error = QnnctlError(
+            f"SDK {sdk.version} is installed at {sdk.root}, but cannot load on this host: staging the "
+            f"libc++ runtime its libraries need failed: {exc.message}",
+            hint="retry with `qnnctl install --runtime`, or give the libraries with `qnnctl install "
+            "--runtime --runtime-from FILE` (Debian's libc++1-14, libc++abi1-14 and libunwind-14 "
+            "packages, or LLVM's release archive; QNNCTL_LLVM_URL names a copy of it); "
+            "`qnnctl doctor` explains",
+        )
+        error.exit_code = exc.exit_code or EXIT_FAILED  # a download that failed stays exit 3
+        raise error from exc
 
 
 @cli.command(short_help="Print the shell exports for an installed SDK.")

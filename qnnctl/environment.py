@@ -1,4 +1,9 @@
-"""The environment an SDK needs, computed once for `env`, `lower` and `doctor`."""
+"""Which SDK a process gets, and the environment it needs for it.
+
+One place for `env`, `lower`, `doctor` and `setup_sdk()`: choose the SDK (installing it where
+the command may), make sure the host can load it (the staged libc++ trio), and compute the
+variables a process must start with.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +25,44 @@ def runtime_lib_dirs(cache: Cache, sdk: Sdk) -> list[str]:
 
 
 def environment_for(sdk: Sdk, environ: Mapping[str, str], cache: Cache, owns_root: bool) -> EnvValues:
-    """Final values of QNN_SDK_ROOT, LD_LIBRARY_PATH, PATH and the marker for `sdk`."""
+    """Final values of QNN_SDK_ROOT, LD_LIBRARY_PATH, PATH and the marker for `sdk`.
+
+    The SDK's tool folder goes on PATH only when it exists: an SDK of host libraries alone has
+    none, and a PATH entry that does not exist only slows every command lookup.
+    """
     lib_dirs = [str(sdk.lib_dir), *runtime_lib_dirs(cache, sdk)]
-    return sdk_environment(environ, str(sdk.root), lib_dirs, [str(sdk.bin_dir)], owns_root)
+    bin_dirs = [str(sdk.bin_dir)] if sdk.bin_dir.is_dir() else []
+    return sdk_environment(environ, str(sdk.root), lib_dirs, bin_dirs, owns_root)
+
+
+def resolve_sdk(
+    spec: str | None,
+    environ: Mapping[str, str],
+    cwd: Path,
+    cache: Cache,
+    allow_install: bool = True,
+    terminal: bool = False,
+) -> tuple[Selection, Sdk | None]:
+    """The SDK to use, chosen the way `install` chooses it; None when the caller manages it."""
+    selection = select_sdk(spec, environ, cwd)
+    if selection.caller_managed:
+        return selection, None
+    if selection.root is not None or not allow_install:
+        return selection, resolve_installed(selection, cache, environ)
+    from qnnctl.install import InstallRequest, install
+
+    result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
+    return result.selection or selection, result.sdk
+
+
+def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
+    """Stage the libc++ trio when the SDK's libraries need it and the host lacks it.
+
+    Raises what staging raised; the caller decides whether that stops it.
+    """
+    from qnnctl.runtime import ensure_trio
+
+    ensure_trio(cache, sdk, environ)
 
 
 class EnvPlan:

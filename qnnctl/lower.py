@@ -25,7 +25,7 @@ from qnnctl.bootstrap import GUARD_VARIABLE
 from qnnctl.cache import Cache
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.runtime import LOADER_GUARD
-from qnnctl.sdk import BY_ENV, Sdk, Selection, resolve_installed, select_sdk
+from qnnctl.sdk import BY_ENV, Sdk
 from qnnctl.shell import EnvValues
 
 log = logging.getLogger("qnnctl.lower")
@@ -182,26 +182,6 @@ def python_invocation(argv: Sequence[str], bootstrap: str) -> list[str] | None:
     return [argv[0], *options, bootstrap, "script", argv[i], *argv[i + 1 :]]
 
 
-def resolve_sdk(
-    spec: str | None,
-    environ: Mapping[str, str],
-    cwd: Path,
-    cache: Cache,
-    allow_install: bool = True,
-    terminal: bool = False,
-) -> tuple[Selection, Sdk | None]:
-    """The SDK to use, chosen the way `install` chooses it; None when the caller manages it."""
-    selection = select_sdk(spec, environ, cwd)
-    if selection.caller_managed:
-        return selection, None
-    if selection.root is not None or not allow_install:
-        return selection, resolve_installed(selection, cache, environ)
-    from qnnctl.install import InstallRequest, install
-
-    result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
-    return result.selection or selection, result.sdk
-
-
 # -- the staged loader ------------------------------------------------------------------
 
 
@@ -305,6 +285,8 @@ def plan_lower(
         )
     if target.kind == SCRIPT and not (cwd / target.name).exists():
         raise UsageError(f"no such script: {target.name}")
+    from qnnctl.environment import resolve_sdk
+
     selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
     if sdk is not None and options.install:
         _ensure_trio(sdk, environ, cache)
@@ -343,11 +325,11 @@ def plan_lower(
 
 def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
     """Stage libc++ and friends when the SDK needs them and the host lacks them."""
+    from qnnctl.environment import ensure_loadable
     from qnnctl.errors import QnnctlError
-    from qnnctl.runtime import ensure_trio
 
     try:
-        ensure_trio(cache, sdk, environ)
+        ensure_loadable(sdk, environ, cache)
     except QnnctlError as exc:
         # The pipeline may still manage (its own LD_LIBRARY_PATH); doctor explains the rest.
         log.warning("could not stage the host runtime: %s; if the SDK fails to load, run "

@@ -27,7 +27,7 @@ from qnnctl.shell import apply
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.lowerkit import write
-from tests.sdkfactory import VERSION, SdkSpec, build_archive, compile_shared, install_tree_into_cache
+from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, compile_shared, install_tree_into_cache
 from tests.test_runtime import LLVM_TOP, llvm_archive, needs_host_without_trio, nothing_staged, stub_trio
 
 PY = sys.executable
@@ -179,8 +179,26 @@ def test_fresh_install_stages_the_trio_and_env_exports_it(llvm: Llvm, apt_log: P
     assert llvm.requests() == 1
 
 
-def test_install_succeeds_when_staging_fails_and_says_how_to_retry(server: FaultServer, tmp_path: Path,
+def test_install_reusing_executorchs_copy_stages_the_trio_it_needs(llvm: Llvm, tmp_path: Path,
                                                                    cache_dir: Path) -> None:
+    needs_host_without_trio()
+    staging = tmp_path / "et-staging"
+    root = build_sdk_tree(staging / f"sdk-{VERSION}", SdkSpec())
+    htp_needing_libcxx(llvm.stubs, root / HOST_LIB_DIR / "libQnnHtp.so")
+    env = {**os.environ, "QNN_STAGING_DIR": str(staging)}
+    proc = run_qnnctl("install", VERSION, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{root}\n"  # ExecuTorch's copy, reused as it is
+    assert staged_dirs(cache_dir) == ["libcxx-14.0.0"]
+    assert llvm.requests() == 1
+    report = json.loads(run_qnnctl("doctor", "--sdk", VERSION, "--json", "--offline", env=env).stdout)
+    checks = {c["id"]: c for c in report["checks"]}
+    assert checks["libraries"]["status"] == "ok", checks["libraries"]
+    assert checks["load"]["status"] == "ok", checks["load"]
+
+
+def test_install_fails_when_staging_fails_keeps_the_sdk_and_says_how_to_retry(server: FaultServer, tmp_path: Path,
+                                                                               cache_dir: Path) -> None:
     needs_host_without_trio()
     stubs = tmp_path / "stubs"
     stub_trio(stubs)
@@ -188,14 +206,20 @@ def test_install_succeeds_when_staging_fails_and_says_how_to_retry(server: Fault
     archive = build_archive(tmp_path, "zip", SdkSpec(extra_files={f"{HOST_LIB_DIR}/libQnnHtp.so": htp}))
     missing = server.url("/no-such-llvm.tar.xz")
     proc = run_qnnctl("install", "--file", str(archive), env={**os.environ, LLVM_URL_ENV: missing})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"{cache_dir / 'sdks' / VERSION}\n"
-    (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("qnnctl: warning:")]
-    assert "HTTP 404" in warning
-    assert "`qnnctl install --runtime`" in warning
+    # An SDK that cannot load here is no success: the exit code of the failed download.
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == ""
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("qnnctl: error:")]
+    assert f"SDK {VERSION} is installed at {cache_dir / 'sdks' / VERSION}, but cannot load on this host" in error
+    assert "HTTP 404" in error
+    assert "`qnnctl install --runtime`" in proc.stderr
     assert len(server.requests_for("/no-such-llvm.tar.xz")) == 1  # a 404 is not retried
     nothing_staged(cache_dir)
     assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()
+    # Run again (the SDK now reused from the cache), it still says so rather than exit 0.
+    again = run_qnnctl("install", VERSION, env={**os.environ, LLVM_URL_ENV: missing})
+    assert again.returncode == 3, again.stderr
+    assert "cannot load on this host" in again.stderr
 
 
 def test_install_of_an_sdk_that_needs_no_libcxx_stages_nothing(llvm: Llvm, apt_log: Path, tmp_path: Path,
