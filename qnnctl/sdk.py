@@ -277,3 +277,23 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
     if sdk is None:
         raise NotInstalledError(selection.version)
     return sdk
+
+
+def reinstall_hint(root: Path, version: str) -> str:
+    """How to reinstall the SDK at `root` from where it came.
+
+    An SDK installed with `--file` is read again from that file, when it is still there: a
+    plain `install --force` would download it from Qualcomm instead.
+    """
+    from urllib.parse import unquote, urlparse
+
+    source = (read_manifest(root) or {}).get("source")
+    if isinstance(source, str) and source.startswith("file:"):
+        import shlex
+
+        archive = Path(unquote(urlparse(source).path))
+        if archive.is_file():
+            return f"reinstall it: `qnnctl install --force --file {shlex.quote(str(archive))}`"
+        return (f"reinstall it from its archive: `qnnctl install --force --file ARCHIVE` (it was "
+                f"installed from {archive}, which is gone)")
+    return f"reinstall it: `qnnctl install --force {version}`"

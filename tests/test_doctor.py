@@ -330,7 +330,12 @@ def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
     assert verified.status == FAIL
     assert "1 changed (QNN_README.txt)" in verified.detail
     assert f"1 missing ({HOST_BIN_DIR}/qnn-context-binary-generator)" in verified.detail
-    assert verified.hint == f"reinstall it: `qnnctl install --force {VERSION}`"
+    # Installed from a file: the fix reads that file again rather than download from Qualcomm.
+    assert verified.hint == f"reinstall it: `qnnctl install --force --file {archive}`"
+    archive.unlink()
+    gone = doctor(VERSION, verify=True)["sdk.verify"]
+    assert gone.hint == ("reinstall it from its archive: `qnnctl install --force --file ARCHIVE` "
+                         f"(it was installed from {archive}, which is gone)")
 
 
 def test_verify_checks_sha256_digests_of_earlier_manifests(tmp_path: Path, cache_dir: Path) -> None:
@@ -692,3 +697,17 @@ def test_load_fails_an_htp_library_without_an_htp_provider(tmp_path: Path) -> No
     assert load.status == FAIL
     assert "libQnnHtp.so offers no HTP provider (backend 6)" in load.detail
     assert "CPU_QTI_AISW (backend 3" in load.detail
+
+
+def test_layout_of_host_libraries_alone_is_usable_for_lowering_and_says_what_it_lacks(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    shutil.rmtree(root / "include")
+    shutil.rmtree(root / HOST_BIN_DIR)
+    layout = doctor(str(root))["sdk.layout"]
+    assert layout.status == OK, layout
+    assert "enough for lowering with ExecuTorch's Python flow" in layout.detail
+    assert f"no {HOST_BIN_DIR} (no qnn-net-run" in layout.detail
+    assert "no include/QNN (nothing to compile native code against)" in layout.detail
+    # Without the host libraries it is no SDK for lowering at all.
+    (root / HOST_LIB_DIR / "libQnnSystem.so").unlink()
+    assert doctor(str(root))["sdk.layout"].status == FAIL
