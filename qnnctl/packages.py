@@ -1,4 +1,9 @@
-"""Pure-Python readers for the packages host libraries come in: .deb (ar), tar, RPM (cpio).
+"""The packages host libraries come in: .deb, RPM and tar, read through maintained libraries.
+
+python-debian's DebFile finds a .deb's parts and Deb822 reads its control file; arpy reads
+the `ar` table under it, rpmfile an RPM's lead and headers; tarfile reads every tar. What
+stays here is what they lack: bounds they do not check, zstd in-process, and the cpio
+payload of an RPM with its hard links (see rpm_members).
 
 Every reader yields the package's members one at a time, in archive order, as `Member`s;
 `collect()` keeps only the members a caller asks for. Nothing is written by member name:
@@ -25,9 +30,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+
+if TYPE_CHECKING:
+    from debian.debfile import DebFile
 
 log = logging.getLogger("qnnctl.packages")
 
@@ -78,29 +86,6 @@ def member_name(name: str) -> str:
 
 
 # -- readers over part of a stream -------------------------------------------------------
-
-
-class _Slice(io.RawIOBase):
-    """`size` bytes of a seekable file starting at `offset`, read without loading them."""
-
-    def __init__(self, handle: IO[bytes], offset: int, size: int) -> None:
-        self.handle = handle
-        self.position = offset
-        self.remaining = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self.remaining <= 0:
-            return 0
-        view = memoryview(buffer).cast("B")
-        self.handle.seek(self.position)
-        data = self.handle.read(min(len(view), self.remaining))
-        view[: len(data)] = data
-        self.position += len(data)
-        self.remaining -= len(data)
-        return len(data)
 
 
 class _Bounded(io.RawIOBase):
@@ -287,57 +272,67 @@ class ArMember:
 
 
 def ar_members(handle: IO[bytes], source: str) -> list[ArMember]:
-    """The table of an `ar` archive (the container of a .deb), read by seeking."""
+    """The table of an `ar` archive (the container of a .deb), read by arpy.
+
+    Every size is checked before the next header is asked for: arpy, like python-debian's
+    ArFile, steps back on a negative size and reads the same header for ever.
+    """
+    import arpy
+
     handle.seek(0, os.SEEK_END)
     total = handle.tell()
     handle.seek(0)
     if handle.read(8) != AR_MAGIC:
         raise UsageError(f"{source} is not an ar archive (.deb)")
+    handle.seek(0)
     members: list[ArMember] = []
-    position = 8
-    while position < total:
-        handle.seek(position)
-        header = handle.read(60)
-        if len(header) == 1 and header == b"\n":  # some writers pad the very end
-            break
-        if len(header) < 60 or header[58:60] != b"`\n":
-            raise corrupt(source, f"bad ar member header at byte {position}")
-        name = header[0:16].decode("ascii", errors="replace").rstrip()
-        try:
-            size = int(header[48:58].decode("ascii").strip())
-        except ValueError:
-            raise corrupt(source, f"bad ar member size at byte {position}") from None
-        if name.endswith("/") and name != "/":
-            name = name[:-1]  # GNU ar ends names with a slash
-        data_start = position + 60
-        if data_start + size > total:
-            raise corrupt(source, f"ar member {name!r} runs past the end of the file")
-        members.append(ArMember(name, data_start, size))
-        position = data_start + size + (size & 1)
+    try:
+        archive = arpy.Archive(fileobj=handle)
+        while (header := archive.read_next_header()) is not None:
+            if header.name is None:  # a GNU symbol or name table: no member of its own
+                continue
+            name = header.name.decode("utf-8", errors="surrogateescape")
+            if header.size < 0 or header.file_offset + header.size > total:
+                raise corrupt(source, f"ar member {name!r} runs past the end of the file")
+            members.append(ArMember(name, header.file_offset, header.size))
+    except arpy.ArchiveFormatError as exc:
+        raise corrupt(source, f"bad ar member header: {exc}") from None
     return members
 
 
-def _deb_part(handle: IO[bytes], source: str, prefix: str) -> tuple[ArMember, list[ArMember]]:
+def _open_deb(handle: IO[bytes], source: str) -> DebFile:
+    """A python-debian DebFile over `handle`, once arpy has found every member inside the file."""
+    from debian.arfile import ArError
+    from debian.debfile import INFO_PART, DebFile
+
     members = ar_members(handle, source)
-    if not members or members[0].name != "debian-binary":
-        raise corrupt(source, "the first member is not debian-binary")
-    handle.seek(members[0].offset)
-    if not handle.read(members[0].size).startswith(b"2."):
+    if not members or members[0].name != INFO_PART:
+        raise corrupt(source, f"the first member is not {INFO_PART}")
+    handle.seek(0)
+    try:
+        deb = DebFile(fileobj=cast(Any, handle))
+    except (ArError, ValueError) as exc:  # DebError is an ArError: a missing or doubled part
+        raise corrupt(source, exc) from None
+    except OSError as exc:
+        if exc.errno is not None:  # the disk, not the package
+            raise
+        raise corrupt(source, exc) from None  # ArFile's "Incorrect file magic" and the like
+    if not deb.version.startswith(b"2."):
         raise UsageError(f"{source}: unsupported .deb format version")
-    for member in members:
-        if member.name == prefix or member.name.startswith(prefix + "."):
-            return member, members
-    raise corrupt(source, f"no {prefix} member")
+    return deb
 
 
-def _open_deb_tar(handle: IO[bytes], member: ArMember, source: str) -> IO[bytes]:
-    raw = _buffered(_Slice(handle, member.offset, member.size))
-    suffix = member.name.partition(".tar")[2].lstrip(".")  # "xz" for data.tar.xz
-    if suffix == "lzma":
-        return lzma.LZMAFile(raw, format=lzma.FORMAT_ALONE)
-    if suffix not in ("", "gz", "xz", "zst", "bz2"):
-        raise UsageError(f"{source}: {member.name} uses a compression qnnctl cannot read")
-    return raw
+def _deb_part(deb: DebFile, prefix: str, source: str) -> Iterator[Member]:
+    """The members of the control.tar.* or data.tar.* that DebFile found.
+
+    The tar is read here, streamed, rather than through DebPart.tgz(): that runs `unzstd`
+    and holds its whole output in memory for a .zst part (what Ubuntu's dpkg writes).
+    """
+    from debian.debfile import PART_EXTS
+
+    names = {prefix, *(f"{prefix}.{ext}" for ext in PART_EXTS)}
+    name = next(n for n in deb.getnames() if n in names)  # DebFile checked there is one
+    yield from tar_members(cast(IO[bytes], deb.getmember(name)), source)
 
 
 @dataclass(frozen=True)
@@ -349,32 +344,21 @@ class DebInfo:
 
 
 def parse_control(text: str) -> dict[str, str]:
-    """The fields of a Debian control paragraph; continuation lines join their field."""
-    fields: dict[str, str] = {}
-    last = None
-    for line in text.splitlines():
-        if not line.strip():
-            if fields:
-                break
-            continue
-        if line[0] in " \t" and last is not None:
-            fields[last] += "\n" + line.strip()
-            continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        last = key.strip()
-        fields[last] = value.strip()
-    return fields
+    """The fields of the first Debian control paragraph (python-debian's Deb822);
+    continuation lines join their field, one per line, without their indent."""
+    from debian.deb822 import Deb822
+
+    paragraph = Deb822(text.splitlines())
+    return {str(key): "\n".join(line.strip() for line in value.splitlines()) for key, value in paragraph.items()}
 
 
 def deb_info(path: Path) -> DebInfo:
     """Package, Version and Architecture from a .deb's control file."""
     source = path.name
     with open(path, "rb") as handle:
-        member, _ = _deb_part(handle, source, "control.tar")
+        deb = _open_deb(handle, source)
         try:
-            for entry in tar_members(_open_deb_tar(handle, member, source), source):
+            for entry in _deb_part(deb, "control.tar", source):
                 if entry.name == "control" and entry.kind == FILE and entry.data is not None:
                     text = entry.data.read(1 << 20).decode("utf-8", errors="replace")
                     fields = parse_control(text)
@@ -389,24 +373,15 @@ def deb_members(path: Path) -> Iterator[Member]:
     """The members of a .deb's data.tar.*, streamed from the file."""
     source = path.name
     with open(path, "rb") as handle:
-        member, _ = _deb_part(handle, source, "data.tar")
-        yield from tar_members(_open_deb_tar(handle, member, source), source)
+        yield from _deb_part(_open_deb(handle, source), "data.tar", source)
 
 
 # -- RPM ---------------------------------------------------------------------------------
 
-RPMTAG_NAME = 1000
-RPMTAG_VERSION = 1001
-RPMTAG_RELEASE = 1002
-RPMTAG_ARCH = 1022
-RPMTAG_PAYLOADFORMAT = 1124
-RPMTAG_PAYLOADCOMPRESSOR = 1125
-RPMTAG_PAYLOADDIGEST = 5092
-RPMTAG_PAYLOADDIGESTALGO = 5093
-RPMSIGTAG_SHA256 = 273
 PGPHASHALGO_SHA256 = 8
-_RPM_STRING, _RPM_BIN, _RPM_STRING_ARRAY, _RPM_I18NSTRING, _RPM_INT32 = 6, 7, 8, 9, 4
-_MAX_HEADER = 256 << 20
+# What rpmfile's header reader raises on damaged input; `assert` on the magic among them
+# (and under `python -O` not even that, hence the magic checks in rpm_info).
+_RPM_DAMAGE = (struct.error, ValueError, TypeError, AssertionError)
 
 
 @dataclass(frozen=True)
@@ -420,75 +395,89 @@ class RpmInfo:
     payload_sha256: str | None  # of the compressed payload, when the header records one
 
 
-def _rpm_header(handle: IO[bytes], source: str) -> tuple[dict[int, Any], bytes]:
-    """One header structure: its tags (strings, string lists, ints, bytes) and raw bytes."""
-    intro = handle.read(16)
-    if len(intro) < 16 or intro[:4] != RPM_HEADER_MAGIC:
-        raise corrupt(source, "bad RPM header magic")
-    count, size = struct.unpack(">II", intro[8:16])
-    if count > 65536 or size > _MAX_HEADER:
-        raise corrupt(source, "implausible RPM header size")
-    body = handle.read(count * 16 + size)
-    if len(body) < count * 16 + size:
-        raise corrupt(source, "RPM header runs past the end of the file")
-    store = body[count * 16 :]
-    tags: dict[int, Any] = {}
-    for i in range(count):
-        tag, kind, offset, n = struct.unpack(">IIII", body[i * 16 : i * 16 + 16])
-        if offset > size:
-            raise corrupt(source, f"RPM tag {tag} points outside the header")
-        if kind in (_RPM_STRING, _RPM_STRING_ARRAY, _RPM_I18NSTRING):
-            values = store[offset:].split(b"\x00")[: max(n, 1)]
-            strings = [v.decode("utf-8", errors="replace") for v in values]
-            tags[tag] = strings[0] if kind == _RPM_STRING else strings
-        elif kind == _RPM_INT32:
-            tags[tag] = list(struct.unpack(f">{n}I", store[offset : offset + 4 * n]))
-        elif kind == _RPM_BIN:
-            tags[tag] = store[offset : offset + n]
-    return tags, intro + body
+class _PastTheEnd(Exception):
+    pass
 
 
-def _first(value: Any) -> str:
-    if isinstance(value, list):
-        return str(value[0]) if value else ""
+class _Exact:
+    """A file whose reads return all that is asked or raise _PastTheEnd: rpmfile takes a
+    short read for the data it wanted, and sizes come from the file."""
+
+    def __init__(self, handle: IO[bytes], total: int) -> None:
+        self.handle = handle
+        self.total = total
+
+    def read(self, size: int) -> bytes:
+        if size < 0 or self.handle.tell() + size > self.total:
+            raise _PastTheEnd
+        return self.handle.read(size)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+
+def _text(value: Any) -> str:
+    """One header value as text: rpmfile gives bytes, a list of them, or ints."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
     return "" if value is None else str(value)
 
 
 def rpm_info(handle: IO[bytes], source: str) -> RpmInfo:
-    """Read lead, signature and header; leave `handle` at the start of the payload."""
+    """Lead, signature and header (rpmfile reads the tags); leave `handle` at the payload."""
+    from rpmfile.errors import RPMError
+    from rpmfile.headers import get_headers
+
+    handle.seek(0, os.SEEK_END)
+    total = handle.tell()
     handle.seek(0)
-    lead = handle.read(96)
+    lead = handle.read(100)
     if len(lead) < 96 or lead[:4] != RPM_LEAD_MAGIC:
         raise UsageError(f"{source} is not an RPM package")
     if lead[4] < 3:
         raise UsageError(f"{source}: RPM format {lead[4]} is too old to read")
-    signature, _ = _rpm_header(handle, source)
-    handle.seek((handle.tell() + 7) // 8 * 8)  # the signature is padded to 8 bytes
-    tags, raw = _rpm_header(handle, source)
-    header_sha256 = signature.get(RPMSIGTAG_SHA256)
-    if isinstance(header_sha256, str) and header_sha256:
-        actual = hashlib.sha256(raw).hexdigest()
-        if actual != header_sha256.lower():
-            raise corrupt(source, "the RPM header does not match its sha256 in the signature")
-    payload_format = _first(tags.get(RPMTAG_PAYLOADFORMAT)) or "cpio"
+    if lead[96:] != RPM_HEADER_MAGIC[: len(lead) - 96]:
+        raise corrupt(source, "bad RPM header magic")
+    handle.seek(0)
+    try:
+        (start, end), tags = get_headers(_Exact(handle, total))
+    except _PastTheEnd:
+        raise corrupt(source, "the RPM header runs past the end of the file") from None
+    except (RPMError, *_RPM_DAMAGE) as exc:
+        raise corrupt(source, f"bad RPM header: {exc or type(exc).__name__}") from None
+    handle.seek(start)
+    raw = handle.read(end - start)
+    if not raw.startswith(RPM_HEADER_MAGIC):
+        raise corrupt(source, "bad RPM header magic")
+    header_sha256 = _text(tags.get("sha256"))  # from the signature
+    if header_sha256 and hashlib.sha256(raw).hexdigest() != header_sha256.lower():
+        raise corrupt(source, "the RPM header does not match its sha256 in the signature")
+    payload_format = _text(tags.get("archive_format")) or "cpio"
     if payload_format != "cpio":
         raise UsageError(f"{source}: RPM payload format {payload_format!r} is not supported")
-    algo = tags.get(RPMTAG_PAYLOADDIGESTALGO)
-    digest = _first(tags.get(RPMTAG_PAYLOADDIGEST))
-    payload_sha256 = digest.lower() if digest and algo and algo[0] == PGPHASHALGO_SHA256 else None
+    digest = _text(tags.get("payloaddigest"))
+    algo = _text(tags.get("payloaddigestalgo"))
+    handle.seek(end)
     return RpmInfo(
-        name=_first(tags.get(RPMTAG_NAME)),
-        version=_first(tags.get(RPMTAG_VERSION)),
-        release=_first(tags.get(RPMTAG_RELEASE)),
-        arch=_first(tags.get(RPMTAG_ARCH)),
-        compressor=_first(tags.get(RPMTAG_PAYLOADCOMPRESSOR)) or "gzip",
-        payload_offset=handle.tell(),
-        payload_sha256=payload_sha256,
+        name=_text(tags.get("name")),
+        version=_text(tags.get("version")),
+        release=_text(tags.get("release")),
+        arch=_text(tags.get("arch")),
+        compressor=_text(tags.get("archive_compression")) or "gzip",
+        payload_offset=end,
+        payload_sha256=digest.lower() if digest and algo == str(PGPHASHALGO_SHA256) else None,
     )
 
 
 def rpm_members(path: Path) -> Iterator[Member]:
-    """The files of an RPM's cpio payload (xz, zstd, gzip, bzip2 or none), streamed."""
+    """The files of an RPM's cpio payload (xz, zstd, gzip, bzip2 or none), streamed.
+
+    The payload is read here, not through rpmfile.RPMFile: its index of the cpio keeps
+    neither inode nor link count (a payload's hard links are lost), takes a payload
+    compressed with "none" or "lzma" for gzip, and holds a zstd one whole in memory.
+    """
     source = path.name
     with open(path, "rb") as handle:
         info = rpm_info(handle, source)
