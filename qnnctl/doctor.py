@@ -376,7 +376,19 @@ def check_layout(ctx: Context) -> Outcome:
     if problems:
         return fail(f"{sdk.root}: " + "; ".join(problems), "; ".join(dict.fromkeys(fixes)))
     libs = sum(1 for p in lib_dir.iterdir() if _is_library_name(p.name))
-    return ok(f"{libs} host libraries, {len(tools)} tool{'' if len(tools) == 1 else 's'} (executable), include/QNN")
+    has = [f"{libs} host libraries"]
+    cannot: list[str] = []
+    if tools:
+        has.append(f"{len(tools)} tool{'' if len(tools) == 1 else 's'} (executable)")
+    else:
+        cannot.append(f"no {HOST_BIN_DIR} (no qnn-net-run or qnn-context-binary-generator)")
+    if (sdk.root / "include" / "QNN").is_dir():
+        has.append("include/QNN")
+    else:
+        cannot.append("no include/QNN (nothing to compile native code against)")
+    if cannot:
+        return ok(", ".join(has) + ": enough for lowering with ExecuTorch's Python flow; " + "; ".join(cannot))
+    return ok(", ".join(has))
 
 
 def check_version(ctx: Context) -> Outcome:
