@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn, Protocol, TypeVar
 
-from qnnctl.cache import SPACE_MARGIN, require_free_space
+from qnnctl.cache import require_free_space, space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.sdk import HOST_LIB_DIR
 from qnnctl.versions import version_in
@@ -727,7 +727,7 @@ class ZipStream:
                     return
                 self.work.mkdir(parents=True, exist_ok=True)
                 free = shutil.disk_usage(self.work).free
-                self._budget = free - (total - offset) - SPACE_MARGIN
+                self._budget = free - (total - offset) - space_margin(total - offset)
                 self._thread = threading.Thread(target=self._run, name="qnnctl-stream", daemon=True)
                 self._thread.start()
             elif offset < self._size or not self._same_file(part):

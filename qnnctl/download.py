@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from qnnctl.cache import require_free_space
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
+from qnnctl.urls import redact
 
 if TYPE_CHECKING:
     import requests
+
+    from qnnctl.retry import BodyBroke, Policy
 
 log = logging.getLogger("qnnctl.download")
 
@@ -29,12 +32,15 @@ CHUNK = 1 << 20
 NET_CHUNK = 64 << 10
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0
+# The retry policy (see `retry_policy`): what is tried again, how often, how long to wait.
 MAX_ATTEMPTS = 6  # attempts that make no progress; a resumed download that moves on resets it
-MAX_TOTAL_ATTEMPTS = 30
-BACKOFF_BASE = 1.0
-BACKOFF_MAX = 60.0
-# Besides these, every 5xx is retried: a mirror's proxy can answer anything while it restarts.
-RETRY_STATUSES = frozenset({408, 425, 429})
+MAX_TOTAL_ATTEMPTS = 30  # requests of one download, however far each one got
+BACKOFF_BASE = 1.0  # the wait before retry n is BACKOFF_BASE * 2**(n-1) seconds...
+BACKOFF_MAX = 60.0  # ...and at most this, a server's Retry-After included
+# Timeouts and rate limits, and every 5xx: a mirror's proxy can answer anything while it
+# restarts. Everything else (401, 403, 404, 410...) is final, as are a name that does not
+# resolve and a certificate that is not trusted (qnnctl.retry.worth_retrying).
+RETRY_STATUSES = frozenset({408, 425, 429, *range(500, 600)})
 
 
 def make_session(user_agent_version: str | None = None) -> requests.Session:
@@ -55,10 +61,31 @@ def make_session(user_agent_version: str | None = None) -> requests.Session:
     return session
 
 
+def retry_policy(backoff_base: float = BACKOFF_BASE, sleep: Callable[[float], None] = time.sleep) -> Policy:
+    """The retry policy of every download, declared: urllib3 applies it to each request (it
+    retries a refused connection, a timeout and the statuses above by itself), and the
+    downloader asks it again when a body breaks off."""
+    from qnnctl.retry import Policy, quiet_urllib3_retries
+
+    quiet_urllib3_retries()
+    policy = Policy(
+        total=MAX_ATTEMPTS - 1,
+        connect=None, read=None, status=None, other=None,  # all of them count against `total`
+        allowed_methods=frozenset({"GET", "HEAD"}),
+        status_forcelist=RETRY_STATUSES,
+        backoff_factor=backoff_base,
+        backoff_max=BACKOFF_MAX,
+        respect_retry_after_header=True,
+        raise_on_status=False,  # the last answer comes back, to be reported with its status
+    )
+    policy.sleeper = sleep
+    return policy
+
+
 @dataclass(frozen=True)
 class Fetched:
     path: Path
-    url: str
+    url: str  # redacted: fit to print and to record in a manifest
     sha256: str
     size: int
 
@@ -89,6 +116,7 @@ class PlainProgress:
     def __init__(self, label: str, total: int | None, initial: int) -> None:
         self.label = label
         self.total = total
+        self.initial = initial
         self.done = initial
         self.next_mark = 0
         self.started = time.monotonic()
@@ -116,6 +144,11 @@ class PlainProgress:
         if self.total is not None and self.done < self.total:
             # Interrupted or dropped: say how far it got, not something that reads like success.
             log.info("%s: stopped at %s of %s", self.label, _human(self.done), _human(self.total))
+        elif self.initial:
+            # The time is this run's, so the size must be too: a resumed download received
+            # only the rest.
+            log.info("%s: %s in %.1fs (resumed at %s; %s in all)", self.label,
+                     _human(self.done - self.initial), elapsed, _human(self.initial), _human(self.done))
         else:
             log.info("%s: %s in %.1fs", self.label, _human(self.done), elapsed)
 
@@ -146,7 +179,10 @@ def _human(n: int) -> str:
 
 
 class Retry(Exception):
-    """A failure worth another attempt; `delay` is what the server asked for, if anything."""
+    """A failure worth another attempt; `delay` is what the server asked for, if anything.
+
+    For the loop in qnnctl.runtime, which streams the LLVM archive; downloads use `retry_policy`.
+    """
 
     def __init__(self, reason: str, delay: float | None = None) -> None:
         super().__init__(reason)
@@ -156,6 +192,10 @@ class Retry(Exception):
 
 class _NotFound(Exception):
     pass
+
+
+class _StartOver(Exception):
+    """The partial file cannot be resumed (removed): request the whole file, at once."""
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -175,7 +215,7 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
 
 def retryable_status(status: int) -> bool:
     """Statuses that a later attempt may not get: timeouts, rate limits, any server error."""
-    return status in RETRY_STATUSES or 500 <= status <= 599
+    return status in RETRY_STATUSES
 
 
 def backoff_delay(attempt: int, base: float = BACKOFF_BASE) -> float:
@@ -196,7 +236,10 @@ def file_sha256(path: Path) -> str:
 
 
 class Downloader:
-    """Fetch one archive into the downloads folder, resuming a partial file left there."""
+    """Fetch one archive into the downloads folder, resuming a partial file left there.
+
+    Every URL it prints, logs or records is redacted (qnnctl.urls.redact).
+    """
 
     def __init__(
         self,
@@ -206,11 +249,17 @@ class Downloader:
         sleep: Callable[[float], None] = time.sleep,
         backoff_base: float = BACKOFF_BASE,
     ) -> None:
+        from requests.adapters import HTTPAdapter
+
         self.session = session
         self.folder = folder
         self.progress = progress
-        self.sleep = sleep
-        self.backoff_base = backoff_base
+        self.policy = retry_policy(backoff_base, sleep)
+        # urllib3 retries each request by the policy; the downloader hands it the budget
+        # that is left before each request (see _fetch).
+        self.adapter = HTTPAdapter(max_retries=self.policy)
+        session.mount("http://", self.adapter)
+        session.mount("https://", self.adapter)
 
     def fetch(self, urls: Sequence[str], name: str, expected_sha256: str | None = None,
               sink: Sink | None = None) -> Fetched:
@@ -223,8 +272,8 @@ class Downloader:
             try:
                 return self._fetch(url, name, expected_sha256, sink)
             except _NotFound:
-                last_missing = url
-                log.info("not found at %s", url)
+                last_missing = redact(url)
+                log.info("not found at %s", last_missing)
         raise DownloadError(
             f"the archive was not found (HTTP 404) at {last_missing}",
             hint="check the version (a prefix such as `qnnctl install 2.37` picks the newest known "
@@ -246,71 +295,90 @@ class Downloader:
     def _write_meta(self, meta_path: Path, data: dict[str, Any]) -> None:
         from qnnctl.cache import write_json_atomic
 
-        write_json_atomic(meta_path, data)
+        # Private: the record names the URL (redacted, but a URL can hold more than that).
+        write_json_atomic(meta_path, data, mode=0o600)
 
     def _fetch(self, url: str, name: str, expected_sha256: str | None, sink: Sink | None) -> Fetched:
+        from urllib3.exceptions import MaxRetryError
+
+        from qnnctl.retry import attempts_made
+
         self.folder.mkdir(parents=True, exist_ok=True)
         final, part, meta_path = self._paths(name)
+        shown = redact(url)
         meta = self._read_meta(meta_path)
-        if meta.get("url") != url:
+        # Records are kept redacted; one written before that holds the URL as it was given.
+        if meta.get("url") not in (shown, url):
             # Bytes from another source are no base to resume from.
             for stale in (final, part):
                 stale.unlink(missing_ok=True)
-            meta = {"url": url}
+            meta = {"url": shown}
         elif final.is_file() and meta.get("sha256"):
             # A complete download from an earlier run that stopped before it was installed.
             digest = file_sha256(final)
             if digest == meta["sha256"]:
                 log.info("reusing the download finished earlier: %s", final)
-                return self._finish(final, url, digest, expected_sha256, meta_path)
+                return self._finish(final, shown, digest, expected_sha256, meta_path)
             final.unlink(missing_ok=True)
 
-        no_progress = 0
-        total_attempts = 0
+        policy = self.policy.start(shown)
+        requests_made = 0
         while True:
-            total_attempts += 1
+            requests_made += 1
             before = part.stat().st_size if part.exists() else 0
             try:
-                digest, size = self._attempt(url, part, meta, meta_path, sink)
-            except Retry as retry:
-                after = part.stat().st_size if part.exists() else 0
-                no_progress = 0 if after > before else no_progress + 1
-                if no_progress >= MAX_ATTEMPTS or total_attempts >= MAX_TOTAL_ATTEMPTS:
-                    raise DownloadError(
-                        f"download of {url} failed after {total_attempts} attempts: {retry.reason}",
-                        hint="run the same command again to resume; check the network, "
-                        "HTTPS_PROXY and REQUESTS_CA_BUNDLE with `qnnctl doctor`",
-                    ) from None
-                delay = retry.delay if retry.delay is not None else backoff_delay(
-                    no_progress or 1, self.backoff_base
-                )
-                delay = min(delay, BACKOFF_MAX)
-                log.warning("%s; retrying in %.1fs", retry.reason, delay)
-                self.sleep(delay)
+                digest, size = self._attempt(url, shown, part, meta, meta_path, sink, policy)
+                break
+            except _StartOver:
+                if requests_made >= MAX_TOTAL_ATTEMPTS:
+                    raise self._gave_up(shown, requests_made, "the server never let the download resume") from None
                 continue
-            break
+            except _Broke as broke:
+                after = part.stat().st_size if part.exists() else 0
+                if after > before:
+                    policy = self.policy.start(shown)  # it moved on: the whole budget again
+                else:
+                    policy = broke.policy
+                if requests_made >= MAX_TOTAL_ATTEMPTS:
+                    raise self._gave_up(shown, requests_made, str(broke.error)) from None
+                try:
+                    policy = policy.increment("GET", shown, error=broke.error)
+                except MaxRetryError as exc:
+                    raise self._gave_up(shown, attempts_made(exc), str(broke.error)) from None
+                policy.sleep()
         os.replace(part, final)
         meta["sha256"] = digest
         meta["size"] = size
         self._write_meta(meta_path, meta)
-        return self._finish(final, url, digest, expected_sha256, meta_path)
+        return self._finish(final, shown, digest, expected_sha256, meta_path)
+
+    @staticmethod
+    def _gave_up(shown: str, attempts: int, last: str) -> DownloadError:
+        return DownloadError(
+            f"download of {shown} failed after {attempts} attempts: {last}",
+            hint="run the same command again to resume; check the network, "
+            "HTTPS_PROXY and REQUESTS_CA_BUNDLE with `qnnctl doctor`",
+        )
 
     def _finish(
-        self, final: Path, url: str, digest: str, expected: str | None, meta_path: Path
+        self, final: Path, shown: str, digest: str, expected: str | None, meta_path: Path
     ) -> Fetched:
         if expected is not None and digest != expected.lower():
             final.unlink(missing_ok=True)
             meta_path.unlink(missing_ok=True)
             raise IntegrityError(
-                f"sha256 mismatch for {url}: expected {expected.lower()}, got {digest}",
+                f"sha256 mismatch for {shown}: expected {expected.lower()}, got {digest}",
                 hint="the download was removed; check the --sha256 value or the mirror's file",
             )
-        return Fetched(final, url, digest, final.stat().st_size)
+        return Fetched(final, shown, digest, final.stat().st_size)
 
-    def _attempt(self, url: str, part: Path, meta: dict[str, Any], meta_path: Path,
-                 sink: Sink | None) -> tuple[str, int]:
-        """One request; returns (sha256, size) of the complete file or raises Retry."""
+    def _attempt(self, url: str, shown: str, part: Path, meta: dict[str, Any], meta_path: Path,
+                 sink: Sink | None, policy: Policy) -> tuple[str, int]:
+        """One request, retried by urllib3 until it has an answer; returns (sha256, size) of
+        the complete file, or raises _Broke (the body broke off) or _StartOver."""
         import requests
+
+        from qnnctl.retry import BodyBroke, describe
 
         offset = part.stat().st_size if part.exists() else 0
         headers = {}
@@ -320,37 +388,37 @@ class Downloader:
             if validator:
                 # The server sends the whole file again (200) if it has changed since.
                 headers["If-Range"] = validator
+        self.adapter.max_retries = policy
         try:
             response = self.session.get(
                 url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
             )
-        except (requests.ConnectionError, requests.Timeout) as exc:
-            raise Retry(f"cannot reach {url}: {_short(exc)}") from None
         except requests.RequestException as exc:
-            raise DownloadError(
-                f"request to {url} failed: {_short(exc)}",
-                hint="check the URL (or QNNCTL_MIRROR) and proxy settings",
-            ) from None
+            raise _request_failed(shown, exc) from None
         with response:
+            # What urllib3 spent on this request, for the next one.
+            spent: Policy = getattr(response.raw, "retries", None) or policy
             status = response.status_code
             if status == 416:
                 # Our partial file does not fit the file on the server: start over.
                 log.warning("the server refused to resume (HTTP 416); starting over")
                 part.unlink(missing_ok=True)
-                raise Retry("range not satisfiable", delay=0.0)
-            if retryable_status(status):
-                raise Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
+                raise _StartOver
+            if status in RETRY_STATUSES:
+                # urllib3 retried it for as long as the policy allows.
+                raise self._gave_up(shown, spent.attempts,
+                                    f"the last answer was HTTP {status} {response.reason or ''}".rstrip())
             if status == 404:
                 raise _NotFound(url)
             if status not in (200, 206):
                 raise DownloadError(
-                    f"HTTP {status} {response.reason or ''} from {url}".rstrip(),
+                    f"HTTP {status} {response.reason or ''} from {shown}".rstrip(),
                     hint="check the URL, the version, or your access to the mirror",
                 )
             content_type = response.headers.get("Content-Type", "")
             if "text/html" in content_type.lower():
                 raise DownloadError(
-                    f"{url} answered with an HTML page, not an archive "
+                    f"{shown} answered with an HTML page, not an archive "
                     "(a login page, a proxy's error page, or a wrong URL)",
                     hint="open the URL in a browser, or download the archive by hand and run "
                     "`qnnctl install --file ARCHIVE`",
@@ -361,22 +429,23 @@ class Downloader:
                 mode = "ab"
             else:
                 if status == 206:
+                    log.warning("the server resumed at the wrong offset; starting over")
                     part.unlink(missing_ok=True)
-                    raise Retry("the server resumed at the wrong offset", delay=0.0)
+                    raise _StartOver
                 offset = 0
                 mode = "wb"
                 if part.exists():
                     log.info("the server sent the whole file; starting over")
             meta.update(
-                url=url,
+                url=shown,
                 etag=response.headers.get("ETag") if _strong(response.headers.get("ETag")) else None,
                 last_modified=response.headers.get("Last-Modified"),
                 total=offset + body_length if body_length is not None else None,
             )
             meta.pop("sha256", None)
-            self._write_meta(meta_path, meta)
             if body_length is not None:
                 require_free_space(part.parent, body_length, "download the archive")
+            self._write_meta(meta_path, meta)
             digest = hashlib.sha256()
             if mode == "ab":
                 with open(part, "rb") as existing:
@@ -394,7 +463,7 @@ class Downloader:
                     for block in response.iter_content(NET_CHUNK):
                         if first and offset == 0 and _is_html(block):
                             raise DownloadError(
-                                f"{url} answered with an HTML page, not an archive",
+                                f"{shown} answered with an HTML page, not an archive",
                                 hint="check the URL or mirror; download the archive by hand and "
                                 "run `qnnctl install --file ARCHIVE`",
                             )
@@ -408,9 +477,12 @@ class Downloader:
                             announced = received
                             sink.extend(offset + received)
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
-                raise Retry(f"connection lost after {_human(offset + received)}: {_short(exc)}") from None
+                raise _Broke(spent, BodyBroke(
+                    f"the download stopped at {_of(offset + received, total)}: {describe(exc)}")) from None
             except DownloadError:
+                # Nothing of a page is worth resuming, nor its record.
                 part.unlink(missing_ok=True)
+                meta_path.unlink(missing_ok=True)
                 raise
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
@@ -425,8 +497,55 @@ class Downloader:
             if sink is not None:
                 sink.extend(size)
             if total is not None and size != total:
-                raise Retry(f"the body ended early at {_human(size)} of {_human(total)}")
+                raise _Broke(spent, BodyBroke(f"the body ended early, at {_of(size, total)}"))
             return digest.hexdigest(), size
+
+
+class _Broke(Exception):
+    """The body of an answer broke off; `policy` is what was left of the budget."""
+
+    def __init__(self, policy: Policy, error: BodyBroke) -> None:
+        super().__init__(str(error))
+        self.policy = policy
+        self.error = error
+
+
+def _request_failed(shown: str, exc: BaseException) -> DownloadError:
+    """A request that got no answer: retried as long as the policy allows, or not at all
+    when retrying cannot help."""
+    from qnnctl.retry import attempts_made, describe, unknown_host, untrusted_certificate
+
+    cause = describe(exc)
+    attempts = attempts_made(exc)
+    if untrusted_certificate(exc):
+        return DownloadError(
+            f"cannot download {shown}: {cause}",
+            hint="if your network inspects TLS, set REQUESTS_CA_BUNDLE to your organisation's CA "
+            "bundle; `qnnctl doctor` shows the bundle in use",
+        )
+    if unknown_host(exc):
+        return DownloadError(
+            f"cannot download {shown}: {cause}",
+            hint="check the host name in the URL (or QNNCTL_MIRROR); behind a proxy, set HTTPS_PROXY",
+        )
+    import requests
+
+    if not isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+        return DownloadError(
+            f"request to {shown} failed: {cause}",
+            hint="check the URL (or QNNCTL_MIRROR) and proxy settings",
+        )
+    if attempts > 1:
+        return Downloader._gave_up(shown, attempts, f"cannot reach the server: {cause}")
+    return DownloadError(
+        f"cannot reach {shown}: {cause}",
+        hint="run the same command again to resume; check the network, "
+        "HTTPS_PROXY and REQUESTS_CA_BUNDLE with `qnnctl doctor`",
+    )
+
+
+def _of(done: int, total: int | None) -> str:
+    return _human(done) if total is None else f"{_human(done)} of {_human(total)}"
 
 
 def _strong(etag: str | None) -> bool:
@@ -441,8 +560,3 @@ def _range_start(content_range: str | None) -> int | None:
         return int(content_range[6:].split("-", 1)[0])
     except ValueError:
         return None
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]

@@ -7,16 +7,24 @@
 
 Faults queued for a path are used one per request, in order; after that the file is served
 normally. Every request is recorded (method, path, headers) for assertions.
+
+`FaultServer(tls=self_signed_certificate(folder))` serves HTTPS with a certificate made for
+127.0.0.1 at test time; `connections` counts the connections it accepted, handshakes that
+failed included.
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
+import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -79,7 +87,41 @@ class Request:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Certificate:
+    cert: Path  # also the CA bundle that trusts it (REQUESTS_CA_BUNDLE)
+    key: Path
+
+
+def self_signed_certificate(folder: Path) -> Certificate:
+    """A self-signed certificate for 127.0.0.1 (its subjectAltName), made with openssl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    return Certificate(cert, key)
+
+
 class _QuietServer(ThreadingHTTPServer):
+    tls: ssl.SSLContext | None = None
+    connections = 0
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = self.socket.accept()
+        self.connections += 1
+        if self.tls is None:
+            return sock, address
+        # A failed handshake (a client that does not trust the certificate) raises an
+        # OSError here, which the server takes as "no request".
+        sock.settimeout(10)
+        wrapped = self.tls.wrap_socket(sock, server_side=True)
+        wrapped.settimeout(None)
+        return wrapped, address
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hangs up (a killed qnnctl, a dropped keep-alive) is part of the tests.
         if isinstance(sys.exc_info()[1], ConnectionError):
@@ -88,7 +130,7 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class FaultServer:
-    def __init__(self) -> None:
+    def __init__(self, tls: Certificate | None = None) -> None:
         self.files: dict[str, bytes] = {}
         self.content_types: dict[str, str] = {}
         self.faults: dict[str, deque[Fault]] = defaultdict(deque)
@@ -111,6 +153,10 @@ class FaultServer:
 
         self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls.cert, tls.key)
+            self.httpd.tls = context
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
 
@@ -127,7 +173,12 @@ class FaultServer:
     @property
     def base(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        scheme = "https" if self.httpd.tls is not None else "http"
+        return f"{scheme}://{host!s}:{port}"
+
+    @property
+    def connections(self) -> int:
+        return self.httpd.connections
 
     def url(self, path: str) -> str:
         return self.base + path
@@ -211,8 +262,6 @@ class FaultServer:
                 h.wfile.flush()
                 h.close_connection = True
                 # Abort the socket so the client sees a short body, not a clean close.
-                import socket
-
                 h.connection.shutdown(socket.SHUT_RDWR)
                 return
             if fault is not None and fault.kind == "claim_length":
