@@ -24,6 +24,7 @@ from qnnctl.sdk import (
     sdk_from_root,
     select_sdk,
 )
+from qnnctl.urls import redact
 from qnnctl.versions import (
     archive_name,
     archive_urls,
@@ -125,10 +126,10 @@ def install(
         found = version_in(unquote(urlparse(url).path.rsplit("/", 1)[-1]))
         if found is None:
             raise UsageError(
-                f"cannot tell the SDK version from {request.url}",
+                f"cannot tell the SDK version from {redact(url)}",
                 hint="give it too: `qnnctl install VERSION --url URL`",
             )
-        selection = Selection("argument", f"named by {request.url}", version=found)
+        selection = Selection("argument", f"named by {redact(url)}", version=found)
     version = selection.version
     if version is None:  # pragma: no cover - every branch above that gets here sets it
         raise UsageError("no SDK version was selected")
@@ -155,7 +156,7 @@ def install(
         downloader = Downloader(
             make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
         )
-        log.info("downloading SDK %s from %s", version, urls[0])
+        log.info("downloading SDK %s from %s", version, redact(urls[0]))
         with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
             # A zip's members are extracted from the partial file while the rest arrives;
             # the archive's digest and its central directory are still checked before use.
@@ -168,6 +169,7 @@ def install(
             streamed = stream.close()
             leftovers = (fetched.path, cache.downloads / f"{name}.json")
             try:
+                # fetched.url is redacted: the manifest keeps no password or token.
                 sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
                              request.force, work, streamed)
             except IntegrityError:
