@@ -91,6 +91,19 @@ def read_terminal(controller: int) -> bytes:
     return b"".join(chunks)
 
 
+# An ignored SIGINT (nohup, a background job, some CI runners) is inherited across exec, and a
+# Python started that way installs no KeyboardInterrupt handler: Ctrl-C tests would hang.
+_SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def with_default_sigint(argv: list[str]) -> list[str]:
+    """`argv`, started with SIGINT at its default whatever this test run inherited: for every
+    child a test sends SIGINT to. An exec in between rather than `preexec_fn`, which is not safe
+    with the threads (HTTP servers) tests run."""
+    return [sys.executable, "-c", _SIGINT_DEFAULT, *argv]
+
+
 def run_qnnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
                input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real entry point (`python -m qnnctl`) in a fresh interpreter."""

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import run_qnnctl
+from tests.conftest import run_qnnctl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, install_tree_into_cache
 
@@ -31,8 +31,8 @@ def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -
 def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path) -> None:
     path = f"/{VERSION}/v{VERSION}.zip"
     mirror.fail(path, Fault.slow(16 << 10, 0.05))
-    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "install"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(with_default_sigint([sys.executable, "-m", "qnnctl", "install"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     part = cache_dir / "downloads" / f"v{VERSION}.zip.part"
     while time.monotonic() < deadline and not (part.exists() and part.stat().st_size > 0):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import give_default_acl
+from tests.conftest import give_default_acl, with_default_sigint
 from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
 from tests.test_archive import PAYLOAD_SPEC, garble_deflate
 
@@ -58,7 +58,9 @@ def _start(body: str, folder: Path, stdout: int | None = None) -> subprocess.Pop
     """The script `body` in a fresh interpreter, with `folder` (where its workers leave
     their pids) as its argument."""
     code = PRELUDE + textwrap.dedent(body)
-    return subprocess.Popen([sys.executable, "-c", code, str(folder)], text=True, stdout=stdout)
+    # SIGINT at its default: one test interrupts the script.
+    return subprocess.Popen(with_default_sigint([sys.executable, "-c", code, str(folder)]), text=True,
+                            stdout=stdout)
 
 
 def _files(folder: Path, count: int) -> list[str]:
