@@ -613,7 +613,7 @@ def check_load(ctx: Context) -> Outcome:
     if elsewhere:
         return warn(f"loads, but {'; '.join(elsewhere)}, not from {target.lib_dir}",
                     hint="remove the other SDK's folder from LD_LIBRARY_PATH")
-    return ok("load in a fresh process; " + "; ".join(offered))
+    return ok(f"{' and '.join(REQUIRED_LIBS)} load in a fresh process; " + "; ".join(offered))
 
 
 def _load_hint(ctx: Context, target: Target) -> str:

@@ -1,0 +1,224 @@
+"""Qualcomm's own QAIRT binaries, for the tests that must run on the real thing.
+
+PyPI carries Qualcomm's QAIRT host libraries inside the `onnxruntime-qnn` wheels. This module
+fetches such a wheel once into a cache outside the repository, and turns it into an archive laid
+out as Qualcomm ships an SDK (`qairt/<version>/lib/x86_64-linux-clang/...`, `sdk.yaml`):
+
+- auditwheel renamed the libc++ trio the libraries need (`libc++-71bc274c.so.1.0`, ...) and
+  added an RPATH to the wheel's copies; the SDK's own libraries name plain `libc++.so.1`,
+  `libc++abi.so.1` and `libunwind.so.1` and carry no RPATH, so `patchelf` restores that;
+- the wheel's copies of the trio are left out, as the SDK leaves them out: the host, or qnnctl's
+  staged runtime, must provide them.
+
+The libc++ trio the tests stage comes from Debian's packages (`libc++1-14`, `libc++abi1-14`,
+`libunwind-14`), fetched with `apt-get download` into the same cache and served to qnnctl on
+127.0.0.1 in the layout of the LLVM release archive, so the tests themselves use no network.
+
+Nothing taken from a wheel or a package is ever written into the repository.
+
+    python -m tests.genuine fetch     # what .ci/run does: the wheels and the Debian packages
+    python -m tests.genuine where     # the cache folder (QNNCTL_TEST_WHEELS overrides it)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# The folder that survives between runs; computed from the environment the tests start with,
+# before any test points HOME elsewhere.
+CACHE_VARIABLE = "QNNCTL_TEST_WHEELS"
+# Bump when the archive layout built from a wheel changes, so stale archives are rebuilt.
+LAYOUT_REVISION = 1
+HOST_LIB_DIR = "lib/x86_64-linux-clang"
+TRIO = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
+DEBIAN_TRIO = ("libc++1-14", "libc++abi1-14", "libunwind-14")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One onnxruntime-qnn wheel and the QAIRT build inside it."""
+
+    release: str  # onnxruntime-qnn's own version
+    platform: str
+    qairt: str  # the SDK version the build id names (major.minor.patch.yymmdd)
+    build_id: str  # as the libraries carry it
+
+    @property
+    def file_name(self) -> str:
+        return f"onnxruntime_qnn-{self.release}-cp311-cp311-{self.platform}.whl"
+
+    @property
+    def requirement(self) -> str:
+        return f"onnxruntime-qnn=={self.release}"
+
+
+# Builds read from the libraries of each wheel (`v<version><hhmmss>` in libQnnHtp.so's .rodata).
+QAIRT_2_51 = Wheel("2.7.0", "manylinux_2_35_x86_64", "2.51.0.260929", "v2.51.0.260929181845")
+QAIRT_2_47 = Wheel("2.3.0", "manylinux_2_35_x86_64", "2.47.0.260601", "v2.47.0.260601114230")
+WHEELS = (QAIRT_2_51, QAIRT_2_47)
+
+
+def cache_folder() -> Path:
+    given = os.environ.get(CACHE_VARIABLE)
+    if given:
+        return Path(given).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "qnnctl-tests"
+
+
+CACHE = cache_folder()
+
+
+def wheel_path(wheel: Wheel) -> Path | None:
+    path = CACHE / "wheels" / wheel.file_name
+    return path if path.is_file() else None
+
+
+def debian_trio_debs() -> list[Path] | None:
+    """The Debian packages of the libc++ trio, when fetched."""
+    found = [next(iter(sorted((CACHE / "debs").glob(f"{name}_*.deb"))), None) for name in DEBIAN_TRIO]
+    return None if any(p is None for p in found) else [p for p in found if p is not None]
+
+
+def missing_message(what: str) -> str:
+    return (f"{what} is not in {CACHE}; fetch it with `python -m tests.genuine fetch` "
+            f"(set {CACHE_VARIABLE} to keep it elsewhere)")
+
+
+# -- building an SDK from a wheel ---------------------------------------------------------------
+
+
+def patchelf() -> str:
+    """The patchelf program: beside this Python (the PyPI package), else on PATH."""
+    beside = Path(sys.executable).with_name("patchelf")
+    found = str(beside) if beside.is_file() else shutil.which("patchelf")
+    if found is None:
+        raise RuntimeError("patchelf is not installed: `pip install patchelf` (a test dependency)")
+    return found
+
+
+def restore_sdk_names(library: Path) -> None:
+    """Give a wheel's library the DT_NEEDED names and the (absent) RPATH the SDK ships it with."""
+    tool = patchelf()
+    needed = subprocess.run([tool, "--print-needed", str(library)], capture_output=True, text=True,
+                            check=True).stdout.split()
+    args: list[str] = []
+    for name in needed:
+        for plain in TRIO:
+            stem = plain.split(".so", 1)[0]  # libc++, libc++abi, libunwind
+            if name.startswith(f"{stem}-") and ".so" in name:
+                args += ["--replace-needed", name, plain]
+    subprocess.run([tool, *args, "--remove-rpath", str(library)], check=True)
+
+
+def build_sdk_tree(wheel: Wheel, dest: Path) -> Path:
+    """The SDK root (`dest`) laid out from the wheel's Qualcomm libraries."""
+    source = wheel_path(wheel)
+    if source is None:
+        raise FileNotFoundError(missing_message(wheel.file_name))
+    lib = dest / HOST_LIB_DIR
+    lib.mkdir(parents=True)
+    with zipfile.ZipFile(source) as zf:
+        for info in zf.infolist():
+            folder, _, name = info.filename.rpartition("/")
+            # Qualcomm's libraries only: not the wheel's own provider, nor its copies of libc++.
+            if folder != "onnxruntime_qnn" or not name.endswith(".so") or "onnxruntime" in name:
+                continue
+            target = lib / name
+            with zf.open(info) as member, open(target, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+            target.chmod(0o755)
+            restore_sdk_names(target)
+    (dest / "sdk.yaml").write_text(f"name: qairt\nversion: {wheel.qairt}\n")
+    (dest / "QNN_README.txt").write_text(f"Qualcomm AI Runtime SDK {wheel.qairt} (host libraries)\n")
+    return dest
+
+
+def build_archive(wheel: Wheel, dest: Path, top: str | None = None) -> Path:
+    """A zip of the SDK as Qualcomm publishes it (one top folder `qairt/<version>/`)."""
+    top = f"qairt/{wheel.qairt}" if top is None else top
+    staging = dest.with_name(dest.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    build_sdk_tree(wheel, staging / top if top else staging)
+    partial = dest.with_name(dest.name + ".part")
+    # Deflate at level 1: the tests read these archives, their size matters little.
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for path in sorted(p for p in staging.rglob("*")):
+            rel = path.relative_to(staging).as_posix()
+            zf.write(path, rel)
+    shutil.rmtree(staging)
+    os.replace(partial, dest)
+    return dest
+
+
+def cached_archive(wheel: Wheel) -> Path:
+    """The archive built from `wheel`, built once and kept beside the wheel."""
+    built = CACHE / "built" / f"v{wheel.qairt}-r{LAYOUT_REVISION}.zip"
+    if not built.is_file():
+        built.parent.mkdir(parents=True, exist_ok=True)
+        build_archive(wheel, built)
+    return built
+
+
+def llvm_layout_archive(dest: Path, top: str) -> Path:
+    """The Debian trio packed as the LLVM release archive holds it: `<top>/lib/libc++.so.1`..."""
+    debs = debian_trio_debs()
+    if debs is None:
+        raise FileNotFoundError(missing_message("the libc++ trio's Debian packages"))
+    staging = dest.with_name(dest.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for deb in debs:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)
+    found = {p.name: p for p in staging.rglob("*.so.1") if p.name in TRIO}
+    if set(found) != set(TRIO):
+        raise RuntimeError(f"the Debian packages hold {sorted(found)}, not the whole trio")
+    with tarfile.open(dest, "w:xz") as tf:
+        for name in TRIO:
+            tf.add(os.path.realpath(found[name]), arcname=f"{top}/lib/{name}")
+    shutil.rmtree(staging)
+    return dest
+
+
+# -- fetching --------------------------------------------------------------------------------
+
+
+def fetch() -> None:
+    """Download what is missing: the wheels (pip) and the trio's Debian packages (apt-get)."""
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for wheel in WHEELS:
+        if wheel_path(wheel) is None:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                            "--only-binary", ":all:", "--platform", wheel.platform,
+                            "--python-version", "3.11", "-d", str(wheels), wheel.requirement],
+                           check=True)
+    if debian_trio_debs() is None:
+        debs = CACHE / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", *DEBIAN_TRIO], cwd=debs, check=True)
+    for wheel in WHEELS:
+        print(cached_archive(wheel))
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["fetch"]:
+        fetch()
+        return 0
+    if argv == ["where"]:
+        print(CACHE)
+        return 0
+    print("usage: python -m tests.genuine fetch|where", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

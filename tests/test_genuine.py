@@ -1,0 +1,288 @@
+"""qnnctl on Qualcomm's own QAIRT libraries (2.51 and 2.47), taken from onnxruntime-qnn wheels.
+
+tests/genuine.py builds the SDK archives and explains where the wheels come from. On a
+workstation without them these tests skip, saying how to fetch them; in CI they fail.
+
+The host here has no libc++: qnnctl must stage Debian's trio, which a loopback server offers in
+the layout of LLVM's release archive (apt-get is a shim that fails, so nothing leaves the
+machine). Each test checks the SDK through the real QNN C API, called by a script of the test's
+own (not by qnnctl's code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import genuine
+from tests.conftest import IN_CI, run_qnnctl
+from tests.httpserver import FaultServer
+
+LLVM_TOP = "clang+llvm-14.0.0-x86_64-linux-gnu-ubuntu-18.04"
+LLVM_PATH = f"/llvmorg-14.0.0/{LLVM_TOP}.tar.xz"
+# Where .ci/run puts a Python with ExecuTorch 1.5.1 (kept apart: an ExecuTorch visible to the
+# tests' own Python would change which SDK every other test selects).
+EXECUTORCH_PYTHON = "QNNCTL_TEST_EXECUTORCH_PYTHON"
+
+# What each build's libraries report (read once with a C program against QAIRT's headers'
+# struct layout; QnnInterface.h's QNN_BACKEND_ID_HTP is 6).
+PROVIDERS = {
+    genuine.QAIRT_2_51.qairt: {"name": "HTP_QTI_AISW", "backend_id": 6, "core": "2.40.0", "backend": "5.51.0"},
+    genuine.QAIRT_2_47.qairt: {"name": "HTP_QTI_AISW", "backend_id": 6, "core": "2.36.0", "backend": "5.47.0"},
+}
+
+# The test's own QNN API client: QnnInterface_getProviders on libQnnHtp.so, opened by bare
+# name as ExecuTorch opens it, so the loader's search decides which file that is.
+PROVIDERS_SCRIPT = r"""
+import ctypes, json, sys
+
+class ApiVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("patch", ctypes.c_uint32)]
+
+class Interface(ctypes.Structure):  # QnnInterface_t, up to its version fields
+    _fields_ = [("backend_id", ctypes.c_uint32), ("name", ctypes.c_char_p),
+                ("core", ApiVersion), ("backend", ApiVersion)]
+
+def dotted(v):
+    return f"{v.major}.{v.minor}.{v.patch}"
+
+if len(sys.argv) > 1 and sys.argv[1] == "setup":
+    import qnnctl
+    qnnctl.setup_sdk(sys.argv[2])
+lib = ctypes.CDLL("libQnnHtp.so")
+get = lib.QnnInterface_getProviders
+get.restype = ctypes.c_uint64
+found = ctypes.POINTER(ctypes.POINTER(Interface))()
+count = ctypes.c_uint32()
+status = get(ctypes.byref(found), ctypes.byref(count))
+providers = [{"name": found[i].contents.name.decode(), "backend_id": found[i].contents.backend_id,
+              "core": dotted(found[i].contents.core), "backend": dotted(found[i].contents.backend)}
+             for i in range(count.value)]
+path = next(line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith("/libQnnHtp.so"))
+print("@@" + json.dumps({"status": status, "providers": providers, "path": path}))
+"""
+
+TINY_LOWERING = """
+import torch
+from executorch.backends.qualcomm.utils.utils import (
+    generate_htp_compiler_spec, generate_qnn_executorch_compiler_spec,
+    get_soc_to_chipset_map, to_edge_transform_and_lower_to_qnn,
+)
+
+class Tiny(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x + 1.0)
+
+specs = generate_qnn_executorch_compiler_spec(
+    soc_model=get_soc_to_chipset_map()["SM8650"],
+    backend_options=generate_htp_compiler_spec(use_fp16=True),
+)
+to_edge_transform_and_lower_to_qnn(Tiny().eval(), (torch.randn(1, 8),), specs)
+print("LOWERED")
+"""
+
+WHEELS = [pytest.param(w, id=f"qairt-{w.qairt}") for w in genuine.WHEELS]
+
+
+def require(found: object, what: str) -> None:
+    if not found:
+        message = genuine.missing_message(what)
+        if IN_CI:
+            pytest.fail(message + "; .ci/run fetches it")
+        pytest.skip(message)
+
+
+@pytest.fixture
+def archive(request: pytest.FixtureRequest) -> Path:
+    wheel: genuine.Wheel = request.param
+    require(genuine.wheel_path(wheel), wheel.file_name)
+    return genuine.cached_archive(wheel)
+
+
+@pytest.fixture
+def no_apt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """apt-get fails (and logs its calls), as on a host without Debian's package lists."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    log = tmp_path / "apt-get.log"
+    (shims / "apt-get").write_text(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(str(log))}\nexit 100\n")
+    (shims / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.fixture
+def llvm(server: FaultServer, no_apt: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Debian's libc++ trio, served on 127.0.0.1 as LLVM's release archive holds it."""
+    require(genuine.debian_trio_debs(), "the libc++ trio's Debian packages")
+    built = genuine.CACHE / "built" / f"llvm-layout-r{genuine.LAYOUT_REVISION}.tar.xz"
+    if not built.is_file():
+        genuine.llvm_layout_archive(built, LLVM_TOP)
+    url = server.add(LLVM_PATH, built.read_bytes(), "application/x-xz")
+    monkeypatch.setenv("QNNCTL_LLVM_URL", url)
+    return url
+
+
+def host_has_libcxx() -> bool:
+    from qnnctl.runtime import TRIO, missing_host_libraries
+
+    return not missing_host_libraries(TRIO, [])
+
+
+def qairt(archive: Path) -> str:
+    return archive.name.removeprefix("v").split("-r", 1)[0]
+
+
+def install(archive: Path, cache_dir: Path) -> Path:
+    proc = run_qnnctl("install", "--file", str(archive))
+    assert proc.returncode == 0, proc.stderr
+    root = cache_dir / "sdks" / qairt(archive)
+    assert proc.stdout == f"{root}\n"
+    return root
+
+
+def call_providers(command: list[str], env: dict[str, str] | None = None) -> dict[str, object]:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env=os.environ.copy() if env is None else env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
+    result: dict[str, object] = json.loads(line[2:])
+    return result
+
+
+def checks(*args: str, env: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+    proc = run_qnnctl("doctor", "--json", "--offline", *args, env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == (0 if report["ok"] else 1)
+    return {c["id"]: c for c in report["checks"]}
+
+
+# -- install, env, doctor ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("archive", WHEELS, indirect=True)
+def test_install_stages_libcxx_then_env_loads_the_real_htp_backend(archive: Path, llvm: str, no_apt: Path,
+                                                                    cache_dir: Path, tmp_path: Path) -> None:
+    if host_has_libcxx():
+        pytest.skip("this host has libc++ already: nothing to stage")
+    version = qairt(archive)
+    root = install(archive, cache_dir)
+    staged = cache_dir / "runtime" / "libcxx-14.0.0" / "lib"
+    assert sorted(p.name for p in staged.iterdir()) == ["libc++.so.1", "libc++abi.so.1", "libunwind.so.1"]
+    assert "download libc++1-14" in no_apt.read_text()  # apt-get first, then the archive
+
+    # eval "$(qnnctl env)" in a real shell, then a Python child calls the C API.
+    script = tmp_path / "providers.py"
+    script.write_text(PROVIDERS_SCRIPT)
+    shell = f'eval "$(qnnctl env {version} --shell bash)" && exec {shlex.quote(sys.executable)} {script}'
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    answer = call_providers(["bash", "-c", shell], env)
+    assert answer["status"] == 0
+    assert answer["providers"] == [PROVIDERS[version]]
+    assert answer["path"] == str(root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so")
+
+    # doctor, in the shell env set up: every check ok, or an honest warn or skip.
+    exported = run_qnnctl("env", version, "--shell", "json")
+    shell_env = {**os.environ, **json.loads(exported.stdout)}
+    found = checks("--sdk", version, env=shell_env)
+    failed = {k: v for k, v in found.items() if v["status"] not in ("ok", "warn", "skip")}
+    assert not failed, failed
+    expected = PROVIDERS[version]
+    assert (f"libQnnHtp.so: HTP_QTI_AISW (backend 6, core API {expected['core']}, "
+            f"backend API {expected['backend']})") in found["load"]["detail"]
+    assert "SYSTEM_QTI_AISW (system API" in found["load"]["detail"]
+    assert found["sdk.layout"]["status"] == "ok"
+    assert "enough for lowering" in found["sdk.layout"]["detail"]
+    assert found["environment"]["status"] == "ok", found["environment"]
+    # env puts no tool folder that this SDK lacks on PATH.
+    assert "bin/x86_64-linux-clang" not in json.loads(exported.stdout).get("PATH", "")
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_lower_loads_the_real_backend_without_env(archive: Path, llvm: str, cache_dir: Path,
+                                                  tmp_path: Path) -> None:
+    version = qairt(archive)
+    root = install(archive, cache_dir)
+    script = tmp_path / "providers.py"
+    script.write_text(PROVIDERS_SCRIPT)
+    answer = call_providers([sys.executable, "-m", "qnnctl", "lower", "--sdk", version, "--",
+                             sys.executable, str(script)])
+    assert answer["providers"] == [PROVIDERS[version]]
+    assert answer["path"] == str(root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so")
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_setup_sdk_stages_and_preloads_libcxx_in_a_fresh_process(archive: Path, llvm: str, cache_dir: Path,
+                                                                 tmp_path: Path, server: FaultServer) -> None:
+    if host_has_libcxx():
+        pytest.skip("this host has libc++ already: nothing to stage")
+    version = qairt(archive)
+    install(archive, cache_dir)
+    shutil.rmtree(cache_dir / "runtime")
+    script = tmp_path / "providers.py"
+    script.write_text(PROVIDERS_SCRIPT)
+    # Nothing staged: setup_sdk() stages the trio, then loads it before the SDK's libraries.
+    answer = call_providers([sys.executable, str(script), "setup", version])
+    assert answer["providers"] == [PROVIDERS[version]]
+    assert (cache_dir / "runtime" / "libcxx-14.0.0" / "lib" / "libc++.so.1").is_file()
+    assert len(server.requests_for(LLVM_PATH)) == 2  # once by install, once by setup_sdk
+    # Staged already: a fresh process whose loader never saw LD_LIBRARY_PATH still loads it.
+    again = call_providers([sys.executable, str(script), "setup", version])
+    assert again["providers"] == [PROVIDERS[version]]
+    assert len(server.requests_for(LLVM_PATH)) == 2
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_doctor_names_what_fails_to_load_and_install_runtime_repairs_it(archive: Path, llvm: str,
+                                                                      cache_dir: Path) -> None:
+    if host_has_libcxx():
+        pytest.skip("this host has libc++ already: nothing can go missing")
+    version = qairt(archive)
+    install(archive, cache_dir)
+    shutil.rmtree(cache_dir / "runtime")
+    broken = checks("--sdk", version)
+    assert broken["load"]["status"] == "fail"
+    assert "libQnnHtp.so needs libc++.so.1, which the loader cannot find" in broken["load"]["detail"]
+    assert "libQnnSystem.so needs libc++.so.1" in broken["load"]["detail"]
+    assert "qnnctl install --runtime" in (broken["load"]["hint"] or "")
+    assert broken["libraries"]["status"] == "fail"
+    assert "libc++.so.1 not found (needed by" in broken["libraries"]["detail"]
+
+    repaired = run_qnnctl("install", "--runtime", version)
+    assert repaired.returncode == 0, repaired.stderr
+    fixed = checks("--sdk", version)
+    assert fixed["load"]["status"] == "ok", fixed["load"]
+    assert fixed["libraries"]["status"] == "ok", fixed["libraries"]
+
+
+# -- ExecuTorch ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("archive", WHEELS, indirect=True)
+def test_executorch_lowering_reaches_qnn_device_creation(archive: Path, llvm: str, cache_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """ExecuTorch 1.5.1 (built for QAIRT 2.37) finds and loads the genuine libraries through
+    `qnnctl lower`; on 2.47 and 2.51 it then fails to create the HTP device (error 14001), as it
+    does in the field: the HTP device config struct changed layout."""
+    python = os.environ.get(EXECUTORCH_PYTHON)
+    require(python and Path(python).is_file(), f"a Python with ExecuTorch 1.5.1 (set {EXECUTORCH_PYTHON})")
+    assert python is not None
+    version = qairt(archive)
+    root = install(archive, cache_dir)
+    script = tmp_path / "lower_tiny.py"
+    script.write_text(TINY_LOWERING)
+    proc = subprocess.run([sys.executable, "-m", "qnnctl", "lower", "--sdk", version, "--python", python,
+                           str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert f"Using QNN SDK at {root} (from QNN_SDK_ROOT)" in output
+    assert "Creating new backend bundle" in output  # the QNN backend library loaded
+    assert "Failed to create device_handle for Backend ID 6, error=14001" in output, output[-3000:]
+    assert "LOWERED" not in output
+    assert proc.returncode == 1
