@@ -89,6 +89,13 @@ class Cache(NamedTuple):
             return []
         return sorted(self.downloads.glob("*.part"))
 
+    def stray_download_records(self) -> list[Path]:
+        """downloads/*.json with neither a partial nor a finished download beside them."""
+        if not self.downloads.is_dir():
+            return []
+        return sorted(record for record in self.downloads.glob("*.json")
+                      if not (record.with_suffix("").exists() or record.with_suffix(".part").exists()))
+
     def stale_tmp(self) -> list[Path]:
         if not self.tmp.is_dir():
             return []

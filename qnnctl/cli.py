@@ -320,6 +320,9 @@ class _LowerCommand(click.Command):
             arg = args[i]
             if arg == "--" or arg == "-" or not arg.startswith("-") or arg.startswith("-m"):
                 break
+            if arg in valued and (i + 1 == len(args) or args[i + 1] == "--") and not ctx.resilient_parsing:
+                # Else click would take our own `--` for its value, and report nothing to run.
+                raise click.UsageError(f"{arg} needs a value", ctx=ctx)
             i += 2 if arg in valued else 1
         return super().parse_args(ctx, [*args[:i], "--", *args[i:]])
 
@@ -344,6 +347,10 @@ def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool,
     """
     from qnnctl.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
 
+    if not no_install:
+        from qnnctl.shell import check_cache_path
+
+        check_cache_path(str(_cache().root))
     options = LowerOptions(spec=spec, python=python, install=not no_install, keep_mkldnn=keep_mkldnn)
     plan = plan_lower(parse_target(pipeline), options, os.environ, Path.cwd(), _cache(),
                       terminal=_stderr_is_terminal())

@@ -34,6 +34,7 @@ from qnnctl.sdk import (
     select_sdk,
 )
 from qnnctl.shell import EnvValues, apply, split_path
+from qnnctl.urls import redact
 
 if TYPE_CHECKING:
     from qnnctl.elf import Closure
@@ -435,7 +436,8 @@ def check_manifest(ctx: Context) -> Outcome:
         return fail(f"{path} cannot be read as JSON", reinstall_hint(target))
     files = manifest.get("files")
     count = len(files) if isinstance(files, dict) else 0
-    source = manifest.get("source", "?")
+    # Earlier qnnctl releases recorded the URL as it was given, password and token included.
+    source = redact(str(manifest.get("source", "?")))
     detail = f"installed {manifest.get('installed_at', '?')} from {source}, {count} files recorded"
     if manifest.get("version") not in (None, sdk.version):
         return warn(f"{detail}; it names version {manifest.get('version')}, not {sdk.version}",
@@ -725,24 +727,36 @@ def check_cache(ctx: Context) -> Outcome:
     if not existing.is_dir():
         return fail(f"{existing} is not a folder, so the cache {root} cannot be created",
                     hint="point QNNCTL_CACHE_DIR at a writable folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    read_only = not os.access(existing, os.W_OK | os.X_OK)
+    if read_only and (existing != root or not os.access(root, os.R_OK | os.X_OK)):
         return fail(f"{existing} is not writable" + ("" if existing == root else f" (cache {root})"),
                     hint="point QNNCTL_CACHE_DIR at a writable folder")
     free = shutil.disk_usage(existing).free
     where = str(root) if existing == root else f"{root} (not created yet)"
     problems: list[str] = []
     hints: list[str] = []
-    if free < ctx.space_needed:
+    if read_only:
+        # A shared cache, filled by its owner: `env` and `lower` use its SDKs as they are.
+        installed = cache.installed_versions()
+        problems.append(f"read-only for you ({len(installed)} SDK(s): env, lower and doctor use "
+                        "them); install, uninstall, `cache clean` and staging a runtime cannot write here")
+        hints.append("to install, point QNNCTL_CACHE_DIR at a folder of your own, or ask the "
+                     "cache's owner to run `qnnctl install VERSION`")
+    elif free < ctx.space_needed:
         problems.append(f"{_gib(free)} free; an SDK install needs about {_gib(ctx.space_needed)}")
         hints.append("free some space, or point QNNCTL_CACHE_DIR at a larger disk")
     partial = cache.partial_downloads()
+    records = cache.stray_download_records()
     stale = cache.stale_tmp()
-    if partial or stale:
+    if partial or records or stale:
         size = sum(p.stat().st_size for p in partial)
         leftovers = []
         if partial:
             leftovers.append(f"{len(partial)} partial download(s) ({size / (1 << 20):.0f} MiB: "
                              f"{_some([p.name for p in partial], 3)})")
+        if records:
+            leftovers.append(f"{len(records)} record(s) of downloads that did not finish "
+                             f"({_some([p.name for p in records], 3)})")
         if stale:
             leftovers.append(f"{len(stale)} folder(s) left by interrupted installs in {cache.tmp}")
         problems.append(", ".join(leftovers))
@@ -758,27 +772,13 @@ def check_cache(ctx: Context) -> Outcome:
     return ok(f"{where}: writable, {_gib(free)} free{staged}")
 
 
-def _redact(url: str) -> str:
-    """A proxy URL without its password."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparsable)"
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
-
-
 def check_network(ctx: Context) -> Outcome:
     if ctx.offline:
         raise Skip("--offline")
     import requests
 
     from qnnctl.download import make_session
+    from qnnctl.retry import describe
     from qnnctl.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
 
     mirror = ctx.environ.get("QNNCTL_MIRROR") or None
@@ -792,6 +792,7 @@ def check_network(ctx: Context) -> Outcome:
     elif ctx.spec is None:
         version = DEFAULT_VERSION
     url = archive_urls(version, mirror)[0] if version and is_full_version(version) else (mirror or DEFAULT_BASE_URL)
+    shown = redact(url)  # people paste doctor's report into bug reports
     installed = target is not None and (target.sdk is not None or target.selection.caller_managed)
 
     session = make_session()
@@ -801,7 +802,7 @@ def check_network(ctx: Context) -> Outcome:
     proxy_vars = [name for name in PROXY_VARS if ctx.environ.get(name)]
     no_proxy = ctx.environ.get("NO_PROXY") or ctx.environ.get("no_proxy")
     if proxy:
-        via = f"through proxy {_redact(proxy)} (from {', '.join(proxy_vars) or 'the system settings'})"
+        via = f"through proxy {redact(proxy)} (from {', '.join(proxy_vars) or 'the system settings'})"
     elif proxy_vars and no_proxy:
         via = f"directly: NO_PROXY={no_proxy} covers it ({', '.join(proxy_vars)} set)"
     elif proxy_vars:
@@ -817,19 +818,19 @@ def check_network(ctx: Context) -> Outcome:
             response = session.head(url, timeout=NETWORK_TIMEOUT, allow_redirects=False)
     except requests.exceptions.SSLError as exc:
         outcome = fail
-        detail = f"TLS to {source} {url} failed {via}: {_first_line(exc)}"
+        detail = f"TLS to {source} {shown} failed {via}: {describe(exc)}"
         hint = "set REQUESTS_CA_BUNDLE to your organisation's CA bundle"
     except requests.exceptions.ProxyError as exc:
         outcome = fail
-        detail = f"the proxy refused the request for {url}: {_first_line(exc)}"
+        detail = f"the proxy refused the request for {shown}: {describe(exc)}"
         hint = "check HTTPS_PROXY / HTTP_PROXY (and NO_PROXY)"
     except requests.RequestException as exc:
         outcome = fail
-        detail = f"cannot reach {source} {url} {via}: {_first_line(exc)}"
+        detail = f"cannot reach {source} {shown} {via}: {describe(exc)}"
         hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
     else:
         status = response.status_code
-        detail = f"{source} answered HTTP {status} for {url} ({via})"
+        detail = f"{source} answered HTTP {status} for {shown} ({via})"
         if status == 404:
             return warn(detail, hint="the archive is not there; check the version or QNNCTL_MIRROR")
         if status in (401, 403, 407) or status >= 500:
@@ -839,19 +840,6 @@ def check_network(ctx: Context) -> Outcome:
         # The SDK is already on disk: nothing needs the network until the next install.
         return warn(detail + " (the SDK is already installed)", hint + "; `--offline` skips this check")
     return outcome(detail, hint)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The cause of a requests error in a few words, without urllib3's wrapping."""
-    import re
-
-    inner = exc.args[0] if exc.args else None
-    reason = getattr(inner, "reason", None)
-    text = str(reason if isinstance(reason, BaseException) else exc).strip()
-    # urllib3 puts the connection object's repr first: "<...HTTPSConnection object at 0x..>: ..."
-    text = re.sub(r"^<[^>]*>:\s*", "", text)
-    lines = text.splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 Check = Callable[[Context], Outcome]

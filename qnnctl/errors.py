@@ -42,17 +42,38 @@ class NotInstalledError(QnnctlError):
         )
 
 
-class InvalidSdkError(QnnctlError):
-    """A folder that was named as an SDK root does not have the SDK's layout."""
+class DamagedSdkError(NotInstalledError):
+    """An SDK in qnnctl's cache (its manifest is there) has lost files of its layout since."""
 
-    def __init__(self, root: str, missing: list[str], origin: str) -> None:
+    def __init__(self, version: str, root: str, missing: list[str]) -> None:
+        self.version = version
+        self.root = root
+        self.missing = missing
+        QnnctlError.__init__(
+            self,
+            f"SDK {version} in qnnctl's cache is damaged: {root} is missing {', '.join(missing)}",
+            hint=f"reinstall it: `qnnctl install --force {version}`",
+        )
+
+
+class InvalidSdkError(QnnctlError):
+    """A folder that was named as an SDK root does not have the SDK's layout.
+
+    `problem` replaces "is not a QNN SDK root: missing ..." when something else is wrong
+    (the path is a file).
+    """
+
+    def __init__(self, root: str, missing: list[str], origin: str, problem: str | None = None) -> None:
         self.root = root
         self.missing = missing
         self.origin = origin
+        hint = "point it at the folder that holds QNN_README.txt, lib/ and bin/, or unset it and run `qnnctl install`"
+        if problem is not None:
+            hint = ("an SDK root is the folder that holds QNN_README.txt, lib/ and bin/ "
+                    "(an SDK archive is installed with `qnnctl install --file ARCHIVE`)")
         super().__init__(
-            f"{origin} {root!s} is not a QNN SDK root: missing {', '.join(missing)}",
-            hint="point it at the folder that holds QNN_README.txt, lib/ and bin/, "
-            "or unset it and run `qnnctl install`",
+            f"{origin} {root!s} {problem or 'is not a QNN SDK root: missing ' + ', '.join(missing)}",
+            hint=hint,
         )
 
 

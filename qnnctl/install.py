@@ -99,6 +99,10 @@ def install(
     sha256 = _validate_sha256(request.sha256)
     if request.url is not None and request.file is not None:
         raise UsageError("--url and --file cannot be used together")
+    if request.url is not None:
+        local = check_url(request.url, "--url")
+        if local is not None:
+            request = request._replace(url=None, file=local)
     if request.file is not None:
         require_supported_host()
         return _install_file(request.file, request.spec, sha256, request.force, cache)
@@ -109,10 +113,7 @@ def install(
             return InstallResult(None, "caller", selection)
         if selection.reason == BY_ENV and selection.root is not None:
             if request.force:
-                raise UsageError(
-                    "--force reinstalls into qnnctl's cache, but QNN_SDK_ROOT names an SDK outside it",
-                    hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
-                )
+                raise _force_with_sdk_root(selection.root, cache)
             return InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection)
     elif request.spec is not None:
         selection = select_sdk(request.spec, environ, cwd)
@@ -140,7 +141,10 @@ def install(
         if found_sdk is not None:
             return InstallResult(found_sdk, "reused", selection)
 
-    urls = [request.url] if request.url else archive_urls(version, environ.get("QNNCTL_MIRROR") or None)
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    if mirror is not None and not request.url:
+        check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+    urls = [request.url] if request.url else archive_urls(version, mirror)
     name = _download_name(urls[0], version)
     cache.ensure()
     with version_lock(cache, version):
@@ -180,6 +184,58 @@ def install(
             for leftover in leftovers:
                 leftover.unlink(missing_ok=True)
     return InstallResult(sdk, "installed", selection)
+
+
+def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
+    """Refuse (exit 2) a URL that no download can start from; for a file: URL, its path.
+
+    urllib parses `http://[::1/x` only to raise ValueError, and requests turns a missing host
+    or an unknown scheme into a failed download (exit 3) after the lock and the cache: both
+    are mistakes in what was typed, told before anything starts.
+    """
+    from qnnctl.urls import redact
+
+    shown = redact(url)
+    schemes = "https or http" + (" (or a file: URL)" if allow_file else "")
+    try:
+        parts = urlparse(url)
+        parts.port  # noqa: B018 - a port that is no number raises here, not in the download
+    except ValueError:
+        # The parser's words would quote the bad part, which may be a misplaced password.
+        raise UsageError(f"{what} {shown} is not a valid URL: its host or port cannot be read",
+                         hint="check the brackets around an IPv6 address and the port number") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http", *(("file",) if allow_file else ())):
+        named = f"{scheme}:" if scheme else "a URL without a scheme"
+        raise UsageError(f"{what} {shown}: qnnctl downloads over {schemes}, not {named}",
+                         hint="an archive on disk is installed with `qnnctl install --file ARCHIVE`")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise UsageError(f"{what} {shown} names a file on another host ({parts.netloc})",
+                             hint="a file: URL names a file on this machine: file:///path/to/v2.37.0.250724.zip")
+        return Path(unquote(parts.path))
+    if not parts.hostname:
+        raise UsageError(f"{what} {shown} names no host", hint="URLs look like https://host/path/v2.37.0.250724.zip")
+    return None
+
+
+def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
+    """`install --force` without a VERSION while the user's QNN_SDK_ROOT chooses the SDK."""
+    real = root.resolve()
+    if real.parent == cache.sdks.resolve() and is_full_version(real.name):
+        # Often `export QNN_SDK_ROOT=$(qnnctl install)`: an SDK of qnnctl's own, but one that the
+        # user exported, and a user's QNN_SDK_ROOT is never reinstalled unasked.
+        return UsageError(
+            f"QNN_SDK_ROOT names SDK {real.name} in qnnctl's cache ({root}); --force without a VERSION "
+            "does not reinstall the SDK that QNN_SDK_ROOT names",
+            hint=f"run `qnnctl install --force {real.name}` to reinstall it",
+        )
+    where = "inside qnnctl's cache, not one of its SDKs" if real.is_relative_to(cache.root.resolve()) else \
+        "outside qnnctl's cache"
+    return UsageError(
+        f"QNN_SDK_ROOT names {root}, {where}; --force reinstalls an SDK of qnnctl's cache by VERSION",
+        hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
+    )
 
 
 def _download_name(url: str, version: str) -> str:

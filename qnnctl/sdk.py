@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import InvalidSdkError, NotInstalledError, UsageError
+from qnnctl.errors import DamagedSdkError, InvalidSdkError, NotInstalledError, UsageError
 from qnnctl.versions import DEFAULT_VERSION, is_full_version, resolve_version, version_in
 
 HOST_LIB_DIR = "lib/x86_64-linux-clang"
@@ -100,6 +100,8 @@ def sdk_from_root(root: Path, origin: str) -> Sdk:
     root = root.expanduser().absolute()
     missing = missing_layout(root)
     if missing:
+        if root.exists() and not root.is_dir():
+            raise InvalidSdkError(str(root), missing, origin, problem="is a file, not a folder")
         raise InvalidSdkError(str(root), missing, origin)
     return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=origin)
 
@@ -139,7 +141,8 @@ def find_pin(start: Path) -> Path | None:
 def read_pin(path: Path) -> str:
     """The full version a `.qnn-version` file names; errors name the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: editors on Windows start the file with a byte-order mark.
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the pin {path}: {exc}",
                          hint="fix it, or rewrite it with `qnnctl use VERSION`") from None
@@ -206,7 +209,11 @@ def executorch_expected_version(package_dir: Path | None = None) -> str | None:
 
 
 def _looks_like_path(spec: str) -> bool:
-    return os.sep in spec or spec.startswith((".", "~"))
+    if spec.startswith((os.sep, ".", "~")):
+        return True
+    # `2.37.0.250724;rm -rf /` is a mistyped version, not a relative path: a spec that starts
+    # as a version does is a path only when it names something on disk.
+    return os.sep in spec and (not spec[0].isdigit() or os.path.lexists(spec))
 
 
 def select_sdk(
@@ -275,6 +282,10 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
         raise UsageError("the SDK is managed by the caller (QNN_SDK_ROOT is empty)")
     sdk = find_installed(selection.version, cache, environ)
     if sdk is None:
+        own = cache.sdk_dir(selection.version)
+        if (own / MANIFEST_NAME).is_file():
+            # Installed by qnnctl, and files have gone since: not the same as never installed.
+            raise DamagedSdkError(selection.version, str(own), missing_layout(own))
         raise NotInstalledError(selection.version)
     return sdk
 

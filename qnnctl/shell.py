@@ -101,6 +101,27 @@ def _check_path_entry(name: str, entry: str) -> None:
         )
 
 
+def check_cache_path(root: str) -> None:
+    """Refuse (exit 2) a cache whose SDKs no path list could hold, before anything goes there.
+
+    An SDK installed under a ':' or a newline would be refused by `qnnctl env` and `lower`
+    only after a download of a gigabyte or two.
+    """
+    flaws = {":": "a ':'", "\n": "a newline", "\r": "a carriage return", "\x00": "a NUL"}
+    what = next((flaw for char, flaw in flaws.items() if char in root), None)
+    if what is None:
+        try:
+            root.encode("utf-8")
+            return
+        except UnicodeEncodeError:
+            what = "bytes that are not valid text in this locale"
+    raise UsageError(
+        f"the cache {root!r} has {what} in its path: an SDK installed there could not be put on "
+        "LD_LIBRARY_PATH and PATH",
+        hint="point QNNCTL_CACHE_DIR at a folder whose path has no ':' and no newline",
+    )
+
+
 def _undo(values: dict[str, str | None], marker: Marker | None) -> None:
     if marker is None:
         return

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_qnnctl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, install_tree_into_cache
@@ -83,3 +85,86 @@ def test_a_named_file_install_of_an_installed_version_reads_no_archive(cache_dir
     assert result.stdout == f"{root}\n"
     forced = run_qnnctl("install", VERSION, "--file", str(not_an_archive), "--force")
     assert forced.returncode == 4, forced.stderr  # --force does read it, and refuses it
+
+
+# -- messages that say what is actually wrong --------------------------------------------------
+
+
+def _usage_error(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "unexpected" not in result.stderr
+    for word in words:
+        assert word in result.stderr
+
+
+def test_a_mistyped_version_is_not_called_a_path(mirror: FaultServer) -> None:
+    spec = f"{VERSION};rm -rf /"
+    _usage_error(run_qnnctl("install", spec), f"{spec!r} is not an SDK version")
+    _usage_error(run_qnnctl("lower", "--sdk", spec, "--dry-run", "--", "true"), f"{spec!r} is not an SDK version")
+    assert mirror.requests == []
+    # A path that does exist is still told apart from a version.
+    Path(VERSION).mkdir()
+    _usage_error(run_qnnctl("install", f"{VERSION}/"), "is a path; install takes a VERSION")
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("http://[::1/v2.37.0.250724.zip", ["is not a valid URL"]),
+    ("http://127.0.0.1:port/v2.37.0.250724.zip", ["is not a valid URL"]),
+    ("ftp://127.0.0.1/v2.37.0.250724.zip", ["not ftp:"]),
+    ("https:///v2.37.0.250724.zip", ["names no host"]),
+    ("v2.37.0.250724.zip", ["without a scheme", "--file ARCHIVE"]),
+    ("file://elsewhere/v2.37.0.250724.zip", ["names a file on another host"]),
+    ("http://user:S3cr3t@[::1/v2.37.0.250724.zip?token=SIGNED", ["is not a valid URL"]),
+])
+def test_a_url_no_download_can_start_from_is_a_usage_error(url: str, words: list[str], server: FaultServer,
+                                                            cache_dir: Path) -> None:
+    result = run_qnnctl("install", "--url", url)
+    _usage_error(result, *words)
+    assert "S3cr3t" not in result.stderr
+    assert "SIGNED" not in result.stderr
+    assert not cache_dir.exists()
+    assert server.requests == []
+
+
+def test_a_mirror_no_download_can_start_from_is_a_usage_error(cache_dir: Path) -> None:
+    env = dict(os.environ, QNNCTL_MIRROR="http://[::1/qairt")
+    _usage_error(run_qnnctl("install", VERSION, env=env), "QNNCTL_MIRROR", "is not a valid URL")
+    env["QNNCTL_MIRROR"] = "file:///srv/qairt"
+    _usage_error(run_qnnctl("install", VERSION, env=env), "QNNCTL_MIRROR", "not file:")
+    assert not cache_dir.exists()
+
+
+def test_a_file_url_installs_the_archive_it_names(tmp_path: Path, cache_dir: Path) -> None:
+    from tests.sdkfactory import build_archive
+
+    archive = build_archive(tmp_path, "zip")
+    result = run_qnnctl("install", "--url", archive.as_uri())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{cache_dir / 'sdks' / VERSION}\n"
+
+
+def test_force_with_a_sdk_root_inside_the_cache_says_so(mirror: FaultServer, cache_dir: Path) -> None:
+    """`export QNN_SDK_ROOT=$(qnnctl install)`, then `qnnctl install --force`."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("install", "--force", env=dict(os.environ, QNN_SDK_ROOT=str(root)))
+    _usage_error(result, f"QNN_SDK_ROOT names SDK {VERSION} in qnnctl's cache",
+                 f"`qnnctl install --force {VERSION}`")
+    assert "outside" not in result.stderr
+    assert mirror.requests == []
+
+
+@pytest.mark.parametrize("name", ["a:b", "new\nline"], ids=["colon", "newline"])
+def test_a_cache_path_no_path_list_can_hold_is_refused_before_any_download(
+        name: str, mirror: FaultServer, tmp_path: Path) -> None:
+    cache = tmp_path / name / "cache"
+    env = dict(os.environ, QNNCTL_CACHE_DIR=str(cache))
+    for args in (["install"], ["install", VERSION], ["lower", "--", "true"], ["lower", "--dry-run", "--", "true"]):
+        _usage_error(run_qnnctl(*args, env=env), "QNNCTL_CACHE_DIR", "could not be put on LD_LIBRARY_PATH")
+    assert mirror.requests == []
+    assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("args", [["--sdk"], ["--sdk", "--", "true"], ["--python"]])
+def test_lower_option_without_its_value(args: list[str]) -> None:
+    _usage_error(run_qnnctl("lower", *args), f"{args[0]} needs a value")

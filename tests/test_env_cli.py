@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_qnnctl
+from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
 from tests.test_startup import run_probe
 
@@ -194,3 +195,45 @@ def test_env_is_a_pure_read(args: list[str], cache_dir: Path, tmp_path: Path) ->
     assert probe.started == []
     assert not [m for m in probe.modules if m.startswith(("filelock", "qnnctl.install", "qnnctl.download"))]
     assert _snapshot(tmp_path) == before
+
+
+def test_a_damaged_sdk_is_not_called_missing(mirror: FaultServer, cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (root / LIB / "libQnnHtp.so").unlink()
+    result = run_qnnctl("env", VERSION, "--shell", "json")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "not installed" not in result.stderr
+    assert f"SDK {VERSION} in qnnctl's cache is damaged" in result.stderr
+    assert f"{LIB}/libQnnHtp.so" in result.stderr
+    assert f"`qnnctl install --force {VERSION}`" in result.stderr
+    # The command the hint names does repair it.
+    repaired = run_qnnctl("install", "--force", VERSION)
+    assert repaired.returncode == 0, repaired.stderr
+    assert _json(VERSION)["QNN_SDK_ROOT"] == str(root)
+
+
+def test_sdk_option_naming_a_file(tmp_path: Path) -> None:
+    archive = tmp_path / f"v{VERSION}.zip"
+    archive.write_bytes(b"PK")
+    result = run_qnnctl("env", "--sdk", str(archive))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"--sdk {archive} is a file, not a folder" in result.stderr
+    assert "missing the folder itself" not in result.stderr
+    assert "qnnctl install --file" in result.stderr
+
+
+def test_a_pin_with_a_byte_order_mark_is_read(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    install_tree_into_cache(cache_dir, VERSION)
+    Path(".qnn-version").write_bytes(b"\xef\xbb\xbf" + OTHER_VERSION.encode() + b"\r\n")
+    assert _json()["QNN_SDK_ROOT"] == str(root)
+
+
+def test_a_mistyped_version_is_no_path(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("env", f"{VERSION};rm -rf /")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert f"'{VERSION};rm -rf /' is not an SDK version" in result.stderr
