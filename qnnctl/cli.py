@@ -36,14 +36,21 @@ log = _Logger()
 _LAZY_LOGGING = ("env",)
 # This invocation's -v/-q, until the logger is set up with them.
 _pending_verbosity: dict[str, int] = {}
+# This invocation's -v and -q so far, given before the command's name and after it.
+_verbosity = {"verbose": 0, "quiet": 0}
 # The same names as qnnctl.shell.SHELLS, kept here so that parsing imports nothing more.
 SHELL_CHOICES = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
 
 
-def _configure_logging(verbose: int, quiet: int) -> None:
-    _pending_verbosity.update(verbose=verbose, quiet=quiet)
+def _configure_logging(verbose: int, quiet: int, more: bool = False) -> None:
+    """Take this invocation's -v/-q (`more`: some more, given after a command's name)."""
+    if not more:
+        _verbosity.update(verbose=0, quiet=0)
+    _verbosity["verbose"] += verbose
+    _verbosity["quiet"] += quiet
+    _pending_verbosity.update(_verbosity)
     ctx = click.get_current_context(silent=True)
-    if ctx is None or ctx.invoked_subcommand not in _LAZY_LOGGING:
+    if ctx is None or not {ctx.invoked_subcommand, ctx.command.name} & set(_LAZY_LOGGING):
         _setup_logging()
 
 
@@ -71,7 +78,8 @@ def _setup_logging() -> logging.Logger:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(StderrFormatter())
     root.handlers[:] = [handler]
-    root.setLevel(max(logging.DEBUG, min(level, logging.CRITICAL)))
+    # -v is debug and -qq errors only; more of either changes nothing more.
+    root.setLevel(max(logging.DEBUG, min(level, logging.ERROR)))
     root.propagate = False
     return root
 
@@ -105,9 +113,31 @@ def complete_known(ctx: click.Context, param: click.Parameter, incomplete: str) 
     return installed + [v for v in reversed(KNOWN_VERSIONS) if v.startswith(incomplete) and v not in installed]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True, help="More detail on stderr (-vv for debug).")
-@click.option("-q", "--quiet", count=True, help="Less on stderr (-qq for errors only).")
+_VERBOSE_HELP = "Debug detail on stderr, and tracebacks of unexpected errors."
+_QUIET_HELP = "Less on stderr: warnings and errors only (-qq: errors only)."
+
+
+def _more_verbosity(ctx: click.Context, param: click.Parameter, value: int) -> None:
+    if value and not ctx.resilient_parsing:
+        _configure_logging(value if param.name == "verbose" else 0, value if param.name == "quiet" else 0,
+                           more=True)
+
+
+class _Group(click.Group):
+    """A group whose commands take -v and -q after their name too: `qnnctl install -v`."""
+
+    group_class = type  # subgroups (`qnnctl cache`) are of this class as well
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        for opts, help_text in ((("-v", "--verbose"), _VERBOSE_HELP), (("-q", "--quiet"), _QUIET_HELP)):
+            cmd.params.append(click.Option(opts, count=True, expose_value=False, callback=_more_verbosity,
+                                           help=help_text))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help=_VERBOSE_HELP + " Also after the command.")
+@click.option("-q", "--quiet", count=True, help=_QUIET_HELP + " Also after the command.")
 @click.version_option(__version__, "-V", "--version", prog_name="qnnctl")
 def cli(verbose: int, quiet: int) -> None:
     """Find, install and use the Qualcomm AI Runtime (QNN) SDK."""

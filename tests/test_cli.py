@@ -168,3 +168,58 @@ def test_a_cache_path_no_path_list_can_hold_is_refused_before_any_download(
 @pytest.mark.parametrize("args", [["--sdk"], ["--sdk", "--", "true"], ["--python"]])
 def test_lower_option_without_its_value(args: list[str]) -> None:
     _usage_error(run_qnnctl("lower", *args), f"{args[0]} needs a value")
+
+
+# -- -v and -q -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_is_debug_before_or_after_the_command(where: str) -> None:
+    args = ["-v", "doctor", "--offline"] if where == "before" else ["doctor", "--offline", "-v"]
+    result = run_qnnctl(*args)
+    assert "qnnctl: checking host" in result.stderr
+    assert "Usage:" not in result.stderr
+    plain = run_qnnctl("doctor", "--offline")
+    assert "checking host" not in plain.stderr
+    assert plain.returncode == result.returncode
+
+
+@pytest.mark.parametrize("args", [["install", "-v", "--url", "http://["], ["-v", "install", "-q", "-q", "-v", "--url",
+                                                                             "http://["], ["env", "-v", "--sdk", ""]])
+def test_verbosity_options_are_accepted_after_any_command(args: list[str]) -> None:
+    result = run_qnnctl(*args)
+    assert result.returncode == 2
+    assert "no such option" not in result.stderr.lower()
+    assert "qnnctl: error:" in result.stderr
+
+
+def test_quiet_levels_match_the_help(cache_dir: Path) -> None:
+    """-q: warnings and errors; -qq: errors only; given before the command or after it."""
+    from filelock import FileLock
+
+    (cache_dir / "tmp" / f"{VERSION}.left-behind").mkdir(parents=True)
+    (cache_dir / "locks").mkdir()
+    with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")):
+        def levels(*args: str) -> tuple[bool, bool]:
+            result = run_qnnctl(*args)
+            assert result.returncode == 0, result.stderr
+            return "qnnctl: warning:" in result.stderr, "nothing to clean" in result.stderr
+        assert levels("cache", "clean") == (True, False)
+        for quiet in (["-q", "cache", "clean"], ["cache", "clean", "-q"], ["cache", "-q", "clean"]):
+            assert levels(*quiet) == (True, False)
+        for errors_only in (["-qq", "cache", "clean"], ["cache", "clean", "-qq"], ["-q", "cache", "clean", "-q"],
+                            ["cache", "clean", "-qqqq"]):
+            assert levels(*errors_only) == (False, False)
+    assert levels("cache", "clean", "-q") == (False, False)  # info is gone, and there is no warning left
+    assert levels("cache", "clean") == (False, True)
+
+
+def test_help_describes_the_levels() -> None:
+    def words(*args: str) -> str:
+        return " ".join(run_qnnctl(*args).stdout.split())  # as wrapped for any terminal width
+
+    top = words("--help")
+    assert "-vv" not in top
+    assert "-v, --verbose Debug detail on stderr" in top
+    assert "-q, --quiet Less on stderr: warnings and errors only (-qq: errors only)" in top
+    assert "-v, --verbose Debug detail on stderr" in words("install", "--help")
