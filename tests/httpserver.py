@@ -83,8 +83,9 @@ class Fault:
 @dataclass(frozen=True)
 class Request:
     method: str
-    path: str
+    path: str  # without the query
     headers: dict[str, str]
+    target: str = ""  # as sent: the path with its query
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ class FaultServer:
     def _handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         path = h.path.split("?", 1)[0]
         with self.lock:
-            self.requests.append(Request(h.command, path, {k: v for k, v in h.headers.items()}))
+            self.requests.append(Request(h.command, path, {k: v for k, v in h.headers.items()}, h.path))
             fault = self.faults[path].popleft() if self.faults[path] else None
             data = self.files.get(path)
             ctype = self.content_types.get(path, "application/octet-stream")
