@@ -5,11 +5,15 @@
 
 Each script is what `_QNNCTL_COMPLETE=<shell>_source qnnctl` prints, with a one-line note.
 At completion time the scripts call `qnnctl` itself, so installed SDK versions complete for
-VERSION arguments. To install them:
+VERSION arguments, and file names for `qnnctl lower SCRIPT.py`. To install them (the README
+has the commands):
 
     bash: copy qnnctl.bash to ~/.local/share/bash-completion/completions/qnnctl
     zsh:  copy qnnctl.zsh to a folder on $fpath as _qnnctl (before compinit runs)
     fish: copy qnnctl.fish to ~/.config/fish/completions/qnnctl.fish
+
+qnnctl's entry point gives click a fish script that splits each completion at its first comma
+only (cli._fix_fish_completion), so this generator takes what it prints as it is.
 """
 
 from __future__ import annotations

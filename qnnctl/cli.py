@@ -113,6 +113,32 @@ def complete_known(ctx: click.Context, param: click.Parameter, incomplete: str) 
     return installed + [v for v in reversed(KNOWN_VERSIONS) if v.startswith(incomplete) and v not in installed]
 
 
+def complete_pipeline(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """File names for SCRIPT.py and the pipeline's own arguments; nothing for `-m MODULE`."""
+    from click.shell_completion import CompletionItem
+
+    words = ctx.params.get(param.name or "") or ()
+    if words and words[-1] == "-m":
+        return []
+    # "file" has the shell itself complete file names (bash: compopt -o default).
+    return [CompletionItem(incomplete, type="file")]
+
+
+def _fix_fish_completion() -> None:
+    """Have fish split each completion at its first comma only.
+
+    click's fish script splits "plain,doctor<TAB>Check host, SDK and environment; ..." at every
+    comma, which cuts descriptions (and file names) at their first one.
+    """
+    from click.shell_completion import FishComplete, add_completion_class
+
+    class Fish(FishComplete):
+        source_template = FishComplete.source_template.replace(
+            'string split "," $completion', 'string split -m 1 "," -- $completion')
+
+    add_completion_class(Fish)
+
+
 _VERBOSE_HELP = "Debug detail on stderr, and tracebacks of unexpected errors."
 _QUIET_HELP = "Less on stderr: warnings and errors only (-qq: errors only)."
 
@@ -264,7 +290,8 @@ def list_(as_json: bool) -> None:
     for row in rows:
         size = f"{row['size'] / (1 << 20):.0f} MiB" if row["size"] is not None else "?"
         damaged = f"; damaged, missing {', '.join(row['missing'])}" if row["missing"] else ""
-        click.echo(f"{row['version']:<{width}}  {row['root']}  {size}  ({row['origin']}{damaged})")
+        build = f"build {row['build_id']}" if row["build_id"] else "build unknown"
+        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  ({row['origin']}{damaged})")
 
 
 @cli.command()
@@ -366,7 +393,7 @@ class _LowerCommand(click.Command):
 @click.option("--no-install", is_flag=True, help="Exit 1 instead of installing a missing SDK.")
 @click.option("--dry-run", is_flag=True, help="Print the environment changes and the command (sh); run nothing.")
 @click.option("--keep-mkldnn", is_flag=True, help="Leave PyTorch's MKLDNN on, even on AMD CPUs.")
-@click.argument("pipeline", nargs=-1, type=click.UNPROCESSED,
+@click.argument("pipeline", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_pipeline,
                 metavar="SCRIPT.py|-m MODULE|-- COMMAND [ARGS]...")
 def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool, keep_mkldnn: bool,
           pipeline: tuple[str, ...]) -> None:
@@ -403,6 +430,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 
 def _run(argv: list[str] | None) -> NoReturn:
+    if "_QNNCTL_COMPLETE" in os.environ:
+        _fix_fish_completion()
     try:
         code = cli.main(args=argv, prog_name="qnnctl", standalone_mode=False)
     except QnnctlError as exc:

@@ -144,3 +144,61 @@ def test_zsh_script_loads(tmp_path: Path) -> None:
     result = subprocess.run([zsh, "-f", "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "_qnnctl_completion"
+
+
+# -- lower: script names; fish: whole descriptions ---------------------------------------------
+
+
+@pytest.mark.parametrize(("words", "cword", "expected"), [
+    ("qnnctl lower ", "2", ["file,"]),
+    ("qnnctl lower exp", "2", ["file,exp"]),
+    ("qnnctl lower --sdk 2.37 ", "4", ["file,"]),
+    ("qnnctl lower export_model.py ", "3", ["file,"]),  # the pipeline's own arguments
+    ("qnnctl lower -m ", "3", []),  # a module, which no file name names
+])
+def test_lower_completes_file_names(words: str, cword: str, expected: list[str]) -> None:
+    result = _complete("bash", words, cword)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line] == expected
+
+
+def test_bash_script_has_bash_complete_file_names_for_lower(tmp_path: Path) -> None:
+    bash = require_tool("bash")
+    # compopt works only inside a completion that readline started: record what is asked of it.
+    script = (
+        f"source {shlex.quote(str(path_for('bash')))}\n"
+        "compopt() { printf 'compopt %s %s\\n' \"$1\" \"$2\"; }\n"
+        "COMP_WORDS=(qnnctl lower ex); COMP_CWORD=2; COMPREPLY=()\n"
+        "_qnnctl_completion qnnctl\n"
+        'printf "reply:%s\\n" "${#COMPREPLY[@]}"\n'
+    )
+    env = dict(os.environ, PATH=_wrapper_path(tmp_path))
+    result = subprocess.run([bash, "--norc", "--noprofile", "-c", script], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["compopt -o default", "reply:0"]
+
+
+def _fish_complete(line: str, path: str, cwd: Path) -> list[str]:
+    fish = require_tool("fish")
+    script = f"source {shlex.quote(str(path_for('fish')))}; complete -C {shlex.quote(line)}"
+    env = dict(os.environ, PATH=path)
+    result = subprocess.run([fish, "--no-config", "-c", script], env=env, cwd=cwd, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_fish_script_completes_script_names_for_lower(tmp_path: Path) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    for name in ("export_model.py", "export,v2.py", "notes.txt"):
+        (work / name).write_text("")
+    path = _wrapper_path(tmp_path)
+    assert sorted(_fish_complete("qnnctl lower exp", path, work)) == ["export,v2.py", "export_model.py"]
+    assert "notes.txt" in _fish_complete("qnnctl lower export_model.py ", path, work)
+
+
+def test_fish_descriptions_are_whole(tmp_path: Path) -> None:
+    offered = dict(line.split("\t", 1) for line in _fish_complete("qnnctl ", _wrapper_path(tmp_path), tmp_path))
+    assert offered["doctor"] == "Check host, SDK and environment; exit 1 on a failure."
