@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from qnnctl.cache import read_manifest
-from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after
+from qnnctl.cache import read_manifest, space_margin
+from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.errors import DiskSpaceError, DownloadError
-from tests.conftest import read_terminal, run_qnnctl
-from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION
+from tests.conftest import read_terminal, require_tool, run_qnnctl
+from tests.httpserver import Certificate, Fault, FaultServer, self_signed_certificate
+from tests.sdkfactory import VERSION, build_archive
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 NAME = f"v{VERSION}.zip"
@@ -386,3 +386,154 @@ def test_free_space_is_checked_from_content_length(server: FaultServer, served: 
 def test_retry_after_parsing(value: str | None, expected: float | None) -> None:
     now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:27:30 GMT").timestamp()
     assert retry_after(value, now=now) == expected
+
+
+# -- what retrying cannot fix fails at once, and says why ----------------------------------
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> Certificate:
+    require_tool("openssl")
+    return self_signed_certificate(tmp_path / "tls")
+
+
+def _error_line(stderr: str) -> str:
+    (line,) = [line for line in stderr.splitlines() if line.startswith("qnnctl: error:")]
+    return line
+
+
+def test_an_untrusted_certificate_fails_at_once_with_its_whole_cause(certificate: Certificate,
+                                                                      cache_dir: Path) -> None:
+    (cache_dir.parent / "a").mkdir()
+    data = build_archive(cache_dir.parent / "a", "zip").read_bytes()
+    with FaultServer(tls=certificate) as server:
+        server.add(PATH, data)
+        started = time.monotonic()
+        result = run_qnnctl("install", "--url", server.url(PATH))
+        elapsed = time.monotonic() - started
+        assert result.returncode == 3, result.stderr
+        assert server.connections == 1  # retried, it would take 31 s and 6 connections
+        assert elapsed < 20
+        assert "retrying" not in result.stderr
+        # The cause in full, on the error's own line (it was cut at 200 characters).
+        line = _error_line(result.stderr)
+        assert re.search(r"certificate verify failed: self[- ]signed certificate \(_ssl\.c:\d+\)$", line), line
+        assert "REQUESTS_CA_BUNDLE" in result.stderr
+        # The same download, with that certificate trusted.
+        trusted = dict(os.environ, REQUESTS_CA_BUNDLE=str(certificate.cert))
+        again = run_qnnctl("install", "--url", server.url(PATH), env=trusted)
+        assert again.returncode == 0, again.stderr
+
+
+UNKNOWN_HOST = "qnnctl-test.invalid"  # RFC 2606: never resolves
+
+
+@pytest.fixture
+def unknown_host() -> str:
+    try:
+        socket.getaddrinfo(UNKNOWN_HOST, 80)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            # EAI_AGAIN: no resolver answers here, which is worth a retry.
+            pytest.skip(f"this host's resolver does not say the name is unknown: {exc}")
+        return UNKNOWN_HOST
+    pytest.skip(f"{UNKNOWN_HOST} resolves here")
+
+
+def test_an_unknown_host_fails_at_once(unknown_host: str, tmp_path: Path) -> None:
+    sleeps = Sleeps()
+    with pytest.raises(DownloadError) as caught:
+        _downloader(tmp_path, sleeps).fetch([f"http://{unknown_host}{PATH}"], NAME)
+    assert sleeps == []
+    assert caught.value.exit_code == 3
+    assert f"the host name {unknown_host} cannot be resolved ([Errno -2] Name or service not known)" \
+        in str(caught.value)
+
+
+def test_an_unknown_host_fails_at_once_on_the_command_line(unknown_host: str) -> None:
+    result = run_qnnctl("install", "--url", f"https://{unknown_host}{PATH}")
+    assert result.returncode == 3, result.stderr
+    assert "retrying" not in result.stderr
+    assert f"the host name {unknown_host} cannot be resolved" in _error_line(result.stderr)
+
+
+def test_retry_warnings_say_what_happened_in_words(mirror: FaultServer) -> None:
+    mirror.fail(PATH, Fault.drop_after(300_000))
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if "retrying" in line]
+    assert re.search(r"stopped at [\d.]+ KiB of [\d.]+ MiB: the server closed the connection \d+ bytes "
+                     r"before the end it announced; retrying in 1\.0s \(attempt 2 of 6\)$", warning), warning
+    for repr_of_an_exception in ("IncompleteRead(", "ProtocolError(", "Connection broken:"):
+        assert repr_of_an_exception not in result.stderr
+
+
+def test_a_refused_connection_is_retried_and_said_in_words(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(DownloadError) as caught:
+        _downloader(tmp_path).fetch([f"http://127.0.0.1:{port}{PATH}"], NAME)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == MAX_ATTEMPTS - 1
+    assert warnings[0] == (f"cannot reach http://127.0.0.1:{port}{PATH}: the connection was refused "
+                           "([Errno 111] Connection refused); retrying in 1.0s (attempt 2 of 6)")
+    assert str(caught.value).endswith("failed after 6 attempts: cannot reach the server: "
+                                      "the connection was refused ([Errno 111] Connection refused)")
+
+
+def test_the_retry_policy_is_declared_on_urllib3s_retry() -> None:
+    from urllib3.util.retry import Retry as Urllib3Retry
+
+    policy = retry_policy()
+    assert isinstance(policy, Urllib3Retry)
+    assert policy.total == MAX_ATTEMPTS - 1
+    for status in (408, 425, 429, 500, 503, 599):
+        assert policy.is_retry("GET", status)
+    for status in (401, 403, 404, 410, 416):
+        assert not policy.is_retry("GET", status)
+
+
+# -- the rest ----------------------------------------------------------------------------
+
+
+def test_a_resumed_download_reports_what_this_run_received(mirror: FaultServer, cache_dir: Path) -> None:
+    mirror.fail(PATH, Fault.drop_after(300_000), Fault.status(403))
+    assert run_qnnctl("install").returncode == 3
+    result = run_qnnctl("install")
+    assert result.returncode == 0, result.stderr
+    summary = re.search(r"(\d+\.\d) KiB in [\d.]+s \(resumed at (\d+\.\d) KiB; 1\.0 MiB in all\)",
+                        result.stderr)
+    assert summary is not None, result.stderr  # it said "1.0 MiB in 0.0s"
+    received, resumed = (float(x) for x in summary.groups())
+    assert resumed > 0
+    assert received + resumed == pytest.approx(len(_served(mirror)) / 1024, abs=0.2)
+
+
+def test_the_free_space_margin_scales_with_the_archive(server: FaultServer, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 61 KB SDK installs on a disk with 20 MB free (a fixed 64 MiB margin refused it)."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+    from tests.sdkfactory import build_archive
+
+    (tmp_path / "a").mkdir()
+    archive = build_archive(tmp_path / "a", "zip")
+    assert len(archive.read_bytes()) < 100_000
+    server.add(PATH, archive.read_bytes())
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=20 << 20))
+    cache = Cache(tmp_path / "small-disk")
+    result = install(InstallRequest(url=server.url(PATH)), cache, dict(os.environ), tmp_path)
+    assert result.action == "installed"
+    assert space_margin(61_000) == 1 << 20
+    assert space_margin(200 << 20) == 20 << 20
+    assert space_margin(1_543_955_191) == 64 << 20
+
+
+def test_an_html_page_leaves_no_record_behind(mirror: FaultServer, cache_dir: Path) -> None:
+    mirror.fail(PATH, Fault.html_untyped())
+    result = run_qnnctl("install")
+    assert result.returncode == 3, result.stderr
+    assert list((cache_dir / "downloads").iterdir()) == []
