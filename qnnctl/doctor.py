@@ -393,34 +393,50 @@ def check_layout(ctx: Context) -> Outcome:
 
 
 def check_version(ctx: Context) -> Outcome:
-    from qnnctl.versions import version_in
+    """The build id the libraries carry is what loads; every other label must agree with it."""
+    from qnnctl.identity import version_of_build
+    from qnnctl.sdk import read_build_id, version_claims
 
     target = ctx.require_target()
     sdk = ctx.require_sdk()
-    version = read_sdk_version(sdk.root)
-    if version is None:
-        return warn(
-            f"cannot tell the version of {sdk.root}: no version in sdk.yaml or in the folder's name",
-            hint="use the folder as unpacked from the archive (qairt/<version>), or install it "
-            "with `qnnctl install --file ARCHIVE`",
-        )
-    try:
-        yaml_text = (sdk.root / "sdk.yaml").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        yaml_text = ""
-    if version in yaml_text:
-        source = "sdk.yaml"
-    elif version_in(sdk.root.name) == version:
-        source = "the folder name"
-    else:
-        source = "the manifest"
+    build = read_build_id(sdk.root)
+    claims = version_claims(sdk.root)
     wanted = target.selection.version
-    if wanted is not None and wanted != version:
-        return warn(
-            f"{version} (from {source}), but it was selected as {wanted}",
-            hint=reinstall_hint(target),
+    if build is None:
+        if not claims:
+            return warn(
+                f"cannot tell the version of {sdk.root}: its libraries carry no build id, and "
+                "neither sdk.yaml nor the folder's name names a version",
+                hint="use the folder as unpacked from the archive (qairt/<version>), or install it "
+                "with `qnnctl install --file ARCHIVE`",
+            )
+        (source, version), *_ = claims.items()
+        others = {name: v for name, v in claims.items() if v != version}
+        if others:
+            return warn(f"{version} (from {source}), but " + _named(others)
+                        + "; its libraries carry no build id to settle it", hint=reinstall_hint(target))
+        if wanted is not None and wanted != version:
+            return warn(f"{version} (from {source}), but it was selected as {wanted}", hint=reinstall_hint(target))
+        return ok(f"{version} (from {source}; its libraries carry no build id)")
+    true = version_of_build(build)
+    wrong = {name: v for name, v in claims.items() if v != true}
+    if wanted is not None and wanted != true:
+        wrong.setdefault("the selection", wanted)
+    if wrong:
+        return fail(
+            f"its libraries are build {build} (SDK {true}), but {_named(wrong)}: the libraries are "
+            "what a lowering loads",
+            hint=f"use an SDK whose labels and libraries agree; {reinstall_hint(target)}",
         )
-    return ok(f"{version} (from {source})")
+    names = list(claims)
+    said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    agreeing = f", as {said} say{'s' if len(names) == 1 else ''}" if names else ""
+    return ok(f"{true}: its libraries are build {build}{agreeing}")
+
+
+def _named(claims: Mapping[str, str]) -> str:
+    """`sdk.yaml says 2.37.0.250724 and the folder name says 2.34.0.250424`."""
+    return " and ".join(f"{name} says {version}" for name, version in claims.items())
 
 
 def check_manifest(ctx: Context) -> Outcome:
@@ -684,12 +700,19 @@ def check_executorch(ctx: Context) -> Outcome:
     if sdk_version is None:
         return warn(f"{name} expects SDK {expected}; the selected SDK's version is unknown",
                     hint=f"`qnnctl install {expected}`, then {env_command(expected)}")
+    from qnnctl.compat import known_pairing
+
+    fix = (f"`qnnctl install {expected}`, then `qnnctl use {expected}` to pin it here "
+           f"(or {env_command(expected)})")
+    what = f"{name} expects SDK {expected}, the selected SDK is {sdk_version}"
+    known = known_pairing(version, sdk_version) if version[:1].isdigit() else None
+    if known is not None and not known.works:
+        return fail(f"{what}: {known.consequence} (seen {known.seen}: {known.evidence})", hint=fix)
     if parse_version(expected).major_minor != parse_version(sdk_version).major_minor:
-        return fail(
-            f"{name} expects SDK {expected}, the selected SDK is {sdk_version}: context binaries "
-            "are not compatible across minor versions",
-            hint=f"`qnnctl install {expected}`, then `qnnctl use {expected}` to pin it here "
-            f"(or {env_command(expected)})",
+        return warn(
+            f"{what}: another minor version than it was built for; context binaries are tied to the "
+            "build that made them, so a .pte compiled here may not run with the SDK on the device",
+            hint=fix,
         )
     return ok(f"{name} expects SDK {expected}; the selected SDK is {sdk_version}")
 

@@ -275,14 +275,45 @@ def _build(
     from qnnctl.archive import extract
 
     extracted = extract(archive, work / "x", streamed)
-    if extracted.version is not None and extracted.version != version:
+    found, build = identify(extracted.root, extracted.version, version, source)
+    if found is not None and found != version:
         raise IntegrityError(
-            f"{source} holds SDK {extracted.version}, not {version}",
-            hint=f"check the URL or QNNCTL_MIRROR; to install {extracted.version}, run "
-            f"`qnnctl install {extracted.version}` with a source that serves it",
+            f"{source} holds SDK {found}, not {version}",
+            hint=f"check the URL or QNNCTL_MIRROR; to install {found}, run "
+            f"`qnnctl install {found}` with a source that serves it",
         )
     return _commit(extracted.root, version, source, sha256, size, extracted.files,
-                   extracted.size, cache, force, work)
+                   extracted.size, cache, force, work, build)
+
+
+def identify(root: Path, top: str | None, wanted: str | None, source: str) -> tuple[str | None, str | None]:
+    """(version, build id) of an extracted SDK, as its libraries say (see qnnctl.identity).
+
+    The libraries' build is the SDK's identity. What the archive's top folder or `sdk.yaml`
+    claims must agree with it, unless the user named the libraries' version themselves; an
+    SDK whose libraries carry no build id is taken at its word, as before.
+    """
+    from qnnctl.identity import version_of_build
+    from qnnctl.sdk import read_build_id, version_claims
+
+    claims = {"its top folder": top} if top else {}
+    yaml_version = version_claims(root, manifest={}).get("sdk.yaml")
+    if yaml_version:
+        claims["its sdk.yaml"] = yaml_version
+    build = read_build_id(root)
+    if build is None:
+        return next(iter(claims.values()), None), None
+    true = version_of_build(build)
+    wrong = sorted({version for version in claims.values() if version != true})
+    if wrong and wanted != true:
+        where = " and ".join(name for name, version in claims.items() if version != true)
+        raise IntegrityError(
+            f"{source} says it is SDK {', '.join(wrong)} ({where}), but its libraries are build "
+            f"{build}: SDK {true}",
+            hint=f"check where the archive came from; to install it as what its libraries are, "
+            f"name that version: `qnnctl install {true} ...`; nothing was installed",
+        )
+    return true, build
 
 
 def _commit(
@@ -296,6 +327,7 @@ def _commit(
     cache: Cache,
     force: bool,
     work: Path,
+    build: str | None = None,
 ) -> Sdk:
     missing = missing_layout(root)
     if missing:
@@ -311,6 +343,7 @@ def _commit(
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "version": version,
+        "build_id": build,
         "source": source,
         "sha256": sha256,
         "size": size,
@@ -363,9 +396,7 @@ def _install_file(
         remove_stale_work(cache, "file")
         with work_folder(cache.tmp / f"file.{_work_id()}") as work:
             extracted = extract(archive, work / "x")
-            from qnnctl.sdk import read_sdk_version
-
-            found = extracted.version or read_sdk_version(extracted.root)
+            found, build = identify(extracted.root, extracted.version, wanted, str(archive))
             if wanted is not None and found is not None and found != wanted:
                 raise IntegrityError(
                     f"{archive} holds SDK {found}, not {wanted}",
@@ -384,7 +415,7 @@ def _install_file(
                     return InstallResult(Sdk(existing, version, "qnnctl cache"), "reused", selection)
                 sdk = _commit(extracted.root, version, archive.as_uri(), digest,
                               archive.stat().st_size, extracted.files, extracted.size, cache,
-                              force, work)
+                              force, work, build)
     return InstallResult(sdk, "installed", selection)
 
 

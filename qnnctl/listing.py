@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from qnnctl.cache import Cache, read_manifest, tree_size
-from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_sdk_version
+from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_build_id, read_sdk_version
 
 
 def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per SDK: version, root, size in bytes, where it was found, and what is missing.
+    """One row per SDK: version, the build id its libraries carry (None when they carry none),
+    root, size in bytes, where it was found, and what is missing.
 
     `missing` is empty for a usable SDK; a damaged one in qnnctl's cache is still listed, so
     that it can be found and reinstalled (`qnnctl install --force VERSION`).
@@ -21,8 +22,10 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
         root = cache.sdk_dir(version)
         manifest = read_manifest(root) or {}
         size = manifest.get("unpacked_size")
+        recorded = manifest.get("build_id")
         rows.append({
             "version": version,
+            "build_id": read_build_id(root) or (recorded if isinstance(recorded, str) else None),
             "root": str(root),
             "size": size if isinstance(size, int) else tree_size(root),
             "origin": "qnnctl cache",
@@ -40,6 +43,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             seen.add(real)
             rows.append({
                 "version": read_sdk_version(entry) or entry.name.removeprefix("sdk-"),
+                "build_id": read_build_id(entry),
                 "root": str(entry),
                 "missing": [],
                 "size": tree_size(entry),

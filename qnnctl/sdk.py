@@ -76,21 +76,52 @@ _YAML_VERSION = re.compile(r"""^\s*version\s*:\s*["']?([0-9][0-9.]*[0-9])["']?\s
 
 
 def read_sdk_version(root: Path) -> str | None:
-    """The version recorded in `sdk.yaml`, else in the folder's name, else in the manifest."""
+    """The version the SDK is: its libraries' build when they carry one (see qnnctl.identity),
+    else what `sdk.yaml`, the folder's name or the manifest says."""
+    build = read_build_id(root)
+    if build is not None:
+        from qnnctl.identity import version_of_build
+
+        return version_of_build(build)
+    claims = version_claims(root)
+    return next(iter(claims.values()), None)
+
+
+def read_build_id(root: Path) -> str | None:
+    """The build id (`2.51.0.260929181845`) the SDK's host libraries carry, if any."""
+    from qnnctl.identity import sdk_build_id
+
+    found = sdk_build_id(root / HOST_LIB_DIR)
+    return found[0] if found else None
+
+
+def version_claims(root: Path, manifest: Mapping[str, object] | None = None) -> dict[str, str]:
+    """What names the SDK's version besides its libraries, in the order trusted:
+    `sdk.yaml`, the folder's name, the manifest, the archive's name (from the manifest)."""
+    claims: dict[str, str] = {}
     try:
         text = (root / "sdk.yaml").read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
     match = _YAML_VERSION.search(text)
     if match and is_full_version(match.group(1)):
-        return match.group(1)
+        claims["sdk.yaml"] = match.group(1)
     from_name = version_in(root.name)
     if from_name:
-        return from_name
-    manifest = read_manifest(root)
-    if manifest and isinstance(manifest.get("version"), str):
-        return str(manifest["version"])
-    return None
+        claims["the folder name"] = from_name
+    manifest = read_manifest(root) if manifest is None else manifest
+    if manifest:
+        recorded = manifest.get("version")
+        if isinstance(recorded, str) and is_full_version(recorded):
+            claims["the manifest"] = recorded
+        source = manifest.get("source")
+        if isinstance(source, str):
+            from urllib.parse import unquote, urlparse
+
+            named = version_in(unquote(urlparse(source).path).rsplit("/", 1)[-1])
+            if named:
+                claims["the archive's name"] = named
+    return claims
 
 
 def sdk_from_root(root: Path, origin: str) -> Sdk:

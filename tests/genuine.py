@@ -119,8 +119,11 @@ def restore_sdk_names(library: Path) -> None:
     subprocess.run([tool, *args, "--remove-rpath", str(library)], check=True)
 
 
-def build_sdk_tree(wheel: Wheel, dest: Path) -> Path:
-    """The SDK root (`dest`) laid out from the wheel's Qualcomm libraries."""
+def build_sdk_tree(wheel: Wheel, dest: Path, label: str | None = None) -> Path:
+    """The SDK root (`dest`) laid out from the wheel's Qualcomm libraries.
+
+    `label` is the version its sdk.yaml names (default: the libraries' own; "" for no sdk.yaml).
+    """
     source = wheel_path(wheel)
     if source is None:
         raise FileNotFoundError(missing_message(wheel.file_name))
@@ -137,17 +140,20 @@ def build_sdk_tree(wheel: Wheel, dest: Path) -> Path:
                 shutil.copyfileobj(member, out, 1 << 20)
             target.chmod(0o755)
             restore_sdk_names(target)
-    (dest / "sdk.yaml").write_text(f"name: qairt\nversion: {wheel.qairt}\n")
+    label = wheel.qairt if label is None else label
+    if label:
+        (dest / "sdk.yaml").write_text(f"name: qairt\nversion: {label}\n")
     (dest / "QNN_README.txt").write_text(f"Qualcomm AI Runtime SDK {wheel.qairt} (host libraries)\n")
     return dest
 
 
-def build_archive(wheel: Wheel, dest: Path, top: str | None = None) -> Path:
-    """A zip of the SDK as Qualcomm publishes it (one top folder `qairt/<version>/`)."""
+def build_archive(wheel: Wheel, dest: Path, top: str | None = None, label: str | None = None) -> Path:
+    """A zip of the SDK as Qualcomm publishes it (one top folder `qairt/<version>/`); `top` and
+    `label` (see build_sdk_tree) say otherwise, for archives that lie about what they hold."""
     top = f"qairt/{wheel.qairt}" if top is None else top
     staging = dest.with_name(dest.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
-    build_sdk_tree(wheel, staging / top if top else staging)
+    build_sdk_tree(wheel, staging / top if top else staging, label)
     partial = dest.with_name(dest.name + ".part")
     # Deflate at level 1: the tests read these archives, their size matters little.
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:

@@ -77,20 +77,27 @@ class SdkSpec:
     extra_files: dict[str, bytes] = field(default_factory=dict)
     top: str | None = None  # archive folder above the SDK; default qairt/<version>
     sdk_yaml: bool = True
+    # The build id the libraries carry in their read-only data, as QAIRT's do
+    # (`v2.51.0.260929181845`); None: none, as the libraries of releases before it.
+    build_id: str | None = None
 
 
-_lib_cache: dict[str, bytes] = {}
+_lib_cache: dict[tuple[str, str | None], bytes] = {}
 
 
-def _library_bytes(name: str, workdir: Path) -> bytes:
+def _library_bytes(name: str, workdir: Path, build_id: str | None = None) -> bytes:
     """Compile each distinct library once per test session (cc is slow-ish)."""
-    if name not in _lib_cache:
+    key = (name, build_id)
+    if key not in _lib_cache:
         stem = name.removeprefix("lib").removesuffix(".so").replace("-", "_").lower()
+        source = _LIB_SOURCE.format(name=stem)
+        if build_id is not None:
+            source += f'__attribute__((used)) static const char qnn_build[] = "{build_id}";\n'
         # Built under its own name, which decides the provider list it gets (compile_shared).
         with tempfile.TemporaryDirectory() as build:
-            out = compile_shared(Path(build) / name, _LIB_SOURCE.format(name=stem))
-            _lib_cache[name] = out.read_bytes()
-    return _lib_cache[name]
+            out = compile_shared(Path(build) / name, source)
+            _lib_cache[key] = out.read_bytes()
+    return _lib_cache[key]
 
 
 def build_sdk_tree(dest: Path, spec: SdkSpec | None = None) -> Path:
@@ -110,7 +117,7 @@ def build_sdk_tree(dest: Path, spec: SdkSpec | None = None) -> Path:
     if spec.sdk_yaml:
         (dest / "sdk.yaml").write_text(f"name: qairt\nversion: {spec.version}\n")
     for name in spec.libs:
-        (lib / name).write_bytes(_library_bytes(name, dest))
+        (lib / name).write_bytes(_library_bytes(name, dest, spec.build_id))
     for name in spec.tools:
         tool = tools / name
         tool.write_text(f"#!/bin/sh\necho {name} {spec.version} \"$@\"\n")

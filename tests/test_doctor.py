@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,8 +43,8 @@ from qnnctl.environment import environment_for
 from qnnctl.errors import QnnctlError
 from qnnctl.sdk import HOST_BIN_DIR, HOST_LIB_DIR, Sdk, Selection
 from qnnctl.shell import apply
-from tests.conftest import read_terminal, run_qnnctl
-from tests.httpserver import FaultServer
+from tests.conftest import read_terminal, require_tool, run_qnnctl
+from tests.httpserver import FaultServer, self_signed_certificate
 from tests.sdkfactory import (
     OTHER_VERSION,
     VERSION,
@@ -711,3 +713,81 @@ def test_layout_of_host_libraries_alone_is_usable_for_lowering_and_says_what_it_
     # Without the host libraries it is no SDK for lowering at all.
     (root / HOST_LIB_DIR / "libQnnSystem.so").unlink()
     assert doctor(str(root))["sdk.layout"].status == FAIL
+
+
+# -- the cache and the network, as a shared cache and a TLS-inspecting network see them ----
+
+
+def _cache_check() -> Result:
+    ctx = Context(spec=None, environ=dict(os.environ), cwd=Path.cwd(), offline=True, space_needed=0)
+    return run_checks(ctx, [c for c in CHECKS if c[0] == "cache"])[0]
+
+
+def test_cache_check_counts_records_of_downloads_that_did_not_finish(cache_dir: Path) -> None:
+    downloads = cache_dir / "downloads"
+    downloads.mkdir(parents=True)
+    (downloads / f"v{VERSION}.zip.json").write_text("{}")  # what an HTML error page left
+    result = _cache_check()
+    assert result.status == WARN
+    assert f"1 record(s) of downloads that did not finish (v{VERSION}.zip.json)" in result.detail
+    assert "`qnnctl cache clean`" in (result.hint or "")
+    assert run_qnnctl("cache", "clean").returncode == 0
+    assert _cache_check().status == OK
+
+
+def test_a_read_only_shared_cache_is_a_warning_that_says_what_cannot_be_done(tmp_path: Path) -> None:
+    """A cache filled by its owner and read by others: env and lower use it, so doctor does
+    not fail on it; it says that installs cannot go there."""
+    # As root, the reader is another user (root may write anywhere); its folders must then
+    # be reachable by that user, which tmp_path (under a 0700 folder) is not.
+    as_root = os.geteuid() == 0
+    prefix = [require_tool("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups"] if as_root else []
+    shared = Path(tempfile.mkdtemp(prefix="qnnctl-shared-")) if as_root else tmp_path / "shared"
+    try:
+        shared.chmod(0o755)
+        cache, home, work = shared / "cache", shared / "home", shared / "work"
+        for folder in (home, work):
+            folder.mkdir(parents=True)
+            folder.chmod(0o777)
+        install_tree_into_cache(cache)
+        if not as_root:
+            for path in [cache, *cache.rglob("*")]:
+                if path.is_dir() and not path.is_symlink():
+                    path.chmod(0o555)
+        env = dict(os.environ, QNNCTL_CACHE_DIR=str(cache), HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
+
+        def reader(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*prefix, sys.executable, "-m", "qnnctl", *args], env=env, cwd=work,
+                                  capture_output=True, text=True, timeout=120)
+
+        assert reader("env", "--shell", "json").returncode == 0
+        result = reader("doctor", "--json", "--offline")
+        checks = {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+        assert checks["cache"]["status"] == "warn", checks["cache"]
+        assert checks["cache"]["detail"].startswith(f"{cache}: read-only for you (1 SDK(s): env, lower and doctor use "
+                                                    "them); install, uninstall, `cache clean` and staging a "
+                                                    "runtime cannot write here")
+        assert "QNNCTL_CACHE_DIR" in checks["cache"]["hint"]
+        failed = [c for c in checks.values() if c["status"] == "fail"]
+        assert not [c for c in failed if str(cache) in c["detail"]], failed
+        if not as_root:  # another user may lack the right to run this Python (a load check)
+            assert result.returncode == 0, failed  # it failed the whole report
+    finally:
+        if as_root:
+            shutil.rmtree(shared)
+        else:
+            for path in [shared, *shared.rglob("*")]:
+                if path.is_dir() and not path.is_symlink():
+                    path.chmod(0o755)
+
+
+def test_network_check_gives_a_certificate_failure_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require_tool("openssl")
+    with FaultServer(tls=self_signed_certificate(tmp_path / "tls")) as server:
+        monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+        result = doctor(offline=False)["network"]
+    assert result.status == FAIL
+    assert result.detail.startswith(f"TLS to the mirror (QNNCTL_MIRROR) {server.base}/{VERSION}/v{VERSION}.zip failed")
+    assert re.search(r": the server's certificate is not trusted: \[SSL: CERTIFICATE_VERIFY_FAILED\] certificate "
+                     r"verify failed: self[- ]signed certificate \(_ssl\.c:\d+\)$", result.detail), result.detail
+    assert "REQUESTS_CA_BUNDLE" in (result.hint or "")

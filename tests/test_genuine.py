@@ -286,3 +286,55 @@ def test_executorch_lowering_reaches_qnn_device_creation(archive: Path, llvm: st
     assert "Failed to create device_handle for Backend ID 6, error=14001" in output, output[-3000:]
     assert "LOWERED" not in output
     assert proc.returncode == 1
+
+
+# -- identity: the build id in the libraries -------------------------------------------------------
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_an_archive_that_claims_another_version_is_refused(archive: Path, llvm: str, cache_dir: Path,
+                                                           tmp_path: Path) -> None:
+    wheel = genuine.QAIRT_2_51
+    liar = genuine.build_archive(wheel, tmp_path / "v2.37.0.250724.zip", top="qairt/2.37.0.250724",
+                                 label="2.37.0.250724")
+    proc = run_qnnctl("install", "--file", str(liar))
+    assert proc.returncode == 4, proc.stderr
+    assert ("says it is SDK 2.37.0.250724 (its top folder and its sdk.yaml), but its libraries are build "
+            f"{wheel.build_id[1:]}: SDK {wheel.qairt}") in proc.stderr
+    assert not (cache_dir / "sdks").exists() or not list((cache_dir / "sdks").iterdir())
+    # Named for what its libraries are, it installs, and doctor sees the labels disagree.
+    named = run_qnnctl("install", wheel.qairt, "--file", str(liar))
+    assert named.returncode == 0, named.stderr
+    found = checks("--sdk", wheel.qairt)
+    assert found["sdk.version"]["status"] == "fail"
+    assert (f"its libraries are build {wheel.build_id[1:]} (SDK {wheel.qairt}), but sdk.yaml says "
+            "2.37.0.250724") in found["sdk.version"]["detail"]
+    assert "the archive's name says 2.37.0.250724" in found["sdk.version"]["detail"]
+
+
+@pytest.mark.parametrize("archive", WHEELS, indirect=True)
+def test_the_build_id_names_an_archive_that_names_no_version(archive: Path, llvm: str, cache_dir: Path,
+                                                              tmp_path: Path) -> None:
+    wheel = next(w for w in genuine.WHEELS if w.qairt == qairt(archive))
+    anonymous = genuine.build_archive(wheel, tmp_path / "sdk.zip", top="sdk", label="")
+    proc = run_qnnctl("install", "--file", str(anonymous))
+    assert proc.returncode == 0, proc.stderr
+    root = cache_dir / "sdks" / wheel.qairt
+    assert proc.stdout == f"{root}\n"
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    assert manifest["build_id"] == wheel.build_id[1:]
+    (row,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
+    assert (row["version"], row["build_id"]) == (wheel.qairt, wheel.build_id[1:])
+    assert f"build {wheel.build_id[1:]}" in run_qnnctl("list").stdout
+    found = checks("--sdk", wheel.qairt)
+    assert found["sdk.version"]["status"] == "ok", found["sdk.version"]
+    assert found["sdk.version"]["detail"].startswith(f"{wheel.qairt}: its libraries are build {wheel.build_id[1:]}")
+
+
+@pytest.mark.parametrize("archive", WHEELS, indirect=True)
+def test_build_id_read_from_the_genuine_libraries_quickly(archive: Path, tmp_path: Path) -> None:
+    from qnnctl.identity import build_id
+
+    wheel = next(w for w in genuine.WHEELS if w.qairt == qairt(archive))
+    root = genuine.build_sdk_tree(wheel, tmp_path / "sdk")
+    assert build_id(root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so") == wheel.build_id[1:]

@@ -50,7 +50,8 @@ def test_list_json(cache_dir: Path, tmp_path: Path) -> None:
         ("2.31.0.250130", str(theirs), "ExecuTorch cache"),
     ]
     for row in rows:
-        assert set(row) == {"version", "root", "size", "origin", "missing"}
+        assert set(row) == {"version", "build_id", "root", "size", "origin", "missing"}
+        assert row["build_id"] is None  # these libraries carry none
         assert row["missing"] == []
         assert row["size"] == tree_size(Path(row["root"])) > 0
     assert run_qnnctl("list", "--json", env=env).stdout == result.stdout  # stable
@@ -64,6 +65,7 @@ def test_list_text(cache_dir: Path) -> None:
     assert line.startswith(VERSION)
     assert str(root) in line
     assert "(qnnctl cache)" in line
+    assert "build unknown" in line
     (root / "lib" / "x86_64-linux-clang" / "libQnnSystem.so").unlink()
     (damaged,) = run_qnnctl("list").stdout.splitlines()
     assert "damaged, missing lib/x86_64-linux-clang/libQnnSystem.so" in damaged
@@ -211,3 +213,13 @@ def test_clean_cache_reports_what_it_did(cache_dir: Path) -> None:
         cleaned = clean_cache(Cache(cache_dir))
     assert sorted(cleaned.busy) == sorted([leftovers["busy-work"], leftovers["busy-part"]])
     assert len(cleaned.removed) == len(leftovers) - 2
+
+
+def test_list_shows_the_build_id_the_libraries_carry(cache_dir: Path, tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / f"sdk-{VERSION}", SdkSpec(build_id="v2.37.0.250724101112"))
+    env = {**os.environ, "QNN_STAGING_DIR": str(staging)}
+    (row,) = json.loads(run_qnnctl("list", "--json", env=env).stdout)["sdks"]
+    assert row["build_id"] == "2.37.0.250724101112"
+    (line,) = run_qnnctl("list", env=env).stdout.splitlines()
+    assert f"{VERSION}  build 2.37.0.250724101112  " in line
