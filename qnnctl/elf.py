@@ -100,11 +100,10 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
     """The DT_NEEDED names of an ELF object, found as ld.so finds them: through its program
     headers, PT_DYNAMIC and the PT_LOAD segment that holds the string table.
 
-    `install` and `lower` only ask whether the SDK names libc++, on every fresh install and
-    every lowering; this answers in well under a millisecond, where pyelftools takes about
-    20 ms to import. `read_elf` serves doctor's full report. IntegrityError for a file that
-    is not an ELF object or cannot be read as one.
+    `install` and `lower` only ask whether the SDK names libc++; `read_elf` serves doctor's
+    full report. IntegrityError for a file that is not an ELF object or cannot be read as one.
     """
+    # Kept beside pyelftools, which bounds no name (a 132 KB file: 200 MB); see bench/README.md.
     identity = elf_identity(path)
     if identity is None:
         raise _not_elf(path)
