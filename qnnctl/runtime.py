@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from qnnctl.cache import MANIFEST_NAME, Cache, fsync_dir, read_manifest, remove_tree, write_json_atomic
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.sdk import Sdk
+from qnnctl.urls import redact
 
 if TYPE_CHECKING:
     from qnnctl.packages import Collected, CollectedFile, DebInfo, RpmInfo
@@ -591,7 +592,7 @@ def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
             remove_tree(target)
             if attempt >= LLVM_ATTEMPTS:
                 raise DownloadError(
-                    f"streaming {url} failed after {attempt} attempts: {retry.reason}",
+                    f"streaming {redact(url)} failed after {attempt} attempts: {retry.reason}",
                     hint="check the network and proxy settings, set QNNCTL_LLVM_URL to a mirror, "
                     "or give the libraries with --runtime-from",
                 ) from None
@@ -607,34 +608,36 @@ def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
 
     from qnnctl.download import CONNECT_TIMEOUT, READ_TIMEOUT, Retry, retry_after, retryable_status
     from qnnctl.packages import HashingReader, collect, tar_members
+    from qnnctl.retry import describe
 
-    log.info("streaming %s (only the three libraries are kept)", url)
+    shown = redact(url)  # QNNCTL_LLVM_URL may name a mirror with a password or a token
+    log.info("streaming %s (only the three libraries are kept)", shown)
     try:
         response = session.get(url, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
     except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Retry(f"cannot reach {url}: {exc}") from None
+        raise Retry(f"cannot reach {shown}: {describe(exc)}") from None
     except requests.RequestException as exc:
-        raise DownloadError(f"request to {url} failed: {exc}") from None
+        raise DownloadError(f"request to {shown} failed: {describe(exc)}") from None
     with response:
         status = response.status_code
         if retryable_status(status):
-            raise Retry(f"HTTP {status} from {url}", retry_after(response.headers.get("Retry-After")))
+            raise Retry(f"HTTP {status} from {shown}", retry_after(response.headers.get("Retry-After")))
         if status != 200:
             raise DownloadError(
-                f"HTTP {status} from {url}",
+                f"HTTP {status} from {shown}",
                 hint="check QNNCTL_LLVM_URL, or give the libraries with --runtime-from",
             )
         if "text/html" in response.headers.get("Content-Type", "").lower():
-            raise DownloadError(f"{url} answered with an HTML page, not the LLVM archive",
+            raise DownloadError(f"{shown} answered with an HTML page, not the LLVM archive",
                                 hint="check QNNCTL_LLVM_URL and proxy settings")
         hashing = HashingReader(response.raw)
         try:
-            collected = collect(tar_members(io.BufferedReader(hashing, 1 << 20), url), _trio_only, dest, url)
+            collected = collect(tar_members(io.BufferedReader(hashing, 1 << 20), shown), _trio_only, dest, shown)
             hashing.drain()
         except (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
-            raise Retry(f"the connection to {url} broke: {exc}") from None
-    record = {"source": url, "sha256": hashing.sha256.hexdigest(), "size": hashing.size}
-    return _Scan(url, [record], collected, version=_llvm_version(collected))
+            raise Retry(f"the connection to {shown} broke: {describe(exc)}") from None
+    record = {"source": shown, "sha256": hashing.sha256.hexdigest(), "size": hashing.size}
+    return _Scan(shown, [record], collected, version=_llvm_version(collected))
 
 
 # -- building ----------------------------------------------------------------------------
@@ -697,7 +700,7 @@ def _build_trio(
             found = _trio_from(used)
             if len(found) < len(TRIO):
                 raise IntegrityError(
-                    f"{url} does not hold {', '.join(n for n in TRIO if n not in found)}",
+                    f"{redact(url)} does not hold {', '.join(n for n in TRIO if n not in found)}",
                     hint="check QNNCTL_LLVM_URL; it must be the LLVM 14 release archive for Linux x86_64",
                 )
     tree = work / "libcxx"

@@ -621,3 +621,27 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reaches the real LLVM release: a test that falls through to it gets a closed port."""
     monkeypatch.setenv("QNNCTL_LLVM_URL", "http://127.0.0.1:9/no-llvm-archive-here.tar.xz")
     monkeypatch.delenv(LOADER_GUARD, raising=False)
+
+
+def test_llvm_url_secrets_are_neither_logged_nor_recorded(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                          cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.drop_after(len(data) // 2))
+    url = server.base.replace("http://", "http://user:S3cr3t@") + "/llvm.tar.xz?token=SIGNED"
+    caplog.set_level("INFO", logger="qnnctl")
+    result = stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url, backoff_base=0.01),
+                           os.environ)
+    assert result.libcxx is not None
+    shown = server.base.replace("http://", "http://***@") + "/llvm.tar.xz?token=***"
+    assert manifest_of(result.libcxx.root)["sources"][0]["source"] == shown  # type: ignore[index]
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url.replace("llvm", "none")),
+                      os.environ)
+    said = caplog.text + str(caught.value)
+    assert "retrying" in said
+    for secret in ("S3cr3t", "SIGNED"):
+        assert secret not in said
+        for path in cache_dir.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
