@@ -168,7 +168,7 @@ def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
     except ImportError:
         pass
     else:
-        return _buffered(_ZstdErrors(stdlib.ZstdFile(stream), stdlib.ZstdError, source))
+        return _buffered(_DecoderErrors(stdlib.ZstdFile(stream), stdlib.ZstdError, source, "zstd"))
     try:
         zstandard = importlib.import_module("zstandard")
     except ImportError:
@@ -177,16 +177,17 @@ def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
             hint="install one (`pip install zstandard`) or use Python 3.14 or later, then run again",
         ) from None
     reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-    return _buffered(_ZstdErrors(reader, zstandard.ZstdError, source))
+    return _buffered(_DecoderErrors(reader, zstandard.ZstdError, source, "zstd"))
 
 
-class _ZstdErrors(io.RawIOBase):
-    """Turns a zstd module's own error class into IntegrityError naming the package."""
+class _DecoderErrors(io.RawIOBase):
+    """Turns a decompressor's own error class into IntegrityError naming the package."""
 
-    def __init__(self, reader: Any, error: type[Exception], source: str) -> None:
+    def __init__(self, reader: Any, error: type[Exception], source: str, label: str) -> None:
         self.reader = reader
         self.error = error
         self.source = source
+        self.label = label
 
     def readable(self) -> bool:
         return True
@@ -196,7 +197,11 @@ class _ZstdErrors(io.RawIOBase):
         try:
             data = self.reader.read(len(view))
         except self.error as exc:
-            raise corrupt(self.source, f"zstd: {exc}") from None
+            # bz2 reports damaged data as a bare OSError; one with an errno, or a subclass
+            # (a broken connection), comes from the stream under it.
+            if isinstance(exc, OSError) and (type(exc) is not OSError or exc.errno is not None):
+                raise
+            raise corrupt(self.source, f"{self.label}: {exc}") from None
         view[: len(data)] = data
         return len(data)
 
@@ -210,7 +215,7 @@ def decompressed(stream: IO[bytes], head: bytes, source: str) -> IO[bytes]:
     if head.startswith(GZIP_MAGIC):
         return cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))
     if head.startswith(BZIP2_MAGIC):
-        return bz2.BZ2File(stream)
+        return _buffered(_DecoderErrors(bz2.BZ2File(stream), OSError, source, "bzip2"))
     if head.startswith(LZMA_ALONE_MAGIC):
         return lzma.LZMAFile(stream, format=lzma.FORMAT_ALONE)
     return stream

@@ -19,7 +19,7 @@ from qnnctl.packages import collect, deb_info, deb_members, package_members, rpm
 from qnnctl.runtime import TRIO, missing_host_libraries
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import VERSION, compile_shared, install_tree_into_cache
-from tests.test_packages import TREE, Entry, ar_archive, build_rpm, rpm_tree, tar_bytes, wanted
+from tests.test_packages import TREE, Entry, ar_archive, build_deb, build_rpm, rpm_tree, tar_bytes, wanted
 
 CONTROL = b"Package: libc++1-14\nVersion: 1:14.0.6-99\nArchitecture: amd64\n"
 
@@ -128,6 +128,16 @@ def test_damaged_deb_is_an_integrity_error(tmp_path: Path, make: Callable[[Path]
     if make is not damaged_control_tar:  # the data part is sound there
         with pytest.raises(IntegrityError, match=message):
             collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
+
+
+@pytest.mark.parametrize("compression", ["xz", "gz", "bz2", "zst"])
+def test_damaged_data_part_of_every_compression(tmp_path: Path, compression: str) -> None:
+    """Each decompressor's own error (bz2's is a bare OSError) is an IntegrityError."""
+    bad = bytearray(tar_bytes(TREE, compression))
+    bad[len(bad) // 2] ^= 0xFF
+    deb = build_deb(tmp_path / "p.deb", "x", "1", TREE, compression, data_member=bytes(bad))
+    with pytest.raises(IntegrityError, match="corrupt"):
+        collect(package_members(deb), wanted, tmp_path / "out", deb.name)
 
 
 def test_zstd_parts_are_read_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
