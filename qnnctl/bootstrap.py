@@ -1,8 +1,10 @@
-"""Runs first in a lowering pipeline's process: the AMD MKLDNN guard, then the pipeline.
+"""Runs first in a lowering pipeline's process, when that interpreter skips PYTHONPATH or site.
 
-`qnnctl lower` runs this file by path in the pipeline's own interpreter, which often does not
-have qnnctl installed, so it uses the standard library only and keeps to syntax that older
-interpreters still read:
+The AMD MKLDNN guard reaches a pipeline's Python processes through `_site/sitecustomize.py`
+on PYTHONPATH (see there). An interpreter started with -I, -E or -S never imports it, so
+`qnnctl lower` starts such a command through this file instead, run by path in the
+pipeline's own interpreter, which often does not have qnnctl installed: the standard library
+only, and syntax that older interpreters still read:
 
     python [interpreter options] bootstrap.py script PATH [ARGS]...
     python [interpreter options] bootstrap.py module NAME [ARGS]...
@@ -11,7 +13,7 @@ interpreters still read:
 The parent, which can read the CPU vendor, hands its guard decision over in GUARD_VARIABLE.
 The pipeline then runs as `python PATH`, `python -m NAME` or `python -c SOURCE` would run it:
 a fresh `__main__` module, the same `sys.argv`, `sys.path[0]` and `__file__`, and tracebacks
-without this file's frames.
+(Ctrl-C's included) without this file's frames.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType, TracebackType
+    from collections.abc import Callable
+    from types import TracebackType
+
+    ExceptHook = Callable[[type[BaseException], BaseException, "TracebackType | None"], Any]
 
 GUARD_VARIABLE = "QNNCTL_DISABLE_MKLDNN"
 MODES = ("script", "module", "code")
+# The folder, next to this file, that `qnnctl lower` puts on PYTHONPATH.
+SITE_FOLDER = "_site"
 
 
 def main(argv: list[str]) -> None:
@@ -44,22 +50,39 @@ def main(argv: list[str]) -> None:
             _run_module(target, args, add_path)
         else:
             _run_code(target, args, add_path)
-    except Exception as exc:
-        # What Python does with an uncaught exception (print it through sys.excepthook, exit 1),
-        # minus this file's frames. KeyboardInterrupt and the like propagate untouched, so that
-        # Python still ends the process by the signal.
-        tb = _pipeline_frames(exc.__traceback__)
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        sys.exit(1)
+    except SystemExit:
+        raise
+    except BaseException:
+        # Python itself prints an uncaught exception through sys.excepthook, exits 1, and
+        # ends the process by SIGINT after a KeyboardInterrupt: let it do all that, with a
+        # hook that shows the traceback from the pipeline's first frame.
+        sys.excepthook = _without_own_frames(sys.excepthook)
+        raise
+
+
+def _without_own_frames(hook: ExceptHook) -> ExceptHook:
+    """`hook` (the pipeline's own, if it set one), given the traceback minus this file's frames."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> Any:
+        sys.excepthook = hook
+        tb = _pipeline_frames(tb)
+        return hook(kind, value.with_traceback(tb), tb)
+
+    return excepthook
 
 
 def _leave_sys_path() -> bool:
     """Take this file's folder (qnnctl's package) off sys.path; True if the interpreter had put it there.
 
     Its module names (shell, errors, ...) would shadow the pipeline's imports. Under `-I`, `-P`
-    or PYTHONSAFEPATH the interpreter adds no folder, and then neither may we.
+    or PYTHONSAFEPATH the interpreter adds no folder, and then neither may we. Under -S the
+    interpreter reads PYTHONPATH but runs no sitecustomize to take its folder off: done here.
     """
     own = os.path.dirname(os.path.realpath(__file__))
+    site = os.path.join(own, SITE_FOLDER)
+    if site in sys.path:
+        sys.path.remove(site)
+        sys.path_importer_cache.pop(site, None)
     if sys.path and sys.path[0] == own:
         del sys.path[0]
         return True
@@ -152,87 +175,19 @@ def _pipeline_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def arm_mkldnn_guard() -> None:
-    """Turn PyTorch's MKLDNN path off before the pipeline can run a convolution through it.
+    """Arm the guard of `_site/sitecustomize.py`, loaded by path under a name of its own.
 
-    Importing torch here would cost every pipeline a second or more, even one that never uses
-    it, so the guard waits for the pipeline's own `import torch`: a finder first on
-    sys.meta_path wraps torch's loader, and the setting is made as soon as torch/__init__ has
-    run, before the importing line gets the module back. If torch is imported already (by a
-    .pth file or sitecustomize), the setting is made at once.
+    Loaded, not imported: this interpreter may lack qnnctl, and ignores PYTHONPATH.
     """
-    if "torch" in sys.modules:
-        _disable_mkldnn()
-    else:
-        sys.meta_path.insert(0, _TorchImportHook())
+    import importlib.util
 
-
-def _disable_mkldnn() -> None:
-    import importlib
-
-    try:
-        backends = importlib.import_module("torch.backends")
-        mkldnn = importlib.import_module("torch.backends.mkldnn")
-    except ImportError as exc:
-        _warn(f"cannot turn MKLDNN off: {exc}")
-        return
-    frozen = getattr(backends, "flags_frozen", None)
-    if callable(frozen) and frozen():
-        # The pipeline froze torch's flags (torch's own test harness does): its call, not ours.
-        return
-    try:
-        mkldnn.enabled = False  # type: ignore[attr-defined]
-    except Exception as exc:  # a torch that changed its flags API must not stop a lowering
-        _warn(f"cannot turn MKLDNN off: {exc}")
-
-
-def _warn(message: str) -> None:
-    import logging
-
-    logging.getLogger("qnnctl.bootstrap").warning("qnnctl: warning: %s", message)
-
-
-class _TorchImportHook:
-    """A meta path finder that lets the other finders find torch, then wraps its loader."""
-
-    def find_spec(self, fullname: str, path: object, target: object = None) -> ModuleSpec | None:
-        if fullname != "torch":
-            return None
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if finder is self or find_spec is None:
-                continue
-            spec: ModuleSpec | None = find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _GuardedLoader(spec.loader, self)  # type: ignore[assignment]
-        return spec
-
-
-class _GuardedLoader:
-    """torch's own loader, followed by the guard once torch has been executed."""
-
-    def __init__(self, loader: Any, hook: _TorchImportHook) -> None:
-        self._loader = loader
-        self._hook = hook
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
-
-    def exec_module(self, module: ModuleType) -> None:
-        # torch sees its real loader while it initialises (importlib.resources and friends).
-        module.__loader__ = self._loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        if self._hook in sys.meta_path:
-            sys.meta_path.remove(self._hook)
-        _disable_mkldnn()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._loader, name)
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), SITE_FOLDER, "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("_qnnctl_mkldnn_guard", path)
+    if spec is None or spec.loader is None:  # pragma: no cover - a .py path always has a loader
+        raise ImportError(f"cannot load {path}")
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    guard.arm_mkldnn_guard()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 The dynamic loader reads LD_LIBRARY_PATH once, when a process starts, so the pipeline is
 exec'd with its environment already built rather than set up from inside. Everything that
 can fail (resolving and installing the SDK, choosing the interpreter, the loader decision)
-happens here, before the exec, so no model has been traced when it does. A Python pipeline
-starts through bootstrap.py, run by path in the pipeline's own interpreter, which applies the
-AMD MKLDNN guard decided here.
+happens here, before the exec, so no model has been traced when it does.
+
+The AMD MKLDNN guard decided here reaches every Python process of the pipeline through
+qnnctl's own sitecustomize (`_site/` first on PYTHONPATH, see `_site/sitecustomize.py`);
+the pipeline itself is exec'd as it is. An interpreter that skips PYTHONPATH or site (-I,
+-E, -S) is started through bootstrap.py instead, run by path, which guards that process.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from qnnctl.bootstrap import GUARD_VARIABLE
+from qnnctl.bootstrap import GUARD_VARIABLE, SITE_FOLDER
 from qnnctl.cache import Cache
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.runtime import LOADER_GUARD
@@ -34,8 +37,6 @@ SCRIPT = "script"
 MODULE = "module"
 COMMAND = "command"
 
-# Set in the child when it was started under a staged loader, so that it is never wrapped twice.
-
 # python, python3, python3.11, python3.13t (free-threaded)
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*t?)?")
 # Interpreter options that may stand before the bootstrap unchanged. -i (interactive), -x
@@ -43,6 +44,9 @@ _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*t?)?")
 # here: such a command runs as it is, without the bootstrap.
 _PYTHON_FLAGS = frozenset("bBdEIOPqsSuvR")
 _PYTHON_VALUED = frozenset("WX")
+# Options with which an interpreter never imports qnnctl's sitecustomize: -I and -E ignore
+# PYTHONPATH, -S imports no site at all.
+_SKIPS_SITE = "IES"
 
 
 class CommandNotRunError(QnnctlError):
@@ -70,6 +74,7 @@ class LowerOptions:
     python: str | None = None  # --python PATH
     install: bool = True  # False with --no-install
     keep_mkldnn: bool = False
+    dry_run: bool = False  # decide everything, download and install nothing
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class LowerPlan:
     changes: EnvValues  # every variable the child gets differently from the caller
     environ: dict[str, str]  # the child's whole environment
     sdk: Sdk | None  # None when the caller manages the SDK (QNN_SDK_ROOT exported but empty)
+    notes: tuple[str, ...] = ()  # what a dry run left undone (an SDK to install, and from where)
 
 
 def parse_target(tokens: Sequence[str]) -> Target:
@@ -106,6 +112,11 @@ def parse_target(tokens: Sequence[str]) -> Target:
 def bootstrap_path() -> str:
     """bootstrap.py, which the pipeline's interpreter runs by path (it may lack qnnctl)."""
     return str(Path(__file__).resolve().with_name("bootstrap.py"))
+
+
+def site_folder() -> str:
+    """The folder of qnnctl's sitecustomize, which carries the guard into every Python process."""
+    return str(Path(__file__).resolve().with_name(SITE_FOLDER))
 
 
 def choose_python(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -285,11 +296,15 @@ def plan_lower(
         )
     if target.kind == SCRIPT and not (cwd / target.name).exists():
         raise UsageError(f"no such script: {target.name}")
-    from qnnctl.environment import resolve_sdk
+    from qnnctl.environment import resolve_for_dry_run, resolve_sdk
 
-    selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
-    if sdk is not None and options.install:
-        _ensure_trio(sdk, environ, cache)
+    notes: list[str] = []
+    if options.dry_run:
+        selection, sdk, notes = resolve_for_dry_run(options.spec, environ, cwd, cache, options.install)
+    else:
+        selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
+        if sdk is not None and options.install:
+            _ensure_trio(sdk, environ, cache)
     changes: EnvValues = {}
     if sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
@@ -300,18 +315,13 @@ def plan_lower(
         changes.update(environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
         log.debug("SDK %s at %s (%s)", sdk.version, sdk.root, selection.detail)
 
-    bootstrap = bootstrap_path()
-    argv: list[str] | None
     if target.kind == COMMAND:
-        argv = python_invocation([target.name, *target.args], bootstrap)
-    else:
-        python = choose_python(options.python, environ)
-        mode = SCRIPT if target.kind == SCRIPT else MODULE
-        argv = [python, bootstrap, mode, target.name, *target.args]
-    if argv is None:
         argv = [target.name, *target.args]
     else:
-        changes[GUARD_VARIABLE] = "1" if _guard_wanted(options, environ) else "0"
+        python = choose_python(options.python, environ)
+        argv = [python, *([] if target.kind == SCRIPT else ["-m"]), target.name, *target.args]
+    argv, guard_changes = guard_plan(argv, _guard_wanted(options, environ), environ)
+    changes.update(guard_changes)
 
     from qnnctl.shell import apply
 
@@ -320,7 +330,7 @@ def plan_lower(
     argv, child = under_loader(argv, child, loader)
     if LOADER_GUARD in child and LOADER_GUARD not in environ:
         changes[LOADER_GUARD] = child[LOADER_GUARD]
-    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk)
+    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk, notes=tuple(notes))
 
 
 def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
@@ -334,6 +344,115 @@ def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
         # The pipeline may still manage (its own LD_LIBRARY_PATH); doctor explains the rest.
         log.warning("could not stage the host runtime: %s; if the SDK fails to load, run "
                     "`qnnctl doctor`", exc.message)
+
+
+def guard_plan(argv: list[str], wanted: bool, environ: Mapping[str, str]) -> tuple[list[str], EnvValues]:
+    """The command, and the environment changes, that carry the AMD MKLDNN guard into `argv` or keep it out.
+
+    Wanted: qnnctl's sitecustomize folder goes first on PYTHONPATH, where every Python
+    process of the pipeline finds it. An interpreter that would skip it (-I, -E, -S) is
+    started through the bootstrap instead where it can be, and either way stderr says what
+    is left unguarded. Not wanted: an entry inherited from an enclosing `qnnctl lower` is
+    taken out. Entries of the caller's own keep their order.
+    """
+    current = environ.get("PYTHONPATH")
+    entries = current.split(os.pathsep) if current else []
+    kept = [entry for entry in entries if not _is_site_folder(entry)]
+    changes: EnvValues = {}
+    add_path = wanted
+    skipped = _site_skipped(argv, environ) if wanted else None
+    if skipped is not None:
+        started = _guard_without_site(argv, *skipped)
+        add_path = started is not None or skipped[0] != "S"
+        if started is not None:
+            argv = started
+            changes[GUARD_VARIABLE] = "1"
+    value = os.pathsep.join([site_folder(), *kept] if add_path else kept)
+    if value != (current or ""):
+        changes["PYTHONPATH"] = value or None
+    return argv, changes
+
+
+def _is_site_folder(entry: str) -> bool:
+    """A PYTHONPATH entry of qnnctl's sitecustomize folder: this qnnctl's, or another install's."""
+    if entry == site_folder():
+        return True
+    parent, name = os.path.split(os.path.normpath(entry))
+    return (name == SITE_FOLDER and os.path.basename(parent) == "qnnctl"
+            and os.path.isfile(os.path.join(entry, "sitecustomize.py")))
+
+
+def python_options(argv: Sequence[str]) -> str | None:
+    """The letters of the one-letter options before what a Python command runs; None when argv[0] is no Python."""
+    if not argv or not _PYTHON_NAME.fullmatch(os.path.basename(argv[0])):
+        return None
+    letters = ""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--check-hash-based-pycs":
+            i += 2
+            continue
+        if not arg.startswith("-") or arg == "-" or arg.startswith("--"):
+            break
+        for j, letter in enumerate(arg[1:], 1):
+            if letter in "cm":
+                return letters
+            if letter in _PYTHON_VALUED:
+                if j + 1 == len(arg):
+                    i += 1  # the value is the next argument
+                break
+            letters += letter
+        i += 1
+    return letters
+
+
+def _site_skipped(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, str | None] | None:
+    """(the option, the #! line) when the Python that `argv` starts would skip qnnctl's sitecustomize.
+
+    The #! line is None when argv[0] is the interpreter itself. None when the command is not
+    Python at all: the guard then reaches the Python processes it starts.
+    """
+    letters = python_options(argv)
+    shebang = None
+    if letters is None:
+        program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=environ.get("PATH", os.defpath))
+        interpreter = script_interpreter(program, environ) if program else []
+        letters = python_options([interpreter[0], *" ".join(interpreter[1:]).split()]) if interpreter else None
+        if letters is None:
+            log.debug("%s is not a Python program: the AMD MKLDNN guard reaches the Python processes "
+                      "it starts, through PYTHONPATH", argv[0])
+            return None
+        shebang = " ".join(interpreter)
+    option = next((letter for letter in _SKIPS_SITE if letter in letters), None)
+    return None if option is None else (option, shebang)
+
+
+def _guard_without_site(argv: list[str], option: str, shebang: str | None) -> list[str] | None:
+    """`argv` started through the bootstrap, for an interpreter that skips the sitecustomize.
+
+    None when it cannot be: a #! line, or options the bootstrap cannot stand behind. Either
+    way stderr says what stays unguarded. PYTHONPATH still reaches the Python processes it
+    starts without the option, except under -S, where the interpreter itself would keep
+    qnnctl's folder on sys.path with no sitecustomize to take it off (the bootstrap does).
+    """
+    skips = "ignores PYTHONPATH" if option in "IE" else "imports no site module"
+    started = python_invocation(argv, bootstrap_path()) if shebang is None else None
+    if started is not None:
+        log.warning("`%s -%s` %s: the AMD MKLDNN guard covers this process, through qnnctl's bootstrap, "
+                    "but not the Python processes it starts with -%s (its multiprocessing workers, for one)",
+                    os.path.basename(argv[0]), option, skips, option)
+        return started
+    if shebang is None:
+        log.warning("the AMD MKLDNN guard cannot reach `%s`: with -%s it %s, and qnnctl cannot start "
+                    "these options through its bootstrap; MKLDNN stays on there (drop -%s, or pass "
+                    "--keep-mkldnn if that is intended)", " ".join(argv), option, skips, option)
+    else:
+        interpreter = shebang.split()[0]
+        log.warning("the AMD MKLDNN guard cannot reach %s: its #! line runs `%s`, which %s; MKLDNN "
+                    "stays on there (`qnnctl lower --python %s %s` runs it guarded)",
+                    argv[0], shebang, skips, interpreter, argv[0])
+    return None
 
 
 def _guard_wanted(options: LowerOptions, environ: Mapping[str, str]) -> bool:
@@ -350,7 +469,8 @@ def render_plan(plan: LowerPlan) -> str:
 
     from qnnctl.shell import render
 
-    return render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
+    notes = "".join(f"# {note}\n" for note in plan.notes)
+    return notes + render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
 
 
 def exec_plan(plan: LowerPlan) -> NoReturn:

@@ -27,6 +27,9 @@ print(json.dumps({
     "file": globals().get("__file__"),
     "main_is_this": sys.modules["__main__"].__dict__ is globals(),
     "spec": getattr(globals().get("__spec__"), "name", None),
+    "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
+    "pythonpath": os.environ.get("PYTHONPATH"),
+    "qnnctl_finders": [k for k in sys.path_importer_cache if os.path.basename(k) == "_site"],
     "env": {k: os.environ.get(k) for k in ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNCTL_DISABLE_MKLDNN")},
 }))
 """

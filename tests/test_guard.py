@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,6 +129,120 @@ def test_guard_leaves_frozen_flags_alone_in_the_pipeline(sdk: Path, tmp_path: Pa
     result = lower("--python", PY, "probe.py", env=env)
     assert mkldnn_seen(result) is True
     assert "qnnctl:" not in result.stderr  # no message of ours (the checkout path may hold the name)
+
+
+# -- every Python process the pipeline starts -------------------------------------------
+
+AMD_ENV = {FORCE_VENDOR_VARIABLE: AMD}
+
+
+def test_guard_reaches_a_console_script(sdk: Path, tmp_path: Path) -> None:
+    """`qnnctl lower -- ./my-export`: a script with a Python #! line, as pip and torchrun's are."""
+    torch_site_packages()
+    direct_script = write(Path("my-export"), f"#!{PY}\n" + TORCH_PROBE)
+    bin_dir = tmp_path / "bin"
+    by_env = write(bin_dir / "by-env-export", "#!/usr/bin/env python3\n" + TORCH_PROBE)
+    for script in (direct_script, by_env):
+        script.chmod(0o755)
+    # python3 is the interpreter of this virtualenv, which has torch.
+    env = env_with(**AMD_ENV, PATH=f"{bin_dir}:{Path(PY).parent}:{os.environ['PATH']}")
+    assert mkldnn_seen(lower("--", "./my-export", env=env)) is False
+    assert mkldnn_seen(lower("--", "by-env-export", env=env)) is False
+    assert mkldnn_seen(lower("--keep-mkldnn", "--", "./my-export", env=env)) is True
+    # The same script without qnnctl: MKLDNN is on, so the guard is what turned it off.
+    assert mkldnn_seen(subprocess.run(["./my-export"], capture_output=True, text=True, timeout=120)) is True
+
+
+def test_guard_reaches_multiprocessing_spawn_workers_and_launched_children(sdk: Path) -> None:
+    torch_site_packages()
+    # torch is imported only in the workers: each is guarded on its own, not by inheritance.
+    write(Path("launch.py"), """\
+        import multiprocessing, subprocess, sys
+
+        def probe(queue):
+            import torch
+            queue.put(torch.backends.mkldnn.enabled)
+
+        if __name__ == "__main__":
+            context = multiprocessing.get_context("spawn")
+            queue = context.Queue()
+            worker = context.Process(target=probe, args=(queue,))
+            worker.start()
+            print("spawned mkldnn", queue.get(timeout=120), flush=True)
+            worker.join()
+            # What a launcher such as torchrun does: start the interpreter again on a script.
+            subprocess.run([sys.executable, "child.py"], check=True)
+    """)
+    write(Path("child.py"), TORCH_PROBE)
+    guarded = lower("--python", PY, "launch.py", env=env_with(**AMD_ENV))
+    assert mkldnn_seen(guarded) is False
+    assert "spawned mkldnn False" in guarded.stdout.splitlines()
+    kept = lower("--keep-mkldnn", "--python", PY, "launch.py", env=env_with(**AMD_ENV))
+    assert mkldnn_seen(kept) is True
+    assert "spawned mkldnn True" in kept.stdout.splitlines()
+
+
+SITE_PROBE = """\
+import json, os, sys
+sitecustomize = sys.modules.get("sitecustomize")
+print(json.dumps({"path": sys.path, "ran": os.environ.get("USER_SITE_RAN"),
+                  "sitecustomize": getattr(sitecustomize, "__file__", None)}))
+"""
+
+
+def test_guard_hands_over_to_the_pipelines_own_sitecustomize(sdk: Path, tmp_path: Path) -> None:
+    torch_site_packages()
+    site = tmp_path / "site"
+    # The user's sitecustomize runs, sees no torch imported and no hook of qnnctl's yet.
+    write(site / "sitecustomize.py", """\
+        import os, sys
+        os.environ["USER_SITE_RAN"] = str([type(f).__name__ for f in sys.meta_path].count("_TorchImportHook"))
+    """)
+    write(Path("probe.py"), SITE_PROBE + TORCH_PROBE)
+    env = env_with(**AMD_ENV, PYTHONPATH=f"{site}:{tmp_path / 'other'}")
+    result = lower("--python", PY, "probe.py", env=env)
+    alone = subprocess.run([PY, "probe.py"], capture_output=True, text=True, timeout=120, env=env)
+    assert mkldnn_seen(result) is False
+    assert mkldnn_seen(alone) is True
+    seen = json.loads(result.stdout.splitlines()[0])
+    assert seen == json.loads(alone.stdout.splitlines()[0])  # sys.path and sys.modules as without qnnctl
+    assert seen["sitecustomize"] == str(site / "sitecustomize.py")
+    assert seen["ran"] == "0"
+
+
+def test_a_failing_sitecustomize_of_the_pipeline_is_reported_as_python_does(sdk: Path, tmp_path: Path) -> None:
+    torch_site_packages()
+    site = tmp_path / "site"
+    write(site / "sitecustomize.py", "import os\nraise RuntimeError('the user site is broken')\n")
+    write(Path("probe.py"), SITE_PROBE + TORCH_PROBE)
+    # Given to the pipeline only: qnnctl, a Python too, would report the error of its own start.
+    result = lower("--", "sh", "-c", f'PYTHONPATH="$PYTHONPATH:{site}" exec "{PY}" probe.py', env=env_with(**AMD_ENV))
+    alone = subprocess.run([PY, "probe.py"], capture_output=True, text=True, timeout=120,
+                           env=env_with(PYTHONPATH=str(site)))
+    assert "Error in sitecustomize" in alone.stderr
+    assert result.stderr == alone.stderr
+    assert result.stdout.splitlines()[0] == alone.stdout.splitlines()[0]
+    assert mkldnn_seen(result) is False  # and the guard is armed all the same
+
+
+def test_guard_says_where_it_cannot_reach(sdk: Path) -> None:
+    torch_site_packages()
+    script = write(Path("isolated-export"), f"#!{PY} -I\n" + TORCH_PROBE)
+    script.chmod(0o755)
+    result = lower("--", "./isolated-export", env=env_with(**AMD_ENV))
+    assert mkldnn_seen(result) is True
+    assert "qnnctl: warning: the AMD MKLDNN guard cannot reach ./isolated-export" in result.stderr
+    assert f"qnnctl lower --python {PY} ./isolated-export" in result.stderr
+    # As it says, that runs it guarded.
+    assert mkldnn_seen(lower("--python", PY, "./isolated-export", env=env_with(**AMD_ENV))) is False
+    # An isolated interpreter named on the command line is started through the bootstrap instead.
+    isolated = lower("--", PY, "-I", "isolated-export", env=env_with(**AMD_ENV))
+    assert mkldnn_seen(isolated) is False
+    assert "but not the Python processes it starts with -I" in isolated.stderr
+    # Where nothing is to be guarded, nothing is said.
+    kept = lower("--keep-mkldnn", "--", "./isolated-export", env=env_with(**AMD_ENV))
+    assert mkldnn_seen(kept) is True
+    assert "qnnctl:" not in kept.stderr
 
 
 # -- in-process: disable_mkldnn_on_amd() ------------------------------------------------

@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,17 @@ from qnnctl.lower import (
     StagedLoader,
     Target,
     bootstrap_path,
+    guard_plan,
     parse_target,
     plan_lower,
     python_invocation,
+    python_options,
+    site_folder,
     under_loader,
 )
 from qnnctl.runtime import LOADER_GUARD
 from qnnctl.shell import quote_posix
+from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer
 from tests.lowerkit import PROBE, direct, last_json, lower, write
 from tests.sdkfactory import VERSION, install_tree_into_cache
@@ -50,6 +55,11 @@ def amd_guard_armed(monkeypatch: pytest.MonkeyPatch) -> None:
     # As if this suite itself were not started by `qnnctl lower`.
     monkeypatch.delenv(GUARD_VARIABLE, raising=False)
     monkeypatch.delenv(LOADER_GUARD, raising=False)
+    kept = [e for e in os.environ.get("PYTHONPATH", "").split(":") if e and e != site_folder()]
+    if kept:
+        monkeypatch.setenv("PYTHONPATH", ":".join(kept))
+    else:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
 
 
 @pytest.fixture
@@ -126,11 +136,15 @@ def _forms(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
                            [PY, "-X", "utf8", "-B", "probe.py", *args]),
         "command-module": (["--", PY, "-Bm", "pkg.probe_mod", *args], [PY, "-Bm", "pkg.probe_mod", *args]),
         "command-code": (["--", PY, "-c", PROBE, *args], [PY, "-c", PROBE, *args]),
+        # Through the bootstrap: these interpreters never import qnnctl's sitecustomize.
+        "isolated-script": (["--", PY, "-I", "probe.py", *args], [PY, "-I", "probe.py", *args]),
+        "no-site-module": (["--", PY, "-S", "-m", "pkg.probe_mod", *args], [PY, "-S", "-m", "pkg.probe_mod", *args]),
+        "no-env-code": (["--", PY, "-E", "-c", PROBE, *args], [PY, "-E", "-c", PROBE, *args]),
     }
 
 
 @pytest.mark.parametrize("form", ["script", "module", "module-joined", "command-script", "command-module",
-                                  "command-code"])
+                                  "command-code", "isolated-script", "no-site-module", "no-env-code"])
 def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
     work = Path.cwd()
     lower_args, direct_argv = _forms(work)[form]
@@ -143,6 +157,9 @@ def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
         "LD_LIBRARY_PATH": lib_dir(sdk),
         GUARD_VARIABLE: None,  # the bootstrap's private channel is gone before the pipeline runs
     }
+    # sys.path (in `seen`) is the direct run's; PYTHONPATH keeps the guard for the pipeline's children.
+    assert seen.pop("pythonpath") == site_folder()
+    expected.pop("pythonpath")
     expected.pop("env")
     assert seen == expected
     assert seen["argv"][-len(LOOKALIKES):] == list(LOOKALIKES)
@@ -156,19 +173,86 @@ def test_command_gets_its_arguments_verbatim(sdk: Path) -> None:
     assert result.stdout.splitlines() == list(LOOKALIKES)
 
 
-@pytest.mark.parametrize("form", ["script", "module", "code"])
+def _their_own(stderr: str) -> str:
+    """stderr without qnnctl's own lines (what it says before the exec)."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not line.startswith("qnnctl: "))
+
+
+# The pipeline's command, directly; the bootstrap forms start interpreters that skip the sitecustomize.
+_FORMS = {
+    "script": ["crash.py"], "module": ["-m", "crashmod"], "code": ["-c", "import crashmod"],
+    "bootstrap-script": ["-I", "crash.py"], "bootstrap-module": ["-E", "-m", "crashmod"],
+    "bootstrap-code": ["-S", "-c", "import crashmod"],
+}
+
+
+@pytest.mark.parametrize("form", list(_FORMS))
 def test_traceback_looks_as_if_run_directly(sdk: Path, form: str) -> None:
     source = "def inner():\n    raise ValueError('boom')\n\ndef outer():\n    inner()\n\nouter()\n"
     write(Path("crash.py"), source)
     write(Path("crashmod.py"), source)
-    direct_argv = {"script": [PY, "crash.py"], "module": [PY, "-m", "crashmod"], "code": [PY, "-c", source]}[form]
-    lower_args = {"script": ["--python", PY, "crash.py"], "module": ["--python", PY, "-m", "crashmod"],
-                  "code": ["--", PY, "-c", source]}[form]
-    expected = direct(*direct_argv)
-    result = lower(*lower_args)
+    expected = direct(PY, *_FORMS[form])
+    result = lower("--", PY, *_FORMS[form])
     assert expected.returncode == 1
-    assert (result.returncode, result.stderr) == (1, expected.stderr)
-    assert "bootstrap" not in result.stderr
+    assert "boom" in expected.stderr
+    assert (result.returncode, _their_own(result.stderr)) == (1, expected.stderr)
+    assert "bootstrap.py" not in result.stderr
+    if form in ("script", "module"):
+        assert lower("--python", PY, *_FORMS[form]).stderr == expected.stderr
+
+
+# Prints "ready", then waits for Ctrl-C in a function of its own, a frame below the module's.
+SLEEPER = """\
+import time
+
+def wait():
+    print("ready", flush=True)
+    time.sleep(60)
+
+wait()
+"""
+
+
+def interrupted(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run `argv`, press Ctrl-C once it sleeps: its exit status and stderr."""
+    proc = subprocess.Popen(with_default_sigint(list(argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=60)
+        # In the sleep, not just after the print: the traceback names the line the signal landed on.
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "S":
+            assert time.monotonic() < deadline, "the pipeline never went to sleep"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("form", [("sleeper.py",), ("-I", "sleeper.py"), ("-E", "-m", "sleeper"),
+                                  ("-S", "-c", "import sleeper")])
+def test_ctrl_c_traceback_looks_as_if_run_directly(sdk: Path, form: tuple[str, ...]) -> None:
+    write(Path("sleeper.py"), SLEEPER)
+    code, err = interrupted(PY, *form)
+    assert code == -signal.SIGINT, err
+    assert err.startswith("Traceback"), err
+    assert err.endswith("KeyboardInterrupt\n"), err
+    lowered, lowered_err = interrupted(PY, "-m", "qnnctl", "lower", "--", PY, *form)
+    assert (lowered, _their_own(lowered_err)) == (code, err)
+
+
+def test_ctrl_c_while_the_guard_waits_for_torch_looks_as_if_run_directly(sdk: Path, tmp_path: Path) -> None:
+    """Ctrl-C in the second `import torch` takes: the guard's hook is armed then, and shows no frame."""
+    fake = tmp_path / "fake"
+    write(fake / "torch" / "__init__.py", SLEEPER)
+    write(Path("pipeline.py"), "import torch\n")
+    env = {**os.environ, "PYTHONPATH": str(fake)}
+    code, err = interrupted(PY, "pipeline.py", env=env)
+    assert code == -signal.SIGINT, err
+    assert interrupted(PY, "-m", "qnnctl", "lower", "--python", PY, "pipeline.py", env=env) == (code, err)
 
 
 def test_missing_module_reported_as_python_does(sdk: Path) -> None:
@@ -215,16 +299,18 @@ def test_empty_sdk_root_passes_environment_through_untouched(mirror: FaultServer
     write(Path("env.py"), "import json, os\nprint(json.dumps(dict(os.environ)))\n")
     result = lower("--python", PY, "env.py", env=env)
     assert result.returncode == 0, result.stderr
-    assert last_json(result.stdout) == env
+    # The AMD guard's folder on PYTHONPATH is the one addition (it is not about the SDK).
+    guarded = {**env, "PYTHONPATH": site_folder()}
+    assert last_json(result.stdout) == guarded
     assert "empty" in result.stderr
     assert "''" not in result.stderr
     command = lower("--", "env", "-0", env=env)
     assert command.returncode == 0, command.stderr
-    assert dict(e.split("=", 1) for e in command.stdout.split("\0") if e) == env
+    assert dict(e.split("=", 1) for e in command.stdout.split("\0") if e) == guarded
     # Not "missing" either: --no-install has nothing to refuse.
     no_install = lower("--no-install", "--python", PY, "env.py", env=env)
     assert no_install.returncode == 0, no_install.stderr
-    assert last_json(no_install.stdout) == env
+    assert last_json(no_install.stdout) == guarded
     assert mirror.requests == []
 
 
@@ -269,8 +355,8 @@ def test_dry_run_prints_the_plan_and_runs_nothing(sdk: Path) -> None:
     lines = result.stdout.splitlines()
     assert f"export QNN_SDK_ROOT={quote_posix(str(sdk))}" in lines
     assert any(line.startswith("export LD_LIBRARY_PATH=") for line in lines)
-    assert f"export {GUARD_VARIABLE}='1'" in lines  # the guard decision travels in the environment
-    assert shlex.split(lines[-1]) == [PY, bootstrap_path(), "script", "touch.py", "--sdk", "a b"]
+    assert f"export PYTHONPATH={quote_posix(site_folder())}" in lines  # the guard travels in the environment
+    assert shlex.split(lines[-1]) == [PY, "touch.py", "--sdk", "a b"]
     # The plan is sh: running it does what lower would have done.
     ran = subprocess.run(["sh", "-c", result.stdout], capture_output=True, text=True, timeout=60)
     assert (ran.returncode, ran.stdout) == (0, f"{sdk}\n")
@@ -281,7 +367,9 @@ def test_dry_run_shows_a_plain_command_as_is(sdk: Path) -> None:
     result = lower("--dry-run", "--", "env", "-0")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "env -0"
-    assert GUARD_VARIABLE not in result.stdout  # no bootstrap, no guard
+    assert GUARD_VARIABLE not in result.stdout  # no bootstrap
+    # The guard still reaches any Python that env would start.
+    assert f"export PYTHONPATH={quote_posix(site_folder())}" in result.stdout.splitlines()
 
 
 # -- which Python ----------------------------------------------------------------------
@@ -331,6 +419,96 @@ def test_python_invocation_rewrites_interpreters_only() -> None:
                  ["python3", "-i", "s.py"], ["python3", "-x", "s.py"], ["python3", "--version"],
                  ["python3", "-V"], ["python3", "-c"], ["python3", "-W"]):
         assert python_invocation(argv, b) is None, argv
+
+
+def test_python_options_reads_the_interpreters_own_letters() -> None:
+    assert python_options(["python3", "-I", "s.py", "-E"]) == "I"
+    assert python_options(["python3", "-sE", "-X", "dev", "-Wignore", "-OO", "s.py"]) == "sEOO"
+    assert python_options(["python3", "-Ic", "-S"]) == "I"  # -c ends the options
+    assert python_options(["python3", "-m", "mod", "-I"]) == ""
+    assert python_options(["python3", "--check-hash-based-pycs", "always", "-S", "s.py"]) == "S"
+    assert python_options(["python3", "--", "-I.py"]) == ""
+    assert python_options(["env", "python3", "-I"]) is None
+
+
+# -- how the guard reaches the pipeline's Python processes ------------------------------
+
+
+def _guarded(argv: list[str], environ: dict[str, str], wanted: bool = True) -> tuple[list[str], dict[str, str | None]]:
+    return guard_plan(argv, wanted, {"PATH": os.defpath, **environ})
+
+
+def test_guard_plan_puts_the_site_folder_first_and_keeps_the_callers_entries() -> None:
+    site = site_folder()
+    run = [PY, "s.py"]
+    assert _guarded(run, {}) == (run, {"PYTHONPATH": site})
+    assert _guarded(run, {"PYTHONPATH": "/a:/b"}) == (run, {"PYTHONPATH": f"{site}:/a:/b"})
+    # Empty means no entry; a trailing empty entry means the current folder, and stays.
+    assert _guarded(run, {"PYTHONPATH": ""}) == (run, {"PYTHONPATH": site})
+    assert _guarded(run, {"PYTHONPATH": "/a:"}) == (run, {"PYTHONPATH": f"{site}:/a:"})
+    # Inside a guarded pipeline: nothing to add, and never twice.
+    assert _guarded(run, {"PYTHONPATH": f"{site}:/a"}) == (run, {})
+    assert _guarded(run, {"PYTHONPATH": f"/a:{site}"}) == (run, {"PYTHONPATH": f"{site}:/a"})
+
+
+def test_guard_plan_takes_an_inherited_guard_out_when_not_wanted(tmp_path: Path) -> None:
+    site = site_folder()
+    run = [PY, "s.py"]
+    assert _guarded(run, {}, wanted=False) == (run, {})
+    assert _guarded(run, {"PYTHONPATH": "/a"}, wanted=False) == (run, {})
+    # --keep-mkldnn (or a non-AMD verdict) in a pipeline started by a guarding `qnnctl lower`.
+    assert _guarded(run, {"PYTHONPATH": f"{site}:/a"}, wanted=False) == (run, {"PYTHONPATH": "/a"})
+    assert _guarded(run, {"PYTHONPATH": site}, wanted=False) == (run, {"PYTHONPATH": None})
+    # Another qnnctl install's folder is recognised too; a folder of the user's named _site is not.
+    other = tmp_path / "venv2" / "site-packages" / "qnnctl" / "_site"
+    write(other / "sitecustomize.py", "")
+    theirs = tmp_path / "mine" / "_site"
+    theirs.mkdir(parents=True)
+    environ = {"PYTHONPATH": f"{other}:{theirs}"}
+    assert _guarded(run, environ, wanted=False) == (run, {"PYTHONPATH": str(theirs)})
+    assert _guarded(run, environ) == (run, {"PYTHONPATH": f"{site}:{theirs}"})
+
+
+def test_guard_plan_starts_interpreters_that_skip_the_site_folder_through_the_bootstrap(
+        caplog: pytest.LogCaptureFixture) -> None:
+    site = site_folder()
+    b = bootstrap_path()
+    for option in ("-I", "-E", "-S"):
+        caplog.clear()
+        argv, changes = _guarded([PY, option, "s.py"], {})
+        assert argv == [PY, option, b, "script", "s.py"]
+        # PYTHONPATH still reaches the Python processes it starts without the option.
+        assert changes == {GUARD_VARIABLE: "1", "PYTHONPATH": site}
+        assert f"`{Path(PY).name} {option}`" in caplog.text
+        assert "multiprocessing workers" in caplog.text
+    # Options the bootstrap cannot stand behind: as it is, said so; under -S alone qnnctl's folder
+    # would stay on the interpreter's sys.path, with no sitecustomize run to take it off.
+    caplog.clear()
+    assert _guarded([PY, "-S", "-i", "s.py"], {}) == ([PY, "-S", "-i", "s.py"], {})
+    assert "cannot reach" in caplog.text
+    assert _guarded([PY, "-I", "-i", "s.py"], {}) == ([PY, "-I", "-i", "s.py"], {"PYTHONPATH": site})
+    # Not wanted: nothing to say, nothing changed.
+    caplog.clear()
+    assert _guarded([PY, "-I", "s.py"], {}, wanted=False) == ([PY, "-I", "s.py"], {})
+    assert caplog.text == ""
+
+
+def test_guard_plan_reads_a_scripts_interpreter_from_its_shebang(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    site = site_folder()
+    console = write(tmp_path / "my-export", f"#!{PY}\nprint('hi')\n")
+    isolated = write(tmp_path / "isolated-export", f"#!{PY} -I\nprint('hi')\n")
+    shell = write(tmp_path / "run.sh", "#!/bin/sh\nexec python3 \"$@\"\n")
+    for script in (console, isolated, shell):
+        script.chmod(0o755)
+    assert _guarded([str(console)], {}) == ([str(console)], {"PYTHONPATH": site})
+    # Found on PATH, as the shell would.
+    assert _guarded(["my-export"], {"PATH": str(tmp_path)}) == (["my-export"], {"PYTHONPATH": site})
+    assert _guarded([str(shell)], {}) == ([str(shell)], {"PYTHONPATH": site})
+    assert caplog.text == ""
+    assert _guarded([str(isolated)], {}) == ([str(isolated)], {"PYTHONPATH": site})
+    assert f"cannot reach {isolated}: its #! line runs `{PY} -I`" in caplog.text
+    assert f"qnnctl lower --python {PY} {isolated}" in caplog.text
 
 
 def test_parse_target() -> None:

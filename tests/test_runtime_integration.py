@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.cache import Cache
-from qnnctl.lower import StagedLoader, bootstrap_path, under_loader
+from qnnctl.lower import StagedLoader, under_loader
 from qnnctl.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, TRIO, RuntimeRequest, stage_runtime
 from qnnctl.sdk import HOST_LIB_DIR, Sdk
 from qnnctl.shell import apply
@@ -257,7 +257,7 @@ def test_lower_dry_run_stages_the_trio_before_the_plan(llvm: Llvm, cache_dir: Pa
     exports, argv = split_plan(proc.stdout)
     (path,) = sh_values(exports, "LD_LIBRARY_PATH")
     assert path == f"{root / HOST_LIB_DIR}:{trio}"
-    assert argv == [PY, bootstrap_path(), "script", "pipeline.py"]
+    assert argv == [PY, "pipeline.py"]
     # Once staged, the next plan uses it as it is.
     again = run_qnnctl("lower", "--dry-run", "--keep-mkldnn", "--python", PY, "pipeline.py")
     assert again.returncode == 0, again.stderr
@@ -377,14 +377,14 @@ def test_lower_plan_starts_under_the_staged_loader_once(tmp_path: Path, cache_di
     search = argv[2].split(":")
     assert search[0] == str(result.glibc.lib_dir)
     assert all(entry in search for entry in path.split(":"))  # ld.so reads no LD_LIBRARY_PATH
-    assert argv[3:] == [PY, bootstrap_path(), "script", "pipeline.py", "--arg"]
+    assert argv[3:] == [PY, "pipeline.py", "--arg"]
 
     # A pipeline already started under the loader plans its own child without wrapping it again.
     inner = run_qnnctl("lower", "--dry-run", "--keep-mkldnn", "--python", PY, "pipeline.py",
                        env={**base, LOADER_GUARD: guard})
     assert inner.returncode == 0, inner.stderr
     inner_exports, inner_argv = split_plan(inner.stdout)
-    assert inner_argv == [PY, bootstrap_path(), "script", "pipeline.py"]
+    assert inner_argv == [PY, "pipeline.py"]
     assert LOADER_GUARD not in inner_exports
 
 
