@@ -463,8 +463,7 @@ def render_plan(plan: LowerPlan) -> str:
 
     from qnnctl.shell import render
 
-    notes = "".join(f"# {note}\n" for note in plan.notes)
-    return notes + render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
+    return render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
 
 
 def exec_plan(plan: LowerPlan) -> NoReturn:
