@@ -260,6 +260,8 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
         # A bare folder name given to --sdk is still a path, never a version.
         spec = sdk_path if sdk_path.startswith(("/", "~")) else os.path.join(".", sdk_path)
     plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
+    if plan.selection is not None and _verbosity["verbose"]:
+        log.debug("chose %s", plan.selection.describe())
     if plan.selection is not None and plan.selection.caller_managed:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; nothing to export")
         if shell == "json":
@@ -408,10 +410,13 @@ def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool,
         from qnnctl.shell import check_cache_path
 
         check_cache_path(str(_cache().root))
-    options = LowerOptions(spec=spec, python=python, install=not no_install, keep_mkldnn=keep_mkldnn)
+    options = LowerOptions(spec=spec, python=python, install=not no_install, keep_mkldnn=keep_mkldnn,
+                           dry_run=dry_run)
     plan = plan_lower(parse_target(pipeline), options, os.environ, Path.cwd(), _cache(),
                       terminal=_stderr_is_terminal())
     if dry_run:
+        for note in plan.notes:
+            log.info("%s", note)
         click.echo(render_plan(plan), nl=False)
         return
     exec_plan(plan)

@@ -23,6 +23,7 @@ from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError
 from qnnctl.host import glibc_version
 from qnnctl.sdk import (
     BY_ENV,
+    BY_INSTALLED,
     HOST_BIN_DIR,
     HOST_LIB_DIR,
     REQUIRED_LIBS,
@@ -32,6 +33,7 @@ from qnnctl.sdk import (
     read_sdk_version,
     resolve_installed,
     select_sdk,
+    selection_origin,
 )
 from qnnctl.shell import EnvValues, apply, split_path
 from qnnctl.urls import redact
@@ -158,7 +160,7 @@ class Context:
         return self._once("target", self._find_target)
 
     def _find_target(self) -> Target:
-        selection = select_sdk(self.spec, self.environ, self.cwd)
+        selection = select_sdk(self.spec, self.environ, self.cwd, self.cache())
         if selection.caller_managed:
             return Target(selection, None, caller_lib_dir(self.environ))
         sdk = locate(selection, self.cache(), self.environ)
@@ -275,8 +277,7 @@ def locate(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sd
         root = selection.root
         if root is None or not root.is_dir():
             raise
-        origin = "QNN_SDK_ROOT" if selection.reason == BY_ENV else "--sdk"
-        return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=origin)
+        return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=selection_origin(selection))
     except NotInstalledError:
         version = selection.version or ""
         own = cache.sdk_dir(version)
@@ -337,7 +338,7 @@ def check_host(ctx: Context) -> Outcome:
 
 
 def check_selection(ctx: Context) -> Outcome:
-    selection = select_sdk(ctx.spec, ctx.environ, ctx.cwd)
+    selection = select_sdk(ctx.spec, ctx.environ, ctx.cwd, ctx.cache())
     why = f"{selection.reason}: {selection.detail}"
     if selection.caller_managed:
         lib_dir = ctx.target().lib_dir
@@ -351,6 +352,10 @@ def check_selection(ctx: Context) -> Outcome:
         return ok(why)
     if selection.root is not None:
         return ok(f"{why}: {sdk.root}, version {sdk.version}")
+    if selection.reason == BY_INSTALLED:
+        # Chosen only because nothing named another: the next install could change it.
+        return ok(f"{why}; {sdk.version} at {sdk.root} ({sdk.origin})",
+                  hint=f"pin it for this project so that it stays the choice: `qnnctl use {sdk.version}`")
     return ok(f"{why}; {sdk.version} at {sdk.root} ({sdk.origin})")
 
 

@@ -44,7 +44,10 @@ def resolve_sdk(
     terminal: bool = False,
 ) -> tuple[Selection, Sdk | None]:
     """The SDK to use, chosen the way `install` chooses it; None when the caller manages it."""
-    selection = select_sdk(spec, environ, cwd)
+    selection = select_sdk(spec, environ, cwd, cache)
+    import logging
+
+    logging.getLogger("qnnctl.environment").debug("chose %s", selection.describe())
     if selection.caller_managed:
         return selection, None
     if selection.root is not None or not allow_install:
@@ -53,6 +56,33 @@ def resolve_sdk(
 
     result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
     return result.selection or selection, result.sdk
+
+
+def resolve_for_dry_run(
+    spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache, allow_install: bool = True
+) -> tuple[Selection, Sdk | None, list[str]]:
+    """As `resolve_sdk`, but nothing is downloaded or installed: an SDK that is not installed is
+    described where it would go, with notes saying what a real run would fetch and from where."""
+    from qnnctl.errors import NotInstalledError
+
+    try:
+        selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False)
+        return selection, sdk, []
+    except NotInstalledError:
+        if not allow_install:
+            raise
+    selection = select_sdk(spec, environ, cwd, cache)
+    version = selection.version
+    if version is None:  # pragma: no cover - only a version can be missing
+        raise RuntimeError("no SDK version selected")
+    from qnnctl.urls import redact
+    from qnnctl.versions import archive_urls
+
+    root = cache.sdk_dir(version)
+    source = redact(archive_urls(version, environ.get("QNNCTL_MIRROR") or None)[0])
+    note = (f"SDK {version} is not installed ({selection.detail}): without --dry-run, qnnctl would "
+            f"first download it from {source} and install it into {root}")
+    return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
 
 
 def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
@@ -89,7 +119,8 @@ def plan_env(
     """
     if unset:
         return EnvPlan(None, None, unset_environment(environ))
-    selection = select_sdk(spec, environ, cwd)
+    # Afresh, not from what this shell was set up for: that is how one switches SDKs.
+    selection = select_sdk(spec, environ, cwd, cache, from_shell=False)
     if selection.caller_managed:
         return EnvPlan(selection, None, {})
     sdk = resolve_installed(selection, cache, environ)

@@ -17,6 +17,7 @@ from qnnctl.host import require_supported_host
 from qnnctl.sdk import (
     BY_CALLER,
     BY_ENV,
+    BY_SHELL,
     Sdk,
     Selection,
     find_installed,
@@ -108,10 +109,17 @@ def install(
         return _install_file(request.file, request.spec, sha256, request.force, cache)
 
     if request.spec is None and request.url is None:
-        selection = select_sdk(None, environ, cwd)
+        selection = select_sdk(None, environ, cwd, cache)
+        log.debug("chose %s", selection.describe())
         if selection.reason == BY_CALLER:
             return InstallResult(None, "caller", selection)
-        if selection.reason == BY_ENV and selection.root is not None:
+        if selection.reason == BY_SHELL and selection.root is not None:
+            # The SDK this shell was set up for: the one to reuse, or (--force) to reinstall.
+            sdk = sdk_from_root(selection.root, "qnnctl env")
+            if not request.force:
+                return InstallResult(sdk, "reused", selection)
+            selection = Selection(BY_SHELL, selection.detail, version=sdk.version)
+        elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
             return InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection)
@@ -139,6 +147,8 @@ def install(
     if not request.force:
         found_sdk = find_installed(version, cache, environ)
         if found_sdk is not None:
+            if sha256 is not None:
+                check_installed_sha256(found_sdk, sha256)
             return InstallResult(found_sdk, "reused", selection)
 
     mirror = environ.get("QNNCTL_MIRROR") or None
@@ -152,6 +162,8 @@ def install(
             found_sdk = find_installed(version, cache, environ)
             if found_sdk is not None:
                 log.info("another qnnctl installed %s meanwhile", version)
+                if sha256 is not None:
+                    check_installed_sha256(found_sdk, sha256)
                 return InstallResult(found_sdk, "reused", selection)
         remove_stale_work(cache, version)
         from qnnctl.archive import ZipStream, work_folder
@@ -236,6 +248,26 @@ def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
         f"QNN_SDK_ROOT names {root}, {where}; --force reinstalls an SDK of qnnctl's cache by VERSION",
         hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
     )
+
+
+def check_installed_sha256(sdk: Sdk, sha256: str) -> None:
+    """An installed SDK asked for with --sha256: the archive it came from must have had it."""
+    from qnnctl.cache import read_manifest
+
+    recorded = (read_manifest(sdk.root) or {}).get("sha256")
+    if not isinstance(recorded, str):
+        raise IntegrityError(
+            f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) has no recorded sha256, so it cannot be "
+            f"checked against {sha256}",
+            hint=f"install a checked copy into qnnctl's cache: `qnnctl install {sdk.version} --force "
+            f"--sha256 {sha256}`",
+        )
+    if recorded != sha256:
+        raise IntegrityError(
+            f"SDK {sdk.version} is installed from an archive whose sha256 is {recorded}, not {sha256}",
+            hint=f"check the --sha256 value; to replace the SDK with the archive that has it: "
+            f"`qnnctl install {sdk.version} --force --sha256 {sha256}`",
+        )
 
 
 def _download_name(url: str, version: str) -> str:

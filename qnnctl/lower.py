@@ -74,6 +74,7 @@ class LowerOptions:
     python: str | None = None  # --python PATH
     install: bool = True  # False with --no-install
     keep_mkldnn: bool = False
+    dry_run: bool = False  # decide everything, download and install nothing
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class LowerPlan:
     changes: EnvValues  # every variable the child gets differently from the caller
     environ: dict[str, str]  # the child's whole environment
     sdk: Sdk | None  # None when the caller manages the SDK (QNN_SDK_ROOT exported but empty)
+    notes: tuple[str, ...] = ()  # what a dry run left undone (an SDK to install, and from where)
 
 
 def parse_target(tokens: Sequence[str]) -> Target:
@@ -294,11 +296,15 @@ def plan_lower(
         )
     if target.kind == SCRIPT and not (cwd / target.name).exists():
         raise UsageError(f"no such script: {target.name}")
-    from qnnctl.environment import resolve_sdk
+    from qnnctl.environment import resolve_for_dry_run, resolve_sdk
 
-    selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
-    if sdk is not None and options.install:
-        _ensure_trio(sdk, environ, cache)
+    notes: list[str] = []
+    if options.dry_run:
+        selection, sdk, notes = resolve_for_dry_run(options.spec, environ, cwd, cache, options.install)
+    else:
+        selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
+        if sdk is not None and options.install:
+            _ensure_trio(sdk, environ, cache)
     changes: EnvValues = {}
     if sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
@@ -324,7 +330,7 @@ def plan_lower(
     argv, child = under_loader(argv, child, loader)
     if LOADER_GUARD in child and LOADER_GUARD not in environ:
         changes[LOADER_GUARD] = child[LOADER_GUARD]
-    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk)
+    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk, notes=tuple(notes))
 
 
 def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
@@ -463,7 +469,8 @@ def render_plan(plan: LowerPlan) -> str:
 
     from qnnctl.shell import render
 
-    return render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
+    notes = "".join(f"# {note}\n" for note in plan.notes)
+    return notes + render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
 
 
 def exec_plan(plan: LowerPlan) -> NoReturn:

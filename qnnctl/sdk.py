@@ -25,6 +25,8 @@ BY_ENV = "QNN_SDK_ROOT"
 BY_CALLER = "caller"
 BY_PIN = "pin"
 BY_EXECUTORCH = "executorch"
+BY_SHELL = "shell"
+BY_INSTALLED = "installed"
 BY_DEFAULT = "default"
 
 
@@ -59,6 +61,11 @@ class Selection(NamedTuple):
     @property
     def caller_managed(self) -> bool:
         return self.reason == BY_CALLER
+
+    def describe(self) -> str:
+        """Where the choice came from, for -v: `SDK 2.37.0.250724 (pin: pinned in ...)`."""
+        what = self.version or (str(self.root) if self.root else "left to the caller")
+        return f"SDK {what} ({self.reason}: {self.detail})"
 
 
 def missing_layout(root: Path) -> list[str]:
@@ -251,8 +258,15 @@ def select_sdk(
     spec: str | None,
     environ: Mapping[str, str],
     cwd: Path,
+    cache: Cache | None = None,
+    from_shell: bool = True,
 ) -> Selection:
-    """Decide which SDK to use; the order is documented in the README ("Which SDK")."""
+    """Decide which SDK to use; the order is documented in the README ("Which SDK").
+
+    `from_shell` off skips the SDK an earlier `qnnctl env` set this shell up for: `qnnctl env`
+    itself chooses afresh, which is how one switches. Without a `cache`, the step "the newest
+    SDK already installed" is skipped.
+    """
     if spec is not None:
         if spec.strip() == "":
             raise UsageError("an empty string is neither an SDK version nor a path")
@@ -263,6 +277,11 @@ def select_sdk(
             return Selection(BY_ARGUMENT, f"given as {root}", root=root)
         version = resolve_version(spec)
         return Selection(BY_ARGUMENT, f"given as {spec}", version=version)
+    if from_shell:
+        shell_root = shell_sdk_root(environ)
+        if shell_root is not None:
+            return Selection(BY_SHELL, f"this shell was set up for it by `qnnctl env` ({shell_root})",
+                             root=Path(shell_root))
     env_root = user_environ(environ).get("QNN_SDK_ROOT")
     if env_root is not None:
         if env_root == "":
@@ -277,7 +296,37 @@ def select_sdk(
     expected = executorch_expected_version()
     if expected is not None:
         return Selection(BY_EXECUTORCH, "the version the installed ExecuTorch expects", version=expected)
+    newest = newest_installed(cache, environ) if cache is not None else None
+    if newest is not None:
+        return Selection(BY_INSTALLED, "the newest SDK already installed", version=newest)
     return Selection(BY_DEFAULT, "qnnctl's default", version=DEFAULT_VERSION)
+
+
+def shell_sdk_root(environ: Mapping[str, str]) -> str | None:
+    """The SDK root `qnnctl env` exported in this shell, while QNN_SDK_ROOT still holds it.
+
+    Once the user exports a QNN_SDK_ROOT of their own, theirs is the choice, not the record.
+    """
+    from qnnctl.shell import read_marker
+
+    marker = read_marker(environ)
+    if marker is None or not marker.owns_root or environ.get("QNN_SDK_ROOT") != marker.root:
+        return None
+    return marker.root or None
+
+
+def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
+    """The newest version installed in qnnctl's cache or ExecuTorch's, complete ones only."""
+    from qnnctl.versions import parse_version
+
+    versions = {v for v in cache.installed_versions() if find_installed(v, cache, environ) is not None}
+    for folder in dict.fromkeys(p.parent for p in executorch_cache_dirs("x", environ)):
+        if folder.is_dir():
+            for entry in folder.glob("sdk-*"):
+                version = entry.name.removeprefix("sdk-")
+                if is_full_version(version) and not missing_layout(entry):
+                    versions.add(version)
+    return max(versions, key=parse_version, default=None)
 
 
 def executorch_cache_dirs(version: str, environ: Mapping[str, str]) -> list[Path]:
@@ -304,11 +353,15 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
     return None
 
 
+def selection_origin(selection: Selection) -> str:
+    """Where an SDK named by path came from, in words (Sdk.origin)."""
+    return {BY_ENV: "QNN_SDK_ROOT", BY_SHELL: "qnnctl env"}.get(selection.reason, "--sdk")
+
+
 def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:
     """The SDK a selection names, which must already be on disk."""
     if selection.root is not None:
-        origin = "QNN_SDK_ROOT" if selection.reason == BY_ENV else "--sdk"
-        return sdk_from_root(selection.root, origin)
+        return sdk_from_root(selection.root, selection_origin(selection))
     if selection.version is None:
         raise UsageError("the SDK is managed by the caller (QNN_SDK_ROOT is empty)")
     sdk = find_installed(selection.version, cache, environ)

@@ -173,10 +173,10 @@ def test_relative_paths_are_exported_absolute(tmp_path: Path) -> None:
         assert lib == str(user_root / "lib" / "x86_64-linux-clang")
 
 
-def test_every_command_sees_the_users_root_behind_an_env_export(mirror: FaultServer, tmp_path: Path,
-                                                                 cache_dir: Path) -> None:
-    """After `eval "$(qnnctl env VERSION)"` replaced the user's QNN_SDK_ROOT, plain commands
-    choose the user's SDK again, all of them alike."""
+def test_commands_use_the_sdk_this_shell_was_set_up_for_and_env_chooses_afresh(
+        mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    """After `eval "$(qnnctl env VERSION)"` replaced the user's QNN_SDK_ROOT, the commands use
+    that SDK (the shell's record); `qnnctl env` without a version chooses afresh (the user's)."""
     import json
 
     install_tree_into_cache(cache_dir)
@@ -184,15 +184,19 @@ def test_every_command_sees_the_users_root_behind_an_env_export(mirror: FaultSer
     exported = json.loads(run_qnnctl("env", VERSION, "--shell", "json",
                                      env=_env(QNN_SDK_ROOT=str(user_root))).stdout)
     after = _env(**{k: v for k, v in exported.items() if v is not None})
-    assert after["QNN_SDK_ROOT"] == str(cache_dir / "sdks" / VERSION)
+    ours = cache_dir / "sdks" / VERSION
+    assert after["QNN_SDK_ROOT"] == str(ours)
     installed = run_qnnctl("install", env=after)
     assert installed.returncode == 0, installed.stderr
-    assert installed.stdout.strip() == str(user_root)
-    env_again = json.loads(run_qnnctl("env", "--shell", "json", env=after).stdout)
-    assert env_again["QNN_SDK_ROOT"] == str(user_root)
+    assert installed.stdout.strip() == str(ours)
     doctor = json.loads(run_qnnctl("doctor", "--json", "--offline", env=after).stdout)
     selection = next(c for c in doctor["checks"] if c["id"] == "sdk.selection")
-    assert str(user_root) in selection["detail"]
+    assert selection["detail"].startswith(f"shell: this shell was set up for it by `qnnctl env` ({ours})")
+    env_again = json.loads(run_qnnctl("env", "--shell", "json", env=after).stdout)
+    assert env_again["QNN_SDK_ROOT"] == str(user_root)
+    # Once the user exports a root of their own, the record no longer speaks for the shell.
+    theirs = {**after, "QNN_SDK_ROOT": str(user_root)}
+    assert run_qnnctl("install", env=theirs).stdout.strip() == str(user_root)
     assert mirror.requests == []
 
 
@@ -333,3 +337,100 @@ def test_install_on_an_unsupported_host(mirror: FaultServer, cache_dir: Path, sy
     assert result.stdout == ""
     assert mirror.requests == []
     assert not (cache_dir / "sdks").exists()
+
+
+# -- the SDK you chose is the SDK you get --------------------------------------------------------
+
+PIPELINE = """
+import os, sys
+print("ROOT=" + os.environ.get("QNN_SDK_ROOT", "-"))
+"""
+SETUP = """
+import qnnctl
+print("SETUP=" + str(qnnctl.setup_sdk().root))
+"""
+
+
+def _shell_for(version: str) -> dict[str, str]:
+    """The environment of a shell after `eval "$(qnnctl env VERSION)"`."""
+    import json
+
+    exported = run_qnnctl("env", version, "--shell", "json")
+    assert exported.returncode == 0, exported.stderr
+    return _env(**{k: v for k, v in json.loads(exported.stdout).items() if v is not None})
+
+
+def test_after_env_every_command_uses_that_sdk(mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    default = install_tree_into_cache(cache_dir, VERSION)
+    chosen = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    shell = _shell_for(OTHER_VERSION)
+    (tmp_path / "pipe.py").write_text(PIPELINE)
+    lowered = run_qnnctl("lower", "pipe.py", env=shell, cwd=tmp_path)
+    assert lowered.returncode == 0, lowered.stderr
+    assert f"ROOT={chosen}" in lowered.stdout
+    installed = run_qnnctl("install", env=shell)
+    assert installed.stdout == f"{chosen}\n", installed.stderr
+    setup = subprocess.run([sys.executable, "-c", SETUP], env=shell, capture_output=True, text=True, timeout=60)
+    assert f"SETUP={chosen}" in setup.stdout, setup.stderr
+    verbose = run_qnnctl("-v", "install", env=shell)
+    assert "this shell was set up for it by `qnnctl env`" in verbose.stderr
+    # `qnnctl env` itself chooses afresh: that is how a shell switches.
+    assert _shell_for(VERSION)["QNN_SDK_ROOT"] == str(default)
+    assert mirror.requests == []
+
+
+def test_the_newest_installed_sdk_comes_before_the_default(mirror: FaultServer, cache_dir: Path,
+                                                          tmp_path: Path) -> None:
+    newest = install_tree_into_cache(cache_dir, "2.51.0.260929")
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    exported = _shell_for_default()
+    assert exported["QNN_SDK_ROOT"] == str(newest)
+    (tmp_path / "pipe.py").write_text(PIPELINE)
+    lowered = run_qnnctl("lower", "pipe.py", cwd=tmp_path)
+    assert f"ROOT={newest}" in lowered.stdout, lowered.stderr
+    import json
+
+    report = json.loads(run_qnnctl("doctor", "--json", "--offline").stdout)
+    selection = next(c for c in report["checks"] if c["id"] == "sdk.selection")
+    assert selection["detail"].startswith("installed: the newest SDK already installed; 2.51.0.260929")
+    assert selection["hint"] == "pin it for this project so that it stays the choice: `qnnctl use 2.51.0.260929`"
+    assert mirror.requests == []  # nothing downloaded: 2.37, the default, is not wanted
+
+
+def _shell_for_default() -> dict[str, str]:
+    import json
+
+    exported = run_qnnctl("env", "--shell", "json")
+    assert exported.returncode == 0, exported.stderr
+    return {k: v for k, v in json.loads(exported.stdout).items() if v is not None}
+
+
+def test_lower_dry_run_installs_nothing_and_says_what_it_would(mirror: FaultServer, cache_dir: Path,
+                                                                tmp_path: Path) -> None:
+    (tmp_path / "pipe.py").write_text(PIPELINE)
+    planned = run_qnnctl("lower", "--dry-run", "--sdk", "2.37.1.250807", "pipe.py", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    root = cache_dir / "sdks" / "2.37.1.250807"
+    note = (f"SDK 2.37.1.250807 is not installed (given as 2.37.1.250807): without --dry-run, qnnctl would "
+            f"first download it from {mirror.base}/2.37.1.250807/v2.37.1.250807.zip and install it into {root}")
+    assert planned.stdout.startswith(f"# {note}\n")
+    assert note in planned.stderr
+    assert f"export QNN_SDK_ROOT='{root}'" in planned.stdout
+    assert mirror.requests == []
+    assert not root.exists()
+
+
+def test_install_sha256_of_an_installed_sdk_is_checked(mirror: FaultServer, cache_dir: Path) -> None:
+    first = run_qnnctl("install", VERSION)
+    assert first.returncode == 0, first.stderr
+    import json
+
+    recorded = json.loads((cache_dir / "sdks" / VERSION / ".qnnctl.json").read_text())["sha256"]
+    served = len(mirror.requests)
+    assert run_qnnctl("install", VERSION, "--sha256", recorded).returncode == 0
+    wrong = run_qnnctl("install", VERSION, "--sha256", "0" * 64)
+    assert wrong.returncode == 4, wrong.stderr
+    assert f"installed from an archive whose sha256 is {recorded}, not {'0' * 64}" in wrong.stderr
+    assert "already installed" not in wrong.stderr
+    assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()  # nothing changed
+    assert len(mirror.requests) == served
