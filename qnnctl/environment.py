@@ -67,10 +67,12 @@ def resolve_for_dry_run(
 
     try:
         selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False)
-        return selection, sdk, []
     except NotInstalledError:
         if not allow_install:
             raise
+    else:
+        note = runtime_note(sdk, cache) if sdk is not None and allow_install else None
+        return selection, sdk, [note] if note else []
     selection = select_sdk(spec, environ, cwd, cache)
     version = selection.version
     if version is None:  # pragma: no cover - only a version can be missing
@@ -83,6 +85,18 @@ def resolve_for_dry_run(
     note = (f"SDK {version} is not installed ({selection.detail}): without --dry-run, qnnctl would "
             f"first download it from {source} and install it into {root}")
     return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
+
+
+def runtime_note(sdk: Sdk, cache: Cache) -> str | None:
+    """What `ensure_loadable` would stage for `sdk`, in words; None when nothing."""
+    from qnnctl.runtime import missing_host_libraries, staged_lib_dirs, trio_needed
+
+    wanted = trio_needed(sdk)
+    lacking = missing_host_libraries(wanted, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]) if wanted else []
+    if not lacking:
+        return None
+    return (f"the SDK's libraries need {', '.join(lacking)}, which this host lacks: without --dry-run, "
+            "qnnctl would stage them first (what `qnnctl install --runtime` does)")
 
 
 def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:

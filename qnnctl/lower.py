@@ -281,6 +281,27 @@ def under_loader(
 # -- planning and running --------------------------------------------------------------
 
 
+def reexec_command(
+    cache: Cache, sdk: Sdk | None, argv: Sequence[str], environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]] | None:
+    """The command and environment that run `argv` under the staged loader.
+
+    None when no glibc is staged, or when `environ` says this process already runs under it
+    (LOADER_GUARD): a re-exec happens at most once. The same wrapping as `qnnctl lower`'s.
+    """
+    from qnnctl.runtime import loader_library_path
+    from qnnctl.runtime import staged_loader as find_staged
+
+    if environ.get(LOADER_GUARD):
+        return None
+    staged = find_staged(cache)
+    if staged is None:
+        return None
+    loader, glibc_lib = staged
+    wrapped = StagedLoader(loader, tuple(loader_library_path(cache, sdk, glibc_lib)))
+    return under_loader(list(argv), dict(environ), wrapped)
+
+
 def plan_lower(
     target: Target,
     options: LowerOptions,

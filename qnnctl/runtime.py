@@ -10,7 +10,7 @@ so that only the three libraries ever reach the disk (a megabyte out of 575).
 
 A staged glibc is never put on LD_LIBRARY_PATH (a libc that does not match the running loader
 crashes every program); it is used only by starting a program under its own loader,
-`<ld.so> --library-path <dirs> PROGRAM ...` (see `reexec_command` and `qnnctl lower`).
+`<ld.so> --library-path <dirs> PROGRAM ...` (see `qnnctl.lower.reexec_command`).
 """
 
 from __future__ import annotations
@@ -166,26 +166,6 @@ def loader_library_path(cache: Cache, sdk: Sdk | None, glibc_lib: Path) -> list[
         if str(folder) not in dirs:
             dirs.append(str(folder))
     return dirs
-
-
-def reexec_command(
-    cache: Cache, sdk: Sdk | None, argv: Sequence[str], environ: Mapping[str, str]
-) -> tuple[list[str], dict[str, str]] | None:
-    """The command and environment that run `argv` under the staged loader.
-
-    None when no glibc is staged, or when `environ` says this process already runs under it
-    (LOADER_GUARD): a re-exec happens at most once. The wrapping is `qnnctl lower`'s own.
-    """
-    from qnnctl.lower import StagedLoader, under_loader
-
-    if environ.get(LOADER_GUARD):
-        return None
-    staged = staged_loader(cache)
-    if staged is None:
-        return None
-    loader, glibc_lib = staged
-    wrapped = StagedLoader(loader, tuple(loader_library_path(cache, sdk, glibc_lib)))
-    return under_loader(list(argv), dict(environ), wrapped)
 
 
 # -- host facts --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 from qnnctl.cache import Cache
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.host import glibc_version as host_glibc
+from qnnctl.lower import reexec_command
 from qnnctl.runtime import (
     LOADER,
     LOADER_GUARD,
@@ -32,7 +33,6 @@ from qnnctl.runtime import (
     RuntimeRequest,
     glibc_shortfall,
     missing_host_libraries,
-    reexec_command,
     sdk_glibc_requirement,
     stage_runtime,
     staged_lib_dirs,
@@ -453,7 +453,7 @@ def test_bad_deb_exits_4_on_the_command_line(make: object, tmp_path: Path, cache
 LOADER_CHILD = """
 import json, os, sys
 from qnnctl.cache import Cache
-from qnnctl.runtime import reexec_command
+from qnnctl.lower import reexec_command
 maps = [line.split()[-1] for line in open("/proc/self/maps") if "libc.so.6" in line or "ld-linux" in line]
 again = reexec_command(Cache.from_env(os.environ), None, [sys.executable], os.environ)
 print(json.dumps({"argv": sys.argv[1:], "probe": os.environ.get("QNN_PROBE"), "maps": sorted(set(maps)),
