@@ -208,13 +208,15 @@ def test_extraction_checks_free_space_first(tmp_path: Path, monkeypatch: pytest.
 
     def tiny(path: Any) -> Any:
         usage = real(path)
-        return usage._replace(free=10 << 20)
+        # Less than the SDK and the smallest margin: 10 MiB was too little only while the
+        # margin was a fixed 64 MiB.
+        return usage._replace(free=1 << 20)
 
     monkeypatch.setattr(shutil, "disk_usage", tiny)
     work = _work(tmp_path)
     with pytest.raises(DiskSpaceError, match="not enough free space") as caught:
         extract(archive, work)
-    assert caught.value.free == 10 << 20
+    assert caught.value.free == 1 << 20
     assert list(work.iterdir()) == []  # checked before anything was written
 
 
