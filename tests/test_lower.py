@@ -67,6 +67,11 @@ def sdk(cache_dir: Path) -> Path:
     return install_tree_into_cache(cache_dir)
 
 
+def with_guard(pythonpath: str | None) -> str:
+    """PYTHONPATH as `qnnctl lower` gives it to a guarded pipeline: qnnctl's site folder first."""
+    return ":".join([site_folder(), *([pythonpath] if pythonpath else [])])
+
+
 def lib_dir(root: Path) -> str:
     return str(root / "lib" / "x86_64-linux-clang")
 
@@ -158,8 +163,7 @@ def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
         GUARD_VARIABLE: None,  # the bootstrap's private channel is gone before the pipeline runs
     }
     # sys.path (in `seen`) is the direct run's; PYTHONPATH keeps the guard for the pipeline's children.
-    assert seen.pop("pythonpath") == site_folder()
-    expected.pop("pythonpath")
+    assert seen.pop("pythonpath") == with_guard(expected.pop("pythonpath"))
     expected.pop("env")
     assert seen == expected
     assert seen["argv"][-len(LOOKALIKES):] == list(LOOKALIKES)
@@ -290,7 +294,7 @@ def test_caller_environment_kept_around_sdk_changes(sdk: Path) -> None:
     assert seen["LD_LIBRARY_PATH"] == f"{lib_dir(sdk)}:/opt/mine"
     assert seen["PATH"].split(":")[0] == str(sdk / "bin" / "x86_64-linux-clang")
     assert seen["QNN_SDK_ROOT"] == str(sdk)
-    unchanged = {k: v for k, v in env.items() if k not in ("LD_LIBRARY_PATH", "PATH", "QNN_SDK_ROOT")}
+    unchanged = {k: v for k, v in env.items() if k not in ("LD_LIBRARY_PATH", "PATH", "QNN_SDK_ROOT", "PYTHONPATH")}
     assert {k: v for k, v in seen.items() if k in unchanged} == unchanged
 
 
@@ -300,7 +304,7 @@ def test_empty_sdk_root_passes_environment_through_untouched(mirror: FaultServer
     result = lower("--python", PY, "env.py", env=env)
     assert result.returncode == 0, result.stderr
     # The AMD guard's folder on PYTHONPATH is the one addition (it is not about the SDK).
-    guarded = {**env, "PYTHONPATH": site_folder()}
+    guarded = {**env, "PYTHONPATH": with_guard(env.get("PYTHONPATH"))}
     assert last_json(result.stdout) == guarded
     assert "empty" in result.stderr
     assert "''" not in result.stderr
@@ -355,7 +359,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(sdk: Path) -> None:
     lines = result.stdout.splitlines()
     assert f"export QNN_SDK_ROOT={quote_posix(str(sdk))}" in lines
     assert any(line.startswith("export LD_LIBRARY_PATH=") for line in lines)
-    assert f"export PYTHONPATH={quote_posix(site_folder())}" in lines  # the guard travels in the environment
+    assert f"export PYTHONPATH={quote_posix(with_guard(os.environ.get('PYTHONPATH')))}" in lines  # the guard's way
     assert shlex.split(lines[-1]) == [PY, "touch.py", "--sdk", "a b"]
     # The plan is sh: running it does what lower would have done.
     ran = subprocess.run(["sh", "-c", result.stdout], capture_output=True, text=True, timeout=60)
@@ -369,7 +373,7 @@ def test_dry_run_shows_a_plain_command_as_is(sdk: Path) -> None:
     assert result.stdout.splitlines()[-1] == "env -0"
     assert GUARD_VARIABLE not in result.stdout  # no bootstrap
     # The guard still reaches any Python that env would start.
-    assert f"export PYTHONPATH={quote_posix(site_folder())}" in result.stdout.splitlines()
+    assert f"export PYTHONPATH={quote_posix(with_guard(os.environ.get('PYTHONPATH')))}" in result.stdout.splitlines()
 
 
 # -- which Python ----------------------------------------------------------------------
