@@ -107,6 +107,9 @@ def _setup(spec: str | None) -> Sdk:
     saved = {name: environ.get(name) for name in MANAGED}
     try:
         cache = Cache.from_env(environ)
+        from qnnctl.shell import check_cache_path
+
+        check_cache_path(str(cache.root))  # before a download, not after: LD_LIBRARY_PATH cannot hold it
         selection, sdk = resolve_sdk(spec, environ, Path.cwd(), cache)
         if sdk is None:
             return _caller_managed(environ)

@@ -262,7 +262,7 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
     if plan.selection is not None and _verbosity["verbose"]:
         log.debug("chose %s", plan.selection.describe())
-    if plan.selection is not None and plan.selection.caller_managed:
+    if plan.selection is not None and plan.selection.caller_managed and not plan.values:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; nothing to export")
         if shell == "json":
             # One JSON document all the same, with the final values: QNN_SDK_ROOT stays empty,

@@ -136,7 +136,8 @@ def plan_env(
     # Afresh, not from what this shell was set up for: that is how one switches SDKs.
     selection = select_sdk(spec, environ, cwd, cache, from_shell=False)
     if selection.caller_managed:
-        return EnvPlan(selection, None, {})
+        # The caller's choice again: undo what an earlier `qnnctl env` exported over it.
+        return EnvPlan(selection, None, unset_environment(environ))
     sdk = resolve_installed(selection, cache, environ)
     owns_root = selection.reason != BY_ENV
     return EnvPlan(selection, sdk, environment_for(sdk, environ, cache, owns_root))

@@ -219,3 +219,13 @@ def test_empty_root_without_an_sdk_is_a_clear_error(mirror: FaultServer, tmp_pat
     root = build_sdk_tree(tmp_path / "callers-sdk")
     os.environ["LD_LIBRARY_PATH"] = str(lib_dir(root))
     assert qnnctl.setup_sdk().root == root
+
+
+def test_a_cache_no_path_list_can_hold_is_refused_before_any_download(
+        mirror: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "a:b"))
+    set_managed({"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": "/kept"})
+    with pytest.raises(UsageError, match="':'"):
+        qnnctl.setup_sdk(VERSION)
+    assert mirror.requests == []
+    assert managed() == {"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": "/kept"}

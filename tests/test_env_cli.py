@@ -237,3 +237,20 @@ def test_a_mistyped_version_is_no_path(cache_dir: Path) -> None:
     assert result.returncode == 2
     assert result.stdout == ""
     assert f"'{VERSION};rm -rf /' is not an SDK version" in result.stderr
+
+
+def test_env_after_replacing_an_empty_root_hands_the_sdk_back_to_the_caller(cache_dir: Path) -> None:
+    """QNN_SDK_ROOT="" (the caller manages the SDK), then `qnnctl env VERSION` took over: a
+    plain `qnnctl env` chooses afresh, finds the caller's choice, and undoes qnnctl's exports."""
+    from qnnctl.shell import apply
+
+    install_tree_into_cache(cache_dir, VERSION)
+    caller = {**os.environ, "QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": "/opt/caller/lib"}
+    taken = apply(caller, json.loads(run_qnnctl("env", VERSION, "--shell", "json", env=caller).stdout))
+    assert taken["QNN_SDK_ROOT"] == str(cache_dir / "sdks" / VERSION)
+    back = run_qnnctl("env", "--shell", "json", env=taken)
+    assert back.returncode == 0, back.stderr
+    restored = apply(taken, json.loads(back.stdout))
+    assert restored["QNN_SDK_ROOT"] == ""
+    assert restored["LD_LIBRARY_PATH"] == "/opt/caller/lib"
+    assert "QNNCTL_SDK" not in restored
