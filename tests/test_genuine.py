@@ -338,3 +338,21 @@ def test_build_id_read_from_the_genuine_libraries_quickly(archive: Path, tmp_pat
     wheel = next(w for w in genuine.WHEELS if w.qairt == qairt(archive))
     root = genuine.build_sdk_tree(wheel, tmp_path / "sdk")
     assert build_id(root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so") == wheel.build_id[1:]
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_after_installing_251_into_an_empty_cache_every_command_chooses_it(archive: Path, llvm: str,
+                                                                          cache_dir: Path, mirror: FaultServer) -> None:
+    version = qairt(archive)
+    root = install(archive, cache_dir)
+    exported = json.loads(run_qnnctl("env", "--shell", "json").stdout)
+    assert exported["QNN_SDK_ROOT"] == str(root)
+    found = checks()
+    assert found["sdk.selection"]["detail"].startswith(f"installed: the newest SDK already installed; {version}")
+    assert found["sdk.version"]["status"] == "ok"
+    planned = run_qnnctl("lower", "--dry-run", "--", "true")
+    assert planned.returncode == 0, planned.stderr
+    assert f"export QNN_SDK_ROOT='{root}'" in planned.stdout
+    assert run_qnnctl("which", "libc++.so.1").stdout.startswith(str(cache_dir / "runtime"))
+    # The default, 2.37, is never fetched (the same server also serves the libc++ trio).
+    assert [r.path for r in mirror.requests if r.path.endswith(".zip")] == []
