@@ -345,6 +345,7 @@ def stage_runtime(
     sources = tuple(_check_source(s) for s in request.sources)
     plan = _plan(cache, sdk, request, bool(sources))
     committed: dict[str, Staged] = {}
+    unused: dict[str, str] = {}  # source -> why it was not used
     if plan.trio or plan.glibc:
         from qnnctl.archive import work_folder
         from qnnctl.install import remove_stale_work, version_lock
@@ -358,31 +359,103 @@ def stage_runtime(
             if plan.trio or plan.glibc:
                 remove_stale_work(cache, LOCK_KEY)
                 with work_folder(cache.tmp / f"{LOCK_KEY}.{uuid.uuid4().hex[:12]}") as work:
-                    committed = _stage(cache, sdk, request, environ, sources, plan, work)
-    return _result(cache, plan, committed, bool(sources))
+                    committed, unused = _stage(cache, sdk, request, environ, sources, plan, work)
+    if not plan.trio and not plan.glibc:
+        # Nothing is staged, so nothing is read: what each file holds does not matter.
+        reason = f"{_trio_unneeded(cache, plan)}, and {_glibc_unneeded(cache, plan)}"
+        unused = {str(source): reason for source in sources}
+    for source, reason in unused.items():
+        log.warning("--runtime-from %s is not used: %s", source, reason)
+    return _result(cache, plan, committed)
 
 
 def _stage(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapping[str, str],
-           sources: Sequence[Path], plan: _Plan, work: Path) -> dict[str, Staged]:
-    """Read every source and build every tree first, so that a failure stages nothing."""
+           sources: Sequence[Path], plan: _Plan, work: Path) -> tuple[dict[str, Staged], dict[str, str]]:
+    """Read every source and build every tree first, so that a failure stages nothing.
+
+    Returns what was staged, and why each source that contributed nothing was not used. A
+    source that holds neither the trio nor a glibc is refused.
+    """
     scans = [_scan(source, work / f"src{i}") for i, source in enumerate(sources)]
     trees = []
     if plan.trio:
-        trees.append(_build_trio(scans, work, request, environ))
+        built = _build_trio(scans, work, request, environ)
+        if built is not None:
+            trees.append(built)
     if plan.glibc:
         built = _build_glibc(scans, work, plan.glibc_needed, sdk)
         if built is not None:
             trees.append(built)
+    unused = _unused_sources(cache, plan, scans, trees)
     committed = {}
     for tree, name, manifest in trees:
         committed[str(manifest["kind"])] = _commit(tree, name, manifest, cache, work)
-    return committed
+    return committed, unused
 
 
-def _result(cache: Cache, plan: _Plan, committed: dict[str, Staged], have_sources: bool) -> RuntimeResult:
+def _unused_sources(cache: Cache, plan: _Plan, scans: Sequence[_Scan],
+                    trees: Sequence[tuple[Path, str, dict[str, Any]]]) -> dict[str, str]:
+    """Why each source no tree was built from is not used; UsageError for one that holds nothing of use."""
+    used = {str(record["source"]) for _, _, manifest in trees for record in manifest["sources"]}
+    taken = {str(manifest["kind"]): ", ".join(str(r["source"]) for r in manifest["sources"])
+             for _, _, manifest in trees}
+    unused = {}
+    for scan in scans:
+        if any(str(record["source"]) in used for record in scan.records):
+            continue
+        holds_trio = any(_find(scan, soname) is not None for soname in TRIO)
+        holds_glibc = _find(scan, LOADER, GLIBC_DIRS) is not None and _find(scan, LIBC, GLIBC_DIRS) is not None
+        reasons = []
+        if holds_trio:
+            reasons.append(f"the libc++ trio came from {taken[LIBCXX]}" if LIBCXX in taken
+                           else _trio_unneeded(cache, plan))
+        if holds_glibc:
+            reasons.append(f"the glibc came from {taken[GLIBC]}" if GLIBC in taken
+                           else _glibc_unneeded(cache, plan))
+        if not reasons:
+            raise UsageError(
+                f"--runtime-from {scan.label} holds none of {', '.join(TRIO)}, and no glibc "
+                f"({LOADER} with {LIBC})",
+                hint="give the packages, the LLVM 14 archive or a folder that hold them; nothing was staged",
+            )
+        unused[scan.label] = ", and ".join(reasons)
+    return unused
+
+
+def _trio_unneeded(cache: Cache, plan: _Plan) -> str:
+    """Why no libc++ trio is staged now (the plan stages none)."""
+    staged = current(cache, LIBCXX)
+    if plan.trio_missing and staged is not None:
+        return f"the libc++ trio is already staged in {staged.lib_dir} (--force stages it again)"
+    if plan.trio_missing:
+        return "no libc++ trio could be staged"
+    return f"this host (or the SDK) has {', '.join(TRIO)} (--force stages them all the same)"
+
+
+def _glibc_unneeded(cache: Cache, plan: _Plan) -> str:
+    """Why no glibc is staged now (the plan stages none)."""
+    if plan.glibc_needed is None:
+        return (f"this host's glibc {_host_glibc_text()} covers what the SDK needs, so no glibc is "
+                "staged (--force stages one all the same)")
+    staged = current(cache, GLIBC)
+    have = _dotted(staged.glibc_version) if staged is not None else "none"
+    return f"glibc {have} is already staged, and covers what the SDK needs (--force stages it again)"
+
+
+def _result(cache: Cache, plan: _Plan, committed: dict[str, Staged]) -> RuntimeResult:
     libcxx = committed.get(LIBCXX) or current(cache, LIBCXX)
     if LIBCXX in committed:
         libcxx_action = "staged"
+    elif plan.trio and plan.trio_missing and libcxx is None:
+        # Files were given and none holds the trio: nothing is fetched behind the user's back.
+        libcxx_action = "missing"
+        libcxx = None
+        log.warning(
+            "the SDK's libraries need %s, which this host lacks, and none of the files given with "
+            "--runtime-from holds them; add them (the %s packages, the LLVM %s archive or a folder "
+            "of the three), or run `qnnctl install --runtime` without --runtime-from to fetch them",
+            ", ".join(TRIO), ", ".join(APT_PACKAGES), LLVM_VERSION,
+        )
     elif plan.trio_missing and libcxx is not None:
         libcxx_action = "reused"
         log.info("libc++ runtime already staged in %s", libcxx.lib_dir)
@@ -396,9 +469,6 @@ def _result(cache: Cache, plan: _Plan, committed: dict[str, Staged], have_source
     elif plan.glibc_needed is None:
         glibc_action = "not-needed"
         glibc = None
-        if have_sources:
-            log.info("this host's glibc %s covers what the SDK needs; no glibc is staged",
-                     _host_glibc_text())
     elif plan.glibc:
         glibc_action = "missing"
         glibc = None
@@ -415,9 +485,22 @@ def _result(cache: Cache, plan: _Plan, committed: dict[str, Staged], have_source
 
 
 def _check_source(path: Path) -> Path:
+    """The source's resolved path; UsageError for one that is missing or no package at all.
+
+    Checked before anything else, so that a file is refused even when nothing is to be staged.
+    """
+    from qnnctl.packages import package_kind
+
     path = path.expanduser()
     if not path.exists():
         raise UsageError(f"--runtime-from {path}: no such file or folder")
+    if not path.is_dir():
+        try:
+            package_kind(path)
+        except UsageError as exc:
+            raise UsageError(f"--runtime-from {path}: not a .deb, .rpm or tar archive", hint=exc.hint) from None
+        except OSError as exc:
+            raise UsageError(f"--runtime-from {path}: cannot read it ({exc.strerror or exc})") from None
     return path.resolve()
 
 
@@ -654,7 +737,8 @@ def _trio_from(scans: Sequence[_Scan]) -> dict[str, tuple[_Scan, CollectedFile]]
 
 def _build_trio(
     scans: Sequence[_Scan], work: Path, request: RuntimeRequest, environ: Mapping[str, str]
-) -> tuple[Path, str, dict[str, Any]]:
+) -> tuple[Path, str, dict[str, Any]] | None:
+    """The trio's tree from the given sources; fetched only when none were given. None: they lack it."""
     found = _trio_from(scans)
     if found and len(found) < len(TRIO):
         absent = [n for n in TRIO if n not in found]
@@ -662,6 +746,8 @@ def _build_trio(
             f"the files given with --runtime-from hold {', '.join(found)} but not {', '.join(absent)}",
             hint="give all three libraries (from one LLVM release) or none of them",
         )
+    if not found and scans:
+        return None  # the files given are what the user wants used: nothing is fetched
     used: Sequence[_Scan] = scans
     if not found:
         used = []

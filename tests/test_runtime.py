@@ -383,6 +383,109 @@ def test_staged_runtime_is_reused(tmp_path: Path, cache: Cache, sdk: Sdk) -> Non
     assert [p.name for p in cache.runtime.iterdir()] == [first.libcxx.name]  # type: ignore[union-attr]
 
 
+# -- every file given is used, or said why not -------------------------------------------
+
+
+def unused_warnings(caplog: pytest.LogCaptureFixture) -> dict[str, str]:
+    """source -> reason, from the warnings about --runtime-from files that were not used."""
+    said = {}
+    for record in caplog.records:
+        source, sep, reason = record.getMessage().partition(" is not used: ")
+        if record.levelname == "WARNING" and sep and source.startswith("--runtime-from "):
+            said[source.removeprefix("--runtime-from ")] = reason
+    return said
+
+
+def test_files_given_when_nothing_is_to_be_staged_are_named_with_the_reason(
+        tmp_path: Path, cache: Cache, sdk: Sdk, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "trio"
+    stub_trio(folder)
+    first = stage_runtime(cache, sdk, RuntimeRequest(sources=(folder,), force=True, use_apt=False), os.environ)
+    assert first.libcxx is not None
+    assert unused_warnings(caplog) == {}  # it was used
+    other = tmp_path / "other-trio"
+    stub_trio(other)
+    caplog.clear()
+    again = stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert again.libcxx_action in ("reused", "host")
+    (reason,) = unused_warnings(caplog).values()
+    assert list(unused_warnings(caplog)) == [str(other)]
+    if again.libcxx_action == "reused":
+        assert f"already staged in {first.libcxx.lib_dir} (--force stages it again)" in reason
+    assert "glibc" in reason  # nor a glibc, which this host does not need
+    assert [p.name for p in cache.runtime.iterdir()] == [first.libcxx.name]
+
+
+def test_a_file_that_is_no_package_is_refused_even_when_nothing_is_to_be_staged(
+        tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk) -> None:
+    junk = tmp_path / "random.bin"
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises(UsageError, match=rf"--runtime-from {junk}: not a \.deb, \.rpm or tar archive"):
+        stage_runtime(cache, sdk, RuntimeRequest(sources=(junk,), force=True, use_apt=False), os.environ)
+    nothing_staged(cache_dir)
+    trio = tmp_path / "trio"
+    stub_trio(trio)
+    stage_runtime(cache, sdk, RuntimeRequest(sources=(trio,), force=True, use_apt=False), os.environ)
+    # Once a trio is staged, nothing is left to stage: refused all the same.
+    with pytest.raises(UsageError, match=r"random\.bin: not a"):
+        stage_runtime(cache, sdk, RuntimeRequest(sources=(junk,)), os.environ)
+    proc = run_qnnctl("install", VERSION, "--runtime-from", str(junk))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--runtime-from {junk}: not a .deb, .rpm or tar archive" in proc.stderr
+
+
+def test_a_package_holding_nothing_of_use_is_refused(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    trio = tmp_path / "trio"
+    stub_trio(trio)
+    unrelated = build_deb(tmp_path / "hello_1.0_amd64.deb", "hello", "1.0",
+                          [Entry("./usr/bin/hello", b"#!/bin/sh\n", mode=0o755)])
+    with pytest.raises(UsageError, match=r"hello_1\.0_amd64\.deb holds none of libc\+\+\.so\.1"):
+        stage_runtime(cache, None, RuntimeRequest(sources=(trio, unrelated), force=True, use_apt=False),
+                      os.environ)
+    nothing_staged(cache_dir)
+
+
+def test_a_second_trio_is_named_as_not_used(tmp_path: Path, cache: Cache, caplog: pytest.LogCaptureFixture) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    stub_trio(first)
+    stub_trio(second)
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(first, second), force=True, use_apt=False),
+                           os.environ)
+    assert result.libcxx is not None
+    (source, reason), = unused_warnings(caplog).items()
+    assert source == str(second)
+    assert reason.startswith(f"the libc++ trio came from {first}/")
+
+
+def test_a_glibc_alone_fetches_no_trio(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk,
+                                       monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Files given are what is used: no `apt-get download`, no LLVM archive behind the user's back."""
+    needs_host_without_trio()
+    ran = tmp_path / "apt-get-ran"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text(f"#!/bin/sh\ntouch {ran}\nexit 100\n")
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    host_lib = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2")).parent
+    glibc = tmp_path / "glibc"
+    glibc.mkdir()
+    for name in (LOADER, "libc.so.6"):
+        shutil.copy(host_lib / name, glibc / name)
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=(glibc,)), os.environ)
+    assert not ran.exists()
+    assert (result.libcxx_action, result.libcxx) == ("missing", None)
+    assert "none of the files given with --runtime-from holds them" in caplog.text
+    assert "without --runtime-from to fetch them" in caplog.text
+    # The glibc is not needed on this host, and is said so.
+    assert "covers what the SDK needs" in unused_warnings(caplog)[str(glibc)]
+    nothing_staged(cache_dir)
+    # Without files, qnnctl fetches the trio itself: apt-get is where it starts.
+    with pytest.raises(DownloadError):
+        stage_runtime(cache, sdk, RuntimeRequest(backoff_base=0.01), os.environ)
+    assert ran.exists()
+
+
 def test_missing_host_libraries(tmp_path: Path) -> None:
     (tmp_path / "libqnnctl-only-here.so.1").write_bytes(b"\x7fELF")
     names = ["libc.so.6", "libqnnctl-only-here.so.1", "libqnnctl-nowhere.so.1"]
