@@ -4,9 +4,10 @@ The SDK's host libraries are built with clang against libc++ (`libc++.so.1`, `li
 `libunwind.so.1`, no longer shipped with the SDK) and reference recent glibc symbol versions.
 What a host lacks is staged into `$QNNCTL_CACHE_DIR/runtime/<name>-<version>/lib` the way an
 SDK is installed: check, lock, check again, build in tmp/, rename into place; a folder counts
-only once its manifest exists. The libc++ trio comes from, in order: the files given by the
-user; `apt-get download` on a Debian-family host; the LLVM 14.0.0 release archive, streamed
-so that only the three libraries ever reach the disk (a megabyte out of 575).
+only once its manifest exists. The libc++ trio comes from the files given by the user
+(--runtime-from: then nothing is fetched, and each file is used or said why not); without
+them, from `apt-get download` on a Debian-family host, else the LLVM 14.0.0 release archive,
+streamed so that only the three libraries ever reach the disk (a megabyte out of 575).
 
 A staged glibc is never put on LD_LIBRARY_PATH (a libc that does not match the running loader
 crashes every program); it is used only by starting a program under its own loader,
