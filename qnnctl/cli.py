@@ -496,8 +496,11 @@ def _run(argv: list[str] | None) -> NoReturn:
 
             traceback.print_exc()
         else:
+            from qnnctl.urls import redact_text
+
+            # Whatever raised it may have put a URL with a token in its message.
             click.echo(
-                f"qnnctl: unexpected error: {type(exc).__name__}: {exc} "
+                f"qnnctl: unexpected error: {type(exc).__name__}: {redact_text(str(exc))} "
                 "(run with -v or QNNCTL_DEBUG=1 for the traceback)",
                 err=True,
             )

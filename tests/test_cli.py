@@ -223,3 +223,22 @@ def test_help_describes_the_levels() -> None:
     assert "-v, --verbose Debug detail on stderr" in top
     assert "-q, --quiet Less on stderr: warnings and errors only (-qq: errors only)" in top
     assert "-v, --verbose Debug detail on stderr" in words("install", "--help")
+
+
+def test_an_unexpected_error_shows_no_secret_of_a_url_in_its_message(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import qnnctl.listing
+    from qnnctl import cli
+
+    def boom(*args: object) -> None:
+        raise RuntimeError("fetching https://user:S3cr3t@mirror.example/v.zip?token=SIGNED broke")
+
+    monkeypatch.setattr(qnnctl.listing, "installed_sdks", boom)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["list"])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert "unexpected error: RuntimeError" in err
+    assert "mirror.example" in err
+    assert "S3cr3t" not in err
+    assert "SIGNED" not in err
