@@ -225,6 +225,49 @@ def test_a_failing_sitecustomize_of_the_pipeline_is_reported_as_python_does(sdk:
     assert mkldnn_seen(result) is False  # and the guard is armed all the same
 
 
+OTHER_PYTHONS = ("python2.7", "python3.7", "python3.8", "python3.12", "python3.13")
+# Read before any test points HOME elsewhere: pyenv keeps interpreters of many versions there.
+_PYENV_ROOT = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+
+
+def other_python(name: str) -> str:
+    """An interpreter called `name` that runs: on PATH, else one of pyenv's; skips without one."""
+    import glob
+    import shutil
+
+    found = shutil.which(name)
+    for candidate in [*([found] if found else []), *sorted(glob.glob(f"{_PYENV_ROOT}/versions/*/bin/{name}"))]:
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=60).returncode == 0:
+            return candidate
+    pytest.skip(f"no {name} here")
+
+
+@pytest.mark.parametrize("name", OTHER_PYTHONS)
+def test_the_site_folder_is_harmless_in_any_interpreter_the_pipeline_starts(name: str, tmp_path: Path) -> None:
+    """A pipeline may start any Python (a tool of the system's, an older virtualenv): each reads
+    qnnctl's sitecustomize. It hands over and leaves sys.path alone in all of them, and guards
+    the Python 3 ones (a stand-in torch: these interpreters have no real one)."""
+    from qnnctl.lower import site_folder
+
+    python = other_python(name)
+    fake = tmp_path / "fake"
+    write(fake / "torch" / "__init__.py", "import torch.backends.mkldnn\n")
+    write(fake / "torch" / "backends" / "__init__.py", "def flags_frozen():\n    return False\n")
+    write(fake / "torch" / "backends" / "mkldnn.py", "enabled = True\n")
+    user = tmp_path / "user"
+    write(user / "sitecustomize.py", "import sys\nsys.stderr.write('user sitecustomize\\n')\n")
+    probe = ("import sys, torch\nprint(sys.path)\nprint(sys.modules['sitecustomize'].__file__)\n"
+             "print(torch.backends.mkldnn.enabled)\n")
+    alone = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60,
+                           env=env_with(PYTHONPATH=f"{fake}:{user}"))
+    guarded = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60,
+                             env=env_with(PYTHONPATH=f"{site_folder()}:{fake}:{user}"))
+    assert guarded.stderr == alone.stderr == "user sitecustomize\n"
+    path, sitecustomize, enabled = guarded.stdout.splitlines()
+    assert [path, sitecustomize] == alone.stdout.splitlines()[:2]
+    assert enabled == ("True" if name.startswith("python2") else "False")
+
+
 def test_guard_says_where_it_cannot_reach(sdk: Path) -> None:
     torch_site_packages()
     script = write(Path("isolated-export"), f"#!{PY} -I\n" + TORCH_PROBE)
