@@ -465,9 +465,9 @@ def _guard_without_site(argv: list[str], option: str, shebang: str | None) -> li
                     os.path.basename(argv[0]), option, skips, option)
         return started
     if shebang is None:
-        log.warning("the AMD MKLDNN guard cannot reach `%s`: with -%s it %s, and qnnctl cannot start "
-                    "these options through its bootstrap; MKLDNN stays on there (drop -%s, or pass "
-                    "--keep-mkldnn if that is intended)", " ".join(argv), option, skips, option)
+        log.warning("the AMD MKLDNN guard cannot reach `%s -%s ...`: it %s, and qnnctl's bootstrap "
+                    "cannot stand before these options; MKLDNN stays on there (drop -%s, or pass "
+                    "--keep-mkldnn if that is intended)", os.path.basename(argv[0]), option, skips, option)
     else:
         interpreter = shebang.split()[0]
         log.warning("the AMD MKLDNN guard cannot reach %s: its #! line runs `%s`, which %s; MKLDNN "
