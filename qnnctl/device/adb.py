@@ -1,0 +1,287 @@
+"""adb: where it is, the devices it sees, and the few commands qnnctl sends through it.
+
+adb is found from `$ADB`, then `PATH`, then `$ANDROID_HOME/platform-tools` (and the older
+`$ANDROID_SDK_ROOT`). Every command names its device with `-s SERIAL`; with no serial given,
+the one device adb sees is used (`$ANDROID_SERIAL` is adb's own default, and qnnctl's).
+
+`adb shell COMMAND` runs COMMAND with the device's sh (mksh) and, since Android 7 (adb's shell
+protocol), ends with its exit status; binary output comes through `adb exec-out`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from qnnctl.errors import QnnctlError, UsageError
+
+log = logging.getLogger("qnnctl.device.adb")
+
+READY = "device"
+QUERY_TIMEOUT = 120.0
+ADB_HINT = ("install adb: `sudo apt-get install adb` (Debian/Ubuntu), or Android's platform-tools "
+            "(https://developer.android.com/tools/releases/platform-tools); then put it on PATH, "
+            "or set ADB to its path")
+_PROP = re.compile(r"^\[([^\]]+)\]: \[(.*)\]$")
+# What adb's own states mean, and what fixes each (adb devices -l, second column).
+_STATES = {
+    "unauthorized": ("is unauthorized: it has not accepted this computer's adb key",
+                     "unlock the phone and accept the 'Allow USB debugging?' prompt (`adb kill-server` if "
+                     "none shows), then run the same command again"),
+    "offline": ("is offline: adb sees it but cannot talk to it",
+                "reconnect the cable (or run `adb reconnect`), then run the same command again"),
+    "no permissions": ("cannot be opened: no permission for its USB device",
+                       "add a udev rule for it (Debian/Ubuntu: `sudo apt-get install android-sdk-platform-"
+                       "tools-common`), or put yourself in the plugdev group, then reconnect it"),
+    "authorizing": ("is still being authorized", "wait a moment, then run the same command again"),
+    "connecting": ("is still connecting", "wait a moment, then run the same command again"),
+}
+
+
+class AdbNotFoundError(QnnctlError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"adb is not installed or not found: {detail}", hint=ADB_HINT)
+
+
+class DeviceError(QnnctlError):
+    """adb or the device failed: not connected, not authorized, a command that broke off."""
+
+
+def find_adb(environ: Mapping[str, str]) -> str:
+    """The adb program: `$ADB`, else `PATH`, else the Android SDK's platform-tools."""
+    given = environ.get("ADB")
+    if given:
+        path = shutil.which(given, path=environ.get("PATH", os.defpath)) if os.sep not in given else given
+        if path is None or not os.access(path, os.X_OK) or not os.path.isfile(path):
+            raise AdbNotFoundError(f"ADB is {given}, which is not an executable file")
+        return path
+    on_path = shutil.which("adb", path=environ.get("PATH", os.defpath))
+    if on_path is not None:
+        return on_path
+    looked = ["not on PATH"]
+    for variable in ("ANDROID_HOME", "ANDROID_SDK_ROOT"):
+        home = environ.get(variable)
+        if home:
+            candidate = Path(home).expanduser() / "platform-tools" / "adb"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+            looked.append(f"not in ${variable}/platform-tools ({candidate.parent})")
+    if len(looked) == 1:
+        looked.append("ANDROID_HOME is not set")
+    raise AdbNotFoundError("ADB is not set, " + ", ".join(looked))
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One line of `adb devices -l`: serial, state and the key:value fields after them."""
+
+    serial: str
+    state: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+
+def parse_devices(text: str) -> list[Listed]:
+    """The devices in `adb devices -l` output (its daemon's start-up lines and header aside)."""
+    found: list[Listed] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("*") or line.startswith("List of devices"):
+            continue
+        parts = line.split()
+        serial, rest = parts[0], parts[1:]
+        if not rest:
+            continue
+        if rest[:2] == ["no", "permissions"]:
+            # `no permissions (missing udev rules? ...); see [http://...]`: a state of two words.
+            found.append(Listed(serial, "no permissions"))
+            continue
+        fields = dict(p.split(":", 1) for p in rest[1:] if ":" in p)
+        found.append(Listed(serial, rest[0], fields))
+    return found
+
+
+def parse_props(text: str) -> dict[str, str]:
+    """`getprop`'s `[name]: [value]` lines."""
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        match = _PROP.match(line.strip())
+        if match:
+            props[match.group(1)] = match.group(2)
+    return props
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _adb_message(proc: subprocess.CompletedProcess[str]) -> str:
+    """adb's own words for a failure: its first error line, else its last line."""
+    lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("error:", "adb: error:", "adb:"))]
+    return (errors or lines or [f"exit status {proc.returncode}"])[0]
+
+
+class Adb:
+    """The adb program, run with a given environment."""
+
+    def __init__(self, environ: Mapping[str, str], path: str | None = None) -> None:
+        self.environ = dict(environ)
+        self.path = path or find_adb(environ)
+
+    def run(self, args: Sequence[str], timeout: float | None = QUERY_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        log.debug("running %s %s", self.path, " ".join(args))
+        try:
+            return subprocess.run([self.path, *args], env=self.environ, capture_output=True, text=True,
+                                  errors="replace", stdin=subprocess.DEVNULL, timeout=timeout)
+        except (FileNotFoundError, PermissionError) as exc:
+            raise AdbNotFoundError(f"{self.path}: {exc.strerror}") from None
+        except subprocess.TimeoutExpired:
+            raise DeviceError(f"`adb {' '.join(args)}` did not answer in {timeout:.0f} s",
+                              hint="check the device and its cable (`adb devices`), then run the same "
+                              "command again") from None
+
+    def devices(self) -> list[Listed]:
+        proc = self.run(["devices", "-l"])
+        if proc.returncode != 0:
+            raise DeviceError(f"`adb devices` failed: {_adb_message(proc)}",
+                              hint="`adb kill-server`, then run the same command again")
+        return parse_devices(proc.stdout)
+
+    def device(self, serial: str | None = None) -> Device:
+        """The device to use: `serial` (or $ANDROID_SERIAL), else the only one adb sees; ready."""
+        serial = serial or self.environ.get("ANDROID_SERIAL") or None
+        listed = self.devices()
+        seen = ", ".join(f"{d.serial} ({d.state})" for d in listed)
+        if serial is not None:
+            chosen = next((d for d in listed if d.serial == serial), None)
+            if chosen is None:
+                raise DeviceError(f"adb sees no device {serial}" + (f"; it sees {seen}" if listed else ""),
+                                  hint="`qnnctl device list` shows the devices adb sees")
+        elif not listed:
+            raise DeviceError("adb sees no device",
+                              hint="connect the phone by USB with USB debugging on (Settings > Developer "
+                              "options), then check with `adb devices`")
+        elif len(listed) > 1:
+            raise UsageError(f"adb sees {len(listed)} devices ({seen}); which one is meant?",
+                             hint="pass --serial SERIAL (or set ANDROID_SERIAL); `qnnctl device list` "
+                             "lists them")
+        else:
+            chosen = listed[0]
+        if not chosen.ready:
+            what, fix = _STATES.get(chosen.state, (f"is in state {chosen.state!r}, not booted into Android",
+                                                   "reboot it into Android, then run the same command again"))
+            raise DeviceError(f"device {chosen.serial} {what}", hint=fix)
+        return Device(self, chosen.serial, chosen)
+
+
+class Device:
+    """One ready device, by serial."""
+
+    def __init__(self, adb: Adb, serial: str, listed: Listed | None = None) -> None:
+        self.adb = adb
+        self.serial = serial
+        self.listed = listed
+        self._props: dict[str, str] | None = None
+
+    def _args(self, *args: str) -> list[str]:
+        return ["-s", self.serial, *args]
+
+    def shell(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`command` run by the device's sh; `check`: a failure is a DeviceError."""
+        proc = self.adb.run(self._args("shell", command))
+        if check and proc.returncode != 0:
+            raise DeviceError(f"{self.serial}: `{command}` failed: {_adb_message(proc)}",
+                              hint="check the device (`adb devices`), then run the same command again")
+        return proc
+
+    def props(self) -> dict[str, str]:
+        """Every system property (one `getprop` for all), read once."""
+        if self._props is None:
+            self._props = parse_props(self.shell("getprop").stdout)
+        return self._props
+
+    @property
+    def soc_model(self) -> str:
+        return self.props().get("ro.soc.model", "").strip()
+
+    @property
+    def model(self) -> str:
+        model = self.props().get("ro.product.model", "").strip()
+        return model or (self.listed.fields.get("model", "").replace("_", " ") if self.listed else "")
+
+    def describe(self) -> str:
+        """`R5CT1234 (Galaxy S25, Android 15, SoC SM8750P)`."""
+        props = self.props()
+        parts = [self.model or "unknown model"]
+        if props.get("ro.build.version.release"):
+            parts.append(f"Android {props['ro.build.version.release']}")
+        parts.append(f"SoC {self.soc_model or 'unknown'}")
+        return f"{self.serial} ({', '.join(parts)})"
+
+    def sha256(self, paths: Sequence[str]) -> dict[str, str]:
+        """The sha256 of each of `paths` that exists on the device (missing ones are left out)."""
+        if not paths:
+            return {}
+        from qnnctl.shell import quote_posix
+
+        # Missing files only make sha256sum complain and exit 1; the others are still listed.
+        proc = self.shell("sha256sum " + " ".join(quote_posix(p) for p in paths) + " 2>/dev/null", check=False)
+        if proc.returncode not in (0, 1):
+            raise DeviceError(f"{self.serial}: sha256sum failed: {_adb_message(proc)}",
+                              hint="check the device (`adb devices`), then run the same command again")
+        wanted = set(paths)
+        found: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            digest, _, path = line.strip().partition(" ")
+            path = path.lstrip(" *")
+            if path in wanted and re.fullmatch(r"[0-9a-f]{64}", digest):
+                found[path] = digest
+        return found
+
+    def push(self, local: Path, remote: str) -> None:
+        # No timeout: a large library over a slow cable takes its time.
+        proc = self.adb.run(self._args("push", str(local), remote), timeout=None)
+        if proc.returncode != 0:
+            raise DeviceError(
+                f"pushing {local} to {self.serial}:{remote} failed: {_adb_message(proc)}",
+                hint="check the connection (`adb devices`), then run the same command again: what is "
+                "already on the device is not sent again",
+            )
+        log.debug("%s", _last_line(proc.stdout))
+
+    def read(self, path: str) -> bytes:
+        """A file's bytes, unmangled (`adb exec-out cat`)."""
+        from qnnctl.shell import quote_posix
+
+        try:
+            proc = subprocess.run([self.adb.path, *self._args("exec-out", "cat " + quote_posix(path))],
+                                  env=self.adb.environ, capture_output=True, stdin=subprocess.DEVNULL,
+                                  timeout=QUERY_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise DeviceError(f"reading {self.serial}:{path} did not finish in {QUERY_TIMEOUT:.0f} s") from None
+        if proc.returncode != 0:
+            raise DeviceError(f"cannot read {self.serial}:{path}: "
+                              + (_last_line(proc.stderr.decode(errors="replace")) or f"exit {proc.returncode}"))
+        return proc.stdout
+
+    def exec_shell(self, command: str) -> NoReturn:
+        """Become `adb -s SERIAL shell COMMAND`: its output streams, its exit status is ours."""
+        import sys
+
+        argv = [self.adb.path, *self._args("shell", command)]
+        log.debug("exec %s", " ".join(argv))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(self.adb.path, argv, self.adb.environ)  # noqa: S606 - becoming adb is the point

@@ -1,0 +1,239 @@
+"""`qnnctl doctor --device [SERIAL]`: the checks of the phone side, each with an id under `device.`.
+
+They are doctor's own kind of check (a function of doctor's `Context` returning an `Outcome`),
+run after the host's, on the device `ctx.device` names ("" for the only one adb sees), for the
+SDK doctor selected. What the device says is read once and shared by the checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from qnnctl.device.plan import DSP_DEFAULTS, default_dest, needs, sdk_files, sdk_release
+from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
+from qnnctl.doctor import Context, Outcome, Skip, fail, ok, warn
+
+if TYPE_CHECKING:
+    from qnnctl.device.adb import Device
+
+# Where a phone keeps libraries of its own that load before the pushed ones unless the pushed
+# folder comes first (a vendor's older libQnnHtp.so, a skel on the DSP's default path).
+PREINSTALLED = ("/vendor/lib64", "/odm/lib64", "/vendor/lib/rfsa/adsp")
+
+
+def _device(ctx: Context) -> Device:
+    def connect() -> Device:
+        from qnnctl.device.adb import Adb
+
+        return Adb(ctx.environ).device(ctx.device or None)
+
+    return ctx._once("device", connect)
+
+
+def _require_device(ctx: Context) -> Device:
+    try:
+        return _device(ctx)
+    except Exception:
+        raise Skip("no device to check (see device.connection)") from None
+
+
+def _require_soc(ctx: Context) -> Soc:
+    soc = find_soc(_require_device(ctx).soc_model)
+    if soc is None:
+        raise Skip("the device's SoC is not known (see device.soc)")
+    return soc
+
+
+def _serial_option(ctx: Context) -> str:
+    return f" --serial {ctx.device}" if ctx.device else ""
+
+
+def _push_command(ctx: Context) -> str:
+    sdk = f" --sdk {ctx.spec}" if ctx.spec else ""
+    return f"`qnnctl device push{_serial_option(ctx)}{sdk}`"
+
+
+def _dest(ctx: Context) -> str:
+    return default_dest(ctx.require_sdk().version)
+
+
+def check_connection(ctx: Context) -> Outcome:
+    device = _device(ctx)
+    return ok(f"{device.describe()}, through {device.adb.path}")
+
+
+def check_soc(ctx: Context) -> Outcome:
+    device = _require_device(ctx)
+    reported = device.soc_model
+    soc = find_soc(reported)
+    if soc is None:
+        manufacturer = device.props().get("ro.soc.manufacturer", "")
+        what = f"ro.soc.model is {reported!r}" if reported else "the device reports no ro.soc.model"
+        if manufacturer and manufacturer.upper() not in ("QTI", "QUALCOMM"):
+            what += f" (made by {manufacturer}: QNN's HTP backend runs on Qualcomm SoCs)"
+        return fail(f"{what}; the SoCs qnnctl knows: {known_socs()}",
+                    hint="if it is a Qualcomm SoC with an HTP, name one of the same generation: "
+                    f"`qnnctl device push{_serial_option(ctx)} --soc MODEL`")
+    generation = arch(soc.arch)
+    named = f"{reported} is {soc.model}, HTP {generation.name}"
+    try:
+        sdk = ctx.require_sdk()
+    except Skip:
+        return ok(f"{named} (no SDK to check it against; see sdk.selection)")
+    _, missing, _ = sdk_files(sdk, soc.arch)
+    if not missing:
+        return ok(f"{named}; SDK {sdk.version} has its stub and skel")
+    release = sdk_release(sdk)
+    if release is not None and not serves(soc.arch, release):
+        since = ".".join(map(str, generation.since or ()))
+        return fail(f"{named}; SDK {sdk.version} cannot serve it: {generation.name} needs QAIRT {since} or "
+                    f"later ({generation.evidence})",
+                    hint=f"`qnnctl install {since}` (or newer), then {_push_command(ctx)} with --sdk of it")
+    from qnnctl.device.plan import MissingDeviceFilesError
+
+    error = MissingDeviceFilesError(sdk, soc, missing)
+    return fail(f"{named}; {error.message}", hint=error.hint)
+
+
+def _device_build(device: Device, path: str) -> str | None:
+    """The build id a file on the device carries, read from its own bytes."""
+    import tempfile
+    from pathlib import Path
+
+    from qnnctl.identity import build_id
+
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "lib.so"
+        copy.write_bytes(device.read(path))
+        return build_id(copy)
+
+
+def check_libraries(ctx: Context) -> Outcome:
+    """The pushed set is complete and of one build, the host SDK's."""
+    from qnnctl.device.push import file_sha256
+    from qnnctl.identity import build_id, version_of_build
+    from qnnctl.sdk import read_build_id
+
+    device = _require_device(ctx)
+    soc = _require_soc(ctx)
+    sdk = ctx.require_sdk()
+    dest = _dest(ctx)
+    present, _, _ = sdk_files(sdk, soc.arch)
+    local = {need.name: path for need, path in present}
+    wanted = [n.name for n in needs(soc.arch) if n.required or n.name in local]
+    there = device.sha256([f"{dest}/{name}" for name in wanted])
+    absent = [name for name in wanted if f"{dest}/{name}" not in there]
+    if len(absent) == len(wanted):
+        return fail(f"nothing pushed to {device.serial}:{dest}", hint=_push_command(ctx))
+    builds: dict[str, str | None] = {}
+    for name in wanted:
+        digest = there.get(f"{dest}/{name}")
+        if digest is None:
+            continue
+        if name in local and file_sha256(local[name]) == digest:
+            builds[name] = build_id(local[name])  # this SDK's own copy
+        else:
+            builds[name] = _device_build(device, f"{dest}/{name}")
+    # The host SDK's build: its host libraries', else that of its own device files.
+    host = read_build_id(sdk.root) or next((b for b in map(build_id, local.values()) if b), None)
+    distinct = {b for b in builds.values() if b is not None}
+    problems: list[str] = []
+    if absent:
+        problems.append(f"missing {', '.join(absent)}")
+    if len(distinct) > 1:
+        problems.append("mixed builds (" + ", ".join(f"{name} is {b}" for name, b in builds.items() if b)
+                        + "): a stub and a skel of different builds fail at transport setup (error 14001)")
+    elif distinct and host is not None and distinct != {host}:
+        (pushed,) = distinct
+        problems.append(f"build {pushed} (SDK {version_of_build(pushed)}), but the host SDK is build {host}: "
+                        "a .pte compiled here may not load with them")
+    if problems:
+        return fail(f"{device.serial}:{dest}: " + "; ".join(problems), hint=_push_command(ctx))
+    build = next(iter(distinct), None)
+    same = f", all build {build}, as the host SDK" if build else " (they carry no build id)"
+    return ok(f"{len(builds)} files in {device.serial}:{dest}{same}")
+
+
+def check_preinstalled(ctx: Context) -> Outcome:
+    """A phone's own libQnn* of another build load first unless the pushed folder comes first."""
+    from qnnctl.device.adb import DeviceError
+    from qnnctl.sdk import read_build_id
+    from qnnctl.shell import quote_posix
+
+    device = _require_device(ctx)
+    folders = " ".join(quote_posix(d) for d in PREINSTALLED)
+    listing = device.shell(f'for d in {folders}; do for f in "$d"/libQnn*.so; do [ -f "$f" ] && echo "$f"; '
+                           "done; done; true", check=False)
+    found = [line.strip() for line in listing.stdout.splitlines() if line.strip().startswith("/")]
+    if not found:
+        return ok("no libQnn* in " + ", ".join(PREINSTALLED))
+    try:
+        ours = read_build_id(ctx.require_sdk().root)
+    except Skip:
+        ours = None
+    other: list[str] = []
+    for path in found:
+        try:
+            build = _device_build(device, path)
+        except DeviceError:  # unreadable without root: still a library that may load first
+            other.append(f"{path} (unreadable)")
+            continue
+        if ours is None or build != ours:
+            other.append(f"{path} (build {build or 'unknown'})")
+    if not other:
+        return ok(f"{len(found)} preinstalled libQnn* of build {ours}, the host SDK's")
+    versus = f", not the host SDK's {ours}" if ours else ""
+    return warn(
+        f"preinstalled {', '.join(other)}{versus}: they load instead of the pushed ones unless the pushed folder "
+        "comes first on LD_LIBRARY_PATH (and, for a skel, on ADSP_LIBRARY_PATH)",
+        hint=f"run through `qnnctl device run{_serial_option(ctx)} -- COMMAND` (it puts the pushed folder "
+        "first), or export what `qnnctl device env` prints",
+    )
+
+
+def check_adsp_path(ctx: Context) -> Outcome:
+    """The device shell's ADSP_LIBRARY_PATH, if set: `;`-separated folders that exist."""
+    from qnnctl.shell import quote_posix
+
+    device = _require_device(ctx)
+    value = device.shell('printf "%s" "$ADSP_LIBRARY_PATH"', check=False).stdout.strip()
+    if not value:
+        return ok("not set in the device's shell; `qnnctl device run` sets it for the command it runs")
+    entries = [e for e in value.split(";") if e]
+    colon = [e for e in entries if ":" in e]
+    if colon:
+        return fail(f"ADSP_LIBRARY_PATH={value!r} separates folders with ':', so the DSP reads "
+                    f"{colon[0]!r} as one folder name; it takes ';'",
+                    hint="separate its folders with ';' and quote it: as `qnnctl device env` prints")
+    relative = [e for e in entries if not e.startswith("/")]
+    listing = device.shell("for d in " + " ".join(quote_posix(e) for e in entries) +
+                           '; do [ -d "$d" ] && echo "$d"; done; true', check=False)
+    existing = {line.strip() for line in listing.stdout.splitlines()}
+    gone = [e for e in entries if e not in existing and e not in relative]
+    problems = []
+    if relative:
+        problems.append(f"relative folder(s) {', '.join(relative)}")
+    if gone:
+        problems.append(f"no folder {', '.join(gone)} on the device")
+    try:
+        dest = _dest(ctx)
+    except Skip:
+        dest = None
+    if dest is not None and entries and entries[0] != dest:
+        problems.append(f"it does not start with {dest}, so a skel in {entries[0]} loads before the pushed one")
+    missing_defaults = [d for d in DSP_DEFAULTS if d not in entries]
+    if problems:
+        return warn(f"ADSP_LIBRARY_PATH={value!r}: " + "; ".join(problems),
+                    hint="export what `qnnctl device env` prints, or run through `qnnctl device run`")
+    more = f" (without {', '.join(missing_defaults)})" if missing_defaults else ""
+    return ok(f"ADSP_LIBRARY_PATH={value!r}: {len(entries)} folder(s), ';'-separated{more}")
+
+
+DEVICE_CHECKS: tuple[tuple[str, Callable[[Context], Outcome]], ...] = (
+    ("device.connection", check_connection),
+    ("device.soc", check_soc),
+    ("device.libraries", check_libraries),
+    ("device.preinstalled", check_preinstalled),
+    ("device.adsp_library_path", check_adsp_path),
+)
