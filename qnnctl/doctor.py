@@ -130,6 +130,8 @@ class Context:
     cwd: Path
     offline: bool = False
     verify: bool = False
+    # The device `--device` names for the device checks ("" for the only one adb sees).
+    device: str | None = None
     # The host's facts; tests replace them to see a check's verdict on another host.
     system: str = field(default_factory=platform.system)
     machine: str = field(default_factory=platform.machine)
@@ -931,12 +933,20 @@ def diagnose(
     cwd: Path,
     offline: bool = False,
     verify: bool = False,
+    device: str | None = None,
 ) -> list[Result]:
-    """Every check, for the SDK `spec` names (or the one qnnctl would choose)."""
+    """Every check, for the SDK `spec` names (or the one qnnctl would choose); with `device`
+    (a serial, or "" for the only device adb sees), the device's checks after the host's."""
     if spec is not None:
         # A malformed argument is a usage error (exit 2), not a failed check.
         select_sdk(spec, environ, cwd)
-    return run_checks(Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify))
+    checks = CHECKS
+    if device is not None:
+        from qnnctl.device.checks import DEVICE_CHECKS
+
+        checks = CHECKS + DEVICE_CHECKS
+    ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device)
+    return run_checks(ctx, checks)
 
 
 # -- reports ---------------------------------------------------------------------------------
