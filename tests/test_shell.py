@@ -121,28 +121,42 @@ def _parse(out: bytes) -> list[tuple[Values, Values]]:
     return dumps
 
 
+@dataclass(frozen=True)
+class Export:
+    """A line the user types between two `qnnctl env`: export NAME=VALUE in the shell's syntax."""
+
+    name: str
+    value: str
+
+    def line(self, shell: Shell) -> str:
+        if shell.fish:
+            return f"set -gx {self.name} {quote_fish(self.value)}"
+        return f"export {self.name}={quote_posix(self.value)}"
+
+
 @dataclass
 class Session:
-    """A shell started with a given environment, which evals a sequence of `qnnctl env`."""
+    """A shell started with a given environment, which evals a sequence of `qnnctl env`
+    (an argument list each), with the user's own exports (`Export`) in between."""
 
     shell: Shell
     env: dict[str, str]
     cwd: Path
     detect: bool = False  # evaluate without --shell
 
-    def run(self, *invocations: Sequence[str]) -> Values:
+    def run(self, *invocations: Sequence[str] | Export) -> Values:
         """The variables after evaluating all the invocations."""
         return self._run(invocations, dump_each=False)[-1]
 
-    def run_each(self, *invocations: Sequence[str]) -> list[Values]:
+    def run_each(self, *invocations: Sequence[str] | Export) -> list[Values]:
         """The variables after each invocation, all in one shell."""
         return self._run(invocations, dump_each=True)
 
-    def _run(self, invocations: Sequence[Sequence[str]], dump_each: bool) -> list[Values]:
+    def _run(self, invocations: Sequence[Sequence[str] | Export], dump_each: bool) -> list[Values]:
         exe = require_tool(self.shell.exe)
         lines = []
         for args in invocations:
-            lines.append(self.shell.eval_line(args, self.detect))
+            lines.append(args.line(self.shell) if isinstance(args, Export) else self.shell.eval_line(args, self.detect))
             if dump_each:
                 lines.append(self.shell.dump())
         if not dump_each:
@@ -268,6 +282,31 @@ def test_users_own_sdk_root(shell: str, sdks: tuple[Path, Path], tmp_path: Path)
     assert steps[4] == user
     # Without a version, the user's own root is the choice again, and nothing of A is left.
     assert steps[6] == steps[0]
+
+
+@pytest.mark.parametrize("before", [None, "", "/opt/replaced"], ids=["root-unset", "root-empty", "root-set"])
+@pytest.mark.parametrize("shell", SHELL_IDS)
+def test_a_root_the_user_exported_since_is_theirs(shell: str, before: str | None, sdks: tuple[Path, Path],
+                                                  tmp_path: Path) -> None:
+    """After `qnnctl env VERSION`, the user exports a QNN_SDK_ROOT of their own: --unset keeps it
+    (it neither puts back the value qnnctl replaced nor unsets it), and `qnnctl env` chooses it."""
+    mine = build_sdk_tree(tmp_path / "my sdk")
+    extra = {} if before is None else {"QNN_SDK_ROOT": before}
+    session = _session(SHELLS[shell], tmp_path, None, **extra)
+    user = _user(session)
+    root_a, _ = sdks
+    exported, theirs, unset, chosen = session.run_each(
+        [VERSION], Export("QNN_SDK_ROOT", str(mine)), ["--unset"], [])
+    assert exported["QNN_SDK_ROOT"] == str(root_a)
+    assert theirs["QNN_SDK_ROOT"] == str(mine)
+    # Everything qnnctl added is gone, and the root is the one the user exported last.
+    assert unset == {**user, "QNN_SDK_ROOT": str(mine)}
+    assert chosen["QNN_SDK_ROOT"] == str(mine)
+    assert chosen["LD_LIBRARY_PATH"] == str(mine / LIB)
+    # The same when the user's export comes right before `qnnctl env` (no --unset between).
+    switched = session.run([VERSION], Export("QNN_SDK_ROOT", str(mine)), [])
+    assert switched == chosen
+    assert str(root_a) not in json.dumps(switched)
 
 
 # -- which shell reads the output ----------------------------------------------------------
@@ -559,6 +598,42 @@ def test_replaced_sdk_root_comes_back_and_users_root_is_kept() -> None:
     assert kept["QNN_SDK_ROOT"] == "/mine"
     assert "QNN_SDK_ROOT" not in unset_environment(kept)
     assert apply(kept, unset_environment(kept)) == user
+
+
+@pytest.mark.parametrize("before", [None, "", "/replaced"], ids=["root-unset", "root-empty", "root-set"])
+def test_a_root_exported_since_is_neither_put_back_nor_unset(before: str | None) -> None:
+    user = {"PATH": "/usr/bin"} if before is None else {"PATH": "/usr/bin", "QNN_SDK_ROOT": before}
+    after = _env("/sdk", user)
+    theirs = {**after, "QNN_SDK_ROOT": "/theirs"}
+    assert unset_environment(theirs)["QNN_SDK_ROOT"] == "/theirs"
+    assert apply(theirs, unset_environment(theirs)) == {**user, "QNN_SDK_ROOT": "/theirs"}
+    # `qnnctl env` again for another SDK replaces theirs, and so --unset gives theirs back.
+    switched = _env("/other", theirs)
+    assert switched["QNN_SDK_ROOT"] == "/other"
+    assert apply(switched, unset_environment(switched)) == {**user, "QNN_SDK_ROOT": "/theirs"}
+    # Unset since: it stays unset, and nothing of the marker's earlier value comes back.
+    dropped = {k: v for k, v in after.items() if k != "QNN_SDK_ROOT"}
+    assert unset_environment(dropped)["QNN_SDK_ROOT"] is None
+
+
+def test_the_record_speaks_for_the_shell_only_while_the_root_is_qnnctls() -> None:
+    from qnnctl.sdk import BY_ENV, BY_SHELL, select_sdk, shell_sdk_root, user_environ
+
+    user = {"PATH": "/usr/bin", "QNN_SDK_ROOT": "/replaced"}
+    after = _env("/sdk", user)
+    assert shell_sdk_root(after) == "/sdk"
+    assert user_environ(after) == user
+    assert select_sdk(None, after, Path("/")).reason == BY_SHELL
+    for exported in ("/theirs", "/sdk/", ""):
+        theirs = {**after, "QNN_SDK_ROOT": exported}
+        assert shell_sdk_root(theirs) is None, exported
+        assert user_environ(theirs)["QNN_SDK_ROOT"] == exported
+    chosen = select_sdk(None, {**after, "QNN_SDK_ROOT": "/theirs"}, Path("/"))
+    assert (chosen.reason, chosen.root) == (BY_ENV, Path("/theirs"))
+    # A record of a root that was the user's all along (owns_root false) speaks for nothing.
+    kept = _env("/replaced", user, owns_root=False)
+    assert shell_sdk_root(kept) is None
+    assert select_sdk(None, kept, Path("/")).reason == BY_ENV
 
 
 def test_a_mangled_marker_undoes_nothing() -> None:
