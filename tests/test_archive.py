@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -182,9 +183,10 @@ PAYLOAD_SPEC = SdkSpec(extra_files={"docs/payload.bin": os.urandom(256 << 10),
 def test_corrupt_archives_are_integrity_errors(tmp_path: Path, fmt: str,
                                                damage: Callable[[Path], Path]) -> None:
     archive = damage(build_archive(tmp_path, fmt, PAYLOAD_SPEC))
-    with pytest.raises(IntegrityError) as caught:
+    with pytest.raises(IntegrityError, match=rf"^v{re.escape(VERSION)}\.\S+ is corrupt or truncated: ") as caught:
         extract(archive, _work(tmp_path))
     assert caught.value.exit_code == 4
+    assert caught.value.hint == "nothing was installed; download the archive again"
 
 
 def test_not_an_archive(tmp_path: Path) -> None:
@@ -283,6 +285,17 @@ HOSTILE: dict[str, Hostile] = {
         Member(f"{TOP}/share/out/escaped.txt", "file", b"pwned"),
     ]),
     "symlink-to-a-system-file": Hostile(lambda t: [Member(f"{LIB}/libc.so", "symlink", target="/etc/passwd")]),
+    # A folder beside the SDK whose name starts with the SDK's: outside, though its path has the
+    # SDK's path as a prefix.
+    "symlink-into-a-sibling-folder": Hostile(lambda t: [
+        Member(f"{TOP}-evil/escaped.txt", "file", b"pwned"),
+        Member(f"{LIB}/libQnnEvil.so", "symlink", target=f"../../../{VERSION}-evil/escaped.txt"),
+    ]),
+    "symlink-to-a-sibling-folder-then-file": Hostile(lambda t: [
+        Member(f"{TOP}-evil/keep.txt", "file", b"x"),
+        Member(f"{TOP}/share/sibling", "symlink", target=f"../../{VERSION}-evil"),
+        Member(f"{TOP}/share/sibling/escaped.txt", "file", b"pwned"),
+    ]),
     "symlink-two-step": Hostile(lambda t: [
         Member(f"{TOP}/a", "symlink", target="."),
         Member(f"{TOP}/b", "symlink", target="a/.."),
@@ -362,7 +375,7 @@ def test_link_made_before_its_redirect_is_checked_at_the_end(tmp_path: Path) -> 
 
 def test_name_used_for_a_folder_and_a_link(tmp_path: Path) -> None:
     archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/share", "symlink", target="docs")])
-    with pytest.raises(IntegrityError):
+    with pytest.raises(IntegrityError, match=f"^unsafe archive: {TOP}/share is both a folder and a link$"):
         extract(archive, _work(tmp_path))
 
 
