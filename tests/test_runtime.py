@@ -232,7 +232,10 @@ def test_apt_concurrent_installs_stage_once(cache_dir: Path, sdk: Sdk, debs: dic
             assert event.wait(120), "a process never reached the lock"
     finally:
         lock.release()
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    # stdout only here: communicate() would also read stderr, racing the reader threads for its lines.
+    outs = [p.stdout.read() if p.stdout is not None else "" for p in procs]
+    for proc in procs:
+        proc.wait(timeout=120)
     for reader in readers:
         reader.join()
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errs
