@@ -50,6 +50,12 @@ class Fault:
         return cls("ignore_range")
 
     @classmethod
+    def misplaced_range(cls, shift: int) -> Fault:
+        """Answer a Range request with 206 and the file from `shift` bytes after the offset asked
+        for (before it when negative, never before 0), with a Content-Range that says so."""
+        return cls("misplaced_range", shift)
+
+    @classmethod
     def html(cls) -> Fault:
         """A login page served with 200."""
         return cls("html")
@@ -240,6 +246,8 @@ class FaultServer:
         if honour_range and range_header is not None:
             spec = range_header.removeprefix("bytes=").split("-", 1)[0]
             start = int(spec)
+            if fault is not None and fault.kind == "misplaced_range":
+                start = max(0, start + int(fault.arg))
             if start >= len(data):
                 self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
                 return

@@ -331,6 +331,44 @@ def test_drops_that_make_progress_do_not_exhaust_the_retries(server: FaultServer
     assert starts[-1] > 0
 
 
+@pytest.mark.parametrize("shift", [-(1 << 30), -1, 1, 65536], ids=["from-0", "one-early", "one-late", "a-block-late"])
+def test_a_206_that_starts_elsewhere_is_not_spliced(server: FaultServer, served: bytes, tmp_path: Path,
+                                                    shift: int) -> None:
+    """A resumed request answered with 206 from another offset than the one asked for: its bytes
+    would not follow the partial file's, so the download starts over."""
+    server.fail(PATH, Fault.drop_after(300_000), Fault.misplaced_range(shift))
+    fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert fetched.sha256 == _sha256(served)
+    assert fetched.path.read_bytes() == served
+    first, resumed, again = server.requests_for(PATH)
+    assert _range_start(first.headers) is None
+    assert _range_start(resumed.headers)
+    assert _range_start(again.headers) is None  # started over, from nothing
+
+
+def test_a_body_shorter_than_its_length_is_not_complete(server: FaultServer, served: bytes, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an HTTP stack that does not enforce Content-Length (urllib3 1.x by default), a body
+    that ends early arrives without an error: the downloader itself must see that it is short."""
+    from urllib3.connectionpool import HTTPConnectionPool
+
+    real = HTTPConnectionPool._make_request
+
+    def lenient(self: HTTPConnectionPool, *args: Any, **kwargs: Any) -> Any:
+        kwargs["enforce_content_length"] = False
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HTTPConnectionPool, "_make_request", lenient)
+    server.fail(PATH, Fault.drop_after(300_000))
+    sleeps = Sleeps()
+    fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
+    assert fetched.sha256 == _sha256(served)
+    first, resumed = server.requests_for(PATH)
+    assert _range_start(first.headers) is None
+    assert _range_start(resumed.headers) == 300_000
+    assert sleeps == [1.0]  # one retry, as for a connection that broke
+
+
 def test_a_changed_file_is_fetched_whole(server: FaultServer, served: bytes, tmp_path: Path) -> None:
     """If-Range: when the file changed between runs, the server sends all of it (200)."""
     server.fail(PATH, Fault.drop_after(100_000), *[Fault.status(500)] * 10)
