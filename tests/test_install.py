@@ -60,9 +60,9 @@ def _assert_complete_sdk(root: Path, version: str = VERSION) -> dict[str, object
     installed_at = datetime.strptime(str(manifest["installed_at"]), "%Y-%m-%dT%H:%M:%SZ")
     age = datetime.now(timezone.utc).replace(tzinfo=None) - installed_at
     assert abs(age.total_seconds()) < 3600
-    # Written last: nothing in the tree is newer than the manifest.
-    written = (root / MANIFEST_NAME).stat().st_mtime_ns
-    assert all(p.lstat().st_mtime_ns <= written for p in root.rglob("*"))
+    # That the manifest is in the tree before the tree is renamed into sdks/ is observed at the
+    # rename itself (test_the_manifest_is_in_place_before_the_rename): mtimes cannot tell, as a
+    # rename changes none.
     return manifest
 
 
@@ -98,7 +98,8 @@ def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> Non
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     assert "already installed" in second.stderr
-    assert len(mirror.requests) == 1
+    # The first install asked for the archive and the mirror's index.json; the second for nothing.
+    assert sorted(r.path for r in mirror.requests) == sorted([PATH, "/index.json"])
 
 
 def test_folder_without_manifest_is_not_an_installed_sdk(mirror: FaultServer, cache_dir: Path) -> None:
@@ -135,6 +136,54 @@ def test_force_reinstalls(mirror: FaultServer, cache_dir: Path) -> None:
     assert not (root / "added-by-hand").exists()
     _assert_complete_sdk(root)
     _cache_is_tidy(cache_dir)
+
+
+class Renames:
+    """Every os.replace of this process; for each rename into sdks/, what the folder held then."""
+
+    def __init__(self, sdks: Path) -> None:
+        self.sdks = sdks
+        self.into_sdks: list[tuple[Path, dict[str, object] | None, bool]] = []
+        self.real = os.replace
+
+    def __call__(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        source, target = Path(src), Path(dst)
+        if target.parent == self.sdks:
+            # The manifest as it is at the moment of the rename, and whether the tree is whole.
+            whole = (source / LIB / "libQnnHtp.so").is_file() and (source / BIN / "qnn-net-run").is_file()
+            self.into_sdks.append((target, read_manifest(source), whole))
+        self.real(src, dst)
+
+
+@pytest.mark.parametrize("how", ["mirror", "file", "force"])
+def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The manifest is what makes a folder of sdks/ an installed SDK: it must be complete in the
+    work folder when that folder is renamed into sdks/, never written there afterwards."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+
+    cache = Cache(cache_dir)
+    if how == "force":
+        install(InstallRequest(), cache, dict(os.environ), Path.cwd())
+    renames = Renames(cache_dir / "sdks")
+    monkeypatch.setattr(os, "replace", renames)
+    if how == "file":
+        (tmp_path / "a").mkdir()
+        request = InstallRequest(file=build_archive(tmp_path / "a", "zip"))
+    else:
+        request = InstallRequest(force=how == "force", spec=VERSION if how == "force" else None)
+    result = install(request, cache, dict(os.environ), Path.cwd())
+    assert result.sdk is not None
+    assert result.sdk.root == cache_dir / "sdks" / VERSION
+    (target, manifest, whole), = renames.into_sdks
+    assert target == result.sdk.root
+    assert whole
+    assert manifest is not None, "the folder was renamed into sdks/ without its manifest"
+    assert manifest == read_manifest(target)  # and not rewritten after the rename
+    assert manifest["version"] == VERSION
+    assert isinstance(manifest["files"], dict)
+    assert manifest["files"]
 
 
 def test_install_from_url(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
