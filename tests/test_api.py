@@ -108,12 +108,17 @@ def test_another_sdk_cannot_replace_the_one_set_up(cache_dir: Path) -> None:
     assert qnnctl.setup_sdk(str(sdk.root)) is sdk
 
 
-def test_sdk_root_from_the_environment_is_not_rewritten(tmp_path: Path) -> None:
-    root = build_sdk_tree(tmp_path / "users-sdk")
-    set_managed({"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": "/opt/mine"})
+@pytest.mark.parametrize("spelling", ["canonical", "trailing-slash", "relative", "home"])
+def test_sdk_root_from_the_environment_is_not_rewritten(tmp_path: Path, spelling: str) -> None:
+    """The user's QNN_SDK_ROOT stays exactly as they spelt it; only LD_LIBRARY_PATH gains the
+    SDK's libraries, by their absolute path (a relative entry would follow the working folder)."""
+    root = build_sdk_tree((Path(os.environ["HOME"]) if spelling == "home" else Path.cwd()) / "users-sdk")
+    value = {"canonical": str(root), "trailing-slash": f"{root}/", "relative": "users-sdk",
+             "home": "~/users-sdk"}[spelling]
+    set_managed({"QNN_SDK_ROOT": value, "LD_LIBRARY_PATH": "/opt/mine"})
     sdk = qnnctl.setup_sdk()
     assert sdk.root == root
-    assert managed() == {"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": f"{lib_dir(root)}:/opt/mine"}
+    assert managed() == {"QNN_SDK_ROOT": value, "LD_LIBRARY_PATH": f"{lib_dir(root)}:/opt/mine"}
 
 
 def test_preload_lets_bare_names_resolve_in_this_process(cache_dir: Path, tmp_path: Path) -> None:
@@ -166,6 +171,34 @@ def test_library_load_failure_restores_both_variables(
     sdk = qnnctl.setup_sdk(VERSION)
     assert sdk.root == root
     assert os.environ["QNN_SDK_ROOT"] == str(root)
+
+
+@pytest.mark.parametrize("before", BEFORE_STATES)
+def test_ctrl_c_while_loading_restores_both_variables(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      before: dict[str, str | None]) -> None:
+    """A KeyboardInterrupt (no Exception) after the variables were changed, while the libraries
+    load: the variables are put back all the same, and nothing is remembered."""
+    root = install_tree_into_cache(cache_dir)
+    set_managed(before)
+    seen: list[dict[str, str | None]] = []
+    real = api.preload
+
+    def interrupted(lib: Path, names: object = None) -> list[Path]:
+        seen.append(managed())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "preload", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        qnnctl.setup_sdk(VERSION)
+    assert seen == [{"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": _join(str(lib_dir(root)),
+                                                                           before["LD_LIBRARY_PATH"])}]
+    assert managed() == before
+    monkeypatch.setattr(api, "preload", real)
+    assert qnnctl.setup_sdk(VERSION).root == root
+
+
+def _join(entry: str, rest: str | None) -> str:
+    return f"{entry}:{rest}" if rest else entry
 
 
 @pytest.mark.parametrize("before", BEFORE_STATES[:2])
