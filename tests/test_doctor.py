@@ -57,7 +57,7 @@ from tests.sdkfactory import (
 
 IDS = [check_id for check_id, _ in CHECKS]
 STABLE_IDS = ["host", "sdk.selection", "sdk.layout", "sdk.version", "sdk.manifest", "sdk.verify", "libraries",
-              "glibc", "load", "environment", "executorch", "cpu", "cache", "network"]
+              "glibc", "load", "environment", "executorch", "cpu", "cache", "network", "lock", "stores"]
 
 GLIBC_234_SOURCE = """
 #include <pthread.h>
@@ -387,6 +387,25 @@ def test_verify_checks_sha256_digests_of_earlier_manifests(tmp_path: Path, cache
     verified = doctor(VERSION, verify=True)["sdk.verify"]
     assert verified.status == FAIL
     assert "1 changed (QNN_README.txt)" in verified.detail
+
+
+def test_a_manifest_naming_another_version_warns(tmp_path: Path, cache_dir: Path) -> None:
+    from qnnctl.cache import MANIFEST_NAME, read_manifest
+    from qnnctl.install import InstallRequest, install
+
+    installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
+                        dict(os.environ), Path.cwd())
+    assert installed.sdk is not None
+    root = installed.sdk.root
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert doctor(VERSION)["sdk.manifest"].status == OK
+    (root / MANIFEST_NAME).write_text(json.dumps({**manifest, "version": OTHER_VERSION}))
+    check = doctor(VERSION)["sdk.manifest"]
+    assert check.status == WARN
+    assert check.detail.endswith(f"; it names version {OTHER_VERSION}, not {VERSION}")
+    assert check.hint is not None
+    assert "reinstall it" in check.hint
 
 
 def test_manifest_without_digests_warns(cache_dir: Path) -> None:
