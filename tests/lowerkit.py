@@ -101,6 +101,10 @@ def make_foreign_venv(dest: Path, torch_from: Path | None) -> Path:
 
 
 def host_is_amd() -> bool:
-    from qnnctl.host import cpu_vendor, is_amd
-
-    return is_amd(cpu_vendor())
+    """Whether this host's CPU is AMD's, read from the kernel rather than through qnnctl.host (the
+    code under test): the first `vendor_id` line of /proc/cpuinfo."""
+    for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip() == "AuthenticAMD"
+    return False  # no vendor_id line: not an x86 CPU, so not AMD's
