@@ -74,13 +74,18 @@ class Cache(NamedTuple):
             folder.mkdir(parents=True, exist_ok=True)
 
     def installed_versions(self) -> list[str]:
-        """Versions with a complete SDK (one whose manifest exists), sorted."""
+        """Versions with a complete SDK (one whose manifest exists), sorted.
+
+        A folder whose name is no version (a copy such as `2.37.0.250724.bak`) is not one.
+        """
         if not self.sdks.is_dir():
             return []
+        from qnnctl.versions import is_full_version
+
         found = [
             entry.name
             for entry in self.sdks.iterdir()
-            if (entry / MANIFEST_NAME).is_file()
+            if is_full_version(entry.name) and (entry / MANIFEST_NAME).is_file()
         ]
         return sorted(found, key=_sort_key)
 

@@ -490,7 +490,8 @@ def render_plan(plan: LowerPlan) -> str:
 
     from qnnctl.shell import render
 
-    notes = "".join(f"# {note}\n" for note in plan.notes)
+    # Every line a comment, whatever a note holds: the plan is meant for `sh -c "$(...)"`.
+    notes = "".join(f"# {line}\n" for note in plan.notes for line in note.splitlines() or [""])
     return notes + render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"
 
 

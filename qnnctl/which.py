@@ -55,10 +55,11 @@ def _is_library(name: str) -> bool:
 
 def which(name: str, spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Answer:
     """Where NAME would come from for the SDK `spec` selects (never installing one)."""
-    if not name or "/" in name or name in (".", ".."):
+    if not name or "/" in name or "\x00" in name or name in (".", "..") or len(os.fsencode(name)) > 255:
         raise UsageError(f"{name!r} is not a bare library or tool name",
                          hint="give a name such as libQnnHtp.so, libc++.so.1 or qnn-net-run")
     from qnnctl.environment import environment_for, resolve_sdk, runtime_lib_dirs
+    from qnnctl.runtime import LOADER_GUARD
     from qnnctl.sdk import BY_ENV
     from qnnctl.shell import apply, split_path
 
@@ -72,6 +73,17 @@ def which(name: str, spec: str | None, environ: Mapping[str, str], cwd: Path, ca
         for folder in runtime_lib_dirs(cache, sdk):
             origins[folder] = "qnnctl's staged runtime"
     if _is_library(name):
+        if sdk is not None:
+            from qnnctl.lower import staged_loader
+
+            loader = staged_loader(sdk, cache)
+            if loader is not None and not environ.get(LOADER_GUARD):
+                # `qnnctl lower` starts the pipeline as `ld.so --library-path DIRS` (see
+                # lower.under_loader): the staged glibc, the trio and the SDK, then LD_LIBRARY_PATH.
+                search = list(loader.library_path)
+                search += [d for d in split_path(child.get("LD_LIBRARY_PATH")) if d and d not in search]
+                child = {**child, "LD_LIBRARY_PATH": ":".join(search)}
+                origins.setdefault(loader.library_path[0], "qnnctl's staged glibc")
         return _library(name, selection, sdk, child, origins, cwd)
     candidates = tuple(
         Candidate(folder, origins.get(folder, "PATH"), _is_tool(Path(folder or ".", name)))

@@ -1,0 +1,158 @@
+"""The SDK a command chose, in the corners: stray folders, a shell's SDK that has gone, --sha256
+and --force against what is installed, hints that keep the choice, a dry run's honesty."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import run_qnnctl
+from tests.httpserver import FaultServer
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
+
+LIB = "lib/x86_64-linux-clang"
+
+
+def shell_for(*args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a shell after `eval "$(qnnctl env ARGS)"`."""
+    base = os.environ.copy() if env is None else env
+    exported = run_qnnctl("env", *args, "--shell", "json", env=base)
+    assert exported.returncode == 0, exported.stderr
+    return {**base, **{k: v for k, v in json.loads(exported.stdout).items() if v is not None}}
+
+
+def test_a_stray_copy_in_the_cache_is_no_sdk_and_breaks_nothing(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    shutil.copytree(root, cache_dir / "sdks" / f"{VERSION}.bak", symlinks=True)
+    assert shell_for()["QNN_SDK_ROOT"] == str(root)
+    rows = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
+    assert [r["version"] for r in rows] == [VERSION]
+
+
+def test_sha256_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultServer, cache_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)  # recorded with no sha256 at all
+    wrong = "0" * 64
+    for env in (shell_for(VERSION), {**os.environ, "QNN_SDK_ROOT": str(root)}):
+        proc = run_qnnctl("install", "--sha256", wrong, env=env)
+        assert proc.returncode == 4, proc.stderr
+        assert "has no recorded sha256" in proc.stderr
+    # --file of another archive of an installed version: with --sha256 (the file's), the
+    # installed SDK must come from it too.
+    archive = build_archive(tmp_path, "zip", SdkSpec(extra_files={"docs/other.txt": b"another build"}))
+    from qnnctl.download import file_sha256
+
+    digest = file_sha256(archive)
+    proc = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
+    assert proc.returncode == 4, proc.stderr
+    plain = run_qnnctl("install", VERSION, "--file", str(archive))
+    assert plain.returncode == 0, plain.stderr
+    assert "installed already, from another archive" in plain.stderr
+    assert f"`qnnctl install {VERSION} --force --file {archive}` replaces it" in plain.stderr
+    assert mirror.requests == []
+
+
+def test_a_shell_whose_sdk_is_gone_says_so_and_install_puts_it_back(mirror: FaultServer, cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    shell = shell_for(VERSION)
+    shutil.rmtree(root)
+    lowered = run_qnnctl("lower", "--", "true", env=shell)
+    assert lowered.returncode == 1, lowered.stderr
+    assert f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone" in lowered.stderr
+    assert f"`qnnctl install {VERSION}` to put it back" in lowered.stderr
+    assert mirror.requests == []
+    again = run_qnnctl("install", env=shell)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"{root}\n"
+    assert run_qnnctl("lower", "--", "true", env=shell).returncode == 0
+
+
+def test_force_in_a_shell_set_up_for_a_folder_outside_the_cache_is_refused(mirror: FaultServer,
+                                                                         tmp_path: Path) -> None:
+    vendor = build_sdk_tree(tmp_path / "vendor" / "qairt")
+    shell = shell_for("--sdk", str(vendor))
+    proc = run_qnnctl("install", "--force", env=shell)
+    assert proc.returncode == 2, proc.stderr
+    assert f"this shell was set up by `qnnctl env` for {vendor}, outside qnnctl's cache" in proc.stderr
+    assert mirror.requests == []
+
+
+def test_doctor_hint_for_a_stale_shell_keeps_the_sdk_it_was_set_up_for(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    other = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    shell = shell_for(OTHER_VERSION)
+    shell["LD_LIBRARY_PATH"] = "/somewhere/else"
+    report = json.loads(run_qnnctl("doctor", "--json", "--offline", env=shell).stdout)
+    environment = next(c for c in report["checks"] if c["id"] == "environment")
+    assert environment["status"] == "warn"
+    assert environment["hint"].startswith(f'eval "$(qnnctl env --sdk {other})"')
+
+
+def test_a_damaged_sdk_installed_from_a_file_is_repaired_from_that_file(cache_dir: Path, tmp_path: Path) -> None:
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    (cache_dir / "sdks" / VERSION / LIB / "libQnnSystem.so").unlink()
+    proc = run_qnnctl("env", VERSION)
+    assert proc.returncode == 1
+    assert "is damaged" in proc.stderr
+    assert f"`qnnctl install --force --file {archive}`" in proc.stderr
+
+
+def test_a_dry_run_checks_the_mirror_and_keeps_every_note_line_a_comment(cache_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    bad = run_qnnctl("lower", "--dry-run", "--sdk", "2.40.0.251030", "--", "true",
+                     env={**os.environ, "QNNCTL_MIRROR": "ftp://mirror.example/qairt"})
+    assert bad.returncode == 2, bad.stderr
+    assert "not ftp:" in bad.stderr
+    broken = run_qnnctl("lower", "--dry-run", "--sdk", "2.40.0.251030", "--", "true",
+                        env={**os.environ, "QNNCTL_MIRROR": "https://mirror.example/q\necho INJECTED"})
+    assert broken.returncode == 2, broken.stderr
+    # A damaged SDK is said to be damaged, and every line of the plan before the exports is a comment.
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (root / LIB / "libQnnSystem.so").unlink()
+    plan = run_qnnctl("lower", "--dry-run", "--sdk", VERSION, "--", "true",
+                      env={**os.environ, "QNNCTL_MIRROR": "https://mirror.example/qairt"})
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.startswith(f"# SDK {VERSION} is damaged (missing {LIB}/libQnnSystem.so)")
+    ran = subprocess.run(["sh", "-c", plan.stdout.replace("\ntrue\n", "\necho planned\n")],
+                         capture_output=True, text=True, timeout=30)
+    assert ran.stdout == "planned\n", ran.stdout + ran.stderr
+
+
+def test_which_refuses_a_name_no_file_system_takes(cache_dir: Path) -> None:
+    proc = run_qnnctl("which", "lib" + "x" * 300 + ".so")
+    assert proc.returncode == 2
+    assert "not a bare library or tool name" in proc.stderr
+
+
+def test_setup_sdk_interrupted_while_staging_leaves_the_variables_as_they_were(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    script = f"""
+import os, qnnctl, qnnctl.environment
+def interrupted(*args):
+    os.environ["LD_LIBRARY_PATH"] = "/half/done"
+    raise KeyboardInterrupt
+qnnctl.environment.ensure_loadable = interrupted
+try:
+    qnnctl.setup_sdk({VERSION!r})
+except KeyboardInterrupt:
+    print(os.environ.get("QNN_SDK_ROOT"), os.environ.get("LD_LIBRARY_PATH"))
+"""
+    env = {**os.environ, "LD_LIBRARY_PATH": "/kept"}
+    env.pop("QNN_SDK_ROOT", None)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "None /kept\n", proc.stdout + proc.stderr
+
+
+def test_a_dry_run_note_that_holds_a_newline_stays_a_comment(tmp_path: Path) -> None:
+    project = tmp_path / "proj\necho INJECTED #"
+    project.mkdir()
+    (project / ".qnn-version").write_text("2.40.0.251030\n")
+    plan = run_qnnctl("lower", "--dry-run", "--", "true", cwd=project)
+    assert plan.returncode == 0, plan.stderr
+    ran = subprocess.run(["sh", "-c", plan.stdout], capture_output=True, text=True, timeout=30)
+    assert "INJECTED" not in ran.stdout, plan.stdout
