@@ -212,7 +212,7 @@ def test_install_fails_when_staging_fails_keeps_the_sdk_and_says_how_to_retry(se
     (error,) = [line for line in proc.stderr.splitlines() if line.startswith("qnnctl: error:")]
     assert f"SDK {VERSION} is installed at {cache_dir / 'sdks' / VERSION}, but cannot load on this host" in error
     assert "HTTP 404" in error
-    assert "`qnnctl install --runtime`" in proc.stderr
+    assert f"`qnnctl install {VERSION} --runtime`" in proc.stderr  # for this SDK, whatever the project pins
     assert len(server.requests_for("/no-such-llvm.tar.xz")) == 1  # a 404 is not retried
     nothing_staged(cache_dir)
     assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()
@@ -443,3 +443,24 @@ def test_a_script_command_runs_under_the_staged_loader(tmp_path: Path, cache_dir
     words, mapped = ran.stdout.splitlines()
     assert words == "a b|c|"
     assert int(mapped) >= 2  # the shell itself runs on the staged loader and libc
+
+
+def test_which_resolves_as_the_staged_loader_would(tmp_path: Path, cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir)
+    libc = htp_needing_glibc_2_99(root / HOST_LIB_DIR, tmp_path)
+    glibc = tmp_path / "glibc"
+    glibc.mkdir()
+    shutil.copy(host_loader_dir() / LOADER, glibc / LOADER)
+    shutil.copy(libc, glibc / "libc.so.6")
+    result = stage_runtime(Cache(cache_dir), Sdk(root, VERSION, "qnnctl cache"),
+                           RuntimeRequest(sources=(glibc,), force=True, use_apt=False), os.environ)
+    assert result.glibc is not None
+    found = run_qnnctl("which", "libc.so.6")
+    assert found.returncode == 0, found.stderr
+    assert found.stdout == f"{result.glibc.lib_dir / 'libc.so.6'}\n"  # not the host's
+    report = json.loads(run_qnnctl("which", "--json", "libc.so.6").stdout)
+    assert report["candidates"][0] == {"folder": str(result.glibc.lib_dir), "origin": "qnnctl's staged glibc",
+                                       "holds": True}
+    # Inside a pipeline already started under that loader, the environment is what it is.
+    inner = run_qnnctl("which", "libQnnHtp.so", env={**os.environ, LOADER_GUARD: "1"})
+    assert inner.stdout == f"{root / HOST_LIB_DIR / 'libQnnHtp.so'}\n"
