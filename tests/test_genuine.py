@@ -131,9 +131,14 @@ def llvm(server: FaultServer, no_apt: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def host_has_libcxx() -> bool:
+    """True where the host has libc++ itself: then nothing is staged, and the staging tests
+    cannot show anything (a skip on a workstation; in CI, where they must run, a failure)."""
     from qnnctl.runtime import TRIO, missing_host_libraries
 
-    return not missing_host_libraries(TRIO, [])
+    present = not missing_host_libraries(TRIO, [])
+    if present and IN_CI:
+        pytest.fail("this CI host has libc++ installed: the libc++ staging tests need a host without it")
+    return present
 
 
 def qairt(archive: Path) -> str:
@@ -353,6 +358,13 @@ def test_after_installing_251_into_an_empty_cache_every_command_chooses_it(archi
     planned = run_qnnctl("lower", "--dry-run", "--", "true")
     assert planned.returncode == 0, planned.stderr
     assert f"export QNN_SDK_ROOT='{root}'" in planned.stdout
+    # For real: the commands that would download when they chose the default.
+    lowered = run_qnnctl("lower", "--", "sh", "-c", 'echo "ROOT=$QNN_SDK_ROOT"')
+    assert lowered.returncode == 0, lowered.stderr
+    assert lowered.stdout == f"ROOT={root}\n"
+    installed = run_qnnctl("install")
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout == f"{root}\n"
     assert run_qnnctl("which", "libc++.so.1").stdout.startswith(str(cache_dir / "runtime"))
     # The default, 2.37, is never fetched (the same server also serves the libc++ trio).
     assert [r.path for r in mirror.requests if r.path.endswith(".zip")] == []

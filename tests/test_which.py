@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from tests.conftest import run_qnnctl
+from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, compile_shared, install_tree_into_cache
 
 LIB = "lib/x86_64-linux-clang"
@@ -58,7 +59,7 @@ def test_which_follows_the_shell_and_the_argument(cache_dir: Path) -> None:
     assert by_path.stdout == f"{given / LIB / 'libQnnSystem.so'}\n", by_path.stderr
 
 
-def test_which_takes_a_bare_name_and_installs_nothing(cache_dir: Path) -> None:
+def test_which_takes_a_bare_name_and_installs_nothing(mirror: FaultServer, cache_dir: Path) -> None:
     bad = run_qnnctl("which", "../libQnnHtp.so")
     assert bad.returncode == 2
     assert "not a bare library or tool name" in bad.stderr
@@ -66,3 +67,4 @@ def test_which_takes_a_bare_name_and_installs_nothing(cache_dir: Path) -> None:
     assert absent.returncode == 1
     assert "is not installed" in absent.stderr
     assert not (cache_dir / "sdks").exists()
+    assert mirror.requests == []
