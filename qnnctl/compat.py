@@ -43,7 +43,9 @@ KNOWN_PAIRINGS: tuple[Pairing, ...] = (
 
 
 def _release_matches(release: str, pattern: str) -> bool:
-    return release.split(".")[: len(pattern.split("."))] == pattern.split(".")
+    # A local tag (`1.5.1+cpu`) names the same release.
+    public = release.split("+", 1)[0]
+    return public.split(".")[: len(pattern.split("."))] == pattern.split(".")
 
 
 def known_pairing(executorch: str, qairt: str) -> Pairing | None:

@@ -29,7 +29,8 @@ _MAX_SECTIONS = 1 << 16
 def build_id(path: Path) -> str | None:
     """The build id (`2.51.0.260929181845`) in a library's read-only data, or None.
 
-    A file that is not ELF, or has no `.rodata`, is searched whole.
+    Only ELF files carry one (host libraries, Android stubs and Hexagon skels alike); one with
+    no `.rodata` section is searched whole.
     """
     try:
         with open(path, "rb") as handle:
@@ -37,6 +38,8 @@ def build_id(path: Path) -> str | None:
             if size == 0:
                 return None
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data[:4] != b"\x7fELF":
+                    return None
                 start, end = _rodata(data) or (0, size)
                 # Read while the map is open: a match refers into it.
                 return _first(data, start, end)
@@ -86,6 +89,21 @@ def version_of_build(build: str) -> str:
     """The SDK version a build id names: `2.51.0.260929181845` -> `2.51.0.260929`."""
     head, _, stamp = build.rpartition(".")
     return f"{head}.{stamp[:6]}"
+
+
+def sdk_build_ids(lib_dir: Path, names: Iterable[str] = IDENTITY_LIBS) -> dict[str, str]:
+    """The build id of each of the SDK's libraries that carries one, by file name.
+
+    One build for all is a coherent SDK; two mean libraries of another release were copied in,
+    the field's `Stub lib id mismatch`.
+    """
+    found = {}
+    for name in names:
+        path = lib_dir / name
+        build = build_id(path) if path.is_file() else None
+        if build is not None:
+            found[name] = build
+    return found
 
 
 def sdk_build_id(lib_dir: Path, names: Iterable[str] = IDENTITY_LIBS) -> tuple[str, str] | None:
