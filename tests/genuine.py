@@ -14,6 +14,9 @@ The libc++ trio the tests stage comes from Debian's packages (`libc++1-14`, `lib
 `libunwind-14`), fetched with `apt-get download` into the same cache and served to qnnctl on
 127.0.0.1 in the layout of the LLVM release archive, so the tests themselves use no network.
 
+The aarch64 wheel of the same release gives the SDK's device side (`lib/aarch64-android/`,
+`lib/hexagon-v<NN>/unsigned/`), for the `qnnctl device` tests (`lay_out_device_files`).
+
 Nothing taken from a wheel or a package is ever written into the repository.
 
     python -m tests.genuine fetch     # what .ci/run does: the wheels and the Debian packages
@@ -63,6 +66,16 @@ class Wheel:
 QAIRT_2_51 = Wheel("2.7.0", "manylinux_2_35_x86_64", "2.51.0.260929", "v2.51.0.260929181845")
 QAIRT_2_47 = Wheel("2.3.0", "manylinux_2_35_x86_64", "2.47.0.260601", "v2.47.0.260601114230")
 WHEELS = (QAIRT_2_51, QAIRT_2_47)
+# The device side of the 2.51 build: its aarch64 wheel holds the aarch64 libQnnHtp.so,
+# libQnnSystem.so, libQnnHtpPrepare.so and libQnnHtpV<NN>Stub.so, and the Hexagon skels
+# libQnnHtpV<NN>Skel.so (V68 to V81), all of build v2.51.0.260929181845. The aarch64 libraries are
+# Linux builds rather than Android's; nothing loads them here, and their names, build id and
+# place in the layout are what the device tests read.
+QAIRT_2_51_DEVICE = Wheel("2.7.0", "manylinux_2_34_aarch64", "2.51.0.260929", "v2.51.0.260929181845")
+DEVICE_WHEELS = (QAIRT_2_51_DEVICE,)
+DEVICE_ARCHES = (68, 69, 73, 75, 79, 81)
+ANDROID_LIB_DIR = "lib/aarch64-android"
+ANDROID_LIBS = ("libQnnHtp.so", "libQnnSystem.so", "libQnnHtpPrepare.so")
 
 
 def cache_folder() -> Path:
@@ -194,6 +207,71 @@ def llvm_layout_archive(dest: Path, top: str) -> Path:
     return dest
 
 
+# -- the device side ----------------------------------------------------------------------------
+
+
+def device_file_places(wheel: Wheel) -> dict[str, str]:
+    """Each device file of the wheel, by name, and where a QAIRT SDK keeps it."""
+    places = {name: f"{ANDROID_LIB_DIR}/{name}" for name in ANDROID_LIBS}
+    for n in DEVICE_ARCHES:
+        places[f"libQnnHtpV{n}Stub.so"] = f"{ANDROID_LIB_DIR}/libQnnHtpV{n}Stub.so"
+        places[f"libQnnHtpV{n}Skel.so"] = f"lib/hexagon-v{n}/unsigned/libQnnHtpV{n}Skel.so"
+    return places
+
+
+def device_tree(wheel: Wheel) -> Path:
+    """The wheel's device files in the SDK's layout, unpacked once beside the wheel."""
+    source = wheel_path(wheel)
+    if source is None:
+        raise FileNotFoundError(missing_message(wheel.file_name))
+    built = CACHE / "built" / f"device-{wheel.qairt}-r{LAYOUT_REVISION}"
+    if built.is_dir():
+        return built
+    staging = built.with_name(built.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    places = device_file_places(wheel)
+    with zipfile.ZipFile(source) as zf:
+        for info in zf.infolist():
+            folder, _, name = info.filename.rpartition("/")
+            if folder != "onnxruntime_qnn" or name not in places:
+                continue
+            target = staging / places[name]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as member, open(target, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+    missing = sorted(set(places) - {p.name for p in staging.rglob("*.so")})
+    if missing:
+        raise RuntimeError(f"{wheel.file_name} lacks {missing}")
+    os.replace(staging, built)
+    return built
+
+
+def lay_out_device_files(wheel: Wheel, root: Path) -> Path:
+    """Put the wheel's device files where a QAIRT SDK at `root` keeps them: lib/aarch64-android/
+    and lib/hexagon-v<NN>/unsigned/ (as links to the unpacked copies: they are 200 MB)."""
+    tree = device_tree(wheel)
+    for rel in device_file_places(wheel).values():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        target.symlink_to(tree / rel)
+    return root
+
+
+def rebuild(path: Path, old: str, new: str) -> None:
+    """Replace the build id string `old` by `new` (of the same length) in the file at `path`,
+    which becomes a file of its own (not a link): how a library of another build is made from a
+    genuine one when no genuine library of that build is at hand."""
+    if len(old) != len(new):
+        raise ValueError("a build id must keep its length, or the library's layout would shift")
+    data = path.read_bytes()
+    if old.encode() not in data:
+        raise ValueError(f"{path} does not carry {old}")
+    path.unlink()
+    path.write_bytes(data.replace(old.encode(), new.encode()))
+
+
 # -- fetching --------------------------------------------------------------------------------
 
 
@@ -201,7 +279,7 @@ def fetch() -> None:
     """Download what is missing: the wheels (pip) and the trio's Debian packages (apt-get)."""
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    for wheel in WHEELS:
+    for wheel in (*WHEELS, *DEVICE_WHEELS):
         if wheel_path(wheel) is None:
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                             "--only-binary", ":all:", "--platform", wheel.platform,
@@ -213,6 +291,8 @@ def fetch() -> None:
         subprocess.run(["apt-get", "download", *DEBIAN_TRIO], cwd=debs, check=True)
     for wheel in WHEELS:
         print(cached_archive(wheel))
+    for wheel in DEVICE_WHEELS:
+        print(device_tree(wheel))
 
 
 def main(argv: list[str]) -> int:
