@@ -176,24 +176,26 @@ def cli(verbose: int, quiet: int) -> None:
 @click.option("--file", "file", type=click.Path(path_type=Path), help="Install from an archive on disk.")
 @click.option("--sha256", metavar="HEX", help="Expected sha256 of the archive.")
 @click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed.")
+@click.option("--locked", is_flag=True, help="Fail unless the project's qnnctl.lock pins this SDK.")
 @click.option("--runtime", is_flag=True, help="Also stage the host libraries the SDK needs and the host lacks.")
 @click.option("--runtime-from", "runtime_from", multiple=True, type=click.Path(path_type=Path),
               help="Stage them from this .deb, .rpm, .tar.xz or folder (repeatable; implies --runtime).")
 def install(version: str | None, url: str | None, file: Path | None, sha256: str | None, force: bool,
-            runtime: bool, runtime_from: tuple[Path, ...]) -> None:
+            locked: bool, runtime: bool, runtime_from: tuple[Path, ...]) -> None:
     """Install an SDK (or find one already on disk); print its root on stdout.
 
     VERSION is a full version (2.37.0.250724) or a prefix of a known release (2.37). Without
     it: a non-empty QNN_SDK_ROOT, else a .qnn-version pin, else the version the installed
     ExecuTorch expects, else the default. An exported but empty QNN_SDK_ROOT means the caller
-    manages the SDK: nothing is installed.
+    manages the SDK: nothing is installed. In a project with a qnnctl.lock, the archive (or the
+    SDK found on disk) must match it (exit 4).
     """
     from qnnctl.install import InstallRequest
     from qnnctl.install import install as do_install
     from qnnctl.shell import check_cache_path
 
     check_cache_path(str(_cache().root))
-    request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force)
+    request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked)
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=_stderr_is_terminal())
     if runtime or runtime_from:
         from qnnctl.runtime import RuntimeRequest, stage_runtime
@@ -292,6 +294,9 @@ def list_(as_json: bool) -> None:
     for row in rows:
         size = f"{row['size'] / (1 << 20):.0f} MiB" if row["size"] is not None else "?"
         damaged = f"; damaged, missing {', '.join(row['missing'])}" if row["missing"] else ""
+        if row["missing"] and row["origin"] == "link":
+            damaged = (f"; its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` "
+                       "drops the link")
         build = f"build {row['build_id']}" if row["build_id"] else "build unknown"
         click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  ({row['origin']}{damaged})")
 
@@ -327,14 +332,107 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
         raise error
 
 
-@cli.command()
-@click.argument("version", shell_complete=complete_installed)
-def uninstall(version: str) -> None:
-    """Remove an SDK from qnnctl's cache."""
-    from qnnctl.install import uninstall as do_uninstall
+@cli.command(short_help="Remove SDKs from qnnctl's cache (--except VERSION..., --all).")
+@click.argument("versions", nargs=-1, metavar="[VERSION]...", shell_complete=complete_installed)
+@click.option("--except", "keep", is_flag=True, help="Remove every SDK of qnnctl's cache but the VERSIONs given.")
+@click.option("--all", "everything", is_flag=True, help="Remove every SDK of qnnctl's cache.")
+def uninstall(versions: tuple[str, ...], keep: bool, everything: bool) -> None:
+    """Remove SDKs from qnnctl's cache; for a linked SDK (`qnnctl link`), only the link.
 
-    removed = do_uninstall(version, _cache())
-    log.info("removed %s", removed)
+    Stores and linked folders are never changed. With --except or --all, an SDK that a running
+    install holds is left alone, and the space freed is reported.
+    """
+    from qnnctl.errors import UsageError
+
+    if keep and everything:
+        raise UsageError("--except and --all cannot be used together")
+    if everything and versions:
+        raise UsageError("--all removes every SDK of qnnctl's cache; it takes no VERSION",
+                         hint="to keep some, use `qnnctl uninstall --except VERSION...`")
+    if keep and not versions:
+        raise UsageError("--except needs the VERSIONs to keep", hint="`qnnctl uninstall --all` removes every one")
+    if not (keep or everything):
+        if not versions:
+            raise UsageError("give the VERSION to remove", hint="or `qnnctl uninstall --except VERSION...` / `--all`")
+        from qnnctl.install import uninstall as do_uninstall
+
+        for version in versions:
+            removed = do_uninstall(version, _cache(), os.environ)
+            log.info("removed %s", removed)
+        return
+    from qnnctl.prune import mib, prune
+
+    pruned = prune(versions, everything, _cache(), os.environ)
+    for version, root in pruned.busy:
+        log.warning("SDK %s (%s) is held by a running install; left alone", version, root)
+    if pruned.kept:
+        log.info("kept %s", ", ".join(pruned.kept))
+    log.info("removed %d SDK(s), freed %s", len(pruned.removed), mib(pruned.freed))
+
+
+@cli.command(short_help="Record an existing SDK folder, so that every command can select it.")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--version", "version", metavar="VERSION", help="Its version (default: what its libraries say).")
+def link(path: Path, version: str | None) -> None:
+    """Record the SDK folder PATH (unpacked by hand or by Qualcomm's installer) in qnnctl's
+    cache; print its root. qnnctl never changes or deletes the folder: `qnnctl uninstall
+    VERSION` removes only the link."""
+    from qnnctl.stores import link_sdk
+
+    made, previous = link_sdk(path, version, _cache(), os.environ)
+    if previous is not None and previous.root != made.root:
+        log.info("SDK %s was linked to %s; now to %s", made.version, previous.root, made.root)
+    else:
+        log.info("linked SDK %s: %s", made.version, made.root)
+    click.echo(str(made.root))
+
+
+@cli.command(short_help="Pin the SDK's checksums for this project (qnnctl.lock).")
+@click.argument("version", required=False, shell_complete=complete_known)
+@click.option("--check", is_flag=True, help="Exit 1 when the lock and what qnnctl resolves disagree; write nothing.")
+def lock(version: str | None, check: bool) -> None:
+    """Write qnnctl.lock (beside .qnn-version, else here) for VERSION or the SDK qnnctl resolves:
+    its version, build id, archive sha256 and size, and where it came from; print its path.
+
+    The values are taken on first use, from a download or the manifest of the installed SDK.
+    """
+    if check:
+        from qnnctl.lockfile import check_lock
+
+        found = check_lock(version, os.environ, Path.cwd(), _cache())
+        state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
+        log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
+        return
+    from qnnctl.lockfile import make_lock
+
+    written = make_lock(version, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal())
+    log.info("trust on first use: %s Check them once against a copy you trust, then commit %s",
+             written.trust, written.path.name)
+    replaced = written.replaced
+    if replaced is not None and (replaced.version, replaced.sha256) != (written.lock.version, written.lock.sha256):
+        log.warning("replaced the lock of SDK %s (sha256 %s) with SDK %s (sha256 %s)", replaced.version,
+                    replaced.sha256, written.lock.version, written.lock.sha256)
+    from qnnctl.sdk import find_pin
+
+    pin = find_pin(Path.cwd())
+    if pin is None:
+        log.info("no .qnn-version pins SDK %s here; `qnnctl use %s` makes it the project's choice",
+                 written.lock.version, written.lock.version)
+    click.echo(str(written.path))
+
+
+@cli.command(short_help="Fill DIR with SDK archives and an index.json, to serve as QNNCTL_MIRROR.")
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("versions", nargs=-1, metavar="[VERSION]...", shell_complete=complete_known)
+def mirror(folder: Path, versions: tuple[str, ...]) -> None:
+    """Put <version>/v<version>.zip into DIR for each VERSION (default: the SDK qnnctl resolves
+    here), from the cache's downloads or fetched once, and record each one's sha256, size and
+    build id in DIR/index.json; print each archive's path. Serve DIR with any static web server
+    or object store, and point QNNCTL_MIRROR at it."""
+    from qnnctl.mirror import make_mirror
+
+    for done in make_mirror(folder, versions, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal()):
+        click.echo(str(done.path))
 
 
 @cli.command(short_help="Pin VERSION for this project (.qnn-version).")

@@ -872,6 +872,85 @@ def check_network(ctx: Context) -> Outcome:
     return outcome(detail, hint)
 
 
+def check_lock(ctx: Context) -> Outcome:
+    """The project's qnnctl.lock: present, matching the selected SDK, or stale."""
+    from qnnctl.lockfile import LOCK_FILE, checked_by, disagreements, find_lock, read_lock
+
+    path = find_lock(ctx.cwd)
+    if path is None:
+        raise Skip(f"no {LOCK_FILE} in {ctx.cwd} or above it",
+                   hint="`qnnctl lock` pins the SDK's version and checksums for this project")
+    lock = read_lock(path)
+    pins = f"{path} pins SDK {lock.version} (sha256 {lock.sha256})"
+    try:
+        target: Target | None = ctx.target()
+    except NotInstalledError:
+        target = None
+    if target is not None and target.sdk is None:
+        raise Skip(f"{pins}; the caller manages the SDK (QNN_SDK_ROOT is exported but empty)")
+    selection = target.selection if target is not None else select_sdk(ctx.spec, ctx.environ, ctx.cwd, ctx.cache())
+    sdk = target.sdk if target is not None else None
+    version = selection.version or (sdk.version if sdk is not None else None)
+    if version is None:  # pragma: no cover - a selection names a version or a root
+        raise Skip(f"{pins}; no SDK selected")
+    if version != lock.version:
+        return warn(f"stale: {pins}, but the selected SDK is {version} ({selection.reason}: {selection.detail})",
+                    hint=f"`qnnctl lock {version}` locks the selected SDK; `qnnctl use {lock.version}` selects "
+                    "the locked one")
+    problems = disagreements(lock, version, sdk)
+    if problems:
+        return fail("; ".join(problems), hint=f"`qnnctl install --force {version}` reinstalls the locked archive; "
+                    f"`qnnctl lock {version}` trusts the SDK in use instead")
+    if sdk is None:
+        return ok(f"present: {pins}; not installed yet: `qnnctl install` checks the archive against it")
+    how = checked_by(lock, sdk)
+    if how is None:
+        return warn(f"present: {pins}; the SDK at {sdk.root} ({sdk.origin}) has no recorded sha256 and its "
+                    "libraries no build id, so it cannot be checked against it",
+                    hint=f"`qnnctl install --force {version}` installs a checked copy into qnnctl's cache")
+    return ok(f"matching: {pins}; the SDK at {sdk.root} ({sdk.origin}) matches by {how}")
+
+
+def check_stores(ctx: Context) -> Outcome:
+    """The read-only stores of QNNCTL_STORES and the links of `qnnctl link`."""
+    from qnnctl.stores import STORES_VARIABLE, all_links, store_dirs, store_sdks
+
+    stores = store_dirs(ctx.environ)
+    links = all_links(ctx.cache())
+    if not stores and not links:
+        raise Skip(f"no {STORES_VARIABLE} set and no SDK linked",
+                   hint=f"{STORES_VARIABLE}=DIR:... shares read-only SDK folders; `qnnctl link PATH` adopts one")
+    found: dict[Path, list[str]] = {}
+    for stored in store_sdks(ctx.environ):
+        found.setdefault(stored.store, []).append(stored.version)
+    parts: list[str] = []
+    problems: list[str] = []
+    hints: list[str] = []
+    for store in stores:
+        if not os.path.isdir(store):
+            problems.append(f"store {store} is not there (or is no folder you may enter)")
+            hints.append(f"mount it, or take it out of {STORES_VARIABLE}")
+        elif not os.access(store, os.R_OK | os.X_OK):
+            problems.append(f"store {store} cannot be read")
+            hints.append(f"check its permissions, or take it out of {STORES_VARIABLE}")
+        else:
+            versions = found.get(store, [])
+            writable = os.access(store, os.W_OK)
+            parts.append(f"store {store}: {len(versions)} SDK(s)" + (f" ({_some(versions, 3)})" if versions else "")
+                         + ("" if writable else ", read-only"))
+    dangling = [link for link in links if link.dangling]
+    if links:
+        parts.append(f"{len(links) - len(dangling)} linked SDK(s)"
+                     + (f" ({_some([f'{lk.version} at {lk.root}' for lk in links if not lk.dangling], 3)})"
+                        if len(links) > len(dangling) else ""))
+    for link in dangling:
+        problems.append(f"SDK {link.version} is linked to {link.root}, which is gone (or is no SDK root): not used")
+        hints.append(f"`qnnctl link NEWPATH` links its new place; `qnnctl uninstall {link.version}` drops the link")
+    if problems:
+        return warn("; ".join(problems + parts), "; ".join(dict.fromkeys(hints)))
+    return ok("; ".join(parts))
+
+
 Check = Callable[[Context], Outcome]
 
 CHECKS: tuple[tuple[str, Check], ...] = (
@@ -889,6 +968,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("cpu", check_cpu),
     ("cache", check_cache),
     ("network", check_network),
+    ("lock", check_lock),
+    ("stores", check_stores),
 )
 
 

@@ -52,6 +52,8 @@ class InstallRequest(NamedTuple):
     file: Path | None = None
     sha256: str | None = None
     force: bool = False
+    locked: bool = False  # --locked: the project's qnnctl.lock must exist and pin this version
+    check_lock: bool = True  # off only for `qnnctl lock`, which writes the lock anew
 
 
 class InstallResult(NamedTuple):
@@ -98,6 +100,10 @@ def install(
 ) -> InstallResult:
     """Resolve the SDK `request` names, installing it into the cache when it is missing."""
     sha256 = _validate_sha256(request.sha256)
+    if request.locked and request.check_lock:
+        from qnnctl.lockfile import require_lock
+
+        require_lock(cwd)  # before anything is read or fetched
     if request.url is not None and request.file is not None:
         raise UsageError("--url and --file cannot be used together")
     if request.url is not None:
@@ -106,7 +112,8 @@ def install(
             request = request._replace(url=None, file=local)
     if request.file is not None:
         require_supported_host()
-        return _install_file(request.file, request.spec, sha256, request.force, cache)
+        return _install_file(request.file, request.spec, sha256, request.force, cache,
+                             (cwd, request.locked) if request.check_lock else None)
 
     if request.spec is None and request.url is None:
         selection = select_sdk(None, environ, cwd, cache)
@@ -117,12 +124,13 @@ def install(
             # The SDK this shell was set up for: the one to reuse, or (--force) to reinstall.
             sdk = sdk_from_root(selection.root, "qnnctl env")
             if not request.force:
-                return InstallResult(sdk, "reused", selection)
+                return _reused(InstallResult(sdk, "reused", selection), request, cwd)
             selection = Selection(BY_SHELL, selection.detail, version=sdk.version)
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
-            return InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection)
+            return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
+                           request, cwd)
     elif request.spec is not None:
         selection = select_sdk(request.spec, environ, cwd)
         if selection.root is not None:
@@ -149,13 +157,20 @@ def install(
         if found_sdk is not None:
             if sha256 is not None:
                 check_installed_sha256(found_sdk, sha256)
-            return InstallResult(found_sdk, "reused", selection)
+            return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
 
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None and not request.url:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     urls = [request.url] if request.url else archive_urls(version, mirror)
     name = _download_name(urls[0], version)
+    from qnnctl.lockfile import check_archive, expected_for_download
+    from qnnctl.stores import dangling_link_error
+
+    locked = expected_for_download(version, cwd, request.locked) if request.check_lock else None
+    dangling = dangling_link_error(version, cache)
+    if dangling is not None:
+        log.warning("%s; installing a copy into qnnctl's cache", dangling.message)
     cache.ensure()
     with version_lock(cache, version):
         if not request.force:
@@ -164,10 +179,16 @@ def install(
                 log.info("another qnnctl installed %s meanwhile", version)
                 if sha256 is not None:
                     check_installed_sha256(found_sdk, sha256)
-                return InstallResult(found_sdk, "reused", selection)
+                return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
         remove_stale_work(cache, version)
         from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
+        from qnnctl.mirror import agree, check_against_index, mirror_entry
+
+        # A mirror's index.json, the lock and --sha256 must all agree before anything is fetched.
+        indexed = mirror_entry(mirror, version) if mirror is not None and not request.url else None
+        agree([("--sha256", sha256), (str(locked.path) if locked else "", locked.sha256 if locked else None),
+               (f"the mirror's {indexed.url}" if indexed else "", indexed.sha256 if indexed else None)])
 
         downloader = Downloader(
             make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
@@ -185,6 +206,8 @@ def install(
             streamed = stream.close()
             leftovers = (fetched.path, cache.downloads / f"{name}.json")
             try:
+                check_against_index(indexed, fetched.sha256, fetched.url)
+                check_archive(locked, fetched.sha256, fetched.size, fetched.url)
                 # fetched.url is redacted: the manifest keeps no password or token.
                 sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
                              request.force, work, streamed)
@@ -196,6 +219,19 @@ def install(
             for leftover in leftovers:
                 leftover.unlink(missing_ok=True)
     return InstallResult(sdk, "installed", selection)
+
+
+def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> InstallResult:
+    """An SDK found on disk, checked against --sha256 and the project's qnnctl.lock first
+    (exit 4 on a mismatch)."""
+    sha256 = _validate_sha256(request.sha256)
+    if sha256 is not None and result.sdk is not None:
+        check_installed_sha256(result.sdk, sha256)
+    if request.check_lock and result.sdk is not None:
+        from qnnctl.lockfile import check_reused
+
+        check_reused(result.sdk, cwd, request.locked)
+    return result
 
 
 def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
@@ -401,8 +437,10 @@ def _commit(
 
 
 def _install_file(
-    archive: Path, spec: str | None, sha256: str | None, force: bool, cache: Cache
+    archive: Path, spec: str | None, sha256: str | None, force: bool, cache: Cache,
+    lock_check: tuple[Path, bool] | None = None,
 ) -> InstallResult:
+    """`lock_check` is (the working folder, --locked) when the project's lock applies."""
     from qnnctl.archive import extract, work_folder
     from qnnctl.download import file_sha256
 
@@ -420,8 +458,9 @@ def _install_file(
         # Named and already installed: no need to read a 1-2 GB archive to find that out.
         existing = cache.sdk_dir(wanted)
         if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing):
-            return InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
-                                 Selection("argument", f"from {archive}", version=wanted))
+            return _file_locked(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
+                                              Selection("argument", f"from {archive}", version=wanted)),
+                                lock_check)
     cache.ensure()
     # Extraction comes before the version is known, so file installs share one lock.
     with version_lock(cache, "file"):
@@ -441,22 +480,55 @@ def _install_file(
                     hint=f"give it: `qnnctl install VERSION --file {archive}`",
                 )
             selection = Selection("argument", f"from {archive}", version=version)
+            if lock_check is not None:
+                from qnnctl.lockfile import check_archive, expected_for_download
+
+                check_archive(expected_for_download(version, *lock_check), digest, archive.stat().st_size,
+                              str(archive))
             with version_lock(cache, version):
                 existing = cache.sdk_dir(version)
                 if not force and (existing / MANIFEST_NAME).is_file() and not missing_layout(existing):
-                    return InstallResult(Sdk(existing, version, "qnnctl cache"), "reused", selection)
+                    return _file_locked(InstallResult(Sdk(existing, version, "qnnctl cache"), "reused", selection),
+                                        lock_check)
                 sdk = _commit(extracted.root, version, archive.as_uri(), digest,
                               archive.stat().st_size, extracted.files, extracted.size, cache,
                               force, work, build)
     return InstallResult(sdk, "installed", selection)
 
 
-def uninstall(spec: str, cache: Cache) -> Path:
-    """Remove an SDK from qnnctl's cache (never from anywhere else)."""
+def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) -> InstallResult:
+    """An SDK that `install --file` found installed already, checked against the project's lock."""
+    if lock_check is None:
+        return result
+    return _reused(result, InstallRequest(locked=lock_check[1]), lock_check[0])
+
+
+def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None) -> Path:
+    """Remove an SDK from qnnctl's cache (never from anywhere else); for a linked SDK, the link
+    only (`qnnctl link`: the folder is left as it is). What was removed: the SDK's folder, else
+    the link's record."""
+    from qnnctl.stores import all_links, find_in_stores, remove_link
+
     spec = spec.strip()
     if not is_version_prefix(spec):
         resolve_version(spec)  # raises the standard "not an SDK version" error
-    version = _installed_version(spec, cache.installed_versions())
+    ours = cache.installed_versions()
+    linked = [link.version for link in all_links(cache)]
+    try:
+        version = _installed_version(spec, sorted(set(ours) | set(linked), key=lambda v: tuple(map(int, v.split(".")))))
+    except NotInstalledError as exc:
+        stored = find_in_stores(exc.version, environ) if environ is not None and is_full_version(exc.version) else None
+        if stored is not None:
+            exc.message = (f"SDK {exc.version} is in the store {stored.store} ({stored.root}), which qnnctl never "
+                           "changes; it is not installed in qnnctl's cache")
+            exc.args = (exc.message,)
+            exc.hint = "remove it from the store itself, or take the store out of QNNCTL_STORES"
+        raise
+    link = remove_link(cache, version) if version in linked else None
+    if link is not None:
+        log.info("removed the link of SDK %s to %s; the folder is left as it is", version, link.root)
+        if version not in ours:
+            return link.record
     with version_lock(cache, version):
         target = cache.sdk_dir(version)
         if not (target / MANIFEST_NAME).is_file():

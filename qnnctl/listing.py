@@ -1,9 +1,10 @@
-"""Which SDKs are on disk, in qnnctl's cache and in ExecuTorch's."""
+"""Which SDKs are on disk: in qnnctl's cache, linked, in the stores, in ExecuTorch's cache."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from qnnctl.cache import Cache, read_manifest, tree_size
@@ -14,8 +15,10 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
     """One row per SDK: version, the build id its libraries carry (None when they carry none),
     root, size in bytes, where it was found, and what is missing.
 
-    `missing` is empty for a usable SDK; a damaged one in qnnctl's cache is still listed, so
-    that it can be found and reinstalled (`qnnctl install --force VERSION`).
+    In the order `find_installed` looks: qnnctl's cache, links, stores (QNNCTL_STORES's order),
+    ExecuTorch's cache. `missing` is empty for a usable SDK; a damaged one in qnnctl's cache is
+    still listed, so that it can be found and reinstalled (`qnnctl install --force VERSION`), and
+    so is a link whose folder has gone (`missing` is then ["the folder itself"], `size` None).
     """
     rows: list[dict[str, Any]] = []
     for version in cache.installed_versions():
@@ -30,6 +33,27 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "size": size if isinstance(size, int) else tree_size(root),
             "origin": "qnnctl cache",
             "missing": missing_layout(root),
+        })
+    from qnnctl.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
+
+    for link in all_links(cache):
+        missing = missing_layout(link.root)
+        rows.append({
+            "version": link.version,
+            "build_id": link.build_id if missing else read_build_id(link.root),
+            "root": str(link.root),
+            "size": None if missing else _size(link.root),
+            "origin": LINK_ORIGIN,
+            "missing": missing,
+        })
+    for stored in store_sdks(environ):
+        rows.append({
+            "version": stored.version,
+            "build_id": read_build_id(stored.root),
+            "root": str(stored.root),
+            "size": _size(stored.root),
+            "origin": store_origin(stored.store),
+            "missing": [],
         })
     seen: set[str] = set()
     # In the order ExecuTorch looks ($QNN_STAGING_DIR first), so --json output is stable.
@@ -50,3 +74,9 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
                 "origin": "ExecuTorch cache",
             })
     return rows
+
+
+def _size(root: Path) -> int:
+    """The SDK's unpacked size: as its manifest records it, else summed (slower on NFS)."""
+    recorded = (read_manifest(root) or {}).get("unpacked_size")
+    return recorded if isinstance(recorded, int) else tree_size(root)

@@ -316,10 +316,14 @@ def shell_sdk_root(environ: Mapping[str, str]) -> str | None:
 
 
 def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
-    """The newest version installed in qnnctl's cache or ExecuTorch's, complete ones only."""
+    """The newest version installed in qnnctl's cache, linked, in a store or in ExecuTorch's
+    cache, complete ones only."""
+    from qnnctl.stores import all_links, store_sdks
     from qnnctl.versions import parse_version
 
     versions = {v for v in cache.installed_versions() if find_installed(v, cache, environ) is not None}
+    versions.update(link.version for link in all_links(cache) if not link.dangling)
+    versions.update(stored.version for stored in store_sdks(environ))
     for folder in dict.fromkeys(p.parent for p in executorch_cache_dirs("x", environ)):
         if folder.is_dir():
             for entry in folder.glob("sdk-*"):
@@ -342,10 +346,19 @@ def executorch_cache_dirs(version: str, environ: Mapping[str, str]) -> list[Path
 
 
 def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sdk | None:
-    """An installed copy of `version`: qnnctl's cache first, then ExecuTorch's."""
+    """An installed copy of `version`: qnnctl's cache first, then a link (`qnnctl link`), then
+    the read-only stores of QNNCTL_STORES, then ExecuTorch's cache."""
     own = cache.sdk_dir(version)
     if (own / MANIFEST_NAME).is_file() and not missing_layout(own):
         return Sdk(root=own, version=version, origin="qnnctl cache")
+    from qnnctl.stores import LINK_ORIGIN, find_in_stores, find_linked, store_origin
+
+    link = find_linked(version, cache)
+    if link is not None:
+        return Sdk(root=link.root, version=version, origin=LINK_ORIGIN)
+    stored = find_in_stores(version, environ)
+    if stored is not None:
+        return Sdk(root=stored.root, version=version, origin=store_origin(stored.store))
     for candidate in executorch_cache_dirs(version, environ):
         # ExecuTorch writes no completion marker, so its layout is the only evidence.
         if not missing_layout(candidate):
@@ -370,7 +383,9 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
         if (own / MANIFEST_NAME).is_file():
             # Installed by qnnctl, and files have gone since: not the same as never installed.
             raise DamagedSdkError(selection.version, str(own), missing_layout(own))
-        raise NotInstalledError(selection.version)
+        from qnnctl.stores import dangling_link_error
+
+        raise dangling_link_error(selection.version, cache) or NotInstalledError(selection.version)
     return sdk
 
 

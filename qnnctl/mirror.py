@@ -1,0 +1,363 @@
+"""A mirror in one command: `<version>/v<version>.zip` files and an `index.json`.
+
+The folder `qnnctl mirror DIR` fills is laid out like Qualcomm's server (qnnctl.versions
+`archive_urls`), so any static HTTP server or object store serves it as `QNNCTL_MIRROR`. Its
+`index.json` holds each version's sha256, size, build id and the time it was added; `install`
+from a mirror that has one checks the archive against it (exit 4 on a mismatch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from qnnctl.cache import Cache, write_json_atomic
+from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.urls import redact
+from qnnctl.versions import archive_name, archive_urls, version_in
+
+log = logging.getLogger("qnnctl.mirror")
+
+INDEX_NAME = "index.json"
+INDEX_SCHEMA = 1
+INDEX_TIMEOUT = (10.0, 30.0)  # connect, read: a small file
+
+
+class IndexEntry(NamedTuple):
+    """What a mirror's index.json says of one version."""
+
+    url: str  # of the index, redacted
+    sha256: str
+    size: int | None
+    build_id: str | None
+
+
+class FetchedArchive(NamedTuple):
+    path: Path
+    url: str  # redacted
+    sha256: str
+    size: int
+    build_id: str | None
+
+
+# -- index.json ----------------------------------------------------------------------------
+
+
+def index_url(base: str) -> str:
+    return f"{base.rstrip('/')}/{INDEX_NAME}"
+
+
+def _parse_index(data: object, where: str) -> dict[str, dict[str, Any]]:
+    """The `versions` table of an index; ValueError when `data` is no mirror index."""
+    if not isinstance(data, dict) or data.get("schema") != INDEX_SCHEMA or not isinstance(data.get("versions"), dict):
+        raise ValueError(f"{where} is not a qnnctl mirror index (schema {INDEX_SCHEMA} with a `versions` table)")
+    return {str(k): v for k, v in data["versions"].items() if isinstance(v, dict)}
+
+
+def mirror_entry(base: str, version: str) -> IndexEntry | None:
+    """What the mirror at `base` says of `version` in its index.json; None when it has no index
+    (404), the index names no such version, or it cannot be read (a warning says so)."""
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    from qnnctl.download import make_session, retry_policy
+    from qnnctl.lockfile import is_sha256
+    from qnnctl.retry import describe
+
+    url = index_url(base)
+    shown = redact(url)
+    session = make_session()
+    # Retried as downloads are, but briefly: the archive's own download follows.
+    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    try:
+        with session:
+            response = session.get(url, timeout=INDEX_TIMEOUT)
+    except requests.RequestException as exc:
+        log.warning("cannot read the mirror's %s (%s); the archive is not checked against it", shown, describe(exc))
+        return None
+    if response.status_code in (404, 410):
+        log.debug("the mirror has no %s", shown)
+        return None
+    if response.status_code != 200:
+        log.warning("the mirror answered HTTP %d for %s; the archive is not checked against it",
+                    response.status_code, shown)
+        return None
+    try:
+        versions = _parse_index(response.json(), shown)
+    except ValueError as exc:
+        log.warning("%s; the archive is not checked against it", exc)
+        return None
+    entry = versions.get(version)
+    if entry is None:
+        log.warning("the mirror's %s has no entry for SDK %s; the archive is not checked against it", shown, version)
+        return None
+    sha256 = entry.get("sha256")
+    if not is_sha256(sha256):
+        raise IntegrityError(f"the mirror's {shown} gives SDK {version} the sha256 {sha256!r}, which is no digest",
+                             hint="write the index again with `qnnctl mirror DIR VERSION`")
+    size, build = entry.get("size"), entry.get("build_id")
+    return IndexEntry(shown, str(sha256), size if isinstance(size, int) else None,
+                      build if isinstance(build, str) else None)
+
+
+def agree(sources: Sequence[tuple[str, str | None]]) -> str | None:
+    """The one sha256 that every named source expects (None when none does); IntegrityError,
+    before anything is fetched, when two of them disagree."""
+    named = [(what, digest) for what, digest in sources if digest is not None]
+    for what, digest in named[1:]:
+        if digest != named[0][1]:
+            raise IntegrityError(
+                f"{named[0][0]} expects sha256 {named[0][1]}, but {what} expects {digest}; nothing was fetched",
+                hint="find out which is right; `qnnctl lock VERSION` writes the lock again, "
+                "`qnnctl mirror DIR VERSION` the mirror's index",
+            )
+    return named[0][1] if named else None
+
+
+def check_against_index(entry: IndexEntry | None, digest: str, shown: str) -> None:
+    if entry is not None and digest != entry.sha256:
+        raise IntegrityError(
+            f"the archive from {shown} does not match the mirror's {entry.url}: its sha256 is {digest}, the index "
+            f"says {entry.sha256}; nothing was installed",
+            hint="the mirror's file changed after it was indexed; put the right archive back, or index it again "
+            "with `qnnctl mirror DIR VERSION` where the mirror is kept",
+        )
+
+
+# -- an archive's build id ---------------------------------------------------------------------
+
+
+def archive_build_id(archive: Path, scratch: Path) -> str | None:
+    """The build id the host libraries inside a zip archive carry (see qnnctl.identity), read
+    from one library copied into `scratch`; None when they carry none."""
+    import stat
+    import zipfile
+
+    from qnnctl.identity import IDENTITY_LIBS, build_id
+    from qnnctl.sdk import HOST_LIB_DIR
+
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members: dict[str, zipfile.ZipInfo] = {}
+            for info in zf.infolist():
+                parts = info.filename.rstrip("/").rsplit("/", 3)
+                kind = stat.S_IFMT(info.external_attr >> 16)
+                if len(parts) >= 3 and "/".join(parts[-3:-1]) == HOST_LIB_DIR and kind != stat.S_IFLNK:
+                    members.setdefault(parts[-1], info)
+            for name in IDENTITY_LIBS:
+                member = members.get(name)
+                if member is None:
+                    continue
+                copy = scratch / name
+                with zf.open(member) as source, open(copy, "wb") as target:
+                    shutil.copyfileobj(source, target, 1 << 20)
+                try:
+                    found = build_id(copy)
+                finally:
+                    copy.unlink(missing_ok=True)
+                if found is not None:
+                    return found
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise IntegrityError(f"{archive} is not a readable zip archive: {exc}",
+                             hint="remove it and fetch it again") from None
+    return None
+
+
+def _true_version(build: str | None, version: str, shown: str) -> None:
+    from qnnctl.identity import version_of_build
+
+    if build is not None and version_of_build(build) != version:
+        raise IntegrityError(
+            f"{shown} holds SDK {version_of_build(build)} (its libraries are build {build}), not {version}",
+            hint="check the source; a mirror must serve each version under its own name",
+        )
+
+
+# -- fetching one archive into the cache ---------------------------------------------------------
+
+
+def _finished_download(cache: Cache, version: str) -> tuple[Path, str, str] | None:
+    """A complete archive of `version` already in the cache's downloads (a download that an
+    install did not get to use): (path, its recorded sha256, checked again, the URL recorded)."""
+    import json
+
+    from qnnctl.download import file_sha256
+
+    if not cache.downloads.is_dir():
+        return None
+    for record in sorted(cache.downloads.glob("*.json")):
+        archive = record.with_suffix("")
+        if version_in(archive.name) != version or archive.suffix != ".zip" or not archive.is_file():
+            continue
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        recorded = data.get("sha256") if isinstance(data, dict) else None
+        if isinstance(recorded, str) and file_sha256(archive) == recorded:
+            url = data.get("url")
+            # Records are written redacted; one of an earlier qnnctl may not be.
+            return archive, recorded, redact(url) if isinstance(url, str) else str(archive)
+    return None
+
+
+def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], terminal: bool = False,
+                  keep: bool = True, check_lock: bool = True, cwd: Path | None = None) -> FetchedArchive:
+    """The archive of `version` in the cache's downloads: the one there already, else fetched
+    (from QNNCTL_MIRROR when set), checked against the mirror's index.json and, with
+    `check_lock`, the project's lock. Without `keep` it is hashed and removed again."""
+    from qnnctl.archive import work_folder
+    from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
+    from qnnctl.install import _download_name, _work_id, check_url, version_lock
+    from qnnctl.lockfile import check_archive, expected_for_download
+
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    if mirror is not None:
+        check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+    urls = archive_urls(version, mirror)
+    lock = expected_for_download(version, cwd or Path.cwd(), False) if check_lock else None
+    cache.ensure()
+    with version_lock(cache, version):
+        entry = mirror_entry(mirror, version) if mirror is not None else None
+        agree([("the mirror's index.json", entry.sha256 if entry else None),
+               (str(lock.path) if lock else "the lock", lock.sha256 if lock else None)])
+        found = _finished_download(cache, version)
+        if found is not None:
+            path, digest, shown = found
+            log.info("using %s, downloaded earlier from %s", path, shown)
+        else:
+            downloader = Downloader(make_session(), cache.downloads,
+                                    terminal_progress if terminal else PlainProgress)
+            log.info("downloading SDK %s from %s", version, redact(urls[0]))
+            fetched = downloader.fetch(urls, _download_name(urls[0], version))
+            path, digest, shown = fetched.path, fetched.sha256, fetched.url
+        record = path.with_name(path.name + ".json")
+        try:
+            check_against_index(entry, digest, shown)
+            check_archive(lock, digest, path.stat().st_size, shown)
+            with work_folder(cache.tmp / f"{version}.identify.{_work_id()}") as scratch:
+                build = archive_build_id(path, scratch)
+            _true_version(build, version, shown)
+        except IntegrityError:
+            path.unlink(missing_ok=True)
+            record.unlink(missing_ok=True)
+            raise
+        result = FetchedArchive(path, shown, digest, path.stat().st_size, build)
+        if not keep:
+            path.unlink(missing_ok=True)
+            record.unlink(missing_ok=True)
+        return result
+
+
+# -- qnnctl mirror DIR [VERSION]... --------------------------------------------------------------
+
+
+class Mirrored(NamedTuple):
+    version: str
+    path: Path
+    sha256: str
+    size: int
+    build_id: str | None
+    action: str  # "added" or "kept" (already there, as indexed)
+
+
+def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:
+    import json
+
+    path = folder / INDEX_NAME
+    if not path.exists():
+        return {}
+    try:
+        return _parse_index(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot use {path}: {exc}",
+                         hint=f"move it out of the way; `qnnctl mirror {folder}` writes a new one") from None
+
+
+def mirror_versions(specs: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
+    """The versions `specs` name (prefixes resolved), or the one qnnctl resolves here."""
+    from qnnctl.sdk import read_sdk_version, select_sdk
+    from qnnctl.versions import is_full_version, resolve_version
+
+    if specs:
+        return list(dict.fromkeys(resolve_version(spec) for spec in specs))
+    selection = select_sdk(None, environ, cwd, cache)
+    version = selection.version or (read_sdk_version(selection.root) if selection.root else None)
+    if version is None or not is_full_version(version):
+        raise UsageError("no SDK version to mirror was given, and qnnctl resolves none here",
+                         hint="name them: `qnnctl mirror DIR VERSION...`")
+    return [version]
+
+
+def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache,
+                terminal: bool = False) -> list[Mirrored]:
+    """Fill `folder` with `<version>/v<version>.zip` for each version and index them."""
+    from qnnctl.download import file_sha256
+
+    folder = folder.expanduser().absolute()
+    versions = mirror_versions(specs, environ, cwd, cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    index = read_local_index(folder)
+    done: list[Mirrored] = []
+    for version in versions:
+        rel = f"{version}/{archive_name(version)}"
+        dest = folder / version / archive_name(version)
+        entry = index.get(version)
+        if dest.is_file():
+            digest = file_sha256(dest)
+            if entry is not None and entry.get("sha256") == digest:
+                done.append(Mirrored(version, dest, digest, dest.stat().st_size, entry.get("build_id"), "kept"))
+                log.info("SDK %s is in the mirror already (%s)", version, dest)
+                continue
+            if entry is not None:
+                raise IntegrityError(
+                    f"{dest} has sha256 {digest}, but {folder / INDEX_NAME} says {entry.get('sha256')}",
+                    hint=f"remove {dest} and run `qnnctl mirror {folder} {version}` again",
+                )
+            from qnnctl.archive import work_folder
+            from qnnctl.install import _work_id
+
+            cache.ensure()
+            with work_folder(cache.tmp / f"{version}.identify.{_work_id()}") as scratch:
+                build = archive_build_id(dest, scratch)
+            _true_version(build, version, str(dest))
+            size = dest.stat().st_size
+            action = "indexed"
+        else:
+            fetched = fetch_archive(version, cache, environ, terminal=terminal, cwd=cwd)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _move(fetched.path, dest)
+            fetched.path.with_name(fetched.path.name + ".json").unlink(missing_ok=True)
+            digest, size, build, action = fetched.sha256, fetched.size, fetched.build_id, "added"
+        index[version] = {"sha256": digest, "size": size, "build_id": build, "path": rel,
+                          "added_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        # After each version, so that an interrupted run keeps what it finished.
+        write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})
+        done.append(Mirrored(version, dest, digest, size, build, action))
+        log.info("SDK %s %s: %s", version, "indexed" if action == "indexed" else "added to the mirror", dest)
+    if not (folder / INDEX_NAME).exists():
+        write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})
+    return done
+
+
+def _move(source: Path, dest: Path) -> None:
+    """Move a file into the mirror: a rename on one file system, else a copy renamed into place."""
+    try:
+        os.replace(source, dest)
+        return
+    except OSError as exc:
+        import errno
+
+        if exc.errno != errno.EXDEV:
+            raise
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, dest)
+    source.unlink(missing_ok=True)

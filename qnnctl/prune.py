@@ -1,0 +1,115 @@
+"""`qnnctl uninstall --except VERSION...` and `--all`: remove the other SDKs of qnnctl's cache.
+
+Only qnnctl's own cache is pruned: stores and linked folders are never touched (nor the link
+records), and an SDK whose install lock a running qnnctl holds (`install --force` replacing
+it, say) is left alone and named.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest, remove_tree, tree_size
+from qnnctl.errors import UsageError
+from qnnctl.versions import is_version_prefix, matches_prefix, resolve_version
+
+log = logging.getLogger("qnnctl.prune")
+
+
+class Removed(NamedTuple):
+    version: str
+    root: Path
+    size: int  # bytes, as `qnnctl list` counts them
+
+
+class Pruned(NamedTuple):
+    removed: list[Removed]
+    busy: list[tuple[str, Path]]  # held by a running install: left alone
+    kept: list[str]  # versions of qnnctl's cache that --except kept
+
+    @property
+    def freed(self) -> int:
+        return sum(entry.size for entry in self.removed)
+
+
+def installed_anywhere(cache: Cache, environ: Mapping[str, str]) -> set[str]:
+    """Every version on disk: qnnctl's cache, links, stores, ExecuTorch's cache."""
+    from qnnctl.sdk import executorch_cache_dirs, missing_layout
+    from qnnctl.stores import all_links, store_sdks
+    from qnnctl.versions import is_full_version
+
+    found = set(cache.installed_versions())
+    found.update(link.version for link in all_links(cache))
+    found.update(stored.version for stored in store_sdks(environ))
+    for folder in dict.fromkeys(p.parent for p in executorch_cache_dirs("x", environ)):
+        if folder.is_dir():
+            for entry in folder.glob("sdk-*"):
+                version = entry.name.removeprefix("sdk-")
+                if is_full_version(version) and not missing_layout(entry):
+                    found.add(version)
+    return found
+
+
+def kept_versions(specs: Sequence[str], cache: Cache, environ: Mapping[str, str]) -> set[str]:
+    """The versions `--except SPEC...` keeps; each SPEC (a version or prefix) must name an SDK
+    on disk somewhere, so that a typo never empties the cache."""
+    anywhere = installed_anywhere(cache, environ)
+    keep: set[str] = set()
+    for spec in specs:
+        spec = spec.strip()
+        if not is_version_prefix(spec):
+            resolve_version(spec)  # raises the standard "not an SDK version" error
+        matched = {version for version in anywhere if matches_prefix(version, spec)}
+        if not matched:
+            raise UsageError(f"--except {spec}: no SDK on disk is {spec}, so nothing was removed",
+                             hint="`qnnctl list` shows the SDKs on disk; give the versions to keep")
+        keep |= matched
+    return keep
+
+
+def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping[str, str]) -> Pruned:
+    """Remove every SDK of qnnctl's cache but those `specs` name (all of them with `everything`)."""
+    from filelock import FileLock, Timeout
+
+    from qnnctl.install import _work_id
+
+    keep = set() if everything else kept_versions(specs, cache, environ)
+    removed: list[Removed] = []
+    busy: list[tuple[str, Path]] = []
+    kept: list[str] = []
+    for version in cache.installed_versions():
+        if version in keep:
+            kept.append(version)
+            continue
+        cache.locks.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(cache.lock_path(version)))
+        try:
+            # Not waited for: a running install of this version is replacing or writing it.
+            lock.acquire(timeout=0)
+        except Timeout:
+            busy.append((version, cache.sdk_dir(version)))
+            continue
+        try:
+            target = cache.sdk_dir(version)
+            if not (target / MANIFEST_NAME).is_file():
+                continue  # another qnnctl removed it meanwhile
+            recorded = (read_manifest(target) or {}).get("unpacked_size")
+            size = recorded if isinstance(recorded, int) else tree_size(target)
+            cache.tmp.mkdir(parents=True, exist_ok=True)
+            trash = cache.tmp / f"{version}.uninstall.{_work_id()[:8]}"
+            # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
+            os.replace(target, trash)
+            remove_tree(trash)
+            removed.append(Removed(version, target, size))
+            log.info("removed SDK %s (%s) from %s", version, mib(size), target)
+        finally:
+            lock.release()
+    return Pruned(removed, busy, kept)
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"

@@ -1,0 +1,556 @@
+"""Fleets: qnnctl.lock, read-only shared stores, links to existing SDK folders, a mirror made by
+`qnnctl mirror`, and `uninstall --except`/`--all`. Real processes of the entry point, a real
+loopback server (and Python's own http.server for the mirror), archives built at test time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.sdk import find_installed
+from tests.conftest import run_qnnctl
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+BUILD = f"v{VERSION}101010"  # as the libraries carry it
+THIRD = "2.31.0.250130"
+
+
+@pytest.fixture(autouse=True)
+def _known_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Name the CPU vendor, so that no doctor run waits for py-cpuinfo."""
+    monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")
+
+
+def _archive(folder: Path, version: str = VERSION, payload: bytes = b"first") -> bytes:
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = SdkSpec(version=version, build_id=f"v{version}101010", extra_files={"docs/payload.bin": payload})
+    return build_archive(folder, "zip", spec).read_bytes()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _checks(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+    return {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+
+
+def _comment(text: str) -> str:
+    """The lock file's comment as one line."""
+    return " ".join(line.removeprefix("#").strip() for line in text.splitlines() if line.startswith("#"))
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every path below `root` with its mode, size and modification time."""
+    found = {}
+    for path in [root, *root.rglob("*")]:
+        st = path.lstat()
+        found[str(path.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _nothing_installed(cache_dir: Path, version: str = VERSION) -> None:
+    assert not (cache_dir / "sdks" / version).exists()
+    downloads = cache_dir / "downloads"
+    assert not downloads.is_dir() or not [p for p in downloads.iterdir() if p.suffix == ".zip"]
+
+
+# -- qnnctl.lock -------------------------------------------------------------------------------
+
+
+def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _archive(tmp_path / "good")
+    server.add(f"/qairt{PATH}", good)
+    # A password in the mirror's URL is sent, and never written into the lock.
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base.replace("http://", "http://ci:s3cret@") + "/qairt")
+    project = Path.cwd()
+    assert run_qnnctl("use", VERSION).returncode == 0
+    sub = project / "src"
+    sub.mkdir()
+    made = run_qnnctl("lock", cwd=sub)
+    assert made.returncode == 0, made.stderr
+    lock_path = project / "qnnctl.lock"  # beside .qnn-version, not in the folder it ran in
+    assert made.stdout == f"{lock_path}\n"
+    assert "trust on first use" in made.stderr
+    text = lock_path.read_text()
+    assert "s3cret" not in text
+    assert "Trust on first use: Qualcomm publishes no checksums" in _comment(text)
+    data = tomllib.loads(text)
+    assert data["schema"] == 1
+    assert data["sdk"]["version"] == VERSION
+    assert data["sdk"]["sha256"] == _sha256(good)
+    assert data["sdk"]["size"] == len(good)
+    assert data["sdk"]["build_id"] == BUILD[1:]
+    assert data["sdk"]["urls"] == [f"http://***@{server.base.removeprefix('http://')}/qairt{PATH}"]
+    # Nothing records the archive's central directory yet: the lock leaves it out.
+    assert "central_directory_sha256" not in data["sdk"]
+    # It installed the SDK it locked.
+    assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()
+    checked = run_qnnctl("lock", "--check", cwd=sub)
+    assert checked.returncode == 0, checked.stderr
+    assert "matches" in checked.stderr
+
+    # The mirror's archive is replaced by another with the same name.
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    server.add(f"/qairt{PATH}", _archive(tmp_path / "bad", payload=b"tampered"))
+    tampered = run_qnnctl("install", cwd=sub)
+    assert tampered.returncode == 4, tampered.stderr
+    assert f"does not match {lock_path}" in tampered.stderr
+    assert _sha256(good) in tampered.stderr
+    assert tampered.stdout == ""
+    _nothing_installed(cache_dir)
+    # As is an archive on disk that does not match.
+    bad_file = tmp_path / "bad" / f"v{VERSION}.zip"
+    from_file = run_qnnctl("install", "--file", str(bad_file))
+    assert from_file.returncode == 4, from_file.stderr
+    assert "does not match" in from_file.stderr
+    _nothing_installed(cache_dir)
+
+
+def test_lock_of_an_installed_sdk_comes_from_its_manifest(mirror: FaultServer, cache_dir: Path) -> None:
+    assert run_qnnctl("install", VERSION).returncode == 0
+    manifest = read_manifest(cache_dir / "sdks" / VERSION)
+    assert manifest is not None
+    before = len(mirror.requests)
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    assert len(mirror.requests) == before  # no download: the manifest has the values
+    data = tomllib.loads(Path(made.stdout.strip()).read_text())
+    assert data["sdk"]["sha256"] == manifest["sha256"]
+    assert data["sdk"]["size"] == manifest["size"]
+    assert f"recorded when SDK {VERSION} was installed from" in _comment(Path(made.stdout.strip()).read_text())
+    assert "no .qnn-version pins" in made.stderr
+
+
+def test_lock_check_doctor_and_install_against_a_lock_that_disagrees(mirror: FaultServer, cache_dir: Path) -> None:
+    missing = run_qnnctl("lock", "--check")
+    assert missing.returncode == 1
+    assert "there is no qnnctl.lock" in missing.stderr
+    doctor = run_qnnctl("doctor", "--json", "--offline")
+    assert _checks(doctor)["lock"]["status"] == "skip"
+
+    assert run_qnnctl("use", VERSION).returncode == 0
+    assert run_qnnctl("lock").returncode == 0
+    matching = _checks(run_qnnctl("doctor", "--json", "--offline"))["lock"]
+    assert matching["status"] == "ok", matching
+    assert matching["detail"].startswith("matching: ")
+
+    # Stale: the project now selects another version.
+    assert run_qnnctl("use", OTHER_VERSION).returncode == 0
+    stale = run_qnnctl("lock", "--check")
+    assert stale.returncode == 1
+    assert f"pins SDK {VERSION}, not {OTHER_VERSION}" in stale.stderr
+    assert f"qnnctl use {VERSION}" in stale.stderr
+    check = _checks(run_qnnctl("doctor", "--json", "--offline"))["lock"]
+    assert check["status"] == "warn"
+    assert check["detail"].startswith("stale: ")
+    locked = run_qnnctl("install", "--locked")
+    assert locked.returncode == 1
+    assert f"pins SDK {VERSION}, not {OTHER_VERSION}" in locked.stderr
+
+    # The installed SDK came from another archive than the one locked.
+    assert run_qnnctl("use", VERSION).returncode == 0
+    manifest_path = cache_dir / "sdks" / VERSION / ".qnnctl.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sha256"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    differs = run_qnnctl("lock", "--check")
+    assert differs.returncode == 1
+    assert "0" * 64 in differs.stderr
+    assert _checks(run_qnnctl("doctor", "--json", "--offline"))["lock"]["status"] == "fail"
+    reused = run_qnnctl("install")
+    assert reused.returncode == 4, reused.stderr
+    assert reused.stdout == ""
+
+
+def test_install_locked_without_a_lock_fails_before_anything(mirror: FaultServer, cache_dir: Path) -> None:
+    result = run_qnnctl("install", "--locked", VERSION)
+    assert result.returncode == 1
+    assert "--locked: there is no qnnctl.lock" in result.stderr
+    assert "qnnctl lock" in result.stderr
+    assert mirror.requests == []
+    _nothing_installed(cache_dir)
+
+
+def test_a_store_sdk_without_a_manifest_is_locked_from_its_archive_fetched_once(
+        mirror: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    monkeypatch.setenv("QNNCTL_STORES", str(store))
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    data = tomllib.loads(Path(made.stdout.strip()).read_text())["sdk"]
+    served = mirror.files[PATH]
+    assert data["sha256"] == _sha256(served)
+    assert data["size"] == len(served)
+    assert len(mirror.requests_for(PATH)) == 1
+    # Hashed, then removed; nothing installed over the store's copy.
+    _nothing_installed(cache_dir)
+    assert run_qnnctl("lock", "--check").returncode == 0
+
+
+# -- read-only stores ---------------------------------------------------------------------------
+
+
+def _can_bind_mount_read_only() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    with tempfile.TemporaryDirectory() as folder:
+        probe = subprocess.run(
+            [unshare, *([] if os.geteuid() == 0 else ["-r"]), "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && ! touch "$1/x" 2>/dev/null', "sh",
+             folder], capture_output=True)
+        return probe.returncode == 0 and not os.path.exists(os.path.join(folder, "x"))
+
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@contextmanager
+def _read_only_store(how: str, tmp_path: Path) -> Iterator[tuple[Path, Path, Path, Runner]]:
+    """(store, cache, work folder, run) where `run(*args)` runs qnnctl unable to write in the store:
+    through a read-only bind mount of it (in a mount namespace of its own), or as a user who
+    lacks write permission there (`nobody` when the tests run as root)."""
+    as_root = os.geteuid() == 0
+    if how == "bind mount":
+        if not _can_bind_mount_read_only():
+            pytest.skip("no read-only bind mount here (unshare --mount)")
+        base = tmp_path / "ro"
+        base.mkdir()
+    else:
+        # Another user must reach these folders, which tmp_path (under a 0700 folder) is not.
+        base = Path(tempfile.mkdtemp(prefix="qnnctl-store-")) if as_root else tmp_path / "ro"
+        base.mkdir(exist_ok=True)
+        base.chmod(0o755)
+    store, cache, home, work = base / "store", base / "cache", base / "home", base / "work"
+    for folder in (cache, home, work):
+        folder.mkdir(parents=True)
+        folder.chmod(0o777)
+    build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD, sdk_yaml=False))
+    build_sdk_tree(store / "latest", SdkSpec(version=OTHER_VERSION, build_id=f"v{OTHER_VERSION}101010"))
+    if how == "bind mount":
+        prefix = [shutil.which("unshare") or "unshare", *([] if as_root else ["-r"]), "--mount", "--propagation",
+                  "private", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && '
+                  'exec "$@"', "sh", str(store)]
+    elif as_root:
+        prefix = [shutil.which("setpriv") or "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    else:
+        prefix = []
+        for path in [store, *store.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o555)
+    env = dict(os.environ, QNNCTL_CACHE_DIR=str(cache), HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
+               QNNCTL_STORES=f"{tmp_path / 'no-such-store'}:{store}")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*prefix, sys.executable, "-m", "qnnctl", *args], env=env, cwd=work,
+                              capture_output=True, text=True, timeout=120)
+
+    try:
+        yield store, cache, work, run
+    finally:
+        for path in [store, *store.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o755)
+        if not base.is_relative_to(tmp_path):
+            shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("how", ["bind mount", "no write permission"])
+def test_a_read_only_store_is_used_and_never_written(how: str, tmp_path: Path, server: FaultServer,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)  # nothing may be fetched: the server has no file
+    with _read_only_store(how, tmp_path) as (store, cache, work, run):
+        (work / ".qnn-version").write_text(VERSION + "\n")
+        before = _snapshot(store)
+        installed = run("install")
+        assert installed.returncode == 0, installed.stderr
+        assert installed.stdout == f"{store / VERSION}\n"
+        assert f"(store {store})" in installed.stderr
+        env = run("env", "--shell", "json")
+        assert env.returncode == 0, env.stderr
+        assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(store / VERSION)
+        lowered = run("lower", "--", "sh", "-c", 'printf %s "$QNN_SDK_ROOT"')
+        assert lowered.returncode == 0, lowered.stderr
+        assert lowered.stdout == str(store / VERSION)
+        doctor = run("doctor", "--json", "--offline")
+        checks = _checks(doctor)
+        failed = [c for c in checks.values() if c["status"] == "fail"]
+        if how != "bind mount" and os.geteuid() == 0:
+            # `nobody` may lack the right to run this Python in the load check's child process.
+            failed = [c for c in failed if not (c["id"] == "load" and "Permission denied" in c["detail"])]
+        assert not failed, failed
+        assert f"(store {store})" in checks["sdk.selection"]["detail"]
+        assert checks["sdk.version"]["status"] == "ok"  # identified by its libraries' build id
+        assert checks["sdk.manifest"]["status"] == "skip"
+        assert checks["stores"]["status"] == "warn"  # the first store named is not there
+        assert f"store {store}: 2 SDK(s) ({VERSION}, {OTHER_VERSION}), read-only" in checks["stores"]["detail"]
+        listed = json.loads(run("list", "--json").stdout)["sdks"]
+        assert [(r["version"], r["root"], r["origin"], r["build_id"]) for r in listed] == [
+            (VERSION, str(store / VERSION), f"store {store}", BUILD[1:]),
+            (OTHER_VERSION, str(store / "latest"), f"store {store}", f"{OTHER_VERSION}101010"),
+        ]
+        # `latest/` is SDK OTHER_VERSION by its libraries.
+        other = run("env", OTHER_VERSION, "--shell", "json")
+        assert json.loads(other.stdout)["QNN_SDK_ROOT"] == str(store / "latest")
+        assert server.requests == []
+        assert _snapshot(store) == before
+        assert not (store / VERSION / ".qnnctl.json").exists()
+        # Used where it is: nothing copied into the user's own cache either.
+        assert not (cache / "sdks").is_dir() or list((cache / "sdks").iterdir()) == []
+
+
+def test_a_store_folder_named_for_one_version_whose_libraries_are_another_is_not_it(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    build_sdk_tree(store / VERSION, SdkSpec(build_id="v2.51.0.260929181845"))
+    environ = {"QNNCTL_STORES": str(store), "HOME": str(tmp_path)}
+    cache = Cache(tmp_path / "cache")
+    assert find_installed(VERSION, cache, environ) is None
+    found = find_installed("2.51.0.260929", cache, environ)
+    assert found is not None
+    assert found.root == store / VERSION
+    assert found.origin == f"store {store}"
+
+
+# -- links --------------------------------------------------------------------------------------
+
+
+def test_a_link_to_a_folder_that_is_later_removed(tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "opt" / "qcom" / "aistack" / "qairt" / VERSION, SdkSpec(build_id=BUILD))
+    linked = run_qnnctl("link", str(folder))
+    assert linked.returncode == 0, linked.stderr
+    assert linked.stdout == f"{folder}\n"
+    record = json.loads((cache_dir / "links" / f"{VERSION}.json").read_text())
+    assert record["root"] == str(folder)
+    assert record["build_id"] == BUILD[1:]
+    (row,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
+    assert (row["version"], row["root"], row["origin"], row["missing"]) == (VERSION, str(folder), "link", [])
+    env = run_qnnctl("env", VERSION, "--shell", "json")
+    assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(folder)
+    # The newest SDK on disk, for a project that names none.
+    assert json.loads(run_qnnctl("env", "--shell", "json").stdout)["QNN_SDK_ROOT"] == str(folder)
+    checks = _checks(run_qnnctl("doctor", "--sdk", VERSION, "--json", "--offline"))
+    assert "(link)" in checks["sdk.selection"]["detail"]
+    assert checks["stores"]["status"] == "ok"
+    assert checks["stores"]["detail"] == f"1 linked SDK(s) ({VERSION} at {folder})"
+
+    shutil.rmtree(folder)
+    (gone,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
+    assert gone["missing"] == ["the folder itself"]
+    assert gone["size"] is None
+    assert "its folder is gone" in run_qnnctl("list").stdout
+    env = run_qnnctl("env", VERSION)
+    assert env.returncode == 1
+    assert env.stdout == ""
+    assert f"SDK {VERSION} is linked to {folder}, which is gone" in env.stderr
+    assert f"qnnctl uninstall {VERSION}" in env.stderr
+    doctor = run_qnnctl("doctor", "--sdk", VERSION, "--json", "--offline")
+    assert doctor.returncode == 1
+    checks = _checks(doctor)
+    assert checks["sdk.selection"]["status"] == "fail"
+    assert "which is gone" in checks["sdk.selection"]["detail"]
+    assert checks["stores"]["status"] == "warn"
+    assert f"qnnctl uninstall {VERSION}" in checks["stores"]["hint"]
+    dropped = run_qnnctl("uninstall", VERSION)
+    assert dropped.returncode == 0, dropped.stderr
+    assert not (cache_dir / "links" / f"{VERSION}.json").exists()
+    assert json.loads(run_qnnctl("list", "--json").stdout)["sdks"] == []
+
+
+def test_uninstall_removes_only_the_link(tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    assert run_qnnctl("link", str(folder)).returncode == 0
+    before = _snapshot(folder)
+    removed = run_qnnctl("uninstall", VERSION)
+    assert removed.returncode == 0, removed.stderr
+    assert "the folder is left as it is" in removed.stderr
+    assert _snapshot(folder) == before
+    assert run_qnnctl("env", VERSION).returncode == 1
+
+
+def test_link_refuses_a_version_its_libraries_contradict(tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    wrong = run_qnnctl("link", str(folder), "--version", OTHER_VERSION)
+    assert wrong.returncode == 4
+    assert f"holds SDK {VERSION}" in wrong.stderr
+    assert not (cache_dir / "links").exists()
+    not_sdk = run_qnnctl("link", str(tmp_path))
+    assert not_sdk.returncode == 1
+    assert "is not a QNN SDK root" in not_sdk.stderr
+
+
+# -- qnnctl mirror -------------------------------------------------------------------------------
+
+
+@contextmanager
+def _http_server(folder: Path) -> Iterator[str]:
+    """`python3 -m http.server` serving `folder` on loopback, as the README shows; its base URL."""
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
+                             "--directory", str(folder)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"port (\d+)", line)
+        assert match, line
+        yield f"http://127.0.0.1:{match.group(1)}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_mirror_round_trip_served_by_http_server(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _archive(tmp_path / "good")
+    server.add(PATH, good)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    folder = tmp_path / "mirror"
+    made = run_qnnctl("mirror", str(folder), "2.37")
+    assert made.returncode == 0, made.stderr
+    archive = folder / VERSION / f"v{VERSION}.zip"
+    assert made.stdout == f"{archive}\n"
+    assert archive.read_bytes() == good
+    index = json.loads((folder / "index.json").read_text())
+    assert index["schema"] == 1
+    entry = index["versions"][VERSION]
+    assert (entry["sha256"], entry["size"], entry["build_id"], entry["path"]) == (
+        _sha256(good), len(good), BUILD[1:], f"{VERSION}/v{VERSION}.zip")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", entry["added_at"])
+    assert not list((cache_dir / "downloads").glob("*.zip"))  # moved into the mirror, not copied
+    again = run_qnnctl("mirror", str(folder), VERSION)
+    assert again.returncode == 0, again.stderr
+    assert len(server.requests_for(PATH)) == 1  # already there, as indexed
+    assert json.loads((folder / "index.json").read_text()) == index
+
+    with _http_server(folder) as base:
+        env = dict(os.environ, QNNCTL_MIRROR=base, QNNCTL_CACHE_DIR=str(tmp_path / "fresh"))
+        installed = run_qnnctl("install", VERSION, "-v", env=env)
+        assert installed.returncode == 0, installed.stderr
+        root = Path(installed.stdout.strip())
+        assert root == tmp_path / "fresh" / "sdks" / VERSION
+        assert (read_manifest(root) or {})["sha256"] == _sha256(good)
+
+        archive.write_bytes(_archive(tmp_path / "bad", payload=b"tampered"))
+        env["QNNCTL_CACHE_DIR"] = str(tmp_path / "fresh2")
+        tampered = run_qnnctl("install", VERSION, env=env)
+        assert tampered.returncode == 4, tampered.stderr
+        assert f"does not match the mirror's {base}/index.json" in tampered.stderr
+        _nothing_installed(tmp_path / "fresh2")
+        # `mirror` finds the file changed against its own index.
+        changed = run_qnnctl("mirror", str(folder), VERSION)
+        assert changed.returncode == 4
+        assert "index.json says" in changed.stderr
+
+
+def test_mirror_takes_an_archive_already_downloaded(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _archive(tmp_path / "good")
+    downloads = cache_dir / "downloads"
+    downloads.mkdir(parents=True)
+    (downloads / f"v{VERSION}.zip").write_bytes(good)
+    (downloads / f"v{VERSION}.zip.json").write_text(json.dumps({"url": f"https://example.invalid{PATH}",
+                                                                 "sha256": _sha256(good), "size": len(good)}))
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)  # serves nothing
+    made = run_qnnctl("mirror", str(tmp_path / "mirror"), VERSION)
+    assert made.returncode == 0, made.stderr
+    assert server.requests_for(PATH) == []
+    assert (tmp_path / "mirror" / VERSION / f"v{VERSION}.zip").read_bytes() == good
+    assert not (downloads / f"v{VERSION}.zip").exists()
+
+
+def test_install_from_a_mirror_whose_index_disagrees_with_the_lock_fetches_nothing(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _archive(tmp_path / "good")
+    server.add(PATH, good)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    assert run_qnnctl("lock", VERSION).returncode == 0
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    index = {"schema": 1, "versions": {VERSION: {"sha256": "1" * 64, "size": len(good)}}}
+    server.add("/index.json", json.dumps(index).encode(), "application/json")
+    before = len(server.requests_for(PATH))
+    result = run_qnnctl("install", VERSION)
+    assert result.returncode == 4, result.stderr
+    assert "1" * 64 in result.stderr
+    assert "nothing was fetched" in result.stderr
+    assert len(server.requests_for(PATH)) == before
+    _nothing_installed(cache_dir)
+
+
+# -- uninstall --except / --all ---------------------------------------------------------------
+
+
+def test_uninstall_except_leaves_what_a_running_install_holds(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for version in (VERSION, OTHER_VERSION, THIRD):
+        install_tree_into_cache(cache_dir, version)
+    third_size = tree_size(cache_dir / "sdks" / THIRD)
+    store = tmp_path / "store"
+    build_sdk_tree(store / "2.28.2.241116", SdkSpec(version="2.28.2.241116"))
+    linked = build_sdk_tree(tmp_path / "linked", SdkSpec(version="2.26.0.240828"))
+    assert run_qnnctl("link", str(linked), "--version", "2.26.0.240828").returncode == 0
+    monkeypatch.setenv("QNNCTL_STORES", str(store))
+    other = f"/{OTHER_VERSION}/v{OTHER_VERSION}.zip"
+    server.add(other, _archive(tmp_path / "other", OTHER_VERSION))
+    opened = threading.Event()
+    server.fail(other, Fault.gate(opened))
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    untouched = (_snapshot(store), _snapshot(linked))
+    # A reinstall of OTHER_VERSION, held at its download: it holds that version's install lock.
+    running = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", "--force", OTHER_VERSION],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not server.requests_for(other) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.requests_for(other), "the install never started its download"
+        pruned = run_qnnctl("uninstall", "--except", "2.37")
+    finally:
+        opened.set()
+        out, err = running.communicate(timeout=120)
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"SDK {OTHER_VERSION} ({cache_dir / 'sdks' / OTHER_VERSION}) is held by a running install" in pruned.stderr
+    assert f"removed SDK {THIRD}" in pruned.stderr
+    assert f"removed 1 SDK(s), freed {third_size / (1 << 20):.1f} MiB" in pruned.stderr
+    assert f"kept {VERSION}" in pruned.stderr
+    assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == sorted([VERSION, OTHER_VERSION])
+    assert (_snapshot(store), _snapshot(linked)) == untouched
+    assert (cache_dir / "links" / "2.26.0.240828.json").is_file()
+    assert running.returncode == 0, err
+    assert out == f"{cache_dir / 'sdks' / OTHER_VERSION}\n"
+
+
+def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None:
+    for version in (VERSION, OTHER_VERSION):
+        install_tree_into_cache(cache_dir, version)
+    typo = run_qnnctl("uninstall", "--except", "2.38")
+    assert typo.returncode == 2
+    assert "nothing was removed" in typo.stderr
+    assert len(list((cache_dir / "sdks").iterdir())) == 2
+    assert run_qnnctl("uninstall", "--all", VERSION).returncode == 2
+    assert run_qnnctl("uninstall").returncode == 2
+    everything = run_qnnctl("uninstall", "--all")
+    assert everything.returncode == 0, everything.stderr
+    assert "removed 2 SDK(s), freed" in everything.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
