@@ -197,6 +197,11 @@ def test_dry_run_with_soc_talks_to_no_device_and_prints_the_plan(sdk: Path, tmp_
     stub = sdk / "lib" / "aarch64-android" / "libQnnHtpV79Stub.so"
     assert f"{stub}\t{DEST}/libQnnHtpV79Stub.so\t{stub.stat().st_size}\t{BUILD_2_51[1:]}" in lines
     assert f"{runner}\t{DEST}/qnn_executor_runner\t17\t-" in lines
+    clash = tmp_path / "libQnnHtp.so"
+    clash.write_bytes(b"mine")
+    refused = push("--sdk", str(sdk), "--soc", "SM8750", "--dry-run", str(clash))
+    assert refused.returncode == 2
+    assert "would overwrite libQnnHtp.so on the device" in refused.stderr
     assert lines[-2:] == [f"export LD_LIBRARY_PATH='{DEST}'", f"export ADSP_LIBRARY_PATH='{DEST};{DSP}'"]
     assert "plan for SM8750 (HTP V79)" in proc.stderr
 
@@ -483,6 +488,10 @@ def test_the_exports_and_the_run_line_mean_the_same_to_a_real_shell(shell: str, 
 
 def test_run_passes_arguments_environment_and_exit_code(sdk: Path, phones: Phones) -> None:
     phones.add("R5CT1", soc="SM8750")
+    early = run_qnnctl("device", "run", "--sdk", str(sdk), "--", "true")
+    assert early.returncode == 1
+    assert f"R5CT1:{DEST} does not exist: nothing was pushed there" in early.stderr
+    assert "`qnnctl device push --serial R5CT1` first" in early.stderr
     assert push("--sdk", str(sdk)).returncode == 0
     script = ('printf "%s|" "$@"; echo; pwd; echo "$LD_LIBRARY_PATH"; echo "$ADSP_LIBRARY_PATH"; '
               "ls libQnnHtpV79Skel.so; exit 7")
@@ -555,6 +564,10 @@ def test_doctor_device_on_a_good_push_and_on_none(sdk: Path, phones: Phones) -> 
                                                    "as the host SDK")
 
     phones.add("R5CT2", soc="SM8650")
+    cli = run_qnnctl("doctor", "--sdk", str(sdk), "--device", "R5CT2", "--json", "--offline")
+    assert cli.returncode == 1
+    named = {c["id"]: c for c in json.loads(cli.stdout)["checks"]}
+    assert named["device.connection"]["detail"].startswith("R5CT2 (")
     by_serial = device_checks(str(sdk), "R5CT2")
     assert by_serial["device.soc"].status == "ok"
     assert by_serial["device.libraries"].status == "fail"

@@ -133,8 +133,14 @@ def run(argv: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache
     """Become `adb shell` running `argv` on the device in the pushed folder, with its environment."""
     if not argv:
         raise UsageError("nothing to run", hint="qnnctl device run -- COMMAND [ARGS]...")
-    from qnnctl.device.adb import Adb
+    from qnnctl.device.adb import Adb, DeviceError
+    from qnnctl.shell import quote_posix
 
     folder = device_dest(dest, spec, environ, cwd, cache)
     device = Adb(environ).device(serial)
+    # Said here, with the fix; once adb runs the command, its own words are all there is.
+    if device.shell(f"[ -d {quote_posix(folder)} ]", check=False).returncode != 0:
+        options = f" --serial {device.serial}" + (f" --dest {quote_posix(folder)}" if dest is not None else "")
+        raise DeviceError(f"{device.serial}:{folder} does not exist: nothing was pushed there",
+                          hint=f"`qnnctl device push{options}` first")
     device.exec_shell(remote_command(folder, argv))
