@@ -24,7 +24,7 @@ import tarfile
 import threading
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -474,28 +474,43 @@ def _send(fd: int, payload: tuple[str, Any]) -> None:
     os.close(fd)
 
 
-def extract(archive: Path, work: Path, streamed: Streamed | None = None) -> Extracted:
+def extract(archive: Path, work: Path, streamed: Streamed | None = None,
+            only: Collection[PurePosixPath] | None = None, beside: Collection[PurePosixPath] = (),
+            ready: Callable[[zipfile.ZipInfo], None] | None = None, kind: str | None = None) -> Extracted:
     """Extract `archive` into the empty folder `work` and find the SDK inside it.
 
     `streamed` is what a `ZipStream` already wrote into `work` while the archive downloaded;
     what agrees with the central directory is kept, the rest is written now.
+
+    `only` limits what is written to those members (the components chosen, see
+    qnnctl.components); every member's name and type is still checked, so an archive that
+    would be refused whole is refused for a part of it too. A chosen link that needs a member
+    left out (its target, or a link on the way) is refused: no link is left dangling by the
+    choice. `beside` names members already installed next to the ones written (a component
+    added later). `ready(info)` is called before a zip member's data is read, and returns once
+    it is there (a member still being fetched); the files are then written in threads, in the
+    order of the archive, while the rest arrives. `kind` ("zip" or "tar") is for an archive
+    whose first bytes are not there to tell (one fetched in parts).
     """
     work.mkdir(parents=True, exist_ok=True)
-    kind = archive_kind(archive)
+    kind = kind or archive_kind(archive)
     writer = _Writer(work)
+    choice = _Choice(only, beside) if only is not None else None
     try:
         try:
             if kind == "zip":
-                names, links = _extract_zip(archive, writer, streamed)
+                names, links = _extract_zip(archive, writer, streamed, choice, ready)
             else:
-                names, links = _extract_tar(archive, writer)
+                names, links = _extract_tar(archive, writer, choice)
         except _Redo as redo:
             # Anything unexpected in what was streamed: start again, with the one careful path.
             log.debug("extracting %s again: %s", archive.name, redo)
             shutil.rmtree(work)
             work.mkdir()
             writer = _Writer(work)
-            names, links = _extract_zip(archive, writer, None)
+            names, links = _extract_zip(archive, writer, None, choice)
+        if choice is not None:
+            choice.check_links(links)
         top = _sdk_top(names)
         _make_links(links, top, writer)
     except _CORRUPT as exc:
@@ -535,7 +550,36 @@ class _Redo(Exception):
     """What was streamed does not match the central directory."""
 
 
-def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
+class _Choice:
+    """The members an extraction writes, of all those it checks."""
+
+    def __init__(self, only: Collection[PurePosixPath], beside: Collection[PurePosixPath]) -> None:
+        self.only = frozenset(only)
+        self.there = self.only | frozenset(beside)
+        self.kinds: dict[PurePosixPath, str] = {}  # every member's kind, for following links
+
+    def __contains__(self, name: PurePosixPath) -> bool:
+        return name in self.only
+
+    def saw(self, name: PurePosixPath, kind: str) -> None:
+        self.kinds[name] = kind
+
+    def check_links(self, links: list[_Link]) -> None:
+        """Refuse a chosen link that leads through or to a member left out."""
+        from qnnctl.components import Member, unresolved_links
+
+        members = {name: Member(name, kind) for name, kind in self.kinds.items()}
+        targets = {link.name: link.target for link in links if not link.hard}
+        for link in links:
+            if link.hard and _member_path(link.target) not in self.there:
+                raise _unsafe(f"hard link {link.name} -> {link.target} needs a member that is not being installed")
+        for name, needed in unresolved_links(members, [n for n in members if n in self.there], targets):
+            raise _unsafe(f"symlink {name} -> {targets.get(name)} needs {needed}, which is not being installed "
+                          "(the components chosen leave it out)")
+
+
+def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choice: _Choice | None = None,
+                 ready: Callable[[zipfile.ZipInfo], None] | None = None,
                  ) -> tuple[list[PurePosixPath], list[_Link]]:
     names: list[PurePosixPath] = []
     links: list[_Link] = []
@@ -550,6 +594,14 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
             names.append(name)
             unix_mode = info.external_attr >> 16 if info.create_system == 3 else 0
             kind = stat.S_IFMT(unix_mode)
+            if choice is not None:
+                special = kind not in (0, stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK) and not info.is_dir()
+                if special:
+                    raise _unsafe(f"{info.filename!r} is a device or special file")
+                choice.saw(name, "dir" if info.is_dir() or kind == stat.S_IFDIR else
+                           "link" if kind == stat.S_IFLNK else "file")
+                if name not in choice:
+                    continue
             if info.is_dir() or kind == stat.S_IFDIR:
                 folders.append((name, stat.S_IMODE(unix_mode) or None))
                 _take(streamed, name, info, folder=True)
@@ -613,7 +665,18 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None
             return files[name][0].file_size + _FILE_COST
 
         order = [n for n in files if n not in done]
-        results = in_processes(order, write, weight, extraction_threads())
+        if ready is None:
+            results = in_processes(order, write, weight, extraction_threads())
+        else:
+            # The members arrive in the archive's order: take them in that order, as they come.
+            order.sort(key=lambda n: files[n][0].header_offset)
+            results = {}
+
+            def write_when_ready(name: PurePosixPath, stop: threading.Event) -> None:
+                ready(files[name][0])
+                results[name] = write(name, stop)
+
+            in_threads(order, write_when_ready, extraction_threads())
         for name in files:
             if name not in done:
                 writer.record(name, *results[name])
@@ -1032,7 +1095,8 @@ def _zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int]:
     return usize, csize
 
 
-def _extract_tar(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], list[_Link]]:
+def _extract_tar(archive: Path, writer: _Writer, choice: _Choice | None = None
+                 ) -> tuple[list[PurePosixPath], list[_Link]]:
     names: list[PurePosixPath] = []
     links: list[_Link] = []
     # The uncompressed size is unknown until the end; a typical SDK compresses about 3:1.
@@ -1044,6 +1108,12 @@ def _extract_tar(archive: Path, writer: _Writer) -> tuple[list[PurePosixPath], l
             if not name.parts:
                 continue
             names.append(name)
+            if choice is not None:
+                if not (member.isdir() or member.issym() or member.islnk() or member.isreg()):
+                    raise _unsafe(f"{member.name!r} is a device or special file")
+                choice.saw(name, "dir" if member.isdir() else "link" if member.issym() else "file")
+                if name not in choice:
+                    continue
             if member.isdir():
                 writer.directory(name, stat.S_IMODE(member.mode))
             elif member.issym():
@@ -1144,3 +1214,31 @@ def work_folder(path: Path) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- for installing some members only (qnnctl.partial) ---------------------------------------
+
+
+def member_path(name: str) -> PurePosixPath:
+    """A member's name as a safe relative path; IntegrityError for an unsafe one."""
+    return _member_path(name)
+
+
+def sdk_top(names: Iterable[PurePosixPath]) -> PurePosixPath:
+    """The folder of the archive that holds the SDK (the one with lib/x86_64-linux-clang)."""
+    return _sdk_top(list(names))
+
+
+def unsafe(what: str) -> IntegrityError:
+    return _unsafe(what)
+
+
+def check_links_inside(root: Path) -> None:
+    """Every symlink under `root` leads inside it: for a tree put together from two
+    installs, whose links were each checked on their own (one can redirect another)."""
+    real_root = os.path.realpath(root)
+    for folder, dirs, names in os.walk(root):
+        for name in [*dirs, *names]:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and not _inside(os.path.realpath(path), real_root):
+                raise _unsafe(f"symlink {os.path.relpath(path, root)} -> {os.readlink(path)} leads outside the SDK")

@@ -126,3 +126,19 @@ class UnsupportedHostError(QnnctlError):
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
+
+
+class MissingComponentError(QnnctlError):
+    """The SDK is installed with some of its components (`install --components`), and not the
+    ones needed: the hint is the command that adds them."""
+
+    def __init__(self, version: str, root: str, components: tuple[str, ...], needed_for: str) -> None:
+        self.version = version
+        self.root = root
+        self.components = components
+        names = ", ".join(components)
+        super().__init__(
+            f"SDK {version} at {root} was installed without {names}, which {needed_for} needs",
+            hint=f"add it: `qnnctl install {version} --components {','.join(components)}` "
+            "(fetches only what is missing)",
+        )

@@ -6,7 +6,14 @@
         url = server.url("/2.37.0.250724/v2.37.0.250724.zip")
 
 Faults queued for a path are used one per request, in order; after that the file is served
-normally. Every request is recorded (method, path, headers) for assertions.
+normally. Every request is recorded (method, path, headers) for assertions, and so is every
+answer's body (`served`: status, ranges, bytes sent).
+
+Range requests are answered as RFC 9110 says: one range (`bytes=a-b`, `bytes=a-`, the suffix
+`bytes=-n`) with 206, several with a multipart/byteranges body, none satisfiable with 416.
+`ignore_ranges = True` makes the server answer every Range request with 200 and the whole
+file, as some servers do; `rate` (bytes per second, shared by every connection) slows it down
+like a network.
 
 `FaultServer(tls=self_signed_certificate(folder))` serves HTTPS with a certificate made for
 127.0.0.1 at test time; `connections` counts the connections it accepted, handshakes that
@@ -85,6 +92,11 @@ class Fault:
         """Serve the body in small chunks with a delay between them."""
         return cls("slow", (bytes_per_chunk, delay))
 
+    @classmethod
+    def none(cls) -> Fault:
+        """Serve this request normally (to aim a later fault at a later request)."""
+        return cls("none")
+
 
 @dataclass(frozen=True)
 class Request:
@@ -92,6 +104,38 @@ class Request:
     path: str  # without the query
     headers: dict[str, str]
     target: str = ""  # as sent: the path with its query
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answer: its status, the byte ranges its body held (end exclusive), the bytes sent."""
+
+    path: str
+    status: int
+    ranges: tuple[tuple[int, int], ...]
+    sent: int
+
+
+def parse_ranges(header: str, size: int) -> list[tuple[int, int]] | None:
+    """The satisfiable ranges of a Range header, end exclusive; None when it is not one to
+    honour (another unit, a malformed spec: the whole file is sent), [] when none can be."""
+    if not header.startswith("bytes="):
+        return None
+    ranges: list[tuple[int, int]] = []
+    for spec in header[6:].split(","):
+        first, dash, last = spec.strip().partition("-")
+        if not dash or not (first or last) or not (first.isdigit() or not first) or not (last.isdigit() or not last):
+            return None
+        if not first:  # the last n bytes
+            if int(last) > 0 and size > 0:
+                ranges.append((max(0, size - int(last)), size))
+            continue
+        start = int(first)
+        if last and int(last) < start:
+            return None
+        if start < size:
+            ranges.append((start, min(int(last) + 1, size) if last else size))
+    return ranges
 
 
 @dataclass(frozen=True)
@@ -142,8 +186,13 @@ class FaultServer:
         self.content_types: dict[str, str] = {}
         self.faults: dict[str, deque[Fault]] = defaultdict(deque)
         self.requests: list[Request] = []
+        self.served: list[Served] = []
+        self._sent: dict[str, int] = defaultdict(int)  # body bytes sent so far, answers in flight included
         self.lock = threading.Lock()
         self.etag_enabled = True
+        self.ignore_ranges = False
+        self.rate: float | None = None  # bytes per second for all connections together
+        self._next_send = 0.0  # when the shared allowance lets the next block go
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -204,6 +253,15 @@ class FaultServer:
         with self.lock:
             return [r for r in self.requests if r.path == path and r.method == method]
 
+    def bytes_served(self, path: str) -> int:
+        """The body bytes sent for `path` so far, answers still being sent included."""
+        with self.lock:
+            return self._sent[path]
+
+    def served_for(self, path: str) -> list[Served]:
+        with self.lock:
+            return [s for s in self.served if s.path == path]
+
     # -- serving -------------------------------------------------------------------------
 
     def _handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
@@ -236,23 +294,28 @@ class FaultServer:
             self._send_empty(h, 404, {})
             return
         etag = f'"{hash(data) & 0xFFFFFFFF:x}-{len(data)}"'
-        start = 0
+        start, end = 0, len(data)
         status = 200
         range_header = h.headers.get("Range")
         if_range = h.headers.get("If-Range")
-        honour_range = range_header is not None and not (fault is not None and fault.kind == "ignore_range")
+        honour_range = range_header is not None and not (fault is not None and fault.kind == "ignore_range") \
+            and not self.ignore_ranges
         if honour_range and if_range is not None and self.etag_enabled and if_range != etag:
             honour_range = False  # the file changed: send all of it
-        if honour_range and range_header is not None:
-            spec = range_header.removeprefix("bytes=").split("-", 1)[0]
-            start = int(spec)
+        spans = parse_ranges(range_header, len(data)) if honour_range and range_header is not None else None
+        if spans == []:
+            self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
+            self._record(path, 416, (), 0)
+            return
+        if spans is not None and len(spans) > 1:
+            self._send_multipart(h, path, data, spans, ctype, etag, head)
+            return
+        if spans is not None:
+            (start, end), = spans
             if fault is not None and fault.kind == "misplaced_range":
-                start = max(0, start + int(fault.arg))
-            if start >= len(data):
-                self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
-                return
+                start = min(max(0, start + int(fault.arg)), end)
             status = 206
-        body = data[start:]
+        body = data[start:end]
         claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)
         h.send_response(status)
         h.send_header("Content-Type", ctype)
@@ -261,13 +324,15 @@ class FaultServer:
         if self.etag_enabled:
             h.send_header("ETag", etag)
         if status == 206:
-            h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         h.end_headers()
         if head:
             return
+        sent = 0
         try:
             if fault is not None and fault.kind == "drop":
                 h.wfile.write(body[: int(fault.arg)])
+                sent = min(len(body), int(fault.arg))
                 h.wfile.flush()
                 h.close_connection = True
                 # Abort the socket so the client sees a short body, not a clean close.
@@ -275,6 +340,7 @@ class FaultServer:
                 return
             if fault is not None and fault.kind == "claim_length":
                 h.wfile.write(body)
+                sent = len(body)
                 h.wfile.flush()
                 h.close_connection = True
                 return
@@ -282,14 +348,73 @@ class FaultServer:
                 chunk, delay = fault.arg
                 for i in range(0, len(body), chunk):
                     h.wfile.write(body[i : i + chunk])
+                    sent += len(body[i : i + chunk])
                     h.wfile.flush()
                     time.sleep(delay)
                 return
             view = memoryview(body)
-            for i in range(0, len(body), 1 << 20):
-                h.wfile.write(view[i : i + (1 << 20)])
+            block = 1 << 20 if self.rate is None else 64 << 10
+            for i in range(0, len(body), block):
+                piece = view[i : i + block]
+                self._throttle(len(piece))
+                h.wfile.write(piece)
+                sent += len(piece)
+                self._count(path, len(piece))
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            counted = sent if (fault is None or fault.kind not in ("drop", "claim_length", "slow")) else 0
+            self._record(path, status, ((start, start + sent),) if sent else (), sent, counted)
+
+    def _record(self, path: str, status: int, ranges: tuple[tuple[int, int], ...], sent: int,
+                counted: int | None = None) -> None:
+        """One answer done; `counted` of its `sent` bytes were counted as they went."""
+        with self.lock:
+            self.served.append(Served(path, status, ranges, sent))
+            self._sent[path] += sent - (counted if counted is not None else 0)
+
+    def _count(self, path: str, size: int) -> None:
+        with self.lock:
+            self._sent[path] += size
+
+    def _throttle(self, size: int) -> None:
+        """Wait until `size` more bytes fit in the rate shared by every connection."""
+        if self.rate is None:
+            return
+        with self.lock:
+            now = time.monotonic()
+            due = max(self._next_send, now)
+            self._next_send = due + size / self.rate
+        if due > now:
+            time.sleep(due - now)
+
+    def _send_multipart(self, h: BaseHTTPRequestHandler, path: str, data: bytes, spans: list[tuple[int, int]],
+                        ctype: str, etag: str, head: bool) -> None:
+        """Several ranges in one multipart/byteranges body (RFC 9110, section 14.6)."""
+        boundary = "qnnctl-test-boundary"
+        parts = []
+        for start, end in spans:
+            head_lines = (f"--{boundary}\r\nContent-Type: {ctype}\r\n"
+                          f"Content-Range: bytes {start}-{end - 1}/{len(data)}\r\n\r\n")
+            parts.append(head_lines.encode() + data[start:end] + b"\r\n")
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        h.send_response(206)
+        h.send_header("Content-Type", f"multipart/byteranges; boundary={boundary}")
+        h.send_header("Content-Length", str(len(body)))
+        h.send_header("Accept-Ranges", "bytes")
+        if self.etag_enabled:
+            h.send_header("ETag", etag)
+        h.end_headers()
+        if head:
+            return
+        sent = 0
+        try:
+            h.wfile.write(body)
+            sent = len(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            self._record(path, 206, tuple(spans), sent)
 
     def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> None:
         h.send_response(status)

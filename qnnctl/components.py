@@ -1,0 +1,285 @@
+"""The parts of an SDK that can be installed on their own: path rules over the archive's members.
+
+A QAIRT archive holds far more than a host needs: Android and embedded-Linux builds, Windows
+builds, DSP libraries for every Hexagon generation, documentation and examples. Lowering a
+model on an x86_64 Linux host needs the host libraries alone, and pushing to one phone the
+Android libraries and one Hexagon generation. `install --components` fetches only those.
+
+The rules are data (`RULES`), matched against each member's path below the SDK root. A member
+that no rule claims belongs to `all` only. `host` is part of every install: every qnnctl
+command needs the host libraries, and an SDK folder without them is no SDK (`missing_layout`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
+from pathlib import PurePosixPath
+from typing import Any, NamedTuple
+
+from qnnctl.errors import UsageError
+
+ALL = "all"
+HOST = "host"
+ANDROID = "android"
+DOCS = "docs"
+HEXAGON = "hexagon-v{gen}"  # one component per DSP generation found in the archive
+
+# (component, pattern) over a member's path below the SDK root. `dir/` claims everything under
+# dir, `dir/*` the files directly in dir, `*` the files at the root; `{gen}` is a number.
+# From the layout of a QAIRT SDK root (../shared/design.md, "The SDK"; the 2.37.0.250724 and
+# 2.42.0.251225 archives, read 2025): one folder per target triple under lib/ (and bin/),
+# bin/x86_64-linux-clang/ for the host tools, include/QNN/ for the headers,
+# lib/hexagon-vNN/unsigned/ for each DSP generation's skels, lib/python/ and share/ for what
+# the host tools import and read, docs/ and examples/. A newer folder is one more line.
+RULES: tuple[tuple[str, str], ...] = (
+    (HOST, "*"),  # QNN_README.txt, sdk.yaml, the notices
+    (HOST, "bin/*"),  # envsetup.sh and the dependency checks beside the tool folders
+    (HOST, "bin/x86_64-linux-clang/"),
+    (HOST, "lib/x86_64-linux-clang/"),
+    (HOST, "lib/python/"),
+    (HOST, "include/"),
+    (HOST, "share/"),
+    (ANDROID, "lib/aarch64-android/"),
+    (ANDROID, "bin/aarch64-android/"),  # qnn-net-run and friends, for the phone
+    (HEXAGON, "lib/hexagon-v{gen}/"),
+    (DOCS, "docs/"),
+    (DOCS, "examples/"),
+)
+
+_NAMED = (HOST, ANDROID, DOCS, ALL)
+_HEXAGON_NAME = re.compile(r"hexagon-v\d+")
+# How a link is followed within the archive: at most this many links on one path, as the kernel.
+_MAX_HOPS = 40
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    body = re.escape(pattern).replace(re.escape("{gen}"), r"(?P<gen>\d+)")
+    if pattern.endswith("/"):
+        return re.compile(body)  # a prefix: the folder and everything under it
+    return re.compile(body.replace(r"\*", r"[^/]+") + r"\Z")
+
+
+_COMPILED = tuple((component, _compile(pattern)) for component, pattern in RULES)
+
+
+def component_of(path: str, is_dir: bool = False) -> str | None:
+    """The component that holds `path` (below the SDK root), or None: `all` only."""
+    text = path + "/" if is_dir else path
+    for component, rule in _COMPILED:
+        found = rule.match(text)
+        if found is not None:
+            return component.format(**found.groupdict())
+    return None
+
+
+def parse_components(spec: str | Iterable[str], where: str = "--components") -> tuple[str, ...]:
+    """`host,android,hexagon-v75` as a sorted tuple of component names, `host` always in it;
+    ("all",) for everything. UsageError (exit 2) for a name that is not a component."""
+    words = [spec] if isinstance(spec, str) else list(spec)
+    names = {part.strip().lower() for word in words for part in re.split(r"[,\s]+", word) if part.strip()}
+    if not names:
+        raise UsageError(f"{where} names no component", hint=f"give some of: {known_names()}")
+    unknown = sorted(n for n in names if n not in _NAMED and not _HEXAGON_NAME.fullmatch(n))
+    if unknown:
+        verb = "is not a component" if len(unknown) == 1 else "are not components"
+        raise UsageError(f"{where}: {', '.join(unknown)} {verb}", hint=f"the components are {known_names()}")
+    if ALL in names:
+        return (ALL,)
+    return canonical(names | {HOST})
+
+
+def known_names() -> str:
+    return "host, android, hexagon-vNN (one per DSP generation, e.g. hexagon-v75), docs, all"
+
+
+def canonical(names: Iterable[str]) -> tuple[str, ...]:
+    """Sorted as people read them: host first, then android, the DSP generations, docs."""
+    order = {HOST: 0, ANDROID: 1, DOCS: 3}
+
+    def key(name: str) -> tuple[int, int, str]:
+        if name.startswith("hexagon-v") and name[9:].isdigit():
+            return (2, int(name[9:]), name)
+        return (order.get(name, 4), 0, name)
+
+    unique = set(names)
+    return (ALL,) if ALL in unique else tuple(sorted(unique, key=key))
+
+
+def covers(present: Collection[str], wanted: Collection[str]) -> bool:
+    """Whether an SDK with the components `present` has everything `wanted` names."""
+    return ALL in present or (ALL not in wanted and set(wanted) <= set(present))
+
+
+def missing(present: Collection[str], wanted: Collection[str]) -> tuple[str, ...]:
+    """What of `wanted` an SDK with `present` lacks."""
+    if ALL in present:
+        return ()
+    if ALL in wanted:
+        return (ALL,)
+    return canonical(set(wanted) - set(present))
+
+
+def installed_components(manifest: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The components an SDK holds, from its manifest: all of them for a manifest that does
+    not say (a whole-archive install, or one made before components existed), and for an SDK
+    without a manifest (ExecuTorch's cache, a store: unpacked whole)."""
+    recorded = (manifest or {}).get("components")
+    if isinstance(recorded, list) and recorded and all(isinstance(c, str) for c in recorded):
+        return canonical(recorded)
+    return (ALL,)
+
+
+def install_command(version: str, components: Iterable[str]) -> str:
+    """The command that adds `components` to SDK `version`."""
+    return f"qnnctl install {version} --components {','.join(canonical(components))}"
+
+
+# -- choosing members -----------------------------------------------------------------------
+
+
+class Member(NamedTuple):
+    """One member of an archive, as far as choosing goes."""
+
+    path: PurePosixPath  # in the archive, checked safe (no absolute path, no `..`)
+    kind: str  # "file", "dir" or "link"
+
+
+def available(members: Iterable[Member], top: PurePosixPath) -> tuple[str, ...]:
+    """The components an archive has a member of."""
+    found = set()
+    for member in members:
+        rel = _below(member.path, top)
+        if rel is not None:
+            component = component_of(rel, member.kind == "dir")
+            if component is not None:
+                found.add(component)
+    return canonical(found)
+
+
+def choose(members: Iterable[Member], top: PurePosixPath, components: Collection[str]) -> set[PurePosixPath]:
+    """The members of the SDK folder `top` that `components` claim, and every folder entry above
+    one of them (so that folders keep the archive's modes). Links are not followed here: see
+    `with_link_targets`."""
+    everything = ALL in components
+    chosen: set[PurePosixPath] = set()
+    folders: dict[PurePosixPath, Member] = {}
+    for member in members:
+        rel = _below(member.path, top)
+        if rel is None:
+            continue
+        if member.kind == "dir":
+            folders[member.path] = member
+        if everything or component_of(rel, member.kind == "dir") in components:
+            chosen.add(member.path)
+    for path in list(chosen):
+        for parent in path.parents:
+            if parent in folders:
+                chosen.add(parent)
+    return chosen
+
+
+def with_link_targets(members: Mapping[PurePosixPath, Member], chosen: set[PurePosixPath],
+                      targets: Mapping[PurePosixPath, str]) -> set[PurePosixPath]:
+    """The members that the chosen links need, beyond `chosen`: each one's target, whatever
+    component holds it (the file, or a folder's members), and the links on the way to it.
+
+    A link is kept working rather than refused: the component it belongs to is what was
+    asked for, and a few more members make it whole. `targets` holds the target of each
+    chosen link; a link whose target is not known yet is reported in the result so that the
+    caller fetches it and asks again. Targets outside the archive's members (or outside the
+    archive) add nothing: the extractor's own checks decide about those.
+    """
+    needed: set[PurePosixPath] = set()
+    folders: set[PurePosixPath] = set()
+    for link in sorted(p for p in chosen if members[p].kind == "link"):
+        final, on_the_way = resolve_in(members, link, targets)
+        needed.update(p for p in on_the_way if p not in chosen)
+        if final is not None and (final not in members or members[final].kind == "dir"):
+            folders.add(final)  # a folder, with or without an entry of its own
+    for folder in folders:
+        needed.update(p for p in members if folder in p.parents and p not in chosen)
+    return needed
+
+
+def resolve_in(members: Mapping[PurePosixPath, Member], link: PurePosixPath,
+               targets: Mapping[PurePosixPath, str]) -> tuple[PurePosixPath | None, list[PurePosixPath]]:
+    """Where `link` leads among the archive's members, and the members on the way (the links
+    passed through, and the target itself when it is a member). None for a target outside the
+    archive, or one that passes through a link whose own target is not in `targets`."""
+    on_the_way: list[PurePosixPath] = []
+    pending = [*PurePosixPath(targets[link]).parts] if link in targets else None
+    if pending is None:
+        return None, [link]
+    if pending and pending[0] == "/":
+        return None, on_the_way
+    place: list[str] = list(link.parent.parts)
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not place:
+                return None, on_the_way  # above the archive: the extractor refuses it
+            place.pop()
+            continue
+        place.append(part)
+        here = PurePosixPath(*place)
+        member = members.get(here)
+        if member is None:
+            continue
+        on_the_way.append(here)
+        if member.kind == "link":
+            hops += 1
+            if hops > _MAX_HOPS:
+                return None, on_the_way
+            if here not in targets:
+                return None, on_the_way  # fetch it, then ask again
+            target = targets[here]
+            if target.startswith("/"):
+                return None, on_the_way
+            place.pop()
+            pending[:0] = [p for p in PurePosixPath(target).parts]
+    return PurePosixPath(*place), on_the_way
+
+
+def unresolved_links(members: Mapping[PurePosixPath, Member], chosen: Collection[PurePosixPath],
+                     targets: Mapping[PurePosixPath, str]) -> list[tuple[PurePosixPath, PurePosixPath]]:
+    """(link, member) for each chosen link that needs a member left out of `chosen`: what the
+    extractor refuses, so that no link is left dangling by the choice of members."""
+    wrong = []
+    for link in sorted(p for p in chosen if members[p].kind == "link"):
+        for path in resolve_in(members, link, targets)[1]:
+            if path not in chosen:
+                wrong.append((link, path))
+                break
+    return wrong
+
+
+def _below(path: PurePosixPath, top: PurePosixPath) -> str | None:
+    """`path` relative to the SDK folder `top`, or None when it is not inside it (or is it)."""
+    if not top.parts:
+        return str(path) if path.parts else None
+    if top not in path.parents:
+        return None
+    return str(path.relative_to(top))
+
+
+def component_label(path: PurePosixPath, top: PurePosixPath, is_dir: bool = False) -> str:
+    """Which component holds an archive member, in words: its name, or `all`."""
+    rel = _below(path, top)
+    return (component_of(rel, is_dir) if rel is not None else None) or ALL
+
+
+def complete(ctx: Any, param: Any, incomplete: str) -> list[str]:
+    """Shell completion of `--components`: the names after the last comma."""
+    done, _, last = incomplete.rpartition(",")
+    prefix = f"{done}," if done else ""
+    names = [HOST, ANDROID, "hexagon-v68", "hexagon-v69", "hexagon-v73", "hexagon-v75", "hexagon-v79",
+             DOCS, ALL]
+    taken = set(done.split(",")) if done else set()
+    return [prefix + n for n in names if n.startswith(last) and n not in taken]
+
+
+MemberFilter = Callable[[PurePosixPath], bool]
