@@ -104,8 +104,12 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     assert data["sdk"]["size"] == len(good)
     assert data["sdk"]["build_id"] == BUILD[1:]
     assert data["sdk"]["urls"] == [f"http://***@{server.base.removeprefix('http://')}/qairt{PATH}"]
-    # Nothing records the archive's central directory yet: the lock leaves it out.
-    assert "central_directory_sha256" not in data["sdk"]
+    # The archive's central directory, which installs of some components check (install --components).
+    from qnnctl.zipindex import central_directory_sha256, end_records
+
+    records = end_records(good, len(good))
+    assert data["sdk"]["central_directory_sha256"] == central_directory_sha256(
+        lambda offset, size: good[offset:offset + size], records)
     # It installed the SDK it locked.
     assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()
     checked = run_qnnctl("lock", "--check", cwd=sub)
@@ -192,6 +196,12 @@ def test_install_locked_without_a_lock_fails_before_anything(mirror: FaultServer
     assert "qnnctl lock" in result.stderr
     assert mirror.requests == []
     _nothing_installed(cache_dir)
+    # Before an archive on disk is even read: this one is no archive at all (else exit 4).
+    garbage = Path.cwd() / f"v{VERSION}.zip"
+    garbage.write_bytes(b"not a zip")
+    from_file = run_qnnctl("install", "--locked", "--file", str(garbage))
+    assert from_file.returncode == 1, from_file.stderr
+    assert "--locked: there is no qnnctl.lock" in from_file.stderr
 
 
 def test_a_store_sdk_without_a_manifest_is_locked_from_its_archive_fetched_once(
