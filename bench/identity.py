@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qnnctl.identity import build_id  # noqa: E402
+from qnnctl.identity import build_id
 
 
 def genuine_libraries(folder: Path) -> list[Path]:
