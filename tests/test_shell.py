@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from qnnctl.errors import UsageError
 from qnnctl.shell import (
     MARKER,
     apply,
+    check_cache_path,
     detect_shell,
     process_shell,
     quote_fish,
@@ -391,6 +393,71 @@ def test_process_shell_is_none_for_a_program_that_is_no_shell() -> None:
         proc.wait()
 
 
+class Named:
+    """A Python process that renames itself (its /proc comm) to `comm`, then waits; started by
+    the command `argv` when given (a launcher), as that command's child."""
+
+    def __init__(self, comm: bytes, argv: Sequence[str] = ()) -> None:
+        code = (f"import os, sys; open('/proc/self/comm', 'wb').write({comm!r}); print(os.getpid(), flush=True); "
+                "sys.stdin.read()")
+        self.proc = subprocess.Popen([*argv, sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        self.pid = int(self.proc.stdout.readline())
+
+    def __enter__(self) -> Named:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_a_process_name_with_parentheses_spaces_and_bad_bytes() -> None:
+    """/proc/PID/stat puts the name between parentheses, and a name may hold ')' and ' ' and
+    bytes that are not UTF-8: the parent pid is read after the last ')', and nothing raises."""
+    from qnnctl.shell import _parent_pid
+
+    with Named(b"a) b) \xff\xfe") as child:
+        assert _parent_pid(child.pid) == os.getpid()
+        assert process_shell(child.pid) is None
+
+
+def test_the_process_name_alone_can_make_a_shell() -> None:
+    """A process whose name (comm) is a shell's is taken for one, whatever its executable."""
+    with Named(b"fish") as child:
+        assert process_shell(child.pid) == "fish"
+
+
+def test_a_shell_whose_executable_was_deleted(tmp_path: Path) -> None:
+    """Upgraded while it runs: /proc/PID/exe reads "/usr/bin/dash (deleted)". Started through a
+    link of another name, the executable is all that tells the shell."""
+    copy = tmp_path / "bin" / "dash"
+    copy.parent.mkdir()
+    shutil.copy2(require_tool("dash"), copy)
+    (tmp_path / "started-as").symlink_to(copy)
+    proc = _sleeper([str(tmp_path / "started-as"), "-c", "sleep 30; echo done"])
+    try:
+        copy.unlink()
+        assert os.readlink(f"/proc/{proc.pid}/exe").endswith("/dash (deleted)")
+        assert process_shell(proc.pid) == "sh"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_launcher_is_known_by_its_executable(tmp_path: Path) -> None:
+    """`timeout` started through a link of another name: its executable names it a launcher, so
+    the shell above it is found."""
+    (tmp_path / "tmo").symlink_to(require_tool("timeout"))
+    # The trailing `true` keeps bash from exec'ing the launcher in its own place.
+    with Named(b"pipeline", ["bash", "-c", '"$0" 60 "$@"; true', str(tmp_path / "tmo")]) as child:
+        launcher = int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert Path(f"/proc/{launcher}/comm").read_text().strip() == "tmo"
+        assert process_shell(launcher) == "bash"
+        assert process_shell(child.pid) is None  # not a launcher: the walk stops at it
+
+
 # -- hostile cache folders ---------------------------------------------------------------
 
 HOSTILE = {
@@ -451,6 +518,24 @@ def test_colon_in_a_path_list_entry_is_refused(tmp_path: Path, monkeypatch: pyte
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert "cannot hold a ':'" in result.stderr
+
+
+@pytest.mark.parametrize(("flaw", "what"), [
+    (":", "a ':'"), ("\n", "a newline"), ("\r", "a carriage return"), ("\x00", "a NUL"),
+    ("\udcff", "bytes that are not valid text in this locale"),
+], ids=["colon", "newline", "carriage-return", "nul", "undecodable"])
+def test_a_cache_no_path_list_can_hold_is_named_with_its_flaw(flaw: str, what: str) -> None:
+    root = f"/srv/cache{flaw}x"
+    with pytest.raises(UsageError) as caught:
+        check_cache_path(root)
+    assert caught.value.message == (f"the cache {root!r} has {what} in its path: an SDK installed there "
+                                    "could not be put on LD_LIBRARY_PATH and PATH")
+    assert caught.value.hint == "point QNNCTL_CACHE_DIR at a folder whose path has no ':' and no newline"
+    assert caught.value.exit_code == 2
+
+
+def test_a_cache_with_an_ordinary_path_is_accepted() -> None:
+    assert check_cache_path("/home/user one/.cache/qnnctl-é") is None
 
 
 # -- rendering (shells that are not installed here, and the rules themselves) ----------
@@ -520,8 +605,24 @@ def test_quoting_is_exact_for_posix_and_fish() -> None:
 
 
 def test_unknown_shell_is_a_usage_error() -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as caught:
         render({"PATH": "/x"}, "tcsh")
+    assert caught.value.message == "unknown shell 'tcsh'"
+    assert caught.value.hint == "choose one of: bash, zsh, sh, fish, powershell, nu, json, dotenv"
+
+
+def test_apply_unsets_what_is_not_there_too() -> None:
+    assert apply({"PATH": "/usr/bin"}, {"LD_LIBRARY_PATH": None, "QNN_SDK_ROOT": "/sdk"}) == {
+        "PATH": "/usr/bin", "QNN_SDK_ROOT": "/sdk"}
+
+
+def test_the_marker_is_compact_json() -> None:
+    """Exported into every process' environment: no space that JSON does not need."""
+    from qnnctl.shell import Marker
+
+    marker = Marker("/s d", True, {"PATH": ["/s d/bin"]}, ["LD_LIBRARY_PATH"], "/é")
+    assert marker.dumps() == ('{"added":{"PATH":["/s d/bin"]},"owns_root":true,"previous_root":"/é",'
+                              '"root":"/s d","was_unset":["LD_LIBRARY_PATH"]}')
 
 
 @pytest.mark.parametrize(("value", "shell"), [
@@ -553,6 +654,7 @@ def test_detect_shell_prefers_the_parent_and_falls_back_to_shell_variable() -> N
 @pytest.mark.parametrize(("name", "shell"), [
     ("bash", "bash"), ("-zsh", "zsh"), ("ksh93", "sh"), ("/usr/bin/fish", "fish"),
     ("bash-5.2", "bash"), ("pwsh", "powershell"), ("python3.12", None), ("", None),
+    ("/usr/bin/zsh/", "zsh"), ("bashX", None), ("Xbash", None), ("--fish", "fish"),
 ])
 def test_shell_names(name: str, shell: str | None) -> None:
     from qnnctl.shell import _shell_name
