@@ -273,7 +273,9 @@ def process_shell(pid: int) -> str | None:
     can be told (a Python program, a terminal, no /proc).
     """
     for _ in range(_MAX_HOPS):
-        if pid <= 1:
+        # 0: no parent known. PID 1 is looked at: in a container it is often the shell itself
+        # (`docker run IMAGE bash -c 'eval "$(qnnctl env)"'`); on a host, init is no shell.
+        if pid <= 0:
             return None
         names = _process_names(pid)
         for name in names:

@@ -358,6 +358,23 @@ def test_a_launcher_between_shell_and_qnnctl_is_looked_through(sdks: tuple[Path,
     assert proc.stdout == f"{sdks[0]}\n"
 
 
+def test_a_shell_that_is_pid_1_is_detected(sdks: tuple[Path, Path], tmp_path: Path) -> None:
+    """In a container the shell is often PID 1 (`docker run IMAGE bash -c 'eval "$(qnnctl env)"'`),
+    and qnnctl its child: bash syntax, although $SHELL names fish. Run in a PID namespace of its own."""
+    unshare = require_tool("unshare")
+    require_tool("bash")
+    flags = ["--pid", "--fork", "--mount-proc"] + ([] if os.geteuid() == 0 else ["--user", "--map-root-user"])
+    if subprocess.run([unshare, *flags, "true"], capture_output=True).returncode != 0:
+        pytest.skip("this host does not let an unprivileged process make a PID namespace")
+    root, _ = sdks
+    env = _session(SHELLS["bash"], tmp_path, None, SHELL="/usr/bin/fish").env
+    script = f'eval "$(qnnctl env {VERSION})"\necho "pid=$$ root=$QNN_SDK_ROOT"'
+    result = subprocess.run([unshare, *flags, "bash", "--norc", "--noprofile", "-c", script], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"pid=1 root={root}\n", result.stderr
+
+
 def test_shell_option_wins_over_the_running_shell(sdks: tuple[Path, Path], tmp_path: Path) -> None:
     bash = require_tool("bash")
     env = _session(SHELLS["bash"], tmp_path, None, SHELL="/bin/bash").env
@@ -386,7 +403,7 @@ def test_process_shell_is_none_for_a_program_that_is_no_shell() -> None:
     proc = _sleeper([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         assert process_shell(proc.pid) is None
-        assert process_shell(1) is None
+        assert process_shell(0) is None  # no parent known
         assert process_shell(2**22 + 12345) is None  # no such process
     finally:
         proc.kill()
