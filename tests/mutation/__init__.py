@@ -1,0 +1,36 @@
+"""Mutation testing of qnnctl's safety modules, run by hand (see tests/README.md).
+
+    python -m tests.mutation shell              # one module, its own tests, one child process
+    python -m tests.mutation shell --retest     # after new tests: the survivors again
+    python -m tests.mutation --list             # the modules and the tests each one runs
+
+Each module is mutated on its own, in a folder of its own under `mutants/` (ignored by git),
+with only the test files that exercise it; the mutants run under `nice`, one at a time by
+default, and a run stops after `--minutes` (what was checked by then is kept and reported).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Target(NamedTuple):
+    """A module to mutate: its source files and the tests that exercise them."""
+
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+TARGETS: dict[str, Target] = {
+    "shell": Target(("qnnctl/shell.py",), ("tests/test_shell.py", "tests/test_env_cli.py")),
+    # The selection module: which SDK, and the environment a process gets for it.
+    "selection": Target(("qnnctl/sdk.py", "qnnctl/environment.py"),
+                        ("tests/test_selection.py", "tests/test_env_cli.py", "tests/test_shell.py")),
+    "elf": Target(("qnnctl/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),
+    "download": Target(("qnnctl/download.py",), ("tests/test_download.py",)),
+    "archive": Target(("qnnctl/archive.py",),
+                      ("tests/test_archive.py", "tests/test_stream.py", "tests/test_parallel.py")),
+    "install": Target(("qnnctl/install.py",), ("tests/test_install.py", "tests/test_housekeeping.py")),
+    "api": Target(("qnnctl/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
+    "bootstrap": Target(("qnnctl/bootstrap.py",), ("tests/test_lower.py", "tests/test_guard.py")),
+}

@@ -1,0 +1,155 @@
+"""python -m tests.mutation MODULE: mutmut on one module with its own tests (tests/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.mutation import TARGETS, Target
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = REPO / "mutants"
+EQUIVALENT = Path(__file__).with_name("equivalent.txt")
+# mutmut's verdicts, grouped as they count for the score: a mutant that made the tests hang
+# or fail is caught; one with no test reaching it is as bad as a survivor.
+CAUGHT = {"killed", "timeout", "caught by type check"}
+LEFT = {"survived", "no tests", "suspicious", "segfault"}
+
+
+def pyproject_for(target: Target) -> str:
+    """The repository's pyproject.toml with [tool.mutmut] narrowed to one module and its tests."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    settings = dict(tomllib.loads(text)["tool"]["mutmut"])
+    settings["only_mutate"] = list(target.sources)
+    settings["pytest_add_cli_args_test_selection"] = list(target.tests)
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if line.startswith("["):
+            skipping = line.strip() == "[tool.mutmut]"
+        if not skipping:
+            kept.append(line)
+    # JSON's strings, lists, booleans and numbers are TOML's too.
+    return "\n".join([*kept, "[tool.mutmut]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]) + "\n"
+
+
+def prepare(name: str, target: Target) -> Path:
+    """mutants/NAME: the sources and tests linked in, and the narrowed pyproject.toml."""
+    work = WORK / name
+    work.mkdir(parents=True, exist_ok=True)
+    for linked in ("qnnctl", "tests"):
+        path = work / linked
+        if not path.is_symlink():
+            path.symlink_to(Path("..", "..", linked))
+    (work / "pyproject.toml").write_text(pyproject_for(target), encoding="utf-8")
+    return work
+
+
+def statuses(work: Path, target: Target) -> dict[str, str]:
+    """Each mutant's verdict so far (mutmut's words), from the records mutmut keeps."""
+    from mutmut.stats import status_by_exit_code
+
+    found: dict[str, str] = {}
+    for source in target.sources:
+        meta = work / "mutants" / f"{source}.meta"
+        if meta.is_file():
+            codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+            found.update({key: status_by_exit_code[code] for key, code in codes.items()})
+    return found
+
+
+def equivalents() -> dict[str, str]:
+    """Mutants judged equivalent (no test can tell them from the original), with the reason."""
+    found: dict[str, str] = {}
+    for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, reason = line.partition(" ")
+            found[key] = reason.strip()
+    return found
+
+
+def run_mutmut(work: Path, args: list[str], minutes: float) -> int:
+    """mutmut in `work`, niced, in a process group of its own; stopped with SIGINT (mutmut then
+    keeps what it checked) after `minutes`, or when this command is interrupted."""
+    mutmut = Path(sys.executable).with_name("mutmut")
+    process = subprocess.Popen(["nice", "-n", "10", str(mutmut), *args], cwd=work, start_new_session=True)
+    try:
+        return process.wait(timeout=minutes * 60)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
+        if isinstance(stop, subprocess.TimeoutExpired):
+            print(f"stopping the run after {minutes:g} minutes", file=sys.stderr)
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            return process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait()
+
+
+def report(name: str, target: Target, work: Path, diffs: bool = False) -> int:
+    """The module's score on stdout, and the mutants left that are not marked equivalent (with
+    `diffs`, each one's change to the source)."""
+    found = statuses(work, target)
+    marked = equivalents()
+    caught = [k for k, s in found.items() if s in CAUGHT]
+    left = sorted(k for k, s in found.items() if s in LEFT)
+    equivalent = [k for k in left if k in marked]
+    open_ = [k for k in left if k not in marked]
+    unchecked = [k for k, s in found.items() if s not in CAUGHT | LEFT]
+    judged = len(caught) + len(open_)
+    score = 100.0 * len(caught) / judged if judged else 0.0
+    print(f"{name}: {len(found)} mutants, {len(caught)} killed, {len(left)} left of which {len(equivalent)} "
+          f"equivalent, {len(unchecked)} not checked; score {score:.1f}% of {judged} non-equivalent "
+          f"checked mutants (tests: {' '.join(target.tests)})")
+    mutmut = Path(sys.executable).with_name("mutmut")
+    for key in open_:
+        print(f"    {key}: {found[key]}")
+        if diffs:
+            shown = subprocess.run([str(mutmut), "show", key], cwd=work, capture_output=True, text=True)
+            changed = [line for line in shown.stdout.splitlines()
+                       if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+            print("".join(f"        {line}\n" for line in changed), end="")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__)
+    parser.add_argument("module", nargs="?", choices=sorted(TARGETS))
+    parser.add_argument("--list", action="store_true", help="the modules, their sources and tests")
+    parser.add_argument("--minutes", type=float, default=20.0, help="stop the run after this long (20)")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (1)")
+    parser.add_argument("--retest", action="store_true",
+                        help="test again the mutants that survived (after tests were added)")
+    parser.add_argument("--report", action="store_true", help="only report the last run's results")
+    parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
+    parser.add_argument("names", nargs="*", metavar="MUTANT", help="only these mutants (globs allowed)")
+    args = parser.parse_args()
+    if args.list or args.module is None:
+        for name, target in TARGETS.items():
+            print(f"{name}: {' '.join(target.sources)}  <-  {' '.join(target.tests)}")
+        return 0
+    target = TARGETS[args.module]
+    work = prepare(args.module, target)
+    if not args.report:
+        names = list(args.names)
+        if args.retest:
+            names += [k for k, s in statuses(work, target).items() if s in LEFT and k not in equivalents()]
+            if not names:
+                print(f"{args.module}: no survivors to test again", file=sys.stderr)
+                return report(args.module, target, work, args.diffs)
+        run_mutmut(work, ["run", "--max-children", str(args.max_children), *names], args.minutes)
+    return report(args.module, target, work, args.diffs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

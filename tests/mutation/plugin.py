@@ -1,0 +1,67 @@
+"""A pytest plugin for mutation runs only (mutmut's `pytest_add_cli_args` loads it).
+
+mutmut runs the tests in its own process against a mutated copy of qnnctl (`mutants/`), and
+learns which tests reach which function by counting calls in that process. Most of qnnctl's
+tests run the real entry point in a child process, so without help a mutant would be tested
+only by the few tests that call qnnctl in-process, and the children would run the original
+code. This plugin:
+
+1. puts the mutated copy first on the children's PYTHONPATH, so `python -m qnnctl` (and every
+   Python a test starts with the test's environment) imports the mutants; the active mutant is
+   named by MUTANT_UNDER_TEST, which the children inherit;
+2. while mutmut counts calls (MUTANT_UNDER_TEST=stats), puts the `site` folder beside this file
+   on PYTHONPATH too: its sitecustomize makes each child append the functions it reached to a
+   file, which this plugin hands to mutmut at the end of each test, as if the test had made
+   those calls itself.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HITS_VARIABLE = "QNNCTL_MUTATION_HITS"
+_SITE = Path(__file__).resolve().parent / "site"
+_MUTANTS = Path(__file__).resolve().parents[2]  # the copy mutmut runs in: <work>/mutants
+_ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Set afresh for each pytest run of the process: mutmut runs stats, the clean run and the
+    # mutants one after another, forked from the same process.
+    entries = [str(_MUTANTS)]
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        entries.append(str(_SITE))
+        handle, hits = tempfile.mkstemp(prefix="qnnctl-mutation-hits-")
+        os.close(handle)
+        os.environ[HITS_VARIABLE] = hits
+    else:
+        os.environ.pop(HITS_VARIABLE, None)
+    if _ORIGINAL_PYTHONPATH:
+        entries.append(_ORIGINAL_PYTHONPATH)
+    os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hits = os.environ.pop(HITS_VARIABLE, None)
+    if hits:
+        Path(hits).unlink(missing_ok=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Any) -> None:
+    """Before mutmut's own teardown hook files this test's calls: add the children's."""
+    hits = os.environ.get(HITS_VARIABLE)
+    if not hits:
+        return
+    path = Path(hits)
+    names = set(path.read_text(encoding="utf-8").split())
+    path.write_text("", encoding="utf-8")
+    if names:
+        from mutmut.state import state
+
+        state()._stats.update(names)
