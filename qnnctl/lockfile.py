@@ -77,7 +77,8 @@ def _toml_loads(text: str) -> dict[str, Any]:
         import tomllib
     else:
         import tomli as tomllib
-    return tomllib.loads(text)
+    loaded: dict[str, Any] = tomllib.loads(text)  # tomli (before 3.11) may have no stubs here
+    return loaded
 
 
 def read_lock(path: Path) -> LockedSdk:
