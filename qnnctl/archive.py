@@ -38,6 +38,7 @@ from qnnctl.versions import version_in
 log = logging.getLogger("qnnctl.archive")
 
 COPY_BUFFER = 1 << 20
+FOLLOW_BLOCK = 256 << 10  # what a thread following a fetch reads at a time (see _extract_zip)
 MAX_LINK_TARGET = 4096  # PATH_MAX: a longer symlink target is not a path
 MIN_THREADS = 2
 MAX_THREADS = 8
@@ -158,7 +159,7 @@ class _Writer:
         self.record(name, *self.write(name, source, mode))
 
     def write(self, name: PurePosixPath, source: _Source, mode: int,
-              stop: threading.Event | None = None) -> tuple[int, int]:
+              stop: threading.Event | None = None, block_size: int = COPY_BUFFER) -> tuple[int, int]:
         """Write one file into its (existing) folder; return its CRC-32 and size."""
         path = os.path.join(self.work, name)
         mode &= 0o777
@@ -173,7 +174,7 @@ class _Writer:
         crc = size = 0
         try:
             # One pass: each block is checksummed and written while it is in memory.
-            while block := source.read(COPY_BUFFER):
+            while block := source.read(block_size):
                 if stop is not None and stop.is_set():
                     raise _Stopped
                 crc = crc32(block, crc)
@@ -649,14 +650,14 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
         fd = zf.fp.fileno() if zf.fp is not None else -1
         zips = {os.getpid(): zf}
 
-        def write(name: PurePosixPath, stop: threading.Event) -> tuple[int, int]:
+        def write(name: PurePosixPath, stop: threading.Event, block: int = COPY_BUFFER) -> tuple[int, int]:
             info, mode = files[name]
             # Workers share the open file: they read it with pread(), which has no position.
             data = _member_data(fd, info)
             if data is None:
                 with _own(zips, archive).open(info) as source:
-                    return writer.write(name, source, mode, stop)
-            written = writer.write(name, data, mode, stop)
+                    return writer.write(name, source, mode, stop, block)
+            written = writer.write(name, data, mode, stop, block)
             data.verify(*written)
             return written
 
@@ -674,7 +675,9 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
 
             def write_when_ready(name: PurePosixPath, stop: threading.Event) -> None:
                 ready(files[name][0])
-                results[name] = write(name, stop)
+                # Smaller blocks: the threads share this process, where forked workers each
+                # have their own (a peak RSS no higher than a whole install's).
+                results[name] = write(name, stop, FOLLOW_BLOCK)
 
             in_threads(order, write_when_ready, extraction_threads())
         for name in files:

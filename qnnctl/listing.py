@@ -73,7 +73,19 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
                 "size": tree_size(entry),
                 "origin": "ExecuTorch cache",
             })
+    for row in rows:
+        _add_components(row)
     return rows
+
+
+def _add_components(row: dict[str, Any]) -> None:
+    """The components the SDK holds (["all"] unless it was installed with some), and whether
+    it was fetched in parts (no sha256 of the whole archive vouches for it)."""
+    from qnnctl.components import installed_components
+
+    manifest = read_manifest(Path(row["root"])) or {}
+    row["components"] = list(installed_components(manifest))
+    row["partial"] = manifest.get("partial") is True
 
 
 def _size(root: Path) -> int:

@@ -185,6 +185,13 @@ def disagreements(lock: LockedSdk, version: str, sdk: Sdk | None) -> list[str]:
     if is_sha256(recorded) and recorded != lock.sha256:
         found.append(f"SDK {version} at {sdk.root} ({sdk.origin}) was installed from an archive whose sha256 is "
                      f"{recorded}; {name} pins {lock.sha256}")
+    # An SDK installed in parts (`install --components`) has no archive sha256; its central
+    # directory's stands for the archive it came from.
+    directory = (read_manifest(sdk.root) or {}).get("central_directory_sha256")
+    if is_sha256(directory) and lock.central_directory_sha256 is not None and \
+            directory != lock.central_directory_sha256:
+        found.append(f"SDK {version} at {sdk.root} ({sdk.origin}) was installed from an archive whose central "
+                     f"directory's sha256 is {directory}; {name} pins {lock.central_directory_sha256}")
     build = read_build_id(sdk.root)
     if build is not None and lock.build_id is not None and build != lock.build_id:
         found.append(f"the libraries of SDK {version} at {sdk.root} ({sdk.origin}) are build {build}; "
@@ -194,8 +201,12 @@ def disagreements(lock: LockedSdk, version: str, sdk: Sdk | None) -> list[str]:
 
 def checked_by(lock: LockedSdk, sdk: Sdk) -> str | None:
     """What an installed SDK was checked against the lock by; None when it has nothing to check."""
-    if is_sha256((read_manifest(sdk.root) or {}).get("sha256")):
+    manifest = read_manifest(sdk.root) or {}
+    if is_sha256(manifest.get("sha256")):
         return "the sha256 of the archive it was installed from"
+    if lock.central_directory_sha256 is not None and manifest.get("central_directory_sha256") == \
+            lock.central_directory_sha256:
+        return "the sha256 of the central directory of the archive it was installed from in parts"
     if lock.build_id is not None and read_build_id(sdk.root) is not None:
         return "its libraries' build id"
     return None

@@ -89,6 +89,7 @@ class SparseFile:
         self._starts = [start for start, _ in held]
         self._ends = [end for _, end in held]
         self._lock = threading.Lock()
+        self._saving = threading.Lock()  # one writer of the record at a time: they share its .tmp
         self._unsaved = 0
         self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
 
@@ -201,17 +202,18 @@ class SparseFile:
 
     def save(self) -> None:
         """Record the ranges held; the bytes are on disk first, so the record never claims more."""
-        with self._lock:
-            held = [[s, e] for s, e in zip(self._starts, self._ends, strict=True)]
-            self._unsaved = 0
         from qnnctl.cache import write_json_atomic
 
-        os.fdatasync(self.fd)
-        remote = self.remote
-        write_json_atomic(self.record, {
-            "schema": RECORD_SCHEMA, "url": remote.shown, "size": remote.size, "etag": remote.etag,
-            "last_modified": remote.last_modified, "held": held,
-        }, mode=0o600)
+        with self._saving:
+            with self._lock:
+                held = [[s, e] for s, e in zip(self._starts, self._ends, strict=True)]
+                self._unsaved = 0
+            os.fdatasync(self.fd)
+            remote = self.remote
+            write_json_atomic(self.record, {
+                "schema": RECORD_SCHEMA, "url": remote.shown, "size": remote.size, "etag": remote.etag,
+                "last_modified": remote.last_modified, "held": held,
+            }, mode=0o600)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -18,7 +18,6 @@ import stat
 import struct
 import zipfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -111,9 +110,10 @@ def end_records(tail: bytes, size: int) -> EndRecords:
     return EndRecords(cd_start, cd_size, entries, tail_start, zip64)
 
 
-@dataclass(frozen=True)
-class Extent:
-    """Where one member's bytes are: from its local header to at most the next member."""
+class Extent(NamedTuple):
+    """Where one member's bytes are: from its local header to at most the next member.
+
+    A tuple, not a dataclass: there is one per member, 10,000 of them in a real release."""
 
     info: zipfile.ZipInfo
     start: int  # its local header

@@ -228,6 +228,37 @@ def test_sparse_file_ranges_and_record(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_threads_writing_at_once_keep_one_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several requests write their parts at once, and each may update the record: they share
+    its temporary file, so one writes it at a time."""
+    import threading
+
+    import qnnctl.ranged
+
+    monkeypatch.setattr(qnnctl.ranged, "SAVE_EVERY", 1)  # every write saves the record
+    remote = Remote("http://h/v.zip", "http://h/v.zip", 1 << 20, None, None)
+    sparse = SparseFile.open(tmp_path, "v.zip", remote, (1 << 20) - 10, b"0" * 10)
+    failures: list[BaseException] = []
+
+    def write(base: int) -> None:
+        try:
+            for i in range(50):
+                sparse.write(base + i * 100, b"x" * 100)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n * 10_000,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    sparse.save()
+    held = json.loads(sparse.record.read_text())["held"]
+    assert sum(end - start for start, end in held) == 8 * 5000 + 10
+    sparse.close()
+
+
 @pytest.mark.parametrize("held", [[[5, 3]], [[0, 2000]], [[0, 10], [5, 20]], "x", [[0, "1"]]])
 def test_a_record_that_makes_no_sense_is_not_used(tmp_path: Path, held: object) -> None:
     remote = Remote("http://h/v.zip", "http://h/v.zip", 1000, None, None)
