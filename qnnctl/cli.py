@@ -177,16 +177,20 @@ def cli(verbose: int, quiet: int) -> None:
 @click.option("--sha256", metavar="HEX", help="Expected sha256 of the archive.")
 @click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed.")
 @click.option("--locked", is_flag=True, help="Fail unless the project's qnnctl.lock pins this SDK.")
+@click.option("--components", metavar="LIST", shell_complete=_complete_components,
+              help="Only these parts of the SDK, fetched by Range requests: host, android, hexagon-vNN, "
+              "docs, or all (the default). Adds to an SDK installed with fewer.")
 @click.option("--runtime", is_flag=True, help="Also stage the host libraries the SDK needs and the host lacks.")
 @click.option("--runtime-from", "runtime_from", multiple=True, type=click.Path(path_type=Path),
               help="Stage them from this .deb, .rpm, .tar.xz or folder (repeatable; implies --runtime).")
 def install(version: str | None, url: str | None, file: Path | None, sha256: str | None, force: bool,
-            locked: bool, runtime: bool, runtime_from: tuple[Path, ...]) -> None:
+            locked: bool, components: str | None, runtime: bool, runtime_from: tuple[Path, ...]) -> None:
     """Install an SDK (or find one already on disk); print its root on stdout.
 
     VERSION is a full version (2.37.0.250724) or a prefix of a known release (2.37). Without
-    it: a non-empty QNN_SDK_ROOT, else a .qnn-version pin, else the version the installed
-    ExecuTorch expects, else the default. An exported but empty QNN_SDK_ROOT means the caller
+    it: the SDK this shell was set up for by `qnnctl env`, else a non-empty QNN_SDK_ROOT, else
+    a .qnn-version pin, else the version the installed ExecuTorch expects, else the newest SDK
+    already installed, else the default. An exported but empty QNN_SDK_ROOT means the caller
     manages the SDK: nothing is installed. In a project with a qnnctl.lock, the archive (or the
     SDK found on disk) must match it (exit 4).
     """
@@ -225,9 +229,9 @@ def _stage_missing_trio(sdk: Any) -> None:
         error = QnnctlError(
             f"SDK {sdk.version} is installed at {sdk.root}, but cannot load on this host: staging the "
             f"libc++ runtime its libraries need failed: {exc.message}",
-            hint="retry with `qnnctl install --runtime`, or give the libraries with `qnnctl install "
-            "--runtime --runtime-from FILE` (Debian's libc++1-14, libc++abi1-14 and libunwind-14 "
-            "packages, or LLVM's release archive; QNNCTL_LLVM_URL names a copy of it); "
+            hint=f"retry with `qnnctl install {sdk.version} --runtime`, or give the libraries with `qnnctl "
+            f"install {sdk.version} --runtime --runtime-from FILE` (Debian's libc++1-14, libc++abi1-14 and "
+            "libunwind-14 packages, or LLVM's release archive; QNNCTL_LLVM_URL names a copy of it); "
             "`qnnctl doctor` explains",
         )
         error.exit_code = exc.exit_code or EXIT_FAILED  # a download that failed stays exit 3

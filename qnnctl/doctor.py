@@ -24,6 +24,7 @@ from qnnctl.host import glibc_version
 from qnnctl.sdk import (
     BY_ENV,
     BY_INSTALLED,
+    BY_SHELL,
     HOST_BIN_DIR,
     HOST_LIB_DIR,
     REQUIRED_LIBS,
@@ -298,8 +299,14 @@ def reinstall_hint(target: Target) -> str:
     return "reinstall this SDK, or run `qnnctl install` and point QNN_SDK_ROOT (or --sdk) at the result"
 
 
-def env_command(spec: str | None) -> str:
-    """The `qnnctl env` command that selects the same SDK doctor looked at."""
+def env_command(spec: str | None, target: Target | None = None) -> str:
+    """The `qnnctl env` command that selects the same SDK doctor looked at.
+
+    Plain `qnnctl env` chooses afresh: when this shell's own record chose the SDK, the
+    command names it, or it would switch the shell to another one.
+    """
+    if spec is None and target is not None and target.selection.reason == BY_SHELL and target.sdk:
+        spec = str(target.sdk.root)
     if spec is None:
         return 'eval "$(qnnctl env)"'
     chosen = select_sdk(spec, {}, Path.cwd())
@@ -425,6 +432,14 @@ def check_version(ctx: Context) -> Outcome:
         if wanted is not None and wanted != version:
             return warn(f"{version} (from {source}), but it was selected as {wanted}", hint=reinstall_hint(target))
         return ok(f"{version} (from {source}; its libraries carry no build id)")
+    from qnnctl.identity import sdk_build_ids
+
+    builds = sdk_build_ids(sdk.lib_dir)
+    if len(set(builds.values())) > 1:
+        return fail("its libraries are of more than one build: "
+                    + ", ".join(f"{name} is {b}" for name, b in builds.items())
+                    + "; a process loading them together fails (`Stub lib id mismatch` and the like)",
+                    hint=f"reinstall the SDK whole; {reinstall_hint(target)}")
     true = version_of_build(build)
     wrong = {name: v for name, v in claims.items() if v != true}
     if wanted is not None and wanted != true:
@@ -617,7 +632,9 @@ def check_load(ctx: Context) -> Outcome:
     problems: list[str] = []
     for entry in loaded:
         if entry.function is None:
-            problems.append(f"{entry.name} loads but exports no QnnInterface_getProviders: not a QNN library")
+            wanted = "QnnSystemInterface_getProviders" if entry.name == "libQnnSystem.so" else \
+                "QnnInterface_getProviders"
+            problems.append(f"{entry.name} loads but exports no {wanted}: not a QNN library")
         elif entry.status:
             problems.append(f"{entry.name}: {entry.function} failed with error {entry.status}")
         elif not entry.providers:
@@ -674,7 +691,7 @@ def check_environment(ctx: Context) -> Outcome:
         wrong.append(f"LD_LIBRARY_PATH lacks {_some(lacking, 3)}")
     if wrong:
         return warn(f"this shell is not set up for {target.sdk.root}: " + "; ".join(wrong),
-                    hint=env_command(ctx.spec) + " (qnnctl lower sets it up by itself)")
+                    hint=env_command(ctx.spec, target) + " (qnnctl lower sets it up by itself)")
     return ok(f"QNN_SDK_ROOT and LD_LIBRARY_PATH point at {target.sdk.root}")
 
 

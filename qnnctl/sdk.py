@@ -321,6 +321,7 @@ def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
     from qnnctl.stores import all_links, store_sdks
     from qnnctl.versions import parse_version
 
+    # installed_versions() holds versions only: a stray folder such as `2.37.0.250724.bak` is none.
     versions = {v for v in cache.installed_versions() if find_installed(v, cache, environ) is not None}
     versions.update(link.version for link in all_links(cache) if not link.dangling)
     versions.update(stored.version for stored in store_sdks(environ))
@@ -330,7 +331,7 @@ def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
                 version = entry.name.removeprefix("sdk-")
                 if is_full_version(version) and not missing_layout(entry):
                     versions.add(version)
-    return max(versions, key=parse_version, default=None)
+    return max((v for v in versions if is_full_version(v)), key=parse_version, default=None)
 
 
 def executorch_cache_dirs(version: str, environ: Mapping[str, str]) -> list[Path]:
@@ -374,6 +375,8 @@ def selection_origin(selection: Selection) -> str:
 def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:
     """The SDK a selection names, which must already be on disk."""
     if selection.root is not None:
+        if selection.reason == BY_SHELL and missing_layout(selection.root):
+            raise shell_sdk_gone(selection.root)
         return sdk_from_root(selection.root, selection_origin(selection))
     if selection.version is None:
         raise UsageError("the SDK is managed by the caller (QNN_SDK_ROOT is empty)")
@@ -382,11 +385,24 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
         own = cache.sdk_dir(selection.version)
         if (own / MANIFEST_NAME).is_file():
             # Installed by qnnctl, and files have gone since: not the same as never installed.
-            raise DamagedSdkError(selection.version, str(own), missing_layout(own))
+            damaged = DamagedSdkError(selection.version, str(own), missing_layout(own))
+            damaged.hint = reinstall_hint(own, selection.version)
+            raise damaged
         from qnnctl.stores import dangling_link_error
 
         raise dangling_link_error(selection.version, cache) or NotInstalledError(selection.version)
     return sdk
+
+
+def shell_sdk_gone(root: Path) -> NotInstalledError:
+    """The SDK this shell was set up for by `qnnctl env` is no longer there."""
+    version = version_in(root.name)
+    again = f"`qnnctl install {version}` to put it back, or " if version else ""
+    error = NotInstalledError(version or str(root))
+    error.message = f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone"
+    error.args = (error.message,)
+    error.hint = f"{again}`eval \"$(qnnctl env)\"` to set the shell up for another SDK"
+    return error
 
 
 def reinstall_hint(root: Path, version: str) -> str:
