@@ -78,22 +78,47 @@ def equivalents() -> dict[str, str]:
     return found
 
 
+def _default_sigint() -> None:
+    # A command started in the background (`... &`) inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt for it: mutmut would not stop when asked.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_mutmut(work: Path, args: list[str], minutes: float) -> int:
-    """mutmut in `work`, niced, in a process group of its own; stopped with SIGINT (mutmut then
-    keeps what it checked) after `minutes`, or when this command is interrupted."""
+    """mutmut in `work`, niced, in a session of its own; stopped after `minutes`, or when this
+    command is interrupted, by a SIGINT to mutmut alone: it then ends the mutant it is testing
+    (whose verdict is not recorded) and keeps every verdict it has."""
     mutmut = Path(sys.executable).with_name("mutmut")
-    process = subprocess.Popen(["nice", "-n", "10", str(mutmut), *args], cwd=work, start_new_session=True)
+    process = subprocess.Popen(["nice", "-n", "10", str(mutmut), *args], cwd=work, start_new_session=True,
+                               preexec_fn=_default_sigint)
     try:
         return process.wait(timeout=minutes * 60)
     except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
         if isinstance(stop, subprocess.TimeoutExpired):
             print(f"stopping the run after {minutes:g} minutes", file=sys.stderr)
-        os.killpg(process.pid, signal.SIGINT)
+        process.send_signal(signal.SIGINT)
         try:
             return process.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             return process.wait()
+
+
+def forget_interruptions(work: Path, target: Target) -> None:
+    """Mark mutants whose test run was interrupted as not checked, so that this run tests them:
+    mutmut itself keeps "interrupted" as a verdict, and tests only mutants without one."""
+    from mutmut.stats import status_by_exit_code
+
+    for source in target.sources:
+        meta = work / "mutants" / f"{source}.meta"
+        if not meta.is_file():
+            continue
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        codes = data["exit_code_by_key"]
+        interrupted = [k for k, code in codes.items() if status_by_exit_code[code] == "check was interrupted by user"]
+        if interrupted:
+            codes.update(dict.fromkeys(interrupted))
+            meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
 
 
 def report(name: str, target: Target, work: Path, diffs: bool = False) -> int:
@@ -141,6 +166,7 @@ def main() -> int:
     target = TARGETS[args.module]
     work = prepare(args.module, target)
     if not args.report:
+        forget_interruptions(work, target)
         names = list(args.names)
         if args.retest:
             names += [k for k, s in statuses(work, target).items() if s in LEFT and k not in equivalents()]
