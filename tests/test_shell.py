@@ -755,6 +755,32 @@ def test_the_record_speaks_for_the_shell_only_while_the_root_is_qnnctls() -> Non
     assert select_sdk(None, kept, Path("/")).reason == BY_ENV
 
 
+def test_a_path_list_unset_since_does_not_stop_the_undo_of_the_others() -> None:
+    user = {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/mine"}
+    after = _env("/sdk", user)
+    dropped = {k: v for k, v in after.items() if k != "LD_LIBRARY_PATH"}  # unset by the user since
+    assert apply(dropped, unset_environment(dropped)) == {"PATH": "/usr/bin"}
+
+
+@pytest.mark.parametrize(("entry", "message", "hint"), [
+    ("/sdk/a:b", "cannot add '/sdk/a:b' to LD_LIBRARY_PATH: a path list cannot hold a ':'",
+     "move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without ':'"),
+    ("/sdk/a\nb", "cannot export LD_LIBRARY_PATH: the path '/sdk/a\\nb' contains a newline or NUL",
+     "move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without one"),
+], ids=["colon", "newline"])
+def test_a_library_folder_no_path_list_can_hold(entry: str, message: str, hint: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        sdk_environment({}, "/sdk", [entry], [])
+    assert (caught.value.message, caught.value.hint) == (message, hint)
+
+
+def test_a_marker_made_with_defaults() -> None:
+    from qnnctl.shell import Marker
+
+    assert Marker("/r", False).dumps() == ('{"added":{},"owns_root":false,"previous_root":null,"root":"/r",'
+                                           '"was_unset":[]}')
+
+
 def test_a_mangled_marker_undoes_nothing() -> None:
     environ = {"PATH": "/usr/bin", MARKER: "{not json", "QNN_SDK_ROOT": "/x"}
     assert unset_environment(environ) == {MARKER: None}
