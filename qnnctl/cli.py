@@ -170,6 +170,12 @@ def cli(verbose: int, quiet: int) -> None:
     _configure_logging(verbose, quiet)
 
 
+def _complete_components(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    from qnnctl.components import complete
+
+    return list(complete(ctx, param, incomplete))
+
+
 @cli.command(short_help="Install an SDK (or find one on disk); print its root.")
 @click.argument("version", required=False, shell_complete=complete_known)
 @click.option("--url", metavar="URL", help="Download the archive from this URL.")
@@ -199,7 +205,13 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     from qnnctl.shell import check_cache_path
 
     check_cache_path(str(_cache().root))
-    request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked)
+    parts = None
+    if components is not None:
+        from qnnctl.components import parse_components
+
+        parts = parse_components(components)
+    request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
+                             components=parts)
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=_stderr_is_terminal())
     if runtime or runtime_from:
         from qnnctl.runtime import RuntimeRequest, stage_runtime
@@ -266,6 +278,8 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
         # A bare folder name given to --sdk is still a path, never a version.
         spec = sdk_path if sdk_path.startswith(("/", "~")) else os.path.join(".", sdk_path)
     plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
+    for note in plan.notes:
+        log.warning("%s", note)
     if plan.selection is not None and _verbosity["verbose"]:
         log.debug("chose %s", plan.selection.describe())
     if plan.selection is not None and plan.selection.caller_managed and not plan.values:
@@ -302,7 +316,8 @@ def list_(as_json: bool) -> None:
             damaged = (f"; its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` "
                        "drops the link")
         build = f"build {row['build_id']}" if row["build_id"] else "build unknown"
-        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  ({row['origin']}{damaged})")
+        parts = "" if row["components"] == ["all"] else f"; components {','.join(row['components'])}"
+        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  ({row['origin']}{damaged}{parts})")
 
 
 @cli.command(short_help="The library or tool a process would use, as the loader or PATH finds it.")

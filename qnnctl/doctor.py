@@ -477,6 +477,10 @@ def check_manifest(ctx: Context) -> Outcome:
     # Earlier qnnctl releases recorded the URL as it was given, password and token included.
     source = redact(str(manifest.get("source", "?")))
     detail = f"installed {manifest.get('installed_at', '?')} from {source}, {count} files recorded"
+    detail += _parts_detail(manifest)
+    lacking = _pinned_but_missing(ctx, manifest, sdk)
+    if lacking is not None:
+        return warn(f"{detail}; {lacking[0]}", lacking[1])
     if manifest.get("version") not in (None, sdk.version):
         return warn(f"{detail}; it names version {manifest.get('version')}, not {sdk.version}",
                     reinstall_hint(target))
@@ -484,6 +488,34 @@ def check_manifest(ctx: Context) -> Outcome:
         return warn(f"{detail}: no per-file digests, so --verify cannot check it",
                     reinstall_hint(target))
     return ok(detail)
+
+
+def _parts_detail(manifest: Mapping[str, Any]) -> str:
+    """Which components an SDK holds, and what vouches for one fetched in parts."""
+    from qnnctl.components import installed_components
+
+    held = installed_components(manifest)
+    detail = "" if held == ("all",) else f"; components {', '.join(held)} (not the whole archive)"
+    if manifest.get("partial") is True:
+        cd = manifest.get("central_directory_sha256")
+        detail += ("; fetched in parts (Range requests): every file's CRC-32 was checked against the archive's "
+                   f"central directory{f' (sha256 {cd})' if isinstance(cd, str) else ''}, but no sha256 of the "
+                   "whole archive vouches for it, as none can be taken without all of it")
+    return detail
+
+
+def _pinned_but_missing(ctx: Context, manifest: Mapping[str, Any], sdk: Sdk) -> tuple[str, str] | None:
+    """What the project's pin asks for that the SDK lacks, and the command that adds it."""
+    from qnnctl.components import install_command, installed_components, missing
+    from qnnctl.pin import read_pin_components
+    from qnnctl.sdk import BY_PIN, find_pin
+
+    pin = find_pin(ctx.cwd) if ctx.require_target().selection.reason == BY_PIN else None
+    wanted = read_pin_components(pin) if pin is not None else None
+    lacking = missing(installed_components(manifest), wanted) if wanted else ()
+    if not lacking:
+        return None
+    return (f"{pin} asks for {', '.join(lacking)}, which it lacks", f"`{install_command(sdk.version, lacking)}`")
 
 
 def check_verify(ctx: Context) -> Outcome:

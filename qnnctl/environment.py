@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qnnctl.cache import Cache
-from qnnctl.sdk import BY_ENV, Sdk, Selection, resolve_installed, select_sdk
+from qnnctl.sdk import BY_ENV, BY_PIN, Sdk, Selection, resolve_installed, select_sdk
 from qnnctl.shell import EnvValues, sdk_environment, unset_environment
 
 
@@ -42,8 +42,13 @@ def resolve_sdk(
     cache: Cache,
     allow_install: bool = True,
     terminal: bool = False,
+    check_components: bool = True,
 ) -> tuple[Selection, Sdk | None]:
-    """The SDK to use, chosen the way `install` chooses it; None when the caller manages it."""
+    """The SDK to use, chosen the way `install` chooses it; None when the caller manages it.
+
+    An SDK installed without components the project's pin names is completed (`install`
+    fetches what is missing), or, when it may not install, refused with the command that does.
+    """
     selection = select_sdk(spec, environ, cwd, cache)
     import logging
 
@@ -51,7 +56,13 @@ def resolve_sdk(
     if selection.caller_managed:
         return selection, None
     if selection.root is not None or not allow_install:
-        return selection, resolve_installed(selection, cache, environ)
+        sdk = resolve_installed(selection, cache, environ)
+        lacking = pinned_but_missing(selection, sdk, cwd) if check_components else ()
+        if lacking:
+            from qnnctl.errors import MissingComponentError
+
+            raise MissingComponentError(sdk.version, str(sdk.root), lacking, f"the pin {selection.detail}")
+        return selection, sdk
     from qnnctl.install import InstallRequest, install
 
     result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
@@ -66,13 +77,21 @@ def resolve_for_dry_run(
     from qnnctl.errors import NotInstalledError
 
     try:
-        selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False)
+        selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False, check_components=False)
     except NotInstalledError:
         if not allow_install:
             raise
     else:
+        lacking = pinned_but_missing(selection, sdk, cwd) if sdk is not None else ()
+        if sdk is not None and lacking and not allow_install:
+            from qnnctl.errors import MissingComponentError
+
+            raise MissingComponentError(sdk.version, str(sdk.root), lacking, f"the pin {selection.detail}")
+        notes = [f"SDK {sdk.version} lacks {', '.join(lacking)}, which the pin {selection.detail} names: without "
+                 f"--dry-run, qnnctl would first fetch only those (`qnnctl install {sdk.version} --components "
+                 f"{','.join(lacking)}`)"] if sdk is not None and lacking else []
         note = runtime_note(sdk, cache) if sdk is not None and allow_install else None
-        return selection, sdk, [note] if note else []
+        return selection, sdk, notes + ([note] if note else [])
     selection = select_sdk(spec, environ, cwd, cache)
     version = selection.version
     if version is None:  # pragma: no cover - only a version can be missing
@@ -85,6 +104,24 @@ def resolve_for_dry_run(
     note = (f"SDK {version} is not installed ({selection.detail}): without --dry-run, qnnctl would "
             f"first download it from {source} and install it into {root}")
     return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
+
+
+def pinned_but_missing(selection: Selection, sdk: Sdk, cwd: Path) -> tuple[str, ...]:
+    """The components a `.qnn-version` pin names (its second line) that the SDK it chose
+    lacks; () when the pin names none, or chose nothing."""
+    if selection.reason != BY_PIN:
+        return ()
+    from qnnctl.pin import read_pin_components
+    from qnnctl.sdk import find_pin
+
+    pin = find_pin(cwd)
+    wanted = read_pin_components(pin) if pin is not None else None
+    if not wanted:
+        return ()
+    from qnnctl.cache import read_manifest
+    from qnnctl.components import installed_components, missing
+
+    return missing(installed_components(read_manifest(sdk.root)), wanted)
 
 
 def runtime_note(sdk: Sdk, cache: Cache) -> str | None:
@@ -115,12 +152,14 @@ class EnvPlan:
     A plain class rather than a dataclass, for `qnnctl env`'s start-up time.
     """
 
-    __slots__ = ("sdk", "selection", "values")
+    __slots__ = ("notes", "sdk", "selection", "values")
 
-    def __init__(self, selection: Selection | None, sdk: Sdk | None, values: EnvValues) -> None:
+    def __init__(self, selection: Selection | None, sdk: Sdk | None, values: EnvValues,
+                 notes: tuple[str, ...] = ()) -> None:
         self.selection = selection
         self.sdk = sdk
         self.values = values
+        self.notes = notes  # warnings for stderr: what the SDK lacks that the project asks for
 
 
 def plan_env(
@@ -140,4 +179,8 @@ def plan_env(
         return EnvPlan(selection, None, unset_environment(environ))
     sdk = resolve_installed(selection, cache, environ)
     owns_root = selection.reason != BY_ENV
-    return EnvPlan(selection, sdk, environment_for(sdk, environ, cache, owns_root))
+    lacking = pinned_but_missing(selection, sdk, cwd)
+    # env never downloads: it says what is missing, and exports what is there.
+    notes = (f"SDK {sdk.version} lacks {', '.join(lacking)}, which the pin {selection.detail} names; "
+             f"`qnnctl install {sdk.version} --components {','.join(lacking)}` adds it",) if lacking else ()
+    return EnvPlan(selection, sdk, environment_for(sdk, environ, cache, owns_root), notes)

@@ -17,6 +17,7 @@ from qnnctl.host import require_supported_host
 from qnnctl.sdk import (
     BY_CALLER,
     BY_ENV,
+    BY_PIN,
     BY_SHELL,
     Sdk,
     Selection,
@@ -54,6 +55,9 @@ class InstallRequest(NamedTuple):
     force: bool = False
     locked: bool = False  # --locked: the project's qnnctl.lock must exist and pin this version
     check_lock: bool = True  # off only for `qnnctl lock`, which writes the lock anew
+    # --components (qnnctl.components.parse_components): None when not asked, which reuses any
+    # install of the version and installs the whole archive (or what the pin names) otherwise.
+    components: tuple[str, ...] | None = None
 
 
 class InstallResult(NamedTuple):
@@ -113,7 +117,7 @@ def install(
     if request.file is not None:
         require_supported_host()
         return _install_file(request.file, request.spec, sha256, request.force, cache,
-                             (cwd, request.locked) if request.check_lock else None)
+                             (cwd, request.locked) if request.check_lock else None, request.components)
 
     if request.spec is None and request.url is None:
         selection = select_sdk(None, environ, cwd, cache)
@@ -152,9 +156,10 @@ def install(
         raise UsageError("no SDK version was selected")
 
     require_supported_host()
+    components = _components_for(request, selection, cwd)
     if not request.force:
         found_sdk = find_installed(version, cache, environ)
-        if found_sdk is not None:
+        if found_sdk is not None and _has_components(found_sdk, components):
             if sha256 is not None:
                 check_installed_sha256(found_sdk, sha256)
             return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
@@ -173,13 +178,12 @@ def install(
         log.warning("%s; installing a copy into qnnctl's cache", dangling.message)
     cache.ensure()
     with version_lock(cache, version):
-        if not request.force:
-            found_sdk = find_installed(version, cache, environ)
-            if found_sdk is not None:
-                log.info("another qnnctl installed %s meanwhile", version)
-                if sha256 is not None:
-                    check_installed_sha256(found_sdk, sha256)
-                return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
+        found_sdk = None if request.force else find_installed(version, cache, environ)
+        if found_sdk is not None and _has_components(found_sdk, components):
+            log.info("another qnnctl installed %s meanwhile", version)
+            if sha256 is not None:
+                check_installed_sha256(found_sdk, sha256)
+            return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
         remove_stale_work(cache, version)
         from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
@@ -189,6 +193,14 @@ def install(
         indexed = mirror_entry(mirror, version) if mirror is not None and not request.url else None
         agree([("--sha256", sha256), (str(locked.path) if locked else "", locked.sha256 if locked else None),
                (f"the mirror's {indexed.url}" if indexed else "", indexed.sha256 if indexed else None)])
+        # Some components: fetched by parts, or added to those of an SDK installed with fewer.
+        extend = found_sdk if found_sdk is not None and found_sdk.origin == "qnnctl cache" else None
+        if components is not None and (extend is not None or components != ("all",)):
+            from qnnctl.partial import install_components
+
+            sdk = install_components(version, urls, name, components, sha256, cache, request.force, terminal,
+                                     extend, locked.central_directory_sha256 if locked else None)
+            return InstallResult(sdk, "installed", selection)
 
         downloader = Downloader(
             make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
@@ -219,6 +231,41 @@ def install(
             for leftover in leftovers:
                 leftover.unlink(missing_ok=True)
     return InstallResult(sdk, "installed", selection)
+
+
+def _components_for(request: InstallRequest, selection: Selection, cwd: Path) -> tuple[str, ...] | None:
+    """The components asked for: --components, else the pin's second line (for the pinned
+    version), else the project's qnnctl.lock (for the version it locks); None when nobody asked."""
+    if request.components is not None:
+        return request.components
+    if selection.reason == BY_PIN:
+        from qnnctl.pin import read_pin_components
+        from qnnctl.sdk import find_pin
+
+        pin = find_pin(cwd)
+        pinned = read_pin_components(pin) if pin is not None else None
+        if pinned is not None:
+            return pinned
+    if request.check_lock:
+        from qnnctl.lockfile import find_lock, read_lock
+
+        path = find_lock(cwd)
+        lock = read_lock(path) if path is not None else None
+        if lock is not None and lock.components and lock.version == selection.version:
+            from qnnctl.components import parse_components
+
+            return parse_components(lock.components, where=f"{path} (sdk.components)")
+    return None
+
+
+def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
+    """Whether an installed SDK holds the components asked for (any SDK, when none were)."""
+    if components is None:
+        return True
+    from qnnctl.cache import read_manifest
+    from qnnctl.components import covers, installed_components
+
+    return covers(installed_components(read_manifest(sdk.root)), components)
 
 
 def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> InstallResult:
@@ -351,7 +398,19 @@ def _build(
             f"`qnnctl install {found}` with a source that serves it",
         )
     return _commit(extracted.root, version, source, sha256, size, extracted.files,
-                   extracted.size, cache, force, work, build)
+                   extracted.size, cache, force, work, build, _directory_digest(archive))
+
+
+def _directory_digest(archive: Path) -> dict[str, object] | None:
+    """The sha256 of a zip's central directory, for the manifest: what a lock made from this
+    SDK pins for installs of some of its components, which cannot take the archive's."""
+    from qnnctl.archive import archive_kind
+
+    if archive_kind(archive) != "zip":
+        return None
+    from qnnctl.zipindex import central_directory_sha256, file_end_records, read_file_at
+
+    return {"central_directory_sha256": central_directory_sha256(read_file_at(archive), file_end_records(archive))}
 
 
 def identify(root: Path, top: str | None, wanted: str | None, source: str) -> tuple[str | None, str | None]:
@@ -388,7 +447,7 @@ def _commit(
     root: Path,
     version: str,
     source: str,
-    sha256: str,
+    sha256: str | None,
     size: int,
     files: dict[str, str],
     unpacked: int,
@@ -396,7 +455,9 @@ def _commit(
     force: bool,
     work: Path,
     build: str | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Sdk:
+    """`extra`: more for the manifest (what an install of some components records)."""
     missing = missing_layout(root)
     if missing:
         raise IntegrityError(
@@ -420,6 +481,7 @@ def _commit(
         "files": files,
         "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "qnnctl_version": __version__,
+        **(extra or {}),
     }
     # The manifest goes in last: a folder without one is never taken for an SDK.
     write_json_atomic(root / MANIFEST_NAME, manifest)
@@ -438,9 +500,10 @@ def _commit(
 
 def _install_file(
     archive: Path, spec: str | None, sha256: str | None, force: bool, cache: Cache,
-    lock_check: tuple[Path, bool] | None = None,
+    lock_check: tuple[Path, bool] | None = None, components: tuple[str, ...] | None = None,
 ) -> InstallResult:
-    """`lock_check` is (the working folder, --locked) when the project's lock applies."""
+    """`lock_check` is (the working folder, --locked) when the project's lock applies;
+    `components` (all when None) are the only ones extracted, beside those installed already."""
     from qnnctl.archive import extract, work_folder
     from qnnctl.download import file_sha256
 
@@ -457,7 +520,8 @@ def _install_file(
     if wanted is not None and not force:
         # Named and already installed: no need to read a 1-2 GB archive to find that out.
         existing = cache.sdk_dir(wanted)
-        if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing):
+        if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
+                _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
             return _file_locked(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
                                               Selection("argument", f"from {archive}", version=wanted)),
                                 lock_check)
@@ -466,7 +530,13 @@ def _install_file(
     with version_lock(cache, "file"):
         remove_stale_work(cache, "file")
         with work_folder(cache.tmp / f"file.{_work_id()}") as work:
-            extracted = extract(archive, work / "x")
+            parts = None
+            if components is not None and components != ("all",):
+                from qnnctl.partial import extract_components
+
+                extracted, parts = extract_components(archive, components, work / "x")
+            else:
+                extracted = extract(archive, work / "x")
             found, build = identify(extracted.root, extracted.version, wanted, str(archive))
             if wanted is not None and found is not None and found != wanted:
                 raise IntegrityError(
@@ -487,12 +557,20 @@ def _install_file(
                               str(archive))
             with version_lock(cache, version):
                 existing = cache.sdk_dir(version)
-                if not force and (existing / MANIFEST_NAME).is_file() and not missing_layout(existing):
-                    return _file_locked(InstallResult(Sdk(existing, version, "qnnctl cache"), "reused", selection),
-                                        lock_check)
+                installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
+                old = Sdk(existing, version, "qnnctl cache") if installed else None
+                if not force and old is not None and _has_components(old, components):
+                    return _file_locked(InstallResult(old, "reused", selection), lock_check)
+                files, unpacked, extra = extracted.files, extracted.size, _directory_digest(archive)
+                if parts is not None:
+                    if not force and old is not None:
+                        from qnnctl.partial import with_installed
+
+                        parts, files, unpacked = with_installed(old, extracted, parts, str(archive))
+                    extra = parts.manifest_fields()
                 sdk = _commit(extracted.root, version, archive.as_uri(), digest,
-                              archive.stat().st_size, extracted.files, extracted.size, cache,
-                              force, work, build)
+                              archive.stat().st_size, files, unpacked, cache,
+                              force or old is not None, work, build, extra)
     return InstallResult(sdk, "installed", selection)
 
 

@@ -104,8 +104,12 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     assert data["sdk"]["size"] == len(good)
     assert data["sdk"]["build_id"] == BUILD[1:]
     assert data["sdk"]["urls"] == [f"http://***@{server.base.removeprefix('http://')}/qairt{PATH}"]
-    # Nothing records the archive's central directory yet: the lock leaves it out.
-    assert "central_directory_sha256" not in data["sdk"]
+    # The archive's central directory, which installs of some components check (install --components).
+    from qnnctl.zipindex import central_directory_sha256, end_records
+
+    records = end_records(good, len(good))
+    assert data["sdk"]["central_directory_sha256"] == central_directory_sha256(
+        lambda offset, size: good[offset:offset + size], records)
     # It installed the SDK it locked.
     assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()
     checked = run_qnnctl("lock", "--check", cwd=sub)

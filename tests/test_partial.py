@@ -1,0 +1,657 @@
+"""`install --components`: only some members of the archive, fetched by Range requests.
+
+End to end through the real entry point against the loopback server, whose log of bytes
+served is what the transfer is measured by; archives built at test time in the real layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from qnnctl.cache import MANIFEST_NAME, read_manifest
+from tests.conftest import run_qnnctl, with_default_sigint
+from tests.httpserver import Fault, FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+TOP = f"qairt/{VERSION}/"
+_RANDOM = random.Random(15)
+
+# Incompressible payloads, so that each component's compressed bytes are what its files weigh.
+PAYLOADS = {
+    "lib/x86_64-linux-clang/libQnnHtpPrepare.so": 1536 << 10,  # host
+    "lib/aarch64-android/libQnnHtpV73Stub.so": 1 << 20,  # android
+    "lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so": 1 << 20,
+    "lib/hexagon-v75/unsigned/libQnnHtpV75Skel.so": 1 << 20,
+    "docs/payload.bin": 2 << 20,
+    "examples/model.py": 10 << 10,
+    "lib/x86_64-windows-msvc/QnnHtp.dll": 1 << 20,  # no component claims it: `all` only
+}
+HOST_FILES = {"QNN_README.txt", "sdk.yaml", "lib/x86_64-linux-clang/libQnnHtp.so",
+              "lib/x86_64-linux-clang/libQnnSystem.so", "lib/x86_64-linux-clang/libQnnCpu.so",
+              "lib/x86_64-linux-clang/libQnnHtpPrepare.so", "bin/x86_64-linux-clang/qnn-net-run",
+              "bin/x86_64-linux-clang/qnn-context-binary-generator", "include/QNN/QnnInterface.h"}
+ANDROID_FILES = {"lib/aarch64-android/libQnnHtp.so", "lib/aarch64-android/libQnnHtpV73Stub.so"}
+
+
+def component_spec(**more: bytes) -> SdkSpec:
+    files = {name: _RANDOM.randbytes(size) for name, size in PAYLOADS.items()}
+    files.update(more)
+    return SdkSpec(extra_files=files)
+
+
+@pytest.fixture(scope="module")
+def archive_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    folder = tmp_path_factory.mktemp("archives")
+    return build_archive(folder, "zip", component_spec()).read_bytes()
+
+
+@pytest.fixture
+def parts_mirror(server: FaultServer, archive_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> FaultServer:
+    server.add(PATH, archive_bytes)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    return server
+
+
+def compressed(data: bytes, prefixes: tuple[str, ...]) -> int:
+    """The compressed bytes of the members under `prefixes` (below the SDK root)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return sum(i.compress_size for i in zf.infolist()
+                   if i.filename.startswith(TOP) and i.filename[len(TOP):].startswith(prefixes))
+
+
+def host_compressed(data: bytes) -> int:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return sum(i.compress_size for i in zf.infolist() if i.filename[len(TOP):] in HOST_FILES)
+
+
+def files_in(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if (p.is_file() or p.is_symlink()) and p.name != MANIFEST_NAME}
+
+
+def served_ranges(server: FaultServer) -> list[tuple[int, int]]:
+    return [r for s in server.served_for(PATH) for r in s.ranges]
+
+
+def member_span(data: bytes, name: str) -> tuple[int, int]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        info = zf.getinfo(TOP + name)
+        return info.header_offset, info.header_offset + 30 + len(info.filename) + info.compress_size
+
+
+# -- the common case: host only, then a component more ------------------------------------------
+
+
+def test_host_only_then_android(parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path) -> None:
+    first = run_qnnctl("install", VERSION, "--components", "host")
+    assert first.returncode == 0, first.stderr
+    root = Path(first.stdout.strip())
+    assert root == cache_dir / "sdks" / VERSION
+    assert files_in(root) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert os.readlink(root / "lib/x86_64-linux-clang/libQnnHtp.so.2") == "libQnnHtp.so"
+    assert os.access(root / "bin/x86_64-linux-clang/qnn-net-run", os.X_OK)
+    ran = subprocess.run([str(root / "bin/x86_64-linux-clang/qnn-net-run")], capture_output=True, text=True)
+    assert ran.stdout.strip() == f"qnn-net-run {VERSION}"
+    # The bytes served: the host members' compressed bytes, and at most 5% more.
+    host = host_compressed(archive_bytes)
+    sent = parts_mirror.bytes_served(PATH)
+    assert host <= sent <= host * 1.05, (sent, host)
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert manifest["components"] == ["host"]
+    assert manifest["partial"] is True
+    assert manifest["sha256"] is None
+    assert manifest["central_directory_sha256"] == central_directory_sha256(archive_bytes)
+    assert manifest["size"] == len(archive_bytes)
+    for name, digest in manifest["files"].items():
+        assert manifest_digest((root / name).read_bytes()) == digest, name
+    assert sorted(p.name for p in (cache_dir / "downloads").iterdir()) == []
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+    listed = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
+    assert [(r["components"], r["partial"]) for r in listed] == [(["host"], True)]
+    assert "components host" in run_qnnctl("list").stdout
+    env = run_qnnctl("env", VERSION, "--shell", "json")
+    assert env.returncode == 0, env.stderr
+    assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(root)
+
+    before = parts_mirror.served_for(PATH)
+    host_inode = (root / "lib/x86_64-linux-clang/libQnnHtpPrepare.so").stat().st_ino
+    second = run_qnnctl("install", VERSION, "--components", "android")
+    assert second.returncode == 0, second.stderr
+    assert files_in(root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    # Only what was missing came: the end, the directory, the Android members; no host byte again.
+    added = parts_mirror.served_for(PATH)[len(before):]
+    android = compressed(archive_bytes, ("lib/aarch64-android/",))
+    sent = sum(s.sent for s in added)
+    assert android <= sent <= android * 1.05 + (20 << 10), (sent, android)
+    host_span = member_span(archive_bytes, "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+    for start, end in (r for s in added for r in s.ranges):
+        assert end <= host_span[0] or start >= host_span[1], (start, end)
+    # The old folder's files were taken over (hard links), the new folder renamed into place.
+    assert (root / "lib/x86_64-linux-clang/libQnnHtpPrepare.so").stat().st_ino == host_inode
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert manifest["components"] == ["host", "android"]
+    assert set(manifest["files"]) == HOST_FILES | ANDROID_FILES
+    for name, digest in manifest["files"].items():
+        assert manifest_digest((root / name).read_bytes()) == digest, name
+    # Asked again: nothing to fetch.
+    count = len(parts_mirror.requests_for(PATH))
+    again = run_qnnctl("install", VERSION, "--components", "host,android")
+    assert again.returncode == 0
+    assert "already installed" in again.stderr
+    plain = run_qnnctl("install", VERSION)
+    assert plain.returncode == 0
+    assert "already installed" in plain.stderr
+    assert len(parts_mirror.requests_for(PATH)) == count
+
+
+def central_directory_sha256(data: bytes) -> str:
+    (cd_size, cd_offset) = struct.unpack_from("<LL", data, len(data) - 22 + 12)
+    return hashlib.sha256(data[cd_offset:cd_offset + cd_size]).hexdigest()
+
+
+def test_doctor_says_what_a_partial_install_guarantees(parts_mirror: FaultServer, cache_dir: Path) -> None:
+    assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
+    report = run_qnnctl("doctor", "--sdk", VERSION, "--json", "--offline")
+    checks = {c["id"]: c for c in json.loads(report.stdout)["checks"]}
+    detail = checks["sdk.manifest"]["detail"]
+    assert "components host (not the whole archive)" in detail
+    assert "fetched in parts" in detail
+    assert "CRC-32 was checked against the archive's central directory" in detail
+    assert "no sha256 of the whole archive vouches for it" in detail
+    assert checks["sdk.layout"]["status"] == "ok"
+
+
+def test_hexagon_generations_and_all(parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path) -> None:
+    result = run_qnnctl("install", VERSION, "--components", "hexagon-v75")
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    held = files_in(root)
+    assert "lib/hexagon-v75/unsigned/libQnnHtpV75Skel.so" in held
+    assert HOST_FILES <= held
+    assert not any(name.startswith("lib/hexagon-v73") for name in held)
+    assert read_manifest(root)["components"] == ["host", "hexagon-v75"]  # type: ignore[index]
+    # `all` fills in the rest, the members of no component included; still by parts.
+    result = run_qnnctl("install", VERSION, "--components", "all")
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(io.BytesIO(archive_bytes)) as zf:
+        every = {i.filename[len(TOP):] for i in zf.infolist() if not i.is_dir()}
+    assert files_in(root) == every
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert manifest["components"] == ["all"]
+    assert manifest["partial"] is True
+
+
+def test_a_generation_the_archive_lacks(parts_mirror: FaultServer, cache_dir: Path) -> None:
+    result = run_qnnctl("install", VERSION, "--components", "host,hexagon-v99")
+    assert result.returncode == 2
+    assert "has no hexagon-v99: its components are host, android, hexagon-v73, hexagon-v75, docs" in result.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
+    assert list((cache_dir / "downloads").iterdir()) == []
+    bad = run_qnnctl("install", VERSION, "--components", "host,phone")
+    assert bad.returncode == 2
+    assert "phone is not a component" in bad.stderr
+
+
+def test_default_is_unchanged(parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path) -> None:
+    """Without --components: one request for the whole archive, its sha256, no new fields."""
+    result = run_qnnctl("install", VERSION)
+    assert result.returncode == 0, result.stderr
+    (request,) = parts_mirror.requests_for(PATH)
+    assert "Range" not in request.headers
+    manifest = read_manifest(Path(result.stdout.strip()))
+    assert manifest is not None
+    assert manifest["sha256"] == hashlib.sha256(archive_bytes).hexdigest()
+    assert "components" not in manifest
+    assert "partial" not in manifest
+    # What a lock made from it pins for installs of some components.
+    assert manifest["central_directory_sha256"] == central_directory_sha256(archive_bytes)
+    # An SDK installed whole has every component.
+    again = run_qnnctl("install", VERSION, "--components", "android")
+    assert again.returncode == 0
+    assert "already installed" in again.stderr
+
+
+def test_components_added_later_come_from_the_same_archive(parts_mirror: FaultServer, tmp_path: Path,
+                                                           cache_dir: Path) -> None:
+    assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
+    root = cache_dir / "sdks" / VERSION
+    before = read_manifest(root)
+    # The server now has another archive of the same version: its central directory differs.
+    parts_mirror.add(PATH, build_archive(tmp_path, "zip", component_spec()).read_bytes())
+    result = run_qnnctl("install", VERSION, "--components", "android")
+    assert result.returncode == 4, result.stderr
+    assert f"is not the archive SDK {VERSION} was installed from" in result.stderr
+    assert read_manifest(root) == before
+    assert not (root / "lib/aarch64-android").exists()
+
+
+# -- resuming, retrying, falling back ----------------------------------------------------------
+
+
+def test_interrupted_partial_install_resumes(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    big = component_spec(**{"lib/x86_64-linux-clang/libQnnHtpPrepare.so": _RANDOM.randbytes(12 << 20)})
+    data = build_archive(tmp_path, "zip", big).read_bytes()
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    server.rate = 3e6
+    child = subprocess.Popen(with_default_sigint([sys.executable, "-m", "qnnctl", "install", VERSION,
+                                                  "--components", "host"]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while server.bytes_served(PATH) < 6 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    first = server.bytes_served(PATH)
+    sparse = cache_dir / "downloads" / f"v{VERSION}.zip.sparse"
+    record = cache_dir / "downloads" / f"v{VERSION}.zip.sparse.json"
+    assert stat.S_IMODE(sparse.stat().st_mode) == 0o600
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert sparse.stat().st_size == len(data)
+    held = json.loads(record.read_text())["held"]
+    assert sum(end - start for start, end in held) >= 4 << 20
+    assert not (cache_dir / "sdks" / VERSION).exists()
+
+    server.rate = None
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert "resuming" in result.stderr
+    host = host_compressed(data)
+    # What the first run recorded is not fetched again: the runs together move the host
+    # members (and the end and the directory, twice) about once.
+    assert first + (server.bytes_served(PATH) - first) <= host * 1.05 + (40 << 10), (first, host)
+    assert not sparse.exists()
+    assert not record.exists()
+    root = cache_dir / "sdks" / VERSION
+    assert (root / "lib/x86_64-linux-clang/libQnnHtpPrepare.so").read_bytes() == \
+        big.extra_files["lib/x86_64-linux-clang/libQnnHtpPrepare.so"]
+
+
+def test_killed_partial_install_resumes(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL: what the record says is held is kept (the record never claims more)."""
+    big = component_spec(**{"lib/x86_64-linux-clang/libQnnHtpPrepare.so": _RANDOM.randbytes(16 << 20)})
+    data = build_archive(tmp_path, "zip", big).read_bytes()
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    server.rate = 4e6
+    child = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", VERSION, "--components", "host"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while server.bytes_served(PATH) < 10 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.kill()
+    child.wait()
+    record = cache_dir / "downloads" / f"v{VERSION}.zip.sparse.json"
+    held = sum(end - start for start, end in json.loads(record.read_text())["held"])
+    assert held >= 4 << 20
+    server.rate = None
+    before = server.bytes_served(PATH)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert server.bytes_served(PATH) - before <= (host_compressed(data) - held) * 1.05 + (40 << 10), result.stderr
+
+
+def test_a_dropped_range_is_asked_for_again(parts_mirror: FaultServer, archive_bytes: bytes,
+                                            cache_dir: Path) -> None:
+    # After the end of the archive, the next answers break off after 100 KB: the host
+    # library's range among them, which is then asked for from where it stopped.
+    parts_mirror.fail(PATH, Fault.none(), *[Fault.drop_after(100_000)] * 4)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert "retrying" in result.stderr
+    ranges = [r.headers["Range"] for r in parts_mirror.requests_for(PATH)]
+    host = member_span(archive_bytes, "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+    starts = [int(r[6:].split("-")[0]) for r in ranges if not r.startswith("bytes=-")]
+    resumed = [start for start in starts if host[0] < start < host[1]]
+    assert resumed, ranges
+    assert parts_mirror.bytes_served(PATH) <= host_compressed(archive_bytes) * 1.05
+
+
+def test_a_server_that_ignores_ranges(parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path) -> None:
+    parts_mirror.ignore_ranges = True
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert "warning:" in result.stderr
+    assert "answered a ranged request with the whole file (HTTP 200)" in result.stderr
+    assert "downloading the whole archive instead, then installing only host" in result.stderr
+    root = Path(result.stdout.strip())
+    assert files_in(root) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert manifest["components"] == ["host"]
+    assert manifest["partial"] is False
+    assert manifest["sha256"] == hashlib.sha256(archive_bytes).hexdigest()
+    assert manifest["central_directory_sha256"] == central_directory_sha256(archive_bytes)
+    assert list((cache_dir / "downloads").iterdir()) == []
+
+
+def test_a_server_that_stops_serving_ranges_part_way(parts_mirror: FaultServer, cache_dir: Path) -> None:
+    parts_mirror.fail(PATH, Fault.none(), *[Fault.ignore_range()] * 8)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert "downloading the whole archive instead" in result.stderr
+    assert files_in(Path(result.stdout.strip())) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+
+
+def test_the_archive_changes_between_runs(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                          monkeypatch: pytest.MonkeyPatch, archive_bytes: bytes) -> None:
+    """Parts held from one file are never mixed with another: its ETag and its end differ."""
+    server.add(PATH, archive_bytes)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    server.fail(PATH, Fault.none(), Fault.status(404))
+    failed = run_qnnctl("install", VERSION, "--components", "host")
+    assert failed.returncode == 3, failed.stderr
+    assert (cache_dir / "downloads" / f"v{VERSION}.zip.sparse.json").exists()
+    other = build_archive(tmp_path, "zip", component_spec()).read_bytes()
+    server.add(PATH, other)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert "has changed since the last run" in result.stderr
+    manifest = read_manifest(cache_dir / "sdks" / VERSION)
+    assert manifest is not None
+    assert manifest["central_directory_sha256"] == central_directory_sha256(other)
+
+
+# -- zip64 ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def zip64_everywhere() -> Iterator[None]:
+    """zipfile writes zip64 records (end of directory, locator, member extras) past these."""
+    saved = zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT
+    setattr(zipfile, "ZIP64_LIMIT", 1 << 12)
+    setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 8)
+    try:
+        yield
+    finally:
+        setattr(zipfile, "ZIP64_LIMIT", saved[0])
+        setattr(zipfile, "ZIP_FILECOUNT_LIMIT", saved[1])
+
+
+def as_zip64(data: bytes) -> bytes:
+    """The end record's fields set to "see the zip64 record", as an archiver past 4 GiB writes them."""
+    eocd = data.rfind(b"PK\x05\x06")
+    fields = struct.pack("<4H2L", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+    return data[:eocd + 4] + fields + data[eocd + 20:]
+
+
+def test_zip64_archive(server: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with zip64_everywhere():
+        data = as_zip64(build_archive(tmp_path, "zip", component_spec()).read_bytes())
+    assert b"PK\x06\x06" in data[-200:]
+    assert b"PK\x06\x07" in data[-100:]
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        big = zf.getinfo(TOP + "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+        assert b"\x01\x00" in big.extra[:2]  # the member's zip64 extra field
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    assert files_in(root) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert server.bytes_served(PATH) <= host_compressed(data) * 1.05
+    added = run_qnnctl("install", VERSION, "--components", "android,hexagon-v73")
+    assert added.returncode == 0, added.stderr
+    assert ANDROID_FILES <= files_in(root)
+
+
+# -- hostile central directories ----------------------------------------------------------------
+
+
+def _entries(data: bytes) -> list[int]:
+    """The offsets of the central directory's entries."""
+    size, offset = struct.unpack_from("<LL", data, data.rfind(b"PK\x05\x06") + 12)
+    found, at = [], offset
+    while at < offset + size:
+        found.append(at)
+        name_len, extra_len, comment_len = struct.unpack_from("<3H", data, at + 28)
+        at += 46 + name_len + extra_len + comment_len
+    return found
+
+
+def _entry_named(data: bytes, name: str) -> int:
+    for at in _entries(data):
+        name_len = struct.unpack_from("<H", data, at + 28)[0]
+        if data[at + 46:at + 46 + name_len] == (TOP + name).encode():
+            return at
+    raise KeyError(name)
+
+
+def _patch(data: bytes, at: int, fmt: str, *values: int) -> bytes:
+    out = bytearray(data)
+    struct.pack_into(fmt, out, at, *values)
+    return bytes(out)
+
+
+def overlapping(data: bytes) -> bytes:
+    """An Android member's directory entry points into the host library's bytes."""
+    host = _entry_named(data, "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+    android = _entry_named(data, "lib/aarch64-android/libQnnHtpV73Stub.so")
+    return _patch(data, android + 42, "<L", struct.unpack_from("<L", data, host + 42)[0] + 1000)
+
+
+def past_the_end(data: bytes) -> bytes:
+    """The last member, longer than the archive (a member of no component chosen: the
+    directory is refused whole)."""
+    last = max(_entries(data), key=lambda at: struct.unpack_from("<L", data, at + 42)[0])
+    return _patch(data, last + 20, "<L", len(data) * 2)
+
+
+def local_header_disagrees(data: bytes) -> bytes:
+    """The host library's local header gives another CRC-32 than the directory."""
+    at = _entry_named(data, "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+    local = struct.unpack_from("<L", data, at + 42)[0]
+    return _patch(data, local + 14, "<L", struct.unpack_from("<L", data, local + 14)[0] ^ 1)
+
+
+def local_extra_too_long(data: bytes) -> bytes:
+    """The host library's local header claims an extra field that would put its data past
+    where the next member starts."""
+    at = _entry_named(data, "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+    local = struct.unpack_from("<L", data, at + 42)[0]
+    return _patch(data, local + 28, "<H", 0xFFFF)
+
+
+def directory_before_the_start(data: bytes) -> bytes:
+    """The end record says the directory is larger than everything before it."""
+    eocd = data.rfind(b"PK\x05\x06")
+    return _patch(data, eocd + 12, "<L", eocd + 100)
+
+
+def escaping_name(tmp_path: Path) -> bytes:
+    archive = build_archive(tmp_path, "zip", component_spec())
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, TOP + "lib/x86_64-linux-clang/../../../../evil.so", b"x", 0o100644)
+    return archive.read_bytes()
+
+
+def device_file(tmp_path: Path) -> bytes:
+    archive = build_archive(tmp_path, "zip", component_spec())
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, TOP + "docs/null", b"", stat.S_IFCHR | 0o644)  # in a component not chosen
+    return archive.read_bytes()
+
+
+@pytest.mark.parametrize(("hostile", "said"), [
+    (overlapping, "overlaps the next member"),
+    (past_the_end, "runs past the start of the central directory"),
+    (local_header_disagrees, "local header that disagrees with the central directory"),
+    (local_extra_too_long, "runs past its range"),
+    (directory_before_the_start, "does not fit before its end records"),
+    (escaping_name, "leaves the archive"),
+    (device_file, "is a device or special file"),
+])
+def test_hostile_central_directory(server: FaultServer, tmp_path: Path, cache_dir: Path, archive_bytes: bytes,
+                                   monkeypatch: pytest.MonkeyPatch, hostile: object, said: str) -> None:
+    made = hostile(tmp_path) if hostile in (escaping_name, device_file) else hostile(archive_bytes)  # type: ignore[operator]
+    server.add(PATH, made)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 4, result.stderr
+    assert said in result.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
+    assert list((cache_dir / "tmp").iterdir()) == []
+    assert list((cache_dir / "downloads").iterdir()) == []
+    if hostile not in (local_header_disagrees, local_extra_too_long):
+        # Refused from the directory alone: no member was fetched.
+        assert server.bytes_served(PATH) < 64 << 10
+
+
+# -- links across components ---------------------------------------------------------------------
+
+
+def test_a_link_into_another_component_brings_its_target(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = build_archive(tmp_path, "zip", component_spec())
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, TOP + "lib/x86_64-linux-clang/libQnnHtpV73Skel.so",
+                      b"../hexagon-v73/unsigned/libQnnHtpV73Skel.so", stat.S_IFLNK | 0o777)
+    server.add(PATH, archive.read_bytes())
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    link = root / "lib/x86_64-linux-clang/libQnnHtpV73Skel.so"
+    assert link.is_symlink()
+    assert link.resolve().is_file()
+    assert link.read_bytes() == (root / "lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so").read_bytes()
+    assert "1 more file(s) or link(s) that links of the components chosen lead to: " \
+        f"{TOP}lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so" in result.stderr
+    assert not (root / "lib/hexagon-v75").exists()
+
+
+def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Path) -> None:
+    from pathlib import PurePosixPath
+
+    from qnnctl.archive import extract
+    from qnnctl.errors import IntegrityError
+
+    archive = build_archive(tmp_path, "zip", SdkSpec())
+    with zipfile.ZipFile(archive) as zf:
+        names = {PurePosixPath(i.filename.rstrip("/")) for i in zf.infolist()}
+    chosen = {n for n in names if not str(n).endswith("libQnnHtp.so") or "android" in str(n)}
+    with pytest.raises(IntegrityError, match=r"libQnnHtp.so.2 -> libQnnHtp.so needs .*libQnnHtp.so, which is "
+                                             r"not being installed"):
+        extract(archive, tmp_path / "out", only=chosen)
+
+
+# -- from a file, and from the pin ------------------------------------------------------------------
+
+
+def test_file_with_components(tmp_path: Path, cache_dir: Path, archive_bytes: bytes) -> None:
+    archive = tmp_path / f"v{VERSION}.zip"
+    archive.write_bytes(archive_bytes)
+    result = run_qnnctl("install", "--file", str(archive), "--components", "host")
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    assert files_in(root) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert (manifest["components"], manifest["partial"]) == (["host"], False)
+    assert manifest["sha256"] == hashlib.sha256(archive_bytes).hexdigest()
+    added = run_qnnctl("install", "--file", str(archive), "--components", "docs")
+    assert added.returncode == 0, added.stderr
+    assert "docs/payload.bin" in files_in(root)
+    assert HOST_FILES <= files_in(root)
+    assert read_manifest(root)["components"] == ["host", "docs"]  # type: ignore[index]
+
+
+def test_tar_file_with_components(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "tar.gz", component_spec())
+    result = run_qnnctl("install", VERSION, "--file", str(archive), "--components", "android")
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    assert files_in(root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+
+
+def test_pinned_components(parts_mirror: FaultServer, cache_dir: Path) -> None:
+    work = Path.cwd()
+    (work / ".qnn-version").write_text(f"{VERSION}\n# what this project needs\nhost\n")
+    first = run_qnnctl("install")
+    assert first.returncode == 0, first.stderr
+    root = Path(first.stdout.strip())
+    assert read_manifest(root)["components"] == ["host"]  # type: ignore[index]
+    (work / ".qnn-version").write_text(f"{VERSION}\ncomponents: host, android\n")
+    env = run_qnnctl("env", "--shell", "json")
+    assert env.returncode == 0, env.stderr
+    assert "lacks android" in env.stderr
+    assert f"`qnnctl install {VERSION} --components android` adds it" in env.stderr
+    refused = run_qnnctl("lower", "--no-install", "--", "true")
+    assert refused.returncode == 1
+    assert "installed without android" in refused.stderr
+    assert f"qnnctl install {VERSION} --components android" in refused.stderr
+    dry = run_qnnctl("lower", "--dry-run", "--", "true")
+    assert dry.returncode == 0, dry.stderr
+    assert "would first fetch only those" in dry.stdout + dry.stderr
+    doctor = json.loads(run_qnnctl("doctor", "--json", "--offline").stdout)
+    manifest_check = next(c for c in doctor["checks"] if c["id"] == "sdk.manifest")
+    assert manifest_check["status"] == "warn"
+    assert "asks for android" in manifest_check["detail"]
+    second = run_qnnctl("install")
+    assert second.returncode == 0, second.stderr
+    assert ANDROID_FILES <= files_in(root)
+    # `qnnctl use` keeps the components line.
+    assert run_qnnctl("use", VERSION).returncode == 0
+    assert (work / ".qnn-version").read_text() == f"{VERSION}\ncomponents: host, android\n"
+    (work / ".qnn-version").write_text(f"{VERSION}\nhost,wifi\n")
+    bad = run_qnnctl("install")
+    assert bad.returncode == 2
+    assert ".qnn-version, line 2: wifi is not a component" in bad.stderr
+
+
+# -- with the project's qnnctl.lock ------------------------------------------------------------------
+
+
+def test_the_lock_pins_the_central_directory_and_the_components(parts_mirror: FaultServer, archive_bytes: bytes,
+                                                                 cache_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Locked from a whole install, which records the directory's sha256 as well.
+    assert run_qnnctl("install", VERSION).returncode == 0
+    locked = run_qnnctl("lock", VERSION)
+    assert locked.returncode == 0, locked.stderr
+    lock = Path(locked.stdout.strip())
+    text = lock.read_text()
+    assert f'central_directory_sha256 = "{central_directory_sha256(archive_bytes)}"' in text
+    # Another machine (another cache), with the components in the lock: host only, checked.
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "other"))
+    lock.write_text(text.replace("urls = [", 'components = ["host"]\nurls = ['))
+    before = parts_mirror.bytes_served(PATH)
+    result = run_qnnctl("install", VERSION)
+    assert result.returncode == 0, result.stderr
+    root = Path(result.stdout.strip())
+    assert files_in(root) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert parts_mirror.bytes_served(PATH) - before <= host_compressed(archive_bytes) * 1.05
+    check = run_qnnctl("lock", "--check", VERSION)
+    assert check.returncode == 0, check.stderr
+    assert "used unchecked" not in result.stderr
+    # A lock that pins another directory: refused, nothing installed.
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "third"))
+    lock.write_text(text.replace(central_directory_sha256(archive_bytes), "0" * 64))
+    refused = run_qnnctl("install", VERSION, "--components", "host")
+    assert refused.returncode == 4, refused.stderr
+    assert "not " + "0" * 64 + " as the lock pins it" in refused.stderr
+    assert not (tmp_path / "third" / "sdks" / VERSION).exists()
