@@ -74,13 +74,15 @@ def resolve_for_dry_run(
 ) -> tuple[Selection, Sdk | None, list[str]]:
     """As `resolve_sdk`, but nothing is downloaded or installed: an SDK that is not installed is
     described where it would go, with notes saying what a real run would fetch and from where."""
-    from qnnctl.errors import NotInstalledError
+    from qnnctl.errors import DamagedSdkError, NotInstalledError
 
+    damaged: DamagedSdkError | None = None
     try:
         selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False, check_components=False)
-    except NotInstalledError:
+    except NotInstalledError as exc:
         if not allow_install:
             raise
+        damaged = exc if isinstance(exc, DamagedSdkError) else None
     else:
         lacking = pinned_but_missing(selection, sdk, cwd) if sdk is not None else ()
         if sdk is not None and lacking and not allow_install:
@@ -96,12 +98,18 @@ def resolve_for_dry_run(
     version = selection.version
     if version is None:  # pragma: no cover - only a version can be missing
         raise RuntimeError("no SDK version selected")
+    from qnnctl.install import check_url
     from qnnctl.urls import redact
     from qnnctl.versions import archive_urls
 
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    if mirror is not None:
+        check_url(mirror, "QNNCTL_MIRROR", allow_file=False)  # as the real run would, before anything
     root = cache.sdk_dir(version)
-    source = redact(archive_urls(version, environ.get("QNNCTL_MIRROR") or None)[0])
-    note = (f"SDK {version} is not installed ({selection.detail}): without --dry-run, qnnctl would "
+    source = redact(archive_urls(version, mirror)[0])
+    state = (f"is damaged (missing {', '.join(damaged.missing)})" if damaged is not None
+             else "is not installed")
+    note = (f"SDK {version} {state} ({selection.detail}): without --dry-run, qnnctl would "
             f"first download it from {source} and install it into {root}")
     return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
 

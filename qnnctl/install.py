@@ -125,11 +125,12 @@ def install(
         if selection.reason == BY_CALLER:
             return InstallResult(None, "caller", selection)
         if selection.reason == BY_SHELL and selection.root is not None:
-            # The SDK this shell was set up for: the one to reuse, or (--force) to reinstall.
-            sdk = sdk_from_root(selection.root, "qnnctl env")
-            if not request.force:
+            # The SDK this shell was set up for: the one to reuse, or to (re)install by its version
+            # when it is one of qnnctl's cache; one elsewhere is never reinstalled unasked.
+            selection = _shell_selection(selection, selection.root, cache, request.force)
+            if selection.root is not None:
+                sdk = sdk_from_root(selection.root, "qnnctl env")
                 return _reused(InstallResult(sdk, "reused", selection), request, cwd)
-            selection = Selection(BY_SHELL, selection.detail, version=sdk.version)
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
@@ -152,6 +153,7 @@ def install(
             )
         selection = Selection("argument", f"named by {redact(url)}", version=found)
     version = selection.version
+    log.debug("chose %s", selection.describe())
     if version is None:  # pragma: no cover - every branch above that gets here sets it
         raise UsageError("no SDK version was selected")
 
@@ -268,6 +270,26 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     return covers(installed_components(read_manifest(sdk.root)), components)
 
 
+def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool) -> Selection:
+    """What `install` does for the SDK the shell was set up for: reuse it (a root), or (a version)
+    reinstall it, or install it again once it is gone, when it is one of qnnctl's cache."""
+    from qnnctl.sdk import shell_sdk_gone
+
+    real = root.resolve()
+    ours = real.parent == cache.sdks.resolve() and is_full_version(real.name)
+    if ours and (force or missing_layout(root)):
+        return Selection(BY_SHELL, selection.detail, version=real.name)
+    if missing_layout(root):
+        raise shell_sdk_gone(root)
+    if force:
+        raise UsageError(
+            f"this shell was set up by `qnnctl env` for {root}, outside qnnctl's cache; --force "
+            "reinstalls an SDK of qnnctl's cache by VERSION",
+            hint="give the VERSION to reinstall (`qnnctl install --force VERSION`)",
+        )
+    return selection
+
+
 def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> InstallResult:
     """An SDK found on disk, checked against --sha256 and the project's qnnctl.lock first
     (exit 4 on a mismatch)."""
@@ -292,6 +314,10 @@ def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
 
     shown = redact(url)
     schemes = "https or http" + (" (or a file: URL)" if allow_file else "")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        # urlparse drops a newline or tab silently; the URL shown or logged would then break lines.
+        raise UsageError(f"{what} {shown!r} holds a control character (a newline or tab)",
+                         hint="remove it: a URL is one line of printable text")
     try:
         parts = urlparse(url)
         parts.port  # noqa: B018 - a port that is no number raises here, not in the download
@@ -522,9 +548,9 @@ def _install_file(
         existing = cache.sdk_dir(wanted)
         if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
                 _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
-            return _file_locked(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
+            return _file_locked(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
                                               Selection("argument", f"from {archive}", version=wanted)),
-                                lock_check)
+                                              archive, digest, sha256), lock_check)
     cache.ensure()
     # Extraction comes before the version is known, so file installs share one lock.
     with version_lock(cache, "file"):
@@ -560,7 +586,8 @@ def _install_file(
                 installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
                 old = Sdk(existing, version, "qnnctl cache") if installed else None
                 if not force and old is not None and _has_components(old, components):
-                    return _file_locked(InstallResult(old, "reused", selection), lock_check)
+                    return _file_locked(_same_archive(InstallResult(old, "reused", selection), archive, digest,
+                                                      sha256), lock_check)
                 files, unpacked, extra = extracted.files, extracted.size, _directory_digest(archive)
                 if parts is not None:
                     if not force and old is not None:
@@ -572,6 +599,31 @@ def _install_file(
                               archive.stat().st_size, files, unpacked, cache,
                               force or old is not None, work, build, extra)
     return InstallResult(sdk, "installed", selection)
+
+
+def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str | None) -> InstallResult:
+    """`install --file` of a version installed already: from this archive, or say so.
+
+    With --sha256 (the file's digest, checked already) the installed SDK must come from an
+    archive with that digest too (exit 4); without it, a warning says how to replace it.
+    """
+    from qnnctl.cache import read_manifest
+
+    sdk = result.sdk
+    recorded = (read_manifest(sdk.root) or {}).get("sha256") if sdk is not None else None
+    if sdk is None or recorded == digest:
+        return result
+    if not isinstance(recorded, str):
+        # Nothing to compare (an SDK fetched in parts, or found elsewhere): only --sha256 can ask.
+        if sha256 is not None:
+            check_installed_sha256(sdk, sha256)
+        return result
+    if sha256 is not None:
+        check_installed_sha256(sdk, sha256)
+    log.warning("SDK %s is installed already, from another archive than %s (sha256 %s, not %s); it is "
+                "left as it is: `qnnctl install %s --force --file %s` replaces it", sdk.version, archive,
+                recorded, digest, sdk.version, archive)
+    return result
 
 
 def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) -> InstallResult:

@@ -49,6 +49,12 @@ def test_sha256_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultS
     digest = file_sha256(archive)
     proc = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
     assert proc.returncode == 4, proc.stderr
+    (tmp_path / "first").mkdir()
+    first = build_archive(tmp_path / "first", "zip")
+    assert run_qnnctl("install", VERSION, "--force", "--file", str(first)).returncode == 0
+    proc = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
+    assert proc.returncode == 4, proc.stderr
+    assert f"installed from an archive whose sha256 is {file_sha256(first)}, not {digest}" in proc.stderr
     plain = run_qnnctl("install", VERSION, "--file", str(archive))
     assert plain.returncode == 0, plain.stderr
     assert "installed already, from another archive" in plain.stderr
