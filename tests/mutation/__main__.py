@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 from tests.mutation import TARGETS, Target
@@ -43,13 +46,26 @@ def pyproject_for(target: Target) -> str:
 
 
 def prepare(name: str, target: Target) -> Path:
-    """mutants/NAME: the sources and tests linked in, and the narrowed pyproject.toml."""
+    """mutants/NAME: qnnctl/ and tests/ as the last commit has them, and the narrowed pyproject.
+
+    The commit, not the working tree: what is scored is code that others can check out again,
+    without changes still in progress in it. mutmut keeps each mutant's verdict while the
+    function it belongs to is unchanged, so exporting afresh for each run costs nothing.
+    """
     work = WORK / name
     work.mkdir(parents=True, exist_ok=True)
-    for linked in ("qnnctl", "tests"):
-        path = work / linked
-        if not path.is_symlink():
-            path.symlink_to(Path("..", "..", linked))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    for part in ("qnnctl", "tests"):
+        if (work / part).is_symlink() or (work / part).is_file():
+            (work / part).unlink()
+        elif (work / part).exists():
+            shutil.rmtree(work / part)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, "qnnctl", "tests"], cwd=REPO,
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(work, filter="data")
+    (work / "COMMIT").write_text(commit + "\n", encoding="utf-8")
     (work / "pyproject.toml").write_text(pyproject_for(target), encoding="utf-8")
     return work
 
@@ -133,8 +149,9 @@ def report(name: str, target: Target, work: Path, diffs: bool = False) -> int:
     unchecked = [k for k, s in found.items() if s not in CAUGHT | LEFT]
     judged = len(caught) + len(open_)
     score = 100.0 * len(caught) / judged if judged else 0.0
-    print(f"{name}: {len(found)} mutants, {len(caught)} killed, {len(left)} left of which {len(equivalent)} "
-          f"equivalent, {len(unchecked)} not checked; score {score:.1f}% of {judged} non-equivalent "
+    commit = (work / "COMMIT").read_text(encoding="utf-8").strip()[:12] if (work / "COMMIT").is_file() else "?"
+    print(f"{name} at {commit}: {len(found)} mutants, {len(caught)} killed, {len(left)} left of which "
+          f"{len(equivalent)} equivalent, {len(unchecked)} not checked; score {score:.1f}% of {judged} non-equivalent "
           f"checked mutants (tests: {' '.join(target.tests)})")
     mutmut = Path(sys.executable).with_name("mutmut")
     for key in open_:
