@@ -25,7 +25,8 @@ TARGETS: dict[str, Target] = {
     "shell": Target(("qnnctl/shell.py",), ("tests/test_shell.py", "tests/test_env_cli.py")),
     # The selection module: which SDK, and the environment a process gets for it.
     "selection": Target(("qnnctl/sdk.py", "qnnctl/environment.py"),
-                        ("tests/test_selection.py", "tests/test_env_cli.py", "tests/test_shell.py")),
+                        ("tests/test_selection.py", "tests/test_choice.py", "tests/test_env_cli.py",
+                         "tests/test_shell.py", "tests/test_api.py")),
     "elf": Target(("qnnctl/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),
     "download": Target(("qnnctl/download.py",), ("tests/test_download.py",)),
     "archive": Target(("qnnctl/archive.py",),
