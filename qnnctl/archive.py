@@ -34,6 +34,7 @@ from qnnctl.cache import require_free_space, space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.sdk import HOST_LIB_DIR
 from qnnctl.versions import version_in
+from qnnctl.zipindex import zip64_sizes
 
 log = logging.getLogger("qnnctl.archive")
 
@@ -920,7 +921,7 @@ class ZipStream:
             tail = self._read(offset + _LOCAL.size, name_len + extra_len + small)
             raw_name, extra = tail[:name_len], tail[name_len:name_len + extra_len]
             if 0xFFFFFFFF in (csize, usize):
-                usize, csize = _zip64_sizes(extra, usize, csize)
+                usize, csize = zip64_sizes(extra, usize, csize)
             # Decoded and cut as zipfile does, so that the names compare.
             filename = raw_name.decode("utf-8" if flags & _UTF8_FLAG else "cp437")
             filename = filename.split("\x00", 1)[0]
@@ -1081,21 +1082,6 @@ def _member_data(fd: int, info: zipfile.ZipInfo) -> _MemberData | None:
         raise zipfile.BadZipFile(f"{info.filename!r} has another name in its local header")
     return _MemberData(read_at, info.header_offset + skip, csize, info.file_size, info.CRC,
                        info.compress_type, info.filename, head[skip:skip + csize])
-
-
-def _zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int]:
-    """The sizes a zip64 extra field holds for the fields set to 0xFFFFFFFF."""
-    while len(extra) >= 4:
-        kind, length = struct.unpack("<HH", extra[:4])
-        if kind == _ZIP64_EXTRA:
-            values = list(struct.unpack(f"<{length // 8}Q", extra[4 : 4 + length - length % 8]))
-            if usize == 0xFFFFFFFF and values:
-                usize = values.pop(0)
-            if csize == 0xFFFFFFFF and values:
-                csize = values.pop(0)
-            break
-        extra = extra[4 + length:]
-    return usize, csize
 
 
 def _extract_tar(archive: Path, writer: _Writer, choice: _Choice | None = None

@@ -218,21 +218,38 @@ def install(
                 stream.close(abandon=True)
                 raise
             streamed = stream.close()
-            leftovers = (fetched.path, cache.downloads / f"{name}.json")
-            try:
+            with used_up(fetched.path, cache.downloads / f"{name}.json"):
                 check_against_index(indexed, fetched.sha256, fetched.url)
                 check_archive(locked, fetched.sha256, fetched.size, fetched.url)
                 # fetched.url is redacted: the manifest keeps no password or token.
                 sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
                              request.force, work, streamed)
-            except IntegrityError:
-                # Bytes that are no good SDK archive must not be reused as a finished download.
-                for leftover in leftovers:
-                    leftover.unlink(missing_ok=True)
-                raise
-            for leftover in leftovers:
-                leftover.unlink(missing_ok=True)
     return InstallResult(sdk, "installed", selection)
+
+
+@contextmanager
+def used_up(*leftovers: Path) -> Iterator[None]:
+    """A finished download and its record: removed once what they hold is installed, and when
+    they prove to be no good SDK archive (never to be reused as a finished download); kept on
+    any other failure, for the next run to resume from."""
+    try:
+        yield
+    except IntegrityError:
+        for leftover in leftovers:
+            leftover.unlink(missing_ok=True)
+        raise
+    for leftover in leftovers:
+        leftover.unlink(missing_ok=True)
+
+
+def require_version(found: str | None, version: str, source: str) -> None:
+    """The SDK a download holds must be the one asked for."""
+    if found is not None and found != version:
+        raise IntegrityError(
+            f"{source} holds SDK {found}, not {version}",
+            hint=f"check the URL or QNNCTL_MIRROR; to install {found}, run "
+            f"`qnnctl install {found}` with a source that serves it",
+        )
 
 
 def _components_for(request: InstallRequest, selection: Selection, cwd: Path) -> tuple[str, ...] | None:
@@ -417,12 +434,7 @@ def _build(
 
     extracted = extract(archive, work / "x", streamed)
     found, build = identify(extracted.root, extracted.version, version, source)
-    if found is not None and found != version:
-        raise IntegrityError(
-            f"{source} holds SDK {found}, not {version}",
-            hint=f"check the URL or QNNCTL_MIRROR; to install {found}, run "
-            f"`qnnctl install {found}` with a source that serves it",
-        )
+    require_version(found, version, source)
     return _commit(extracted.root, version, source, sha256, size, extracted.files,
                    extracted.size, cache, force, work, build, _directory_digest(archive))
 

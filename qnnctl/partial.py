@@ -538,29 +538,17 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
     """Download the whole archive, then install only the members `components` need."""
     from qnnctl.archive import work_folder
     from qnnctl.download import Downloader, make_session
-    from qnnctl.install import _commit, _work_id, identify
+    from qnnctl.install import _commit, _work_id, identify, require_version, used_up
 
     downloader = Downloader(make_session(), cache.downloads, progress)
     with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
         fetched = downloader.fetch(urls, name, sha256)
-        leftovers = (fetched.path, cache.downloads / f"{name}.json")
-        try:
+        with used_up(fetched.path, cache.downloads / f"{name}.json"):
             extracted, parts = extract_components(fetched.path, components, work / "x")
             found, build = identify(extracted.root, extracted.version, version, fetched.url)
-            if found is not None and found != version:
-                raise IntegrityError(
-                    f"{fetched.url} holds SDK {found}, not {version}",
-                    hint=f"check the URL or QNNCTL_MIRROR; to install {found}, run "
-                    f"`qnnctl install {found}` with a source that serves it",
-                )
+            require_version(found, version, fetched.url)
             sdk = _commit(extracted.root, version, fetched.url, fetched.sha256, fetched.size, extracted.files,
                           extracted.size, cache, force, work, build, extra=parts.manifest_fields())
-        except IntegrityError:
-            for leftover in leftovers:
-                leftover.unlink(missing_ok=True)
-            raise
-        for leftover in leftovers:
-            leftover.unlink(missing_ok=True)
     return sdk
 
 

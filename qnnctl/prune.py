@@ -38,20 +38,9 @@ class Pruned(NamedTuple):
 
 def installed_anywhere(cache: Cache, environ: Mapping[str, str]) -> set[str]:
     """Every version on disk: qnnctl's cache, links, stores, ExecuTorch's cache."""
-    from qnnctl.sdk import executorch_cache_dirs, missing_layout
-    from qnnctl.stores import all_links, store_sdks
-    from qnnctl.versions import is_full_version
+    from qnnctl.sdk import versions_on_disk
 
-    found = set(cache.installed_versions())
-    found.update(link.version for link in all_links(cache))
-    found.update(stored.version for stored in store_sdks(environ))
-    for folder in dict.fromkeys(p.parent for p in executorch_cache_dirs("x", environ)):
-        if folder.is_dir():
-            for entry in folder.glob("sdk-*"):
-                version = entry.name.removeprefix("sdk-")
-                if is_full_version(version) and not missing_layout(entry):
-                    found.add(version)
-    return found
+    return versions_on_disk(cache, environ, usable=False)
 
 
 def kept_versions(specs: Sequence[str], cache: Cache, environ: Mapping[str, str]) -> set[str]:

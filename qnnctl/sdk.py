@@ -318,12 +318,21 @@ def shell_sdk_root(environ: Mapping[str, str]) -> str | None:
 def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
     """The newest version installed in qnnctl's cache, linked, in a store or in ExecuTorch's
     cache, complete ones only."""
-    from qnnctl.stores import all_links, store_sdks
     from qnnctl.versions import parse_version
 
+    versions = versions_on_disk(cache, environ, usable=True)
+    return max((v for v in versions if is_full_version(v)), key=parse_version, default=None)
+
+
+def versions_on_disk(cache: Cache, environ: Mapping[str, str], usable: bool) -> set[str]:
+    """The versions in qnnctl's cache, linked, in a store or in ExecuTorch's cache; with `usable`,
+    only complete ones (no damaged cache SDK, no link whose folder has gone)."""
+    from qnnctl.stores import all_links, store_sdks
+
     # installed_versions() holds versions only: a stray folder such as `2.37.0.250724.bak` is none.
-    versions = {v for v in cache.installed_versions() if find_installed(v, cache, environ) is not None}
-    versions.update(link.version for link in all_links(cache) if not link.dangling)
+    versions = {v for v in cache.installed_versions()
+                if not usable or find_installed(v, cache, environ) is not None}
+    versions.update(link.version for link in all_links(cache) if not (usable and link.dangling))
     versions.update(stored.version for stored in store_sdks(environ))
     for folder in dict.fromkeys(p.parent for p in executorch_cache_dirs("x", environ)):
         if folder.is_dir():
@@ -331,7 +340,7 @@ def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
                 version = entry.name.removeprefix("sdk-")
                 if is_full_version(version) and not missing_layout(entry):
                     versions.add(version)
-    return max((v for v in versions if is_full_version(v)), key=parse_version, default=None)
+    return versions
 
 
 def executorch_cache_dirs(version: str, environ: Mapping[str, str]) -> list[Path]:
