@@ -14,7 +14,7 @@ from qnnctl.host import require_supported_host
 from qnnctl.sdk import executorch_expected_version
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
-from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 
@@ -434,3 +434,230 @@ def test_install_sha256_of_an_installed_sdk_is_checked(mirror: FaultServer, cach
     assert "already installed" not in wrong.stderr
     assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()  # nothing changed
     assert len(mirror.requests) == served
+
+
+# -- the pieces of the choice, in-process ---------------------------------------------------
+
+
+def _pin(text: str) -> Path:
+    pin = Path.cwd() / ".qnn-version"
+    pin.write_text(text)
+    return pin
+
+
+@pytest.mark.parametrize("text", ["2.37.0.250724 # the one # ExecuTorch 1.5 pins\n",
+                                  "# a comment\n\n  2.37.0.250724  \n2.34.0.250424\n"])
+def test_a_pin_is_read_to_its_first_version(text: str) -> None:
+    from qnnctl.sdk import read_pin
+
+    assert read_pin(_pin(text)) == VERSION
+
+
+def test_a_pin_that_names_no_version_says_so() -> None:
+    from qnnctl.errors import UsageError
+    from qnnctl.sdk import read_pin
+
+    pin = _pin("# nothing yet\n")
+    with pytest.raises(UsageError) as caught:
+        read_pin(pin)
+    assert (caught.value.message, caught.value.hint) == (
+        f"{pin} names no version", "write a version such as 2.37.0.250724 into it")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"latest\n", "{pin}: "), (b"\xff\xfe2.37\n", "cannot read the pin {pin}: "),
+], ids=["not-a-version", "not-text"])
+def test_a_bad_pin_is_named_with_the_fix(content: bytes, message: str) -> None:
+    from qnnctl.errors import UsageError
+    from qnnctl.sdk import read_pin
+
+    pin = Path.cwd() / ".qnn-version"
+    pin.write_bytes(content)
+    with pytest.raises(UsageError) as caught:
+        read_pin(pin)
+    assert caught.value.message.startswith(message.format(pin=pin))
+    assert caught.value.hint == "fix it, or rewrite it with `qnnctl use VERSION`"
+
+
+def test_the_callers_libraries_are_the_folder_with_libqnnhtp(tmp_path: Path) -> None:
+    from qnnctl.sdk import caller_lib_dir
+
+    system_only = tmp_path / "system-only"
+    system_only.mkdir()
+    (system_only / "libQnnSystem.so").write_bytes(b"")
+    sdk = build_sdk_tree(tmp_path / "sdk")
+    lib = sdk / "lib" / "x86_64-linux-clang"
+    assert caller_lib_dir({"LD_LIBRARY_PATH": f":{system_only}:{lib}"}) == lib
+    assert caller_lib_dir({"LD_LIBRARY_PATH": str(system_only)}) is None
+    assert caller_lib_dir({}) is None
+
+
+@pytest.mark.parametrize("name", [VERSION, "qairt-current"])
+def test_a_shells_sdk_that_has_gone_is_named(tmp_path: Path, name: str) -> None:
+    from qnnctl.sdk import shell_sdk_gone
+
+    root = tmp_path / name
+    error = shell_sdk_gone(root)
+    assert error.message == f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone"
+    assert error.exit_code == 1
+    if name == VERSION:
+        assert error.version == VERSION
+        assert error.hint == (f"`qnnctl install {VERSION}` to put it back, or "
+                              '`eval "$(qnnctl env)"` to set the shell up for another SDK')
+    else:
+        assert error.version == str(root)
+        assert error.hint == '`eval "$(qnnctl env)"` to set the shell up for another SDK'
+
+
+def test_the_newest_installed_counts_executorchs_cache_and_no_damaged_sdk(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import newest_installed
+
+    cache = Cache(cache_dir)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    damaged = install_tree_into_cache(cache_dir, "2.50.0.260828")
+    (damaged / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    staging = tmp_path / "staging"
+    environ = {"QNN_STAGING_DIR": str(staging), "HOME": os.environ["HOME"]}
+    assert newest_installed(cache, environ) == OTHER_VERSION  # the damaged 2.50 is not counted
+    build_sdk_tree(staging / "sdk-2.45.0.260326", SdkSpec(version="2.45.0.260326"))
+    build_sdk_tree(staging / "sdk-2.49.0.260730.partial")  # not a version
+    (staging / "sdk-2.48.0.260626").mkdir()  # no SDK inside
+    assert newest_installed(cache, environ) == "2.45.0.260326"
+    home_cache = Path(os.environ["HOME"]) / ".cache" / "executorch" / "qnn" / "sdk-2.46.0.260424"
+    build_sdk_tree(home_cache, SdkSpec(version="2.46.0.260424"))
+    assert newest_installed(cache, environ) == "2.46.0.260424"
+
+
+def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import newest_installed
+    from qnnctl.stores import link_sdk
+
+    cache = Cache(cache_dir)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    gone = build_sdk_tree(tmp_path / "vendor" / "2.51.0.260929", SdkSpec(version="2.51.0.260929"))
+    kept = build_sdk_tree(tmp_path / "vendor" / "2.45.0.260326", SdkSpec(version="2.45.0.260326"))
+    link_sdk(gone, None, cache, dict(os.environ))
+    link_sdk(kept, None, cache, dict(os.environ))
+    assert newest_installed(cache, dict(os.environ)) == "2.51.0.260929"
+    import shutil
+
+    shutil.rmtree(gone)
+    assert newest_installed(cache, dict(os.environ)) == "2.45.0.260326"
+
+
+# -- a dry run: what would be fetched, in words ----------------------------------------------
+
+
+def _dry_run(spec: str | None = None, allow_install: bool = True, **environ: str) -> tuple[object, object, list[str]]:
+    from qnnctl.cache import Cache
+    from qnnctl.environment import resolve_for_dry_run
+
+    cache = Cache(Path(os.environ["QNNCTL_CACHE_DIR"]))
+    return resolve_for_dry_run(spec, {**os.environ, **environ}, Path.cwd(), cache, allow_install)
+
+
+def test_a_dry_run_of_an_sdk_that_is_not_installed(cache_dir: Path) -> None:
+    from qnnctl.sdk import Sdk
+
+    selection, sdk, notes = _dry_run(VERSION)
+    root = cache_dir / "sdks" / VERSION
+    assert sdk == Sdk(root=root, version=VERSION, origin="not installed yet")
+    url = ("https://softwarecenter.qualcomm.com/api/download/software/sdks/Qualcomm_AI_Runtime_Community/All/"
+           f"{VERSION}/v{VERSION}.zip")
+    assert notes == [f"SDK {VERSION} is not installed (given as {VERSION}): without --dry-run, qnnctl would "
+                     f"first download it from {url} and install it into {root}"]
+
+
+def test_a_dry_run_names_the_mirror_without_its_password(cache_dir: Path) -> None:
+    _, _, notes = _dry_run(VERSION, QNNCTL_MIRROR="https://me:secret@mirror.example/qairt/")
+    assert notes[0].endswith(f"download it from https://***@mirror.example/qairt/{VERSION}/v{VERSION}.zip "
+                             f"and install it into {cache_dir / 'sdks' / VERSION}")
+
+
+def test_a_dry_run_checks_the_mirror_as_a_real_run_would(cache_dir: Path) -> None:
+    from qnnctl.errors import UsageError
+
+    with pytest.raises(UsageError, match="QNNCTL_MIRROR"):
+        _dry_run(VERSION, QNNCTL_MIRROR="ftp://mirror.example/")
+
+
+def test_a_dry_run_of_a_damaged_sdk_says_damaged(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    _, sdk, notes = _dry_run(VERSION)
+    assert notes == [f"SDK {VERSION} is damaged (missing lib/x86_64-linux-clang/libQnnHtp.so) (given as "
+                     f"{VERSION}): without --dry-run, qnnctl would first download it from "
+                     f"https://softwarecenter.qualcomm.com/api/download/software/sdks/"
+                     f"Qualcomm_AI_Runtime_Community/All/{VERSION}/v{VERSION}.zip and install it into {root}"]
+
+
+def test_a_dry_run_that_may_not_install_raises_not_installed(cache_dir: Path) -> None:
+    from qnnctl.errors import DamagedSdkError, NotInstalledError
+
+    with pytest.raises(NotInstalledError) as caught:
+        _dry_run(VERSION, allow_install=False)
+    assert type(caught.value) is NotInstalledError
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    with pytest.raises(DamagedSdkError):
+        _dry_run(VERSION, allow_install=False)
+
+
+def test_a_dry_run_of_an_installed_sdk_has_nothing_to_say(cache_dir: Path) -> None:
+    from qnnctl.sdk import BY_ARGUMENT
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    selection, sdk, notes = _dry_run(VERSION)
+    assert getattr(selection, "reason") == BY_ARGUMENT
+    assert getattr(sdk, "root") == root
+    assert notes == []
+
+
+def _partial(cache_dir: Path, components: list[str]) -> Path:
+    import json
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "components": components, "partial": True}))
+    return root
+
+
+def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_dir: Path) -> None:
+    from qnnctl.errors import MissingComponentError
+
+    root = _partial(cache_dir, ["host"])
+    pin = _pin(f"{VERSION}\nhost,android\n")
+    selection, sdk, notes = _dry_run()
+    assert getattr(sdk, "root") == root
+    assert notes == [f"SDK {VERSION} lacks android, which the pin pinned in {pin} names: without --dry-run, "
+                     f"qnnctl would first fetch only those (`qnnctl install {VERSION} --components android`)"]
+    with pytest.raises(MissingComponentError) as caught:
+        _dry_run(allow_install=False)
+    assert caught.value.components == ("android",)
+    assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, which the pin "
+                                    f"pinned in {pin} needs")
+    # All that the pin asks for is there: nothing to say.
+    _pin(f"{VERSION}\nhost\n")
+    assert _dry_run()[2] == []
+
+
+def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.runtime import missing_host_libraries
+
+    if not missing_host_libraries(["libc++.so.1"], []):
+        pytest.skip("this host has libc++.so.1: nothing would be staged")
+    from tests.sdkfactory import compile_shared
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    lib = root / "lib" / "x86_64-linux-clang"
+    stub = compile_shared(tmp_path / "stub" / "libc++.so.1", "int stub(void) { return 1; }\n",
+                          ["-Wl,-soname,libc++.so.1"])
+    compile_shared(lib / "libQnnHtp.so", "int stub(void);\nint qnn(void) { return stub(); }\n",
+                   ["-Wl,-soname,libQnnHtp.so", str(stub)])
+    stub.unlink()
+    _, _, notes = _dry_run(VERSION)
+    assert notes == ["the SDK's libraries need libc++.so.1, which this host lacks: without --dry-run, qnnctl "
+                     "would stage them first (what `qnnctl install --runtime` does)"]
+    assert _dry_run(VERSION, allow_install=False)[2] == []  # a run that may not install stages nothing
