@@ -11,7 +11,7 @@ import pytest
 
 from qnnctl.errors import UnsupportedHostError
 from qnnctl.host import require_supported_host
-from qnnctl.sdk import executorch_expected_version
+from qnnctl.sdk import Sdk, Selection, executorch_expected_version
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
@@ -550,7 +550,8 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
 # -- a dry run: what would be fetched, in words ----------------------------------------------
 
 
-def _dry_run(spec: str | None = None, allow_install: bool = True, **environ: str) -> tuple[object, object, list[str]]:
+def _dry_run(spec: str | None = None, allow_install: bool = True, **environ: str) -> tuple[Selection, Sdk | None,
+                                                                                           list[str]]:
     from qnnctl.cache import Cache
     from qnnctl.environment import resolve_for_dry_run
 
@@ -559,9 +560,7 @@ def _dry_run(spec: str | None = None, allow_install: bool = True, **environ: str
 
 
 def test_a_dry_run_of_an_sdk_that_is_not_installed(cache_dir: Path) -> None:
-    from qnnctl.sdk import Sdk
-
-    selection, sdk, notes = _dry_run(VERSION)
+    _, sdk, notes = _dry_run(VERSION)
     root = cache_dir / "sdks" / VERSION
     assert sdk == Sdk(root=root, version=VERSION, origin="not installed yet")
     url = ("https://softwarecenter.qualcomm.com/api/download/software/sdks/Qualcomm_AI_Runtime_Community/All/"
@@ -586,7 +585,7 @@ def test_a_dry_run_checks_the_mirror_as_a_real_run_would(cache_dir: Path) -> Non
 def test_a_dry_run_of_a_damaged_sdk_says_damaged(cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
-    _, sdk, notes = _dry_run(VERSION)
+    notes = _dry_run(VERSION)[2]
     assert notes == [f"SDK {VERSION} is damaged (missing lib/x86_64-linux-clang/libQnnHtp.so) (given as "
                      f"{VERSION}): without --dry-run, qnnctl would first download it from "
                      f"https://softwarecenter.qualcomm.com/api/download/software/sdks/"
@@ -610,8 +609,9 @@ def test_a_dry_run_of_an_installed_sdk_has_nothing_to_say(cache_dir: Path) -> No
 
     root = install_tree_into_cache(cache_dir, VERSION)
     selection, sdk, notes = _dry_run(VERSION)
-    assert getattr(selection, "reason") == BY_ARGUMENT
-    assert getattr(sdk, "root") == root
+    assert selection.reason == BY_ARGUMENT
+    assert sdk is not None
+    assert sdk.root == root
     assert notes == []
 
 
@@ -629,8 +629,9 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
 
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android\n")
-    selection, sdk, notes = _dry_run()
-    assert getattr(sdk, "root") == root
+    _, sdk, notes = _dry_run()
+    assert sdk is not None
+    assert sdk.root == root
     assert notes == [f"SDK {VERSION} lacks android, which the pin pinned in {pin} names: without --dry-run, "
                      f"qnnctl would first fetch only those (`qnnctl install {VERSION} --components android`)"]
     with pytest.raises(MissingComponentError) as caught:
