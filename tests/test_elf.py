@@ -391,3 +391,275 @@ def test_every_cache_format_reads_as_ldconfig_lists_it(tmp_path: Path, fmt: str)
 
 def test_an_unreadable_cache_is_empty(tmp_path: Path) -> None:
     assert read_ld_cache(str(tmp_path / "absent")) == {}
+
+
+# -- the edges of reading and resolving ----------------------------------------------------------
+
+EM_X86_64 = 62
+
+
+def _elf(bits: int = 64, little: bool = True, needed: tuple[bytes, ...] = (b"libc++.so.1", b"libm.so.6"), *,
+         base: int = 0x10000, paddr_shift: int = 0, memsz_extra: int = 0, strtab: bool = True,
+         strsz: bool = True, dynamic: bool = True, dyn_pad: int = 0, split_load: bool = False,
+         needed_offsets: tuple[int, ...] = (), no_headers: bool = False) -> bytes:
+    """An ELF object built field by field, to reach the corners `_synthetic_elf` does not:
+    addresses above 2**31 or 2**63, p_paddr and p_memsz that differ from p_vaddr and p_filesz,
+    a string table at the very start of a segment of its own (`split_load`: right after the end
+    of another one, whose p_memsz, with `memsz_extra`, reaches over it), missing tags, no
+    program headers."""
+    order = "<" if little else ">"
+    wide = bits == 64
+    ehsize, phentsize, dynsize = (64, 56, 16) if wide else (52, 32, 8)
+    strings = b"\0" + b"".join(name + b"\0" for name in needed)
+    offsets = [1 + sum(len(n) + 1 for n in needed[:i]) for i in range(len(needed))] + list(needed_offsets)
+    phnum = (2 if split_load else 1) + (1 if dynamic else 0)
+    dyn_at = ehsize + phnum * phentsize
+    count = len(offsets) + int(strtab) + int(strsz) + 1
+    str_at = dyn_at + dynsize * count + dyn_pad
+    total = str_at + len(strings)
+    strings_at = base + 0x100000 if split_load else base + str_at
+    entries = [(1, o) for o in offsets]
+    entries += [(5, strings_at)] if strtab else []
+    entries += [(10, len(strings))] if strsz else []
+    entries += [(0, 0)]
+    phdr = order + ("IIQQQQQQ" if wide else "IIIIIIII")
+
+    def segment(kind: int, offset: int, vaddr: int, filesz: int, memsz: int) -> bytes:
+        if wide:
+            return struct.pack(phdr, kind, 4, offset, vaddr, vaddr + paddr_shift, filesz, memsz, 8)
+        return struct.pack(phdr, kind, offset, vaddr, vaddr + paddr_shift, filesz, memsz, 4, 4)
+
+    if split_load:
+        # The first segment ends exactly where the string table's address begins, 16 bytes of
+        # the file before the table itself; the second maps the table alone.
+        first = str_at - 16
+        loads = segment(1, 0, strings_at - first, first, first + memsz_extra) + segment(
+            1, str_at, strings_at, len(strings), len(strings))
+    else:
+        loads = segment(1, 0, base, total, total + memsz_extra)
+    dyn = segment(2, dyn_at, base + dyn_at, dynsize * count + dyn_pad, dynsize * count + dyn_pad) if dynamic else b""
+    ident = b"\x7fELF" + bytes([2 if wide else 1, 1 if little else 2, 1]) + bytes(9)
+    shown_phnum = 0 if no_headers else phnum
+    if wide:
+        header = struct.pack(order + "HHIQQQIHHHHHH", 3, EM_X86_64, 1, 0, ehsize, 0, 0, ehsize, phentsize,
+                             shown_phnum, 0, 0, 0)
+        table = b"".join(struct.pack(order + "qQ", tag, value) for tag, value in entries)
+    else:
+        header = struct.pack(order + "HHIIIIIHHHHHH", 3, EM_X86_64, 1, 0, ehsize, 0, 0, ehsize, phentsize,
+                             shown_phnum, 0, 0, 0)
+        table = b"".join(struct.pack(order + "iI", tag, value) for tag, value in entries)
+    return ident + header + loads + dyn + table + bytes(dyn_pad) + strings
+
+
+def _write(tmp_path: Path, data: bytes, name: str = "libx.so") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(("bits", "little"), [(64, True), (64, False), (32, True), (32, False)])
+def test_needed_libraries_reads_segments_by_their_addresses_and_file_sizes(tmp_path: Path, bits: int,
+                                                                          little: bool) -> None:
+    """The loader maps by p_vaddr and p_filesz: p_paddr and p_memsz say nothing of where the
+    string table is, and addresses may use the top bit of their width."""
+    high = 0xFFFF_FFFF_0000_0000 if bits == 64 else 0xC000_0000
+    cases = {"plain": {}, "paddr": {"paddr_shift": 0x4000}, "bss": {"memsz_extra": 0x2000},
+             "high": {"base": high}, "split": {"split_load": True}, "padded": {"dyn_pad": 3},
+             # The first segment's memory (not its file part) reaches over the string table.
+             "split-bss": {"split_load": True, "memsz_extra": 0x1000}}
+    for name, options in cases.items():
+        path = _write(tmp_path, _elf(bits, little, **options), f"lib{name}.so")  # type: ignore[arg-type]
+        assert needed_libraries(path) == ("libc++.so.1", "libm.so.6"), name
+
+
+def test_needed_libraries_of_objects_that_need_nothing(tmp_path: Path) -> None:
+    assert needed_libraries(_write(tmp_path, _elf(dynamic=False), "static.so")) == ()
+    assert needed_libraries(_write(tmp_path, _elf(no_headers=True), "object.o")) == ()
+    assert needed_libraries(_write(tmp_path, _elf(needed=()), "libnone.so")) == ()
+
+
+def test_needed_libraries_keeps_odd_names_and_bounds_their_number(tmp_path: Path) -> None:
+    assert needed_libraries(_write(tmp_path, _elf(needed=(b"lib\xff.so",)))) == ("lib\udcff.so",)
+    assert needed_libraries(_write(tmp_path, _elf(needed=(b"liba.so",), needed_offsets=(0,)), "e.so")) == (
+        "liba.so", "")
+    many = tuple(f"l{i}".encode() for i in range(1100))
+    assert needed_libraries(_write(tmp_path, _elf(needed=many), "many.so")) == tuple(
+        name.decode() for name in many[:1024])
+
+
+@pytest.mark.parametrize(("options", "why"), [
+    ({"strtab": False}, "DT_NEEDED without a string table"),
+    ({"strsz": False}, "DT_NEEDED without a string table"),
+    ({"needed": (b"libc++.so.1",), "_outside": True}, "the string table is in no loaded segment"),
+    ({"_endless": True}, "a DT_NEEDED name without an end"),
+    ({"_phentsize": 8}, "program headers of 8 bytes"),
+    ({"_truncated": True}, "the file ends early"),
+], ids=["no-strtab", "no-strsz", "strtab-outside", "endless-name", "small-phentsize", "truncated"])
+def test_needed_libraries_says_why_a_file_cannot_be_read(tmp_path: Path, options: dict[str, object],
+                                                         why: str) -> None:
+    special = {k: options.pop(k) for k in list(options) if k.startswith("_")}
+    data = bytearray(_elf(**options))  # type: ignore[arg-type]
+    if special.get("_outside"):
+        # DT_STRTAB names an address past the one PT_LOAD segment.
+        at = data.find(struct.pack("<qQ", 5, 0x10000 + len(data) - len(b"\0libc++.so.1\0")))
+        assert at > 0
+        struct.pack_into("<qQ", data, at, 5, 0x900000)
+    if special.get("_endless"):
+        data = bytearray(_synthetic_elf(64, True, ("lib" + "x" * 10000 + ".so",)))
+    if special.get("_phentsize"):
+        struct.pack_into("<H", data, 54, 8)
+    if special.get("_truncated"):
+        data = data[:70]
+    path = _write(tmp_path, bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        needed_libraries(path)
+    assert caught.value.message == f"cannot read the ELF dynamic section of {path}: {why}"
+    assert caught.value.hint == "the file is damaged or truncated; reinstall the SDK it belongs to"
+
+
+def test_a_file_that_is_not_elf_is_named_with_the_fix(tmp_path: Path) -> None:
+    fake = _write(tmp_path, b"INPUT(libc.so.6)\n" * 4)
+    for reader in (needed_libraries, read_elf):
+        with pytest.raises(IntegrityError) as caught:
+            reader(fake)
+        assert (caught.value.message, caught.value.hint) == (f"{fake} is not an ELF file",
+                                                             "reinstall the SDK it belongs to")
+
+
+def test_read_elf_of_a_damaged_file_gives_its_path_and_cause(tmp_path: Path) -> None:
+    lib = _library(tmp_path / "libtop.so", needs=(_library(tmp_path / "libdep.so"),))
+    cut = _write(tmp_path, lib.read_bytes()[:200], "libcut.so")
+    with pytest.raises(IntegrityError) as caught:
+        read_elf(cut)
+    prefix = f"cannot read the ELF dynamic section of {cut}: "
+    assert caught.value.message.startswith(prefix)
+    assert caught.value.message[len(prefix):] not in ("", "None")
+    assert caught.value.hint == "the file is damaged or truncated; reinstall the SDK it belongs to"
+
+
+def test_read_elf_of_a_library_without_a_soname(tmp_path: Path) -> None:
+    lib = compile_shared(tmp_path / "libanon.so", "int anon(void) { return 1; }\n")
+    info = read_elf(lib)
+    assert info.path == lib
+    assert info.soname is None
+
+
+@pytest.mark.parametrize(("head", "identity"), [
+    (bytes([2, 1]), (64, True, EM_X86_64)),
+    (bytes([1, 2]), (32, False, EM_X86_64)),
+    (bytes([3, 1]), None),  # no such class
+    (bytes([2, 3]), None),  # no such byte order
+], ids=["64-little", "32-big", "bad-class", "bad-order"])
+def test_elf_identity_reads_class_order_and_machine(tmp_path: Path, head: bytes,
+                                                    identity: tuple[int, bool, int] | None) -> None:
+    from qnnctl.elf import elf_identity
+
+    little = head[1] == 1
+    data = b"\x7fELF" + head + b"\x01" + bytes(9) + (3).to_bytes(2, "little" if little else "big") + \
+        EM_X86_64.to_bytes(2, "little" if little else "big") + b"\x01\x00\x00\x00"
+    found = elf_identity(_write(tmp_path, data))
+    assert (None if found is None else (found.bits, found.little_endian, found.machine)) == identity
+
+
+def test_elf_identity_of_what_is_not_an_elf_header(tmp_path: Path) -> None:
+    from qnnctl.elf import elf_identity
+
+    real = _library(tmp_path / "libreal.so")
+    identity = elf_identity(real)
+    assert identity is not None
+    assert (identity.bits, identity.little_endian, identity.machine) == (64, True, EM_X86_64)
+    head = real.read_bytes()[:20]
+    assert elf_identity(_write(tmp_path, head[:6], "short")) is None  # the magic, and too short
+    assert elf_identity(_write(tmp_path, b"\x7fELG" + head[4:], "magic")) is None
+    assert elf_identity(tmp_path / "absent") is None
+
+
+def test_split_search_path_separators_and_origin() -> None:
+    from qnnctl.elf import split_search_path
+
+    assert split_search_path("/opt/X11:/b") == ("/opt/X11", "/b")
+    assert split_search_path("$ORIGIN/x:") == ("$ORIGIN/x", "")  # no origin given: left as it is
+    assert split_search_path("$ORIGIN/x", Path("/lib/o")) == ("/lib/o/x",)
+
+
+def test_names_with_a_slash_and_relative_folders_are_found_from_the_working_folder(tmp_path: Path) -> None:
+    from qnnctl.elf import VIA_PATH, Found
+
+    lib = _library(tmp_path / "sub" / "libx.so")
+    info = read_elf(lib)
+    resolver = Resolver(None, {}, default_dirs=(), cwd=tmp_path)
+    assert resolver.find("sub/libx.so", [info]) == Found("sub/libx.so", tmp_path / "sub" / "libx.so", VIA_PATH)
+    assert resolver.find(str(lib), [info]) == Found(str(lib), lib, VIA_PATH)
+    assert resolver.find("sub/libnone.so", [info]) == Found("sub/libnone.so", None, None)
+    # Relative and empty LD_LIBRARY_PATH entries, split at ':' and ';', are the working folder's.
+    assert Resolver("nowhere;sub", {}, (), cwd=tmp_path).find("libx.so", [info]) == Found(
+        "libx.so", tmp_path / "sub" / "libx.so", VIA_LD_LIBRARY_PATH)
+    (tmp_path / "libtop.so").write_bytes(lib.read_bytes())
+    assert Resolver(":", {}, (), cwd=tmp_path).find("libtop.so", [info]) == Found(
+        "libtop.so", tmp_path / "libtop.so", VIA_LD_LIBRARY_PATH)
+
+
+def test_the_working_folder_is_the_processs_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = _library(tmp_path / "sub" / "libx.so")
+    monkeypatch.chdir(tmp_path)
+    found = Resolver("sub", {}, ()).find("libx.so", [read_elf(lib)])
+    assert found.path == tmp_path / "sub" / "libx.so"
+
+
+def test_every_rule_names_what_it_found(tmp_path: Path) -> None:
+    from qnnctl.elf import Found
+
+    dep = _library(tmp_path / "deps" / "libdep.so")
+    info = read_elf(_library(tmp_path / "lib" / "libtop.so", needs=(dep,),
+                             extra=(f"-Wl,-rpath,{dep.parent}", OLD_DTAGS)))
+    assert Resolver(None, {}, ()).find("libdep.so", [info]) == Found("libdep.so", dep, VIA_RPATH)
+    plain = read_elf(_library(tmp_path / "plain" / "libtop.so", needs=(dep,)))
+    assert Resolver(None, {"libdep.so": [str(dep)]}, ()).find("libdep.so", [plain]) == Found(
+        "libdep.so", dep, VIA_CACHE)
+    assert Resolver(None, {}, (str(dep.parent),)).find("libdep.so", [plain]) == Found(
+        "libdep.so", dep, VIA_DEFAULT)
+    # A cache entry for a file that has gone is passed over.
+    assert Resolver(None, {"libdep.so": [str(tmp_path / "gone" / "libdep.so")]}, (str(dep.parent),)).find(
+        "libdep.so", [plain]) == Found("libdep.so", dep, VIA_DEFAULT)
+    junk = tmp_path / "junk" / "libdep.so"
+    junk.parent.mkdir()
+    junk.write_text("not a library\n" * 20)
+    assert Resolver(str(junk.parent), {}, ()).find("libdep.so", [plain]) == Found(
+        "libdep.so", junk, VIA_LD_LIBRARY_PATH, error=f"{junk} is not an ELF library (the loader stops there)")
+
+
+def test_the_closure_reads_each_library_once_and_keeps_going(tmp_path: Path) -> None:
+    # Two libraries that need each other: the walk ends.
+    a = _library(tmp_path / "libloop_a.so", body="int f_libloop_b_so(void);\n")
+    b = _library(tmp_path / "libloop_b.so", needs=(a,))
+    a = _library(tmp_path / "libloop_a.so", needs=(b,))
+    fake = _write(tmp_path, b"INPUT(libc.so.6)\n" * 4, "libfake.so")
+    junk = tmp_path / "junk" / "libjunk.so"
+    junk.parent.mkdir()
+    junk.write_text("not a library\n" * 20)
+    needs_junk = compile_shared(tmp_path / "libneedsjunk.so", "int f(void) { return 1; }\n",
+                                [f"-L{tmp_path}", "-l:libloop_b.so"])
+    closure = Scanner(Resolver(str(tmp_path), {}, ())).closure([fake, a, a, b, needs_junk])
+    assert closure.unreadable == {fake: f"{fake} is not an ELF file"}
+    assert set(closure.libraries) == {a, b, needs_junk}
+    # A needed name found as a file the loader would stop at is broken, with why.
+    (tmp_path / "libloop_b.so").rename(tmp_path / "libloop_b.real")
+    (tmp_path / "libloop_b.so").write_text("not a library\n" * 20)
+    broken = Scanner(Resolver(str(tmp_path), {}, ())).closure([a])
+    assert broken.broken == {"libloop_b.so": f"{tmp_path / 'libloop_b.so'} is not an ELF library "
+                                             "(the loader stops there)"}
+
+
+def test_the_highest_glibc_is_the_first_library_needing_it(tmp_path: Path) -> None:
+    from qnnctl.elf import Closure, ElfIdentity, ElfInfo
+
+    identity = ElfIdentity(64, True, EM_X86_64)
+
+    def info(name: str, glibc: tuple[int, ...] | None) -> ElfInfo:
+        return ElfInfo(path=tmp_path / name, identity=identity, soname=None, needed=(), rpath=(), runpath=(),
+                       glibc=glibc)
+
+    closure = Closure(roots=[], libraries={tmp_path / n: info(n, g) for n, g in [
+        ("a", (2, 17)), ("b", (2, 34)), ("c", None), ("d", (2, 34)), ("e", (2, 28))]})
+    assert closure.highest_glibc() == ((2, 34), tmp_path / "b")
+    assert Closure(roots=[]).highest_glibc() is None
