@@ -497,8 +497,8 @@ def test_needed_libraries_keeps_odd_names_and_bounds_their_number(tmp_path: Path
 ], ids=["no-strtab", "no-strsz", "strtab-outside", "endless-name", "small-phentsize", "truncated"])
 def test_needed_libraries_says_why_a_file_cannot_be_read(tmp_path: Path, options: dict[str, object],
                                                          why: str) -> None:
-    special = {k: options.pop(k) for k in list(options) if k.startswith("_")}
-    data = bytearray(_elf(**options))  # type: ignore[arg-type]
+    special = {k: v for k, v in options.items() if k.startswith("_")}
+    data = bytearray(_elf(**{k: v for k, v in options.items() if k not in special}))  # type: ignore[arg-type]
     if special.get("_outside"):
         # DT_STRTAB names an address past the one PT_LOAD segment.
         at = data.find(struct.pack("<qQ", 5, 0x10000 + len(data) - len(b"\0libc++.so.1\0")))
