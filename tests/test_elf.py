@@ -597,6 +597,10 @@ def test_names_with_a_slash_and_relative_folders_are_found_from_the_working_fold
     (tmp_path / "libtop.so").write_bytes(lib.read_bytes())
     assert Resolver(":", {}, (), cwd=tmp_path).find("libtop.so", [info]) == Found(
         "libtop.so", tmp_path / "libtop.so", VIA_LD_LIBRARY_PATH)
+    (tmp_path / "X11").mkdir()
+    (tmp_path / "X11" / "libx11.so").write_bytes(lib.read_bytes())
+    assert Resolver("X11", {}, (), cwd=tmp_path).find("libx11.so", [info]) == Found(
+        "libx11.so", tmp_path / "X11" / "libx11.so", VIA_LD_LIBRARY_PATH)
 
 
 def test_the_working_folder_is_the_processs_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
