@@ -10,6 +10,7 @@ import pty
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -575,3 +576,143 @@ def test_an_html_page_leaves_no_record_behind(mirror: FaultServer, cache_dir: Pa
     result = run_qnnctl("install")
     assert result.returncode == 3, result.stderr
     assert list((cache_dir / "downloads").iterdir()) == []
+
+
+# -- the words of each failure, and the small pieces -----------------------------------------
+
+SHOWN = "https://***@mirror.example/v2.37.0.250724.zip"
+AGAIN = ("run the same command again to resume; check the network, HTTPS_PROXY and REQUESTS_CA_BUNDLE "
+         "with `qnnctl doctor`")
+
+
+def _failed(exc: BaseException) -> DownloadError:
+    from qnnctl.download import _request_failed
+
+    return _request_failed(SHOWN, exc)
+
+
+def _chained(outer: BaseException, inner: BaseException) -> BaseException:
+    outer.__cause__ = inner
+    return outer
+
+
+def test_each_kind_of_failed_request_has_its_own_words() -> None:
+    import requests
+
+    from qnnctl.retry import GaveUp, describe
+
+    untrusted = _chained(requests.exceptions.SSLError("ssl"),
+                         ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"))
+    error = _failed(untrusted)
+    assert (error.message, error.hint) == (
+        f"cannot download {SHOWN}: {describe(untrusted)}",
+        "if your network inspects TLS, set REQUESTS_CA_BUNDLE to your organisation's CA bundle; "
+        "`qnnctl doctor` shows the bundle in use")
+    nameless = _chained(requests.ConnectionError("dns"),
+                        socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    error = _failed(nameless)
+    assert (error.message, error.hint) == (
+        f"cannot download {SHOWN}: {describe(nameless)}",
+        "check the host name in the URL (or QNNCTL_MIRROR); behind a proxy, set HTTPS_PROXY")
+    odd = requests.exceptions.InvalidURL("no host in the URL")
+    error = _failed(odd)
+    assert (error.message, error.hint) == (f"request to {SHOWN} failed: {describe(odd)}",
+                                           "check the URL (or QNNCTL_MIRROR) and proxy settings")
+    refused = requests.ConnectionError(ConnectionRefusedError(111, "Connection refused"))
+    error = _failed(refused)
+    assert (error.message, error.hint) == (f"cannot reach {SHOWN}: {describe(refused)}", AGAIN)
+    for attempts in (2, 6):
+        retried = requests.ConnectionError(GaveUp(None, "/x", ConnectionRefusedError(111, "Connection refused"),
+                                                  attempts))
+        error = _failed(retried)
+        assert (error.message, error.hint) == (
+            f"download of {SHOWN} failed after {attempts} attempts: cannot reach the server: {describe(retried)}",
+            AGAIN)
+        assert error.exit_code == 3
+
+
+def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from qnnctl.download import PlainProgress
+
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        bar = PlainProgress("v.zip", 1000, 0)
+        for _ in range(20):
+            bar.update(50)
+        bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:10] == [f"v.zip: {p:3d}% of 1000 B" for p in range(10, 101, 10)]
+    assert lines[10].startswith("v.zip: 1000 B in ")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        bar = PlainProgress("v.zip", 999, 0)
+        bar.update(99)  # exactly at the first mark (a tenth, rounded down): said
+        bar.update(1)
+        bar.update(899)
+    assert [r.getMessage() for r in caplog.records] == ["v.zip:   9% of 999 B", "v.zip: 100% of 999 B"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        unknown = PlainProgress("v.zip", None, 0)
+        unknown.update((256 << 20) - 1)
+        unknown.update(1)
+    assert [r.getMessage() for r in caplog.records] == ["v.zip: 256.0 MiB"]
+
+
+def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from qnnctl.download import terminal_progress
+
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    bar: Any = terminal_progress("v.zip", 4 << 20, 1 << 20)
+    try:
+        assert (bar.total, bar.n, bar.unit, bar.unit_scale, bar.unit_divisor, bar.desc, bar.leave) == (
+            4 << 20, 1 << 20, "B", True, 1024, "v.zip", False)
+        assert type(bar).monitor_interval == 0
+    finally:
+        bar.close()
+    assert "v.zip" in stderr.getvalue()
+    assert "1.00M/4.00M" in stderr.getvalue()
+
+
+def test_small_pieces_of_the_downloader(tmp_path: Path) -> None:
+    from qnnctl.download import (
+        BACKOFF_MAX,
+        Retry,
+        _Broke,
+        _of,
+        _range_start,
+        backoff_delay,
+        file_sha256,
+        retryable_status,
+    )
+    from qnnctl.retry import BodyBroke
+
+    assert _of(1536, None) == "1.5 KiB"
+    assert _of(1536, 3 << 20) == "1.5 KiB of 3.0 MiB"
+    assert _range_start("bytes 100-199/200") == 100
+    assert _range_start("bytes 100-199-7/200") == 100
+    assert _range_start("") is None
+    assert _range_start(None) is None
+    assert _range_start("items 100-199/200") is None
+    assert _range_start("bytes */200") is None
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(3 << 20))
+    assert file_sha256(big) == _sha256(big.read_bytes())
+    assert [retryable_status(s) for s in (408, 429, 500, 503, 404, 403, 200)] == [True] * 4 + [False] * 3
+    assert [backoff_delay(a, 1.0) for a in (0, 1, 2, 3, 9)] == [1.0, 1.0, 2.0, 4.0, BACKOFF_MAX]
+    retry = Retry("busy", 2.5)
+    assert (str(retry), retry.reason, retry.delay) == ("busy", "busy", 2.5)
+    policy = retry_policy()
+    broke = _Broke(policy, BodyBroke("the body ended early"))
+    assert (str(broke), broke.policy, str(broke.error)) == ("the body ended early", policy, "the body ended early")
+
+
+def test_retry_after_a_date_is_from_now() -> None:
+    later = email.utils.formatdate(time.time() + 30, usegmt=True)
+    waited = retry_after(later)
+    assert waited is not None
+    assert 25 < waited <= 30
+    assert retry_after(email.utils.formatdate(time.time() - 30, usegmt=True)) == 0.0
