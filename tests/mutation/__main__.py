@@ -120,20 +120,23 @@ def run_mutmut(work: Path, args: list[str], minutes: float) -> int:
             return process.wait()
 
 
-def forget_interruptions(work: Path, target: Target) -> None:
-    """Mark mutants whose test run was interrupted as not checked, so that this run tests them:
-    mutmut itself keeps "interrupted" as a verdict, and tests only mutants without one."""
+def forget(work: Path, target: Target, survivors: bool) -> None:
+    """Mark mutants whose test run was interrupted (and with `survivors`, those left that are not
+    marked equivalent) as not checked, so that this run tests them: mutmut keeps a verdict while
+    the function is unchanged, and tests only mutants without one."""
     from mutmut.stats import status_by_exit_code
 
+    marked = equivalents()
     for source in target.sources:
         meta = work / "mutants" / f"{source}.meta"
         if not meta.is_file():
             continue
         data = json.loads(meta.read_text(encoding="utf-8"))
         codes = data["exit_code_by_key"]
-        interrupted = [k for k, code in codes.items() if status_by_exit_code[code] == "check was interrupted by user"]
-        if interrupted:
-            codes.update(dict.fromkeys(interrupted))
+        again = [k for k, code in codes.items() if status_by_exit_code[code] == "check was interrupted by user"
+                 or (survivors and status_by_exit_code[code] in LEFT and k not in marked)]
+        if again:
+            codes.update(dict.fromkeys(again))
             meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
 
 
@@ -171,7 +174,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=20.0, help="stop the run after this long (20)")
     parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (1)")
     parser.add_argument("--retest", action="store_true",
-                        help="test again the mutants that survived (after tests were added)")
+                        help="test again the mutants left (after tests were added), with those not checked yet")
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
     parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
     parser.add_argument("names", nargs="*", metavar="MUTANT", help="only these mutants (globs allowed)")
@@ -183,14 +186,8 @@ def main() -> int:
     target = TARGETS[args.module]
     work = prepare(args.module, target)
     if not args.report:
-        forget_interruptions(work, target)
-        names = list(args.names)
-        if args.retest:
-            names += [k for k, s in statuses(work, target).items() if s in LEFT and k not in equivalents()]
-            if not names:
-                print(f"{args.module}: no survivors to test again", file=sys.stderr)
-                return report(args.module, target, work, args.diffs)
-        run_mutmut(work, ["run", "--max-children", str(args.max_children), *names], args.minutes)
+        forget(work, target, survivors=args.retest)
+        run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
     return report(args.module, target, work, args.diffs)
 
 
