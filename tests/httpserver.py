@@ -189,6 +189,8 @@ class FaultServer:
         self.served: list[Served] = []
         self._sent: dict[str, int] = defaultdict(int)  # body bytes sent so far, answers in flight included
         self.lock = threading.Lock()
+        self._answered = threading.Condition(self.lock)  # notified as each answer is recorded
+        self._in_flight: dict[str, int] = defaultdict(int)  # answers begun and not yet recorded
         self.etag_enabled = True
         self.ignore_ranges = False
         self.rate: float | None = None  # bytes per second for all connections together
@@ -258,8 +260,11 @@ class FaultServer:
         with self.lock:
             return self._sent[path]
 
-    def served_for(self, path: str) -> list[Served]:
-        with self.lock:
+    def served_for(self, path: str, timeout: float = 30) -> list[Served]:
+        """The answers for `path`, once those begun are recorded: a client can read a whole body
+        before the server thread that sent it records it."""
+        with self._answered:
+            self._answered.wait_for(lambda: self._in_flight[path] == 0, timeout)
             return [s for s in self.served if s.path == path]
 
     # -- serving -------------------------------------------------------------------------
@@ -304,8 +309,9 @@ class FaultServer:
             honour_range = False  # the file changed: send all of it
         spans = parse_ranges(range_header, len(data)) if honour_range and range_header is not None else None
         if spans == []:
+            self._begin(path)
+            self._record(path, 416, (), 0)  # before the client can see it
             self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
-            self._record(path, 416, (), 0)
             return
         if spans is not None and len(spans) > 1:
             self._send_multipart(h, path, data, spans, ctype, etag, head)
@@ -317,6 +323,8 @@ class FaultServer:
             status = 206
         body = data[start:end]
         claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)
+        if not head:
+            self._begin(path)
         h.send_response(status)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(claimed))
@@ -369,9 +377,16 @@ class FaultServer:
     def _record(self, path: str, status: int, ranges: tuple[tuple[int, int], ...], sent: int,
                 counted: int | None = None) -> None:
         """One answer done; `counted` of its `sent` bytes were counted as they went."""
-        with self.lock:
+        with self._answered:
             self.served.append(Served(path, status, ranges, sent))
             self._sent[path] += sent - (counted if counted is not None else 0)
+            self._in_flight[path] -= 1
+            self._answered.notify_all()
+
+    def _begin(self, path: str) -> None:
+        """An answer with a body starts: served_for waits for its record."""
+        with self.lock:
+            self._in_flight[path] += 1
 
     def _count(self, path: str, size: int) -> None:
         with self.lock:
@@ -398,6 +413,8 @@ class FaultServer:
                           f"Content-Range: bytes {start}-{end - 1}/{len(data)}\r\n\r\n")
             parts.append(head_lines.encode() + data[start:end] + b"\r\n")
         body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        if not head:
+            self._begin(path)
         h.send_response(206)
         h.send_header("Content-Type", f"multipart/byteranges; boundary={boundary}")
         h.send_header("Content-Length", str(len(body)))
