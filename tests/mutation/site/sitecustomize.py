@@ -35,14 +35,14 @@ def _hand_over() -> None:
     if own in sys.path:
         sys.path.remove(own)
     sys.path_importer_cache.pop(own, None)
+    # The next one takes this one's place in sys.modules. With none, the import fails, and `site`
+    # (or qnnctl's own sitecustomize, which imported this one) passes over that in silence as it
+    # would have without this module: caught here, the import of this module would seem to have
+    # worked, and the import system would look for it in sys.modules after the entry was removed.
     del sys.modules["sitecustomize"]
-    try:
-        import importlib
+    import importlib
 
-        importlib.import_module("sitecustomize")
-    except ModuleNotFoundError as exc:
-        if exc.name != "sitecustomize":
-            raise
+    importlib.import_module("sitecustomize")
 
 
 if __name__ == "sitecustomize":
