@@ -219,8 +219,10 @@ def test_a_failing_sitecustomize_of_the_pipeline_is_reported_as_python_does(sdk:
     write(Path("probe.py"), SITE_PROBE + TORCH_PROBE)
     # Given to the pipeline only: qnnctl, a Python too, would report the error of its own start.
     result = lower("--", "sh", "-c", f'PYTHONPATH="$PYTHONPATH:{site}" exec "{PY}" probe.py', env=env_with(**AMD_ENV))
+    # The pipeline's PYTHONPATH, qnnctl's own folder left out, is the test's (if any) and then `site`.
     alone = subprocess.run([PY, "probe.py"], capture_output=True, text=True, timeout=120,
-                           env=env_with(PYTHONPATH=str(site)))
+                           env=env_with(PYTHONPATH=os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"),
+                                                                                 str(site))))))
     assert "Error in sitecustomize" in alone.stderr
     assert result.stderr == alone.stderr
     assert result.stdout.splitlines()[0] == alone.stdout.splitlines()[0]
