@@ -28,6 +28,15 @@ def _report_hits(path: str) -> None:
                 hits.write(name + "\n")
 
     mutmut.stats.record_trampoline_hit = record_trampoline_hit
+    # This process counts calls, and so do its children that import this module. Told so by
+    # MUTANT_UNDER_TEST=stats, a child that skips this module (python -I, -E or -S: qnnctl's
+    # bootstrap) would call mutmut's own record, which cannot find its settings there and
+    # fails: the variable makes way for STATS_VARIABLE, and such children run the original code.
+    import mutmut.mutation.trampoline as trampoline
+
+    trampoline._mutant_under_test = "stats"
+    os.environ.pop("MUTANT_UNDER_TEST", None)
+    os.environ[STATS_VARIABLE] = "1"
 
 
 def _hand_over() -> None:
@@ -45,7 +54,10 @@ def _hand_over() -> None:
     importlib.import_module("sitecustomize")
 
 
+STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
+
 if __name__ == "sitecustomize":
-    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get("QNNCTL_MUTATION_HITS"):
+    counting = os.environ.get("MUTANT_UNDER_TEST") == "stats" or os.environ.get(STATS_VARIABLE) == "1"
+    if counting and os.environ.get("QNNCTL_MUTATION_HITS"):
         _report_hits(os.environ["QNNCTL_MUTATION_HITS"])
     _hand_over()
