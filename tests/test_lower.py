@@ -149,7 +149,9 @@ def _forms(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
 
 
 @pytest.mark.parametrize("form", ["script", "module", "module-joined", "command-script", "command-module",
-                                  "command-code", "isolated-script", "no-site-module", "no-env-code"])
+                                  "command-code", "isolated-script",
+                                  pytest.param("no-site-module", marks=pytest.mark.bare_interpreter),
+                                  "no-env-code"])
 def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
     work = Path.cwd()
     lower_args, direct_argv = _forms(work)[form]
@@ -190,7 +192,8 @@ _FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", list(_FORMS))
+@pytest.mark.parametrize("form", [pytest.param(form, marks=pytest.mark.bare_interpreter) if "-S" in argv else form
+                                  for form, argv in _FORMS.items()])
 def test_traceback_looks_as_if_run_directly(sdk: Path, form: str) -> None:
     source = "def inner():\n    raise ValueError('boom')\n\ndef outer():\n    inner()\n\nouter()\n"
     write(Path("crash.py"), source)
@@ -237,7 +240,7 @@ def interrupted(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str
 
 
 @pytest.mark.parametrize("form", [("sleeper.py",), ("-I", "sleeper.py"), ("-E", "-m", "sleeper"),
-                                  ("-S", "-c", "import sleeper")])
+                                  pytest.param(("-S", "-c", "import sleeper"), marks=pytest.mark.bare_interpreter)])
 def test_ctrl_c_traceback_looks_as_if_run_directly(sdk: Path, form: tuple[str, ...]) -> None:
     write(Path("sleeper.py"), SLEEPER)
     code, err = interrupted(PY, *form)
