@@ -17,7 +17,14 @@ from qnnctl import api
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.sdk import Sdk
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, compile_shared, install_tree_into_cache
+from tests.sdkfactory import (
+    OTHER_VERSION,
+    VERSION,
+    SdkSpec,
+    build_sdk_tree,
+    compile_shared,
+    install_tree_into_cache,
+)
 
 ARCHIVE = f"/{VERSION}/v{VERSION}.zip"
 HOST_LIBS = ("libQnnHtp.so", "libQnnSystem.so")
@@ -102,10 +109,33 @@ def test_eight_threads_at_once_install_once(mirror: FaultServer, cache_dir: Path
 def test_another_sdk_cannot_replace_the_one_set_up(cache_dir: Path) -> None:
     install_tree_into_cache(cache_dir)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
+    other = cache_dir / "sdks" / OTHER_VERSION
     sdk = qnnctl.setup_sdk()
-    with pytest.raises(UsageError, match=OTHER_VERSION):
-        qnnctl.setup_sdk(OTHER_VERSION)
+    for spec in (OTHER_VERSION, str(other)):
+        with pytest.raises(UsageError) as caught:
+            qnnctl.setup_sdk(spec)
+        assert (caught.value.message, caught.value.hint) == (
+            f"SDK {VERSION} ({sdk.root}) is already set up in this process; {spec} cannot replace it",
+            "use one SDK per process: start a new process for another one",
+        )
     assert qnnctl.setup_sdk(str(sdk.root)) is sdk
+    assert managed() == {"QNN_SDK_ROOT": str(sdk.root), "LD_LIBRARY_PATH": str(lib_dir(sdk.root))}
+
+
+def test_later_calls_do_not_wait_for_the_lock(cache_dir: Path) -> None:
+    """Once set up, a call is a read: it returns while another thread holds the lock (a first
+    attempt that failed and is retried elsewhere, the once-only warning)."""
+    install_tree_into_cache(cache_dir)
+    sdk = qnnctl.setup_sdk()
+    results: list[Sdk] = []
+    with api._state.lock:
+        thread = threading.Thread(target=lambda: results.append(qnnctl.setup_sdk()), daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+        returned = not thread.is_alive()
+    thread.join()
+    assert returned
+    assert results == [sdk]
 
 
 @pytest.mark.parametrize("spelling", ["canonical", "trailing-slash", "relative", "home"])
@@ -163,8 +193,14 @@ def test_library_load_failure_restores_both_variables(
     root = install_tree_into_cache(cache_dir)
     _unloadable_htp(root, tmp_path)
     set_managed(before)
-    with pytest.raises(api.LibraryLoadError, match=r"libqnnctl_gone\.so"):
+    with pytest.raises(api.LibraryLoadError) as caught:
         qnnctl.setup_sdk(VERSION)
+    htp = lib_dir(root) / "libQnnHtp.so"
+    assert caught.value.path == htp
+    assert (caught.value.message, caught.value.hint) == (
+        f"cannot load {htp}: libqnnctl_gone.so: cannot open shared object file: No such file or directory",
+        "run `qnnctl doctor` to see what the SDK's libraries need",
+    )
     assert managed() == before
     # Not remembered: with the library fixed, the next call succeeds.
     compile_shared(lib_dir(root) / "libQnnHtp.so", "int qnn_htp(void) { return 1; }\n")
@@ -240,12 +276,26 @@ def test_empty_root_uses_the_callers_sdk_and_changes_nothing(mirror: FaultServer
     assert mirror.requests == []
 
 
+def test_callers_sdk_that_names_no_version_is_unknown(mirror: FaultServer, tmp_path: Path) -> None:
+    # No sdk.yaml, no manifest, no build id, and a folder whose name is no version.
+    root = build_sdk_tree(tmp_path / "callers-sdk", SdkSpec(sdk_yaml=False))
+    set_managed({"QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": str(lib_dir(root))})
+    sdk = qnnctl.setup_sdk()
+    assert (sdk.root, sdk.version, sdk.origin) == (root, "unknown", "LD_LIBRARY_PATH")
+    assert mirror.requests == []
+
+
 def test_empty_root_without_an_sdk_is_a_clear_error(mirror: FaultServer, tmp_path: Path) -> None:
     before = {"QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": "/opt/other"}
     set_managed(before)
-    with pytest.raises(QnnctlError, match="QNN_SDK_ROOT is exported but empty") as caught:
+    with pytest.raises(QnnctlError) as caught:
         qnnctl.setup_sdk()
-    assert "''" not in caught.value.message
+    assert (caught.value.message, caught.value.hint) == (
+        "QNN_SDK_ROOT is exported but empty, which leaves the SDK to the caller, and no folder on "
+        "LD_LIBRARY_PATH is an SDK's lib/x86_64-linux-clang",
+        "export LD_LIBRARY_PATH=<sdk>/lib/x86_64-linux-clang before Python starts, "
+        "or unset QNN_SDK_ROOT to let qnnctl set the SDK up",
+    )
     assert managed() == before
     assert mirror.requests == []
     # Not remembered either: once the caller puts an SDK on LD_LIBRARY_PATH, it is used.
