@@ -393,3 +393,54 @@ def test_api_keeps_a_broken_cpuinfo_a_real_error(tmp_path: Path) -> None:
             print("raised", exc.name)
     """, env_with(PYTHONPATH=str(tmp_path / "broken")))
     assert result.stdout.strip() == "raised qnnctl_absent_dependency", result.stderr
+
+
+def test_api_reads_the_vendor_from_the_mapping_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.api import amd_guard_needed
+
+    monkeypatch.setenv(FORCE_VENDOR_VARIABLE, INTEL)
+    assert amd_guard_needed({FORCE_VENDOR_VARIABLE: AMD}) is True
+    monkeypatch.setenv(FORCE_VENDOR_VARIABLE, AMD)
+    assert amd_guard_needed({FORCE_VENDOR_VARIABLE: INTEL}) is False
+    assert amd_guard_needed() is True  # none given: this process' environment
+
+
+def fake_torch(folder: Path, backends: str) -> dict[str, str]:
+    """An environment whose Python finds a stand-in torch in `folder` before any real one:
+    torch.backends with the source `backends`, and torch.backends.mkldnn with `enabled`."""
+    write(folder / "torch" / "__init__.py", "")
+    write(folder / "torch" / "backends" / "__init__.py", backends)
+    write(folder / "torch" / "backends" / "mkldnn.py", "enabled = True\n")
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    return env_with(PYTHONPATH=path, **{FORCE_VENDOR_VARIABLE: AMD})
+
+
+GUARD_CALL = """\
+    import sys, qnnctl
+    try:
+        print(qnnctl.disable_mkldnn_on_amd(), sys.modules["torch.backends.mkldnn"].enabled)
+    except ModuleNotFoundError as exc:
+        print("raised", exc.name)
+"""
+
+
+def test_api_on_amd_without_torch_says_no() -> None:
+    result = run_python("""\
+        import os, sys, qnnctl
+        sys.path[:] = [p for p in sys.path if not os.path.exists(os.path.join(p, "torch"))]
+        print(qnnctl.disable_mkldnn_on_amd(), "torch" in sys.modules)
+    """, env_with(**{FORCE_VENDOR_VARIABLE: AMD}))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
+
+
+def test_api_keeps_a_module_missing_inside_torch_a_real_error(tmp_path: Path) -> None:
+    result = run_python(GUARD_CALL, fake_torch(tmp_path, "import qnnctl_absent_dependency\n"))
+    assert result.stdout.strip() == "raised qnnctl_absent_dependency", result.stderr
+
+
+def test_api_turns_mkldnn_off_where_torch_cannot_freeze_flags(tmp_path: Path) -> None:
+    # A torch.backends without flags_frozen (as before torch 1.10): nothing can be frozen.
+    result = run_python(GUARD_CALL, fake_torch(tmp_path, ""))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False"]
