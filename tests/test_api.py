@@ -312,3 +312,64 @@ def test_a_cache_no_path_list_can_hold_is_refused_before_any_download(
         qnnctl.setup_sdk(VERSION)
     assert mirror.requests == []
     assert managed() == {"QNN_SDK_ROOT": None, "LD_LIBRARY_PATH": "/kept"}
+
+
+# -- the staged libc++ trio --------------------------------------------------------------
+
+
+def _host_has_trio() -> bool:
+    from qnnctl.runtime import TRIO, missing_host_libraries
+
+    return not missing_host_libraries(TRIO, [])
+
+
+def test_a_host_without_libcxx_gets_the_trio_staged_and_loaded_first(
+        server: FaultServer, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SDK whose libQnnHtp.so needs libc++.so.1, on a host without it: setup_sdk stages the
+    trio from the archive QNNCTL_LLVM_URL names (apt-get fails, as offline), loads it, and only
+    then the SDK's libraries, which find libc++.so.1 by its soname."""
+    if _host_has_trio():
+        pytest.skip("this host has libc++.so.1 and friends, so nothing is staged")
+    from qnnctl.cache import Cache
+    from tests.test_runtime import llvm_archive
+
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    monkeypatch.setenv("QNNCTL_LLVM_URL", server.add("/llvm.tar.xz", data, "application/x-xz"))
+    apt = tmp_path / "bin" / "apt-get"
+    apt.parent.mkdir()
+    apt.write_text("#!/bin/sh\nexit 100\n")
+    apt.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{apt.parent}:{os.environ['PATH']}")
+    root = install_tree_into_cache(cache_dir)
+    compile_shared(lib_dir(root) / "libQnnHtp.so",
+                   "int libcxx_stub(void);\nint qnn_htp(void) { return libcxx_stub(); }\n",
+                   extra=[f"-L{tmp_path / 'stubs'}", "-Wl,--no-as-needed", "-l:libc++.so.1"])
+    sdk = qnnctl.setup_sdk(VERSION)
+    staged = cache_dir / "runtime" / "libcxx-14.0.0" / "lib"
+    assert managed() == {"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": f"{lib_dir(root)}:{staged}"}
+    maps = mapped_libraries()
+    for path in [*(staged / name for name in api.RUNTIME_PRELOAD), lib_dir(root) / "libQnnHtp.so"]:
+        assert str(path) in maps
+    # What each preload returns: the libraries it loaded, in order (libQnnHtpPrepare.so is absent).
+    assert api.preload_runtime(Cache(cache_dir), sdk) == [staged / name for name in api.RUNTIME_PRELOAD]
+    assert api.preload(lib_dir(root)) == [lib_dir(root) / "libQnnSystem.so", lib_dir(root) / "libQnnHtp.so"]
+
+
+def test_a_staged_trio_is_not_loaded_for_an_sdk_that_ships_its_own(cache_dir: Path, tmp_path: Path) -> None:
+    """An SDK before 2.23 ships the trio: a trio staged in the cache for another SDK stays out."""
+    from qnnctl.cache import Cache
+    from qnnctl.runtime import RuntimeRequest, stage_runtime
+    from tests.test_runtime import stub_trio
+
+    stub_trio(tmp_path / "given")
+    staged = stage_runtime(Cache(cache_dir), None, RuntimeRequest(sources=(tmp_path / "given",), force=True,
+                                                                  use_apt=False), os.environ).libcxx
+    assert staged is not None
+    root = install_tree_into_cache(cache_dir)
+    stub_trio(lib_dir(root))
+    sdk = qnnctl.setup_sdk(VERSION)
+    assert managed() == {"QNN_SDK_ROOT": str(root), "LD_LIBRARY_PATH": str(lib_dir(root))}
+    maps = mapped_libraries()
+    assert str(lib_dir(root) / "libQnnHtp.so") in maps
+    assert str(staged.lib_dir) not in maps
+    assert api.preload_runtime(Cache(cache_dir), sdk) == []
