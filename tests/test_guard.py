@@ -67,7 +67,7 @@ def test_guard_follows_the_vendor(sdk: Path, vendor: str, keep: bool, enabled: b
     assert mkldnn_seen(result) is enabled
 
 
-@pytest.mark.bare_interpreter
+@pytest.mark.no_mutated_bootstrap
 def test_guard_reaches_an_interpreter_without_qnnctl_or_cpuinfo(sdk: Path, foreign_python: Path) -> None:
     checks = textwrap.dedent("""\
         import importlib.util, os

@@ -150,7 +150,7 @@ def _forms(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
 
 @pytest.mark.parametrize("form", ["script", "module", "module-joined", "command-script", "command-module",
                                   "command-code", "isolated-script",
-                                  pytest.param("no-site-module", marks=pytest.mark.bare_interpreter),
+                                  pytest.param("no-site-module", marks=pytest.mark.no_mutated_bootstrap),
                                   "no-env-code"])
 def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
     work = Path.cwd()
@@ -192,8 +192,8 @@ _FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", [pytest.param(form, marks=pytest.mark.bare_interpreter) if "-S" in argv else form
-                                  for form, argv in _FORMS.items()])
+@pytest.mark.no_mutated_bootstrap
+@pytest.mark.parametrize("form", list(_FORMS))
 def test_traceback_looks_as_if_run_directly(sdk: Path, form: str) -> None:
     source = "def inner():\n    raise ValueError('boom')\n\ndef outer():\n    inner()\n\nouter()\n"
     write(Path("crash.py"), source)
@@ -239,8 +239,9 @@ def interrupted(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str
     return proc.returncode, err
 
 
+@pytest.mark.no_mutated_bootstrap
 @pytest.mark.parametrize("form", [("sleeper.py",), ("-I", "sleeper.py"), ("-E", "-m", "sleeper"),
-                                  pytest.param(("-S", "-c", "import sleeper"), marks=pytest.mark.bare_interpreter)])
+                                  ("-S", "-c", "import sleeper")])
 def test_ctrl_c_traceback_looks_as_if_run_directly(sdk: Path, form: tuple[str, ...]) -> None:
     write(Path("sleeper.py"), SLEEPER)
     code, err = interrupted(PY, *form)
@@ -251,6 +252,7 @@ def test_ctrl_c_traceback_looks_as_if_run_directly(sdk: Path, form: tuple[str, .
     assert (lowered, _their_own(lowered_err)) == (code, err)
 
 
+@pytest.mark.no_mutated_bootstrap
 def test_ctrl_c_while_the_guard_waits_for_torch_looks_as_if_run_directly(sdk: Path, tmp_path: Path) -> None:
     """Ctrl-C in the second `import torch` takes: the guard's hook is armed then, and shows no frame."""
     fake = tmp_path / "fake"

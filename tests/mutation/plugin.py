@@ -47,14 +47,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A mutated bootstrap imports mutmut, which an interpreter without the tests' site-packages
-    lacks: the tests whose pipeline runs in one are left out while the bootstrap is mutated."""
+    """The tests a mutated bootstrap cannot pass are left out while it is mutated: it imports
+    mutmut, which an interpreter without the tests' site-packages lacks, and mutmut's frames
+    show in the tracebacks it leaves."""
     bootstrap = _MUTANTS / "qnnctl" / "bootstrap.py"
     if "mutmut" not in bootstrap.read_text(encoding="utf-8"):
         return
     skip = pytest.mark.skip(reason="a mutated bootstrap cannot run in an interpreter without mutmut")
     for item in items:
-        if item.get_closest_marker("bare_interpreter"):
+        if item.get_closest_marker("no_mutated_bootstrap"):
             item.add_marker(skip)
 
 
