@@ -9,10 +9,11 @@ code. This plugin:
 1. puts the mutated copy first on the children's PYTHONPATH, so `python -m qnnctl` (and every
    Python a test starts with the test's environment) imports the mutants; the active mutant is
    named by MUTANT_UNDER_TEST, which the children inherit;
-2. while mutmut counts calls (MUTANT_UNDER_TEST=stats), puts the `site` folder beside this file
-   on PYTHONPATH too: its sitecustomize makes each child append the functions it reached to a
-   file, which this plugin hands to mutmut at the end of each test, as if the test had made
-   those calls itself.
+2. puts the `site` folder beside this file on PYTHONPATH too. While mutmut counts calls
+   (MUTANT_UNDER_TEST=stats), its sitecustomize makes each child append the functions it
+   reached to a file, which this plugin hands to mutmut at the end of each test, as if the test
+   had made those calls itself; when mutants run, it switches on the mutant of a module that a
+   child runs by path (the bootstrap).
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ _ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
 def pytest_configure(config: pytest.Config) -> None:
     # Set afresh for each pytest run of the process: mutmut runs stats, the clean run and the
     # mutants one after another, forked from the same process.
-    entries = [str(_MUTANTS)]
+    entries = [str(_MUTANTS), str(_SITE)]
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":
-        entries.append(str(_SITE))
         handle, hits = tempfile.mkstemp(prefix="qnnctl-mutation-hits-")
         os.close(handle)
         os.environ[HITS_VARIABLE] = hits

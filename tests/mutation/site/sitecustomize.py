@@ -6,6 +6,9 @@ would die with the child: this module, imported by `site` at the start of every 
 this folder on PYTHONPATH, replaces it before any mutated module imports it, with one that
 appends each function's name, once per process, to the file QNNCTL_MUTATION_HITS names.
 
+When mutants run, it switches on the mutant of a module run by path (qnnctl's bootstrap) in
+the process that runs it as __main__.
+
 Then it hands over to the sitecustomize that would have run without it, as qnnctl/_site does.
 """
 
@@ -15,12 +18,45 @@ import os
 import sys
 
 
-def _report_hits(path: str) -> None:
+def _script_module() -> str | None:
+    """The name of the mutated module this process runs by path, as __main__ (qnnctl's
+    bootstrap, which `qnnctl lower` starts so), or None.
+
+    mutmut names a function by the module it is in, and a file run by path is `__main__`: its
+    calls would be counted for no function of qnnctl's, and a mutant named after its module
+    would never be switched on.
+    """
+    if not sys.argv or not sys.argv[0].endswith(".py"):
+        return None
+    here = os.path.abspath(__file__)  # <mutants>/tests/mutation/site/sitecustomize.py
+    mutants = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
+    script = os.path.abspath(sys.argv[0])
+    if not script.startswith(os.path.join(mutants, "qnnctl") + os.sep):
+        return None
+    return os.path.relpath(script, mutants)[: -len(".py")].replace(os.sep, ".")
+
+
+def _switch_on_in_main(module: str) -> None:
+    """Make the mutant named after `module` the one of __main__ in this process."""
+    import mutmut.mutation.trampoline as trampoline
+
+    named = trampoline.get_mutant_under_test
+
+    def get_mutant_under_test() -> str:
+        name = named()
+        return "__main__." + name[len(module) + 1 :] if name.startswith(module + ".") else name
+
+    trampoline.get_mutant_under_test = get_mutant_under_test
+
+
+def _report_hits(path: str, script_module: str | None) -> None:
     import mutmut.stats
 
     seen: set[str] = set()
 
     def record_trampoline_hit(name: str, caller: str | None = None) -> None:
+        if script_module is not None and name.startswith("__main__."):
+            name = script_module + name[len("__main__") :]
         if name not in seen:
             seen.add(name)
             # One short line, appended: lines from concurrent children do not interleave.
@@ -58,6 +94,9 @@ STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
 
 if __name__ == "sitecustomize":
     counting = os.environ.get("MUTANT_UNDER_TEST") == "stats" or os.environ.get(STATS_VARIABLE) == "1"
+    script_module = _script_module()
     if counting and os.environ.get("QNNCTL_MUTATION_HITS"):
-        _report_hits(os.environ["QNNCTL_MUTATION_HITS"])
+        _report_hits(os.environ["QNNCTL_MUTATION_HITS"], script_module)
+    elif script_module is not None:
+        _switch_on_in_main(script_module)
     _hand_over()
