@@ -100,7 +100,32 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# In an interpreter that ignores PYTHONPATH (python -I, -E: how `qnnctl lower` starts the
+# bootstrap), site still reads the .pth files of site-packages: this one runs the children's
+# sitecustomize there (tests/mutation/site), which PYTHONPATH brings to every other child.
+HOOK_PTH = "qnnctl-mutation-hook.pth"
+HOOK_LINE = ("import os, sys; h = os.environ.get('QNNCTL_MUTATION_HOOK'); "
+             "sys.flags.ignore_environment and h and exec(compile(open(h).read(), h, 'exec'), "
+             "{'__name__': 'qnnctl_mutation_hook', '__file__': h})\n")
+
+
+def hook_path() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"]) / HOOK_PTH
+
+
 def run_mutmut(work: Path, args: list[str], minutes: float) -> int:
+    """mutmut in `work` (see run_mutmut_now), with the hook in site-packages while it runs."""
+    hook = hook_path()
+    hook.write_text(HOOK_LINE, encoding="utf-8")
+    try:
+        return run_mutmut_now(work, args, minutes)
+    finally:
+        hook.unlink(missing_ok=True)
+
+
+def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
     """mutmut in `work`, niced, in a session of its own; stopped after `minutes`, or when this
     command is interrupted, by a SIGINT to mutmut alone: it then ends the mutant it is testing
     (whose verdict is not recorded) and keeps every verdict it has."""

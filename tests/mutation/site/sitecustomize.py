@@ -6,8 +6,10 @@ would die with the child: this module, imported by `site` at the start of every 
 this folder on PYTHONPATH, replaces it before any mutated module imports it, with one that
 appends each function's name, once per process, to the file QNNCTL_MUTATION_HITS names.
 
-When mutants run, it switches on the mutant of a module run by path (qnnctl's bootstrap) in
-the process that runs it as __main__.
+A child that ignores PYTHONPATH (python -I, -E: how `qnnctl lower` starts qnnctl's bootstrap)
+runs this file all the same, through the .pth file that `python -m tests.mutation` puts in
+site-packages for the length of a run. When mutants run, it switches on the mutant of a
+module run by path (qnnctl's bootstrap) in the process that runs it as __main__.
 
 Then it hands over to the sitecustomize that would have run without it, as qnnctl/_site does.
 """
@@ -91,12 +93,21 @@ def _hand_over() -> None:
 
 
 STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
+HOOK_NAME = "qnnctl_mutation_hook"
 
-if __name__ == "sitecustomize":
+
+
+def _start() -> None:
     counting = os.environ.get("MUTANT_UNDER_TEST") == "stats" or os.environ.get(STATS_VARIABLE) == "1"
     script_module = _script_module()
     if counting and os.environ.get("QNNCTL_MUTATION_HITS"):
         _report_hits(os.environ["QNNCTL_MUTATION_HITS"], script_module)
     elif script_module is not None:
         _switch_on_in_main(script_module)
+
+
+if __name__ == "sitecustomize":
+    _start()
     _hand_over()
+elif __name__ == HOOK_NAME:  # run by the .pth file of a mutation run, in an interpreter that skips this folder
+    _start()
