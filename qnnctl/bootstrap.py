@@ -102,42 +102,45 @@ def _fresh_main() -> dict[str, object]:
 
 def _run_script(path: str, args: list[str], add_path: bool) -> None:
     sys.argv = [path, *args]
-    if not _is_plain_source(path):
-        # Folders and zip files with a __main__.py, and compiled files: runpy knows how, and
-        # puts the path itself first on sys.path for the first two, as the interpreter does.
+    from pkgutil import get_importer
+
+    if get_importer(path) is not None:
+        # A folder or a zip file with a __main__.py: the interpreter puts the path itself first
+        # on sys.path (whatever its options) and runs __main__ from there as `python -m` would.
         import runpy
 
-        runpy.run_path(path, run_name="__main__")
+        sys.path.insert(0, os.path.abspath(path) if sys.version_info >= (3, 9) else path)  # as 3.9 began to
+        _fresh_main()
+        runpy._run_module_as_main("__main__", False)  # type: ignore[attr-defined]
         return
     if add_path:
         sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
     import io
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
 
     filename = os.path.abspath(path)
     with io.open_code(filename) as handle:
         source = handle.read()
-    # dont_inherit: this file's `from __future__` imports must not reach the pipeline.
-    code = compile(source, filename, "exec", dont_inherit=True)
-    from importlib.machinery import SourceFileLoader
+    if _is_compiled(source):
+        import marshal
 
+        # After the magic number, the flags and the source's stamp; the user's own compiled pipeline.
+        code = marshal.loads(source[16:])  # noqa: S302
+        loader: object = SourcelessFileLoader("__main__", filename)
+    else:
+        # dont_inherit: this file's `from __future__` imports must not reach the pipeline.
+        code = compile(source, filename, "exec", dont_inherit=True)
+        loader = SourceFileLoader("__main__", filename)
     namespace = _fresh_main()
-    namespace.update(__file__=filename, __cached__=None,
-                     __loader__=SourceFileLoader("__main__", filename))
+    namespace.update(__file__=filename, __cached__=None, __loader__=loader)
     exec(code, namespace)  # noqa: S102 - running the user's pipeline is the point
 
 
-def _is_plain_source(path: str) -> bool:
-    """Not a folder, not a zip file (zipapps start with a #! line), not compiled code."""
+def _is_compiled(data: bytes) -> bool:
+    """Compiled code of this interpreter's version, which it runs as such (by its magic number)."""
     from importlib.util import MAGIC_NUMBER
-    from pkgutil import get_importer
 
-    if get_importer(path) is not None:
-        return False
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(len(MAGIC_NUMBER)) != MAGIC_NUMBER
-    except OSError:
-        return True  # the normal path reports it as Python would
+    return data[: len(MAGIC_NUMBER)] == MAGIC_NUMBER
 
 
 def _run_module(name: str, args: list[str], add_path: bool) -> None:
@@ -160,7 +163,14 @@ def _run_code(source: str, args: list[str], add_path: bool) -> None:
     if add_path:
         sys.path.insert(0, "")
     code = compile(source, "<string>", "exec", dont_inherit=True)
-    exec(code, _fresh_main())  # noqa: S102 - running the user's pipeline is the point
+    namespace = _fresh_main()
+    try:
+        from importlib.machinery import BuiltinImporter
+    except ImportError:  # Python 2, whose `python -c` gives __main__ no __loader__
+        pass
+    else:
+        namespace["__loader__"] = BuiltinImporter  # as `python -c` has it
+    exec(code, namespace)  # noqa: S102 - running the user's pipeline is the point
 
 
 def _pipeline_frames(tb: TracebackType | None) -> TracebackType | None:

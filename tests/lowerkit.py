@@ -31,6 +31,11 @@ print(json.dumps({
     "pythonpath": os.environ.get("PYTHONPATH"),
     "qnnctl_finders": [k for k in sys.path_importer_cache if os.path.basename(k) == "_site"],
     "env": {k: os.environ.get(k) for k in ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNCTL_DISABLE_MKLDNN")},
+    "builtins": type(__builtins__).__name__,
+    "loader": [type(globals().get("__loader__")).__name__, getattr(globals().get("__loader__"), "name", None),
+               getattr(globals().get("__loader__"), "path", None)],
+    "cached": globals().get("__cached__", "absent"),
+    "code_file": sys._getframe().f_code.co_filename,
 }))
 """
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import py_compile
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,10 @@ def _forms(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     write(tmp / "pkg" / "__init__.py", "")
     write(tmp / "pkg" / "probe_mod.py", PROBE)
     write(tmp / "probe.py", PROBE)
+    write(tmp / "probedir" / "__main__.py", PROBE)
+    with zipfile.ZipFile(tmp / "probe.zip", "w") as app:
+        app.writestr("__main__.py", PROBE)
+    py_compile.compile(str(tmp / "probe.py"), cfile=str(tmp / "probe.pyc"), doraise=True)
     args = list(LOOKALIKES)
     return {
         "script": (["--python", PY, "probe.py", *args], [PY, "probe.py", *args]),
@@ -145,13 +151,21 @@ def _forms(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "isolated-script": (["--", PY, "-I", "probe.py", *args], [PY, "-I", "probe.py", *args]),
         "no-site-module": (["--", PY, "-S", "-m", "pkg.probe_mod", *args], [PY, "-S", "-m", "pkg.probe_mod", *args]),
         "no-env-code": (["--", PY, "-E", "-c", PROBE, *args], [PY, "-E", "-c", PROBE, *args]),
+        # -E keeps the script's folder (or the working folder) first on sys.path, as -I does not.
+        "no-env-script": (["--", PY, "-E", "probe.py", *args], [PY, "-E", "probe.py", *args]),
+        "no-env-module": (["--", PY, "-E", "-m", "pkg.probe_mod", *args], [PY, "-E", "-m", "pkg.probe_mod", *args]),
+        # What runpy runs: a folder or a zip file with a __main__.py, compiled code.
+        "isolated-folder": (["--", PY, "-I", "probedir", *args], [PY, "-I", "probedir", *args]),
+        "isolated-zipapp": (["--", PY, "-I", "probe.zip", *args], [PY, "-I", "probe.zip", *args]),
+        "no-env-compiled": (["--", PY, "-E", "probe.pyc", *args], [PY, "-E", "probe.pyc", *args]),
     }
 
 
 @pytest.mark.parametrize("form", ["script", "module", "module-joined", "command-script", "command-module",
                                   "command-code", "isolated-script",
                                   pytest.param("no-site-module", marks=pytest.mark.no_mutated_bootstrap),
-                                  "no-env-code"])
+                                  "no-env-code", "no-env-script", "no-env-module", "isolated-folder",
+                                  "isolated-zipapp", "no-env-compiled"])
 def test_forms_look_as_if_run_directly(sdk: Path, form: str) -> None:
     work = Path.cwd()
     lower_args, direct_argv = _forms(work)[form]
@@ -211,6 +225,7 @@ def test_traceback_looks_as_if_run_directly(sdk: Path, form: str) -> None:
 # Prints "ready", then waits for Ctrl-C in a function of its own, a frame below the module's.
 SLEEPER = """\
 import time
+import zipfile
 
 def wait():
     print("ready", flush=True)
@@ -570,3 +585,10 @@ def test_staged_loader_wraps_the_command_once(sdk: Path, monkeypatch: pytest.Mon
                        Cache.from_env(environ))
     assert again.argv[0] == PY
     assert under_loader(["x"], {LOADER_GUARD: "1"}, staged) == (["x"], {LOADER_GUARD: "1"})
+
+
+@pytest.mark.parametrize("argv", [[], ["script"], ["exec", "probe.py"]])
+def test_the_bootstrap_refuses_a_command_it_was_not_given_by_qnnctl(argv: list[str]) -> None:
+    result = direct(PY, "-I", bootstrap_path(), *argv)
+    assert (result.returncode, result.stdout, result.stderr) == \
+        (2, "", "usage: bootstrap.py {script|module|code} TARGET [ARGS]...\n")
