@@ -150,12 +150,9 @@ def _run_module(name: str, args: list[str], add_path: bool) -> None:
     if add_path:
         sys.path.insert(0, os.getcwd())
     _fresh_main()
-    run_as_main = getattr(runpy, "_run_module_as_main", None)
-    if run_as_main is not None:
-        # The function `python -m` itself calls: argv[0], error messages and tracebacks match.
-        run_as_main(name, True)
-    else:  # pragma: no cover - every CPython since 2.5 has it
-        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    # The function `python -m` itself calls (every CPython since 2.5 has it): argv[0], error
+    # messages and tracebacks match.
+    runpy._run_module_as_main(name, True)  # type: ignore[attr-defined]
 
 
 def _run_code(source: str, args: list[str], add_path: bool) -> None:

@@ -113,3 +113,19 @@ def host_is_amd() -> bool:
         if key.strip() == "vendor_id":
             return value.strip() == "AuthenticAMD"
     return False  # no vendor_id line: not an x86 CPU, so not AMD's
+
+
+# Read before any test points HOME elsewhere: pyenv keeps interpreters of many versions there.
+_PYENV_ROOT = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+
+
+def other_python(name: str) -> str:
+    """An interpreter called `name` that runs: on PATH, else one of pyenv's; skips without one."""
+    import glob
+    import shutil
+
+    found = shutil.which(name)
+    for candidate in [*([found] if found else []), *sorted(glob.glob(f"{_PYENV_ROOT}/versions/*/bin/{name}"))]:
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=60).returncode == 0:
+            return candidate
+    pytest.skip(f"no {name} here")

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from qnnctl.api import FORCE_VENDOR_VARIABLE
-from tests.lowerkit import TORCH_PROBE, host_is_amd, lower, make_foreign_venv, torch_site_packages, write
+from tests.lowerkit import (
+    TORCH_PROBE,
+    host_is_amd,
+    lower,
+    make_foreign_venv,
+    other_python,
+    torch_site_packages,
+    write,
+)
 from tests.sdkfactory import install_tree_into_cache
 
 PY = sys.executable
@@ -231,22 +239,6 @@ def test_a_failing_sitecustomize_of_the_pipeline_is_reported_as_python_does(sdk:
 
 
 OTHER_PYTHONS = ("python2.7", "python3.7", "python3.8", "python3.12", "python3.13")
-# Read before any test points HOME elsewhere: pyenv keeps interpreters of many versions there.
-_PYENV_ROOT = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
-
-
-def other_python(name: str) -> str:
-    """An interpreter called `name` that runs: on PATH, else one of pyenv's; skips without one."""
-    import glob
-    import shutil
-
-    found = shutil.which(name)
-    for candidate in [*([found] if found else []), *sorted(glob.glob(f"{_PYENV_ROOT}/versions/*/bin/{name}"))]:
-        if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=60).returncode == 0:
-            return candidate
-    pytest.skip(f"no {name} here")
-
-
 @pytest.mark.parametrize("name", OTHER_PYTHONS)
 def test_the_site_folder_is_harmless_in_any_interpreter_the_pipeline_starts(name: str, tmp_path: Path) -> None:
     """A pipeline may start any Python (a tool of the system's, an older virtualenv): each reads

@@ -38,7 +38,7 @@ from qnnctl.runtime import LOADER_GUARD
 from qnnctl.shell import quote_posix
 from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer
-from tests.lowerkit import PROBE, direct, last_json, lower, write
+from tests.lowerkit import PROBE, direct, last_json, lower, other_python, write
 from tests.sdkfactory import VERSION, install_tree_into_cache
 
 PY = sys.executable
@@ -592,3 +592,25 @@ def test_the_bootstrap_refuses_a_command_it_was_not_given_by_qnnctl(argv: list[s
     result = direct(PY, "-I", bootstrap_path(), *argv)
     assert (result.returncode, result.stdout, result.stderr) == \
         (2, "", "usage: bootstrap.py {script|module|code} TARGET [ARGS]...\n")
+
+
+@pytest.mark.no_mutated_bootstrap
+@pytest.mark.parametrize("name", ["python3.8", "python3.9", "python3.12"])
+def test_a_zip_file_looks_as_if_run_directly_in_other_pythons(sdk: Path, name: str) -> None:
+    """The path first on sys.path is given as it is before 3.9, and made absolute from 3.9 on."""
+    python = other_python(name)
+    _forms(Path.cwd())
+    expected = last_json(direct(python, "-I", "probe.zip").stdout)
+    result = lower("--", python, "-I", "probe.zip")
+    assert result.returncode == 0, result.stderr
+    seen = last_json(result.stdout)
+    assert seen.pop("pythonpath") == with_guard(expected.pop("pythonpath"))
+    seen.pop("env")
+    expected.pop("env")
+    assert seen == expected
+    assert seen["path"][0] == ("probe.zip" if name == "python3.8" else str(Path.cwd() / "probe.zip"))
+
+
+def test_the_bootstrap_runs_without_the_guard_variable() -> None:
+    assert GUARD_VARIABLE not in os.environ
+    assert direct(PY, "-I", bootstrap_path(), "code", "print('ran')").stdout == "ran\n"
