@@ -418,8 +418,14 @@ GUARD_CALL = """\
 
 def test_api_on_amd_without_torch_says_no() -> None:
     result = run_python("""\
-        import os, sys, qnnctl
-        sys.path[:] = [p for p in sys.path if not os.path.exists(os.path.join(p, "torch"))]
+        import sys, qnnctl
+
+        class NoTorch:  # torch is not installed, as far as this process can tell
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] == "torch":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, NoTorch())
         print(qnnctl.disable_mkldnn_on_amd(), "torch" in sys.modules)
     """, env_with(**{FORCE_VENDOR_VARIABLE: AMD}))
     assert result.returncode == 0, result.stderr
