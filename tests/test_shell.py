@@ -605,6 +605,9 @@ def test_render_nu_escapes_double_quotes() -> None:
 
 def test_render_json_and_dotenv() -> None:
     assert json.loads(render(SAMPLE, "json")) == SAMPLE
+    # Two spaces of indent, one key a line, text as it is (not \u escapes), the unset as null.
+    assert render({"QNN_SDK_ROOT": "/opt/qairt/é", "LD_LIBRARY_PATH": None}, "json") == \
+        '{\n  "QNN_SDK_ROOT": "/opt/qairt/é",\n  "LD_LIBRARY_PATH": null\n}\n'
     assert render(SAMPLE, "dotenv") == f"QNN_SDK_ROOT={SAMPLE['QNN_SDK_ROOT']}\nPATH=/a b:/c'd\n"
 
 
@@ -614,6 +617,7 @@ def test_render_refuses_values_no_shell_can_carry(bad: str, shell: str) -> None:
     with pytest.raises(UsageError) as info:
         render({"QNN_SDK_ROOT": bad}, shell)
     assert info.value.exit_code == 2
+    assert str(info.value).startswith(f"cannot export QNN_SDK_ROOT: the path {bad!r} ")
 
 
 def test_quoting_is_exact_for_posix_and_fish() -> None:
