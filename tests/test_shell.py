@@ -791,3 +791,15 @@ def test_a_mangled_marker_undoes_nothing() -> None:
     environ[MARKER] = json.dumps({"root": "/x", "added": {"HOME": ["/"]}, "owns_root": True})
     # Only the path lists qnnctl manages can be edited through the marker.
     assert "HOME" not in unset_environment(environ)
+
+
+def test_an_sdk_root_no_shell_can_carry_is_refused_by_name() -> None:
+    with pytest.raises(UsageError) as caught:
+        sdk_environment({}, "/sdk\nx", [], [])
+    assert caught.value.message == "cannot export QNN_SDK_ROOT: the path '/sdk\\nx' contains a newline or NUL"
+
+
+def test_the_sdk_environment_owns_qnn_sdk_root_unless_told_otherwise() -> None:
+    environ = {"QNN_SDK_ROOT": "/theirs"}
+    assert sdk_environment(environ, "/sdk", [], [])["QNN_SDK_ROOT"] == "/sdk"
+    assert sdk_environment(environ, "/sdk", [], [], owns_root=False)["QNN_SDK_ROOT"] == "/theirs"
