@@ -802,4 +802,12 @@ def test_an_sdk_root_no_shell_can_carry_is_refused_by_name() -> None:
 def test_the_sdk_environment_owns_qnn_sdk_root_unless_told_otherwise() -> None:
     environ = {"QNN_SDK_ROOT": "/theirs"}
     assert sdk_environment(environ, "/sdk", [], [])["QNN_SDK_ROOT"] == "/sdk"
-    assert sdk_environment(environ, "/sdk", [], [], owns_root=False)["QNN_SDK_ROOT"] == "/theirs"
+    theirs = sdk_environment(environ, "/sdk", [], [], owns_root=False)
+    assert theirs["QNN_SDK_ROOT"] == "/theirs"
+    # Nothing of QNN_SDK_ROOT to give back on --unset: the marker records no previous root.
+    assert json.loads(theirs[MARKER] or "")["previous_root"] is None
+
+
+def test_a_path_list_with_nothing_to_add_stays_unset() -> None:
+    values = sdk_environment({}, "/sdk", [], ["/sdk/bin"])
+    assert (values["LD_LIBRARY_PATH"], values["PATH"]) == (None, "/sdk/bin")
