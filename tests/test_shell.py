@@ -811,3 +811,9 @@ def test_the_sdk_environment_owns_qnn_sdk_root_unless_told_otherwise() -> None:
 def test_a_path_list_with_nothing_to_add_stays_unset() -> None:
     values = sdk_environment({}, "/sdk", [], ["/sdk/bin"])
     assert (values["LD_LIBRARY_PATH"], values["PATH"]) == (None, "/sdk/bin")
+
+
+def test_a_marker_naming_only_its_root_is_read_with_the_defaults() -> None:
+    from qnnctl.shell import Marker, read_marker
+
+    assert read_marker({MARKER: '{"root": "/r"}'}) == Marker("/r", False)
