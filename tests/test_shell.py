@@ -771,7 +771,9 @@ def test_a_path_list_unset_since_does_not_stop_the_undo_of_the_others() -> None:
      "move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without ':'"),
     ("/sdk/a\nb", "cannot export LD_LIBRARY_PATH: the path '/sdk/a\\nb' contains a newline or NUL",
      "move the SDK or the cache (QNNCTL_CACHE_DIR) to a path without one"),
-], ids=["colon", "newline"])
+    ("/sdk/a\udcffb", "cannot export LD_LIBRARY_PATH: the path '/sdk/a\\udcffb' is not valid text in this locale",
+     "move the SDK or the cache (QNNCTL_CACHE_DIR) to a path with a valid name"),
+], ids=["colon", "newline", "undecodable"])
 def test_a_library_folder_no_path_list_can_hold(entry: str, message: str, hint: str) -> None:
     with pytest.raises(UsageError) as caught:
         sdk_environment({}, "/sdk", [entry], [])
