@@ -29,8 +29,10 @@ TARGETS: dict[str, Target] = {
                          "tests/test_shell.py", "tests/test_api.py")),
     "elf": Target(("qnnctl/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),
     "download": Target(("qnnctl/download.py",), ("tests/test_download.py",)),
+    # The links and member filter of partial installs, and doctor --verify's digests, are archive's too.
     "archive": Target(("qnnctl/archive.py",),
-                      ("tests/test_archive.py", "tests/test_stream.py", "tests/test_parallel.py")),
+                      ("tests/test_archive.py", "tests/test_stream.py", "tests/test_parallel.py",
+                       "tests/test_partial.py", "tests/test_components.py", "tests/test_doctor.py")),
     "install": Target(("qnnctl/install.py",), ("tests/test_install.py", "tests/test_housekeeping.py")),
     "api": Target(("qnnctl/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
     "bootstrap": Target(("qnnctl/bootstrap.py",), ("tests/test_lower.py", "tests/test_guard.py")),
