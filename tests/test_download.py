@@ -716,3 +716,63 @@ def test_retry_after_a_date_is_from_now() -> None:
     assert waited is not None
     assert 25 < waited <= 30
     assert retry_after(email.utils.formatdate(time.time() - 30, usegmt=True)) == 0.0
+
+
+def test_plain_progress_steps_by_one_byte_for_a_tiny_file(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from qnnctl.download import PlainProgress
+
+    # A tenth of 5 bytes rounds down to 0: every byte is a step, none is skipped.
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        bar = PlainProgress("v.zip", 5, 0)
+        for _ in range(5):
+            bar.update(1)
+    assert [r.getMessage() for r in caplog.records] == [f"v.zip: {p:3d}% of 5 B" for p in range(20, 101, 20)]
+
+
+class _Clock:
+    """time.monotonic for the progress lines: moves only when a test says so."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_plain_progress_closes_with_this_runs_size_and_time(caplog: pytest.LogCaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from qnnctl.download import PlainProgress
+
+    clock = _Clock(1000.0)
+    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
+
+    def closing(total: int | None, initial: int, received: int, seconds: float) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+            bar = PlainProgress("v.zip", total, initial)
+            bar.update(received)
+            clock.now += seconds
+            caplog.clear()  # the lines said on the way
+            bar.close()
+        [line] = [r.getMessage() for r in caplog.records]
+        return line
+
+    assert closing(3 << 20, 0, 3 << 20, 2.5) == "v.zip: 3.0 MiB in 2.5s"
+    assert closing(None, 0, 1536, 0.5) == "v.zip: 1.5 KiB in 0.5s"
+    # No time at all is said as such, not as a second.
+    assert closing(1000, 0, 1000, 0.0) == "v.zip: 1000 B in 0.0s"
+    assert closing(2048, 512, 1536, 4.0) == "v.zip: 1.5 KiB in 4.0s (resumed at 512 B; 2.0 KiB in all)"
+    # Short of the size: how far it got, nothing that reads like success.
+    assert closing(1000, 0, 400, 3.0) == "v.zip: stopped at 400 B of 1000 B"
+    assert closing(2048, 512, 512, 3.0) == "v.zip: stopped at 1.0 KiB of 2.0 KiB"
+
+
+def test_sizes_are_said_in_binary_units_up_to_gib() -> None:
+    from qnnctl.download import _human
+
+    assert [_human(n) for n in (0, 1023, 1024, (1 << 20) - 1, 1 << 20, 3 << 30, 5000 << 30)] == [
+        "0 B", "1023 B", "1.0 KiB", "1024.0 KiB", "1.0 MiB", "3.0 GiB", "5000.0 GiB"]
