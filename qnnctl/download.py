@@ -401,6 +401,8 @@ class Downloader:
             # What urllib3 spent on this request, for the next one.
             spent: Policy = getattr(response.raw, "retries", None) or policy
             status = response.status_code
+            # A status without a reason phrase (an unregistered code) is said without one.
+            answer = f"HTTP {status} {response.reason or ''}".rstrip()
             if status == 416:
                 # Our partial file does not fit the file on the server: start over.
                 log.warning("the server refused to resume (HTTP 416); starting over")
@@ -408,13 +410,12 @@ class Downloader:
                 raise _StartOver
             if status in RETRY_STATUSES:
                 # urllib3 retried it for as long as the policy allows.
-                raise self._gave_up(shown, spent.attempts,
-                                    f"the last answer was HTTP {status} {response.reason or ''}".rstrip())
+                raise self._gave_up(shown, spent.attempts, f"the last answer was {answer}")
             if status == 404:
                 raise _NotFound(url)
             if status not in (200, 206):
                 raise DownloadError(
-                    f"HTTP {status} {response.reason or ''} from {shown}".rstrip(),
+                    f"{answer} from {shown}",
                     hint="check the URL, the version, or your access to the mirror",
                 )
             content_type = response.headers.get("Content-Type", "")

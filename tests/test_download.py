@@ -776,3 +776,73 @@ def test_sizes_are_said_in_binary_units_up_to_gib() -> None:
 
     assert [_human(n) for n in (0, 1023, 1024, (1 << 20) - 1, 1 << 20, 3 << 30, 5000 << 30)] == [
         "0 B", "1023 B", "1.0 KiB", "1024.0 KiB", "1.0 MiB", "3.0 GiB", "5000.0 GiB"]
+
+
+def test_each_answer_that_ends_a_download_has_its_own_words(server: FaultServer, served: bytes,
+                                                            tmp_path: Path) -> None:
+    downloader = _downloader(tmp_path)
+    url = server.url(PATH)
+
+    def refusal(*faults: Fault, urls: list[str] | None = None) -> tuple[str, str | None]:
+        server.fail(PATH, *faults)
+        with pytest.raises(DownloadError) as caught:
+            downloader.fetch(urls or [url], NAME)
+        with server.lock:
+            server.faults[PATH].clear()
+        return caught.value.message, caught.value.hint
+
+    # Not found at any of them: the last one tried is named.
+    missing = [server.url("/a/" + NAME), server.url("/b/" + NAME)]
+    assert refusal(urls=missing) == (
+        f"the archive was not found (HTTP 404) at {missing[1]}",
+        "check the version (a prefix such as `qnnctl install 2.37` picks the newest known release), "
+        "or set QNNCTL_MIRROR to a mirror that holds it")
+    final = (f"HTTP 403 Forbidden from {url}", "check the URL, the version, or your access to the mirror")
+    assert refusal(Fault.status(403)) == final
+    # A code with no reason phrase: said without one, and without a space where it would be.
+    assert refusal(Fault.status(499)) == (f"HTTP 499 from {url}", final[1])
+    assert refusal(*[Fault.status(503)] * MAX_ATTEMPTS) == (
+        f"download of {url} failed after 6 attempts: the last answer was HTTP 503 Service Unavailable", AGAIN)
+    assert refusal(*[Fault.status(599)] * MAX_ATTEMPTS) == (
+        f"download of {url} failed after 6 attempts: the last answer was HTTP 599", AGAIN)
+    assert refusal(*[Fault.status(416)] * 30) == (
+        f"download of {url} failed after 30 attempts: the server never let the download resume", AGAIN)
+    assert refusal(Fault.html()) == (
+        f"{url} answered with an HTML page, not an archive (a login page, a proxy's error page, or a wrong URL)",
+        "open the URL in a browser, or download the archive by hand and run `qnnctl install --file ARCHIVE`")
+    assert refusal(Fault.html_untyped()) == (
+        f"{url} answered with an HTML page, not an archive",
+        "check the URL or mirror; download the archive by hand and run `qnnctl install --file ARCHIVE`")
+    # No whole block arrives: none is kept, and each attempt counts against the six.
+    assert refusal(*[Fault.drop_after(1000)] * MAX_ATTEMPTS) == (
+        f"download of {url} failed after 6 attempts: the download stopped at 0 B of 1.0 MiB: "
+        f"the server closed the connection {len(served) - 1000} bytes before the end it announced", AGAIN)
+
+
+def test_a_download_that_moves_on_every_time_still_ends(server: FaultServer, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request brings one more 64 KiB block of a 4 MiB file: after 30 requests it gives
+    up, saying how far it got."""
+    big = "/big/" + NAME
+    url = server.add(big, os.urandom(4 << 20))
+    server.fail(big, *[Fault.drop_after(70_000)] * 40)
+    with pytest.raises(DownloadError) as caught:
+        _downloader(tmp_path).fetch([url], NAME)
+    kept = 29 * (64 << 10)  # the whole blocks of the 29 requests before the last
+    assert (caught.value.message, caught.value.hint) == (
+        f"download of {url} failed after 30 attempts: the download stopped at 1.9 MiB of 4.0 MiB: "
+        f"the server closed the connection {(4 << 20) - kept - 70_000} bytes before the end it announced", AGAIN)
+    assert len(server.requests_for(big)) == 30
+
+
+def test_a_sha256_mismatch_names_both_digests_in_lower_case(server: FaultServer, served: bytes,
+                                                            tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+
+    url = server.url(PATH)
+    with pytest.raises(IntegrityError) as caught:
+        _downloader(tmp_path).fetch([url], NAME, "AB" * 32)
+    assert (caught.value.message, caught.value.hint) == (
+        f"sha256 mismatch for {url}: expected {'ab' * 32}, got {_sha256(served)}",
+        "the download was removed; check the --sha256 value or the mirror's file")
+    assert list((tmp_path / "downloads").iterdir()) == []
