@@ -846,3 +846,26 @@ def test_a_sha256_mismatch_names_both_digests_in_lower_case(server: FaultServer,
         f"sha256 mismatch for {url}: expected {'ab' * 32}, got {_sha256(served)}",
         "the download was removed; check the --sha256 value or the mirror's file")
     assert list((tmp_path / "downloads").iterdir()) == []
+
+
+@pytest.mark.parametrize(("first", "html"), [
+    (b"<!DOCTYPE html><html>", True),
+    (b"<HTML><body>Please log in", True),
+    (b"\r\n  \t<head><title>Sign in</title>", True),  # what comes before the tag does not hide it
+    (b'<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml">', True),
+    (b"PK\x03\x04<html>", False),  # a zip that holds a page is still a zip
+    (b"\x1f\x8b\x08\x00 <html>", False),
+    (b"", False),
+])
+def test_a_body_that_starts_as_a_page_is_html(first: bytes, html: bool) -> None:
+    from qnnctl.download import _is_html
+
+    assert _is_html(first) is html
+
+
+def test_only_a_strong_etag_is_kept_to_resume_by() -> None:
+    from qnnctl.download import _strong
+
+    # A weak one (RFC 9110: "W/", case-sensitive) names no exact bytes: If-Range cannot use it.
+    assert [_strong(tag) for tag in (None, "", 'W/"5-abc"', '"5-abc"', 'w/"5-abc"')] == [
+        False, False, False, True, True]
