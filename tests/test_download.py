@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from qnnctl import __version__
 from qnnctl.cache import read_manifest, space_margin
 from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.errors import DiskSpaceError, DownloadError
@@ -271,7 +272,8 @@ def test_session_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     session = make_session()
-    assert str(session.headers["User-Agent"]).startswith("qnnctl/")
+    assert session.headers["User-Agent"] == f"qnnctl/{__version__}"
+    assert make_session("9.9.9").headers["User-Agent"] == "qnnctl/9.9.9"
     assert session.headers["Accept-Encoding"] == "identity"
     settings = session.merge_environment_settings("https://softwarecenter.qualcomm.com/x", {}, None, None, None)
     assert settings["verify"] == str(bundle)
@@ -532,6 +534,9 @@ def test_the_retry_policy_is_declared_on_urllib3s_retry() -> None:
         assert policy.is_retry("GET", status)
     for status in (401, 403, 404, 410, 416):
         assert not policy.is_retry("GET", status)
+    # Only requests that change nothing are sent again (urllib3 would also repeat PUT and DELETE).
+    assert [policy.is_retry(method, 503) for method in ("HEAD", "POST", "PUT", "DELETE")] == [
+        True, False, False, False]
 
 
 # -- the rest ----------------------------------------------------------------------------
@@ -869,3 +874,31 @@ def test_only_a_strong_etag_is_kept_to_resume_by() -> None:
     # A weak one (RFC 9110: "W/", case-sensitive) names no exact bytes: If-Range cannot use it.
     assert [_strong(tag) for tag in (None, "", 'W/"5-abc"', '"5-abc"', 'w/"5-abc"')] == [
         False, False, False, True, True]
+
+
+def test_the_record_of_a_download_is_private_and_exact(server: FaultServer, served: bytes, tmp_path: Path) -> None:
+    import stat
+
+    import requests
+
+    url = server.url(PATH)
+    fetched = _downloader(tmp_path).fetch([url], NAME)
+    record = tmp_path / "downloads" / f"{NAME}.json"
+    # It names the URL: only its owner reads it, whatever the umask.
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert json.loads(record.read_text(encoding="utf-8")) == {
+        "url": url, "etag": requests.head(url, timeout=10).headers["ETag"], "last_modified": None,
+        "total": len(served), "sha256": fetched.sha256, "size": len(served)}
+
+
+@pytest.mark.parametrize("record", ["[]", '"a string"', "{not json"])
+def test_a_record_that_is_not_one_is_no_base_to_resume_from(server: FaultServer, served: bytes, tmp_path: Path,
+                                                            record: str) -> None:
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / f"{NAME}.json").write_text(record)
+    (downloads / f"{NAME}.part").write_bytes(served[:1000])
+    fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert fetched.path.read_bytes() == served
+    (only,) = server.requests_for(PATH)
+    assert "Range" not in only.headers
