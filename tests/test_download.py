@@ -902,3 +902,44 @@ def test_a_record_that_is_not_one_is_no_base_to_resume_from(server: FaultServer,
     assert fetched.path.read_bytes() == served
     (only,) = server.requests_for(PATH)
     assert "Range" not in only.headers
+
+
+def test_a_finished_download_is_checked_against_the_sha256_asked_for(server: FaultServer, served: bytes,
+                                                                     tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+
+    # The downloads folder is made with its parents.
+    downloader = Downloader(make_session(), tmp_path / "cache" / "downloads", sleep=Sleeps())
+    url = server.url(PATH)
+    first = downloader.fetch([url], NAME)
+    # Kept from an earlier run, it is not taken on trust: the digest asked for must match.
+    with pytest.raises(IntegrityError, match=re.escape(f"expected {'0' * 64}, got {first.sha256}")):
+        downloader.fetch([url], NAME, "0" * 64)
+    assert list((tmp_path / "cache" / "downloads").iterdir()) == []
+    assert len(server.requests_for(PATH)) == 1
+    # An archive removed by hand, its record left: downloaded again.
+    downloader.fetch([url], NAME)
+    first.path.unlink()
+    again = downloader.fetch([url], NAME, first.sha256)
+    assert again == first
+    assert len(server.requests_for(PATH)) == 3
+
+
+def test_only_a_drop_that_keeps_more_renews_the_retries(server: FaultServer, served: bytes, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Drops that keep nothing count against the six attempts; one that keeps a block renews
+    them, once: the drops after it keep nothing either."""
+    url = server.url(PATH)
+    server.fail(PATH, *[Fault.drop_after(1000)] * 3, Fault.drop_after(70_000), Fault.status(503),
+                *[Fault.drop_after(1000)] * 40)
+    sleeps = Sleeps()
+    with pytest.raises(DownloadError) as caught:
+        _downloader(tmp_path, sleeps).fetch([url], NAME)
+    assert caught.value.message == (
+        f"download of {url} failed after 6 attempts: the download stopped at 64.0 KiB of 1.0 MiB: "
+        f"the server closed the connection {len(served) - 65536 - 1000} bytes before the end it announced")
+    assert len(server.requests_for(PATH)) == 9
+    assert sleeps == [1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 8.0, 16.0]  # renewed after the fourth
+    # A retry after the budget was renewed still names the URL.
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings[4] == f"{url} answered HTTP 503 Service Unavailable; retrying in 2.0s (attempt 3 of 6)"
