@@ -943,3 +943,66 @@ def test_only_a_drop_that_keeps_more_renews_the_retries(server: FaultServer, ser
     # A retry after the budget was renewed still names the URL.
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings[4] == f"{url} answered HTTP 503 Service Unavailable; retrying in 2.0s (attempt 3 of 6)"
+
+
+class _Reader:
+    """A Sink that records what it is told, and checks that the bytes it is told of are on disk."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.part: Path | None = None
+
+    def begin(self, part: Path, offset: int, total: int | None) -> None:
+        self.part = part
+        self.events.append(("begin", part.name, offset, total))
+
+    def extend(self, size: int) -> None:
+        assert self.part is not None
+        assert self.part.stat().st_size >= size  # written through, not only buffered
+        self.events.append(("extend", size))
+
+
+class _Bars:
+    """A progress factory that records each bar's label, total, start and updates."""
+
+    def __init__(self) -> None:
+        self.bars: list[list[Any]] = []
+
+    def __call__(self, label: str, total: int | None, initial: int) -> _Bars:
+        self.bars.append([label, total, initial, 0, False])
+        return self
+
+    def update(self, n: int) -> None:
+        self.bars[-1][3] += n
+
+    def close(self) -> None:
+        self.bars[-1][4] = True
+
+
+def test_a_reader_and_the_progress_are_told_of_every_byte_as_it_lands(server: FaultServer, tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    url = server.add(PATH, data)
+    server.fail(PATH, Fault.drop_after(1_500_000))  # 22 whole 64 KiB blocks arrive
+    bars = _Bars()
+    reader = _Reader()
+    fetched = Downloader(make_session(), tmp_path / "downloads", bars, sleep=Sleeps()).fetch(
+        [url], NAME, sink=reader)
+    assert fetched.path.read_bytes() == data
+    kept = 22 * (64 << 10)
+    # Told after each whole MiB of this request, and at the end.
+    assert reader.events == [
+        ("begin", f"{NAME}.part", 0, 3 << 20), ("extend", 1 << 20),
+        ("begin", f"{NAME}.part", kept, 3 << 20), ("extend", kept + (1 << 20)), ("extend", 3 << 20)]
+    assert bars.bars == [[NAME, 3 << 20, 0, kept, True], [NAME, 3 << 20, kept, (3 << 20) - kept, True]]
+
+
+def test_html_is_looked_for_only_at_the_start_of_a_download(server: FaultServer, tmp_path: Path) -> None:
+    """An archive may hold a page: bytes that read as one in a later block, or at the start of a
+    resumed body, are the archive's."""
+    data = os.urandom(64 << 10) + b"<html><body>inside the archive</body></html>" + os.urandom(300_000)
+    url = server.add(PATH, data)
+    assert _downloader(tmp_path / "whole").fetch([url], NAME).path.read_bytes() == data
+    server.fail(PATH, Fault.drop_after(70_000))
+    resumed = _downloader(tmp_path / "resumed").fetch([url], NAME)
+    assert resumed.path.read_bytes() == data
+    assert _range_start(server.requests_for(PATH)[-1].headers) == 64 << 10
