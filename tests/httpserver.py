@@ -13,7 +13,8 @@ Range requests are answered as RFC 9110 says: one range (`bytes=a-b`, `bytes=a-`
 `bytes=-n`) with 206, several with a multipart/byteranges body, none satisfiable with 416.
 `ignore_ranges = True` makes the server answer every Range request with 200 and the whole
 file, as some servers do; `rate` (bytes per second, shared by every connection) slows it down
-like a network.
+like a network. A file's ETag is strong unless `weak_etags` is set; `last_modified` (an HTTP
+date) is sent with every file when set, and `etag_enabled = False` leaves the ETag out.
 
 `FaultServer(tls=self_signed_certificate(folder))` serves HTTPS with a certificate made for
 127.0.0.1 at test time; `connections` counts the connections it accepted, handshakes that
@@ -91,6 +92,12 @@ class Fault:
     def slow(cls, bytes_per_chunk: int, delay: float) -> Fault:
         """Serve the body in small chunks with a delay between them."""
         return cls("slow", (bytes_per_chunk, delay))
+
+    @classmethod
+    def bare(cls) -> Fault:
+        """Send the file with neither Content-Type nor Content-Length: it ends where the
+        connection closes."""
+        return cls("bare")
 
     @classmethod
     def none(cls) -> Fault:
@@ -192,6 +199,8 @@ class FaultServer:
         self._answered = threading.Condition(self.lock)  # notified as each answer is recorded
         self._in_flight: dict[str, int] = defaultdict(int)  # answers begun and not yet recorded
         self.etag_enabled = True
+        self.weak_etags = False
+        self.last_modified: str | None = None
         self.ignore_ranges = False
         self.rate: float | None = None  # bytes per second for all connections together
         self._next_send = 0.0  # when the shared allowance lets the next block go
@@ -299,6 +308,8 @@ class FaultServer:
             self._send_empty(h, 404, {})
             return
         etag = f'"{hash(data) & 0xFFFFFFFF:x}-{len(data)}"'
+        if self.weak_etags:
+            etag = "W/" + etag
         start, end = 0, len(data)
         status = 200
         range_header = h.headers.get("Range")
@@ -325,12 +336,16 @@ class FaultServer:
         claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)
         if not head:
             self._begin(path)
+        bare = fault is not None and fault.kind == "bare"
         h.send_response(status)
-        h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(claimed))
+        if not bare:
+            h.send_header("Content-Type", ctype)
+            h.send_header("Content-Length", str(claimed))
         h.send_header("Accept-Ranges", "bytes")
         if self.etag_enabled:
             h.send_header("ETag", etag)
+        if self.last_modified is not None:
+            h.send_header("Last-Modified", self.last_modified)
         if status == 206:
             h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         h.end_headers()
@@ -346,7 +361,7 @@ class FaultServer:
                 # Abort the socket so the client sees a short body, not a clean close.
                 h.connection.shutdown(socket.SHUT_RDWR)
                 return
-            if fault is not None and fault.kind == "claim_length":
+            if bare or (fault is not None and fault.kind == "claim_length"):
                 h.wfile.write(body)
                 sent = len(body)
                 h.wfile.flush()

@@ -1006,3 +1006,29 @@ def test_html_is_looked_for_only_at_the_start_of_a_download(server: FaultServer,
     resumed = _downloader(tmp_path / "resumed").fetch([url], NAME)
     assert resumed.path.read_bytes() == data
     assert _range_start(server.requests_for(PATH)[-1].headers) == 64 << 10
+
+
+def test_an_answer_with_no_type_and_no_length_is_read_to_its_end(server: FaultServer, served: bytes,
+                                                                  tmp_path: Path) -> None:
+    url = server.url(PATH)
+    server.fail(PATH, Fault.bare())
+    bars = _Bars()
+    fetched = Downloader(make_session(), tmp_path / "downloads", bars, sleep=Sleeps()).fetch([url], NAME)
+    assert fetched.path.read_bytes() == served
+    assert bars.bars == [[NAME, None, 0, len(served), True]]  # a size not known is not made up
+    assert json.loads((tmp_path / "downloads" / f"{NAME}.json").read_text())["total"] is None
+
+
+def test_a_weak_etag_gives_way_to_last_modified_to_resume_by(server: FaultServer, served: bytes,
+                                                             tmp_path: Path) -> None:
+    date = "Wed, 21 Oct 2026 07:28:00 GMT"
+    server.weak_etags = True
+    server.last_modified = date
+    server.fail(PATH, Fault.drop_after(300_000))
+    fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert fetched.path.read_bytes() == served
+    first, resumed, *_ = server.requests_for(PATH)
+    assert "If-Range" not in first.headers
+    assert resumed.headers["If-Range"] == date
+    record = json.loads((tmp_path / "downloads" / f"{NAME}.json").read_text())
+    assert (record["etag"], record["last_modified"]) == (None, date)
