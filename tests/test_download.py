@@ -1061,3 +1061,18 @@ def test_a_disk_that_fills_up_part_way_keeps_the_partial_file(server: FaultServe
         f"ran out of space in {downloads} while trying to download the archive (1048581.0 MiB free)",
         "free some space, or point QNNCTL_CACHE_DIR at a larger disk, then run the same command again")
     assert part.is_symlink()  # kept, for the next run to resume once space is freed
+
+
+def test_a_server_that_does_not_answer_in_time_is_asked_again(server: FaultServer, served: bytes, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr("qnnctl.download.READ_TIMEOUT", 0.3)
+    server.fail(PATH, Fault.stall(3.0))
+    sleeps = Sleeps()
+    fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
+    assert fetched.path.read_bytes() == served
+    assert len(server.requests_for(PATH)) == 2
+    assert sleeps == [1.0]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == (f"cannot reach {server.url(PATH)}: no answer in time (timed out); "
+                       "retrying in 1.0s (attempt 2 of 6)")
