@@ -1076,3 +1076,23 @@ def test_a_server_that_does_not_answer_in_time_is_asked_again(server: FaultServe
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning == (f"cannot reach {server.url(PATH)}: no answer in time (timed out); "
                        "retrying in 1.0s (attempt 2 of 6)")
+
+
+def test_while_a_download_runs_its_record_claims_no_digest(server: FaultServer, served: bytes,
+                                                           tmp_path: Path) -> None:
+    """A finished file that no longer matches is fetched again; until that ends, the record
+    claims no digest, so a run that stops part-way leaves nothing that passes for finished."""
+    downloader = _downloader(tmp_path)
+    first = downloader.fetch([server.url(PATH)], NAME)
+    first.path.write_bytes(b"tampered")
+    record = tmp_path / "downloads" / f"{NAME}.json"
+    seen: list[dict[str, Any]] = []
+
+    class Peek(_Reader):
+        def begin(self, part: Path, offset: int, total: int | None) -> None:
+            seen.append(json.loads(record.read_text()))
+            super().begin(part, offset, total)
+
+    again = downloader.fetch([server.url(PATH)], NAME, sink=Peek())
+    assert again == first
+    assert [("sha256" in r, r["url"]) for r in seen] == [(False, server.url(PATH))]
