@@ -94,6 +94,11 @@ class Fault:
         return cls("slow", (bytes_per_chunk, delay))
 
     @classmethod
+    def unasked_206(cls) -> Fault:
+        """Answer a request without Range with 206 and the whole file, as a broken proxy might."""
+        return cls("unasked_206")
+
+    @classmethod
     def bare(cls) -> Fault:
         """Send the file with neither Content-Type nor Content-Length: it ends where the
         connection closes."""
@@ -331,6 +336,8 @@ class FaultServer:
             (start, end), = spans
             if fault is not None and fault.kind == "misplaced_range":
                 start = min(max(0, start + int(fault.arg)), end)
+            status = 206
+        if spans is None and fault is not None and fault.kind == "unasked_206":
             status = 206
         body = data[start:end]
         claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)

@@ -1096,3 +1096,12 @@ def test_while_a_download_runs_its_record_claims_no_digest(server: FaultServer, 
     again = downloader.fetch([server.url(PATH)], NAME, sink=Peek())
     assert again == first
     assert [("sha256" in r, r["url"]) for r in seen] == [(False, server.url(PATH))]
+
+
+def test_a_206_nobody_asked_for_is_not_trusted(server: FaultServer, served: bytes, tmp_path: Path) -> None:
+    server.fail(PATH, Fault.unasked_206())
+    fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert fetched.path.read_bytes() == served
+    unasked, again = server.requests_for(PATH)
+    assert "Range" not in unasked.headers
+    assert "Range" not in again.headers
