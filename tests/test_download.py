@@ -1105,3 +1105,17 @@ def test_a_206_nobody_asked_for_is_not_trusted(server: FaultServer, served: byte
     unasked, again = server.requests_for(PATH)
     assert "Range" not in unasked.headers
     assert "Range" not in again.headers
+
+
+def test_https_is_retried_as_http_is(certificate: Certificate, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate.cert))
+    data = os.urandom(200_000)
+    with FaultServer(tls=certificate) as server:
+        url = server.add(PATH, data)
+        assert url.startswith("https://")
+        server.fail(PATH, Fault.status(503), Fault.status(503))
+        sleeps = Sleeps()
+        fetched = _downloader(tmp_path, sleeps).fetch([url], NAME)
+        assert fetched.path.read_bytes() == data
+        assert sleeps == [1.0, 2.0]
