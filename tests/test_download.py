@@ -1119,3 +1119,19 @@ def test_https_is_retried_as_http_is(certificate: Certificate, tmp_path: Path,
         fetched = _downloader(tmp_path, sleeps).fetch([url], NAME)
         assert fetched.path.read_bytes() == data
         assert sleeps == [1.0, 2.0]
+
+
+def test_a_record_written_with_the_url_as_given_is_resumed_and_kept_redacted(server: FaultServer, served: bytes,
+                                                                             tmp_path: Path) -> None:
+    """Records are kept redacted; one from before that holds the URL with its password is still
+    a base to resume from, and is redacted from then on."""
+    secret = server.url(PATH).replace("http://", "http://user:s3cret@")
+    shown = server.url(PATH).replace("http://", "http://***@")
+    part = _leave_partial(tmp_path, secret, served[:65536])
+    fetched = _downloader(tmp_path).fetch([secret], NAME)
+    assert (fetched.url, fetched.path.read_bytes()) == (shown, served)
+    assert _range_start(server.requests_for(PATH)[-1].headers) == 65536
+    assert not part.exists()
+    record = (tmp_path / "downloads" / f"{NAME}.json").read_text()
+    assert json.loads(record)["url"] == shown
+    assert "s3cret" not in record
