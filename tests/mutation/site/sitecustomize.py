@@ -45,7 +45,7 @@ def _switch_on_in_main(module: str) -> None:
     named = trampoline.get_mutant_under_test
 
     def get_mutant_under_test() -> str:
-        name = named()
+        name = str(named())
         return "__main__." + name[len(module) + 1 :] if name.startswith(module + ".") else name
 
     trampoline.get_mutant_under_test = get_mutant_under_test
