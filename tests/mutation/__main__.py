@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 from tests.mutation import TARGETS, Target
+from tests.mutation.plugin import HOOK_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "mutants"
@@ -104,7 +105,7 @@ def _default_sigint() -> None:
 # bootstrap), site still reads the .pth files of site-packages: this one runs the children's
 # sitecustomize there (tests/mutation/site), which PYTHONPATH brings to every other child.
 HOOK_PTH = "qnnctl-mutation-hook.pth"
-HOOK_LINE = ("import os, sys; h = os.environ.get('QNNCTL_MUTATION_HOOK'); "
+HOOK_LINE = (f"import os, sys; h = os.environ.get({HOOK_VARIABLE!r}); "
              "sys.flags.ignore_environment and h and exec(compile(open(h).read(), h, 'exec'), "
              "{'__name__': 'qnnctl_mutation_hook', '__file__': h})\n")
 

@@ -19,6 +19,10 @@ from __future__ import annotations
 import os
 import sys
 
+HITS_VARIABLE = "QNNCTL_MUTATION_HITS"  # as tests/mutation/plugin.py sets it
+STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
+HOOK_NAME = "qnnctl_mutation_hook"  # the name the .pth file runs this file under (tests/mutation/__main__.py)
+
 
 def _script_module() -> str | None:
     """The name of the mutated module this process runs by path, as __main__ (qnnctl's
@@ -66,10 +70,11 @@ def _report_hits(path: str, script_module: str | None) -> None:
                 hits.write(name + "\n")
 
     mutmut.stats.record_trampoline_hit = record_trampoline_hit
-    # This process counts calls, and so do its children that import this module. Told so by
-    # MUTANT_UNDER_TEST=stats, a child that skips this module (python -I, -E or -S: qnnctl's
-    # bootstrap) would call mutmut's own record, which cannot find its settings there and
-    # fails: the variable makes way for STATS_VARIABLE, and such children run the original code.
+    # This process counts calls, and so do its children that run this module (through PYTHONPATH,
+    # or the .pth file under python -I and -E). Told so by MUTANT_UNDER_TEST=stats, a child that
+    # runs neither (python -S) would call mutmut's own record, which cannot find its settings
+    # there and fails: the variable makes way for STATS_VARIABLE, and such children run the
+    # original code.
     import mutmut.mutation.trampoline as trampoline
 
     trampoline._mutant_under_test = "stats"
@@ -92,16 +97,11 @@ def _hand_over() -> None:
     importlib.import_module("sitecustomize")
 
 
-STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
-HOOK_NAME = "qnnctl_mutation_hook"
-
-
-
 def _start() -> None:
     counting = os.environ.get("MUTANT_UNDER_TEST") == "stats" or os.environ.get(STATS_VARIABLE) == "1"
     script_module = _script_module()
-    if counting and os.environ.get("QNNCTL_MUTATION_HITS"):
-        _report_hits(os.environ["QNNCTL_MUTATION_HITS"], script_module)
+    if counting and os.environ.get(HITS_VARIABLE):
+        _report_hits(os.environ[HITS_VARIABLE], script_module)
     elif script_module is not None:
         _switch_on_in_main(script_module)
 
