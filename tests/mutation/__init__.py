@@ -40,5 +40,6 @@ TARGETS: dict[str, Target] = {
                        "tests/test_cli.py", "tests/test_fleet.py", "tests/test_partial.py",
                        "tests/test_redaction.py")),
     "api": Target(("qnnctl/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
-    "bootstrap": Target(("qnnctl/bootstrap.py",), ("tests/test_lower.py", "tests/test_guard.py")),
+    "bootstrap": Target(("qnnctl/bootstrap.py",),
+                        ("tests/test_bootstrap.py", "tests/test_lower.py", "tests/test_guard.py")),
 }
