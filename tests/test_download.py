@@ -378,6 +378,30 @@ def test_a_body_shorter_than_its_length_is_not_complete(server: FaultServer, ser
         "the body ended early, at 293.0 KiB of 1.0 MiB; retrying in 1.0s (attempt 2 of 6)"]
 
 
+def test_the_first_byte_kept_renews_the_retries_spent_before_it(server: FaultServer, served: bytes, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A download with nothing on disk yet that keeps its first byte has moved on: the retry
+    urllib3 spent on a 503 before it is given back."""
+    from urllib3.connectionpool import HTTPConnectionPool
+
+    real = HTTPConnectionPool._make_request
+
+    def lenient(self: HTTPConnectionPool, *args: Any, **kwargs: Any) -> Any:
+        kwargs["enforce_content_length"] = False  # so that a body cut after one byte keeps it
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HTTPConnectionPool, "_make_request", lenient)
+    server.fail(PATH, Fault.status(503), Fault.drop_after(1))
+    sleeps = Sleeps()
+    fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
+    assert fetched.path.read_bytes() == served
+    assert _range_start(server.requests_for(PATH)[-1].headers) == 1
+    assert sleeps == [1.0, 1.0]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"][-1] == (
+        "the body ended early, at 1 B of 1.0 MiB; retrying in 1.0s (attempt 2 of 6)")
+
+
 def test_a_changed_file_is_fetched_whole(server: FaultServer, served: bytes, tmp_path: Path) -> None:
     """If-Range: when the file changed between runs, the server sends all of it (200)."""
     server.fail(PATH, Fault.drop_after(100_000), *[Fault.status(500)] * 10)
