@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from qnnctl.archive import extract, work_folder
+from qnnctl.archive import COPY_BUFFER, digest_matches, extract, work_folder
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
@@ -132,6 +132,63 @@ def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert (result.root / "share/big.bin").stat().st_size == big
     assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a {big >> 20} MiB member"
+
+
+def test_members_zipfile_inflates_are_read_from_the_archive_as_opened(tmp_path: Path) -> None:
+    """bzip2 and lzma members are inflated by zipfile, from the archive opened for the checks,
+    even when the threads that write them come after its path is gone."""
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP)
+    archive = tmp_path / "methods.zip"
+    expected = {}
+    with zipfile.ZipFile(archive, "w") as zf:
+        for index, path in enumerate(sorted(p for p in staging.rglob("*") if p.is_file())):
+            info = zipfile.ZipInfo(str(path.relative_to(staging)), date_time=(2025, 7, 24, 0, 0, 0))
+            info.create_system = 3
+            info.external_attr = (stat.S_IFREG | stat.S_IMODE(path.stat().st_mode)) << 16
+            info.compress_type = (zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)[index % 2]
+            zf.writestr(info, path.read_bytes())
+            expected[str(path.relative_to(staging / TOP))] = manifest_digest(path.read_bytes())
+
+    def ready(info: zipfile.ZipInfo) -> None:
+        archive.unlink(missing_ok=True)
+
+    result = extract(archive, _work(tmp_path), ready=ready, kind="zip")
+    assert result.files == expected
+
+
+# -- the record of each file --------------------------------------------------------------
+
+
+def test_a_file_of_several_blocks_is_verified_whole(tmp_path: Path) -> None:
+    """`doctor --verify` reads a file block by block: the CRC-32 runs over every block, so a
+    change in any of them is seen."""
+    data = os.urandom(2 * COPY_BUFFER + 4096)
+    path = tmp_path / "libQnnHtp.so"
+    path.write_bytes(data)
+    recorded = manifest_digest(data)
+    assert digest_matches(path, recorded)
+    for place in (10, COPY_BUFFER + 10):  # in the first block, then only in the second
+        damaged = bytearray(data)
+        damaged[place] ^= 0x01
+        path.write_bytes(damaged)
+        assert not digest_matches(path, recorded), place
+
+
+def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path) -> None:
+    size = 48 << 20
+    path = tmp_path / "libQnnHtp.so"
+    with open(path, "wb") as handle:
+        handle.truncate(size)  # 48 MiB of zeros, without writing them
+    recorded = manifest_digest(bytes(size))
+    tracemalloc.start()
+    try:
+        matches = digest_matches(path, recorded)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert matches
+    assert peak < 4 * COPY_BUFFER, f"peak {peak >> 20} MiB while verifying a {size >> 20} MiB file"
 
 
 # -- corrupt and truncated archives -----------------------------------------------------
