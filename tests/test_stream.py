@@ -5,6 +5,7 @@ The SDK archives here are small, so each test lowers the size from which qnnctl 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -21,15 +22,15 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
 import pytest
 
 import qnnctl.archive
 import qnnctl.download
-from qnnctl.archive import ZipStream, extract
-from qnnctl.cache import Cache
+from qnnctl.archive import COPY_BUFFER, Streamed, ZipStream, extract
+from qnnctl.cache import Cache, space_margin
 from qnnctl.errors import IntegrityError
 from qnnctl.install import InstallRequest, InstallResult, install
 from tests.conftest import PAYLOAD, give_default_acl
@@ -509,6 +510,300 @@ def test_small_downloads_are_not_streamed(tmp_path: Path) -> None:
     stream.extend(1 << 20)
     assert stream.close() is None
     assert not (tmp_path / "x").exists()
+
+
+# -- what the threads take from the local headers, and where they stop ----------------------
+
+
+class _Feed:
+    """A ZipStream fed by hand, as the downloader feeds it: `upto(n)` writes the archive's
+    first n bytes to the partial file and says so."""
+
+    def __init__(self, tmp_path: Path, data: bytes, threads: int | None = None) -> None:
+        self.data = data
+        self.part = tmp_path / "download.part"
+        self.work = tmp_path / "work" / "x"
+        self.stream = ZipStream(self.work, threads=threads, min_size=0)
+        self.stream.begin(self.part, 0, len(data))
+        self.written = 0
+
+    def upto(self, end: int) -> None:
+        with open(self.part, "ab") as out:
+            out.write(self.data[self.written:end])
+        self.written = end
+        self.stream.extend(end)
+
+    def finish(self) -> Streamed | None:
+        """The whole archive, then what the stream kept once its threads took all they would."""
+        self.upto(len(self.data))
+        _wait_until(lambda: not [t for t in threading.enumerate() if t.name == "qnnctl-stream"],
+                    "the stream's threads to finish", timeout=20)
+        return self.stream.close()
+
+
+@pytest.fixture
+def feed(tmp_path: Path) -> Iterator[Callable[..., _Feed]]:
+    made: list[_Feed] = []
+
+    def make(data: bytes, threads: int | None = None) -> _Feed:
+        made.append(_Feed(tmp_path, data, threads))
+        return made[-1]
+
+    yield make
+    for each in made:  # no thread is left waiting for bytes, whatever the test did
+        each.stream.close(abandon=True)
+
+
+def _zip(*members: tuple[str, bytes], method: int = zipfile.ZIP_STORED) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, content in members:
+            info = zipfile.ZipInfo(name, date_time=(2025, 7, 24, 0, 0, 0))
+            info.compress_type = method
+            zf.writestr(info, content)
+    return buffer.getvalue()
+
+
+def _names(streamed: Streamed | None) -> list[str]:
+    assert streamed is not None
+    return sorted(str(name) for name in streamed.members)
+
+
+def _data_offset(data: bytes, name: str) -> int:
+    """Where a member's data starts: after its local header, name and extra field."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        offset = zf.getinfo(name).header_offset
+    name_len, extra_len = struct.unpack("<2H", data[offset + 26:offset + 30])
+    return offset + 30 + int(name_len) + int(extra_len)
+
+
+def _set_flag(flag: int) -> Callable[[bytearray, int], None]:
+    def change(out: bytearray, offset: int) -> None:
+        out[offset + 6] |= flag
+
+    return change
+
+
+def _use_method(method: int) -> Callable[[bytearray, int], None]:
+    def change(out: bytearray, offset: int) -> None:
+        out[offset + 8:offset + 10] = struct.pack("<H", method)
+
+    return change
+
+
+@pytest.mark.parametrize("change", [_set_flag(0x01), _set_flag(0x08), _set_flag(0x20),
+                                    _use_method(zipfile.ZIP_BZIP2), _use_method(zipfile.ZIP_LZMA)],
+                         ids=["encrypted", "data descriptor", "patched", "bzip2", "lzma"])
+def test_threads_stop_at_a_member_they_cannot_stream(tmp_path: Path, feed: Callable[..., _Feed],
+                                                     change: Callable[[bytearray, int], None]) -> None:
+    """Each of these alone leaves that member and the rest to extract(): encrypted data,
+    sizes that follow the data, patched data, a method other than stored and deflated."""
+    data = _zip(("sdk/first.txt", b"first " * 100), ("sdk/odd.txt", b"odd " * 100),
+                ("sdk/after.txt", b"after " * 100))
+    stream = feed(_patch_local_header(data, "sdk/odd.txt", change))
+    assert _names(stream.finish()) == ["sdk/first.txt"]
+    assert sorted(p.name for p in (stream.work / "sdk").iterdir()) == ["first.txt"]
+
+
+def _clear_utf8_flag(data: bytes, name: str) -> bytes:
+    """The archive with `name`'s UTF-8 flag cleared, in its local header and its central
+    directory entry: zipfile then reads the same bytes of its name as cp437."""
+    out = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        offset = zf.getinfo(name).header_offset
+    out[offset + 7] &= ~0x08 & 0xFF
+    end = data.rfind(b"PK\x05\x06")
+    size, start = struct.unpack("<2L", data[end + 12:end + 20])
+    position = start
+    while position < start + size:
+        name_len, extra_len, comment_len = struct.unpack("<3H", data[position + 28:position + 34])
+        if struct.unpack("<L", data[position + 42:position + 46])[0] == offset:
+            out[position + 9] &= ~0x08 & 0xFF
+        position += 46 + name_len + extra_len + comment_len
+    return bytes(out)
+
+
+def test_streamed_names_are_read_as_zipfile_reads_them(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    """UTF-8 when the member says so, cp437 when not, cut at a NUL, spaces and all: a
+    streamed file has the name the central directory gives it, or it would not be kept."""
+    data = _zip(("sdk/docs/\u00e9.txt", b"utf-8"), ("sdk/other/\u00e9.txt", b"cp437"),
+                ("sdk/docs/read me.txt", b"space"), ("sdk/docs/cut.txt_x_y", b"cut"), ("sdk/last.txt", b"last"))
+    data = _clear_utf8_flag(data, "sdk/other/\u00e9.txt")
+    assert data.count(b"cut.txt_x_y") == 2  # in the local header and the central directory
+    data = data.replace(b"cut.txt_x_y", b"cut.txt\x00x\x00y")
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        names = sorted(zf.namelist())
+    # The same two bytes, c3 a9, as UTF-8 and as cp437.
+    assert names == ["sdk/docs/cut.txt", "sdk/docs/read me.txt", "sdk/docs/\u00e9.txt", "sdk/last.txt",
+                     "sdk/other/\u251c\u2310.txt"]
+    stream = feed(data)
+    assert _names(stream.finish()) == names
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for name in names:
+            assert (stream.work / name).read_bytes() == zf.read(name), name
+
+
+@pytest.mark.parametrize("third", ["sdk/a.txt", "./"], ids=["a name given twice", "an empty name"])
+def test_threads_stop_at_a_name_given_twice_or_empty(tmp_path: Path, feed: Callable[..., _Feed],
+                                                     third: str) -> None:
+    """extract() writes the last of the members of one name (and skips an empty one): the
+    threads leave that to it."""
+    with pytest.warns(UserWarning, match="Duplicate name") if third == "sdk/a.txt" else contextlib.nullcontext():
+        data = _zip(("sdk/a.txt", b"first a"), ("sdk/b.txt", b"b"), (third, b""), ("sdk/c.txt", b"c"))
+    stream = feed(data)
+    streamed = stream.finish()
+    assert _names(streamed) == ["sdk/a.txt", "sdk/b.txt"]
+    assert streamed is not None
+    assert streamed.members[PurePosixPath("sdk/a.txt")][0].offset == 0
+    assert (stream.work / "sdk/a.txt").read_bytes() == b"first a"
+
+
+def test_streamed_files_fit_in_the_space_the_download_leaves(tmp_path: Path, feed: Callable[..., _Feed],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the threads write, with the rest of the download and a margin, fits on the disk:
+    they stop at the first member that would take more, exactly at the limit."""
+    data = _zip(("sdk/a.bin", bytes(1000)), ("sdk/b.bin", bytes(2000)), ("sdk/c.bin", bytes(500)),
+                ("sdk/d.bin", bytes(10)), method=zipfile.ZIP_DEFLATED)
+    free = 3000 + len(data) + space_margin(len(data))  # a and b take all there is to take
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=free))
+    assert _names(feed(data).finish()) == ["sdk/a.bin", "sdk/b.bin"]
+
+
+def test_streamed_folders_are_kept(tmp_path: Path, feed: Callable[..., _Feed], log: Log) -> None:
+    """An archive that lists its folders: those streamed are taken as they are, no extraction again."""
+    staging = tmp_path / "staging"
+    build_sdk_tree(staging / TOP, SdkSpec(extra_files=MANY))
+    archive = tmp_path / "folders.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(staging.rglob("*")):
+            if path.is_dir():
+                add_zip_entry(zf, f"{path.relative_to(staging)}/", b"", stat.S_IFDIR | 0o755)
+            elif path.is_file():
+                add_zip_entry(zf, str(path.relative_to(staging)), path.read_bytes(),
+                              stat.S_IFREG | stat.S_IMODE(path.stat().st_mode))
+    stream = feed(archive.read_bytes())
+    streamed = stream.finish()
+    assert streamed is not None
+    assert f"{TOP}/docs" in _names(streamed)
+    # Each member with its place in the archive, and for a file its CRC-32 and size; None for a folder.
+    with zipfile.ZipFile(archive) as zf:
+        infos = {PurePosixPath(info.filename): info for info in zf.infolist()}
+    for name, (local, written) in streamed.members.items():
+        info = infos[name]
+        assert local.offset == info.header_offset
+        assert written == (None if info.is_dir() else (info.CRC, info.file_size)), name
+    result = extract(archive, stream.work, streamed)
+    assert not log.find("again"), log.messages
+    assert _tree(result.root) == _tree(extract(archive, tmp_path / "plain").root)
+
+
+def test_a_file_is_started_once_its_header_is_there_or_once_it_all_is(
+    tmp_path: Path, feed: Callable[..., _Feed]
+) -> None:
+    """A member of up to one block is read in one go with its header, once all of it has
+    arrived; a larger one is written as its data comes, from the moment its header is there."""
+    whole, larger = os.urandom(COPY_BUFFER), os.urandom(COPY_BUFFER + 1)
+    data = _zip(("sdk/p.txt", b"p" * 100), ("sdk/whole.bin", whole), ("sdk/larger.bin", larger))
+    stream = feed(data)
+    first = stream.work / "sdk/p.txt"
+    stream.upto(_data_offset(data, "sdk/whole.bin") + COPY_BUFFER - 1)  # all but its last byte
+    _wait_until(lambda: first.exists() and first.read_bytes() == b"p" * 100, "the first member")
+    time.sleep(0.3)  # time enough to start on the next member, if it were started
+    assert not (stream.work / "sdk/whole.bin").exists()
+    stream.upto(_data_offset(data, "sdk/larger.bin"))  # up to its data, none of it
+    _wait_until((stream.work / "sdk/larger.bin").exists, "the larger member to be started", timeout=10)
+    assert (stream.work / "sdk/whole.bin").read_bytes() == whole
+    assert _names(stream.finish()) == ["sdk/larger.bin", "sdk/p.txt", "sdk/whole.bin"]
+    assert (stream.work / "sdk/larger.bin").read_bytes() == larger
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_member_running_past_the_end_keeps_nothing(tmp_path: Path, feed: Callable[..., _Feed],
+                                                     log: Log, threads: int) -> None:
+    """The data that never comes is waited for until the download ends. One thread: that
+    is what fails, a little past the end; two: the next header, far past it, may fail first."""
+    data = _local_member_running_past_the_end(_zip(("sdk/a.txt", b"a" * 100)), "sdk/evil.bin", b"E" * 100)
+    stream = feed(data, threads)
+    stream.upto(len(data))
+    # Started (it is larger than a block), and waiting for data that will not come.
+    _wait_until((stream.work / "sdk/evil.bin").exists, "the member running past the end")
+    assert stream.stream.close() is None
+    assert "nothing kept from extracting while downloading: a member runs past the end of the archive" in log.messages
+    assert not stream.work.exists()
+
+
+def test_a_member_with_a_bad_crc_keeps_nothing(tmp_path: Path, feed: Callable[..., _Feed], log: Log) -> None:
+    data = _zip(("sdk/a.txt", b"a" * 100), ("sdk/bad.txt", b"bad " * 100), ("sdk/c.txt", b"c" * 100))
+    stream = feed(_flip_in_member(data, "sdk/bad.txt"))
+    assert stream.finish() is None
+    assert ("nothing kept from extracting while downloading: BadZipFile: Bad CRC-32 or size for 'sdk/bad.txt'"
+            in log.messages)
+    assert not stream.work.exists()
+
+
+def test_a_download_tried_again_before_any_byte_came_streams_on(tmp_path: Path,
+                                                                feed: Callable[..., _Feed]) -> None:
+    data = _zip(("sdk/a.txt", b"a" * 100), ("sdk/b.txt", b"b" * 100))
+    stream = feed(data)  # begun: the partial file is not there yet
+    stream.stream.begin(stream.part, 0, len(data))  # the first try failed before writing it
+    assert _names(stream.finish()) == ["sdk/a.txt", "sdk/b.txt"]
+
+
+def test_a_partial_file_gone_when_the_download_resumes_is_not_read_on(tmp_path: Path,
+                                                                      feed: Callable[..., _Feed]) -> None:
+    data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
+    stream = feed(data)
+    stream.upto(4096)
+    stream.part.unlink()
+    stream.stream.begin(stream.part, 4096, len(data))
+    stream.part.write_bytes(data)
+    stream.stream.extend(len(data))
+    assert stream.stream.close() is None
+    assert not stream.work.exists()
+
+
+def test_bytes_reported_before_the_download_begins_start_nothing(tmp_path: Path) -> None:
+    stream = ZipStream(tmp_path / "x", min_size=0)
+    stream.extend(4096)
+    assert stream.close() is None
+    assert not (tmp_path / "x").exists()
+
+
+def _raw_zip(name: str, method: int, compressed: bytes, crc: int, size: int) -> bytes:
+    """A zip of one member whose compressed data is given as is."""
+    encoded = name.encode()
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, method, 0, 0, crc, len(compressed), size,
+                        len(encoded), 0) + encoded
+    central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, method, 0, 0, crc, len(compressed), size,
+                          len(encoded), 0, 0, 0, 0, 0, 0) + encoded
+    offset = len(local) + len(compressed)
+    return (local + compressed + central
+            + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(central), offset, 0))
+
+
+def test_a_stop_ends_the_file_being_written(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    """A member small in the archive and large on disk is written from memory, block after
+    block: when the download starts over, the thread writing it stops at the next block."""
+    size = 128 << 20
+    block = bytes(1 << 20)
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    # Each block compressed on its own (a full flush), so the same bytes stand for every one.
+    piece = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(size // len(block)):
+        crc = zlib.crc32(block, crc)
+    data = _raw_zip("sdk/zeros.bin", zipfile.ZIP_DEFLATED, piece * (size // len(block)) + b"\x03\x00", crc, size)
+    stream = feed(data)
+    stream.upto(len(data))
+    target = stream.work / "sdk/zeros.bin"
+    _wait_until(lambda: target.exists() and target.stat().st_size >= len(block), "the file to be written")
+    with open(target, "rb") as handle:
+        stream.stream.begin(stream.part, 0, len(data))  # from the start again
+        assert stream.stream.close() is None
+        written = os.fstat(handle.fileno()).st_size
+    assert written < size
+    assert not stream.work.exists()
 
 
 # -- reading members in threads, after the download ---------------------------------------
