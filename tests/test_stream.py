@@ -515,17 +515,25 @@ def test_small_downloads_are_not_streamed(tmp_path: Path) -> None:
 # -- what the threads take from the local headers, and where they stop ----------------------
 
 
+def _stream_work(tmp_path: Path) -> Path:
+    """A folder to stream into, as deep below tmp_path as the installer's (cache/tmp/<id>/x)."""
+    return tmp_path / "cache" / "tmp" / "w" / "x"
+
+
 class _Feed:
     """A ZipStream fed by hand, as the downloader feeds it: `upto(n)` writes the archive's
     first n bytes to the partial file and says so."""
 
-    def __init__(self, tmp_path: Path, data: bytes, threads: int | None = None) -> None:
+    def __init__(self, tmp_path: Path, data: bytes, threads: int | None = None, min_size: int = 0,
+                 resume_at: int = 0) -> None:
         self.data = data
         self.part = tmp_path / "download.part"
-        self.work = tmp_path / "work" / "x"
-        self.stream = ZipStream(self.work, threads=threads, min_size=0)
-        self.stream.begin(self.part, 0, len(data))
-        self.written = 0
+        self.work = _stream_work(tmp_path)
+        self.stream = ZipStream(self.work, threads=threads, min_size=min_size)
+        if resume_at:
+            self.part.write_bytes(data[:resume_at])  # what an earlier run of the download left
+        self.stream.begin(self.part, resume_at, len(data))
+        self.written = resume_at
 
     def upto(self, end: int) -> None:
         with open(self.part, "ab") as out:
@@ -545,8 +553,8 @@ class _Feed:
 def feed(tmp_path: Path) -> Iterator[Callable[..., _Feed]]:
     made: list[_Feed] = []
 
-    def make(data: bytes, threads: int | None = None) -> _Feed:
-        made.append(_Feed(tmp_path, data, threads))
+    def make(data: bytes, threads: int | None = None, min_size: int = 0, resume_at: int = 0) -> _Feed:
+        made.append(_Feed(tmp_path, data, threads, min_size, resume_at))
         return made[-1]
 
     yield make
@@ -658,16 +666,20 @@ def test_threads_stop_at_a_name_given_twice_or_empty(tmp_path: Path, feed: Calla
     assert (stream.work / "sdk/a.txt").read_bytes() == b"first a"
 
 
+@pytest.mark.parametrize("resumed", [False, True], ids=["from the start", "resumed halfway"])
 def test_streamed_files_fit_in_the_space_the_download_leaves(tmp_path: Path, feed: Callable[..., _Feed],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                                             monkeypatch: pytest.MonkeyPatch, resumed: bool) -> None:
     """What the threads write, with the rest of the download and a margin, fits on the disk:
     they stop at the first member that would take more, exactly at the limit."""
-    data = _zip(("sdk/a.bin", bytes(1000)), ("sdk/b.bin", bytes(2000)), ("sdk/c.bin", bytes(500)),
-                ("sdk/d.bin", bytes(10)), method=zipfile.ZIP_DEFLATED)
-    free = 3000 + len(data) + space_margin(len(data))  # a and b take all there is to take
+    big = 24 << 20  # stored: the archive is large enough for the margin to grow with what is left
+    data = _zip(("sdk/a.bin", b"a" * 1000), ("sdk/b.bin", b"b" * 2000), ("sdk/c.bin", b"c" * 500),
+                ("sdk/d.bin", b"d" * 10), ("sdk/big.bin", bytes(big)))
+    start = len(data) // 2 if resumed else 0
+    left = len(data) - start
+    free = 3000 + left + space_margin(left)  # a and b take all there is to take
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=free))
-    assert _names(feed(data).finish()) == ["sdk/a.bin", "sdk/b.bin"]
+    assert _names(feed(data, resume_at=start).finish()) == ["sdk/a.bin", "sdk/b.bin"]
 
 
 def test_streamed_folders_are_kept(tmp_path: Path, feed: Callable[..., _Feed], log: Log) -> None:
@@ -713,8 +725,8 @@ def test_a_file_is_started_once_its_header_is_there_or_once_it_all_is(
     assert not (stream.work / "sdk/whole.bin").exists()
     stream.upto(_data_offset(data, "sdk/larger.bin"))  # up to its data, none of it
     _wait_until((stream.work / "sdk/larger.bin").exists, "the larger member to be started", timeout=10)
-    assert (stream.work / "sdk/whole.bin").read_bytes() == whole
     assert _names(stream.finish()) == ["sdk/larger.bin", "sdk/p.txt", "sdk/whole.bin"]
+    assert (stream.work / "sdk/whole.bin").read_bytes() == whole
     assert (stream.work / "sdk/larger.bin").read_bytes() == larger
 
 
@@ -751,7 +763,7 @@ def test_a_download_tried_again_before_any_byte_came_streams_on(tmp_path: Path,
 
 
 def test_a_partial_file_gone_when_the_download_resumes_is_not_read_on(tmp_path: Path,
-                                                                      feed: Callable[..., _Feed]) -> None:
+                                                                      feed: Callable[..., _Feed], log: Log) -> None:
     data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
     stream = feed(data)
     stream.upto(4096)
@@ -760,7 +772,59 @@ def test_a_partial_file_gone_when_the_download_resumes_is_not_read_on(tmp_path: 
     stream.part.write_bytes(data)
     stream.stream.extend(len(data))
     assert stream.stream.close() is None
+    assert "nothing kept from extracting while downloading: the download started over" in log.messages
     assert not stream.work.exists()
+
+
+def test_a_download_resumed_where_it_stopped_streams_on(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    data = _zip(("sdk/a.txt", b"a" * 3000), ("sdk/b.txt", b"b" * 3000))
+    stream = feed(data)
+    stream.upto(4096)
+    stream.stream.begin(stream.part, 4096, len(data))  # the connection dropped; resumed from there
+    assert _names(stream.finish()) == ["sdk/a.txt", "sdk/b.txt"]
+
+
+def test_a_download_of_the_smallest_size_streamed_is_streamed(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    data = _zip(("sdk/a.txt", b"a" * 3000))
+    assert _names(feed(data, min_size=len(data)).finish()) == ["sdk/a.txt"]
+
+
+def test_a_download_of_unknown_size_is_not_streamed_even_once_its_size_is_known(tmp_path: Path) -> None:
+    """Whether to stream is decided when the download begins: a resume that learns the size
+    does not start it."""
+    data = _zip(("sdk/a.txt", b"a" * 3000))
+    part = tmp_path / "download.part"
+    stream = ZipStream(tmp_path / "x", min_size=0)
+    stream.begin(part, 0, None)
+    part.write_bytes(data[:100])
+    stream.extend(100)
+    stream.begin(part, 100, len(data))
+    with open(part, "ab") as out:
+        out.write(data[100:])
+    stream.extend(len(data))
+    assert not [t for t in threading.enumerate() if t.name == "qnnctl-stream"]
+    assert stream.close() is None
+    assert not (tmp_path / "x").exists()
+
+
+def test_streaming_into_a_folder_that_is_there(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    _stream_work(tmp_path).mkdir(parents=True)
+    data = _zip(("sdk/a.txt", b"a" * 3000))
+    assert _names(feed(data).finish()) == ["sdk/a.txt"]
+
+
+def test_a_process_that_exits_without_closing_its_stream_does_not_wait_for_it(tmp_path: Path) -> None:
+    """The threads wait for bytes that will not come: they do not keep the process alive."""
+    data = _zip(("sdk/a.txt", b"a" * 3000), ("sdk/b.txt", b"b" * 3000))
+    code = ("import sys; from pathlib import Path; from qnnctl.archive import ZipStream; "
+            "part = Path(sys.argv[1]); data = part.read_bytes(); "
+            "stream = ZipStream(Path(sys.argv[2]), min_size=0); stream.begin(part, len(data), 2 * len(data)); "
+            "stream.extend(len(data)); print('begun')")
+    part = tmp_path / "download.part"
+    part.write_bytes(data[:4096])
+    done = subprocess.run([sys.executable, "-c", code, str(part), str(tmp_path / "x")], capture_output=True,
+                          text=True, timeout=20)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "begun\n", "")
 
 
 def test_bytes_reported_before_the_download_begins_start_nothing(tmp_path: Path) -> None:
