@@ -144,7 +144,7 @@ def test_the_bootstrap_takes_its_folders_off_sys_path(monkeypatch: pytest.Monkey
 ])
 def test_the_bootstrap_leaves_a_sys_path_that_does_not_start_with_its_folder(
         monkeypatch: pytest.MonkeyPatch, before: list[str], after: list[str]) -> None:
-    monkeypatch.setattr(sys, "path", before)
+    monkeypatch.setattr(sys, "path", list(before))  # a copy: the parameters outlive one run
     monkeypatch.setattr(sys, "path_importer_cache", {})
     assert bootstrap._leave_sys_path() is False
     assert sys.path == after
