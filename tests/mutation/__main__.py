@@ -204,7 +204,7 @@ def main() -> int:
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
     parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
     parser.add_argument("names", nargs="*", metavar="MUTANT", help="only these mutants (globs allowed)")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # MUTANT names may follow the options
     if args.list or args.module is None:
         for name, target in TARGETS.items():
             print(f"{name}: {' '.join(target.sources)}  <-  {' '.join(target.tests)}")
