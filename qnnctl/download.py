@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from qnnctl.cache import require_free_space
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
@@ -398,9 +398,8 @@ class Downloader:
         except requests.RequestException as exc:
             raise _request_failed(shown, exc) from None
         with response:
-            # What urllib3 spent on this request, for the next one: the policy it was given, as it
-            # incremented it (Retry.new keeps the class); urllib3 (>= 2.0, pyproject.toml) always sets it.
-            spent = cast("Policy", response.raw.retries or policy)
+            # What urllib3 spent on this request, for the next one.
+            spent: Policy = getattr(response.raw, "retries", None) or policy
             status = response.status_code
             # A status without a reason phrase (an unregistered code) is said without one.
             answer = f"HTTP {status} {response.reason or ''}".rstrip()
