@@ -80,7 +80,11 @@ def resolve_for_dry_run(
     try:
         selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False, check_components=False)
     except NotInstalledError as exc:
-        if not allow_install:
+        selection = select_sdk(spec, environ, cwd, cache)
+        version = selection.version
+        # A folder that has gone (the SDK this shell was set up for) is nothing a real run
+        # could install: it stops there, and so does the dry run.
+        if not allow_install or version is None:
             raise
         damaged = exc if isinstance(exc, DamagedSdkError) else None
     else:
@@ -94,10 +98,6 @@ def resolve_for_dry_run(
                  f"{','.join(lacking)}`)"] if sdk is not None and lacking else []
         note = runtime_note(sdk, cache) if sdk is not None and allow_install else None
         return selection, sdk, notes + ([note] if note else [])
-    selection = select_sdk(spec, environ, cwd, cache)
-    version = selection.version
-    if version is None:  # pragma: no cover - only a version can be missing
-        raise RuntimeError("no SDK version selected")
     from qnnctl.install import check_url
     from qnnctl.urls import redact
     from qnnctl.versions import archive_urls

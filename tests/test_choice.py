@@ -70,6 +70,13 @@ def test_a_shell_whose_sdk_is_gone_says_so_and_install_puts_it_back(mirror: Faul
     assert lowered.returncode == 1, lowered.stderr
     assert f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone" in lowered.stderr
     assert f"`qnnctl install {VERSION}` to put it back" in lowered.stderr
+    # A dry run stops where the real run does, with the same words.
+    planned = run_qnnctl("lower", "--dry-run", "--", "true", env=shell)
+    assert planned.returncode == 1, planned.stderr
+    assert planned.stdout == ""
+    assert planned.stderr == (f"qnnctl: error: this shell was set up by `qnnctl env` for the SDK at {root}, which "
+                              f"is gone\nqnnctl: hint: `qnnctl install {VERSION}` to put it back, or "
+                              '`eval "$(qnnctl env)"` to set the shell up for another SDK\n')
     assert mirror.requests == []
     again = run_qnnctl("install", env=shell)
     assert again.returncode == 0, again.stderr
