@@ -567,6 +567,11 @@ def test_a_dry_run_of_an_sdk_that_is_not_installed(cache_dir: Path) -> None:
            f"{VERSION}/v{VERSION}.zip")
     assert notes == [f"SDK {VERSION} is not installed (given as {VERSION}): without --dry-run, qnnctl would "
                      f"first download it from {url} and install it into {root}"]
+    # Unless told otherwise, a dry run plans for a run that may install.
+    from qnnctl.cache import Cache
+    from qnnctl.environment import resolve_for_dry_run
+
+    assert resolve_for_dry_run(VERSION, os.environ, Path.cwd(), Cache(cache_dir))[2] == notes
 
 
 def test_a_dry_run_names_the_mirror_without_its_password(cache_dir: Path) -> None:
@@ -575,18 +580,25 @@ def test_a_dry_run_names_the_mirror_without_its_password(cache_dir: Path) -> Non
                              f"and install it into {cache_dir / 'sdks' / VERSION}")
 
 
-def test_a_dry_run_checks_the_mirror_as_a_real_run_would(cache_dir: Path) -> None:
+@pytest.mark.parametrize("mirror", ["ftp://mirror.example/", "file:///srv/mirror/"])
+def test_a_dry_run_checks_the_mirror_as_a_real_run_would(cache_dir: Path, mirror: str) -> None:
     from qnnctl.errors import UsageError
 
-    with pytest.raises(UsageError, match="QNNCTL_MIRROR"):
-        _dry_run(VERSION, QNNCTL_MIRROR="ftp://mirror.example/")
+    # Over HTTP(S) only: a mirror is no place for a file: URL (that is `install --file`).
+    with pytest.raises(UsageError) as caught:
+        _dry_run(VERSION, QNNCTL_MIRROR=mirror)
+    scheme = mirror.split(":", 1)[0]
+    assert caught.value.message == f"QNNCTL_MIRROR {mirror}: qnnctl downloads over https or http, not {scheme}:"
+    assert caught.value.hint == "an archive on disk is installed with `qnnctl install --file ARCHIVE`"
 
 
 def test_a_dry_run_of_a_damaged_sdk_says_damaged(cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    (root / "lib" / "x86_64-linux-clang" / "libQnnSystem.so").unlink()
     notes = _dry_run(VERSION)[2]
-    assert notes == [f"SDK {VERSION} is damaged (missing lib/x86_64-linux-clang/libQnnHtp.so) (given as "
+    assert notes == [f"SDK {VERSION} is damaged (missing lib/x86_64-linux-clang/libQnnHtp.so, "
+                     f"lib/x86_64-linux-clang/libQnnSystem.so) (given as "
                      f"{VERSION}): without --dry-run, qnnctl would first download it from "
                      f"https://softwarecenter.qualcomm.com/api/download/software/sdks/"
                      f"Qualcomm_AI_Runtime_Community/All/{VERSION}/v{VERSION}.zip and install it into {root}"]
@@ -628,16 +640,16 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
     from qnnctl.errors import MissingComponentError
 
     root = _partial(cache_dir, ["host"])
-    pin = _pin(f"{VERSION}\nhost,android\n")
+    pin = _pin(f"{VERSION}\nhost,android,docs\n")
     _, sdk, notes = _dry_run()
     assert sdk is not None
     assert sdk.root == root
-    assert notes == [f"SDK {VERSION} lacks android, which the pin pinned in {pin} names: without --dry-run, "
-                     f"qnnctl would first fetch only those (`qnnctl install {VERSION} --components android`)"]
+    assert notes == [f"SDK {VERSION} lacks android, docs, which the pin pinned in {pin} names: without --dry-run, "
+                     f"qnnctl would first fetch only those (`qnnctl install {VERSION} --components android,docs`)"]
     with pytest.raises(MissingComponentError) as caught:
         _dry_run(allow_install=False)
-    assert caught.value.components == ("android",)
-    assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, which the pin "
+    assert caught.value.components == ("android", "docs")
+    assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, docs, which the pin "
                                     f"pinned in {pin} needs")
     # All that the pin asks for is there: nothing to say.
     _pin(f"{VERSION}\nhost\n")
@@ -647,18 +659,21 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
 def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: Path) -> None:
     from qnnctl.runtime import missing_host_libraries
 
-    if not missing_host_libraries(["libc++.so.1"], []):
-        pytest.skip("this host has libc++.so.1: nothing would be staged")
+    if missing_host_libraries(["libc++.so.1", "libc++abi.so.1"], []) != ["libc++.so.1", "libc++abi.so.1"]:
+        pytest.skip("this host has libc++.so.1 or libc++abi.so.1")
     from tests.sdkfactory import compile_shared
 
     root = install_tree_into_cache(cache_dir, VERSION)
     lib = root / "lib" / "x86_64-linux-clang"
-    stub = compile_shared(tmp_path / "stub" / "libc++.so.1", "int stub(void) { return 1; }\n",
-                          ["-Wl,-soname,libc++.so.1"])
-    compile_shared(lib / "libQnnHtp.so", "int stub(void);\nint qnn(void) { return stub(); }\n",
-                   ["-Wl,-soname,libQnnHtp.so", str(stub)])
-    stub.unlink()
+    stubs = [compile_shared(tmp_path / "stub" / name, f"int {function}(void) {{ return 1; }}\n",
+                            [f"-Wl,-soname,{name}"])
+             for name, function in (("libc++.so.1", "cxx"), ("libc++abi.so.1", "cxxabi"))]
+    compile_shared(lib / "libQnnHtp.so", "int cxx(void);\nint cxxabi(void);\n"
+                   "int qnn(void) { return cxx() + cxxabi(); }\n",
+                   ["-Wl,-soname,libQnnHtp.so", *map(str, stubs)])
+    for stub in stubs:
+        stub.unlink()
     _, _, notes = _dry_run(VERSION)
-    assert notes == ["the SDK's libraries need libc++.so.1, which this host lacks: without --dry-run, qnnctl "
-                     "would stage them first (what `qnnctl install --runtime` does)"]
+    assert notes == ["the SDK's libraries need libc++.so.1, libc++abi.so.1, which this host lacks: without "
+                     "--dry-run, qnnctl would stage them first (what `qnnctl install --runtime` does)"]
     assert _dry_run(VERSION, allow_install=False)[2] == []  # a run that may not install stages nothing
