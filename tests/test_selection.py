@@ -489,7 +489,13 @@ def test_the_callers_libraries_are_the_folder_with_libqnnhtp(tmp_path: Path) -> 
     lib = sdk / "lib" / "x86_64-linux-clang"
     assert caller_lib_dir({"LD_LIBRARY_PATH": f":{system_only}:{lib}"}) == lib
     assert caller_lib_dir({"LD_LIBRARY_PATH": str(system_only)}) is None
+    # Unset or empty, LD_LIBRARY_PATH names no folder: none under the working folder is looked in
+    # (XXXX stands for any name a fallback could make up).
+    for name in ("", "XXXX"):
+        (Path.cwd() / name).mkdir(exist_ok=True)
+        (Path.cwd() / name / "libQnnHtp.so").write_bytes(b"")
     assert caller_lib_dir({}) is None
+    assert caller_lib_dir({"LD_LIBRARY_PATH": ""}) is None
 
 
 @pytest.mark.parametrize("name", [VERSION, "qairt-current"])
