@@ -161,6 +161,10 @@ def _read_record(record: Path) -> Link | None:
     version, root = data.get("version"), data.get("root")
     if not isinstance(version, str) or not is_full_version(version) or not isinstance(root, str):
         return None
+    if record.name != f"{version}.json":
+        # Renamed by hand: looked up by its name, it would answer for another version; listed by
+        # what it holds, it would name a version that no look-up finds.
+        return None
     build = data.get("build_id")
     linked_at = data.get("linked_at")
     return Link(version, Path(root), build if isinstance(build, str) else None, record,

@@ -553,6 +553,27 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
     assert newest_installed(cache, dict(os.environ)) == "2.45.0.260326"
 
 
+def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import find_installed, newest_installed
+    from qnnctl.stores import link_sdk
+
+    cache = Cache(cache_dir)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    folder = build_sdk_tree(tmp_path / "vendor" / "2.45.0.260326", SdkSpec(version="2.45.0.260326"))
+    link, _ = link_sdk(folder, None, cache, dict(os.environ))
+    link.record.rename(link.record.with_name("2.40.0.251030.json"))
+    # Neither the version it holds (which no look-up would find) nor the one its name says.
+    assert newest_installed(cache, dict(os.environ)) == OTHER_VERSION
+    assert find_installed("2.40.0.251030", cache, dict(os.environ)) is None
+    assert find_installed("2.45.0.260326", cache, dict(os.environ)) is None
+    # So a dry run plans for the SDK a real run would choose, not one it says is installed.
+    selection, sdk, notes = _dry_run()
+    assert selection.detail == "the newest SDK already installed"
+    assert sdk == Sdk(root=cache_dir / "sdks" / OTHER_VERSION, version=OTHER_VERSION, origin="qnnctl cache")
+    assert notes == []
+
+
 # -- a dry run: what would be fetched, in words ----------------------------------------------
 
 
