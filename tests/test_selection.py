@@ -236,6 +236,7 @@ def test_executorch_expectation_from_pythonpath(mirror: FaultServer, tmp_path: P
     marker = tmp_path / "executorch-was-imported"
     _fake_executorch(site, marker)
     root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    install_tree_into_cache(cache_dir, VERSION)  # newer: ExecuTorch's expectation comes first
     result = run_qnnctl("install", env=_env(PYTHONPATH=str(site)))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{root}\n"
@@ -248,6 +249,7 @@ def test_executorch_expectation_from_sys_path(mirror: FaultServer, tmp_path: Pat
     marker = tmp_path / "executorch-was-imported"
     _fake_executorch(site, marker)
     root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    install_tree_into_cache(cache_dir, VERSION)  # newer: ExecuTorch's expectation comes first
     code = f"import sys; sys.path.insert(0, {str(site)!r}); from qnnctl.cli import main; main(['install'])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -533,6 +535,15 @@ def test_the_newest_installed_counts_executorchs_cache_and_no_damaged_sdk(cache_
     home_cache = Path(os.environ["HOME"]) / ".cache" / "executorch" / "qnn" / "sdk-2.46.0.260424"
     build_sdk_tree(home_cache, SdkSpec(version="2.46.0.260424"))
     assert newest_installed(cache, environ) == "2.46.0.260424"
+
+
+def test_the_newest_installed_is_the_highest_version_not_the_last_in_text_order(cache_dir: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import newest_installed
+
+    install_tree_into_cache(cache_dir, "2.9.0.230207")
+    install_tree_into_cache(cache_dir, "2.10.0.230425")  # "2.10" < "2.9" as text
+    assert newest_installed(Cache(cache_dir), {"HOME": os.environ["HOME"]}) == "2.10.0.230425"
 
 
 def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: Path) -> None:
