@@ -7,12 +7,15 @@ variables a process must start with.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
 from qnnctl.cache import Cache
 from qnnctl.sdk import BY_ENV, BY_PIN, Sdk, Selection, resolve_installed, select_sdk
 from qnnctl.shell import EnvValues, sdk_environment, unset_environment
+
+log = logging.getLogger("qnnctl.environment")
 
 
 def runtime_lib_dirs(cache: Cache, sdk: Sdk) -> list[str]:
@@ -50,9 +53,7 @@ def resolve_sdk(
     fetches what is missing), or, when it may not install, refused with the command that does.
     """
     selection = select_sdk(spec, environ, cwd, cache)
-    import logging
-
-    logging.getLogger("qnnctl.environment").debug("chose %s", selection.describe())
+    log.debug("chose %s", selection.describe())
     if selection.caller_managed:
         return selection, None
     if selection.root is not None or not allow_install:
