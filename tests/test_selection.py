@@ -11,7 +11,7 @@ import pytest
 
 from qnnctl.errors import UnsupportedHostError
 from qnnctl.host import require_supported_host
-from qnnctl.sdk import Sdk, Selection, executorch_expected_version
+from qnnctl.sdk import BY_PIN, Sdk, Selection, executorch_expected_version
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
@@ -692,6 +692,29 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
     # All that the pin asks for is there: nothing to say.
     _pin(f"{VERSION}\nhost\n")
     assert _dry_run()[2] == []
+
+
+def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_names(cache_dir: Path) -> None:
+    """As `which` and `lower` resolve when they may not install: the pin's components are
+    checked by default, and the error names the SDK, its folder, what is missing, and the command."""
+    from qnnctl.cache import Cache
+    from qnnctl.environment import resolve_sdk
+    from qnnctl.errors import MissingComponentError
+
+    root = _partial(cache_dir, ["host"])
+    pin = _pin(f"{VERSION}\nhost,android\n")
+    cache = Cache(cache_dir)
+    with pytest.raises(MissingComponentError) as caught:
+        resolve_sdk(None, dict(os.environ), Path.cwd(), cache, allow_install=False)
+    assert (caught.value.version, caught.value.root, caught.value.components) == (VERSION, str(root), ("android",))
+    assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, which the pin "
+                                    f"pinned in {pin} needs")
+    assert caught.value.hint == (f"add it: `qnnctl install {VERSION} --components android` "
+                                 "(fetches only what is missing)")
+    selection, sdk = resolve_sdk(None, dict(os.environ), Path.cwd(), cache, allow_install=False, check_components=False)
+    assert selection.reason == BY_PIN
+    assert sdk is not None
+    assert sdk.root == root
 
 
 def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: Path) -> None:
