@@ -537,6 +537,17 @@ def test_the_newest_installed_counts_executorchs_cache_and_no_damaged_sdk(cache_
     assert newest_installed(cache, environ) == "2.46.0.260424"
 
 
+def test_executorchs_cache_is_where_its_downloader_puts_it() -> None:
+    from qnnctl.sdk import executorch_cache_dirs
+
+    assert executorch_cache_dirs(VERSION, {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"}) == [
+        Path(f"/xdg/executorch/qnn/sdk-{VERSION}")]
+    assert executorch_cache_dirs(VERSION, {"HOME": "/home/u", "XDG_CACHE_HOME": ""}) == [
+        Path(f"/home/u/.cache/executorch/qnn/sdk-{VERSION}")]
+    assert executorch_cache_dirs(VERSION, {"HOME": "/home/u", "QNN_STAGING_DIR": "/staging"}) == [
+        Path(f"/staging/sdk-{VERSION}"), Path(f"/home/u/.cache/executorch/qnn/sdk-{VERSION}")]
+
+
 def test_the_newest_installed_is_the_highest_version_not_the_last_in_text_order(cache_dir: Path) -> None:
     from qnnctl.cache import Cache
     from qnnctl.sdk import newest_installed
