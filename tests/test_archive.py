@@ -497,3 +497,25 @@ def test_a_member_name_too_long_for_the_file_system_is_an_integrity_error(tmp_pa
         add_zip_entry(zf, f"{top}/share/{'n' * 300}.txt", b"x", 0o100644)
     with pytest.raises(IntegrityError, match="too long"):
         extract(archive, tmp_path / "work")
+
+
+def test_a_tree_put_together_from_two_installs_is_refused_for_a_link_that_leads_outside(tmp_path: Path) -> None:
+    """check_links_inside, which a partial install runs on the SDK it made from the installed
+    one and the archive's new members: every link, of a file or a folder, must stay inside."""
+    from qnnctl.archive import check_links_inside
+
+    root = tmp_path / "sdk"
+    (root / "lib" / "sub").mkdir(parents=True)
+    (root / "bin").mkdir()
+    (root / "lib" / "tools").symlink_to("../bin")
+    (root / "lib" / "sub" / "same").symlink_to("../tools")
+    check_links_inside(root)  # all inside: nothing to say
+    (root / "lib" / "sub" / "away").symlink_to("../../../outside")
+    with pytest.raises(IntegrityError) as caught:
+        check_links_inside(root)
+    assert caught.value.message == "unsafe archive: symlink lib/sub/away -> ../../../outside leads outside the SDK"
+    assert caught.value.hint == "the archive was not installed; get it from a trusted source"
+    (root / "lib" / "sub" / "away").unlink()
+    (root / "docs").symlink_to(tmp_path)  # a folder's link, which the walk does not follow
+    with pytest.raises(IntegrityError, match=re.escape(f"unsafe archive: symlink docs -> {tmp_path} leads outside")):
+        check_links_inside(root)
