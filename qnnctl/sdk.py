@@ -198,13 +198,15 @@ def read_pin(path: Path) -> str:
 # ExecuTorch 1.5 reads `QNN_VERSION="..."` from qnn_config.sh beside the downloader when that
 # file exists, else falls back to `_QNN_CONFIG.get("QNN_VERSION", "<version>")`; older
 # releases assign `QNN_VERSION = "<version>"` or name the archive's `qairt/<version>` folder.
-_ET_CONFIG_VERSION = re.compile(r"""^\s*QNN_VERSION\s*=\s*["']?(\d+\.\d+\.\d+\.\d{6})""", re.M)
+# Both files are searched as bytes: the version is ASCII, and a comment in another encoding
+# (or a locale that is not UTF-8) must not keep it from being read.
+_ET_CONFIG_VERSION = re.compile(rb"""^\s*QNN_VERSION\s*=\s*["']?(\d+\.\d+\.\d+\.\d{6})""", re.M)
 _ET_QNN_VERSION = re.compile(
-    r"""QNN_VERSION\s*(?::\s*str\s*)?=\s*"""
-    r"""(?:[\w.]+\.get\(\s*["']QNN_VERSION["']\s*,\s*|os\.getenv\(\s*["']QNN_VERSION["']\s*,\s*)?"""
-    r"""["'](\d+\.\d+\.\d+\.\d{6})["']"""
+    rb"""QNN_VERSION\s*(?::\s*str\s*)?=\s*"""
+    rb"""(?:[\w.]+\.get\(\s*["']QNN_VERSION["']\s*,\s*|os\.getenv\(\s*["']QNN_VERSION["']\s*,\s*)?"""
+    rb"""["'](\d+\.\d+\.\d+\.\d{6})["']"""
 )
-_ET_ANY_VERSION = re.compile(r"""(?:qairt/|All/)(\d+\.\d+\.\d+\.\d{6})""")
+_ET_ANY_VERSION = re.compile(rb"""(?:qairt/|All/)(\d+\.\d+\.\d+\.\d{6})""")
 
 
 def executorch_package_dir() -> Path | None:
@@ -232,18 +234,18 @@ def executorch_expected_version(package_dir: Path | None = None) -> str | None:
         return None
     script = package_dir.joinpath(*EXECUTORCH_DOWNLOADER)
     try:
-        config = script.with_name("qnn_config.sh").read_text(encoding="utf-8")
+        config = script.with_name("qnn_config.sh").read_bytes()
     except OSError:
-        config = ""
+        config = b""
     found = _ET_CONFIG_VERSION.search(config)
     if found:
-        return found.group(1)
+        return found.group(1).decode()
     try:
-        text = script.read_text(encoding="utf-8")
+        text = script.read_bytes()
     except OSError:
         return None
     match = _ET_QNN_VERSION.search(text) or _ET_ANY_VERSION.search(text)
-    return match.group(1) if match else None
+    return match.group(1).decode() if match else None
 
 
 def _looks_like_path(spec: str) -> bool:

@@ -210,6 +210,11 @@ def test_bad_pin_is_a_usage_error(mirror: FaultServer) -> None:
 # -- the version an installed ExecuTorch expects -----------------------------------------------
 
 
+def _before_pythonpath(site: Path) -> str:
+    """PYTHONPATH with `site` first: the rest still names the qnnctl under test."""
+    return os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+
+
 def _fake_executorch(site: Path, marker: Path, version: str = OTHER_VERSION) -> Path:
     """A package laid out like the ExecuTorch wheel; importing any part of it is detected."""
     package = site / "executorch"
@@ -237,7 +242,7 @@ def test_executorch_expectation_from_pythonpath(mirror: FaultServer, tmp_path: P
     _fake_executorch(site, marker)
     root = install_tree_into_cache(cache_dir, OTHER_VERSION)
     install_tree_into_cache(cache_dir, VERSION)  # newer: ExecuTorch's expectation comes first
-    result = run_qnnctl("install", env=_env(PYTHONPATH=str(site)))
+    result = run_qnnctl("install", env=_env(PYTHONPATH=_before_pythonpath(site)))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{root}\n"
     assert not marker.exists(), f"imported: {marker.read_text()}"
@@ -261,7 +266,7 @@ def test_pin_wins_over_executorch(mirror: FaultServer, tmp_path: Path, cache_dir
     site = tmp_path / "site-packages"
     _fake_executorch(site, tmp_path / "marker")
     (Path.cwd() / ".qnn-version").write_text(f"{VERSION}\n")
-    result = run_qnnctl("install", env=_env(PYTHONPATH=str(site)))
+    result = run_qnnctl("install", env=_env(PYTHONPATH=_before_pythonpath(site)))
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
 
@@ -277,6 +282,38 @@ def test_no_executorch_means_the_default(mirror: FaultServer, cache_dir: Path) -
     result = run_qnnctl("install")
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+
+
+def _scripts(tmp_path: Path, downloader: bytes | None, config: bytes | None = None) -> Path:
+    """An ExecuTorch package folder holding only the downloader and its qnn_config.sh."""
+    package = tmp_path / "executorch"
+    scripts = package / "backends" / "qualcomm" / "scripts"
+    scripts.mkdir(parents=True)
+    if downloader is not None:
+        (scripts / "download_qnn_sdk.py").write_bytes(downloader)
+    if config is not None:
+        (scripts / "qnn_config.sh").write_bytes(config)
+    return package
+
+
+@pytest.mark.parametrize("comment", ["# réglé pour QAIRT\n".encode(), "# réglé pour QAIRT\n".encode("latin-1")])
+def test_executorch_files_not_in_ascii_still_name_the_version(tmp_path: Path, comment: bytes) -> None:
+    """A comment in UTF-8 or in Latin-1 hides no version, whatever the locale's encoding."""
+    config = comment + f'QNN_VERSION="{VERSION}"\n'.encode()
+    downloader = comment + f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode()
+    assert executorch_expected_version(_scripts(tmp_path / "both", downloader, config)) == VERSION
+    assert executorch_expected_version(_scripts(tmp_path / "downloader", downloader)) == OTHER_VERSION
+
+
+def test_executorch_with_a_latin1_downloader_is_followed_by_install(mirror: FaultServer, tmp_path: Path,
+                                                                  cache_dir: Path) -> None:
+    site = tmp_path / "site-packages"
+    _scripts(site, "# réglé\n".encode("latin-1") + f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode())
+    root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    result = run_qnnctl("install", env=_env(PYTHONPATH=_before_pythonpath(site)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root}\n"
+    assert mirror.requests == []
 
 
 # -- version prefixes ------------------------------------------------------------------------
