@@ -296,6 +296,36 @@ def _scripts(tmp_path: Path, downloader: bytes | None, config: bytes | None = No
     return package
 
 
+def test_executorch_config_wins_over_its_downloader(tmp_path: Path) -> None:
+    # ExecuTorch 1.5: the downloader's own version is only the fallback for a missing config.
+    downloader = f'QNN_VERSION = _QNN_CONFIG.get("QNN_VERSION", "{OTHER_VERSION}")\n'.encode()
+    config = f'# the QAIRT release this ExecuTorch was built against\nQNN_VERSION="{VERSION}"\n'.encode()
+    assert executorch_expected_version(_scripts(tmp_path, downloader, config)) == VERSION
+
+
+@pytest.mark.parametrize("config", [None, b"# QNN_VERSION is set by the build\nQNN_SDK_ROOT=/opt/qairt\n"])
+def test_executorch_downloader_speaks_when_its_config_names_no_version(tmp_path: Path,
+                                                                       config: bytes | None) -> None:
+    downloader = f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode()
+    assert executorch_expected_version(_scripts(tmp_path, downloader, config)) == OTHER_VERSION
+
+
+@pytest.mark.parametrize("url", [
+    f"https://softwarecenter.qualcomm.com/api/download/software/qualcomm_neural_processing_sdk/v{VERSION}.zip"
+    f"  # unpacks to qairt/{VERSION}/",
+    f"https://softwarecenter.qualcomm.com/api/download/software/sdks/Qualcomm_AI_Runtime_Community/All/{VERSION}/"
+    f"v{VERSION}.zip",
+])
+def test_an_older_executorch_downloader_names_the_version_in_its_url(tmp_path: Path, url: str) -> None:
+    downloader = f'QAIRT_URL = "{url}"\n'.encode()
+    assert executorch_expected_version(_scripts(tmp_path, downloader)) == VERSION
+
+
+@pytest.mark.parametrize("downloader", [None, b"def install_qnn_sdk():\n    pass  # QNN_VERSION comes later\n"])
+def test_an_executorch_that_names_no_version_expects_none(tmp_path: Path, downloader: bytes | None) -> None:
+    assert executorch_expected_version(_scripts(tmp_path, downloader)) is None
+
+
 @pytest.mark.parametrize("comment", ["# réglé pour QAIRT\n".encode(), "# réglé pour QAIRT\n".encode("latin-1")])
 def test_executorch_files_not_in_ascii_still_name_the_version(tmp_path: Path, comment: bytes) -> None:
     """A comment in UTF-8 or in Latin-1 hides no version, whatever the locale's encoding."""
@@ -314,6 +344,44 @@ def test_executorch_with_a_latin1_downloader_is_followed_by_install(mirror: Faul
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{root}\n"
     assert mirror.requests == []
+
+
+@pytest.mark.parametrize("layout", ["package", "namespace", "module", "none"])
+def test_executorch_is_found_on_sys_path_without_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              layout: str) -> None:
+    import importlib
+
+    from qnnctl.sdk import executorch_package_dir
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    tripwire = "raise RuntimeError('executorch must not be imported')\n"
+    expected: Path | None = site / "executorch"
+    if layout == "module":
+        (site / "executorch.py").write_text(tripwire)
+        expected = site
+    elif layout == "none":
+        expected = None
+    else:
+        (site / "executorch").mkdir()
+        if layout == "package":
+            (site / "executorch" / "__init__.py").write_text(tripwire)
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.delitem(sys.modules, "executorch", raising=False)
+    importlib.invalidate_caches()
+    assert executorch_package_dir() == expected
+    assert "executorch" not in sys.modules
+
+
+def test_executorch_on_sys_path_is_the_one_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    site = tmp_path / "site-packages"
+    _scripts(site, f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode())
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.delitem(sys.modules, "executorch", raising=False)
+    importlib.invalidate_caches()
+    assert executorch_expected_version() == OTHER_VERSION
 
 
 # -- version prefixes ------------------------------------------------------------------------
