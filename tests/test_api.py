@@ -106,6 +106,14 @@ def test_eight_threads_at_once_install_once(mirror: FaultServer, cache_dir: Path
     assert len(mirror.requests_for(ARCHIVE)) == 1
 
 
+def test_installing_prints_no_progress_bar(mirror: FaultServer, cache_dir: Path,
+                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """The calling program owns its terminal: a download's progress goes to logging, not a bar."""
+    assert qnnctl.setup_sdk().root == cache_dir / "sdks" / VERSION
+    assert len(mirror.requests_for(ARCHIVE)) == 1
+    assert capfd.readouterr() == ("", "")
+
+
 def test_another_sdk_cannot_replace_the_one_set_up(cache_dir: Path) -> None:
     install_tree_into_cache(cache_dir)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
