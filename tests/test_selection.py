@@ -833,6 +833,24 @@ def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_
     assert sdk.root == root
 
 
+def test_a_look_up_that_may_not_install_refuses_an_sdk_without_the_pinned_components(cache_dir: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.errors import MissingComponentError
+    from qnnctl.which import which
+
+    root = _partial(cache_dir, ["host"])
+    pin = _pin(f"{VERSION}\nhost,android\n")
+    cache = Cache(Path(os.environ["QNNCTL_CACHE_DIR"]))
+    with pytest.raises(MissingComponentError) as caught:
+        which("libQnnHtp.so", None, os.environ, Path.cwd(), cache)
+    assert (caught.value.message, caught.value.hint) == (
+        f"SDK {VERSION} at {root} was installed without android, which the pin pinned in {pin} needs",
+        f"add it: `qnnctl install {VERSION} --components android` (fetches only what is missing)",
+    )
+    _pin(f"{VERSION}\nhost\n")
+    assert which("libQnnHtp.so", None, os.environ, Path.cwd(), cache).sdk == Sdk(root, VERSION, "qnnctl cache")
+
+
 def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: Path) -> None:
     from qnnctl.runtime import missing_host_libraries
 
