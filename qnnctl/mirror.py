@@ -73,7 +73,7 @@ def mirror_entry(base: str, version: str) -> IndexEntry | None:
     shown = redact(url)
     session = make_session()
     # Retried as downloads are, but briefly: the archive's own download follows.
-    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2))
+    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2).start(shown))  # its retries name the URL
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     try:

@@ -564,3 +564,19 @@ def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None
     assert everything.returncode == 0, everything.stderr
     assert "removed 2 SDK(s), freed" in everything.stderr
     assert list((cache_dir / "sdks").iterdir()) == []
+
+
+def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.mirror import mirror_entry
+
+    url = f"{server.base}/index.json"
+    server.add("/index.json", b"{}", "application/json")
+    server.fail("/index.json", *[Fault.status(503, retry_after="0")] * 3)
+    assert mirror_entry(server.base, VERSION) is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 2 of 3)",
+        f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 3 of 3)",
+        f"the mirror answered HTTP 503 for {url}; the archive is not checked against it",
+    ]
