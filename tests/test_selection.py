@@ -651,6 +651,16 @@ def test_executorchs_cache_is_where_its_downloader_puts_it() -> None:
         Path(f"/home/u/.cache/executorch/qnn/sdk-{VERSION}")]
     assert executorch_cache_dirs(VERSION, {"HOME": "/home/u", "QNN_STAGING_DIR": "/staging"}) == [
         Path(f"/staging/sdk-{VERSION}"), Path(f"/home/u/.cache/executorch/qnn/sdk-{VERSION}")]
+    assert executorch_cache_dirs(VERSION, {}) == [Path(f"~/.cache/executorch/qnn/sdk-{VERSION}").expanduser()]
+
+
+def test_a_choice_is_described_by_its_version_its_folder_or_the_caller() -> None:
+    assert Selection("pin", "pinned in /p/.qnn-version", version=VERSION).describe() == (
+        f"SDK {VERSION} (pin: pinned in /p/.qnn-version)")
+    assert Selection("env", "from QNN_SDK_ROOT", root=Path("/opt/qairt")).describe() == (
+        "SDK /opt/qairt (env: from QNN_SDK_ROOT)")
+    assert Selection("caller", "QNN_SDK_ROOT is exported but empty").describe() == (
+        "SDK left to the caller (caller: QNN_SDK_ROOT is exported but empty)")
 
 
 def test_the_newest_installed_is_the_highest_version_not_the_last_in_text_order(cache_dir: Path) -> None:
