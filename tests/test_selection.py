@@ -882,3 +882,17 @@ def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: P
     assert notes == ["the SDK's libraries need libc++.so.1, libc++abi.so.1, which this host lacks: without "
                      "--dry-run, qnnctl would stage them first (what `qnnctl install --runtime` does)"]
     assert _dry_run(VERSION, allow_install=False)[2] == []  # a run that may not install stages nothing
+
+
+def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServer, cache_dir: Path,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """`qnnctl lower` on a terminal passes terminal=True: the install's download draws a bar."""
+    from qnnctl.cache import Cache
+    from qnnctl.environment import resolve_sdk
+
+    _, sdk = resolve_sdk(VERSION, dict(os.environ), Path.cwd(), Cache(cache_dir), terminal=True)
+    assert sdk is not None
+    assert sdk.root == cache_dir / "sdks" / VERSION
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "\r" in err  # the bar redraws its line
