@@ -64,15 +64,34 @@ def test_a_reader_that_goes_away_is_not_an_error(cache_dir: Path) -> None:
     assert err == b""
 
 
-def test_force_with_a_users_sdk_root_is_a_usage_error(mirror: FaultServer, tmp_path: Path) -> None:
+def test_force_without_a_version_never_reinstalls_the_users_sdk_root(mirror: FaultServer, cache_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """`install --force` with no VERSION while QNN_SDK_ROOT chooses the SDK: each place it can name."""
     from tests.sdkfactory import build_sdk_tree
 
-    root = build_sdk_tree(tmp_path / "vendor")
-    result = run_qnnctl("install", "--force", env=dict(os.environ, QNN_SDK_ROOT=str(root)))
-    assert result.returncode == 2, result.stderr
-    assert result.stdout == ""
-    assert "QNN_SDK_ROOT" in result.stderr
-    assert "qnnctl install --force VERSION" in result.stderr
+    ours = install_tree_into_cache(cache_dir, VERSION)  # often `export QNN_SDK_ROOT=$(qnnctl install)`
+    by_version = "; --force reinstalls an SDK of qnnctl's cache by VERSION"
+    hint = "give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT"
+    expected = {
+        ours: (f"QNN_SDK_ROOT names SDK {VERSION} in qnnctl's cache ({ours}); --force without a VERSION does not "
+               "reinstall the SDK that QNN_SDK_ROOT names", f"run `qnnctl install --force {VERSION}` to reinstall it"),
+        # In sdks/ but not named as a version: no SDK of the cache.
+        build_sdk_tree(cache_dir / "sdks" / f"{VERSION}.old"):
+            (f"QNN_SDK_ROOT names {cache_dir / 'sdks' / f'{VERSION}.old'}, inside qnnctl's cache, not one of its "
+             f"SDKs{by_version}", hint),
+        # Named as a version, in the cache but not in sdks/.
+        build_sdk_tree(cache_dir / "unpacked" / VERSION):
+            (f"QNN_SDK_ROOT names {cache_dir / 'unpacked' / VERSION}, inside qnnctl's cache, not one of its "
+             f"SDKs{by_version}", hint),
+        # Named as a version, outside the cache.
+        build_sdk_tree(tmp_path / "vendor" / VERSION):
+            (f"QNN_SDK_ROOT names {tmp_path / 'vendor' / VERSION}, outside qnnctl's cache{by_version}", hint),
+    }
+    for root, (message, hint_line) in expected.items():
+        result = run_qnnctl("install", "--force", env=dict(os.environ, QNN_SDK_ROOT=str(root)))
+        assert result.returncode == 2, result.stderr
+        assert result.stdout == ""
+        assert result.stderr == f"qnnctl: error: {message}\nqnnctl: hint: {hint_line}\n"
     assert mirror.requests == []
 
 
@@ -142,16 +161,6 @@ def test_a_file_url_installs_the_archive_it_names(tmp_path: Path, cache_dir: Pat
     result = run_qnnctl("install", "--url", archive.as_uri())
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{cache_dir / 'sdks' / VERSION}\n"
-
-
-def test_force_with_a_sdk_root_inside_the_cache_says_so(mirror: FaultServer, cache_dir: Path) -> None:
-    """`export QNN_SDK_ROOT=$(qnnctl install)`, then `qnnctl install --force`."""
-    root = install_tree_into_cache(cache_dir, VERSION)
-    result = run_qnnctl("install", "--force", env=dict(os.environ, QNN_SDK_ROOT=str(root)))
-    _usage_error(result, f"QNN_SDK_ROOT names SDK {VERSION} in qnnctl's cache",
-                 f"`qnnctl install --force {VERSION}`")
-    assert "outside" not in result.stderr
-    assert mirror.requests == []
 
 
 @pytest.mark.parametrize("name", ["a:b", "new\nline"], ids=["colon", "newline"])
