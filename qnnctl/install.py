@@ -376,23 +376,25 @@ def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
     )
 
 
-def check_installed_sha256(sdk: Sdk, sha256: str) -> None:
-    """An installed SDK asked for with --sha256: the archive it came from must have had it."""
+def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -> None:
+    """An installed SDK asked for with --sha256: the archive it came from must have had it.
+    `archive`: the one given with --file, which the command in the hint installs."""
     from qnnctl.cache import read_manifest
 
     recorded = (read_manifest(sdk.root) or {}).get("sha256")
+    source = f" --file {archive}" if archive is not None else ""
     if not isinstance(recorded, str):
         raise IntegrityError(
             f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) has no recorded sha256, so it cannot be "
             f"checked against {sha256}",
-            hint=f"install a checked copy into qnnctl's cache: `qnnctl install {sdk.version} --force "
+            hint=f"install a checked copy into qnnctl's cache: `qnnctl install {sdk.version} --force{source} "
             f"--sha256 {sha256}`",
         )
     if recorded != sha256:
         raise IntegrityError(
             f"SDK {sdk.version} is installed from an archive whose sha256 is {recorded}, not {sha256}",
             hint=f"check the --sha256 value; to replace the SDK with the archive that has it: "
-            f"`qnnctl install {sdk.version} --force --sha256 {sha256}`",
+            f"`qnnctl install {sdk.version} --force{source} --sha256 {sha256}`",
         )
 
 
@@ -628,10 +630,10 @@ def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str
     if not isinstance(recorded, str):
         # Nothing to compare (an SDK fetched in parts, or found elsewhere): only --sha256 can ask.
         if sha256 is not None:
-            check_installed_sha256(sdk, sha256)
+            check_installed_sha256(sdk, sha256, archive)
         return result
     if sha256 is not None:
-        check_installed_sha256(sdk, sha256)
+        check_installed_sha256(sdk, sha256, archive)
     log.warning("SDK %s is installed already, from another archive than %s (sha256 %s, not %s); it is "
                 "left as it is: `qnnctl install %s --force --file %s` replaces it", sdk.version, archive,
                 recorded, digest, sdk.version, archive)

@@ -37,28 +37,44 @@ def test_sha256_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultS
                                                                   tmp_path: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)  # recorded with no sha256 at all
     wrong = "0" * 64
-    for env in (shell_for(VERSION), {**os.environ, "QNN_SDK_ROOT": str(root)}):
+
+    def unrecorded(origin: str, sha256: str, source: str = "") -> str:
+        return (f"qnnctl: error: SDK {VERSION} at {root} ({origin}) has no recorded sha256, so it cannot be checked "
+                f"against {sha256}\nqnnctl: hint: install a checked copy into qnnctl's cache: `qnnctl install "
+                f"{VERSION} --force{source} --sha256 {sha256}`\n")
+
+    env_root = {**os.environ, "QNN_SDK_ROOT": str(root)}
+    for origin, env in (("qnnctl env", shell_for(VERSION)), ("QNN_SDK_ROOT", env_root)):
         proc = run_qnnctl("install", "--sha256", wrong, env=env)
         assert proc.returncode == 4, proc.stderr
-        assert "has no recorded sha256" in proc.stderr
+        assert proc.stderr == unrecorded(origin, wrong)
     # --file of another archive of an installed version: with --sha256 (the file's), the
-    # installed SDK must come from it too.
+    # installed SDK must come from it too, and the hint installs that file.
     archive = build_archive(tmp_path, "zip", SdkSpec(extra_files={"docs/other.txt": b"another build"}))
     from qnnctl.download import file_sha256
 
     digest = file_sha256(archive)
     proc = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
     assert proc.returncode == 4, proc.stderr
+    assert proc.stderr == unrecorded("qnnctl cache", digest, f" --file {archive}")
     (tmp_path / "first").mkdir()
     first = build_archive(tmp_path / "first", "zip")
     assert run_qnnctl("install", VERSION, "--force", "--file", str(first)).returncode == 0
     proc = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
     assert proc.returncode == 4, proc.stderr
-    assert f"installed from an archive whose sha256 is {file_sha256(first)}, not {digest}" in proc.stderr
+    replace = f"qnnctl install {VERSION} --force --file {archive} --sha256 {digest}"
+    assert proc.stderr == (f"qnnctl: error: SDK {VERSION} is installed from an archive whose sha256 is "
+                           f"{file_sha256(first)}, not {digest}\nqnnctl: hint: check the --sha256 value; to replace "
+                           f"the SDK with the archive that has it: `{replace}`\n")
     plain = run_qnnctl("install", VERSION, "--file", str(archive))
     assert plain.returncode == 0, plain.stderr
     assert "installed already, from another archive" in plain.stderr
     assert f"`qnnctl install {VERSION} --force --file {archive}` replaces it" in plain.stderr
+    # The command the hint gives does what it says: afterwards, the first command passes.
+    assert run_qnnctl(*replace.split()[1:]).returncode == 0
+    again = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"{root}\n"
     assert mirror.requests == []
 
 
