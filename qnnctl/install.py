@@ -300,7 +300,7 @@ def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool
         raise shell_sdk_gone(root)
     if force:
         raise UsageError(
-            f"this shell was set up by `qnnctl env` for {root}, outside qnnctl's cache; --force "
+            f"this shell was set up by `qnnctl env` for {root}, {_place(real, cache)}; --force "
             "reinstalls an SDK of qnnctl's cache by VERSION",
             hint="give the VERSION to reinstall (`qnnctl install --force VERSION`)",
         )
@@ -368,12 +368,16 @@ def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
             "does not reinstall the SDK that QNN_SDK_ROOT names",
             hint=f"run `qnnctl install --force {real.name}` to reinstall it",
         )
-    where = "inside qnnctl's cache, not one of its SDKs" if real.is_relative_to(cache.root.resolve()) else \
-        "outside qnnctl's cache"
     return UsageError(
-        f"QNN_SDK_ROOT names {root}, {where}; --force reinstalls an SDK of qnnctl's cache by VERSION",
+        f"QNN_SDK_ROOT names {root}, {_place(real, cache)}; --force reinstalls an SDK of qnnctl's cache by VERSION",
         hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
     )
+
+
+def _place(real: Path, cache: Cache) -> str:
+    """Where a folder that is not one of the cache's SDKs is, for a message."""
+    return "inside qnnctl's cache, not one of its SDKs" if real.is_relative_to(cache.root.resolve()) else \
+        "outside qnnctl's cache"
 
 
 def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -> None:

@@ -100,14 +100,35 @@ def test_a_shell_whose_sdk_is_gone_says_so_and_install_puts_it_back(mirror: Faul
     assert run_qnnctl("lower", "--", "true", env=shell).returncode == 0
 
 
-def test_force_in_a_shell_set_up_for_a_folder_outside_the_cache_is_refused(mirror: FaultServer,
-                                                                         tmp_path: Path) -> None:
-    vendor = build_sdk_tree(tmp_path / "vendor" / "qairt")
-    shell = shell_for("--sdk", str(vendor))
-    proc = run_qnnctl("install", "--force", env=shell)
-    assert proc.returncode == 2, proc.stderr
-    assert f"this shell was set up by `qnnctl env` for {vendor}, outside qnnctl's cache" in proc.stderr
+def test_force_in_a_shell_set_up_for_a_folder_that_is_no_sdk_of_the_cache_is_refused(
+        mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    places = {
+        build_sdk_tree(tmp_path / "vendor" / "qairt"): "outside qnnctl's cache",
+        # Named as a version, but not in the cache's sdks/.
+        build_sdk_tree(tmp_path / "vendor" / VERSION): "outside qnnctl's cache",
+        # In sdks/, but not named as a version.
+        build_sdk_tree(cache_dir / "sdks" / f"{VERSION}.old"): "inside qnnctl's cache, not one of its SDKs",
+    }
+    for root, place in places.items():
+        proc = run_qnnctl("install", "--force", env=shell_for("--sdk", str(root)))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (f"qnnctl: error: this shell was set up by `qnnctl env` for {root}, {place}; --force "
+                               "reinstalls an SDK of qnnctl's cache by VERSION\nqnnctl: hint: give the VERSION to "
+                               "reinstall (`qnnctl install --force VERSION`)\n")
     assert mirror.requests == []
+
+
+def test_force_in_a_shell_set_up_for_an_sdk_of_the_cache_reinstalls_it_for_the_same_reason(
+        mirror: FaultServer, cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    proc = run_qnnctl("-v", "install", "--force", env=shell_for(VERSION))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{root}\n"
+    assert mirror.requests_for(f"/{VERSION}/v{VERSION}.zip")
+    # -v says why: the shell's SDK, chosen by its folder, then by its version, for the same reason.
+    by_root, by_version = (line for line in proc.stderr.splitlines() if line.startswith("qnnctl: chose "))
+    assert by_version == by_root.replace(str(root), VERSION, 1)
 
 
 def test_doctor_hint_for_a_stale_shell_keeps_the_sdk_it_was_set_up_for(cache_dir: Path) -> None:
