@@ -126,6 +126,15 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60) -
         time.sleep(0.005)
 
 
+def _held(path: Path) -> bool:
+    """Whether this process holds a descriptor open on `path`."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the descriptor listdir itself used is gone
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return os.path.realpath(path) in held
+
+
 # -- the same result as extracting after the download -------------------------------------
 
 
@@ -492,16 +501,21 @@ def test_partial_file_replaced_by_another_is_not_read_on(tmp_path: Path) -> None
     assert not work.exists()
 
 
-def test_abandoned_stream_stops_its_threads(tmp_path: Path) -> None:
+def test_abandoned_stream_stops_its_threads(tmp_path: Path, log: Log) -> None:
     data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
     part = tmp_path / "download.part"
-    stream = ZipStream(tmp_path / "work" / "x", min_size=0)
+    work = tmp_path / "work" / "x"
+    stream = ZipStream(work, min_size=0)
     stream.begin(part, 0, len(data))
     part.write_bytes(data[: len(data) // 3])
     stream.extend(len(data) // 3)
     # The rest never comes: close() returns at once instead of waiting for it.
     assert stream.close(abandon=True) is None
     assert not [t for t in threading.enumerate() if t.name.startswith("qnnctl-")]
+    assert log.find("nothing kept from extracting while downloading") == [
+        "nothing kept from extracting while downloading: abandoned"]
+    assert not work.exists()
+    assert not _held(part)
 
 
 def test_small_downloads_are_not_streamed(tmp_path: Path) -> None:
@@ -546,7 +560,9 @@ class _Feed:
         self.upto(len(self.data))
         _wait_until(lambda: not [t for t in threading.enumerate() if t.name == "qnnctl-stream"],
                     "the stream's threads to finish", timeout=20)
-        return self.stream.close()
+        streamed = self.stream.close()
+        assert not _held(self.part)  # the partial file is read no more: its space is freed once it is removed
+        return streamed
 
 
 @pytest.fixture
@@ -846,18 +862,23 @@ def _raw_zip(name: str, method: int, compressed: bytes, crc: int, size: int) -> 
             + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(central), offset, 0))
 
 
-def test_a_stop_ends_the_file_being_written(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
-    """A member small in the archive and large on disk is written from memory, block after
-    block: when the download starts over, the thread writing it stops at the next block."""
-    size = 128 << 20
-    block = bytes(1 << 20)
+def _zeros_zip(size: int, block: bytes) -> bytes:
+    """A zip of sdk/zeros.bin, `size` zero bytes deflated to little: quick to download, slow to write."""
     deflate = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
     # Each block compressed on its own (a full flush), so the same bytes stand for every one.
     piece = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
     crc = 0
     for _ in range(size // len(block)):
         crc = zlib.crc32(block, crc)
-    data = _raw_zip("sdk/zeros.bin", zipfile.ZIP_DEFLATED, piece * (size // len(block)) + b"\x03\x00", crc, size)
+    return _raw_zip("sdk/zeros.bin", zipfile.ZIP_DEFLATED, piece * (size // len(block)) + b"\x03\x00", crc, size)
+
+
+def test_a_stop_ends_the_file_being_written(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    """A member small in the archive and large on disk is written from memory, block after
+    block: when the download starts over, the thread writing it stops at the next block."""
+    size = 128 << 20
+    block = bytes(1 << 20)
+    data = _zeros_zip(size, block)
     stream = feed(data)
     stream.upto(len(data))
     target = stream.work / "sdk/zeros.bin"
@@ -930,3 +951,70 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
             if stat.S_ISREG(info.external_attr >> 16):
                 rel = info.filename.removeprefix(f"{TOP}/")
                 assert result.files[rel] == manifest_digest(zf.read(info)), rel
+
+
+_CLOSE_INTERRUPTED = """
+import contextlib, logging, os, signal, sys, threading, time
+from pathlib import Path
+from qnnctl.archive import ZipStream
+
+def held(path):
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return os.path.realpath(path) in found
+
+logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+part, work, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+stream = ZipStream(work, min_size=0)
+stream.begin(part, 0, part.stat().st_size)
+stream.extend(part.stat().st_size)
+target = work / "sdk/zeros.bin"
+while not (target.exists() and target.stat().st_size >= 1 << 20):
+    time.sleep(0.001)
+threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+try:
+    stream.close()
+except KeyboardInterrupt:
+    print("interrupted", target.stat().st_size < size)
+print(stream.close(abandon=True), work.exists(), held(part))
+"""
+
+
+def test_ctrl_c_while_closing_stops_the_threads_and_keeps_nothing(tmp_path: Path) -> None:
+    """Ctrl-C while close() waits for the file being written: the threads stop at the next
+    block and the interrupt goes on to the caller; a close() after that, as a cleanup makes,
+    keeps nothing and says why, and the partial file is no longer held open."""
+    size = 256 << 20
+    part = tmp_path / "download.part"
+    part.write_bytes(_zeros_zip(size, bytes(1 << 20)))
+    done = subprocess.run([sys.executable, "-c", _CLOSE_INTERRUPTED, str(part), str(tmp_path / "work" / "x"),
+                           str(size)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "interrupted True\nNone False False\n"), done.stderr
+    assert done.stderr == "nothing kept from extracting while downloading: interrupted\n"
+
+
+def test_closing_again_gives_the_same_answer(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
+    data = _zip(("sdk/a.txt", b"a" * 3000))
+    stream = feed(data)
+    streamed = stream.finish()
+    assert _names(streamed) == ["sdk/a.txt"]
+    assert stream.stream.close() == streamed
+    assert not _held(stream.part)
+
+
+def test_a_work_folder_removed_meanwhile_is_no_error_when_nothing_is_kept(tmp_path: Path, log: Log) -> None:
+    """close() removes what is left of the work folder when nothing is kept, whatever is left of
+    it: here nothing, someone removed it; the download goes on to extract the archive itself."""
+    data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
+    part = tmp_path / "download.part"
+    work = tmp_path / "work" / "x"
+    stream = ZipStream(work, min_size=0)
+    stream.begin(part, 0, len(data))
+    part.write_bytes(data[:4096])
+    stream.extend(4096)
+    shutil.rmtree(work)
+    stream.begin(part, 0, len(data))  # started over
+    assert stream.close() is None
+    assert log.find("nothing kept") == ["nothing kept from extracting while downloading: the download started over"]
