@@ -559,6 +559,24 @@ def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Pa
         extract(archive, tmp_path / "out", only=chosen)
 
 
+def test_links_that_lead_outside_once_two_installs_are_put_together_are_refused(tmp_path: Path) -> None:
+    """Each tree's links lead inside it; together, one redirects another: lib/up -> b/.. of the
+    SDK installed, through lib/b -> .. of the components added, leads out of the SDK."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.partial import merge_old
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    (old / "lib").mkdir(parents=True)
+    (old / "lib/up").symlink_to("b/..")  # lib/b is not there: lib/up is lib itself
+    (new / "lib").mkdir(parents=True)
+    (new / "lib/b").symlink_to("..")
+    with pytest.raises(IntegrityError) as refused:
+        merge_old(old, new)
+    assert (refused.value.message, refused.value.hint) == (
+        "unsafe archive: symlink lib/up -> b/.. leads outside the SDK",
+        "the archive was not installed; get it from a trusted source")
+
+
 # -- from a file, and from the pin ------------------------------------------------------------------
 
 
