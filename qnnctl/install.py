@@ -297,7 +297,7 @@ def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool
     if ours and (force or missing_layout(root)):
         return Selection(BY_SHELL, selection.detail, version=real.name)
     if missing_layout(root):
-        raise shell_sdk_gone(root)
+        raise shell_sdk_gone(root, cache)
     if force:
         raise UsageError(
             f"this shell was set up by `qnnctl env` for {root}, {_place(real, cache)}; --force "

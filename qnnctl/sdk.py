@@ -387,7 +387,7 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
     """The SDK a selection names, which must already be on disk."""
     if selection.root is not None:
         if selection.reason == BY_SHELL and missing_layout(selection.root):
-            raise shell_sdk_gone(selection.root)
+            raise shell_sdk_gone(selection.root, cache)
         return sdk_from_root(selection.root, selection_origin(selection))
     if selection.version is None:
         raise UsageError("the SDK is managed by the caller (QNN_SDK_ROOT is empty)")
@@ -405,10 +405,14 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
     return sdk
 
 
-def shell_sdk_gone(root: Path) -> NotInstalledError:
+def shell_sdk_gone(root: Path, cache: Cache) -> NotInstalledError:
     """The SDK this shell was set up for by `qnnctl env` is no longer there."""
     version = version_in(root.name)
-    again = f"`qnnctl install {version}` to put it back, or " if version else ""
+    # `qnnctl install VERSION` puts an SDK of qnnctl's cache back where it was; one elsewhere
+    # (/opt/qairt/VERSION) it installs into the cache, and the shell still names the one gone.
+    real = root.resolve()
+    ours = real.parent == cache.sdks.resolve() and is_full_version(real.name)
+    again = f"`qnnctl install {version}` to put it back, or " if ours else ""
     error = NotInstalledError(version or str(root))
     error.message = f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone"
     error.args = (error.message,)

@@ -100,6 +100,22 @@ def test_a_shell_whose_sdk_is_gone_says_so_and_install_puts_it_back(mirror: Faul
     assert run_qnnctl("lower", "--", "true", env=shell).returncode == 0
 
 
+def test_a_shell_whose_sdk_outside_the_cache_is_gone_says_so_and_install_installs_nothing(
+        mirror: FaultServer, tmp_path: Path) -> None:
+    """`qnnctl install VERSION` would not put /opt/qairt/VERSION back: the hint does not offer it."""
+    for name in ("qairt", VERSION):
+        vendor = build_sdk_tree(tmp_path / "vendor" / name)
+        shell = shell_for("--sdk", str(vendor))
+        shutil.rmtree(vendor)
+        proc = run_qnnctl("install", env=shell)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stdout == ""
+        assert proc.stderr == (f"qnnctl: error: this shell was set up by `qnnctl env` for the SDK at {vendor}, "
+                               'which is gone\nqnnctl: hint: `eval "$(qnnctl env)"` to set the shell up for '
+                               "another SDK\n")
+    assert mirror.requests == []
+
+
 def test_force_in_a_shell_set_up_for_a_folder_that_is_no_sdk_of_the_cache_is_refused(
         mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     install_tree_into_cache(cache_dir, VERSION)

@@ -605,21 +605,21 @@ def test_the_callers_libraries_are_the_folder_with_libqnnhtp(tmp_path: Path) -> 
     assert caller_lib_dir({"LD_LIBRARY_PATH": ""}) is None
 
 
-@pytest.mark.parametrize("name", [VERSION, "qairt-current"])
-def test_a_shells_sdk_that_has_gone_is_named(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("where", ["cache", "elsewhere", "unnamed"])
+def test_a_shells_sdk_that_has_gone_is_named(tmp_path: Path, where: str) -> None:
+    """Only an SDK of qnnctl's cache is put back where it was by `qnnctl install VERSION`."""
+    from qnnctl.cache import Cache
     from qnnctl.sdk import shell_sdk_gone
 
-    root = tmp_path / name
-    error = shell_sdk_gone(root)
+    cache = Cache(tmp_path / "cache")
+    root = {"cache": cache.sdks / VERSION, "elsewhere": tmp_path / "opt" / VERSION,
+            "unnamed": tmp_path / "qairt-current"}[where]
+    error = shell_sdk_gone(root, cache)
     assert error.message == f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone"
     assert error.exit_code == 1
-    if name == VERSION:
-        assert error.version == VERSION
-        assert error.hint == (f"`qnnctl install {VERSION}` to put it back, or "
-                              '`eval "$(qnnctl env)"` to set the shell up for another SDK')
-    else:
-        assert error.version == str(root)
-        assert error.hint == '`eval "$(qnnctl env)"` to set the shell up for another SDK'
+    assert error.version == (str(root) if where == "unnamed" else VERSION)
+    again = f"`qnnctl install {VERSION}` to put it back, or " if where == "cache" else ""
+    assert error.hint == f'{again}`eval "$(qnnctl env)"` to set the shell up for another SDK'
 
 
 def test_the_newest_installed_counts_executorchs_cache_and_no_damaged_sdk(cache_dir: Path, tmp_path: Path) -> None:
