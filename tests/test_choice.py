@@ -75,6 +75,7 @@ def test_sha256_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultS
     again = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
     assert again.returncode == 0, again.stderr
     assert again.stdout == f"{root}\n"
+    assert "warning" not in again.stderr  # installed from this very archive: nothing to say about it
     assert mirror.requests == []
 
 
