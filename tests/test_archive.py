@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from qnnctl.archive import COPY_BUFFER, digest_matches, extract, work_folder
+from qnnctl.cache import space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
@@ -244,6 +245,9 @@ def test_corrupt_archives_are_integrity_errors(tmp_path: Path, fmt: str,
         extract(archive, _work(tmp_path))
     assert caught.value.exit_code == 4
     assert caught.value.hint == "nothing was installed; download the archive again"
+    if fmt != "zip":
+        # A tar is read as one stream, in order: what is missing is the end of it.
+        assert caught.value.message == f"{archive.name} is corrupt or truncated: unexpected end of data"
 
 
 def test_not_an_archive(tmp_path: Path) -> None:
@@ -277,6 +281,26 @@ def test_extraction_checks_free_space_first(tmp_path: Path, monkeypatch: pytest.
         extract(archive, work)
     assert caught.value.free == 1 << 20
     assert list(work.iterdir()) == []  # checked before anything was written
+
+
+def test_tar_extraction_needs_three_times_the_archive_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tar's uncompressed size is known only at its end: three times the archive is asked
+    for (with the margin), before anything is written."""
+    archive = build_archive(tmp_path, "tar.gz")
+    needed = 3 * archive.stat().st_size
+    wanted = needed + space_margin(needed)
+    real = shutil.disk_usage
+    free = wanted - 1
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=free))
+    work = _work(tmp_path)
+    with pytest.raises(DiskSpaceError) as caught:
+        extract(archive, work)
+    assert (caught.value.needed, caught.value.free) == (wanted, free)
+    assert caught.value.message == (f"not enough free space in {work} to extract the archive: "
+                                    f"need {wanted / (1 << 20):.1f} MiB, {free / (1 << 20):.1f} MiB free")
+    assert list(work.iterdir()) == []
+    free = wanted  # just enough
+    assert (extract(archive, work).root / "sdk.yaml").is_file()
 
 
 # -- hostile archives ---------------------------------------------------------------------
