@@ -16,11 +16,12 @@ import stat
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -544,19 +545,57 @@ def test_a_link_into_another_component_brings_its_target(server: FaultServer, tm
     assert not (root / "lib/hexagon-v75").exists()
 
 
-def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Path) -> None:
-    from pathlib import PurePosixPath
+def _names_in(archive: Path) -> set[PurePosixPath]:
+    if archive.suffix == ".zip":
+        with zipfile.ZipFile(archive) as zf:
+            return {PurePosixPath(i.filename.rstrip("/")) for i in zf.infolist()}
+    with tarfile.open(archive) as tf:
+        return {PurePosixPath(name) for name in tf.getnames()}
 
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Path, fmt: str) -> None:
     from qnnctl.archive import extract
     from qnnctl.errors import IntegrityError
 
-    archive = build_archive(tmp_path, "zip", SdkSpec())
-    with zipfile.ZipFile(archive) as zf:
-        names = {PurePosixPath(i.filename.rstrip("/")) for i in zf.infolist()}
-    chosen = {n for n in names if not str(n).endswith("libQnnHtp.so") or "android" in str(n)}
+    archive = build_archive(tmp_path, fmt, SdkSpec())
+    chosen = {n for n in _names_in(archive) if not str(n).endswith("libQnnHtp.so") or "android" in str(n)}
     with pytest.raises(IntegrityError, match=r"libQnnHtp.so.2 -> libQnnHtp.so needs .*libQnnHtp.so, which is "
                                              r"not being installed"):
         extract(archive, tmp_path / "out", only=chosen)
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, fmt: str) -> None:
+    """docs/odd -> ../sdk.yaml/../QNN_README.txt: a path through a file is followed as far as the
+    members go, and the member it names is needed as any link's target is."""
+    from qnnctl.archive import extract
+    from qnnctl.errors import IntegrityError
+    from tests.test_archive import TOP, Member, hostile_archive
+
+    archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/docs/odd", "symlink",
+                                                     target="../sdk.yaml/../QNN_README.txt")])
+    chosen = {n for n in _names_in(archive) if n.name != "QNN_README.txt"}
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, tmp_path / "out", only=chosen)
+    assert refused.value.message == (f"unsafe archive: symlink {TOP}/docs/odd -> ../sdk.yaml/../QNN_README.txt "
+                                     f"needs {TOP}/QNN_README.txt, which is not being installed (the components "
+                                     "chosen leave it out)")
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_a_device_file_is_refused_even_where_the_components_chosen_leave_it_out(tmp_path: Path, fmt: str) -> None:
+    from qnnctl.archive import extract
+    from qnnctl.errors import IntegrityError
+    from tests.test_archive import TOP, Member, hostile_archive
+
+    archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/share/null", "chardev")])
+    chosen = {n for n in _names_in(archive) if n.name != "null"}
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, tmp_path / "out", only=chosen)
+    assert (refused.value.message, refused.value.hint) == (
+        f"unsafe archive: '{TOP}/share/null' is a device or special file",
+        "the archive was not installed; get it from a trusted source")
 
 
 def test_links_that_lead_outside_once_two_installs_are_put_together_are_refused(tmp_path: Path) -> None:
