@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,8 @@ def test_uninstall_ambiguous_prefix(cache_dir: Path) -> None:
     b = install_tree_into_cache(cache_dir, "2.28.2.241116")
     result = run_qnnctl("uninstall", "2.28")
     assert result.returncode == 2, result.stderr
-    assert "2.28.0.241029" in result.stderr
-    assert "2.28.2.241116" in result.stderr
+    assert result.stderr == ("qnnctl: error: 2.28 matches more than one installed SDK: 2.28.0.241029, 2.28.2.241116\n"
+                             "qnnctl: hint: give the full version\n")
     assert a.exists()
     assert b.exists()
 
@@ -213,7 +214,28 @@ def test_clean_cache_reports_what_it_did(cache_dir: Path) -> None:
     with FileLock(str(cache_dir / "locks" / f"{OTHER_VERSION}.lock")).acquire(timeout=5):
         cleaned = clean_cache(Cache(cache_dir))
     assert sorted(cleaned.busy) == sorted([leftovers["busy-work"], leftovers["busy-part"]])
-    assert len(cleaned.removed) == len(leftovers) - 2
+    assert sorted(cleaned.removed) == sorted(path for name, path in leftovers.items() if not name.startswith("busy"))
+
+
+def test_cache_clean_leaves_what_an_install_from_a_file_uses_and_does_not_wait_for_it(cache_dir: Path) -> None:
+    """An install --file works under the `file` lock: its work folder (file.<id>), and anything in
+    downloads/ that names no version, stay while it runs; each one in use is skipped at once."""
+    leftovers = _leftovers(cache_dir)
+    unnamed = cache_dir / "downloads" / "archive.zip.part"
+    unnamed.write_bytes(b"partial")
+    started = time.monotonic()
+    with FileLock(str(cache_dir / "locks" / "file.lock")).acquire(timeout=5):
+        cleaned = clean_cache(Cache(cache_dir))
+    assert time.monotonic() - started < 1
+    assert sorted(cleaned.busy) == sorted([leftovers["file-work"], unnamed])
+    assert sorted(cleaned.removed) == sorted(path for name, path in leftovers.items() if name != "file-work")
+
+
+def test_cache_clean_before_anything_was_installed(cache_dir: Path) -> None:
+    assert not cache_dir.exists()
+    result = run_qnnctl("cache", "clean")
+    assert (result.returncode, result.stdout) == (0, "")
+    assert "nothing to clean" in result.stderr
 
 
 def test_list_shows_the_build_id_the_libraries_carry(cache_dir: Path, tmp_path: Path) -> None:
