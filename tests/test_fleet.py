@@ -204,6 +204,35 @@ def test_install_locked_without_a_lock_fails_before_anything(mirror: FaultServer
     assert "--locked: there is no qnnctl.lock" in from_file.stderr
 
 
+def test_install_file_of_a_version_installed_already_is_checked_against_the_lock(cache_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    lock = Path(made.stdout.strip())
+    # The SDK installed is then replaced by one from another archive.
+    manifest_path = cache_dir / "sdks" / VERSION / ".qnnctl.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sha256"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    reused = run_qnnctl("install", VERSION, "--file", str(archive))
+    assert reused.returncode == 4, reused.stderr
+    assert reused.stdout == ""
+    assert reused.stderr.endswith(f"qnnctl: hint: reinstall the locked archive: `qnnctl install --force {VERSION}`, "
+                                  "or, if the SDK in use is the one to trust, write the lock again: "
+                                  f"`qnnctl lock {VERSION}`\n")
+    # --locked, for another version installed already: the lock pins this one.
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    other = tmp_path / f"v{OTHER_VERSION}.zip"
+    other.write_bytes(b"never read: the version is installed")
+    locked = run_qnnctl("install", OTHER_VERSION, "--file", str(other), "--locked")
+    assert locked.returncode == 1, locked.stderr
+    assert locked.stderr == (f"qnnctl: error: --locked: {lock} pins SDK {VERSION}, not {OTHER_VERSION}\n"
+                             f"qnnctl: hint: install {VERSION} (`qnnctl use {VERSION}` pins it for the project), "
+                             f"or lock {OTHER_VERSION} with `qnnctl lock {OTHER_VERSION}`\n")
+
+
 def test_a_store_sdk_without_a_manifest_is_locked_from_its_archive_fetched_once(
         mirror: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
