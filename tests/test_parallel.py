@@ -159,6 +159,25 @@ def test_an_exception_that_does_not_pickle_still_reaches_the_parent() -> None:
     assert "member libB.so is odd" in out
 
 
+def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_parent() -> None:
+    """Pickled, it is made again from its args: one whose __init__ wants more cannot be."""
+    out = _ok("""
+        class Placed(Exception):
+            def __init__(self, what, where):
+                super().__init__(what)
+                self.where = where
+        def run(job, stop):
+            if job == 1:
+                raise Placed("member libB.so is odd", "/work/x")
+            return job
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    assert out == "Placed: member libB.so is odd\n"
+
+
 def test_a_failing_parent_kills_its_children(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
