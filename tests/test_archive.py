@@ -444,6 +444,16 @@ def test_hostile_archive_is_refused_by_extract(tmp_path: Path, case: str, fmt: s
     assert not _work(tmp_path).parent.exists()
 
 
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_a_device_file_is_refused_by_name(tmp_path: Path, fmt: str) -> None:
+    archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/share/null", "chardev")])
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, _work(tmp_path))
+    assert (refused.value.message, refused.value.hint) == (
+        f"unsafe archive: '{TOP}/share/null' is a device or special file",
+        "the archive was not installed; get it from a trusted source")
+
+
 def test_link_made_before_its_redirect_is_checked_at_the_end(tmp_path: Path) -> None:
     """b -> a/.. is harmless while a does not exist; a -> . made later turns it outward."""
     archive = hostile_archive(tmp_path, "tar.gz", [
@@ -482,6 +492,22 @@ def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
     result = extract(archive, _work(tmp_path))
     assert result.top == TOP
     assert (result.root / "lib/x86_64-linux-clang/libQnnHtp.so").is_file()
+
+
+def test_folders_of_a_tar_get_their_modes_and_stay_writable_by_their_owner(tmp_path: Path) -> None:
+    """So that the tree can always be replaced or removed: 0550 is taken as 0750."""
+    staging = tmp_path / "s"
+    build_sdk_tree(staging / TOP)
+    (staging / TOP / "docs").chmod(0o750)
+    (staging / TOP / "include").chmod(0o550)
+    archive = tmp_path / "modes.tar"
+    with tarfile.open(archive, "w") as tf:
+        tf.add(staging / "qairt", arcname="qairt")
+    (staging / TOP / "include").chmod(0o750)  # for the cleanup of tmp_path
+    root = extract(archive, _work(tmp_path)).root
+    assert stat.S_IMODE((root / "docs").stat().st_mode) == 0o750
+    assert stat.S_IMODE((root / "include").stat().st_mode) == 0o750
+    assert stat.S_IMODE((root / "lib").stat().st_mode) == 0o755
 
 
 def test_setuid_bits_are_dropped(tmp_path: Path) -> None:
