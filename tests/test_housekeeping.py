@@ -110,13 +110,16 @@ def test_uninstall_prefix_matches_whole_components(cache_dir: Path) -> None:
 
 def test_uninstall_ambiguous_prefix(cache_dir: Path) -> None:
     a = install_tree_into_cache(cache_dir, "2.28.0.241029")
-    b = install_tree_into_cache(cache_dir, "2.28.2.241116")
+    b = install_tree_into_cache(cache_dir, "2.28.10.250101")
+    c = install_tree_into_cache(cache_dir, "2.28.2.241116")
     result = run_qnnctl("uninstall", "2.28")
     assert result.returncode == 2, result.stderr
-    assert result.stderr == ("qnnctl: error: 2.28 matches more than one installed SDK: 2.28.0.241029, 2.28.2.241116\n"
-                             "qnnctl: hint: give the full version\n")
+    # In the order of the versions, not of their text.
+    assert result.stderr == ("qnnctl: error: 2.28 matches more than one installed SDK: 2.28.0.241029, 2.28.2.241116, "
+                             "2.28.10.250101\nqnnctl: hint: give the full version\n")
     assert a.exists()
     assert b.exists()
+    assert c.exists()
 
 
 def test_uninstall_not_installed(cache_dir: Path) -> None:
@@ -126,6 +129,14 @@ def test_uninstall_not_installed(cache_dir: Path) -> None:
     assert result.stderr == (f"qnnctl: error: SDK {VERSION} is not installed in qnnctl's cache\n"
                              "qnnctl: hint: `qnnctl list` shows what is installed\n")
     assert theirs.exists()  # ExecuTorch's cache is never touched
+
+
+def test_uninstall_of_a_prefix_of_no_known_release(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    result = run_qnnctl("uninstall", "2.99")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == ("qnnctl: error: SDK 2.99 is not installed in qnnctl's cache\n"
+                             "qnnctl: hint: `qnnctl list` shows what is installed\n")
 
 
 def test_uninstall_ignores_a_folder_without_manifest(cache_dir: Path) -> None:
