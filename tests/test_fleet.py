@@ -580,6 +580,20 @@ def test_uninstall_except_leaves_what_a_running_install_holds(server: FaultServe
     assert out == f"{cache_dir / 'sdks' / OTHER_VERSION}\n"
 
 
+def test_uninstall_of_an_sdk_in_a_store_says_qnnctl_never_changes_it(tmp_path: Path, cache_dir: Path) -> None:
+    store = tmp_path / "store"
+    root = build_sdk_tree(store / VERSION)
+    before = _snapshot(root)
+    env = {**os.environ, "QNNCTL_STORES": str(store)}
+    for spec in (VERSION, "2.37"):
+        result = run_qnnctl("uninstall", spec, env=env)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr == (f"qnnctl: error: SDK {VERSION} is in the store {store} ({root}), which qnnctl never "
+                                 "changes; it is not installed in qnnctl's cache\nqnnctl: hint: remove it from the "
+                                 "store itself, or take the store out of QNNCTL_STORES\n")
+    assert _snapshot(root) == before
+
+
 def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None:
     for version in (VERSION, OTHER_VERSION):
         install_tree_into_cache(cache_dir, version)
