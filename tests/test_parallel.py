@@ -128,7 +128,7 @@ def test_a_threaded_process_uses_threads() -> None:
 
 
 def test_a_childs_exception_is_raised_in_the_parent() -> None:
-    out = _ok("""
+    ran = _run("""
         def run(job, stop):
             if job == 1:
                 raise OSError(errno.ENOSPC, "No space left on device", "/work/x/lib/libA.so")
@@ -138,7 +138,8 @@ def test_a_childs_exception_is_raised_in_the_parent() -> None:
         except OSError as exc:
             print(exc.errno == errno.ENOSPC, exc.filename)
     """)
-    assert out.strip() == "True /work/x/lib/libA.so"
+    assert (ran.returncode, ran.stdout) == (0, "True /work/x/lib/libA.so\n"), ran.stderr
+    assert ran.stderr == ""  # the child that failed ended there: none of the caller's code ran again in it
 
 
 def test_an_exception_that_does_not_pickle_still_reaches_the_parent() -> None:
@@ -156,7 +157,7 @@ def test_an_exception_that_does_not_pickle_still_reaches_the_parent() -> None:
         except RuntimeError as exc:
             print(exc)
     """)
-    assert "member libB.so is odd" in out
+    assert out == "Odd: member libB.so is odd\n"
 
 
 def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_parent() -> None:
@@ -176,6 +177,28 @@ def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_paren
             print(exc)
     """)
     assert out == "Placed: member libB.so is odd\n"
+
+
+def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
+    """Its exception neither pickles nor turns into text: nothing reaches the parent but the
+    child's end, exit status 1 (wait status 256)."""
+    out = _ok("""
+        class Mute(Exception):
+            def __init__(self, hook):
+                super().__init__()
+                self.hook = hook
+            def __str__(self):
+                raise ValueError("no text")
+        def run(job, stop):
+            if job == 1:
+                raise Mute(lambda: None)
+            return job
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    assert out == "an extraction process ended without a result (wait status 256)\n"
 
 
 def test_a_failing_parent_kills_its_children(tmp_path: Path) -> None:
