@@ -973,7 +973,19 @@ stream.extend(part.stat().st_size)
 target = work / "sdk/zeros.bin"
 while not (target.exists() and target.stat().st_size >= 1 << 20):
     time.sleep(0.001)
-threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+
+def waiting():
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and not (frame.f_code.co_name == "join" and frame.f_globals["__name__"] == "threading"):
+        frame = frame.f_back
+    return frame is not None
+
+def ctrl_c():  # once close() waits for the thread
+    while not waiting():
+        time.sleep(0.001)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+threading.Thread(target=ctrl_c, daemon=True).start()
 try:
     stream.close()
 except KeyboardInterrupt:
