@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,6 +94,24 @@ def test_uninstall_by_full_version(cache_dir: Path) -> None:
     assert other.exists()
     assert result.stdout == ""
     assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    lock = FileLock(str(cache_dir / "locks" / f"{VERSION}.lock"))
+    with lock.acquire(timeout=5):
+        proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "uninstall", VERSION], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=3)
+            assert root.exists()
+        except BaseException:
+            proc.kill()
+            raise
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, ""), err
+    assert not root.exists()
 
 
 def test_uninstall_by_prefix(cache_dir: Path) -> None:
