@@ -201,6 +201,25 @@ def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
     assert out == "an extraction process ended without a result (wait status 256)\n"
 
 
+def test_a_child_that_cannot_send_its_results_ends_with_status_0() -> None:
+    """Its share done, but the results neither pickle nor turn into text: the parent learns
+    only that the child ended, with exit status 0."""
+    out = _ok("""
+        class Mute:
+            def __reduce__(self):
+                raise TypeError("no pickle")
+            def __repr__(self):
+                raise ValueError("no text")
+        def run(job, stop):
+            return Mute() if job == 1 else job
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    assert out == "an extraction process ended without a result (wait status 0)\n"
+
+
 def test_a_failing_parent_kills_its_children(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
