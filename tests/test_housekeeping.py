@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -112,6 +113,22 @@ def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> 
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, ""), err
     assert not root.exists()
+    # Removed meanwhile by the qnnctl that held the lock: said so, as for a version not installed.
+    root = install_tree_into_cache(cache_dir, VERSION)
+    with lock.acquire(timeout=5):
+        proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "uninstall", VERSION], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=3)
+        except BaseException:
+            proc.kill()
+            raise
+        shutil.rmtree(root)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (1, "")
+    assert err.endswith(f"\nqnnctl: error: SDK {VERSION} is not installed in qnnctl's cache\n"
+                        "qnnctl: hint: `qnnctl list` shows what is installed\n"), err
 
 
 def test_uninstall_by_prefix(cache_dir: Path) -> None:
