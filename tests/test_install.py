@@ -303,6 +303,10 @@ def test_file_sha256(tmp_path: Path, cache_dir: Path) -> None:
     assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
     right = run_qnnctl("install", "--file", str(archive), "--sha256", _sha256_file(archive))
     assert right.returncode == 0, right.stderr
+    # Installed now, it is asked for by version with the same digest: reused, the digest matches the record.
+    reused = run_qnnctl("install", VERSION, "--sha256", _sha256_file(archive))
+    assert reused.returncode == 0, reused.stderr
+    assert reused.stdout == f"{cache_dir / 'sdks' / VERSION}\n"
 
 
 def test_file_already_installed_is_reused(tmp_path: Path, cache_dir: Path) -> None:
