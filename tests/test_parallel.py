@@ -89,6 +89,17 @@ def _wait_gone(pid: int, seconds: float = 10) -> bool:
     return False
 
 
+def test_a_childs_results_larger_than_a_pipe_read_arrive_whole() -> None:
+    """A child's results can be larger than one read of its pipe (64 KiB): all its pieces are
+    joined as they came."""
+    out = _ok("""
+        results = in_processes([0, 1], lambda job, stop: str(job) * 300_000,
+                               weight=lambda job: 1, workers=2)
+        print(json.dumps({str(job): (len(text), set(text) == {str(job)}) for job, text in results.items()}))
+    """)
+    assert json.loads(out) == {"0": [300_000, True], "1": [300_000, True]}
+
+
 def test_jobs_are_shared_between_processes() -> None:
     out = _ok("""
         results = in_processes(list(range(40)), lambda job, stop: (job * job, os.getpid()),
