@@ -896,3 +896,12 @@ def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServe
     out, err = capfd.readouterr()
     assert out == ""
     assert "\r" in err  # the bar redraws its line
+
+
+def test_an_sdk_named_by_path_says_where_the_path_came_from() -> None:
+    from qnnctl.sdk import BY_ARGUMENT, BY_ENV, BY_SHELL, selection_origin
+
+    root = Path("/opt/qairt/2.37.0.250724")
+    assert selection_origin(Selection(BY_ENV, "from QNN_SDK_ROOT", root=root)) == "QNN_SDK_ROOT"
+    assert selection_origin(Selection(BY_SHELL, "set up by qnnctl env", root=root)) == "qnnctl env"
+    assert selection_origin(Selection(BY_ARGUMENT, "given", root=root)) == "--sdk"
