@@ -210,10 +210,11 @@ def main() -> int:
             print(f"{name}: {' '.join(target.sources)}  <-  {' '.join(target.tests)}")
         return 0
     target = TARGETS[args.module]
+    if args.report:  # the last run's folder as it is: its COMMIT is the one that run scored
+        return report(args.module, target, WORK / args.module, args.diffs)
     work = prepare(args.module, target)
-    if not args.report:
-        forget(work, target, survivors=args.retest)
-        run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
+    forget(work, target, survivors=args.retest)
+    run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
     return report(args.module, target, work, args.diffs)
 
 
