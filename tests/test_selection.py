@@ -905,3 +905,20 @@ def test_an_sdk_named_by_path_says_where_the_path_came_from() -> None:
     assert selection_origin(Selection(BY_ENV, "from QNN_SDK_ROOT", root=root)) == "QNN_SDK_ROOT"
     assert selection_origin(Selection(BY_SHELL, "set up by qnnctl env", root=root)) == "qnnctl env"
     assert selection_origin(Selection(BY_ARGUMENT, "given", root=root)) == "--sdk"
+
+
+def test_an_sdk_named_by_path_is_the_version_its_libraries_were_built_as(tmp_path: Path) -> None:
+    """sdk.yaml and the folder's name say 2.37; the libraries carry the build of 2.51: they win."""
+    from qnnctl.sdk import sdk_from_root
+
+    root = build_sdk_tree(tmp_path / VERSION, SdkSpec(version=VERSION, build_id="v2.51.0.260929181845"))
+    assert sdk_from_root(root, "--sdk") == Sdk(root=root, version="2.51.0.260929", origin="--sdk")
+
+
+def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
+    from qnnctl.errors import UsageError
+    from qnnctl.sdk import sdk_from_root
+
+    with pytest.raises(UsageError) as caught:
+        sdk_from_root(Path("  "), "QNN_SDK_ROOT")
+    assert caught.value.message == "QNN_SDK_ROOT is empty; an SDK root must be a folder"
