@@ -54,6 +54,17 @@ def _ok(body: str, *args: str) -> str:
     return ran.stdout
 
 
+def _child_failure(definitions: str) -> str:
+    """What in_processes raises (a RuntimeError's text) for jobs 0 and 1 of `definitions`'
+    `run(job, stop)`, job 1 done by a forked child; nothing when it raises nothing."""
+    return _ok(textwrap.dedent(definitions) + textwrap.dedent("""
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except RuntimeError as exc:
+            print(exc)
+    """))
+
+
 def _start(body: str, folder: Path, stdout: int | None = None) -> subprocess.Popen[str]:
     """The script `body` in a fresh interpreter, with `folder` (where its workers leave
     their pids) as its argument."""
@@ -154,7 +165,7 @@ def test_a_childs_exception_is_raised_in_the_parent() -> None:
 
 
 def test_an_exception_that_does_not_pickle_still_reaches_the_parent() -> None:
-    out = _ok("""
+    out = _child_failure("""
         class Odd(Exception):
             def __init__(self, what, hook):
                 super().__init__(what)
@@ -163,17 +174,13 @@ def test_an_exception_that_does_not_pickle_still_reaches_the_parent() -> None:
             if job == 1:
                 raise Odd("member libB.so is odd", lambda: None)
             return job
-        try:
-            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
-        except RuntimeError as exc:
-            print(exc)
     """)
     assert out == "Odd: member libB.so is odd\n"
 
 
 def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_parent() -> None:
     """Pickled, it is made again from its args: one whose __init__ wants more cannot be."""
-    out = _ok("""
+    out = _child_failure("""
         class Placed(Exception):
             def __init__(self, what, where):
                 super().__init__(what)
@@ -182,10 +189,6 @@ def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_paren
             if job == 1:
                 raise Placed("member libB.so is odd", "/work/x")
             return job
-        try:
-            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
-        except RuntimeError as exc:
-            print(exc)
     """)
     assert out == "Placed: member libB.so is odd\n"
 
@@ -193,7 +196,7 @@ def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_paren
 def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
     """Its exception neither pickles nor turns into text: nothing reaches the parent but the
     child's end, exit status 1 (wait status 256)."""
-    out = _ok("""
+    out = _child_failure("""
         class Mute(Exception):
             def __init__(self, hook):
                 super().__init__()
@@ -204,10 +207,6 @@ def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
             if job == 1:
                 raise Mute(lambda: None)
             return job
-        try:
-            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
-        except RuntimeError as exc:
-            print(exc)
     """)
     assert out == "an extraction process ended without a result (wait status 256)\n"
 
@@ -215,7 +214,7 @@ def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
 def test_a_child_that_cannot_send_its_results_ends_with_status_0() -> None:
     """Its share done, but the results neither pickle nor turn into text: the parent learns
     only that the child ended, with exit status 0."""
-    out = _ok("""
+    out = _child_failure("""
         class Mute:
             def __reduce__(self):
                 raise TypeError("no pickle")
@@ -223,10 +222,6 @@ def test_a_child_that_cannot_send_its_results_ends_with_status_0() -> None:
                 raise ValueError("no text")
         def run(job, stop):
             return Mute() if job == 1 else job
-        try:
-            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
-        except RuntimeError as exc:
-            print(exc)
     """)
     assert out == "an extraction process ended without a result (wait status 0)\n"
 
