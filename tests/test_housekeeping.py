@@ -97,33 +97,32 @@ def test_uninstall_by_full_version(cache_dir: Path) -> None:
     assert list((cache_dir / "tmp").iterdir()) == []
 
 
+def _uninstall_waiting() -> subprocess.Popen[str]:
+    """`qnnctl uninstall VERSION` started while its install lock is held: still waiting after 3 s."""
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "uninstall", VERSION], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=3)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     lock = FileLock(str(cache_dir / "locks" / f"{VERSION}.lock"))
     with lock.acquire(timeout=5):
-        proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "uninstall", VERSION], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            with pytest.raises(subprocess.TimeoutExpired):
-                proc.wait(timeout=3)
-            assert root.exists()
-        except BaseException:
-            proc.kill()
-            raise
+        proc = _uninstall_waiting()
+        assert root.exists()
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, ""), err
     assert not root.exists()
     # Removed meanwhile by the qnnctl that held the lock: said so, as for a version not installed.
     root = install_tree_into_cache(cache_dir, VERSION)
     with lock.acquire(timeout=5):
-        proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "uninstall", VERSION], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            with pytest.raises(subprocess.TimeoutExpired):
-                proc.wait(timeout=3)
-        except BaseException:
-            proc.kill()
-            raise
+        proc = _uninstall_waiting()
         shutil.rmtree(root)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (1, "")
