@@ -66,6 +66,14 @@ class Cache(NamedTuple):
     def sdk_dir(self, version: str) -> Path:
         return self.sdks / version
 
+    def version_at(self, path: Path) -> str | None:
+        """The version whose SDK folder of this cache `path` is (links resolved: sdks/VERSION);
+        None for any other folder."""
+        from qnnctl.versions import is_full_version
+
+        real = path.resolve()
+        return real.name if real.parent == self.sdks.resolve() and is_full_version(real.name) else None
+
     def lock_path(self, version: str) -> Path:
         return self.locks / f"{version}.lock"
 

@@ -292,15 +292,14 @@ def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool
     reinstall it, or install it again once it is gone, when it is one of qnnctl's cache."""
     from qnnctl.sdk import shell_sdk_gone
 
-    real = root.resolve()
-    ours = real.parent == cache.sdks.resolve() and is_full_version(real.name)
-    if ours and (force or missing_layout(root)):
-        return Selection(BY_SHELL, selection.detail, version=real.name)
+    version = cache.version_at(root)
+    if version is not None and (force or missing_layout(root)):
+        return Selection(BY_SHELL, selection.detail, version=version)
     if missing_layout(root):
         raise shell_sdk_gone(root, cache)
     if force:
         raise UsageError(
-            f"this shell was set up by `qnnctl env` for {root}, {_place(real, cache)}; --force "
+            f"this shell was set up by `qnnctl env` for {root}, {_place(root, cache)}; --force "
             "reinstalls an SDK of qnnctl's cache by VERSION",
             hint="give the VERSION to reinstall (`qnnctl install --force VERSION`)",
         )
@@ -359,25 +358,25 @@ def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
 
 def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
     """`install --force` without a VERSION while the user's QNN_SDK_ROOT chooses the SDK."""
-    real = root.resolve()
-    if real.parent == cache.sdks.resolve() and is_full_version(real.name):
+    version = cache.version_at(root)
+    if version is not None:
         # Often `export QNN_SDK_ROOT=$(qnnctl install)`: an SDK of qnnctl's own, but one that the
         # user exported, and a user's QNN_SDK_ROOT is never reinstalled unasked.
         return UsageError(
-            f"QNN_SDK_ROOT names SDK {real.name} in qnnctl's cache ({root}); --force without a VERSION "
+            f"QNN_SDK_ROOT names SDK {version} in qnnctl's cache ({root}); --force without a VERSION "
             "does not reinstall the SDK that QNN_SDK_ROOT names",
-            hint=f"run `qnnctl install --force {real.name}` to reinstall it",
+            hint=f"run `qnnctl install --force {version}` to reinstall it",
         )
     return UsageError(
-        f"QNN_SDK_ROOT names {root}, {_place(real, cache)}; --force reinstalls an SDK of qnnctl's cache by VERSION",
+        f"QNN_SDK_ROOT names {root}, {_place(root, cache)}; --force reinstalls an SDK of qnnctl's cache by VERSION",
         hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
     )
 
 
-def _place(real: Path, cache: Cache) -> str:
-    """Where a folder that is not one of the cache's SDKs is, for a message."""
-    return "inside qnnctl's cache, not one of its SDKs" if real.is_relative_to(cache.root.resolve()) else \
-        "outside qnnctl's cache"
+def _place(root: Path, cache: Cache) -> str:
+    """Where a folder that is not one of the cache's SDKs is (links resolved), for a message."""
+    return "inside qnnctl's cache, not one of its SDKs" if root.resolve().is_relative_to(cache.root.resolve()) \
+        else "outside qnnctl's cache"
 
 
 def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -> None:

@@ -410,9 +410,7 @@ def shell_sdk_gone(root: Path, cache: Cache) -> NotInstalledError:
     version = version_in(root.name)
     # `qnnctl install VERSION` puts an SDK of qnnctl's cache back where it was; one elsewhere
     # (/opt/qairt/VERSION) it installs into the cache, and the shell still names the one gone.
-    real = root.resolve()
-    ours = real.parent == cache.sdks.resolve() and is_full_version(real.name)
-    again = f"`qnnctl install {version}` to put it back, or " if ours else ""
+    again = f"`qnnctl install {version}` to put it back, or " if cache.version_at(root) else ""
     error = NotInstalledError(version or str(root))
     error.message = f"this shell was set up by `qnnctl env` for the SDK at {root}, which is gone"
     error.args = (error.message,)
