@@ -349,11 +349,9 @@ def test_a_206_that_starts_elsewhere_is_not_spliced(server: FaultServer, served:
     assert _range_start(again.headers) is None  # started over, from nothing
 
 
-def test_a_body_shorter_than_its_length_is_not_complete(server: FaultServer, served: bytes, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
-    """With an HTTP stack that does not enforce Content-Length (urllib3 1.x by default), a body
-    that ends early arrives without an error: the downloader itself must see that it is short."""
+def _lenient_content_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HTTP stack that does not enforce Content-Length (urllib3 1.x by default): a body that
+    ends early arrives without an error, its bytes kept."""
     from urllib3.connectionpool import HTTPConnectionPool
 
     real = HTTPConnectionPool._make_request
@@ -363,6 +361,14 @@ def test_a_body_shorter_than_its_length_is_not_complete(server: FaultServer, ser
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(HTTPConnectionPool, "_make_request", lenient)
+
+
+def test_a_body_shorter_than_its_length_is_not_complete(server: FaultServer, served: bytes, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """With an HTTP stack that does not enforce Content-Length (urllib3 1.x by default), a body
+    that ends early arrives without an error: the downloader itself must see that it is short."""
+    _lenient_content_length(monkeypatch)
     server.fail(PATH, Fault.drop_after(0), Fault.drop_after(300_000))
     sleeps = Sleeps()
     fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
@@ -383,15 +389,7 @@ def test_the_first_byte_kept_renews_the_retries_spent_before_it(server: FaultSer
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A download with nothing on disk yet that keeps its first byte has moved on: the retry
     urllib3 spent on a 503 before it is given back."""
-    from urllib3.connectionpool import HTTPConnectionPool
-
-    real = HTTPConnectionPool._make_request
-
-    def lenient(self: HTTPConnectionPool, *args: Any, **kwargs: Any) -> Any:
-        kwargs["enforce_content_length"] = False  # so that a body cut after one byte keeps it
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(HTTPConnectionPool, "_make_request", lenient)
+    _lenient_content_length(monkeypatch)  # so that a body cut after one byte keeps it
     server.fail(PATH, Fault.status(503), Fault.drop_after(1))
     sleeps = Sleeps()
     fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)
