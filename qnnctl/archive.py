@@ -50,6 +50,7 @@ STREAM_MIN = 16 << 20
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+_STATUS_LOST = -1  # the wait status of a child that someone else reaped: no real one is negative
 _CORRUPT = (zipfile.BadZipFile, tarfile.TarError, EOFError, lzma.LZMAError, zlib.error,
             gzip.BadGzipFile)
 _LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
@@ -355,7 +356,7 @@ class _Child:
     def __init__(self, pid: int, result: int) -> None:
         self.pid = pid
         self.result = result  # the read end of the pipe that brings its results; -1 once closed
-        self.status: int | None = None  # its wait status, once reaped
+        self.status: int | None = None  # its wait status once reaped (_STATUS_LOST if not ours)
 
     @classmethod
     def start(cls, share: list[_T], run: Callable[[_T, threading.Event], _R], children: list[_Child]) -> bool:
@@ -396,8 +397,7 @@ class _Child:
             # From our own child, through a pipe no one else holds.
             kind, value = pickle.loads(b"".join(chunks))  # noqa: S301
         except Exception:
-            raise RuntimeError(f"an extraction process ended without a result (wait status {status})"
-                               ) from None
+            raise RuntimeError(f"an extraction process ended without a result ({_ended(status)})") from None
         if kind == "error":
             raise value
         return dict(value)
@@ -420,8 +420,17 @@ class _Child:
             try:
                 _, self.status = os.waitpid(self.pid, 0)
             except ChildProcessError:  # reaped by someone else (an application's SIGCHLD handler)
-                self.status = -1
+                self.status = _STATUS_LOST
         return self.status
+
+
+def _ended(status: int) -> str:
+    """How a child ended, from its wait status, in words."""
+    if status == _STATUS_LOST:
+        return "its exit status went to another handler of SIGCHLD"
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
 def _child(share: list[_T], run: Callable[[_T, threading.Event], _R], parent: int, read_end: int,

@@ -195,7 +195,7 @@ def test_an_exception_that_pickles_but_does_not_unpickle_still_reaches_the_paren
 
 def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
     """Its exception neither pickles nor turns into text: nothing reaches the parent but the
-    child's end, exit status 1 (wait status 256)."""
+    child's end, exit status 1."""
     out = _child_failure("""
         class Mute(Exception):
             def __init__(self, hook):
@@ -208,7 +208,7 @@ def test_a_child_that_cannot_tell_its_failure_ends_with_status_1() -> None:
                 raise Mute(lambda: None)
             return job
     """)
-    assert out == "an extraction process ended without a result (wait status 256)\n"
+    assert out == "an extraction process ended without a result (exit status 1)\n"
 
 
 def test_a_child_that_cannot_send_its_results_ends_with_status_0() -> None:
@@ -223,7 +223,86 @@ def test_a_child_that_cannot_send_its_results_ends_with_status_0() -> None:
         def run(job, stop):
             return Mute() if job == 1 else job
     """)
-    assert out == "an extraction process ended without a result (wait status 0)\n"
+    assert out == "an extraction process ended without a result (exit status 0)\n"
+
+
+def test_a_child_killed_by_a_signal_is_reported_so() -> None:
+    out = _child_failure("""
+        import signal
+        def run(job, stop):
+            if job == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return job
+    """)
+    assert out == "an extraction process ended without a result (killed by SIGKILL)\n"
+
+
+# An application's SIGCHLD handler that reaps every child that ends (the status is then its),
+# and job 0 (this process's share) that waits until it has reaped job 1's child.
+REAPING = """
+import contextlib, signal
+reaped = []
+def reap(signum, frame):
+    with contextlib.suppress(ChildProcessError):
+        while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+            reaped.append(pid)
+signal.signal(signal.SIGCHLD, reap)
+def wait_reaped():
+    deadline = time.monotonic() + 30
+    while not reaped and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+def test_a_child_reaped_by_the_applications_handler_is_reported_so() -> None:
+    out = _child_failure(REAPING + textwrap.dedent("""
+        def run(job, stop):
+            if job == 1:
+                os._exit(3)  # no result sent
+            wait_reaped()
+            return job
+    """))
+    assert out == "an extraction process ended without a result (its exit status went to another handler of SIGCHLD)\n"
+
+
+def test_a_failing_parent_reports_its_error_when_its_child_was_reaped_elsewhere() -> None:
+    """The children are stopped after this process's own share fails: one that has ended and
+    that the application's handler reaped is no longer there to stop."""
+    out = _ok(REAPING + textwrap.dedent("""
+        def run(job, stop):
+            if job == 0:
+                wait_reaped()
+                raise ValueError("the parent's member is corrupt")
+            return job
+        try:
+            in_processes([0, 1], run, weight=lambda job: 10 - job, workers=2)
+        except ValueError as exc:
+            print(exc, len(reaped))
+    """))
+    assert out == "the parent's member is corrupt 1\n"
+
+
+def test_the_pipe_of_a_child_is_closed_when_it_got_descriptor_0() -> None:
+    """With no stdin (a daemon's, a service's), a child's pipe can be descriptor 0."""
+    out = _ok("""
+        os.close(0)
+        before = len(os.listdir("/proc/self/fd"))
+        results = in_processes([0, 1], lambda job, stop: job, weight=lambda job: 1, workers=2)
+        print(results == {0: 0, 1: 1}, len(os.listdir("/proc/self/fd")) - before)
+    """)
+    assert out.split() == ["True", "0"]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(enabled: bool) -> None:
+    """Disabled for the fork (a child never collects), then on again only if it was on."""
+    out = _ok(f"""
+        import gc
+        gc.enable() if {enabled} else gc.disable()
+        in_processes([0, 1], lambda job, stop: job, weight=lambda job: 1, workers=2)
+        print(gc.isenabled())
+    """)
+    assert out.strip() == str(enabled)
 
 
 def test_a_failing_parent_kills_its_children(tmp_path: Path) -> None:
