@@ -7,6 +7,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +117,25 @@ def run_qnnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
         text=True,
         timeout=timeout,
     )
+
+
+def start_qnnctl_waiting(*args: str, version: str = VERSION) -> subprocess.Popen[str]:
+    """`qnnctl ARGS` started while the install lock of `version` is held, once it says it waits
+    for it (its first line on stderr), with stdout and the rest of stderr still to read."""
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, proc.kill)  # a qnnctl that neither says it waits nor ends
+    watchdog.start()
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()
+        assert said == f"qnnctl: waiting for another qnnctl to finish installing {version}\n", said
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        watchdog.cancel()
+    return proc
 
 
 # Incompressible, so the archive is large enough for a dropped connection to leave whole

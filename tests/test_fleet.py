@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from qnnctl.cache import Cache, read_manifest, tree_size
 from qnnctl.sdk import find_installed
-from tests.conftest import run_qnnctl
+from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
 
@@ -231,6 +232,61 @@ def test_install_file_of_a_version_installed_already_is_checked_against_the_lock
     assert locked.stderr == (f"qnnctl: error: --locked: {lock} pins SDK {VERSION}, not {OTHER_VERSION}\n"
                              f"qnnctl: hint: install {VERSION} (`qnnctl use {VERSION}` pins it for the project), "
                              f"or lock {OTHER_VERSION} with `qnnctl lock {OTHER_VERSION}`\n")
+
+
+def test_an_installed_sdk_the_lock_disagrees_with_is_locked_again(cache_dir: Path, tmp_path: Path) -> None:
+    """The hint of a mismatch offers `qnnctl lock VERSION` when the SDK in use is the one to
+    trust: it writes the lock from that SDK, which the old lock does not stop."""
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    lock = Path(made.stdout.strip())
+    manifest_path = cache_dir / "sdks" / VERSION / ".qnnctl.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sha256"] = "0" * 64  # installed from another archive than the one locked
+    manifest_path.write_text(json.dumps(manifest))
+    assert run_qnnctl("install", VERSION).returncode == 4
+    again = run_qnnctl("lock", VERSION)
+    assert (again.returncode, again.stdout) == (0, f"{lock}\n"), again.stderr
+    assert tomllib.loads(lock.read_text())["sdk"]["sha256"] == "0" * 64
+    reused = run_qnnctl("install", VERSION)
+    assert (reused.returncode, reused.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), reused.stderr
+
+
+def test_the_lock_being_written_is_not_checked_against_the_one_it_replaces(cache_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    """`qnnctl lock` installs an SDK it does not find; one installed meanwhile by another qnnctl
+    (for which it waited) is locked as it is, even when the old lock disagrees with it."""
+    assert run_qnnctl("install", "--file", str(build_archive(tmp_path, "zip"))).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    lock = Path(made.stdout.strip())
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")).acquire(timeout=5):
+        proc = start_qnnctl_waiting("lock", VERSION)
+        root = install_tree_into_cache(cache_dir, VERSION)  # by the qnnctl holding the lock
+        manifest = json.loads((root / ".qnnctl.json").read_text())
+        manifest.update(sha256="0" * 64, size=1)
+        (root / ".qnnctl.json").write_text(json.dumps(manifest))
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, f"{lock}\n"), err
+    assert tomllib.loads(lock.read_text())["sdk"]["sha256"] == "0" * 64
+
+
+def test_install_locked_of_another_version_installed_already_fails(cache_dir: Path, tmp_path: Path) -> None:
+    assert run_qnnctl("install", "--file", str(build_archive(tmp_path, "zip"))).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    lock = Path(made.stdout.strip())
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    locked = run_qnnctl("install", OTHER_VERSION, "--locked")
+    assert (locked.returncode, locked.stdout) == (1, ""), locked.stderr
+    assert locked.stderr == (f"qnnctl: error: --locked: {lock} pins SDK {VERSION}, not {OTHER_VERSION}\n"
+                             f"qnnctl: hint: install {VERSION} (`qnnctl use {VERSION}` pins it for the project), "
+                             f"or lock {OTHER_VERSION} with `qnnctl lock {OTHER_VERSION}`\n")
+    # Without --locked the lock only speaks of the version it pins.
+    assert run_qnnctl("install", OTHER_VERSION).returncode == 0
 
 
 def test_a_store_sdk_without_a_manifest_is_locked_from_its_archive_fetched_once(

@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +13,7 @@ from filelock import FileLock
 
 from qnnctl.cache import Cache, tree_size
 from qnnctl.install import clean_cache
-from tests.conftest import run_qnnctl
+from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
 
 
@@ -98,29 +95,11 @@ def test_uninstall_by_full_version(cache_dir: Path) -> None:
     assert list((cache_dir / "tmp").iterdir()) == []
 
 
-def _uninstall_waiting() -> subprocess.Popen[str]:
-    """`qnnctl uninstall VERSION` started while its install lock is held, once it says it waits."""
-    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "uninstall", VERSION], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(60, proc.kill)  # a qnnctl that neither says it waits nor ends
-    watchdog.start()
-    try:
-        assert proc.stderr is not None
-        said = proc.stderr.readline()
-        assert said == f"qnnctl: waiting for another qnnctl to finish installing {VERSION}\n", said
-    except BaseException:
-        proc.kill()
-        raise
-    finally:
-        watchdog.cancel()
-    return proc
-
-
 def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     lock = FileLock(str(cache_dir / "locks" / f"{VERSION}.lock"))
     with lock.acquire(timeout=5):
-        proc = _uninstall_waiting()
+        proc = start_qnnctl_waiting("uninstall", VERSION)
         assert root.exists()
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, ""), err
@@ -128,7 +107,7 @@ def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> 
     # Removed meanwhile by the qnnctl that held the lock: said so, as for a version not installed.
     root = install_tree_into_cache(cache_dir, VERSION)
     with lock.acquire(timeout=5):
-        proc = _uninstall_waiting()
+        proc = start_qnnctl_waiting("uninstall", VERSION)
         shutil.rmtree(root)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (1, "")

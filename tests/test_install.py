@@ -357,9 +357,14 @@ def test_corrupt_file(tmp_path: Path, cache_dir: Path, fmt: str) -> None:
     assert list((cache_dir / "tmp").iterdir()) == []
 
 
-def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
-    result = run_qnnctl("install", "--file", str(tmp_path / "nope.zip"))
-    assert result.returncode == 2, result.stderr
+@pytest.mark.parametrize("name", ["nope.zip", "folder"])
+def test_a_missing_file_or_a_folder_is_a_usage_error(tmp_path: Path, cache_dir: Path, name: str) -> None:
+    (tmp_path / "folder").mkdir()
+    result = run_qnnctl("install", "--file", str(tmp_path / name))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"qnnctl: error: {tmp_path / name} is not a file\n"
+                             "qnnctl: hint: give the path of a downloaded SDK archive\n")
+    assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
 
 
 # -- concurrent installs -----------------------------------------------------------------------
