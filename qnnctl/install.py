@@ -671,7 +671,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None)
             exc.args = (exc.message,)
             exc.hint = "remove it from the store itself, or take the store out of QNNCTL_STORES"
         raise
-    link = remove_link(cache, version) if version in linked else None
+    link = remove_link(cache, version)  # a record that cannot be read goes too: it links nothing
     if link is not None:
         log.info("removed the link of SDK %s to %s; the folder is left as it is", version, link.root)
         if version not in ours:

@@ -486,6 +486,18 @@ def test_uninstall_removes_only_the_link(tmp_path: Path, cache_dir: Path) -> Non
     assert run_qnnctl("env", VERSION).returncode == 1
 
 
+def test_uninstall_takes_an_unreadable_link_record_with_the_sdk(cache_dir: Path) -> None:
+    """A record of the version that cannot be read links nothing: it is not left behind."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (cache_dir / "links").mkdir()
+    record = cache_dir / "links" / f"{VERSION}.json"
+    record.write_text("{cut short", encoding="utf-8")
+    removed = run_qnnctl("uninstall", VERSION)
+    assert (removed.returncode, removed.stdout) == (0, ""), removed.stderr
+    assert not root.exists()
+    assert not record.exists()
+
+
 def test_link_refuses_a_version_its_libraries_contradict(tmp_path: Path, cache_dir: Path) -> None:
     folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
     wrong = run_qnnctl("link", str(folder), "--version", OTHER_VERSION)
