@@ -19,6 +19,8 @@ from tests.sdkfactory import VERSION, SdkSpec, build_archive
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+NOWHERE_PROXY = "http://127.0.0.1:9"  # the discard port, which nothing here serves: refused
+
 # Variables that would make a test depend on the machine or the developer's shell.
 _SCRUB = (
     "QNN_SDK_ROOT", "QNNCTL_SDK", "QNNCTL_MIRROR", "QNN_STAGING_DIR", "LD_LIBRARY_PATH",
@@ -40,7 +42,10 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     cache = tmp_path / "cache"
     monkeypatch.setenv("QNNCTL_CACHE_DIR", str(cache))
-    # No proxy may turn a loopback request into a trip outside.
+    # Nothing leaves the machine: a request to any other host goes to a proxy on a loopback port
+    # that refuses it (a test of proxies sets its own), and no proxy takes a loopback request.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, NOWHERE_PROXY)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     work = tmp_path / "work"
     work.mkdir()

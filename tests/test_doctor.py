@@ -683,6 +683,7 @@ def test_network_goes_through_the_proxy_and_hides_its_password(server: FaultServ
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     host_port = server.base.removeprefix("http://")
     monkeypatch.setenv("QNNCTL_MIRROR", "http://mirror.invalid/All")
+    monkeypatch.delenv("HTTPS_PROXY")
     monkeypatch.setenv("HTTP_PROXY", f"http://user:s3cret@{host_port}")
     monkeypatch.delenv("NO_PROXY")
     result = doctor(offline=False)["network"]

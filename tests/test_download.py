@@ -498,16 +498,31 @@ def test_an_untrusted_certificate_fails_at_once_with_its_whole_cause(certificate
 UNKNOWN_HOST = "qnnctl-test.invalid"  # RFC 2606: never resolves
 
 
+def _no_such_name(host: str, *args: Any, **kwargs: Any) -> Any:
+    """socket.getaddrinfo as a resolver answers for a name that does not exist."""
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+# The entry point, with the resolver answering so for UNKNOWN_HOST: no query leaves the machine.
+ENTRY_WITHOUT_UNKNOWN_HOST = f"""
+import runpy, socket
+real = socket.getaddrinfo
+def getaddrinfo(host, *args, **kwargs):
+    if host == {UNKNOWN_HOST!r}:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    return real(host, *args, **kwargs)
+socket.getaddrinfo = getaddrinfo
+runpy.run_module("qnnctl", run_name="__main__", alter_sys=True)
+"""
+
+
 @pytest.fixture
-def unknown_host() -> str:
-    try:
-        socket.getaddrinfo(UNKNOWN_HOST, 80)
-    except socket.gaierror as exc:
-        if exc.errno != socket.EAI_NONAME:
-            # EAI_AGAIN: no resolver answers here, which is worth a retry.
-            pytest.skip(f"this host's resolver does not say the name is unknown: {exc}")
-        return UNKNOWN_HOST
-    pytest.skip(f"{UNKNOWN_HOST} resolves here")
+def unknown_host(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A host the resolver does not know, reached directly (no proxy)."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(socket, "getaddrinfo", _no_such_name)
+    return UNKNOWN_HOST
 
 
 def test_an_unknown_host_fails_at_once(unknown_host: str, tmp_path: Path) -> None:
@@ -521,7 +536,8 @@ def test_an_unknown_host_fails_at_once(unknown_host: str, tmp_path: Path) -> Non
 
 
 def test_an_unknown_host_fails_at_once_on_the_command_line(unknown_host: str) -> None:
-    result = run_qnnctl("install", "--url", f"https://{unknown_host}{PATH}")
+    result = subprocess.run([sys.executable, "-c", ENTRY_WITHOUT_UNKNOWN_HOST, "install", "--url",
+                             f"https://{unknown_host}{PATH}"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 3, result.stderr
     assert "retrying" not in result.stderr
     assert f"the host name {unknown_host} cannot be resolved" in _error_line(result.stderr)
