@@ -922,3 +922,31 @@ def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as caught:
         sdk_from_root(Path("  "), "QNN_SDK_ROOT")
     assert caught.value.message == "QNN_SDK_ROOT is empty; an SDK root must be a folder"
+
+
+def test_an_sdk_named_by_path_with_no_version_anywhere_is_of_version_unknown(tmp_path: Path) -> None:
+    from qnnctl.sdk import sdk_from_root
+
+    root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
+    assert sdk_from_root(root, "QNN_SDK_ROOT") == Sdk(root=root, version="unknown", origin="QNN_SDK_ROOT")
+
+
+def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path: Path) -> None:
+    """A vendor's comment in another encoding: the version line is read all the same."""
+    from qnnctl.sdk import version_claims
+
+    root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
+    (root / "sdk.yaml").write_bytes(b"# \xe9dition Qualcomm\nversion: " + VERSION.encode() + b"\n")
+    assert version_claims(root) == {"sdk.yaml": VERSION}
+
+
+def test_a_folder_that_is_no_sdk_root_is_refused_with_where_it_was_named(tmp_path: Path) -> None:
+    from qnnctl.errors import InvalidSdkError
+    from qnnctl.sdk import sdk_from_root
+
+    (tmp_path / "QNN_README.txt").write_text("")
+    with pytest.raises(InvalidSdkError) as caught:
+        sdk_from_root(tmp_path, "QNN_SDK_ROOT")
+    assert caught.value.message.startswith(f"QNN_SDK_ROOT {tmp_path} is not a QNN SDK root: missing ")
+    assert caught.value.hint == ("point it at the folder that holds QNN_README.txt, lib/ and bin/, or unset it "
+                                 "and run `qnnctl install`")
