@@ -6,6 +6,8 @@ executables. Nothing here is downloaded.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import os
 import shutil
@@ -83,20 +85,35 @@ class SdkSpec:
 
 
 _lib_cache: dict[tuple[str, str | None], bytes] = {}
+# Where the SDK's libraries, once compiled, are kept for later sessions (and for each mutant of
+# a mutation run, which forks a fresh session from a process that compiled none): named after
+# the digest of what `cc` was given, so a change to the source compiles anew. Decided on import,
+# before the tests move HOME into their temporary folders.
+LIBRARY_STORE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qnnctl-tests" / "libs"
 
 
 def _library_bytes(name: str, workdir: Path, build_id: str | None = None) -> bytes:
-    """Compile each distinct library once per test session (cc is slow-ish)."""
+    """Each distinct library compiled once (cc is slow-ish), then read from LIBRARY_STORE."""
     key = (name, build_id)
     if key not in _lib_cache:
         stem = name.removeprefix("lib").removesuffix(".so").replace("-", "_").lower()
         source = _LIB_SOURCE.format(name=stem)
         if build_id is not None:
             source += f'__attribute__((used)) static const char qnn_build[] = "{build_id}";\n'
-        # Built under its own name, which decides the provider list it gets (compile_shared).
-        with tempfile.TemporaryDirectory() as build:
-            out = compile_shared(Path(build) / name, source)
-            _lib_cache[key] = out.read_bytes()
+        digest = hashlib.sha256(name.encode() + b"\0" + source.encode()).hexdigest()
+        kept = LIBRARY_STORE / f"{digest[:32]}.so"
+        try:
+            _lib_cache[key] = kept.read_bytes()
+        except OSError:
+            # Built under its own name, which decides the provider list it gets (compile_shared).
+            with tempfile.TemporaryDirectory() as build:
+                out = compile_shared(Path(build) / name, source)
+                _lib_cache[key] = out.read_bytes()
+                with contextlib.suppress(OSError):  # a read-only home: compiled again next time
+                    LIBRARY_STORE.mkdir(parents=True, exist_ok=True)
+                    partial = kept.with_name(f"{kept.name}.{os.getpid()}.part")
+                    partial.write_bytes(_lib_cache[key])
+                    os.replace(partial, kept)  # whole or not at all, for sessions that run at once
     return _lib_cache[key]
 
 
