@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 from tests.mutation import TARGETS, Target
-from tests.mutation.plugin import HOOK_VARIABLE
+from tests.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "mutants"
@@ -130,9 +130,11 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
     """mutmut in `work`, niced, in a session of its own; stopped after `minutes`, or when this
     command is interrupted, by a SIGINT to mutmut alone: it then ends the mutant it is testing
     (whose verdict is not recorded) and keeps every verdict it has."""
-    mutmut = Path(sys.executable).with_name("mutmut")
-    process = subprocess.Popen(["nice", "-n", "10", str(mutmut), *args], cwd=work, start_new_session=True,
-                               preexec_fn=_default_sigint)
+    # mutmut's own command line, with each mutant's tests ordered by the kills so far (ordered_run.py).
+    ordered_run = work / "tests" / "mutation" / "ordered_run.py"
+    environ = dict(os.environ, **{KILLERS_VARIABLE: str(work / "killers.tsv")})
+    process = subprocess.Popen(["nice", "-n", "10", sys.executable, str(ordered_run), *args], cwd=work, env=environ,
+                               start_new_session=True, preexec_fn=_default_sigint)
     try:
         return process.wait(timeout=minutes * 60)
     except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:

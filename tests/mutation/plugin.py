@@ -27,6 +27,7 @@ import pytest
 
 HITS_VARIABLE = "QNNCTL_MUTATION_HITS"
 HOOK_VARIABLE = "QNNCTL_MUTATION_HOOK"
+KILLERS_VARIABLE = "QNNCTL_MUTATION_KILLERS"  # set by tests/mutation/__main__.py
 _SITE = Path(__file__).resolve().parent / "site"
 _MUTANTS = Path(__file__).resolve().parents[2]  # the copy mutmut runs in: <work>/mutants
 _ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
@@ -69,8 +70,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     code that follows shows every real failure."""
     outcome = yield
     report = outcome.get_result()
-    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and report.when == "call" and report.failed:
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if mutant == "stats" and report.when == "call" and report.failed:
         report.outcome = "passed"
+    killers = os.environ.get(KILLERS_VARIABLE)
+    if report.failed and killers and "__mutmut_" in mutant:
+        # The test that killed this mutant: ordered_run.py runs it first for the function's others.
+        with open(killers, "a", encoding="utf-8") as found:
+            found.write(f"{mutant}\t{report.nodeid}\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
