@@ -115,6 +115,17 @@ def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> 
                    "qnnctl: hint: `qnnctl list` shows what is installed\n")
 
 
+def test_uninstall_from_the_library_without_an_environment_names_what_is_not_installed(cache_dir: Path) -> None:
+    """Called with no environment, no store is looked at: the version is just not installed."""
+    from qnnctl.errors import NotInstalledError
+    from qnnctl.install import uninstall
+
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    with pytest.raises(NotInstalledError) as caught:
+        uninstall(VERSION, Cache(cache_dir))
+    assert caught.value.message == f"SDK {VERSION} is not installed in qnnctl's cache"
+
+
 def test_uninstall_by_prefix(cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     result = run_qnnctl("uninstall", "2.37")
