@@ -583,6 +583,25 @@ def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, f
                                      "chosen leave it out)")
 
 
+def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_is_made(tmp_path: Path) -> None:
+    """A tar's hard link is a second name for a member's data: without that member there is nothing to name."""
+    from qnnctl.archive import extract
+    from qnnctl.errors import IntegrityError
+    from tests.test_archive import TOP, Member, hostile_archive
+
+    archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/docs/readme-copy", "hardlink",
+                                                          target=f"{TOP}/QNN_README.txt")])
+    chosen = {n for n in _names_in(archive) if n.name != "QNN_README.txt"}
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, tmp_path / "out", only=chosen)
+    assert (refused.value.message, refused.value.hint) == (
+        f"unsafe archive: hard link {TOP}/docs/readme-copy -> {TOP}/QNN_README.txt needs a member that is not "
+        "being installed", "the archive was not installed; get it from a trusted source")
+    # With the member it names among those chosen, the link is made (as a copy of its data).
+    root = extract(archive, tmp_path / "whole", only=set(_names_in(archive))).root
+    assert (root / "docs" / "readme-copy").read_bytes() == (root / "QNN_README.txt").read_bytes()
+
+
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
 def test_a_device_file_is_refused_even_where_the_components_chosen_leave_it_out(tmp_path: Path, fmt: str) -> None:
     from qnnctl.archive import extract
