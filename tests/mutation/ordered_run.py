@@ -42,7 +42,7 @@ def killers_first(tests: Iterable[Any], key: Callable[[Any], Any] | None = None,
     ordered = sorted(tests, key=key, reverse=reverse)
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
     path = os.environ.get(KILLERS_VARIABLE)
-    if MARK in mutant and path:
+    if path:  # a name without MARK (stats, the clean run) is no function: no kills
         counts = kills_by_function(path).get(mutant.rpartition(MARK)[0])
         if counts:
             ordered.sort(key=lambda test: -counts[test] if isinstance(test, str) else 0)  # stable
