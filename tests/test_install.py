@@ -298,8 +298,10 @@ def test_file_holding_another_version_than_asked(tmp_path: Path, cache_dir: Path
 def test_file_sha256(tmp_path: Path, cache_dir: Path) -> None:
     archive = build_archive(tmp_path, "zip")
     wrong = run_qnnctl("install", "--file", str(archive), "--sha256", "f" * 64)
-    assert wrong.returncode == 4
-    assert "sha256 mismatch" in wrong.stderr
+    assert (wrong.returncode, wrong.stdout) == (4, "")
+    assert wrong.stderr == (f"qnnctl: error: sha256 mismatch for {archive}: expected {'f' * 64}, got "
+                            f"{_sha256_file(archive)}\n"
+                            "qnnctl: hint: check the --sha256 value, or download the archive again\n")
     assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
     right = run_qnnctl("install", "--file", str(archive), "--sha256", _sha256_file(archive))
     assert right.returncode == 0, right.stderr
