@@ -295,6 +295,17 @@ def test_file_holding_another_version_than_asked(tmp_path: Path, cache_dir: Path
     assert list((cache_dir / "sdks").iterdir()) == []
 
 
+def test_file_named_by_version_repairs_an_installed_sdk_that_lost_a_library(tmp_path: Path, cache_dir: Path) -> None:
+    """The SDK installed has its manifest but not its layout: it is not taken as installed."""
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    library = cache_dir / "sdks" / VERSION / "lib" / "x86_64-linux-clang" / "libQnnHtp.so"
+    library.unlink()
+    repaired = run_qnnctl("install", VERSION, "--file", str(archive))
+    assert (repaired.returncode, repaired.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), repaired.stderr
+    assert library.is_file()
+
+
 def test_file_sha256(tmp_path: Path, cache_dir: Path) -> None:
     archive = build_archive(tmp_path, "zip")
     wrong = run_qnnctl("install", "--file", str(archive), "--sha256", "f" * 64)

@@ -654,6 +654,11 @@ def test_file_with_components(tmp_path: Path, cache_dir: Path, archive_bytes: by
     assert "docs/payload.bin" in files_in(root)
     assert HOST_FILES <= files_in(root)
     assert read_manifest(root)["components"] == ["host", "docs"]  # type: ignore[index]
+    # Named by version too: what is installed is looked at before the archive, and it lacks android.
+    named = run_qnnctl("install", VERSION, "--file", str(archive), "--components", "android")
+    assert named.returncode == 0, named.stderr
+    assert files_in(root) >= HOST_FILES | ANDROID_FILES
+    assert read_manifest(root)["components"] == ["host", "android", "docs"]  # type: ignore[index]
 
 
 def test_tar_file_with_components(tmp_path: Path, cache_dir: Path) -> None:
