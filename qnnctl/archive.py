@@ -269,19 +269,11 @@ def in_threads(jobs: Iterable[_T], run: Callable[[_T, threading.Event], None], t
             errors.append(exc)
             stop.set()
 
-    helpers = [threading.Thread(target=worker, name=f"qnnctl-extract-{i}", daemon=True)
-               for i in range(threads - 1)]
-    for helper in helpers:
-        helper.start()
+    from qnnctl.threads import start_daemon, wait_ended
+
+    helpers = [start_daemon(worker, f"qnnctl-extract-{i}") for i in range(threads - 1)]
     worker()
-    interrupted: BaseException | None = None
-    for helper in helpers:
-        while helper.is_alive():
-            try:
-                helper.join()
-            except BaseException as exc:  # Ctrl-C while waiting: stop the others, still wait
-                interrupted = interrupted or exc
-                stop.set()
+    interrupted = wait_ended(helpers, stop.set)  # Ctrl-C while waiting: stop the others, still wait
     if interrupted is not None:
         raise interrupted
     if errors:
@@ -788,7 +780,7 @@ class ZipStream:
         self._stop = threading.Event()
         self._failed: str | None = None
         self._budget = 0  # bytes the streamed files may take on disk
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Event | None = None  # set once the extracting thread has ended
 
     # -- called by the downloader ------------------------------------------------------
 
@@ -804,8 +796,9 @@ class ZipStream:
                 self.work.mkdir(parents=True, exist_ok=True)
                 free = shutil.disk_usage(self.work).free
                 self._budget = free - (total - offset) - space_margin(total - offset)
-                self._thread = threading.Thread(target=self._run, name="qnnctl-stream", daemon=True)
-                self._thread.start()
+                from qnnctl.threads import start_daemon
+
+                self._thread = start_daemon(self._run, "qnnctl-stream")
             elif offset < self._size or not self._same_file(part):
                 # The download starts over: bytes already read may change under us.
                 self._fail("the download started over")
@@ -840,14 +833,13 @@ class ZipStream:
             self._changed.notify_all()
         if self._thread is None:
             return None
+        from qnnctl.threads import wait_ended
+
         try:
-            while self._thread.is_alive():
-                try:
-                    self._thread.join()
-                except BaseException:  # Ctrl-C: stop the threads, still wait for them
-                    self._fail("interrupted")
-                    self._thread.join()
-                    raise
+            # Ctrl-C: stop the threads, still wait for them
+            interrupted = wait_ended([self._thread], lambda: self._fail("interrupted"))
+            if interrupted is not None:
+                raise interrupted
         finally:
             with self._changed:
                 if self._fd is not None:

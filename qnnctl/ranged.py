@@ -437,7 +437,7 @@ class Fetcher:
         self._changed = threading.Condition()
         self._failure: BaseException | None = None
         self._stop = threading.Event()
-        self._workers: list[threading.Thread] = []
+        self._workers: list[threading.Event] = []  # each set once its thread has ended
         self._bar: Any = None
         self.received = 0  # bytes this run received
 
@@ -454,10 +454,10 @@ class Fetcher:
         if self.progress is not None:
             self._bar = _LockedProgress(self.progress(label, total, 0))
         self._queue = list(reversed(wanted))
+        from qnnctl.threads import start_daemon
+
         for i in range(min(self.threads, len(wanted))):
-            worker = threading.Thread(target=self._work, name=f"qnnctl-range-{i}", daemon=True)
-            self._workers.append(worker)
-            worker.start()
+            self._workers.append(start_daemon(self._work, f"qnnctl-range-{i}"))
 
     def wait(self, start: int, end: int) -> None:
         """Block until [start, end) is held; raise the failure that stopped the fetching."""
@@ -465,20 +465,15 @@ class Fetcher:
             while not self.sparse.covers(start, end):
                 if self._failure is not None:
                     raise self._failure
-                if not any(w.is_alive() for w in self._workers):
+                if all(ended.is_set() for ended in self._workers):
                     raise DownloadError(f"bytes {start}-{end - 1} of {self.sparse.remote.shown} were not fetched")
                 self._changed.wait(1.0)
 
     def finish(self) -> None:
         """Wait for every request; the first failure is raised here."""
-        interrupted: BaseException | None = None
-        for worker in self._workers:
-            while worker.is_alive():
-                try:
-                    worker.join()
-                except BaseException as exc:  # Ctrl-C: stop the others, still wait for them
-                    interrupted = interrupted or exc
-                    self.abandon()
+        from qnnctl.threads import wait_ended
+
+        interrupted = wait_ended(self._workers, self.abandon)  # Ctrl-C: stop the others, still wait
         self._workers = []
         if self._bar is not None:
             self._bar.close()

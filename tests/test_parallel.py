@@ -374,6 +374,44 @@ def test_interrupting_the_parent_while_it_waits_stops_its_children(tmp_path: Pat
     assert out.strip() == "reaped"
 
 
+def test_interrupting_the_threads_while_this_one_waits_for_a_helper_raises_it_once_they_stop(
+        tmp_path: Path) -> None:
+    """Ctrl-C while this thread, its jobs done, waits for a helper still working: the helpers are
+    told to stop, and the KeyboardInterrupt is raised here once they have."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = _start("""
+        from qnnctl.archive import in_threads
+        folder = sys.argv[1]
+        helper_busy = threading.Event()
+        def jobs():
+            yield "a"
+            yield "b"
+            open(os.path.join(folder, "drained"), "w").close()  # asked by this thread: it is done
+        def run(job, stop):
+            if threading.current_thread() is threading.main_thread():
+                helper_busy.wait(30)
+                return
+            helper_busy.set()
+            while not stop.is_set():
+                time.sleep(0.01)
+            open(os.path.join(folder, "stopped"), "w").close()
+        try:
+            in_threads(jobs(), run, threads=2)
+            print("returned", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", sorted(os.listdir(folder)), flush=True)
+    """, marks, stdout=subprocess.PIPE)
+    try:
+        assert _files(marks, 1) == ["drained"]
+        time.sleep(0.2)  # from asking for a job to waiting for the helper
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert out == "interrupted ['drained', 'stopped']\n"
+
+
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()

@@ -976,7 +976,7 @@ while not (target.exists() and target.stat().st_size >= 1 << 20):
 
 def waiting():
     frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None and not (frame.f_code.co_name == "join" and frame.f_globals["__name__"] == "threading"):
+    while frame is not None and (frame.f_globals["__name__"], frame.f_code.co_name) != ("qnnctl.threads", "wait_ended"):
         frame = frame.f_back
     return frame is not None
 
