@@ -30,7 +30,7 @@ TARGETS: dict[str, Target] = {
     "elf": Target(("qnnctl/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),
     "download": Target(("qnnctl/download.py",), ("tests/test_download.py",)),
     # The links and member filter of partial installs, and doctor --verify's digests, are archive's too.
-    "archive": Target(("qnnctl/archive.py",),
+    "archive": Target(("qnnctl/archive.py", "qnnctl/threads.py"),
                       ("tests/test_archive.py", "tests/test_stream.py", "tests/test_parallel.py",
                        "tests/test_partial.py", "tests/test_components.py", "tests/test_doctor.py")),
     # install.py is the command's core: the resolution of what to install (test_choice), the
