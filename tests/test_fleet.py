@@ -80,6 +80,24 @@ def _nothing_installed(cache_dir: Path, version: str = VERSION) -> None:
 # -- qnnctl.lock -------------------------------------------------------------------------------
 
 
+def _install_and_lock(tmp_path: Path) -> tuple[Path, Path]:
+    """The default SDK installed from an archive built in `tmp_path`, and the project's lock
+    written for it: (the archive, the lock)."""
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    return archive, Path(made.stdout.strip())
+
+
+def _installed_from_another_archive(cache_dir: Path) -> None:
+    """Make the SDK installed one that came from another archive than the one locked."""
+    manifest_path = cache_dir / "sdks" / VERSION / ".qnnctl.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sha256"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+
+
 def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer, tmp_path: Path, cache_dir: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     good = _archive(tmp_path / "good")
@@ -207,16 +225,8 @@ def test_install_locked_without_a_lock_fails_before_anything(mirror: FaultServer
 
 def test_install_file_of_a_version_installed_already_is_checked_against_the_lock(cache_dir: Path,
                                                                                  tmp_path: Path) -> None:
-    archive = build_archive(tmp_path, "zip")
-    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
-    made = run_qnnctl("lock", VERSION)
-    assert made.returncode == 0, made.stderr
-    lock = Path(made.stdout.strip())
-    # The SDK installed is then replaced by one from another archive.
-    manifest_path = cache_dir / "sdks" / VERSION / ".qnnctl.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["sha256"] = "0" * 64
-    manifest_path.write_text(json.dumps(manifest))
+    archive, lock = _install_and_lock(tmp_path)
+    _installed_from_another_archive(cache_dir)
     reused = run_qnnctl("install", VERSION, "--file", str(archive))
     assert reused.returncode == 4, reused.stderr
     assert reused.stdout == ""
@@ -237,15 +247,8 @@ def test_install_file_of_a_version_installed_already_is_checked_against_the_lock
 def test_an_installed_sdk_the_lock_disagrees_with_is_locked_again(cache_dir: Path, tmp_path: Path) -> None:
     """The hint of a mismatch offers `qnnctl lock VERSION` when the SDK in use is the one to
     trust: it writes the lock from that SDK, which the old lock does not stop."""
-    archive = build_archive(tmp_path, "zip")
-    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
-    made = run_qnnctl("lock", VERSION)
-    assert made.returncode == 0, made.stderr
-    lock = Path(made.stdout.strip())
-    manifest_path = cache_dir / "sdks" / VERSION / ".qnnctl.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["sha256"] = "0" * 64  # installed from another archive than the one locked
-    manifest_path.write_text(json.dumps(manifest))
+    _, lock = _install_and_lock(tmp_path)
+    _installed_from_another_archive(cache_dir)
     assert run_qnnctl("install", VERSION).returncode == 4
     again = run_qnnctl("lock", VERSION)
     assert (again.returncode, again.stdout) == (0, f"{lock}\n"), again.stderr
@@ -258,10 +261,7 @@ def test_the_lock_being_written_is_not_checked_against_the_one_it_replaces(cache
                                                                            tmp_path: Path) -> None:
     """`qnnctl lock` installs an SDK it does not find; one installed meanwhile by another qnnctl
     (for which it waited) is locked as it is, even when the old lock disagrees with it."""
-    assert run_qnnctl("install", "--file", str(build_archive(tmp_path, "zip"))).returncode == 0
-    made = run_qnnctl("lock", VERSION)
-    assert made.returncode == 0, made.stderr
-    lock = Path(made.stdout.strip())
+    _, lock = _install_and_lock(tmp_path)
     assert run_qnnctl("uninstall", VERSION).returncode == 0
     with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")).acquire(timeout=5):
         proc = start_qnnctl_waiting("lock", VERSION)
@@ -275,10 +275,7 @@ def test_the_lock_being_written_is_not_checked_against_the_one_it_replaces(cache
 
 
 def test_install_locked_of_another_version_installed_already_fails(cache_dir: Path, tmp_path: Path) -> None:
-    assert run_qnnctl("install", "--file", str(build_archive(tmp_path, "zip"))).returncode == 0
-    made = run_qnnctl("lock", VERSION)
-    assert made.returncode == 0, made.stderr
-    lock = Path(made.stdout.strip())
+    _, lock = _install_and_lock(tmp_path)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
     locked = run_qnnctl("install", OTHER_VERSION, "--locked")
     assert (locked.returncode, locked.stdout) == (1, ""), locked.stderr
