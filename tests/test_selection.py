@@ -950,3 +950,22 @@ def test_a_folder_that_is_no_sdk_root_is_refused_with_where_it_was_named(tmp_pat
     assert caught.value.message.startswith(f"QNN_SDK_ROOT {tmp_path} is not a QNN SDK root: missing ")
     assert caught.value.hint == ("point it at the folder that holds QNN_README.txt, lib/ and bin/, or unset it "
                                  "and run `qnnctl install`")
+
+
+def test_what_names_an_sdks_version_besides_its_libraries_in_the_order_trusted(tmp_path: Path) -> None:
+    """sdk.yaml, the folder's name, the manifest, the name of the archive the manifest names."""
+    import json
+
+    from qnnctl.sdk import version_claims
+
+    root = build_sdk_tree(tmp_path / "2.31.0.250130", SdkSpec(version=VERSION))
+    manifest = {"version": OTHER_VERSION, "source": "https://mirror.example/All/v2.28.0.241029.zip"}
+    (root / ".qnnctl.json").write_text(json.dumps(manifest))
+    expected = {"sdk.yaml": VERSION, "the folder name": "2.31.0.250130", "the manifest": OTHER_VERSION,
+                "the archive's name": "2.28.0.241029"}
+    assert list(version_claims(root).items()) == list(expected.items())
+    # A manifest the caller has read already is the one used.
+    assert version_claims(root, {"version": "2.26.0.240828"})["the manifest"] == "2.26.0.240828"
+    # Nothing on disk names it: no claims.
+    bare = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
+    assert version_claims(bare) == {}
