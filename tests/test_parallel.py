@@ -137,6 +137,18 @@ def test_shares_weigh_about_the_same() -> None:
     assert out.strip() == "1"  # the heavy job alone on one side, the hundred light ones on the other
 
 
+def test_each_job_goes_to_the_share_that_weighs_least_so_far() -> None:
+    """Weights 5, 4, 3, 3 in two shares: 5 | 4, then 3 to the 4 (7), then 3 to the 5 (8)."""
+    out = _ok("""
+        weights = {"a": 5, "b": 4, "c": 3, "d": 3}
+        results = in_processes(list(weights), lambda job, stop: os.getpid(), weight=weights.__getitem__,
+                               workers=2)
+        mine = sorted(job for job, pid in results.items() if pid == os.getpid())
+        print(mine, sorted(job for job in results if job not in mine))
+    """)
+    assert out == "['a', 'd'] ['b', 'c']\n"
+
+
 def test_a_threaded_process_uses_threads() -> None:
     out = _ok("""
         idle = threading.Event()
