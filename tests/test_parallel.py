@@ -179,6 +179,27 @@ def test_threads_run_jobs_at_once_in_named_daemon_threads() -> None:
     assert json.loads(out) == [["qnnctl-extract-0", True], ["qnnctl-extract-1", True]]
 
 
+def test_in_threads_a_failure_tells_the_other_jobs_to_stop() -> None:
+    """A threaded process works in threads: the jobs still get the event that says stop."""
+    out = _ok("""
+        idle = threading.Event()
+        threading.Thread(target=idle.wait, daemon=True).start()
+        failed = threading.Event()
+        saw = []
+        def run(job, stop):
+            if job == 1:
+                failed.set()
+                raise ValueError("job 1 failed")
+            failed.wait(10)
+            saw.append(stop.wait(10))
+        try:
+            in_processes([0, 1], run, weight=lambda job: 1, workers=2)
+        except ValueError as exc:
+            print(exc, saw)
+    """)
+    assert out == "job 1 failed [True]\n"
+
+
 def test_a_childs_exception_is_raised_in_the_parent() -> None:
     ran = _run("""
         def run(job, stop):
