@@ -959,13 +959,16 @@ def test_what_names_an_sdks_version_besides_its_libraries_in_the_order_trusted(t
     from qnnctl.sdk import version_claims
 
     root = build_sdk_tree(tmp_path / "2.31.0.250130", SdkSpec(version=VERSION))
-    manifest = {"version": OTHER_VERSION, "source": "https://mirror.example/All/v2.28.0.241029.zip"}
+    # The mirror's layout: the file's name is read, not the folder it is in.
+    manifest = {"version": OTHER_VERSION, "source": "https://mirror.example/2.26.0.240828/v2.28.0.241029.zip"}
     (root / ".qnnctl.json").write_text(json.dumps(manifest))
     expected = {"sdk.yaml": VERSION, "the folder name": "2.31.0.250130", "the manifest": OTHER_VERSION,
                 "the archive's name": "2.28.0.241029"}
     assert list(version_claims(root).items()) == list(expected.items())
     # A manifest the caller has read already is the one used.
     assert version_claims(root, {"version": "2.26.0.240828"})["the manifest"] == "2.26.0.240828"
+    # A version in the manifest that is no full version claims nothing.
+    assert "the manifest" not in version_claims(root, {"version": "2.26"})
     # Nothing on disk names it: no claims.
     bare = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     assert version_claims(bare) == {}
