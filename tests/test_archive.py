@@ -192,6 +192,23 @@ def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path) -> Non
     assert peak < 4 * COPY_BUFFER, f"peak {peak >> 20} MiB while verifying a {size >> 20} MiB file"
 
 
+def test_an_archives_kind_is_read_from_its_first_bytes_alone(tmp_path: Path) -> None:
+    """A 1-2 GB archive: what kind it is comes from its start, not from reading it whole."""
+    from qnnctl.archive import archive_kind
+
+    path = tmp_path / "sdk.bin"
+    with open(path, "wb") as handle:
+        handle.write(b"PK\x03\x04")
+        handle.truncate(48 << 20)
+    tracemalloc.start()
+    try:
+        kind = archive_kind(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (kind, peak < 64 << 10) == ("zip", True), f"peak {peak} bytes"
+
+
 # -- corrupt and truncated archives -----------------------------------------------------
 
 

@@ -295,6 +295,15 @@ def test_file_holding_another_version_than_asked(tmp_path: Path, cache_dir: Path
     assert list((cache_dir / "sdks").iterdir()) == []
 
 
+def test_file_named_by_version_already_installed_says_so_without_reading_it(tmp_path: Path, cache_dir: Path) -> None:
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    again = run_qnnctl("install", VERSION, "--file", str(archive))
+    assert (again.returncode, again.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), again.stderr
+    assert f"qnnctl: SDK {VERSION} is already installed (qnnctl cache)\n" in again.stderr
+    assert not list((cache_dir / "tmp").iterdir())  # nothing was extracted
+
+
 def test_file_named_by_version_repairs_an_installed_sdk_that_lost_a_library(tmp_path: Path, cache_dir: Path) -> None:
     """The SDK installed has its manifest but not its layout: it is not taken as installed."""
     archive = build_archive(tmp_path, "zip")

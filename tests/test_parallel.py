@@ -111,6 +111,15 @@ def test_a_childs_results_larger_than_a_pipe_read_arrive_whole() -> None:
     assert json.loads(out) == {"0": [300_000, True], "1": [300_000, True]}
 
 
+def test_every_job_gets_an_event_that_says_stop_in_this_process_and_in_the_children() -> None:
+    out = _ok("""
+        results = in_processes([0, 1, 2, 3], lambda job, stop: (stop.is_set(), os.getpid()),
+                               weight=lambda job: 1, workers=2)
+        print(sorted(seen for seen, _ in results.values()), len({pid for _, pid in results.values()}))
+    """)
+    assert out == "[False, False, False, False] 2\n"
+
+
 def test_jobs_are_shared_between_processes() -> None:
     out = _ok("""
         results = in_processes(list(range(40)), lambda job, stop: (job * job, os.getpid()),
