@@ -192,6 +192,26 @@ def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path) -> Non
     assert peak < 4 * COPY_BUFFER, f"peak {peak >> 20} MiB while verifying a {size >> 20} MiB file"
 
 
+@pytest.mark.parametrize("mode", ["zip-empty", "zip", "w:", "w:gz", "w:xz", "w:bz2"])
+def test_an_archives_kind_comes_from_its_magic_bytes(tmp_path: Path, mode: str) -> None:
+    """A zip (an empty one is only its end record), a plain tar (`ustar` at byte 257), and a tar
+    compressed with gzip, xz or bzip2; named .bin, so nothing comes from the name."""
+    from qnnctl.archive import archive_kind
+
+    path = tmp_path / "archive.bin"
+    if mode.startswith("zip"):
+        with zipfile.ZipFile(path, "w") as zf:
+            if mode == "zip":
+                zf.writestr("a.txt", "a")
+    else:
+        with tarfile.open(path, mode) as tf:  # type: ignore[call-overload]
+            data = b"a"
+            info = tarfile.TarInfo("a.txt")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    assert archive_kind(path) == ("zip" if mode.startswith("zip") else "tar")
+
+
 def test_an_archives_kind_is_read_from_its_first_bytes_alone(tmp_path: Path) -> None:
     """A 1-2 GB archive: what kind it is comes from its start, not from reading it whole."""
     from qnnctl.archive import archive_kind
