@@ -161,12 +161,10 @@ class EnvPlan:
     A plain class rather than a dataclass, for `qnnctl env`'s start-up time.
     """
 
-    __slots__ = ("notes", "sdk", "selection", "values")
+    __slots__ = ("notes", "selection", "values")
 
-    def __init__(self, selection: Selection | None, sdk: Sdk | None, values: EnvValues,
-                 notes: tuple[str, ...] = ()) -> None:
+    def __init__(self, selection: Selection | None, values: EnvValues, notes: tuple[str, ...] = ()) -> None:
         self.selection = selection
-        self.sdk = sdk
         self.values = values
         self.notes = notes  # warnings for stderr: what the SDK lacks that the project asks for
 
@@ -180,16 +178,16 @@ def plan_env(
     `sdk.user_environ`), the way every command makes it.
     """
     if unset:
-        return EnvPlan(None, None, unset_environment(environ))
+        return EnvPlan(None, unset_environment(environ))
     # Afresh, not from what this shell was set up for: that is how one switches SDKs.
     selection = select_sdk(spec, environ, cwd, cache, from_shell=False)
     if selection.caller_managed:
         # The caller's choice again: undo what an earlier `qnnctl env` exported over it.
-        return EnvPlan(selection, None, unset_environment(environ))
+        return EnvPlan(selection, unset_environment(environ))
     sdk = resolve_installed(selection, cache, environ)
     owns_root = selection.reason != BY_ENV
     lacking = pinned_but_missing(selection, sdk, cwd)
     # env never downloads: it says what is missing, and exports what is there.
     notes = (f"SDK {sdk.version} lacks {', '.join(lacking)}, which the pin {selection.detail} names; "
              f"`qnnctl install {sdk.version} --components {','.join(lacking)}` adds it",) if lacking else ()
-    return EnvPlan(selection, sdk, environment_for(sdk, environ, cache, owns_root), notes)
+    return EnvPlan(selection, environment_for(sdk, environ, cache, owns_root), notes)
