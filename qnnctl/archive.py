@@ -780,7 +780,7 @@ class ZipStream:
         self._stop = threading.Event()
         self._failed: str | None = None
         self._budget = 0  # bytes the streamed files may take on disk
-        self._thread: threading.Event | None = None  # set once the extracting thread has ended
+        self._thread_ended: threading.Event | None = None  # the extracting thread, once started: set as it ends
 
     # -- called by the downloader ------------------------------------------------------
 
@@ -789,7 +789,7 @@ class ZipStream:
         with self._changed:
             if self._failed is not None:
                 return
-            if self._thread is None:
+            if self._thread_ended is None:
                 if total is None or total < self.min_size:
                     self._failed = "not streamed"
                     return
@@ -798,7 +798,7 @@ class ZipStream:
                 self._budget = free - (total - offset) - space_margin(total - offset)
                 from qnnctl.threads import start_daemon
 
-                self._thread = start_daemon(self._run, "qnnctl-stream")
+                self._thread_ended = start_daemon(self._run, "qnnctl-stream")
             elif offset < self._size or not self._same_file(part):
                 # The download starts over: bytes already read may change under us.
                 self._fail("the download started over")
@@ -831,13 +831,13 @@ class ZipStream:
             if abandon:
                 self._fail("abandoned")
             self._changed.notify_all()
-        if self._thread is None:
+        if self._thread_ended is None:
             return None
         from qnnctl.threads import wait_ended
 
         try:
             # Ctrl-C: stop the threads, still wait for them
-            interrupted = wait_ended([self._thread], lambda: self._fail("interrupted"))
+            interrupted = wait_ended([self._thread_ended], lambda: self._fail("interrupted"))
             if interrupted is not None:
                 raise interrupted
         finally:

@@ -437,7 +437,7 @@ class Fetcher:
         self._changed = threading.Condition()
         self._failure: BaseException | None = None
         self._stop = threading.Event()
-        self._workers: list[threading.Event] = []  # each set once its thread has ended
+        self._workers_ended: list[threading.Event] = []  # one per worker thread, set as it ends
         self._bar: Any = None
         self.received = 0  # bytes this run received
 
@@ -457,7 +457,7 @@ class Fetcher:
         from qnnctl.threads import start_daemon
 
         for i in range(min(self.threads, len(wanted))):
-            self._workers.append(start_daemon(self._work, f"qnnctl-range-{i}"))
+            self._workers_ended.append(start_daemon(self._work, f"qnnctl-range-{i}"))
 
     def wait(self, start: int, end: int) -> None:
         """Block until [start, end) is held; raise the failure that stopped the fetching."""
@@ -465,7 +465,7 @@ class Fetcher:
             while not self.sparse.covers(start, end):
                 if self._failure is not None:
                     raise self._failure
-                if all(ended.is_set() for ended in self._workers):
+                if all(ended.is_set() for ended in self._workers_ended):
                     raise DownloadError(f"bytes {start}-{end - 1} of {self.sparse.remote.shown} were not fetched")
                 self._changed.wait(1.0)
 
@@ -473,8 +473,8 @@ class Fetcher:
         """Wait for every request; the first failure is raised here."""
         from qnnctl.threads import wait_ended
 
-        interrupted = wait_ended(self._workers, self.abandon)  # Ctrl-C: stop the others, still wait
-        self._workers = []
+        interrupted = wait_ended(self._workers_ended, self.abandon)  # Ctrl-C: stop the others, still wait
+        self._workers_ended = []
         if self._bar is not None:
             self._bar.close()
             self._bar = None
