@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 from tests.mutation import TARGETS, Target
+from tests.mutation.changes import judge, mutant_changes, parse, stamp
 from tests.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,15 +85,32 @@ def statuses(work: Path, target: Target) -> dict[str, str]:
     return found
 
 
-def equivalents() -> dict[str, str]:
-    """Mutants judged equivalent (no test can tell them from the original), with the reason."""
+def module_changes(work: Path, target: Target) -> dict[str, str]:
+    """What each mutant of the target's sources, as exported in `work`, changes (changes.py)."""
     found: dict[str, str] = {}
-    for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, reason = line.partition(" ")
-            found[key] = reason.strip()
+    for source in target.sources:
+        found.update(mutant_changes(work / source, source.removesuffix(".py").replace("/", ".")))
     return found
+
+
+def equivalents(work: Path, target: Target, quiet: bool = False) -> dict[str, str]:
+    """The target's mutants that equivalent.txt marks (no test can tell them from the original
+    code), with the reason; on stderr, each entry that no longer names the change it judged."""
+    entries = [e for line in EQUIVALENT.read_text(encoding="utf-8").splitlines() if (e := parse(line))]
+    marked, notices = judge(entries, module_changes(work, target))
+    if not quiet:
+        for notice in notices:
+            print(f"equivalent.txt: {notice}", file=sys.stderr)
+    return marked
+
+
+def stamp_equivalents(work: Path, target: Target) -> int:
+    """Give each entry of the target without a digest the digest of its mutant's change, as the
+    last run made it (what `mutmut show` there shows)."""
+    text, stamped = stamp(EQUIVALENT.read_text(encoding="utf-8"), module_changes(work, target))
+    EQUIVALENT.write_text(text, encoding="utf-8")
+    print(f"stamped {stamped} entries of equivalent.txt", file=sys.stderr)
+    return 0
 
 
 def _default_sigint() -> None:
@@ -154,7 +172,7 @@ def forget(work: Path, target: Target, survivors: bool) -> None:
     the function is unchanged, and tests only mutants without one."""
     from mutmut.stats import status_by_exit_code
 
-    marked = equivalents()
+    marked = equivalents(work, target, quiet=True)
     for source in target.sources:
         meta = work / "mutants" / f"{source}.meta"
         if not meta.is_file():
@@ -172,7 +190,7 @@ def report(name: str, target: Target, work: Path, diffs: bool = False) -> int:
     """The module's score on stdout, and the mutants left that are not marked equivalent (with
     `diffs`, each one's change to the source)."""
     found = statuses(work, target)
-    marked = equivalents()
+    marked = equivalents(work, target)
     caught = [k for k, s in found.items() if s in CAUGHT]
     left = sorted(k for k, s in found.items() if s in LEFT)
     equivalent = [k for k in left if k in marked]
@@ -204,6 +222,8 @@ def main() -> int:
     parser.add_argument("--retest", action="store_true",
                         help="test again the mutants left (after tests were added), with those not checked yet")
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
+    parser.add_argument("--stamp", action="store_true",
+                        help="add to each equivalent.txt entry of the module without one the digest of its change")
     parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
     parser.add_argument("names", nargs="*", metavar="MUTANT", help="only these mutants (globs allowed)")
     args = parser.parse_intermixed_args()  # MUTANT names may follow the options
@@ -214,6 +234,8 @@ def main() -> int:
     target = TARGETS[args.module]
     if args.report:  # the last run's folder as it is: its COMMIT is the one that run scored
         return report(args.module, target, WORK / args.module, args.diffs)
+    if args.stamp:
+        return stamp_equivalents(WORK / args.module, target)
     work = prepare(args.module, target)
     forget(work, target, survivors=args.retest)
     run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
