@@ -154,6 +154,22 @@ def test_a_bad_pin_names_its_file(mirror: FaultServer, content: bytes) -> None:
     assert mirror.requests == []
 
 
+@pytest.mark.parametrize(("spec", "where"), [
+    ("/nowhere/sdk", "/nowhere/sdk"), ("./gone", "gone"), ("../gone", "../gone"), (".hidden-sdk", ".hidden-sdk"),
+    ("~/gone", "home/gone"), ("vendor/gone", "vendor/gone"),
+])
+def test_a_spec_written_as_a_path_is_a_path_though_nothing_is_there(spec: str, where: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a spec is a version or a path is read from how it is written, not from the disk:
+    a folder that has gone is reported missing, not as a version no one wrote."""
+    from qnnctl.sdk import BY_ARGUMENT, select_sdk
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = Path(os.path.join(tmp_path, where))  # an absolute `where` stays as it is
+    assert select_sdk(spec, {}, tmp_path) == Selection(BY_ARGUMENT, f"given as {root}", root=root)
+
+
 def test_relative_paths_are_exported_absolute(tmp_path: Path) -> None:
     install_tree_into_cache(tmp_path / "rel-cache")
     env = _env(QNNCTL_CACHE_DIR="rel-cache")
