@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import io
 import json
 import os
@@ -166,10 +167,11 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
             return process.wait()
 
 
-def forget(work: Path, target: Target, survivors: bool) -> None:
+def forget(work: Path, target: Target, survivors: bool, names: list[str]) -> None:
     """Mark mutants whose test run was interrupted (and with `survivors`, those left that are not
     marked equivalent) as not checked, so that this run tests them: mutmut keeps a verdict while
-    the function is unchanged, and tests only mutants without one."""
+    the function is unchanged, and tests only mutants without one. With `names` (globs), only
+    mutants that match: the others keep their verdicts, as the run leaves them alone."""
     from mutmut.stats import status_by_exit_code
 
     marked = equivalents(work, target, quiet=True)
@@ -180,7 +182,8 @@ def forget(work: Path, target: Target, survivors: bool) -> None:
         data = json.loads(meta.read_text(encoding="utf-8"))
         codes = data["exit_code_by_key"]
         again = [k for k, code in codes.items() if status_by_exit_code[code] == "check was interrupted by user"
-                 or (survivors and status_by_exit_code[code] in LEFT and k not in marked)]
+                 or (survivors and status_by_exit_code[code] in LEFT and k not in marked
+                     and (not names or any(fnmatch.fnmatch(k, name) for name in names)))]
         if again:
             codes.update(dict.fromkeys(again))
             meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
@@ -237,7 +240,7 @@ def main() -> int:
     if args.stamp:
         return stamp_equivalents(WORK / args.module, target)
     work = prepare(args.module, target)
-    forget(work, target, survivors=args.retest)
+    forget(work, target, survivors=args.retest, names=args.names)
     run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
     return report(args.module, target, work, args.diffs)
 
