@@ -70,7 +70,33 @@ def prepare(name: str, target: Target) -> Path:
         tar.extractall(work, filter="data")
     (work / "COMMIT").write_text(commit + "\n", encoding="utf-8")
     (work / "pyproject.toml").write_text(pyproject_for(target), encoding="utf-8")
+    forget_reach(work, commit)
     return work
+
+
+def forget_reach(work: Path, commit: str) -> None:
+    """Make mutmut learn afresh which tests reach which function when qnnctl/ or tests/ changed
+    since it learnt it.
+
+    mutmut keeps what it learnt and only adds what tests new to it reach: a function written
+    since (or one an old test reaches now) would be tested by the new tests alone, and its
+    mutants would survive tests that kill them. The verdicts are kept; only the reach goes.
+    """
+    stats = work / "mutants" / "mutmut-stats.json"
+    learnt = work / "STATS_COMMIT"
+    known = learnt.read_text(encoding="utf-8").strip() if learnt.is_file() else None
+    if stats.is_file() and known != commit:
+        same = known is not None and subprocess.run(
+            ["git", "diff", "--quiet", known, commit, "--", "qnnctl", "tests"], cwd=REPO).returncode == 0
+        if not same:
+            data = json.loads(stats.read_text(encoding="utf-8"))
+            # With no test known, mutmut takes every test for new and follows each one.
+            data["tests_by_mangled_function_name"] = {}
+            data["duration_by_test"] = {}
+            stats.write_text(json.dumps(data), encoding="utf-8")
+            print("the code or tests changed since the last run: mutmut learns again which tests reach "
+                  "which function", file=sys.stderr)
+    learnt.write_text(commit + "\n", encoding="utf-8")
 
 
 def statuses(work: Path, target: Target) -> dict[str, str]:
