@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
+from qnnctl.paths import user_path
 
 MANIFEST_NAME = ".qnnctl.json"
 MANIFEST_SCHEMA = 1
@@ -24,7 +25,7 @@ def cache_root(environ: Mapping[str, str]) -> Path:
                 hint="unset it to use the default cache, or set it to a folder",
             )
         # Absolute, so that exported paths survive a `cd`.
-        return Path(configured).expanduser().absolute()
+        return user_path(configured).absolute()
     if sys.platform == "linux":
         # platformdirs' answer on Linux, without its import cost on every `qnnctl env`.
         base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")

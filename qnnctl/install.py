@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlparse
 from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.host import require_supported_host
+from qnnctl.paths import user_path
 from qnnctl.sdk import (
     BY_CALLER,
     BY_ENV,
@@ -550,7 +551,7 @@ def _install_file(
     from qnnctl.archive import extract, work_folder
     from qnnctl.download import file_sha256
 
-    archive = archive.expanduser().resolve()
+    archive = user_path(archive).resolve()
     if not archive.is_file():
         raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
     digest = file_sha256(archive)

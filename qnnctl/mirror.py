@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from qnnctl.cache import Cache, write_json_atomic
 from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.paths import user_path
 from qnnctl.urls import redact
 from qnnctl.versions import archive_name, archive_urls, version_in
 
@@ -301,7 +302,7 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
     """Fill `folder` with `<version>/v<version>.zip` for each version and index them."""
     from qnnctl.download import file_sha256
 
-    folder = folder.expanduser().absolute()
+    folder = user_path(folder).absolute()
     versions = mirror_versions(specs, environ, cwd, cache)
     folder.mkdir(parents=True, exist_ok=True)
     index = read_local_index(folder)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from qnnctl.cache import MANIFEST_NAME, Cache, fsync_dir, read_manifest, remove_tree, write_json_atomic
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
+from qnnctl.paths import user_path
 from qnnctl.sdk import Sdk
 from qnnctl.urls import redact
 
@@ -492,7 +493,7 @@ def _check_source(path: Path) -> Path:
     """
     from qnnctl.packages import package_kind
 
-    path = path.expanduser()
+    path = user_path(path)
     if not path.exists():
         raise UsageError(f"--runtime-from {path}: no such file or folder")
     if not path.is_dir():

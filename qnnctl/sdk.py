@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.errors import DamagedSdkError, InvalidSdkError, NotInstalledError, UsageError
+from qnnctl.paths import user_path
 from qnnctl.versions import DEFAULT_VERSION, is_full_version, resolve_version, version_in
 
 HOST_LIB_DIR = "lib/x86_64-linux-clang"
@@ -135,7 +136,7 @@ def sdk_from_root(root: Path, origin: str) -> Sdk:
     """An SDK named by path: its layout checked, its version read from disk."""
     if str(root).strip() == "":
         raise UsageError(f"{origin} is empty; an SDK root must be a folder")
-    root = root.expanduser().absolute()
+    root = user_path(root).absolute()
     missing = missing_layout(root)
     if missing:
         if root.exists() and not root.is_dir():
@@ -275,7 +276,7 @@ def select_sdk(
         if _looks_like_path(spec) or (not spec[0].isdigit() and Path(spec).is_dir()):
             # Absolute, so that exported paths survive a `cd` (a relative LD_LIBRARY_PATH entry
             # would be searched from wherever the process happens to be).
-            root = Path(spec).expanduser().absolute()
+            root = user_path(spec).absolute()
             return Selection(BY_ARGUMENT, f"given as {root}", root=root)
         version = resolve_version(spec)
         return Selection(BY_ARGUMENT, f"given as {spec}", version=version)
@@ -291,7 +292,7 @@ def select_sdk(
                 BY_CALLER,
                 "QNN_SDK_ROOT is exported but empty: the caller manages the SDK",
             )
-        return Selection(BY_ENV, "from QNN_SDK_ROOT", root=Path(env_root).expanduser().absolute())
+        return Selection(BY_ENV, "from QNN_SDK_ROOT", root=user_path(env_root).absolute())
     pin = find_pin(cwd)
     if pin is not None:
         return Selection(BY_PIN, f"pinned in {pin}", version=read_pin(pin))
@@ -350,9 +351,9 @@ def executorch_cache_dirs(version: str, environ: Mapping[str, str]) -> list[Path
     found: list[Path] = []
     staging = environ.get("QNN_STAGING_DIR")
     if staging:
-        found.append(Path(staging).expanduser() / f"sdk-{version}")
+        found.append(user_path(staging) / f"sdk-{version}")
     xdg = environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path(environ.get("HOME", "~")).expanduser() / ".cache"
+    base = user_path(xdg) if xdg else user_path(environ.get("HOME", "~")) / ".cache"
     found.append(base / "executorch" / "qnn" / f"sdk-{version}")
     return found
 

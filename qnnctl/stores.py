@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl.cache import Cache, write_json_atomic
 from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, UsageError
+from qnnctl.paths import user_path
 from qnnctl.versions import is_full_version
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def store_dirs(environ: Mapping[str, str]) -> list[Path]:
     found: list[Path] = []
     for entry in value.split(os.pathsep):
         if entry.strip():
-            path = Path(entry).expanduser().absolute()
+            path = user_path(entry).absolute()
             if path not in found:
                 found.append(path)
     return found
@@ -212,7 +213,7 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
     from qnnctl.sdk import missing_layout, read_build_id, version_claims
     from qnnctl.versions import resolve_version
 
-    root = path.expanduser().absolute()
+    root = user_path(path).absolute()
     missing = missing_layout(root)
     if missing:
         problem = "is a file, not a folder" if root.exists() and not root.is_dir() else None

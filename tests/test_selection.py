@@ -156,7 +156,7 @@ def test_a_bad_pin_names_its_file(mirror: FaultServer, content: bytes) -> None:
 
 @pytest.mark.parametrize(("spec", "where"), [
     ("/nowhere/sdk", "/nowhere/sdk"), ("./gone", "gone"), ("../gone", "../gone"), (".hidden-sdk", ".hidden-sdk"),
-    ("~/gone", "home/gone"), ("vendor/gone", "vendor/gone"),
+    ("~", "home"), ("~/gone", "home/gone"), ("vendor/gone", "vendor/gone"),
 ])
 def test_a_spec_written_as_a_path_is_a_path_though_nothing_is_there(spec: str, where: str, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:

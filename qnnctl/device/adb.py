@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.paths import user_path
 
 log = logging.getLogger("qnnctl.device.adb")
 
@@ -69,7 +70,7 @@ def find_adb(environ: Mapping[str, str]) -> str:
     for variable in ("ANDROID_HOME", "ANDROID_SDK_ROOT"):
         home = environ.get(variable)
         if home:
-            candidate = Path(home).expanduser() / "platform-tools" / "adb"
+            candidate = user_path(home) / "platform-tools" / "adb"
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return str(candidate)
             looked.append(f"not in ${variable}/platform-tools ({candidate.parent})")
