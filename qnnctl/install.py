@@ -16,6 +16,7 @@ from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.host import require_supported_host
 from qnnctl.paths import user_path
 from qnnctl.sdk import (
+    BY_ARGUMENT,
     BY_CALLER,
     BY_ENV,
     BY_PIN,
@@ -69,9 +70,14 @@ class InstallResult(NamedTuple):
     selection: Selection | None = None
 
 
+# Installs from files share one lock: an archive's version is known only once it is extracted.
+FILE_LOCK = "file"
+
+
 @contextmanager
-def version_lock(cache: Cache, key: str) -> Iterator[None]:
-    """One installer per version (or key) at a time, across processes."""
+def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[None]:
+    """One installer per version (or key) at a time, across processes; `doing` is what the
+    holder does, in the notice of a wait (installing KEY unless said)."""
     from filelock import FileLock, Timeout
 
     cache.locks.mkdir(parents=True, exist_ok=True)
@@ -79,7 +85,7 @@ def version_lock(cache: Cache, key: str) -> Iterator[None]:
     try:
         lock.acquire(timeout=LOCK_WAIT_NOTICE)
     except Timeout:
-        log.info("waiting for another qnnctl to finish installing %s", key)
+        log.info("waiting for another qnnctl to finish %s", doing or f"installing {key}")
         lock.acquire()
     try:
         yield
@@ -567,13 +573,12 @@ def _install_file(
         if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
                 _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
             return _file_locked(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
-                                              Selection("argument", f"from {archive}", version=wanted)),
+                                              Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
                                               archive, digest, sha256), lock_check)
     cache.ensure()
-    # Extraction comes before the version is known, so file installs share one lock.
-    with version_lock(cache, "file"):
-        remove_stale_work(cache, "file")
-        with work_folder(cache.tmp / f"file.{_work_id()}") as work:
+    with version_lock(cache, FILE_LOCK, "installing from a file"):
+        remove_stale_work(cache, FILE_LOCK)
+        with work_folder(cache.tmp / f"{FILE_LOCK}.{_work_id()}") as work:
             parts = None
             if components is not None and components != ("all",):
                 from qnnctl.partial import extract_components
@@ -593,7 +598,7 @@ def _install_file(
                     f"cannot tell the SDK version of {archive}",
                     hint=f"give it: `qnnctl install VERSION --file {archive}`",
                 )
-            selection = Selection("argument", f"from {archive}", version=version)
+            selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
             if lock_check is not None:
                 from qnnctl.lockfile import check_archive, expected_for_download
 
@@ -734,7 +739,7 @@ def clean_cache(cache: Cache) -> Cleaned:
         candidates.append((version_in(entry.name) or entry.name.split(".", 1)[0], entry))
     if cache.downloads.is_dir():
         for entry in sorted(cache.downloads.iterdir()):
-            key = version_in(entry.name) or "file"
+            key = version_in(entry.name) or FILE_LOCK
             candidates.append((key, entry))
     for key, entry in candidates:
         lock = FileLock(str(cache.lock_path(key)))

@@ -258,14 +258,16 @@ NO_SUCH_USER = "~qnnctl-no-such-user"
 
 @pytest.mark.parametrize(("args", "variables", "code", "said"), [
     (("env", "--sdk", f"{NO_SUCH_USER}/sdk"), {}, 1, f"--sdk {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
-    (("env",), {"QNN_SDK_ROOT": f"{NO_SUCH_USER}/sdk"}, 1, f"QNN_SDK_ROOT {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
+    (("env",), {"QNN_SDK_ROOT": f"{NO_SUCH_USER}/sdk"}, 1,
+     f"QNN_SDK_ROOT {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
     (("link", f"{NO_SUCH_USER}/sdk"), {}, 1, f"the folder {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
     (("install", VERSION, "--file", f"{NO_SUCH_USER}/a.zip"), {}, 2, f"{{cwd}}/{NO_SUCH_USER}/a.zip is not a file"),
     (("list",), {"QNNCTL_CACHE_DIR": f"{NO_SUCH_USER}/cache"}, 0, "no SDK installed"),
     (("list",), {"QNNCTL_STORES": f"{NO_SUCH_USER}/store"}, 0, "no SDK installed"),
 ], ids=["env --sdk", "QNN_SDK_ROOT", "link", "install --file", "QNNCTL_CACHE_DIR", "QNNCTL_STORES"])
 def test_a_path_under_the_home_of_no_such_user_is_a_path_that_is_not_there(
-        args: tuple[str, ...], variables: dict[str, str], code: int, said: str, tmp_path: Path, cache_dir: Path) -> None:
+        args: tuple[str, ...], variables: dict[str, str], code: int, said: str, tmp_path: Path,
+        cache_dir: Path) -> None:
     """`~user` of a user this machine does not know stays as written, as a shell leaves it: the
     path is then one that is not there (Python's Path.expanduser raises instead)."""
     result = run_qnnctl(*args, env={**os.environ, **variables}, cwd=tmp_path)

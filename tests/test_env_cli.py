@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,17 @@ def test_json_is_one_object_with_the_final_values(cache_dir: Path) -> None:
     marker = data["QNNCTL_SDK"]
     assert marker is not None
     assert json.loads(marker)["root"] == str(root)
+
+
+def test_an_sdk_without_tools_adds_nothing_to_path(cache_dir: Path) -> None:
+    """An SDK of host libraries alone has no bin/ folder: PATH is left as it is (an entry that
+    does not exist would only slow every command lookup), with PATH unset too."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    shutil.rmtree(root / "bin")
+    data = _json()
+    assert data["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert json.loads(str(data["QNNCTL_SDK"]))["added"].get("PATH", []) == []
+    assert _json(env=_env(PATH=None))["PATH"] is None
 
 
 def test_unset_ld_library_path_gets_no_empty_entry(cache_dir: Path) -> None:

@@ -368,6 +368,44 @@ def test_file_install_waits_for_an_install_of_the_same_version(tmp_path: Path, c
     _assert_complete_sdk(cache_dir / "sdks" / VERSION)
 
 
+def test_installs_from_files_wait_for_each_other_and_clear_what_a_killed_one_left(tmp_path: Path,
+                                                                                 cache_dir: Path) -> None:
+    """An archive's version is known only once it is extracted: installs from files share one
+    lock, and under it the work folder a killed one left (tmp/file.<id>) is removed."""
+    from filelock import FileLock
+
+    from tests.conftest import start_qnnctl_waiting
+
+    archive = build_archive(tmp_path, "zip")
+    left = cache_dir / "tmp" / "file.0123abcd"
+    (left / "x").mkdir(parents=True)
+    (cache_dir / "locks").mkdir(parents=True)
+    with FileLock(str(cache_dir / "locks" / "file.lock")).acquire(timeout=5):
+        proc = start_qnnctl_waiting("install", "--file", str(archive), doing="installing from a file")
+        assert left.exists()
+        assert not (cache_dir / "sdks" / VERSION).exists()
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), err
+    assert not left.exists()
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+
+
+def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
+    """What the library's caller is told of the choice, installed, reused by the version given
+    without reading the archive, and reused after reading it."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk import BY_ARGUMENT, Selection
+
+    archive = build_archive(tmp_path, "zip")
+    chosen = Selection(BY_ARGUMENT, f"from {archive}", version=VERSION)
+    for request, action in ((InstallRequest(file=archive), "installed"),
+                            (InstallRequest(file=archive, spec=VERSION), "reused"),
+                            (InstallRequest(file=archive), "reused")):
+        result = install(request, Cache(cache_dir), dict(os.environ), tmp_path)
+        assert (result.action, result.selection) == (action, chosen)
+
+
 @pytest.mark.parametrize("fmt", ["zip", "tar.xz"])
 def test_corrupt_file(tmp_path: Path, cache_dir: Path, fmt: str) -> None:
     archive = build_archive(tmp_path, fmt, SdkSpec(extra_files={"docs/payload.bin": os.urandom(300_000)}))
