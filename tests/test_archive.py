@@ -212,6 +212,20 @@ def test_an_archives_kind_comes_from_its_magic_bytes(tmp_path: Path, mode: str) 
     assert archive_kind(path) == ("zip" if mode.startswith("zip") else "tar")
 
 
+@pytest.mark.parametrize("head", [b"<html><body>Sign in</body></html>", b"", b"PK\x01\x02", b"\x1f"])
+def test_a_file_that_is_no_archive_is_refused_with_what_to_do(tmp_path: Path, head: bytes) -> None:
+    """An error page saved under the archive's name, an empty file, or the first bytes of a
+    kind cut short: refused whole, with what to do."""
+    from qnnctl.archive import archive_kind
+
+    path = tmp_path / "v2.37.0.250724.zip"
+    path.write_bytes(head)
+    with pytest.raises(IntegrityError) as caught:
+        archive_kind(path)
+    assert (caught.value.message, caught.value.hint) == (
+        f"{path} is not a zip or tar archive", "the file may be corrupt or an error page; download it again")
+
+
 def test_an_archives_kind_is_read_from_its_first_bytes_alone(tmp_path: Path) -> None:
     """A 1-2 GB archive: what kind it is comes from its start, not from reading it whole."""
     from qnnctl.archive import archive_kind

@@ -390,6 +390,21 @@ def test_installs_from_files_wait_for_each_other_and_clear_what_a_killed_one_lef
     _assert_complete_sdk(cache_dir / "sdks" / VERSION)
 
 
+def test_an_install_from_a_file_of_all_components_is_the_whole_archive(tmp_path: Path, cache_dir: Path) -> None:
+    """`--components all` is the whole archive, members no component claims included, and the
+    SDK is recorded as whole, as without --components."""
+    archive = build_archive(tmp_path, "zip")
+    result = run_qnnctl("install", "--file", str(archive), "--components", "all")
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(cache_dir / "sdks" / VERSION)
+    assert manifest is not None
+    assert ("components" in manifest, manifest.get("partial")) == (False, None)
+    whole = tmp_path / "whole"
+    plain = run_qnnctl("install", "--file", str(archive), env={**os.environ, "QNNCTL_CACHE_DIR": str(whole)})
+    assert plain.returncode == 0, plain.stderr
+    assert manifest["files"] == (read_manifest(whole / "sdks" / VERSION) or {})["files"]
+
+
 def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
     """What the library's caller is told of the choice, installed, reused by the version given
     without reading the archive, and reused after reading it."""

@@ -836,6 +836,22 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
     assert _dry_run()[2] == []
 
 
+def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them(cache_dir: Path) -> None:
+    """env never downloads: it exports what is there, and names the components the pin asks
+    for that the SDK lacks, with the command that adds them."""
+    from qnnctl.cache import Cache
+    from qnnctl.environment import plan_env
+
+    root = _partial(cache_dir, ["host"])
+    pin = _pin(f"{VERSION}\nhost,android,docs\n")
+    plan = plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir))
+    assert plan.values["QNN_SDK_ROOT"] == str(root)
+    assert plan.notes == (f"SDK {VERSION} lacks android, docs, which the pin pinned in {pin} names; "
+                          f"`qnnctl install {VERSION} --components android,docs` adds it",)
+    _pin(f"{VERSION}\nhost\n")
+    assert plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir)).notes == ()
+
+
 def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_names(cache_dir: Path) -> None:
     """As `which` and `lower` resolve when they may not install: the pin's components are
     checked by default, and the error names the SDK, its folder, what is missing, and the command."""
