@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import tarfile
 import tracemalloc
 import zipfile
@@ -299,6 +300,60 @@ def test_corrupt_archives_are_integrity_errors(tmp_path: Path, fmt: str,
     if fmt != "zip":
         # A tar is read as one stream, in order: what is missing is the end of it.
         assert caught.value.message == f"{archive.name} is corrupt or truncated: unexpected end of data"
+
+
+def _set_compressed_size(path: Path, name: str, size: int) -> Path:
+    """Make the central directory say that member `name` has `size` bytes of data."""
+    data = bytearray(path.read_bytes())
+    at = 0
+    while True:
+        at = data.index(b"PK\x01\x02", at)
+        (name_len,) = struct.unpack_from("<H", data, at + 28)
+        if data[at + 46:at + 46 + name_len] == name.encode():
+            struct.pack_into("<I", data, at + 20, size)
+            path.write_bytes(bytes(data))
+            return path
+        at += 4
+
+
+@pytest.mark.parametrize(("member", "size", "said"), [
+    ("docs/text.txt", lambda size: size // 2, "ends early"),  # deflated data that stops mid-stream
+    ("docs/payload.bin", lambda size: 0x7FFFFFF0, "is cut short"),  # data past the end of the file
+], ids=["deflate-ends-early", "data-past-the-end"])
+def test_a_zip_member_whose_data_is_not_all_there_is_named(tmp_path: Path, member: str,
+                                                           size: Callable[[int], int], said: str) -> None:
+    archive = build_archive(tmp_path, "zip", PAYLOAD_SPEC)
+    with zipfile.ZipFile(archive) as zf:
+        info = zf.getinfo(f"{TOP}/{member}")
+    _set_compressed_size(archive, info.filename, size(info.compress_size))
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message == f"{archive.name} is corrupt or truncated: {info.filename!r} {said}"
+
+
+def test_a_large_zip_member_is_read_a_block_at_a_time(tmp_path: Path) -> None:
+    """Only a small member's data is read along with its local header: a large one's is read
+    block by block, never whole."""
+    from qnnctl.archive import _member_data
+
+    archive = tmp_path / "large.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("large.bin", bytes(16 * COPY_BUFFER))
+        info = zf.getinfo("large.bin")
+    fd = os.open(archive, os.O_RDONLY)
+    tracemalloc.start()
+    try:
+        data = _member_data(fd, info)
+        assert data is not None
+        read = 0
+        while block := data.read(COPY_BUFFER):
+            read += len(block)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        os.close(fd)
+    assert read == 16 * COPY_BUFFER
+    assert peak < 3 * COPY_BUFFER, f"peak {peak >> 20} MiB while reading a {16} MiB member"
 
 
 def test_not_an_archive(tmp_path: Path) -> None:

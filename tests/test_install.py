@@ -405,6 +405,20 @@ def test_an_install_from_a_file_of_all_components_is_the_whole_archive(tmp_path:
     assert manifest["files"] == (read_manifest(whole / "sdks" / VERSION) or {})["files"]
 
 
+def test_an_archive_whose_libraries_are_another_version_installs_only_as_that_version_named(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """The top folder and sdk.yaml say 2.37, the libraries' build 2.51: refused, unless the
+    user names the libraries' version, as the refusal says."""
+    true = "2.51.0.260929"
+    archive = build_archive(tmp_path, "zip", SdkSpec(build_id=f"v{true}181845"))
+    refused = run_qnnctl("install", "--file", str(archive))
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert f"says it is SDK {VERSION} (its top folder and its sdk.yaml), but its libraries are build" in refused.stderr
+    assert not (cache_dir / "sdks").exists() or not any((cache_dir / "sdks").iterdir())
+    named = run_qnnctl("install", true, "--file", str(archive))
+    assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
+
+
 def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
     """What the library's caller is told of the choice, installed, reused by the version given
     without reading the archive, and reused after reading it."""
