@@ -302,33 +302,56 @@ def test_corrupt_archives_are_integrity_errors(tmp_path: Path, fmt: str,
         assert caught.value.message == f"{archive.name} is corrupt or truncated: unexpected end of data"
 
 
-def _set_compressed_size(path: Path, name: str, size: int) -> Path:
-    """Make the central directory say that member `name` has `size` bytes of data."""
-    data = bytearray(path.read_bytes())
+def _central_entry(data: bytearray, name: str) -> int:
+    """Where member `name`'s central directory entry starts."""
     at = 0
     while True:
         at = data.index(b"PK\x01\x02", at)
         (name_len,) = struct.unpack_from("<H", data, at + 28)
         if data[at + 46:at + 46 + name_len] == name.encode():
-            struct.pack_into("<I", data, at + 20, size)
-            path.write_bytes(bytes(data))
-            return path
+            return at
         at += 4
 
 
-@pytest.mark.parametrize(("member", "size", "said"), [
-    ("docs/text.txt", lambda size: size // 2, "ends early"),  # deflated data that stops mid-stream
-    ("docs/payload.bin", lambda size: 0x7FFFFFF0, "is cut short"),  # data past the end of the file
-], ids=["deflate-ends-early", "data-past-the-end"])
-def test_a_zip_member_whose_data_is_not_all_there_is_named(tmp_path: Path, member: str,
-                                                           size: Callable[[int], int], said: str) -> None:
+def _compressed_size(size: Callable[[int], int]) -> Callable[[bytearray, zipfile.ZipInfo], None]:
+    """A damage: the central directory gives the member size(its compressed size) bytes."""
+    def damage(data: bytearray, info: zipfile.ZipInfo) -> None:
+        struct.pack_into("<I", data, _central_entry(data, info.filename) + 20, size(info.compress_size))
+    return damage
+
+
+def _header_at(where: Callable[[int, zipfile.ZipInfo], int]) -> Callable[[bytearray, zipfile.ZipInfo], None]:
+    """A damage: the central directory puts the member's local header at where(file size, info)."""
+    def damage(data: bytearray, info: zipfile.ZipInfo) -> None:
+        struct.pack_into("<I", data, _central_entry(data, info.filename) + 42, where(len(data), info))
+    return damage
+
+
+def _encrypted(data: bytearray, info: zipfile.ZipInfo) -> None:
+    """A damage: the member's local header says its data is encrypted (flag bit 0)."""
+    (flags,) = struct.unpack_from("<H", data, info.header_offset + 6)
+    struct.pack_into("<H", data, info.header_offset + 6, flags | 1)
+
+
+@pytest.mark.parametrize(("member", "damage", "said"), [
+    ("docs/text.txt", _compressed_size(lambda size: size // 2), "{name!r} ends early"),  # deflated data cut mid-stream
+    ("docs/payload.bin", _compressed_size(lambda size: 0x7FFFFFF0), "{name!r} is cut short"),  # data past the end
+    ("docs/text.txt", _header_at(lambda end, info: end - 10), "{name!r} is cut short"),  # header past the end
+    ("docs/text.txt", _header_at(lambda end, info: info.header_offset + 1), "bad local header for {name!r}"),
+    ("docs/text.txt", _encrypted, "{name!r} is encrypted or patched data"),
+], ids=["deflate-ends-early", "data-past-the-end", "header-past-the-end", "no-local-header", "encrypted"])
+def test_a_zip_member_that_cannot_be_read_is_named(tmp_path: Path, member: str,
+                                                   damage: Callable[[bytearray, zipfile.ZipInfo], None],
+                                                   said: str) -> None:
     archive = build_archive(tmp_path, "zip", PAYLOAD_SPEC)
     with zipfile.ZipFile(archive) as zf:
         info = zf.getinfo(f"{TOP}/{member}")
-    _set_compressed_size(archive, info.filename, size(info.compress_size))
+    data = bytearray(archive.read_bytes())
+    damage(data, info)
+    archive.write_bytes(bytes(data))
     with pytest.raises(IntegrityError) as caught:
         extract(archive, _work(tmp_path))
-    assert caught.value.message == f"{archive.name} is corrupt or truncated: {info.filename!r} {said}"
+    assert caught.value.message == f"{archive.name} is corrupt or truncated: {said.format(name=info.filename)}"
 
 
 def test_a_large_zip_member_is_read_a_block_at_a_time(tmp_path: Path) -> None:

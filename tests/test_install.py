@@ -291,7 +291,9 @@ def test_file_without_any_version_needs_one(tmp_path: Path, cache_dir: Path) -> 
 def test_file_holding_another_version_than_asked(tmp_path: Path, cache_dir: Path) -> None:
     archive = build_archive(tmp_path, "zip")
     result = run_qnnctl("install", OTHER_VERSION, "--file", str(archive))
-    assert result.returncode == 4, result.stderr
+    assert (result.returncode, result.stdout) == (4, ""), result.stderr
+    assert result.stderr == (f"qnnctl: error: {archive} holds SDK {VERSION}, not {OTHER_VERSION}\n"
+                             f"qnnctl: hint: run `qnnctl install --file {archive}` to install it as {VERSION}\n")
     assert list((cache_dir / "sdks").iterdir()) == []
 
 
@@ -413,7 +415,9 @@ def test_an_archive_whose_libraries_are_another_version_installs_only_as_that_ve
     archive = build_archive(tmp_path, "zip", SdkSpec(build_id=f"v{true}181845"))
     refused = run_qnnctl("install", "--file", str(archive))
     assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
-    assert f"says it is SDK {VERSION} (its top folder and its sdk.yaml), but its libraries are build" in refused.stderr
+    said = (f"qnnctl: error: {archive} says it is SDK {VERSION} (its top folder and its sdk.yaml), but its "
+            f"libraries are build {true}181845: SDK {true}\n")
+    assert refused.stderr.startswith(said), refused.stderr
     assert not (cache_dir / "sdks").exists() or not any((cache_dir / "sdks").iterdir())
     named = run_qnnctl("install", true, "--file", str(archive))
     assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
