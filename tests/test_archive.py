@@ -67,6 +67,21 @@ def test_extract_keeps_modes_links_and_records_digests(tmp_path: Path, fmt: str)
     assert (root / "lib/x86_64-linux-clang/libQnnHtp.so").read_bytes()[:4] == b"\x7fELF"
 
 
+def test_zip_members_with_a_long_name_or_extra_field_are_extracted(tmp_path: Path) -> None:
+    """A local header longer than what is read with it at first (a long name, an extra field of
+    some tool's own) is read whole before the data."""
+    archive = build_archive(tmp_path, "zip")
+    long_name = f"{TOP}/docs/" + "/".join(["d" * 200] * 3) + ".txt"
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, long_name, b"long name\n" * 100, stat.S_IFREG | 0o644)
+        info = zipfile.ZipInfo(f"{TOP}/docs/extra.txt", date_time=(2025, 7, 24, 0, 0, 0))
+        info.extra = struct.pack("<HH", 0xCAFE, 600) + bytes(600)
+        zf.writestr(info, b"extra field\n" * 100, zipfile.ZIP_DEFLATED)
+    root = extract(archive, _work(tmp_path)).root
+    assert (root / long_name.removeprefix(f"{TOP}/")).read_bytes() == b"long name\n" * 100
+    assert (root / "docs/extra.txt").read_bytes() == b"extra field\n" * 100
+
+
 def test_top_folder_is_detected_not_assumed(tmp_path: Path) -> None:
     """The SDK folder is the one that holds lib/x86_64-linux-clang, whatever it is called."""
     archive = build_archive(tmp_path, "zip", SdkSpec(top="some/other/place-2.37.0.250724"))
