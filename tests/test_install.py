@@ -281,8 +281,9 @@ def test_file_version_from_sdk_yaml_when_the_folder_has_none(tmp_path: Path, cac
 def test_file_without_any_version_needs_one(tmp_path: Path, cache_dir: Path) -> None:
     archive = build_archive(tmp_path, "zip", SdkSpec(top="qairt/latest", sdk_yaml=False))
     refused = run_qnnctl("install", "--file", str(archive))
-    assert refused.returncode == 2, refused.stderr
-    assert "cannot tell the SDK version" in refused.stderr
+    assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+    assert refused.stderr == (f"qnnctl: error: cannot tell the SDK version of {archive}\n"
+                              f"qnnctl: hint: give it: `qnnctl install VERSION --file {archive}`\n")
     result = run_qnnctl("install", VERSION, "--file", str(archive))
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
