@@ -82,6 +82,22 @@ def test_zip_members_with_a_long_name_or_extra_field_are_extracted(tmp_path: Pat
     assert (root / "docs/extra.txt").read_bytes() == b"extra field\n" * 100
 
 
+def test_zip_member_names_are_read_as_their_flag_says(tmp_path: Path) -> None:
+    """A name flagged UTF-8 is UTF-8 (zipfile flags names that are not ASCII); one without the
+    flag is CP437, as old zip tools write it: each compares with its local header and is kept."""
+    archive = build_archive(tmp_path, "zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, f"{TOP}/docs/über-€.txt", b"utf-8\n", stat.S_IFREG | 0o644)
+        add_zip_entry(zf, f"{TOP}/docs/old-u.txt", b"cp437\n", stat.S_IFREG | 0o644)
+    data = archive.read_bytes()
+    plain = f"{TOP}/docs/old-u.txt".encode()
+    assert data.count(plain) == 2  # the local header and the central directory
+    archive.write_bytes(data.replace(plain, f"{TOP}/docs/old-\x81.txt".encode("latin-1")))
+    root = extract(archive, _work(tmp_path)).root
+    assert (root / "docs/über-€.txt").read_bytes() == b"utf-8\n"
+    assert (root / "docs/old-ü.txt").read_bytes() == b"cp437\n"
+
+
 def test_top_folder_is_detected_not_assumed(tmp_path: Path) -> None:
     """The SDK folder is the one that holds lib/x86_64-linux-clang, whatever it is called."""
     archive = build_archive(tmp_path, "zip", SdkSpec(top="some/other/place-2.37.0.250724"))

@@ -845,6 +845,7 @@ def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android,docs\n")
     plan = plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir))
+    assert plan.selection == Selection(BY_PIN, f"pinned in {pin}", version=VERSION)
     assert plan.values["QNN_SDK_ROOT"] == str(root)
     assert plan.notes == (f"SDK {VERSION} lacks android, docs, which the pin pinned in {pin} names; "
                           f"`qnnctl install {VERSION} --components android,docs` adds it",)
