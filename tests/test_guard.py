@@ -255,10 +255,12 @@ def test_the_site_folder_is_harmless_in_any_interpreter_the_pipeline_starts(name
     write(user / "sitecustomize.py", "import sys\nsys.stderr.write('user sitecustomize\\n')\n")
     probe = ("import sys, torch\nprint(sys.path)\nprint(sys.modules['sitecustomize'].__file__)\n"
              "print(torch.backends.mkldnn.enabled)\n")
+    # No bytecode written: Python 2 would load the user's sitecustomize from the .pyc the first
+    # run leaves, and name that file the second time.
     alone = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60,
-                           env=env_with(PYTHONPATH=f"{fake}:{user}"))
+                           env=env_with(PYTHONPATH=f"{fake}:{user}", PYTHONDONTWRITEBYTECODE="1"))
     guarded = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60,
-                             env=env_with(PYTHONPATH=f"{site_folder()}:{fake}:{user}"))
+                             env=env_with(PYTHONPATH=f"{site_folder()}:{fake}:{user}", PYTHONDONTWRITEBYTECODE="1"))
     assert guarded.stderr == alone.stderr == "user sitecustomize\n"
     path, sitecustomize, enabled = guarded.stdout.splitlines()
     assert [path, sitecustomize] == alone.stdout.splitlines()[:2]
