@@ -124,10 +124,9 @@ def run_qnnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
     )
 
 
-def start_qnnctl_waiting(*args: str, version: str = VERSION, doing: str | None = None) -> subprocess.Popen[str]:
-    """`qnnctl ARGS` started while the install lock of `version` is held, once it says it waits
-    for it (its first line on stderr: for `doing`, installing VERSION unless said), with stdout
-    and the rest of stderr still to read."""
+def start_qnnctl_waiting(*args: str, doing: str = f"installing {VERSION}") -> subprocess.Popen[str]:
+    """`qnnctl ARGS` started while an install lock is held, once it says it waits for the holder
+    to finish `doing` (its first line on stderr), with stdout and the rest of stderr still to read."""
     proc = subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(60, proc.kill)  # a qnnctl that neither says it waits nor ends
@@ -135,7 +134,7 @@ def start_qnnctl_waiting(*args: str, version: str = VERSION, doing: str | None =
     try:
         assert proc.stderr is not None
         said = proc.stderr.readline()
-        assert said == f"qnnctl: waiting for another qnnctl to finish {doing or f'installing {version}'}\n", said
+        assert said == f"qnnctl: waiting for another qnnctl to finish {doing}\n", said
     except BaseException:
         proc.kill()
         raise

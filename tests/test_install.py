@@ -18,7 +18,7 @@ import pytest
 
 import qnnctl
 from qnnctl.cache import MANIFEST_NAME, read_manifest
-from tests.conftest import run_qnnctl
+from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, manifest_digest
 
@@ -376,8 +376,6 @@ def test_installs_from_files_wait_for_each_other_and_clear_what_a_killed_one_lef
     """An archive's version is known only once it is extracted: installs from files share one
     lock, and under it the work folder a killed one left (tmp/file.<id>) is removed."""
     from filelock import FileLock
-
-    from tests.conftest import start_qnnctl_waiting
 
     archive = build_archive(tmp_path, "zip")
     left = cache_dir / "tmp" / "file.0123abcd"
