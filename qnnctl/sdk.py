@@ -249,12 +249,17 @@ def executorch_expected_version(package_dir: Path | None = None) -> str | None:
     return match.group(1).decode() if match else None
 
 
-def _looks_like_path(spec: str) -> bool:
+def _looks_like_path(spec: str, cwd: Path) -> bool:
     if spec.startswith((os.sep, ".", "~")):
         return True
     # `2.37.0.250724;rm -rf /` is a mistyped version, not a relative path: a spec that starts
     # as a version does is a path only when it names something on disk.
-    return os.sep in spec and (not spec[0].isdigit() or os.path.lexists(spec))
+    return os.sep in spec and (not spec[0].isdigit() or os.path.lexists(cwd / spec))
+
+
+def _from(cwd: Path, path: str) -> Path:
+    """`path` as a user wrote it, read from the folder `cwd` when relative."""
+    return (cwd / user_path(path)).absolute()
 
 
 def select_sdk(
@@ -268,15 +273,16 @@ def select_sdk(
 
     `from_shell` off skips the SDK an earlier `qnnctl env` set this shell up for: `qnnctl env`
     itself chooses afresh, which is how one switches. Without a `cache`, the step "the newest
-    SDK already installed" is skipped.
+    SDK already installed" is skipped. A relative path, in `spec` or QNN_SDK_ROOT, is read
+    from `cwd`.
     """
     if spec is not None:
         if spec.strip() == "":
             raise UsageError("an empty string is neither an SDK version nor a path")
-        if _looks_like_path(spec) or (not spec[0].isdigit() and Path(spec).is_dir()):
+        if _looks_like_path(spec, cwd) or (not spec[0].isdigit() and (cwd / spec).is_dir()):
             # Absolute, so that exported paths survive a `cd` (a relative LD_LIBRARY_PATH entry
             # would be searched from wherever the process happens to be).
-            root = user_path(spec).absolute()
+            root = _from(cwd, spec)
             return Selection(BY_ARGUMENT, f"given as {root}", root=root)
         version = resolve_version(spec)
         return Selection(BY_ARGUMENT, f"given as {spec}", version=version)
@@ -292,7 +298,7 @@ def select_sdk(
                 BY_CALLER,
                 "QNN_SDK_ROOT is exported but empty: the caller manages the SDK",
             )
-        return Selection(BY_ENV, "from QNN_SDK_ROOT", root=user_path(env_root).absolute())
+        return Selection(BY_ENV, "from QNN_SDK_ROOT", root=_from(cwd, env_root))
     pin = find_pin(cwd)
     if pin is not None:
         return Selection(BY_PIN, f"pinned in {pin}", version=read_pin(pin))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.errors import UnsupportedHostError
+from qnnctl.errors import UnsupportedHostError, UsageError
 from qnnctl.host import require_supported_host
 from qnnctl.sdk import BY_PIN, Sdk, Selection, executorch_expected_version
 from tests.conftest import run_qnnctl
@@ -168,6 +168,28 @@ def test_a_spec_written_as_a_path_is_a_path_though_nothing_is_there(spec: str, w
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     root = Path(os.path.join(tmp_path, where))  # an absolute `where` stays as it is
     assert select_sdk(spec, {}, tmp_path) == Selection(BY_ARGUMENT, f"given as {root}", root=root)
+
+
+def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library caller that passes a folder other than the process's own gets paths read from
+    that folder: the spec's (written as a path, a bare folder name, a version-like path that is
+    there) and QNN_SDK_ROOT's."""
+    from qnnctl.sdk import BY_ARGUMENT, BY_ENV, select_sdk
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    for folder in ("vendor", "2.37/sdk"):
+        (project / folder).mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for spec in ("vendor", "./vendor", "2.37/sdk"):
+        root = (project / spec).absolute()
+        assert select_sdk(spec, {}, project) == Selection(BY_ARGUMENT, f"given as {root}", root=root)
+    chosen = select_sdk(None, {"QNN_SDK_ROOT": "vendor"}, project)
+    assert (chosen.reason, chosen.root) == (BY_ENV, project / "vendor")
+    # Read from the process's folder, `2.37/sdk` is not there: a mistyped version.
+    with pytest.raises(UsageError, match=r"'2\.37/sdk' is not an SDK version"):
+        select_sdk("2.37/sdk", {}, elsewhere)
 
 
 def test_relative_paths_are_exported_absolute(tmp_path: Path) -> None:
