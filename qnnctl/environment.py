@@ -62,7 +62,7 @@ def resolve_sdk(
         if lacking:
             from qnnctl.errors import MissingComponentError
 
-            raise MissingComponentError(sdk.version, str(sdk.root), lacking, f"the pin {selection.detail}")
+            raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
         return selection, sdk
     from qnnctl.install import InstallRequest, install
 
@@ -93,8 +93,8 @@ def resolve_for_dry_run(
         if sdk is not None and lacking and not allow_install:
             from qnnctl.errors import MissingComponentError
 
-            raise MissingComponentError(sdk.version, str(sdk.root), lacking, f"the pin {selection.detail}")
-        notes = [f"SDK {sdk.version} lacks {', '.join(lacking)}, which the pin {selection.detail} names: without "
+            raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
+        notes = [f"SDK {sdk.version} lacks {', '.join(lacking)}, which {_the_pin(selection)} names: without "
                  f"--dry-run, qnnctl would first fetch only those (`qnnctl install {sdk.version} --components "
                  f"{','.join(lacking)}`)"] if sdk is not None and lacking else []
         note = runtime_note(sdk, cache) if sdk is not None and allow_install else None
@@ -113,6 +113,11 @@ def resolve_for_dry_run(
     note = (f"SDK {version} {state} ({selection.detail}): without --dry-run, qnnctl would "
             f"first download it from {source} and install it into {root}")
     return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
+
+
+def _the_pin(selection: Selection) -> str:
+    """"the pin in PATH", for a selection made by a pin (its detail: "pinned in PATH")."""
+    return f"the pin {selection.detail.removeprefix('pinned ')}"
 
 
 def pinned_but_missing(selection: Selection, sdk: Sdk, cwd: Path) -> tuple[str, ...]:
@@ -188,6 +193,7 @@ def plan_env(
     owns_root = selection.reason != BY_ENV
     lacking = pinned_but_missing(selection, sdk, cwd)
     # env never downloads: it says what is missing, and exports what is there.
-    notes = (f"SDK {sdk.version} lacks {', '.join(lacking)}, which the pin {selection.detail} names; "
-             f"`qnnctl install {sdk.version} --components {','.join(lacking)}` adds it",) if lacking else ()
+    notes = (f"SDK {sdk.version} lacks {', '.join(lacking)}, which {_the_pin(selection)} names; "
+             f"`qnnctl install {sdk.version} --components {','.join(lacking)}` "
+             f"adds {'them' if len(lacking) > 1 else 'it'}",) if lacking else ()
     return EnvPlan(selection, environment_for(sdk, environ, cache, owns_root), notes)

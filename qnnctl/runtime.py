@@ -353,7 +353,7 @@ def stage_runtime(
         from qnnctl.install import remove_stale_work, version_lock
 
         cache.ensure()
-        with version_lock(cache, LOCK_KEY):
+        with version_lock(cache, LOCK_KEY, "staging the host runtime"):
             if not request.force:
                 plan = _plan(cache, sdk, request, bool(sources))
                 if not plan.trio and not plan.glibc:

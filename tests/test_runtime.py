@@ -220,7 +220,7 @@ def test_apt_concurrent_installs_stage_once(cache_dir: Path, sdk: Sdk, debs: dic
         assert proc.stderr is not None
         for line in proc.stderr:
             errs[i].append(line)
-            if "waiting for another qnnctl" in line:
+            if line == "qnnctl: waiting for another qnnctl to finish staging the host runtime\n":
                 waiting[i].set()
 
     readers = [threading.Thread(target=read, args=(i, p), daemon=True) for i, p in enumerate(procs)]

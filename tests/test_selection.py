@@ -846,13 +846,13 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
     _, sdk, notes = _dry_run()
     assert sdk is not None
     assert sdk.root == root
-    assert notes == [f"SDK {VERSION} lacks android, docs, which the pin pinned in {pin} names: without --dry-run, "
+    assert notes == [f"SDK {VERSION} lacks android, docs, which the pin in {pin} names: without --dry-run, "
                      f"qnnctl would first fetch only those (`qnnctl install {VERSION} --components android,docs`)"]
     with pytest.raises(MissingComponentError) as caught:
         _dry_run(allow_install=False)
     assert caught.value.components == ("android", "docs")
     assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, docs, which the pin "
-                                    f"pinned in {pin} needs")
+                                    f"in {pin} needs")
     # All that the pin asks for is there: nothing to say.
     _pin(f"{VERSION}\nhost\n")
     assert _dry_run()[2] == []
@@ -869,8 +869,8 @@ def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them
     plan = plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir))
     assert plan.selection == Selection(BY_PIN, f"pinned in {pin}", version=VERSION)
     assert plan.values["QNN_SDK_ROOT"] == str(root)
-    assert plan.notes == (f"SDK {VERSION} lacks android, docs, which the pin pinned in {pin} names; "
-                          f"`qnnctl install {VERSION} --components android,docs` adds it",)
+    assert plan.notes == (f"SDK {VERSION} lacks android, docs, which the pin in {pin} names; "
+                          f"`qnnctl install {VERSION} --components android,docs` adds them",)
     _pin(f"{VERSION}\nhost\n")
     assert plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir)).notes == ()
 
@@ -889,7 +889,7 @@ def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_
         resolve_sdk(None, dict(os.environ), Path.cwd(), cache, allow_install=False)
     assert (caught.value.version, caught.value.root, caught.value.components) == (VERSION, str(root), ("android",))
     assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, which the pin "
-                                    f"pinned in {pin} needs")
+                                    f"in {pin} needs")
     assert caught.value.hint == (f"add it: `qnnctl install {VERSION} --components android` "
                                  "(fetches only what is missing)")
     selection, sdk = resolve_sdk(None, dict(os.environ), Path.cwd(), cache, allow_install=False, check_components=False)
@@ -909,7 +909,7 @@ def test_a_look_up_that_may_not_install_refuses_an_sdk_without_the_pinned_compon
     with pytest.raises(MissingComponentError) as caught:
         which("libQnnHtp.so", None, os.environ, Path.cwd(), cache)
     assert (caught.value.message, caught.value.hint) == (
-        f"SDK {VERSION} at {root} was installed without android, which the pin pinned in {pin} needs",
+        f"SDK {VERSION} at {root} was installed without android, which the pin in {pin} needs",
         f"add it: `qnnctl install {VERSION} --components android` (fetches only what is missing)",
     )
     _pin(f"{VERSION}\nhost\n")
