@@ -45,7 +45,6 @@ def resolve_sdk(
     cache: Cache,
     allow_install: bool = True,
     terminal: bool = False,
-    check_components: bool = True,
 ) -> tuple[Selection, Sdk | None]:
     """The SDK to use, chosen the way `install` chooses it; None when the caller manages it.
 
@@ -58,7 +57,7 @@ def resolve_sdk(
         return selection, None
     if selection.root is not None or not allow_install:
         sdk = resolve_installed(selection, cache, environ)
-        lacking = pinned_but_missing(selection, sdk, cwd) if check_components else ()
+        lacking = pinned_but_missing(selection, sdk, cwd)
         if lacking:
             from qnnctl.errors import MissingComponentError
 
@@ -77,11 +76,14 @@ def resolve_for_dry_run(
     described where it would go, with notes saying what a real run would fetch and from where."""
     from qnnctl.errors import DamagedSdkError, NotInstalledError
 
+    selection = select_sdk(spec, environ, cwd, cache)
+    log.debug("chose %s", selection.describe())
+    if selection.caller_managed:
+        return selection, None, []
     damaged: DamagedSdkError | None = None
     try:
-        selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False, check_components=False)
+        sdk = resolve_installed(selection, cache, environ)
     except NotInstalledError as exc:
-        selection = select_sdk(spec, environ, cwd, cache)
         version = selection.version
         # A folder that has gone (the SDK this shell was set up for) is nothing a real run
         # could install: it stops there, and so does the dry run.
@@ -89,15 +91,15 @@ def resolve_for_dry_run(
             raise
         damaged = exc if isinstance(exc, DamagedSdkError) else None
     else:
-        lacking = pinned_but_missing(selection, sdk, cwd) if sdk is not None else ()
-        if sdk is not None and lacking and not allow_install:
+        lacking = pinned_but_missing(selection, sdk, cwd)
+        if lacking and not allow_install:
             from qnnctl.errors import MissingComponentError
 
             raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
         notes = [f"SDK {sdk.version} lacks {', '.join(lacking)}, which {_the_pin(selection)} names: without "
                  f"--dry-run, qnnctl would first fetch only those (`qnnctl install {sdk.version} --components "
-                 f"{','.join(lacking)}`)"] if sdk is not None and lacking else []
-        note = runtime_note(sdk, cache) if sdk is not None and allow_install else None
+                 f"{','.join(lacking)}`)"] if lacking else []
+        note = runtime_note(sdk, cache) if allow_install else None
         return selection, sdk, notes + ([note] if note else [])
     from qnnctl.install import check_url
     from qnnctl.urls import redact
