@@ -960,8 +960,8 @@ class _MemberData:
     was read is checked at the end against the size and CRC-32 the archive gives for it."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], start: int, csize: int, usize: int,
-                 crc: int, method: int, filename: str, head: bytes = b"") -> None:
-        # `head`: the first bytes of the data, when they were read along with the header.
+                 crc: int, method: int, filename: str, head: bytes) -> None:
+        # `head`: the first bytes of the data, read along with the header (b"" for none).
         self.read_at = read_at
         self.position = start + len(head)
         self.left = csize - len(head)

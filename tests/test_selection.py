@@ -192,6 +192,28 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
         select_sdk("2.37/sdk", {}, elsewhere)
 
 
+def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import BY_CALLER, resolve_installed
+
+    with pytest.raises(UsageError) as caught:
+        resolve_installed(Selection(BY_CALLER, "QNN_SDK_ROOT is exported but empty"), Cache(cache_dir), {})
+    assert caught.value.message == "the SDK is managed by the caller (QNN_SDK_ROOT is empty)"
+
+
+def test_a_file_named_as_an_sdk_root_lacks_the_whole_layout(tmp_path: Path) -> None:
+    """The error says the path is a file, and lists, as for any root, what is missing."""
+    from qnnctl.errors import InvalidSdkError
+    from qnnctl.sdk import missing_layout, sdk_from_root
+
+    archive = tmp_path / "qairt.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))
+    with pytest.raises(InvalidSdkError) as caught:
+        sdk_from_root(archive, "--sdk")
+    assert caught.value.message == f"--sdk {archive} is a file, not a folder"
+    assert caught.value.missing == missing_layout(archive) == ["the folder itself"]
+
+
 def test_relative_paths_are_exported_absolute(tmp_path: Path) -> None:
     install_tree_into_cache(tmp_path / "rel-cache")
     env = _env(QNNCTL_CACHE_DIR="rel-cache")
