@@ -314,7 +314,7 @@ class Resolver:
         if not base.is_absolute():
             base = self.cwd / base
         path = base / name
-        return path if path.is_file() and _usable(path, want) else None
+        return path if loader_stops_at(path, want) else None
 
     def find(self, name: str, chain: Sequence[ElfInfo]) -> Found:
         """Where `name`, needed by `chain[0]` (loaded by chain[1], ...), would be found."""
@@ -336,7 +336,7 @@ class Resolver:
                     return _found(name, hit, via)
         for cached in self.ld_cache.get(name, ()):
             path = Path(cached)
-            if path.is_file() and _usable(path, want):
+            if loader_stops_at(path, want):
                 return _found(name, path, VIA_CACHE)
         for folder in self.default_dirs:
             hit = self._candidate(folder, name, want)
@@ -345,9 +345,12 @@ class Resolver:
         return Found(name, None, None)
 
 
-def _usable(path: Path, want: ElfIdentity) -> bool:
-    """Whether the loader stops at `path`: an ELF object of another class or machine is
-    passed over, but any other file ends the search (and the load) with an error."""
+def loader_stops_at(path: Path, want: ElfIdentity) -> bool:
+    """Whether the loader, looking for a library of `want`'s kind, stops at `path`: an ELF
+    object of another class or machine it passes over, but any other file ends the search
+    (and the load, with an error)."""
+    if not path.is_file():
+        return False
     identity = elf_identity(path)
     return identity is None or identity == want
 

@@ -37,6 +37,7 @@ from qnnctl.sdk import Sdk
 from qnnctl.urls import redact
 
 if TYPE_CHECKING:
+    from qnnctl.elf import ElfIdentity
     from qnnctl.packages import Collected, CollectedFile, DebInfo, RpmInfo
 
 log = logging.getLogger("qnnctl.runtime")
@@ -140,16 +141,28 @@ def current(cache: Cache, kind: str) -> Staged | None:
     return next((s for s in staged_runtimes(cache) if s.kind == kind), None)
 
 
+def _sdk_identity() -> ElfIdentity:
+    """What the SDK's host libraries are, and what they can load: 64-bit little-endian x86-64."""
+    from qnnctl.elf import ElfIdentity
+
+    return ElfIdentity(64, True, _EM_X86_64)
+
+
 def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:
     """Staged folders to put on LD_LIBRARY_PATH for `sdk`: the libc++ trio, never glibc.
 
-    Empty when nothing is staged, or when the SDK ships the trio itself (releases before 2.23).
+    Empty when nothing is staged, or when the SDK ships the trio itself (releases before 2.23):
+    the loader stops at the SDK's own files, found first. One it passes over (a library of
+    another machine) leaves the staged trio as the one its libraries load.
     """
     staged = current(cache, LIBCXX)
     if staged is None:
         return []
-    if sdk is not None and all((sdk.lib_dir / name).is_file() for name in TRIO):
-        return []
+    if sdk is not None:
+        from qnnctl.elf import loader_stops_at
+
+        if all(loader_stops_at(sdk.lib_dir / name, _sdk_identity()) for name in TRIO):
+            return []
     return [staged.lib_dir]
 
 
@@ -179,12 +192,12 @@ def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str])
     `lib_path` stands for LD_LIBRARY_PATH (the SDK's own folder); then the loader's cache and
     the default folders. The same resolver as doctor's library check.
     """
-    from qnnctl.elf import ElfIdentity, ElfInfo, Resolver
+    from qnnctl.elf import ElfInfo, Resolver
     from qnnctl.host import read_ld_cache
 
     resolver = Resolver(":".join(str(p) for p in lib_path) or None, read_ld_cache())
-    # A stand-in for the SDK's libraries: 64-bit, little-endian x86-64, no RPATH of its own.
-    needer = ElfInfo(path=Path("libQnnHtp.so"), identity=ElfIdentity(64, True, _EM_X86_64),
+    # A stand-in for the SDK's libraries, with no RPATH of its own.
+    needer = ElfInfo(path=Path("libQnnHtp.so"), identity=_sdk_identity(),
                      soname=None, needed=(), rpath=(), runpath=(), glibc=None)
     return [name for name in names if resolver.find(name, (needer,)).missing]
 

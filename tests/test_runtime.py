@@ -359,6 +359,16 @@ def test_folder_source_follows_links_on_disk(tmp_path: Path, cache: Cache, sdk: 
     for soname in TRIO:
         shutil.copy(folder / soname, sdk.lib_dir / soname)
     assert staged_lib_dirs(cache, sdk) == []
+    # Unless the loader passes one of its own over (a library of another machine, AArch64):
+    # the staged trio is then what the SDK's libraries load.
+    elf = bytearray((sdk.lib_dir / TRIO[1]).read_bytes())
+    elf[18:20] = (183).to_bytes(2, "little")
+    (sdk.lib_dir / TRIO[1]).write_bytes(elf)
+    assert staged_lib_dirs(cache, sdk) == [result.libcxx.lib_dir]
+    assert missing_host_libraries(TRIO, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]) == []
+    # A file that is no ELF the loader stops at, and fails on: a staged trio after it changes nothing.
+    (sdk.lib_dir / TRIO[1]).write_bytes(b"INPUT(libc++.so.1.0)\n")
+    assert staged_lib_dirs(cache, sdk) == []
 
 
 def test_a_partial_trio_is_refused(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
