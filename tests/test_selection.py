@@ -836,8 +836,11 @@ def test_a_dry_run_that_may_not_install_raises_not_installed(cache_dir: Path) ->
     assert type(caught.value) is NotInstalledError
     root = install_tree_into_cache(cache_dir, VERSION)
     (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
-    with pytest.raises(DamagedSdkError):
+    with pytest.raises(DamagedSdkError) as damaged:
         _dry_run(VERSION, allow_install=False)
+    assert (damaged.value.root, damaged.value.missing) == (str(root), ["lib/x86_64-linux-clang/libQnnHtp.so"])
+    assert damaged.value.message == (f"SDK {VERSION} in qnnctl's cache is damaged: {root} is missing "
+                                     "lib/x86_64-linux-clang/libQnnHtp.so")
 
 
 def test_a_dry_run_of_an_installed_sdk_has_nothing_to_say(cache_dir: Path) -> None:
