@@ -748,6 +748,14 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
 
     shutil.rmtree(gone)
     assert newest_installed(cache, dict(os.environ)) == "2.45.0.260326"
+    # Asked for by its version, the SDK linked to a folder that has gone is named as such.
+    from qnnctl.errors import NotInstalledError
+    from qnnctl.sdk import resolve_installed
+
+    with pytest.raises(NotInstalledError) as caught:
+        resolve_installed(Selection(BY_PIN, "pinned", version="2.51.0.260929"), cache, dict(os.environ))
+    assert caught.value.message == (f"SDK 2.51.0.260929 is linked to {gone}, which is gone "
+                                    "(or is no SDK root any more)")
 
 
 def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Path) -> None:
