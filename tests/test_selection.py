@@ -744,6 +744,10 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
     link_sdk(gone, None, cache, dict(os.environ))
     link_sdk(kept, None, cache, dict(os.environ))
     assert newest_installed(cache, dict(os.environ)) == "2.51.0.260929"
+    from qnnctl.sdk import find_installed
+    from qnnctl.stores import LINK_ORIGIN
+
+    assert find_installed("2.45.0.260326", cache, dict(os.environ)) == Sdk(kept, "2.45.0.260326", LINK_ORIGIN)
     import shutil
 
     shutil.rmtree(gone)
