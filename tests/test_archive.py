@@ -364,13 +364,20 @@ def _encrypted(data: bytearray, info: zipfile.ZipInfo) -> None:
     struct.pack_into("<H", data, info.header_offset + 6, flags | 1)
 
 
+def _renamed_locally(data: bytearray, info: zipfile.ZipInfo) -> None:
+    """A damage: the member's local header gives it another name (its last letter in upper case)."""
+    at = info.header_offset + 30 + len(info.filename.encode()) - 1
+    data[at] = ord(chr(data[at]).upper())
+
+
 @pytest.mark.parametrize(("member", "damage", "said"), [
     ("docs/text.txt", _compressed_size(lambda size: size // 2), "{name!r} ends early"),  # deflated data cut mid-stream
     ("docs/payload.bin", _compressed_size(lambda size: 0x7FFFFFF0), "{name!r} is cut short"),  # data past the end
     ("docs/text.txt", _header_at(lambda end, info: end - 10), "{name!r} is cut short"),  # header past the end
     ("docs/text.txt", _header_at(lambda end, info: info.header_offset + 1), "bad local header for {name!r}"),
     ("docs/text.txt", _encrypted, "{name!r} is encrypted or patched data"),
-], ids=["deflate-ends-early", "data-past-the-end", "header-past-the-end", "no-local-header", "encrypted"])
+    ("docs/text.txt", _renamed_locally, "{name!r} has another name in its local header"),
+], ids=["deflate-ends-early", "data-past-the-end", "header-past-the-end", "no-local-header", "encrypted", "renamed"])
 def test_a_zip_member_that_cannot_be_read_is_named(tmp_path: Path, member: str,
                                                    damage: Callable[[bytearray, zipfile.ZipInfo], None],
                                                    said: str) -> None:
