@@ -11,6 +11,7 @@ import struct
 import tarfile
 import tracemalloc
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -415,6 +416,49 @@ def test_a_large_zip_member_is_read_a_block_at_a_time(tmp_path: Path) -> None:
         os.close(fd)
     assert read == 16 * COPY_BUFFER
     assert peak < 3 * COPY_BUFFER, f"peak {peak >> 20} MiB while reading a {16} MiB member"
+
+
+def _deflated_with_empty_blocks(first: bytes, then: bytes) -> bytes:
+    """Raw deflate of `first` + `then` with 64 empty stored blocks between them, as a writer that
+    flushes often leaves: input that inflates to nothing."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    head = compressor.compress(first) + compressor.flush(zlib.Z_SYNC_FLUSH)  # ends on a byte
+    return head + b"\x00\x00\x00\xff\xff" * 64 + compressor.compress(then) + compressor.flush()
+
+
+def _member(stream: bytes, size: int, crc: int) -> Any:
+    from qnnctl.archive import _MemberData
+
+    return _MemberData(lambda offset, n: stream[offset:offset + n], 0, len(stream), size, crc,
+                       zipfile.ZIP_DEFLATED, "m.bin", b"")
+
+
+def test_a_zip_member_is_read_past_data_that_inflates_to_nothing() -> None:
+    """A block of input that yields no output is not the end: reading goes on to the member's end."""
+    first, then = os.urandom(100), b"the rest " * 50
+    data = _member(_deflated_with_empty_blocks(first, then), len(first + then), zlib.crc32(first + then))
+    read = b""
+    while block := data.read(16):  # blocks of input smaller than the run of empty ones
+        read += block
+    assert read == first + then
+    data.verify(zlib.crc32(read), len(read))
+
+
+def test_a_zip_member_that_inflates_past_its_size_stops_there() -> None:
+    """A member that inflates to more than the archive says (a zip bomb's way) is refused while it
+    is read, counted over all its blocks, not when it is whole."""
+    first, then = os.urandom(100), b"the rest " * 50
+    data = _member(_deflated_with_empty_blocks(first, then), len(first + then) - 1, zlib.crc32(first + then))
+    handed: list[bytes] = []
+
+    def read_all() -> None:
+        while block := data.read(16):
+            handed.append(block)
+
+    with pytest.raises(zipfile.BadZipFile) as caught:
+        read_all()
+    assert str(caught.value) == "'m.bin' is longer than the archive says"
+    assert len(b"".join(handed)) <= len(first + then) - 1  # no byte past what the archive says was handed on
 
 
 def test_not_an_archive(tmp_path: Path) -> None:
