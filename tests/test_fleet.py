@@ -244,6 +244,23 @@ def test_install_file_of_a_version_installed_already_is_checked_against_the_lock
                              f"or lock {OTHER_VERSION} with `qnnctl lock {OTHER_VERSION}`\n")
 
 
+def test_install_file_is_checked_against_the_lock(cache_dir: Path, tmp_path: Path) -> None:
+    """The locked archive installs from a file; another of the same version is refused, with
+    its sha256 and the lock's."""
+    archive, lock = _install_and_lock(tmp_path)
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    again = run_qnnctl("install", "--file", str(archive))
+    assert (again.returncode, again.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), again.stderr
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    other = tmp_path / "other" / f"v{VERSION}.zip"
+    data = _archive(other.parent, payload=b"another build")
+    refused = run_qnnctl("install", "--file", str(other))
+    assert refused.returncode == 4, refused.stderr
+    assert (f"qnnctl: error: the archive from {other} does not match {lock}: its sha256 is {_sha256(data)}, "
+            f"the lock pins {_sha256(archive.read_bytes())}; nothing was installed\n") in refused.stderr
+    _nothing_installed(cache_dir)
+
+
 def test_an_installed_sdk_the_lock_disagrees_with_is_locked_again(cache_dir: Path, tmp_path: Path) -> None:
     """The hint of a mismatch offers `qnnctl lock VERSION` when the SDK in use is the one to
     trust: it writes the lock from that SDK, which the old lock does not stop."""
