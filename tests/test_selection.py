@@ -762,6 +762,21 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
                                     "(or is no SDK root any more)")
 
 
+def test_an_sdk_in_a_store_is_found_and_a_link_comes_first(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import find_installed
+    from qnnctl.stores import link_sdk
+
+    cache, version = Cache(cache_dir), "2.45.0.260326"
+    store = tmp_path / "store"
+    stored = build_sdk_tree(store / version, SdkSpec(version=version))
+    environ = {**os.environ, "QNNCTL_STORES": str(store)}
+    assert find_installed(version, cache, environ) == Sdk(stored, version, f"store {store}")
+    linked = build_sdk_tree(tmp_path / "vendor" / version, SdkSpec(version=version))
+    link_sdk(linked, None, cache, environ)
+    assert find_installed(version, cache, environ).root == linked  # type: ignore[union-attr]
+
+
 def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Path) -> None:
     from qnnctl.cache import Cache
     from qnnctl.sdk import find_installed, newest_installed
