@@ -772,6 +772,10 @@ def test_an_sdk_in_a_store_is_found_and_a_link_comes_first(cache_dir: Path, tmp_
     stored = build_sdk_tree(store / version, SdkSpec(version=version))
     environ = {**os.environ, "QNNCTL_STORES": str(store)}
     assert find_installed(version, cache, environ) == Sdk(stored, version, f"store {store}")
+    from qnnctl.environment import resolve_sdk
+
+    assert resolve_sdk(version, environ, Path.cwd(), cache, allow_install=False)[1] == Sdk(stored, version,
+                                                                                         f"store {store}")
     linked = build_sdk_tree(tmp_path / "vendor" / version, SdkSpec(version=version))
     link_sdk(linked, None, cache, environ)
     assert find_installed(version, cache, environ).root == linked  # type: ignore[union-attr]
@@ -796,6 +800,11 @@ def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Pat
     assert selection.detail == "the newest SDK already installed"
     assert sdk == Sdk(root=cache_dir / "sdks" / OTHER_VERSION, version=OTHER_VERSION, origin="qnnctl cache")
     assert notes == []
+    # As a real run that may not install resolves it.
+    from qnnctl.environment import resolve_sdk
+
+    chosen, found = resolve_sdk(None, dict(os.environ), Path.cwd(), cache, allow_install=False)
+    assert (chosen.detail, found) == (selection.detail, sdk)
 
 
 # -- a dry run: what would be fetched, in words ----------------------------------------------
@@ -923,6 +932,9 @@ def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them
     assert plan.values["QNN_SDK_ROOT"] == str(root)
     assert plan.notes == (f"SDK {VERSION} lacks android, docs, which the pin in {pin} names; "
                           f"`qnnctl install {VERSION} --components android,docs` adds them",)
+    _pin(f"{VERSION}\nhost,docs\n")
+    assert plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir)).notes[0].endswith(
+        f"`qnnctl install {VERSION} --components docs` adds it")
     _pin(f"{VERSION}\nhost\n")
     assert plan_env(None, dict(os.environ), Path.cwd(), Cache(cache_dir)).notes == ()
 
