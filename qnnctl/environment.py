@@ -57,11 +57,7 @@ def resolve_sdk(
         return selection, None
     if selection.root is not None or not allow_install:
         sdk = resolve_installed(selection, cache, environ)
-        lacking = pinned_but_missing(selection, sdk, cwd)
-        if lacking:
-            from qnnctl.errors import MissingComponentError
-
-            raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
+        _pinned_missing(selection, sdk, cwd, refuse=True)
         return selection, sdk
     from qnnctl.install import InstallRequest, install
 
@@ -91,11 +87,7 @@ def resolve_for_dry_run(
             raise
         damaged = exc if isinstance(exc, DamagedSdkError) else None
     else:
-        lacking = pinned_but_missing(selection, sdk, cwd)
-        if lacking and not allow_install:
-            from qnnctl.errors import MissingComponentError
-
-            raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
+        lacking = _pinned_missing(selection, sdk, cwd, refuse=not allow_install)
         notes = [f"SDK {sdk.version} lacks {', '.join(lacking)}, which {_the_pin(selection)} names: without "
                  f"--dry-run, qnnctl would first fetch only those (`qnnctl install {sdk.version} --components "
                  f"{','.join(lacking)}`)"] if lacking else []
@@ -115,6 +107,17 @@ def resolve_for_dry_run(
     note = (f"SDK {version} {state} ({selection.detail}): without --dry-run, qnnctl would "
             f"first download it from {source} and install it into {root}")
     return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
+
+
+def _pinned_missing(selection: Selection, sdk: Sdk, cwd: Path, refuse: bool) -> tuple[str, ...]:
+    """What the pin names that `sdk` lacks; with `refuse`, any of it is a MissingComponentError
+    naming the command that adds it (for when nothing may be installed)."""
+    lacking = pinned_but_missing(selection, sdk, cwd)
+    if lacking and refuse:
+        from qnnctl.errors import MissingComponentError
+
+        raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
+    return lacking
 
 
 def _the_pin(selection: Selection) -> str:

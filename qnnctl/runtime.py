@@ -161,7 +161,8 @@ def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:
     if sdk is not None:
         from qnnctl.elf import loader_stops_at
 
-        if all(loader_stops_at(sdk.lib_dir / name, _sdk_identity()) for name in TRIO):
+        want = _sdk_identity()
+        if all(loader_stops_at(sdk.lib_dir / name, want) for name in TRIO):
             return []
     return [staged.lib_dir]
 
