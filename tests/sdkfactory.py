@@ -69,6 +69,16 @@ def compile_shared(path: Path, source: str = "int f(void) { return 1; }\n",
     return path
 
 
+EM_AARCH64 = 183  # an ELF header's e_machine for AArch64
+
+
+def for_another_machine(library: bytes, machine: int = EM_AARCH64) -> bytes:
+    """A little-endian ELF library's bytes with another e_machine: one the loader passes over."""
+    data = bytearray(library)
+    data[18:20] = machine.to_bytes(2, "little")
+    return bytes(data)
+
+
 @dataclass
 class SdkSpec:
     """What goes into a synthetic SDK."""

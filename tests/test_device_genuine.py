@@ -23,7 +23,7 @@ from qnnctl.identity import build_id
 from tests import genuine
 from tests.conftest import run_qnnctl
 from tests.phones import Phones, standin
-from tests.sdkfactory import SdkSpec, build_sdk_tree
+from tests.sdkfactory import EM_AARCH64, SdkSpec, build_sdk_tree
 from tests.test_genuine import require
 
 WHEEL = genuine.QAIRT_2_51_DEVICE
@@ -32,7 +32,6 @@ BUILD = WHEEL.build_id[1:]
 # one by writing the 2.47 build id over its own (same length, nothing else changes).
 OTHER_BUILD = genuine.QAIRT_2_47.build_id
 DEST = f"/data/local/tmp/qnnctl/{WHEEL.qairt}"
-EM_AARCH64 = 183
 EM_QDSP6 = 164
 ONE_SOC_PER_ARCH = [pytest.param(next(s for s in socs.SOCS if s.arch == a.number), id=a.name) for a in socs.ARCHES]
 

@@ -30,7 +30,7 @@ from qnnctl.elf import (
 from qnnctl.errors import IntegrityError
 from qnnctl.host import glibc_version, parse_ld_cache, parse_ldconfig_output, read_ld_cache
 from tests.conftest import require_tool
-from tests.sdkfactory import compile_shared
+from tests.sdkfactory import compile_shared, for_another_machine
 
 NEW_DTAGS = "-Wl,--enable-new-dtags"  # RUNPATH
 OLD_DTAGS = "-Wl,--disable-new-dtags"  # RPATH
@@ -298,9 +298,7 @@ def test_another_machine_is_passed_over_but_a_non_elf_file_stops_the_search(tmp_
     lib = _library(tmp_path / "lib" / "libtop.so", needs=(good,))
     foreign = tmp_path / "foreign" / "libbar.so"
     foreign.parent.mkdir()
-    data = bytearray(good.read_bytes())
-    data[18:20] = (183).to_bytes(2, "little")  # EM_AARCH64
-    foreign.write_bytes(bytes(data))
+    foreign.write_bytes(for_another_machine(good.read_bytes()))
     search = f"{foreign.parent}:{good.parent}"
     found = _resolver(search).find("libbar.so", [read_elf(lib)])
     assert (found.path, found.via, found.error) == (good, VIA_LD_LIBRARY_PATH, None)

@@ -41,7 +41,7 @@ from qnnctl.runtime import (
 from qnnctl.sdk import Sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, compile_shared, install_tree_into_cache
+from tests.sdkfactory import VERSION, compile_shared, for_another_machine, install_tree_into_cache
 from tests.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc
 
 LLVM_TOP = "clang+llvm-14.0.0-x86_64-linux-gnu-ubuntu-18.04"
@@ -361,9 +361,7 @@ def test_folder_source_follows_links_on_disk(tmp_path: Path, cache: Cache, sdk: 
     assert staged_lib_dirs(cache, sdk) == []
     # Unless the loader passes one of its own over (a library of another machine, AArch64):
     # the staged trio is then what the SDK's libraries load.
-    elf = bytearray((sdk.lib_dir / TRIO[1]).read_bytes())
-    elf[18:20] = (183).to_bytes(2, "little")
-    (sdk.lib_dir / TRIO[1]).write_bytes(elf)
+    (sdk.lib_dir / TRIO[1]).write_bytes(for_another_machine((sdk.lib_dir / TRIO[1]).read_bytes()))
     assert staged_lib_dirs(cache, sdk) == [result.libcxx.lib_dir]
     assert missing_host_libraries(TRIO, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]) == []
     # A file that is no ELF the loader stops at, and fails on: a staged trio after it changes nothing.
