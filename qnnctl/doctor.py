@@ -462,6 +462,9 @@ def _named(claims: Mapping[str, str]) -> str:
 
 
 def check_manifest(ctx: Context) -> Outcome:
+    from qnnctl.components import install_command
+    from qnnctl.environment import pin_gap
+
     target = ctx.require_target()
     sdk = ctx.require_sdk()
     path = sdk.root / MANIFEST_NAME
@@ -478,9 +481,10 @@ def check_manifest(ctx: Context) -> Outcome:
     source = redact(str(manifest.get("source", "?")))
     detail = f"installed {manifest.get('installed_at', '?')} from {source}, {count} files recorded"
     detail += _parts_detail(manifest)
-    lacking = _pinned_but_missing(ctx, manifest, sdk)
-    if lacking is not None:
-        return warn(f"{detail}; {lacking[0]}", lacking[1])
+    gap = pin_gap(target.selection, manifest, ctx.cwd)
+    if gap is not None:
+        return warn(f"{detail}; {gap.pin} asks for {', '.join(gap.lacking)}, which it lacks",
+                    f"`{install_command(sdk.version, gap.lacking)}`")
     if manifest.get("version") not in (None, sdk.version):
         return warn(f"{detail}; it names version {manifest.get('version')}, not {sdk.version}",
                     reinstall_hint(target))
@@ -502,20 +506,6 @@ def _parts_detail(manifest: Mapping[str, Any]) -> str:
                    f"central directory{f' (sha256 {cd})' if isinstance(cd, str) else ''}, but no sha256 of the "
                    "whole archive vouches for it, as none can be taken without all of it")
     return detail
-
-
-def _pinned_but_missing(ctx: Context, manifest: Mapping[str, Any], sdk: Sdk) -> tuple[str, str] | None:
-    """What the project's pin asks for that the SDK lacks, and the command that adds it."""
-    from qnnctl.components import install_command, installed_components, missing
-    from qnnctl.pin import read_pin_components
-    from qnnctl.sdk import BY_PIN, find_pin
-
-    pin = find_pin(ctx.cwd) if ctx.require_target().selection.reason == BY_PIN else None
-    wanted = read_pin_components(pin) if pin is not None else None
-    lacking = missing(installed_components(manifest), wanted) if wanted else ()
-    if not lacking:
-        return None
-    return (f"{pin} asks for {', '.join(lacking)}, which it lacks", f"`{install_command(sdk.version, lacking)}`")
 
 
 def check_verify(ctx: Context) -> Outcome:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from qnnctl.cache import Cache
+from qnnctl.cache import Cache, read_manifest
+from qnnctl.components import install_command, installed_components, missing
 from qnnctl.sdk import BY_ENV, BY_PIN, Sdk, Selection, resolve_installed, select_sdk
 from qnnctl.shell import EnvValues, sdk_environment, unset_environment
 
@@ -87,10 +89,9 @@ def resolve_for_dry_run(
             raise
         damaged = exc if isinstance(exc, DamagedSdkError) else None
     else:
-        lacking = _pinned_missing(selection, sdk, cwd, refuse=not allow_install)
-        notes = [f"SDK {sdk.version} lacks {', '.join(lacking)}, which {_the_pin(selection)} names: without "
-                 f"--dry-run, qnnctl would first fetch only those (`qnnctl install {sdk.version} --components "
-                 f"{','.join(lacking)}`)"] if lacking else []
+        gap = _pinned_missing(selection, sdk, cwd, refuse=not allow_install)
+        notes = [f"{gap.said(sdk.version)}: without --dry-run, qnnctl would first fetch only those "
+                 f"(`{install_command(sdk.version, gap.lacking)}`)"] if gap is not None else []
         note = runtime_note(sdk, cache) if allow_install else None
         return selection, sdk, notes + ([note] if note else [])
     from qnnctl.install import check_url
@@ -109,38 +110,42 @@ def resolve_for_dry_run(
     return selection, Sdk(root=root, version=version, origin="not installed yet"), [note]
 
 
-def _pinned_missing(selection: Selection, sdk: Sdk, cwd: Path, refuse: bool) -> tuple[str, ...]:
+def _pinned_missing(selection: Selection, sdk: Sdk, cwd: Path, refuse: bool) -> PinGap | None:
     """What the pin names that `sdk` lacks; with `refuse`, any of it is a MissingComponentError
     naming the command that adds it (for when nothing may be installed)."""
-    lacking = pinned_but_missing(selection, sdk, cwd)
-    if lacking and refuse:
+    gap = pin_gap(selection, read_manifest(sdk.root), cwd)
+    if gap is not None and refuse:
         from qnnctl.errors import MissingComponentError
 
-        raise MissingComponentError(sdk.version, str(sdk.root), lacking, _the_pin(selection))
-    return lacking
+        raise MissingComponentError(sdk.version, str(sdk.root), gap.lacking, f"the pin in {gap.pin}")
+    return gap
 
 
-def _the_pin(selection: Selection) -> str:
-    """"the pin in PATH", for a selection made by a pin (its detail: "pinned in PATH")."""
-    return f"the pin {selection.detail.removeprefix('pinned ')}"
+class PinGap(NamedTuple):
+    """The components a `.qnn-version` pin names (its second line) that the SDK it chose lacks."""
+
+    pin: Path
+    lacking: tuple[str, ...]
+
+    def said(self, version: str) -> str:
+        """"SDK V lacks A, B, which the pin in PATH names"."""
+        return f"SDK {version} lacks {', '.join(self.lacking)}, which the pin in {self.pin} names"
 
 
-def pinned_but_missing(selection: Selection, sdk: Sdk, cwd: Path) -> tuple[str, ...]:
-    """The components a `.qnn-version` pin names (its second line) that the SDK it chose
-    lacks; () when the pin names none, or chose nothing."""
+def pin_gap(selection: Selection, manifest: Mapping[str, Any] | None, cwd: Path) -> PinGap | None:
+    """What the pin that made `selection` names and the SDK's `manifest` does not record as
+    installed; None when the choice was not a pin's, or its pin names no components."""
     if selection.reason != BY_PIN:
-        return ()
+        return None
     from qnnctl.pin import read_pin_components
     from qnnctl.sdk import find_pin
 
     pin = find_pin(cwd)
     wanted = read_pin_components(pin) if pin is not None else None
-    if not wanted:
-        return ()
-    from qnnctl.cache import read_manifest
-    from qnnctl.components import installed_components, missing
-
-    return missing(installed_components(read_manifest(sdk.root)), wanted)
+    if pin is None or not wanted:
+        return None  # the pin names no components (or went while qnnctl ran)
+    lacking = missing(installed_components(manifest), wanted)
+    return PinGap(pin, lacking) if lacking else None
 
 
 def runtime_note(sdk: Sdk, cache: Cache) -> str | None:
@@ -196,9 +201,8 @@ def plan_env(
         return EnvPlan(selection, unset_environment(environ))
     sdk = resolve_installed(selection, cache, environ)
     owns_root = selection.reason != BY_ENV
-    lacking = pinned_but_missing(selection, sdk, cwd)
+    gap = pin_gap(selection, read_manifest(sdk.root), cwd)
     # env never downloads: it says what is missing, and exports what is there.
-    notes = (f"SDK {sdk.version} lacks {', '.join(lacking)}, which {_the_pin(selection)} names; "
-             f"`qnnctl install {sdk.version} --components {','.join(lacking)}` "
-             f"adds {'them' if len(lacking) > 1 else 'it'}",) if lacking else ()
+    notes = (f"{gap.said(sdk.version)}; `{install_command(sdk.version, gap.lacking)}` "
+             f"adds {'them' if len(gap.lacking) > 1 else 'it'}",) if gap is not None else ()
     return EnvPlan(selection, environment_for(sdk, environ, cache, owns_root), notes)
