@@ -34,11 +34,12 @@ TARGETS: dict[str, Target] = {
                       ("tests/test_archive.py", "tests/test_stream.py", "tests/test_parallel.py",
                        "tests/test_partial.py", "tests/test_components.py", "tests/test_doctor.py")),
     # install.py is the command's core: the resolution of what to install (test_choice), the
-    # command line (test_cli), locks and stores (test_fleet), components and redaction reach it too.
+    # command line (test_cli), locks and stores (test_fleet), components, redaction and the
+    # extraction while downloading (test_stream) reach it too.
     "install": Target(("qnnctl/install.py",),
                       ("tests/test_install.py", "tests/test_housekeeping.py", "tests/test_choice.py",
                        "tests/test_cli.py", "tests/test_fleet.py", "tests/test_partial.py",
-                       "tests/test_redaction.py")),
+                       "tests/test_redaction.py", "tests/test_stream.py")),
     "api": Target(("qnnctl/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
     "bootstrap": Target(("qnnctl/bootstrap.py",),
                         ("tests/test_bootstrap.py", "tests/test_lower.py", "tests/test_guard.py")),
