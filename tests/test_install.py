@@ -219,6 +219,32 @@ def test_url_holding_another_version_is_refused(server: FaultServer, tmp_path: P
     _cache_is_tidy(cache_dir)
 
 
+def test_url_whose_top_folder_alone_names_another_version_is_refused(server: FaultServer, tmp_path: Path,
+                                                                     cache_dir: Path) -> None:
+    """No sdk.yaml and no build id in the libraries: the archive's top folder is all that says
+    which SDK it holds."""
+    (tmp_path / "a").mkdir()
+    other = build_archive(tmp_path / "a", "zip", SdkSpec(version=OTHER_VERSION, sdk_yaml=False)).read_bytes()
+    result = run_qnnctl("install", "--url", server.add(f"/v{VERSION}.zip", other))
+    assert result.returncode == 4, result.stderr
+    assert f"holds SDK {OTHER_VERSION}, not {VERSION}" in result.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
+
+
+def test_url_whose_top_folder_is_not_what_its_libraries_are_is_refused(server: FaultServer, tmp_path: Path,
+                                                                       cache_dir: Path) -> None:
+    """No sdk.yaml: the top folder says the version asked for, the libraries' build another."""
+    (tmp_path / "a").mkdir()
+    true = "2.51.0.260929"
+    data = build_archive(tmp_path / "a", "zip", SdkSpec(sdk_yaml=False, build_id=f"v{true}181845")).read_bytes()
+    url = server.add(f"/v{VERSION}.zip", data)
+    result = run_qnnctl("install", "--url", url)
+    assert result.returncode == 4, result.stderr
+    assert (f"{url} says it is SDK {VERSION} (its top folder), but its libraries are build {true}181845: "
+            f"SDK {true}\n") in result.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
+
+
 def _truncated(data: bytes) -> bytes:
     return data[: len(data) // 2]
 
