@@ -914,9 +914,12 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
     assert caught.value.components == ("android", "docs")
     assert caught.value.message == (f"SDK {VERSION} at {root} was installed without android, docs, which the pin "
                                     f"in {pin} needs")
-    # All that the pin asks for is there: nothing to say.
+    # All that the pin asks for is there, or it asks for nothing: nothing to say.
     _pin(f"{VERSION}\nhost\n")
     assert _dry_run()[2] == []
+    _pin(f"{VERSION}\n")
+    assert _dry_run()[2] == []
+    assert _dry_run(allow_install=False)[1] == sdk
 
 
 def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them(cache_dir: Path) -> None:
