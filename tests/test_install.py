@@ -233,7 +233,8 @@ def test_url_whose_top_folder_alone_names_another_version_is_refused(server: Fau
 
 def test_url_whose_top_folder_is_not_what_its_libraries_are_is_refused(server: FaultServer, tmp_path: Path,
                                                                        cache_dir: Path) -> None:
-    """No sdk.yaml: the top folder says the version asked for, the libraries' build another."""
+    """No sdk.yaml: the top folder says the version asked for, the libraries' build another; named, the
+    libraries' version is installed."""
     (tmp_path / "a").mkdir()
     true = "2.51.0.260929"
     data = build_archive(tmp_path / "a", "zip", SdkSpec(sdk_yaml=False, build_id=f"v{true}181845")).read_bytes()
@@ -243,6 +244,9 @@ def test_url_whose_top_folder_is_not_what_its_libraries_are_is_refused(server: F
     assert (f"{url} says it is SDK {VERSION} (its top folder), but its libraries are build {true}181845: "
             f"SDK {true}\n") in result.stderr
     assert list((cache_dir / "sdks").iterdir()) == []
+    # As the refusal says: the libraries' version named, it installs as that.
+    named = run_qnnctl("install", true, "--url", url)
+    assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
 
 
 def _truncated(data: bytes) -> bytes:
