@@ -213,7 +213,7 @@ def test_url_holding_another_version_is_refused(server: FaultServer, tmp_path: P
     url = server.add(f"/v{VERSION}.zip", other)
     result = run_qnnctl("install", "--url", url)
     assert result.returncode == 4, result.stderr
-    assert f"holds SDK {OTHER_VERSION}, not {VERSION}" in result.stderr
+    assert f"qnnctl: error: {url} holds SDK {OTHER_VERSION}, not {VERSION}\n" in result.stderr
     assert "--file" not in result.stderr  # the download is gone: no hint may point at it
     assert list((cache_dir / "sdks").iterdir()) == []
     _cache_is_tidy(cache_dir)
@@ -225,9 +225,10 @@ def test_url_whose_top_folder_alone_names_another_version_is_refused(server: Fau
     which SDK it holds."""
     (tmp_path / "a").mkdir()
     other = build_archive(tmp_path / "a", "zip", SdkSpec(version=OTHER_VERSION, sdk_yaml=False)).read_bytes()
-    result = run_qnnctl("install", "--url", server.add(f"/v{VERSION}.zip", other))
+    url = server.add(f"/v{VERSION}.zip", other)
+    result = run_qnnctl("install", "--url", url)
     assert result.returncode == 4, result.stderr
-    assert f"holds SDK {OTHER_VERSION}, not {VERSION}" in result.stderr
+    assert f"qnnctl: error: {url} holds SDK {OTHER_VERSION}, not {VERSION}\n" in result.stderr
     assert list((cache_dir / "sdks").iterdir()) == []
 
 
