@@ -88,7 +88,7 @@ def test_executorch_cache_is_reused(mirror: FaultServer, tmp_path: Path, cache_d
     result = run_qnnctl("install", env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{root}\n"
-    assert "ExecuTorch cache" in result.stderr
+    assert f"SDK {VERSION} is already installed (ExecuTorch cache)" in result.stderr
     assert mirror.requests == []
     assert not (cache_dir / "sdks").exists()
 
