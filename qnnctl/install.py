@@ -517,7 +517,10 @@ def _commit(
     from qnnctl import __version__
 
     # The manifest is qnnctl's own record: a file of that name in the archive is not it.
-    remove_tree(root / MANIFEST_NAME)
+    stray = root / MANIFEST_NAME
+    if stray.is_file() and not stray.is_symlink():  # counted in what was unpacked
+        unpacked -= stray.stat().st_size
+    remove_tree(stray)
     files = {name: digest for name, digest in files.items() if name != MANIFEST_NAME}
     manifest = {
         "schema": MANIFEST_SCHEMA,

@@ -55,6 +55,7 @@ def _assert_complete_sdk(root: Path, version: str = VERSION) -> dict[str, object
     for name, digest in files.items():
         assert manifest_digest((root / name).read_bytes()) == digest, name
     assert manifest["file_count"] == len(files)
+    assert manifest["unpacked_size"] == sum((root / name).stat().st_size for name in files)
     assert manifest["version"] == version
     assert manifest["qnnctl_version"] == qnnctl.__version__
     installed_at = datetime.strptime(str(manifest["installed_at"]), "%Y-%m-%dT%H:%M:%SZ")
@@ -248,6 +249,7 @@ def test_url_whose_top_folder_is_not_what_its_libraries_are_is_refused(server: F
     # As the refusal says: the libraries' version named, it installs as that.
     named = run_qnnctl("install", true, "--url", url)
     assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
+    assert (read_manifest(cache_dir / "sdks" / true) or {})["build_id"] == f"{true}181845"
 
 
 def _truncated(data: bytes) -> bytes:
