@@ -214,7 +214,10 @@ def test_url_holding_another_version_is_refused(server: FaultServer, tmp_path: P
     url = server.add(f"/v{VERSION}.zip", other)
     result = run_qnnctl("install", "--url", url)
     assert result.returncode == 4, result.stderr
-    assert f"qnnctl: error: {url} holds SDK {OTHER_VERSION}, not {VERSION}\n" in result.stderr
+    assert result.stderr.endswith(
+        f"qnnctl: error: {url} holds SDK {OTHER_VERSION}, not {VERSION}\n"
+        f"qnnctl: hint: check the URL or QNNCTL_MIRROR; to install {OTHER_VERSION}, run "
+        f"`qnnctl install {OTHER_VERSION}` with a source that serves it\n")
     assert "--file" not in result.stderr  # the download is gone: no hint may point at it
     assert list((cache_dir / "sdks").iterdir()) == []
     _cache_is_tidy(cache_dir)
