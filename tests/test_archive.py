@@ -552,6 +552,23 @@ def hostile_archive(tmp_path: Path, fmt: str, members: list[Member]) -> Path:
     return archive
 
 
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_links_beside_the_sdk_folder_are_left_out_not_refused(tmp_path: Path, fmt: str) -> None:
+    """A link outside the SDK's folder (a `latest` beside it, as release trees have; in a tar,
+    a hard link between two files there too) is not part of the SDK: neither made nor refused."""
+    members = [Member("qairt/latest", "symlink", target=VERSION)]
+    if fmt == "tar.gz":
+        members += [Member("qairt/NOTICE.txt", "file", b"notice"),
+                    Member("qairt/NOTICE-copy.txt", "hardlink", target="qairt/NOTICE.txt")]
+    result = extract(hostile_archive(tmp_path, fmt, members), _work(tmp_path))
+    assert result.top == TOP
+    assert not os.path.lexists(result.root.parent / "latest")
+    assert not os.path.lexists(result.root.parent / "NOTICE-copy.txt")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert result.files == extract(hostile_archive(plain, fmt, []), _work(plain)).files
+
+
 @dataclass(frozen=True)
 class Hostile:
     members: Callable[[Path], list[Member]]  # given tmp_path
