@@ -1033,6 +1033,15 @@ def test_an_sdk_named_by_path_is_the_version_its_libraries_were_built_as(tmp_pat
     assert sdk_from_root(root, "--sdk") == Sdk(root=root, version="2.51.0.260929", origin="--sdk")
 
 
+@pytest.mark.parametrize("spec", ["", "  "])
+def test_an_empty_spec_is_refused(tmp_path: Path, spec: str) -> None:
+    from qnnctl.sdk import select_sdk
+
+    with pytest.raises(UsageError) as caught:
+        select_sdk(spec, {}, tmp_path)
+    assert caught.value.message == "an empty string is neither an SDK version nor a path"
+
+
 def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
     from qnnctl.errors import UsageError
     from qnnctl.sdk import sdk_from_root
