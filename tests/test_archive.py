@@ -530,10 +530,10 @@ _TAR_KINDS = {"file": tarfile.REGTYPE, "symlink": tarfile.SYMTYPE, "hardlink": t
               "chardev": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE}
 
 
-def hostile_archive(tmp_path: Path, fmt: str, members: list[Member]) -> Path:
-    """A valid SDK archive with `members` added after the SDK's own files."""
+def hostile_archive(tmp_path: Path, fmt: str, members: list[Member], top: str = TOP) -> Path:
+    """A valid SDK archive (in the folder `top`) with `members` added after the SDK's own files."""
     staging = tmp_path / "hostile-staging"
-    build_sdk_tree(staging / TOP)
+    build_sdk_tree(staging / top)
     archive = tmp_path / f"v{VERSION}.{fmt}"
     if fmt == "zip":
         from tests.sdkfactory import write_zip_from_tree
@@ -670,6 +670,20 @@ def test_hostile_archive_is_refused_by_extract(tmp_path: Path, case: str, fmt: s
         extract(archive, work / "x")
     _assert_nothing_escaped(tmp_path, victim)
     assert not _work(tmp_path).parent.exists()
+
+
+@pytest.mark.parametrize("end", [" ", "X"])
+def test_a_link_into_a_sibling_named_as_the_sdk_without_its_last_character_is_refused(tmp_path: Path,
+                                                                                      end: str) -> None:
+    """The SDK's folder is `qairt/<version> ` (or `...X`): its sibling `qairt/<version>` is
+    outside it, though it starts with the SDK's path less its last character."""
+    top = f"{TOP}{end}"
+    archive = hostile_archive(tmp_path, "zip", [
+        Member(f"{TOP}/escaped.txt", "file", b"pwned"),
+        Member(f"{top}/lib/x86_64-linux-clang/libQnnEvil.so", "symlink", target=f"../../../{VERSION}/escaped.txt"),
+    ], top=top)
+    with pytest.raises(IntegrityError, match="points outside the SDK"):
+        extract(archive, _work(tmp_path))
 
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
