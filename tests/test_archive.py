@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -97,6 +98,28 @@ def test_zip_member_names_are_read_as_their_flag_says(tmp_path: Path) -> None:
     root = extract(archive, _work(tmp_path)).root
     assert (root / "docs/über-€.txt").read_bytes() == b"utf-8\n"
     assert (root / "docs/old-ü.txt").read_bytes() == b"cp437\n"
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 2), (4, 4), (64, 8)])
+def test_extraction_threads_follow_the_cores_this_process_may_run_on(monkeypatch: pytest.MonkeyPatch,
+                                                                     cores: int, threads: int) -> None:
+    from qnnctl import archive
+
+    monkeypatch.setattr(archive.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert archive.extraction_threads() == threads
+
+
+def test_extraction_threads_count_the_cores_where_no_affinity_tells(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl import archive
+
+    def unknown(pid: int) -> set[int]:
+        raise OSError(errno.ENOSYS, "sched_getaffinity is not available")
+
+    monkeypatch.setattr(archive.os, "sched_getaffinity", unknown)
+    monkeypatch.setattr(archive.os, "cpu_count", lambda: 6)
+    assert archive.extraction_threads() == 6
+    monkeypatch.setattr(archive.os, "cpu_count", lambda: None)  # it cannot tell either
+    assert archive.extraction_threads() == archive.MIN_THREADS
 
 
 def test_top_folder_is_detected_not_assumed(tmp_path: Path) -> None:
