@@ -459,19 +459,20 @@ def test_an_archive_whose_libraries_are_another_version_installs_only_as_that_ve
 
 
 def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
-    """What the library's caller is told of the choice, installed, reused by the version given
+    """What the library's caller is told of the choice and the SDK: installed, reused by the version given
     without reading the archive, and reused after reading it."""
     from qnnctl.cache import Cache
     from qnnctl.install import InstallRequest, install
-    from qnnctl.sdk import BY_ARGUMENT, Selection
+    from qnnctl.sdk import BY_ARGUMENT, Sdk, Selection
 
     archive = build_archive(tmp_path, "zip")
     chosen = Selection(BY_ARGUMENT, f"from {archive}", version=VERSION)
+    sdk = Sdk(cache_dir / "sdks" / VERSION, VERSION, "qnnctl cache")
     for request, action in ((InstallRequest(file=archive), "installed"),
                             (InstallRequest(file=archive, spec=VERSION), "reused"),
                             (InstallRequest(file=archive), "reused")):
         result = install(request, Cache(cache_dir), dict(os.environ), tmp_path)
-        assert (result.action, result.selection) == (action, chosen)
+        assert (result.action, result.selection, result.sdk) == (action, chosen, sdk)
 
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.xz"])
