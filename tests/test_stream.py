@@ -283,6 +283,39 @@ def test_member_missing_from_the_central_directory_is_not_installed(
     assert "share/hidden.txt" not in files
 
 
+def _central_crc_changed(data: bytes, name: str) -> bytes:
+    """The archive with the CRC-32 its central directory gives `name` changed; the member's
+    local header and data stay as they were."""
+    end = data.rfind(b"PK\x05\x06")
+    _, _, _, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
+    changed = bytearray(data)
+    position = offset
+    while position < offset + size:
+        name_len, extra_len, comment_len = struct.unpack("<3H", data[position + 28:position + 34])
+        if data[position + 46:position + 46 + name_len].decode() == name:
+            (crc,) = struct.unpack("<L", data[position + 16:position + 20])
+            changed[position + 16:position + 20] = struct.pack("<L", crc ^ 1)
+            return bytes(changed)
+        position += 46 + name_len + extra_len + comment_len
+    raise AssertionError(f"{name} is not in the central directory")
+
+
+def test_member_the_central_directory_describes_otherwise_is_extracted_again_and_refused(
+    server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_dir: Path, log: Log
+) -> None:
+    """Streamed as its local header describes it, the member is then found to disagree with
+    the central directory (its CRC-32): all is extracted again, the careful way, which finds
+    its data fails the directory's CRC-32."""
+    name = f"{TOP}/docs/payload.bin"
+    spec = SdkSpec(extra_files={**MANY, "docs/payload.bin": os.urandom(256 << 10)})
+    _serve(server, monkeypatch, _central_crc_changed(_archive(tmp_path, spec).read_bytes(), name))
+    server.fail(PATH, Fault.slow(4 << 10, 0.005))  # so that the member is streamed
+    with pytest.raises(IntegrityError, match="corrupt"):
+        _install()
+    assert log.find(f"{name!r} differs between its local header and the central directory"), log.messages
+    assert list((cache_dir / "sdks").iterdir()) == []
+
+
 def _local_member_running_past_the_end(data: bytes, name: str, payload: bytes) -> bytes:
     """A local header for `name`, with `payload` after it, inserted before the central
     directory, declaring more data than the rest of the archive holds. The result is a valid
