@@ -134,6 +134,39 @@ def test_top_folder_is_detected_not_assumed(tmp_path: Path) -> None:
     assert (result.root / "QNN_README.txt").is_file()
 
 
+def _rezipped(archive: Path, first: list[zipfile.ZipInfo]) -> Path:
+    """`archive` written again with the members `first` (empty) before its own."""
+    again = archive.with_name(f"again-{archive.name}")
+    with zipfile.ZipFile(archive) as zf, zipfile.ZipFile(again, "w") as out:
+        for info in first:
+            out.writestr(info, b"")
+        for info in zf.infolist():
+            out.writestr(info, zf.read(info))
+    return again
+
+
+def test_a_member_named_as_the_archive_itself_is_passed_over(tmp_path: Path) -> None:
+    """`./` first, as `zip -r x.zip .` writes it: no member of its own, and the rest follow."""
+    archive = build_archive(tmp_path, "zip")
+    itself = zipfile.ZipInfo("./", date_time=(2025, 7, 24, 0, 0, 0))
+    itself.create_system, itself.external_attr = 3, (stat.S_IFDIR | 0o755) << 16 | 0x10
+    result = extract(_rezipped(archive, [itself]), _work(tmp_path))
+    assert result.files == extract(archive, _work(tmp_path / "plain")).files
+
+
+def test_a_member_from_another_system_has_no_unix_mode(tmp_path: Path) -> None:
+    """The mode is in external_attr's high bits only for an archive made on Unix: elsewhere
+    they mean nothing (here they look like a symlink's), and the member is a plain file."""
+    archive = build_archive(tmp_path, "zip")
+    info = zipfile.ZipInfo(f"{TOP}/share/from-windows.txt", date_time=(2025, 7, 24, 0, 0, 0))
+    info.create_system, info.external_attr = 0, (stat.S_IFLNK | 0o777) << 16 | 0x20
+    result = extract(_rezipped(archive, [info]), _work(tmp_path))
+    written = result.root / "share" / "from-windows.txt"
+    assert not written.is_symlink()
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert "share/from-windows.txt" in result.files
+
+
 def test_top_folder_without_a_version(tmp_path: Path) -> None:
     result = extract(build_archive(tmp_path, "tar.xz", SdkSpec(top="qairt/latest")), _work(tmp_path))
     assert result.top == "qairt/latest"
