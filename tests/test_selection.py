@@ -187,9 +187,12 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
         assert select_sdk(spec, {}, project) == Selection(BY_ARGUMENT, f"given as {root}", root=root)
     chosen = select_sdk(None, {"QNN_SDK_ROOT": "vendor"}, project)
     assert (chosen.reason, chosen.root) == (BY_ENV, project / "vendor")
-    # Read from the process's folder, `2.37/sdk` is not there: a mistyped version.
+    # Read from the process's folder, `2.37/sdk` is not there: a mistyped version; so is a
+    # bare name that is no folder there.
     with pytest.raises(UsageError, match=r"'2\.37/sdk' is not an SDK version"):
         select_sdk("2.37/sdk", {}, elsewhere)
+    with pytest.raises(UsageError, match=r"'vendor' is not an SDK version"):
+        select_sdk("vendor", {}, elsewhere)
 
 
 def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path) -> None:
