@@ -233,6 +233,14 @@ def test_install_file_of_a_version_installed_already_is_checked_against_the_lock
     assert reused.stderr.endswith(f"qnnctl: hint: reinstall the locked archive: `qnnctl install --force {VERSION}`, "
                                   "or, if the SDK in use is the one to trust, write the lock again: "
                                   f"`qnnctl lock {VERSION}`\n")
+    # Without the version, which the archive then tells: it is checked all the same, after
+    # the warning that the SDK installed came from another archive.
+    unnamed = run_qnnctl("install", "--file", str(archive))
+    assert (unnamed.returncode, unnamed.stdout) == (4, ""), unnamed.stderr
+    assert (f"qnnctl: warning: SDK {VERSION} is installed already, from another archive than {archive} "
+            f"(sha256 {'0' * 64}, not {_sha256(archive.read_bytes())}); it is left as it is: "
+            f"`qnnctl install {VERSION} --force --file {archive}` replaces it\n") in unnamed.stderr
+    assert unnamed.stderr.endswith(reused.stderr.splitlines(keepends=True)[-1])
     # --locked, for another version installed already: the lock pins this one.
     install_tree_into_cache(cache_dir, OTHER_VERSION)
     other = tmp_path / f"v{OTHER_VERSION}.zip"
