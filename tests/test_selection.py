@@ -178,11 +178,11 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
     from qnnctl.sdk import BY_ARGUMENT, BY_ENV, select_sdk
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
-    for folder in ("vendor", "2.37/sdk"):
+    for folder in ("vendor", "v2", "2.37/sdk"):
         (project / folder).mkdir(parents=True)
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    for spec in ("vendor", "./vendor", "2.37/sdk"):
+    for spec in ("vendor", "v2", "./vendor", "2.37/sdk"):
         root = (project / spec).absolute()
         assert select_sdk(spec, {}, project) == Selection(BY_ARGUMENT, f"given as {root}", root=root)
     chosen = select_sdk(None, {"QNN_SDK_ROOT": "vendor"}, project)
