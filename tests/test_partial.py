@@ -583,6 +583,39 @@ def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, f
                                      "chosen leave it out)")
 
 
+def test_a_link_through_a_folder_entry_to_a_member_left_out_is_refused(tmp_path: Path) -> None:
+    """A folder entry is a folder on a link's way whatever mode it carries (this one, a link's):
+    lib/extra.so -> ../extra/libExtra.so needs libExtra.so, left out."""
+    from qnnctl.archive import extract
+    from qnnctl.errors import IntegrityError
+    from tests.sdkfactory import add_zip_entry
+    from tests.test_archive import TOP
+
+    archive = build_archive(tmp_path, "zip", SdkSpec())
+    with zipfile.ZipFile(archive, "a") as zf:
+        add_zip_entry(zf, f"{TOP}/extra/", b"", stat.S_IFLNK | 0o777)
+        add_zip_entry(zf, f"{TOP}/extra/libExtra.so", b"extra", stat.S_IFREG | 0o644)
+        add_zip_entry(zf, f"{TOP}/lib/extra.so", b"../extra/libExtra.so", stat.S_IFLNK | 0o777)
+    chosen = {n for n in _names_in(archive) if n.name != "libExtra.so"}
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, tmp_path / "out", only=chosen)
+    assert refused.value.message == (f"unsafe archive: symlink {TOP}/lib/extra.so -> ../extra/libExtra.so needs "
+                                     f"{TOP}/extra/libExtra.so, which is not being installed (the components "
+                                     "chosen leave it out)")
+
+
+def test_a_member_from_another_system_is_extracted_when_chosen(tmp_path: Path) -> None:
+    """No Unix mode (the archive was made elsewhere): a plain file, chosen as any other."""
+    from qnnctl.archive import extract
+    from tests.test_archive import TOP, _rezipped
+
+    info = zipfile.ZipInfo(f"{TOP}/share/from-windows.txt", date_time=(2025, 7, 24, 0, 0, 0))
+    info.create_system, info.external_attr = 0, 0x20
+    archive = _rezipped(build_archive(tmp_path, "zip", SdkSpec()), [info])
+    result = extract(archive, tmp_path / "out", only={PurePosixPath(info.filename)})
+    assert list(result.files) == ["share/from-windows.txt"]
+
+
 def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_is_made(tmp_path: Path) -> None:
     """A tar's hard link is a second name for a member's data: without that member there is nothing to name."""
     from qnnctl.archive import extract
