@@ -458,6 +458,28 @@ def test_an_archive_whose_libraries_are_another_version_installs_only_as_that_ve
     assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
 
 
+def test_install_file_with_its_sha256_of_a_version_installed_from_another_archive_is_refused(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """--sha256 vouches for the SDK installed, which came from another archive than this one:
+    refused, with the command that replaces it; without --sha256, a warning."""
+    import json
+
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    path = cache_dir / "sdks" / VERSION / MANIFEST_NAME
+    path.write_text(json.dumps({**json.loads(path.read_text()), "sha256": "0" * 64}))
+    digest = _sha256_file(archive)
+    refused = run_qnnctl("install", "--file", str(archive), "--sha256", digest)
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert refused.stderr.endswith(
+        f"qnnctl: error: SDK {VERSION} is installed from an archive whose sha256 is {'0' * 64}, not {digest}\n"
+        f"qnnctl: hint: check the --sha256 value; to replace the SDK with the archive that has it: "
+        f"`qnnctl install {VERSION} --force --file {archive} --sha256 {digest}`\n"), refused.stderr
+    warned = run_qnnctl("install", "--file", str(archive))
+    assert (warned.returncode, warned.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), warned.stderr
+    assert "from another archive than" in warned.stderr
+
+
 def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
     """What the library's caller is told of the choice and the SDK: installed, reused by the version given
     without reading the archive, and reused after reading it."""
