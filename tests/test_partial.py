@@ -239,10 +239,15 @@ def test_components_added_later_come_from_the_same_archive(parts_mirror: FaultSe
     root = cache_dir / "sdks" / VERSION
     before = read_manifest(root)
     # The server now has another archive of the same version: its central directory differs.
-    parts_mirror.add(PATH, build_archive(tmp_path, "zip", component_spec()).read_bytes())
+    other = build_archive(tmp_path, "zip", component_spec())
+    parts_mirror.add(PATH, other.read_bytes())
     result = run_qnnctl("install", VERSION, "--components", "android")
     assert result.returncode == 4, result.stderr
     assert f"is not the archive SDK {VERSION} was installed from" in result.stderr
+    # From a file, which the refusal names.
+    from_file = run_qnnctl("install", "--file", str(other), "--components", "android")
+    assert from_file.returncode == 4, from_file.stderr
+    assert f"qnnctl: error: {other} is not the archive SDK {VERSION} was installed from" in from_file.stderr
     assert read_manifest(root) == before
     assert not (root / "lib/aarch64-android").exists()
 
