@@ -167,6 +167,20 @@ def test_a_member_from_another_system_has_no_unix_mode(tmp_path: Path) -> None:
     assert "share/from-windows.txt" in result.files
 
 
+def test_folder_entries_are_folders_with_their_modes(tmp_path: Path) -> None:
+    """A folder entry made on Unix gives its folder's mode (kept writable by its owner); one
+    made elsewhere has no mode, only its name's trailing slash, and is a folder all the same."""
+    archive = build_archive(tmp_path, "zip")
+    private = zipfile.ZipInfo(f"{TOP}/share/private/", date_time=(2025, 7, 24, 0, 0, 0))
+    private.create_system, private.external_attr = 3, (stat.S_IFDIR | 0o550) << 16 | 0x10
+    windows = zipfile.ZipInfo(f"{TOP}/share/from-windows/", date_time=(2025, 7, 24, 0, 0, 0))
+    windows.create_system, windows.external_attr = 0, 0x10
+    result = extract(_rezipped(archive, [private, windows]), _work(tmp_path))
+    assert stat.S_IMODE((result.root / "share" / "private").stat().st_mode) == 0o750
+    assert (result.root / "share" / "from-windows").is_dir()
+    assert result.files == extract(archive, _work(tmp_path / "plain")).files
+
+
 def test_top_folder_without_a_version(tmp_path: Path) -> None:
     result = extract(build_archive(tmp_path, "tar.xz", SdkSpec(top="qairt/latest")), _work(tmp_path))
     assert result.top == "qairt/latest"

@@ -195,12 +195,14 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
         select_sdk("vendor", {}, elsewhere)
 
 
-def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path) -> None:
+def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path, tmp_path: Path) -> None:
     from qnnctl.cache import Cache
-    from qnnctl.sdk import BY_CALLER, resolve_installed
+    from qnnctl.sdk import BY_CALLER, resolve_installed, select_sdk
 
+    chosen = select_sdk(None, {"QNN_SDK_ROOT": ""}, tmp_path)
+    assert chosen == Selection(BY_CALLER, "QNN_SDK_ROOT is exported but empty: the caller manages the SDK")
     with pytest.raises(UsageError) as caught:
-        resolve_installed(Selection(BY_CALLER, "QNN_SDK_ROOT is exported but empty"), Cache(cache_dir), {})
+        resolve_installed(chosen, Cache(cache_dir), {})
     assert caught.value.message == "the SDK is managed by the caller (QNN_SDK_ROOT is empty)"
 
 
