@@ -794,6 +794,36 @@ def test_overlong_zip_symlink_target(tmp_path: Path) -> None:
         extract(archive, _work(tmp_path))
 
 
+def test_a_zip_symlink_target_of_4096_bytes_is_not_refused_as_longer(tmp_path: Path) -> None:
+    """PATH_MAX is the most a target may hold: one of exactly that many bytes goes on to the
+    system, whose symlink() refuses it (the terminating NUL counts there)."""
+    archive = hostile_archive(tmp_path, "zip", [Member(f"{TOP}/long", "symlink", target="./" * 2048)])
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, _work(tmp_path))
+    assert refused.value.message.startswith(f"{archive.name} is malformed: a member's name is too long: ./././")
+
+
+def test_the_target_of_a_zip_symlink_is_read_no_further_than_the_longest_a_path_may_be(tmp_path: Path) -> None:
+    """A "symlink" member that inflates to 64 MiB: 4097 bytes of it are read, and it is refused."""
+    archive = build_archive(tmp_path, "zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        info = zipfile.ZipInfo(f"{TOP}/share/huge-link", date_time=(2025, 7, 24, 0, 0, 0))
+        info.create_system, info.external_attr = 3, (stat.S_IFLNK | 0o777) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with zf.open(info, "w") as out:
+            block = b"a/" * (1 << 19)
+            for _ in range(64):
+                out.write(block)
+    tracemalloc.start()
+    try:
+        with pytest.raises(IntegrityError, match="has a target longer than 4096 bytes"):
+            extract(archive, _work(tmp_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"peak {peak >> 20} MiB while reading the target of a 64 MiB symlink member"
+
+
 def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
     """`tar -C dir -czf x.tgz .` stores ./qairt/...; that is not an escape."""
     staging = tmp_path / "s"
