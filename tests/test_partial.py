@@ -574,25 +574,29 @@ def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Pa
 def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, fmt: str) -> None:
     """docs/odd -> ../sdk.yaml/../QNN_README.txt: a path through a file is followed as far as the
     members go, and the member it names is needed as any link's target is."""
-    from qnnctl.archive import extract
-    from qnnctl.errors import IntegrityError
     from tests.test_archive import TOP, Member, hostile_archive
 
     archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/docs/odd", "symlink",
                                                      target="../sdk.yaml/../QNN_README.txt")])
-    chosen = {n for n in _names_in(archive) if n.name != "QNN_README.txt"}
+    assert _refusal_without(archive, "QNN_README.txt", tmp_path / "out") == (
+        f"unsafe archive: symlink {TOP}/docs/odd -> ../sdk.yaml/../QNN_README.txt needs {TOP}/QNN_README.txt, "
+        "which is not being installed (the components chosen leave it out)")
+
+
+def _refusal_without(archive: Path, left_out: str, out: Path) -> str:
+    """What extract says, refusing to extract `archive` without the members named `left_out`."""
+    from qnnctl.archive import extract
+    from qnnctl.errors import IntegrityError
+
+    chosen = {n for n in _names_in(archive) if n.name != left_out}
     with pytest.raises(IntegrityError) as refused:
-        extract(archive, tmp_path / "out", only=chosen)
-    assert refused.value.message == (f"unsafe archive: symlink {TOP}/docs/odd -> ../sdk.yaml/../QNN_README.txt "
-                                     f"needs {TOP}/QNN_README.txt, which is not being installed (the components "
-                                     "chosen leave it out)")
+        extract(archive, out, only=chosen)
+    return refused.value.message
 
 
 def test_a_link_through_a_folder_entry_to_a_member_left_out_is_refused(tmp_path: Path) -> None:
     """A folder entry is a folder on a link's way whatever mode it carries (this one, a link's):
     lib/extra.so -> ../extra/libExtra.so needs libExtra.so, left out."""
-    from qnnctl.archive import extract
-    from qnnctl.errors import IntegrityError
     from tests.sdkfactory import add_zip_entry
     from tests.test_archive import TOP
 
@@ -601,12 +605,9 @@ def test_a_link_through_a_folder_entry_to_a_member_left_out_is_refused(tmp_path:
         add_zip_entry(zf, f"{TOP}/extra/", b"", stat.S_IFLNK | 0o777)
         add_zip_entry(zf, f"{TOP}/extra/libExtra.so", b"extra", stat.S_IFREG | 0o644)
         add_zip_entry(zf, f"{TOP}/lib/extra.so", b"../extra/libExtra.so", stat.S_IFLNK | 0o777)
-    chosen = {n for n in _names_in(archive) if n.name != "libExtra.so"}
-    with pytest.raises(IntegrityError) as refused:
-        extract(archive, tmp_path / "out", only=chosen)
-    assert refused.value.message == (f"unsafe archive: symlink {TOP}/lib/extra.so -> ../extra/libExtra.so needs "
-                                     f"{TOP}/extra/libExtra.so, which is not being installed (the components "
-                                     "chosen leave it out)")
+    assert _refusal_without(archive, "libExtra.so", tmp_path / "out") == (
+        f"unsafe archive: symlink {TOP}/lib/extra.so -> ../extra/libExtra.so needs {TOP}/extra/libExtra.so, "
+        "which is not being installed (the components chosen leave it out)")
 
 
 def test_a_member_from_another_system_is_extracted_when_chosen(tmp_path: Path) -> None:
