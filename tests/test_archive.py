@@ -105,7 +105,7 @@ def test_extraction_threads_follow_the_cores_this_process_may_run_on(monkeypatch
                                                                      cores: int, threads: int) -> None:
     from qnnctl import archive
 
-    monkeypatch.setattr(archive.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert archive.extraction_threads() == threads
 
 
@@ -115,10 +115,10 @@ def test_extraction_threads_count_the_cores_where_no_affinity_tells(monkeypatch:
     def unknown(pid: int) -> set[int]:
         raise OSError(errno.ENOSYS, "sched_getaffinity is not available")
 
-    monkeypatch.setattr(archive.os, "sched_getaffinity", unknown)
-    monkeypatch.setattr(archive.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(os, "sched_getaffinity", unknown)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert archive.extraction_threads() == 6
-    monkeypatch.setattr(archive.os, "cpu_count", lambda: None)  # it cannot tell either
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # it cannot tell either
     assert archive.extraction_threads() == archive.MIN_THREADS
 
 
