@@ -186,7 +186,7 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
         root = (project / spec).absolute()
         assert select_sdk(spec, {}, project) == Selection(BY_ARGUMENT, f"given as {root}", root=root)
     chosen = select_sdk(None, {"QNN_SDK_ROOT": "vendor"}, project)
-    assert (chosen.reason, chosen.root) == (BY_ENV, project / "vendor")
+    assert chosen == Selection(BY_ENV, "from QNN_SDK_ROOT", root=project / "vendor")
     # Read from the process's folder, `2.37/sdk` is not there: a mistyped version; so is a
     # bare name that is no folder there.
     with pytest.raises(UsageError, match=r"'2\.37/sdk' is not an SDK version"):
