@@ -28,7 +28,7 @@ import pytest
 from qnnctl.cache import MANIFEST_NAME, read_manifest
 from tests.conftest import run_qnnctl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 TOP = f"qairt/{VERSION}/"
@@ -250,6 +250,21 @@ def test_components_added_later_come_from_the_same_archive(parts_mirror: FaultSe
     assert f"qnnctl: error: {other} is not the archive SDK {VERSION} was installed from" in from_file.stderr
     assert read_manifest(root) == before
     assert not (root / "lib/aarch64-android").exists()
+
+
+def test_components_of_an_archive_holding_another_version_are_refused(parts_mirror: FaultServer, tmp_path: Path,
+                                                                        cache_dir: Path) -> None:
+    """Fetched in parts, as a whole download: the SDK found must be the one asked for."""
+    url = f"{parts_mirror.base}{PATH}"
+    other = SdkSpec(version=OTHER_VERSION, extra_files=component_spec().extra_files)
+    parts_mirror.add(PATH, build_archive(tmp_path, "zip", other).read_bytes())
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert (result.returncode, result.stdout) == (4, ""), result.stderr
+    assert result.stderr.endswith(
+        f"qnnctl: error: {url} holds SDK {OTHER_VERSION}, not {VERSION}\n"
+        f"qnnctl: hint: check the URL or QNNCTL_MIRROR; to install {OTHER_VERSION}, run "
+        f"`qnnctl install {OTHER_VERSION}` with a source that serves it\n"), result.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
 
 
 # -- resuming, retrying, falling back ----------------------------------------------------------
