@@ -470,7 +470,7 @@ def install_components(version: str, urls: list[str], name: str, components: Col
     has removed stale work folders."""
     from qnnctl.archive import work_folder
     from qnnctl.download import PlainProgress, terminal_progress
-    from qnnctl.install import _commit, _work_id, identify
+    from qnnctl.install import _commit, _work_id, identify, require_version
     from qnnctl.ranged import ArchiveChanged, RangesIgnored
 
     components = wanted_components(components, old)
@@ -497,12 +497,7 @@ def install_components(version: str, urls: list[str], name: str, components: Col
                 check_same_archive(old, digest, remote.shown)
             root, _, files, size, found = job.install(components, old)
             found, build = identify(root, found, version, remote.shown)
-            if found is not None and found != version:
-                raise IntegrityError(
-                    f"{remote.shown} holds SDK {found}, not {version}",
-                    hint=f"check the URL or QNNCTL_MIRROR; to install {found}, run "
-                    f"`qnnctl install {found}` with a source that serves it",
-                )
+            require_version(found, version, remote.shown)
             if old is not None:
                 merge_old(old.root, root)
                 files = merged_files(old, files)
