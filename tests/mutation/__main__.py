@@ -14,17 +14,21 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.mutation import TARGETS, Target
+from tests.mutation import TARGETS, Target, record
 from tests.mutation.changes import judge, mutant_changes, parse, stamp
+from tests.mutation.ordered_run import EQUIVALENT_VARIABLE
 from tests.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "mutants"
 EQUIVALENT = Path(__file__).with_name("equivalent.txt")
+RECORDS = Path(__file__).with_name("record")
 # mutmut's verdicts, grouped as they count for the score: a mutant that made the tests hang
-# or fail is caught; one with no test reaching it is as bad as a survivor.
+# or fail is caught; one with no test reaching it is as bad as a survivor. "skipped" is a
+# mutant marked equivalent that was not tested (ordered_run.py): it counts as left, and so as
+# equivalent while it is marked.
 CAUGHT = {"killed", "timeout", "caught by type check"}
-LEFT = {"survived", "no tests", "suspicious", "segfault"}
+LEFT = {"survived", "no tests", "suspicious", "segfault", "skipped"}
 
 
 def pyproject_for(target: Target) -> str:
@@ -71,6 +75,16 @@ def prepare(name: str, target: Target) -> Path:
     (work / "COMMIT").write_text(commit + "\n", encoding="utf-8")
     (work / "pyproject.toml").write_text(pyproject_for(target), encoding="utf-8")
     forget_reach(work, commit)
+    recorded = RECORDS / f"{name}.tsv"
+    if recorded.is_file():
+        from mutmut.mutation.file_mutation import compute_function_hashes
+
+        verdicts, killers = record.restore(record.parse(recorded.read_text(encoding="utf-8")), work, target.sources,
+                                           compute_function_hashes)
+        if verdicts or killers:
+            print(f"from {recorded.relative_to(REPO)}: {verdicts} verdicts, {killers} killers", file=sys.stderr)
+    (work / "equivalent.names").write_text("".join(f"{key}\n" for key in sorted(equivalents(work, target))),
+                                           encoding="utf-8")
     return work
 
 
@@ -177,7 +191,8 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
     (whose verdict is not recorded) and keeps every verdict it has."""
     # mutmut's own command line, with each mutant's tests ordered by the kills so far (ordered_run.py).
     ordered_run = work / "tests" / "mutation" / "ordered_run.py"
-    environ = dict(os.environ, **{KILLERS_VARIABLE: str(work / "killers.tsv")})
+    environ = dict(os.environ, **{KILLERS_VARIABLE: str(work / "killers.tsv"),
+                                  EQUIVALENT_VARIABLE: str(work / "equivalent.names")})
     process = subprocess.Popen(["nice", "-n", "10", sys.executable, str(ordered_run), *args], cwd=work, env=environ,
                                start_new_session=True, preexec_fn=_default_sigint)
     try:
@@ -208,6 +223,7 @@ def forget(work: Path, target: Target, survivors: bool, names: list[str]) -> Non
         data = json.loads(meta.read_text(encoding="utf-8"))
         codes = data["exit_code_by_key"]
         again = [k for k, code in codes.items() if status_by_exit_code[code] == "check was interrupted by user"
+                 or (status_by_exit_code[code] == "skipped" and k not in marked)
                  or (survivors and status_by_exit_code[code] in LEFT and k not in marked
                      and (not names or any(fnmatch.fnmatch(k, name) for name in names)))]
         if again:
@@ -251,6 +267,8 @@ def main() -> int:
     parser.add_argument("--retest", action="store_true",
                         help="test again the mutants left (after tests were added), with those not checked yet")
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
+    parser.add_argument("--save", action="store_true",
+                        help="only write the last run's verdicts to tests/mutation/record/MODULE.tsv")
     parser.add_argument("--stamp", action="store_true",
                         help="add to each equivalent.txt entry of the module without one the digest of its change")
     parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
@@ -265,10 +283,24 @@ def main() -> int:
         return report(args.module, target, WORK / args.module, args.diffs)
     if args.stamp:
         return stamp_equivalents(WORK / args.module, target)
+    if args.save:
+        save_record(args.module, target, WORK / args.module)
+        return 0
     work = prepare(args.module, target)
     forget(work, target, survivors=args.retest, names=args.names)
     run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
+    save_record(args.module, target, work)
     return report(args.module, target, work, args.diffs)
+
+
+def save_record(name: str, target: Target, work: Path) -> None:
+    """Keep the run's verdicts and killers in tests/mutation/record/NAME.tsv (record.py), for
+    runs on other machines: commit it with the scores."""
+    from mutmut.stats import status_by_exit_code
+
+    RECORDS.mkdir(exist_ok=True)
+    found = record.collect(work, target.sources, status_by_exit_code)
+    (RECORDS / f"{name}.tsv").write_text(record.render(found), encoding="utf-8")
 
 
 if __name__ == "__main__":

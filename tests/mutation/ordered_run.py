@@ -4,7 +4,12 @@ first, then the rest as mutmut orders them (fastest first).
 
 mutmut stops a mutant's tests at the first failure. Mutants of one function are mostly killed
 by the same few tests, which the duration order often puts last, behind dozens that pass: the
-killing test first makes such a mutant cost one test. A survivor still runs them all.
+killing test first makes such a mutant cost one test. A survivor still runs them all. The test
+that killed the mutant itself in an earlier run (the record, record.py) goes before all others.
+
+Mutants that equivalent.txt marks (the file QNNCTL_MUTATION_EQUIVALENT names, one a line) are
+not tested: no test can kill them, so each would run every test that reaches its function,
+for a verdict the score leaves out. They get mutmut's "skipped".
 
 The tests plugin (plugin.py) records each mutant's failing test in the file QNNCTL_MUTATION_KILLERS
 names; each mutant's process reads it afresh when it orders its tests, so kills made earlier in
@@ -20,21 +25,28 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 KILLERS_VARIABLE = "QNNCTL_MUTATION_KILLERS"  # as plugin.py reads it
+EQUIVALENT_VARIABLE = "QNNCTL_MUTATION_EQUIVALENT"
 MARK = "__mutmut_"  # what separates a mutant's function from its number
+SKIPPED = 34  # mutmut's exit code for "skipped"
 
 
-def kills_by_function(path: str) -> dict[str, Counter[str]]:
-    """For each mutated function, how many of its mutants each test has killed."""
-    found: dict[str, Counter[str]] = {}
+def kills_of(path: str, mutant: str) -> tuple[str | None, Counter[str]]:
+    """The test last recorded as killing `mutant`, and how many of the mutants of its function
+    each test has killed."""
+    function = mutant.rpartition(MARK)[0]
+    own: str | None = None
+    counts: Counter[str] = Counter()
     try:
         with open(path, encoding="utf-8") as lines:
             for line in lines:
-                mutant, _, test = line.rstrip("\n").partition("\t")
-                if test:
-                    found.setdefault(mutant.rpartition(MARK)[0], Counter())[test] += 1
+                killed, _, test = line.rstrip("\n").partition("\t")
+                if test and killed.rpartition(MARK)[0] == function:
+                    counts[test] += 1
+                    if killed == mutant:
+                        own = test
     except FileNotFoundError:
         pass
-    return found
+    return own, counts
 
 
 def killers_first(tests: Iterable[Any], key: Callable[[Any], Any] | None = None, reverse: bool = False) -> list[Any]:
@@ -42,19 +54,46 @@ def killers_first(tests: Iterable[Any], key: Callable[[Any], Any] | None = None,
     ordered = sorted(tests, key=key, reverse=reverse)
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
     path = os.environ.get(KILLERS_VARIABLE)
-    if path:  # a name without MARK (stats, the clean run) is no function: no kills
-        counts = kills_by_function(path).get(mutant.rpartition(MARK)[0])
-        if counts:
-            ordered.sort(key=lambda test: -counts[test] if isinstance(test, str) else 0)  # stable
+    if path and MARK in mutant:  # other names (stats, the clean run) are no function's: no kills
+        own, counts = kills_of(path, mutant)
+        if counts:  # a stable sort: mutmut's order among tests with as many kills
+            ordered.sort(key=lambda test: (test != own, -counts[test]) if isinstance(test, str) else (True, 0))
     return ordered
+
+
+def without_equivalents(collect: Callable[..., Any]) -> Callable[..., Any]:
+    """mutmut's collect_source_file_mutation_data, less the mutants marked equivalent that have
+    no verdict yet, which it records as skipped."""
+
+    def collect_(*, mutant_names: Any) -> Any:
+        mutants, by_path = collect(mutant_names=mutant_names)
+        path = os.environ.get(EQUIVALENT_VARIABLE)
+        if not path:
+            return mutants, by_path
+        with open(path, encoding="utf-8") as names:
+            equivalent = set(names.read().split())
+        kept, skipped = [], {}
+        for data, name, result in mutants:
+            if name in equivalent and result is None:
+                data.exit_code_by_key[name] = SKIPPED
+                skipped[id(data)] = data
+            else:
+                kept.append((data, name, result))
+        for data in skipped.values():
+            data.save()
+        return kept, by_path
+
+    return collect_
 
 
 def main() -> int:
     del sys.path[0]  # this folder: nothing of the tests' package is imported here
+    import mutmut.__main__ as mutmut_main
     import mutmut.workers.isolation as isolation
-    from mutmut.__main__ import cli
 
     vars(isolation)["sorted"] = killers_first  # found before the builtin by the worker's `sorted(...)`
+    mutmut_main.collect_source_file_mutation_data = without_equivalents(mutmut_main.collect_source_file_mutation_data)
+    cli = mutmut_main.cli
     sys.argv[0] = "mutmut"
     cli()
     return 0

@@ -1,0 +1,146 @@
+"""The verdicts of a module's last mutation run, kept in the repository (tests/mutation/record/).
+
+mutmut keeps its verdicts in `mutants/` beside the checkout, which a new machine does not have:
+without a record, each run there starts again from the first mutant and spends its time on
+mutants checked before. The record holds, for each mutant, mutmut's verdict and the test that
+killed it:
+
+- verdicts come back only while every source file of the module is byte for byte the one the
+  record was made from. mutmut keeps a verdict while its function and every function that
+  function calls are unchanged; a whole unchanged module is the simplest rule that is never
+  looser than that. Changed tests do not drop them, as in mutmut itself (`--retest` tests the
+  survivors again);
+- killers come back always: they only order each mutant's tests (ordered_run.py), so a changed
+  module is checked again at about one test a killed mutant.
+
+A text file, one mutant a line, so that its diff shows what a run changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+# mutmut's exit codes for the verdicts a record keeps, by the words it prints (mutmut.stats);
+# "not checked" (and an interrupted check) is kept as not checked.
+CODE_BY_STATUS: dict[str, int | None] = {
+    "killed": 1,
+    "survived": 0,
+    "no tests": 33,
+    "skipped": 34,
+    "suspicious": 35,
+    "timeout": 36,
+    "caught by type check": 37,
+    "segfault": -11,
+    "not checked": None,
+}
+HEADER = "# mutmut's verdicts of the module's last run, and the test that killed each mutant (tests/README.md)"
+
+
+class Verdict(NamedTuple):
+    status: str
+    killer: str | None
+
+
+class Record(NamedTuple):
+    commit: str
+    sources: dict[str, str]  # source file -> its sha256
+    verdicts: dict[str, Verdict]
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def render(record: Record) -> str:
+    lines = [HEADER, f"commit\t{record.commit}"]
+    lines += [f"source\t{source}\t{digest}" for source, digest in sorted(record.sources.items())]
+    # A killer only orders tests: one whose id holds a tab (pytest escapes the other controls)
+    # is kept with a blank for it, which matches no test and so orders nothing.
+    lines += [f"{name}\t{v.status}\t{(v.killer or '-').replace(chr(9), ' ')}"
+              for name, v in sorted(record.verdicts.items())]
+    return "\n".join(lines) + "\n"
+
+
+def parse(text: str) -> Record:
+    commit = ""
+    sources: dict[str, str] = {}
+    verdicts: dict[str, Verdict] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if fields[0] == "commit" and len(fields) == 2:
+            commit = fields[1]
+        elif fields[0] == "source" and len(fields) == 3:
+            sources[fields[1]] = fields[2]
+        elif len(fields) == 3 and fields[1] in CODE_BY_STATUS:
+            verdicts[fields[0]] = Verdict(fields[1], None if fields[2] == "-" else fields[2])
+        else:
+            raise ValueError(f"line {number} of a mutation record is not one: {line!r}")
+    return Record(commit, sources, verdicts)
+
+
+def killers_of(path: Path) -> dict[str, str]:
+    """The last test recorded as killing each mutant in a killers.tsv (plugin.py appends to it)."""
+    found: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            mutant, _, test = line.partition("\t")
+            if test:
+                found[mutant] = test
+    return found
+
+
+def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[int | None, str]) -> Record:
+    """The record of the run in `work` (mutants/MODULE): its verdicts (mutmut's exit codes read
+    with `status_by_exit_code`, mutmut.stats') and killers, and the sources it mutated as
+    exported there."""
+    killers = killers_of(work / "killers.tsv")
+    verdicts: dict[str, Verdict] = {}
+    for source in sources:
+        meta = work / "mutants" / f"{source}.meta"
+        if not meta.is_file():
+            continue
+        for name, code in json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"].items():
+            status = status_by_exit_code[code]
+            if status not in CODE_BY_STATUS:  # interrupted: not checked
+                status = "not checked"
+            verdicts[name] = Verdict(status, killers.get(name) if status == "killed" else None)
+    commit = (work / "COMMIT").read_text(encoding="utf-8").strip() if (work / "COMMIT").is_file() else ""
+    return Record(commit, {s: file_digest(work / s) for s in sources}, verdicts)
+
+
+def restore(record: Record, work: Path, sources: tuple[str, ...],
+            function_hashes: Callable[[str], dict[str, str]]) -> tuple[int, int]:
+    """Seed the run folder `work` from `record`: the killers, when it has none; the verdicts,
+    when it has none and the sources are those the record was made from. `function_hashes`
+    gives mutmut's hash of each function of a source text (its compute_function_hashes).
+    Returns how many verdicts and killers were restored."""
+    killers = work / "killers.tsv"
+    recorded_killers = {name: v.killer for name, v in record.verdicts.items() if v.killer}
+    seeded = 0
+    if not killers.exists() and recorded_killers:
+        killers.write_text("".join(f"{name}\t{test}\n" for name, test in sorted(recorded_killers.items())),
+                           encoding="utf-8")
+        seeded = len(recorded_killers)
+    restored = 0
+    same = record.sources == {s: file_digest(work / s) for s in sources}
+    for source in sources:
+        meta = work / "mutants" / f"{source}.meta"
+        prefix = source.removesuffix(".py").replace("/", ".") + "."
+        codes = {name: CODE_BY_STATUS[v.status] for name, v in record.verdicts.items() if name.startswith(prefix)}
+        if not same or meta.exists() or not codes:
+            continue
+        # mutmut keeps a verdict while its function's hash is the one in the meta file: these
+        # are the hashes of the functions as they are (the same, as the file is).
+        hashes = function_hashes((work / source).read_text(encoding="utf-8"))
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes,
+                                    "durations_by_key": {}, "estimated_durations_by_key": {},
+                                    "type_check_error_by_key": {}}, indent=4), encoding="utf-8")
+        restored += sum(code is not None for code in codes.values())
+    return restored, seeded
