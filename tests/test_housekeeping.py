@@ -154,6 +154,17 @@ def test_uninstall_ambiguous_prefix(cache_dir: Path) -> None:
     assert c.exists()
 
 
+def test_uninstall_of_a_prefix_two_sdks_share_removes_neither(cache_dir: Path) -> None:
+    older = install_tree_into_cache(cache_dir, "2.28.0.241029")
+    newer = install_tree_into_cache(cache_dir, "2.28.2.241116")
+    result = run_qnnctl("uninstall", "2.28")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("qnnctl: error: 2.28 matches more than one installed SDK: 2.28.0.241029, 2.28.2.241116\n"
+                             "qnnctl: hint: give the full version\n")
+    assert older.exists()
+    assert newer.exists()
+
+
 def test_uninstall_not_installed(cache_dir: Path) -> None:
     theirs = _executorch_sdk(VERSION)
     result = run_qnnctl("uninstall", VERSION)
