@@ -449,6 +449,22 @@ def test_executorch_on_sys_path_is_the_one_asked(tmp_path: Path, monkeypatch: py
     assert executorch_expected_version() == OTHER_VERSION
 
 
+def test_the_choice_of_executorchs_version_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from qnnctl.sdk import BY_EXECUTORCH, select_sdk
+
+    site = tmp_path / "site-packages"
+    _scripts(site, f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode())
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.delitem(sys.modules, "executorch", raising=False)
+    importlib.invalidate_caches()
+    chosen = select_sdk(None, {}, tmp_path)
+    assert chosen == Selection(BY_EXECUTORCH, "the version the installed ExecuTorch expects", version=OTHER_VERSION)
+    # What doctor and `-v` print of it.
+    assert chosen.describe() == f"SDK {OTHER_VERSION} (executorch: the version the installed ExecuTorch expects)"
+
+
 # -- version prefixes ------------------------------------------------------------------------
 
 
