@@ -465,6 +465,16 @@ def test_the_choice_of_executorchs_version_says_so(tmp_path: Path, monkeypatch: 
     assert chosen.describe() == f"SDK {OTHER_VERSION} (executorch: the version the installed ExecuTorch expects)"
 
 
+def test_without_a_cache_nothing_installed_is_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.sdk import BY_DEFAULT, select_sdk
+    from qnnctl.versions import DEFAULT_VERSION
+
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "no-executorch-here")])
+    monkeypatch.delitem(sys.modules, "executorch", raising=False)
+    assert select_sdk(None, {}, tmp_path, cache=None) == Selection(BY_DEFAULT, "qnnctl's default",
+                                                                   version=DEFAULT_VERSION)
+
+
 # -- version prefixes ------------------------------------------------------------------------
 
 
