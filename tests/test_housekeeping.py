@@ -140,29 +140,18 @@ def test_uninstall_prefix_matches_whole_components(cache_dir: Path) -> None:
     assert root.exists()
 
 
-def test_uninstall_ambiguous_prefix(cache_dir: Path) -> None:
-    a = install_tree_into_cache(cache_dir, "2.28.0.241029")
-    b = install_tree_into_cache(cache_dir, "2.28.10.250101")
-    c = install_tree_into_cache(cache_dir, "2.28.2.241116")
-    result = run_qnnctl("uninstall", "2.28")
-    assert result.returncode == 2, result.stderr
+@pytest.mark.parametrize(("versions", "listed"), [
+    (("2.28.2.241116", "2.28.0.241029"), "2.28.0.241029, 2.28.2.241116"),
     # In the order of the versions, not of their text.
-    assert result.stderr == ("qnnctl: error: 2.28 matches more than one installed SDK: 2.28.0.241029, 2.28.2.241116, "
-                             "2.28.10.250101\nqnnctl: hint: give the full version\n")
-    assert a.exists()
-    assert b.exists()
-    assert c.exists()
-
-
-def test_uninstall_of_a_prefix_two_sdks_share_removes_neither(cache_dir: Path) -> None:
-    older = install_tree_into_cache(cache_dir, "2.28.0.241029")
-    newer = install_tree_into_cache(cache_dir, "2.28.2.241116")
+    (("2.28.0.241029", "2.28.10.250101", "2.28.2.241116"), "2.28.0.241029, 2.28.2.241116, 2.28.10.250101"),
+])
+def test_uninstall_ambiguous_prefix(cache_dir: Path, versions: tuple[str, ...], listed: str) -> None:
+    roots = [install_tree_into_cache(cache_dir, version) for version in versions]
     result = run_qnnctl("uninstall", "2.28")
     assert result.returncode == 2, result.stderr
-    assert result.stderr == ("qnnctl: error: 2.28 matches more than one installed SDK: 2.28.0.241029, 2.28.2.241116\n"
+    assert result.stderr == (f"qnnctl: error: 2.28 matches more than one installed SDK: {listed}\n"
                              "qnnctl: hint: give the full version\n")
-    assert older.exists()
-    assert newer.exists()
+    assert all(root.exists() for root in roots)
 
 
 def test_uninstall_not_installed(cache_dir: Path) -> None:

@@ -411,11 +411,18 @@ def test_executorch_with_a_latin1_downloader_is_followed_by_install(mirror: Faul
     assert mirror.requests == []
 
 
+def _only_on_sys_path(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `site` the whole of sys.path, with no ExecuTorch imported yet: where qnnctl looks."""
+    import importlib
+
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.delitem(sys.modules, "executorch", raising=False)
+    importlib.invalidate_caches()
+
+
 @pytest.mark.parametrize("layout", ["package", "namespace", "module", "none"])
 def test_executorch_is_found_on_sys_path_without_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               layout: str) -> None:
-    import importlib
-
     from qnnctl.sdk import executorch_package_dir
 
     site = tmp_path / "site-packages"
@@ -431,34 +438,24 @@ def test_executorch_is_found_on_sys_path_without_importing_it(tmp_path: Path, mo
         (site / "executorch").mkdir()
         if layout == "package":
             (site / "executorch" / "__init__.py").write_text(tripwire)
-    monkeypatch.setattr(sys, "path", [str(site)])
-    monkeypatch.delitem(sys.modules, "executorch", raising=False)
-    importlib.invalidate_caches()
+    _only_on_sys_path(site, monkeypatch)
     assert executorch_package_dir() == expected
     assert "executorch" not in sys.modules
 
 
 def test_executorch_on_sys_path_is_the_one_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
     site = tmp_path / "site-packages"
     _scripts(site, f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode())
-    monkeypatch.setattr(sys, "path", [str(site)])
-    monkeypatch.delitem(sys.modules, "executorch", raising=False)
-    importlib.invalidate_caches()
+    _only_on_sys_path(site, monkeypatch)
     assert executorch_expected_version() == OTHER_VERSION
 
 
 def test_the_choice_of_executorchs_version_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
     from qnnctl.sdk import BY_EXECUTORCH, select_sdk
 
     site = tmp_path / "site-packages"
     _scripts(site, f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode())
-    monkeypatch.setattr(sys, "path", [str(site)])
-    monkeypatch.delitem(sys.modules, "executorch", raising=False)
-    importlib.invalidate_caches()
+    _only_on_sys_path(site, monkeypatch)
     chosen = select_sdk(None, {}, tmp_path)
     assert chosen == Selection(BY_EXECUTORCH, "the version the installed ExecuTorch expects", version=OTHER_VERSION)
     # What doctor and `-v` print of it.
@@ -469,8 +466,7 @@ def test_without_a_cache_nothing_installed_is_looked_for(tmp_path: Path, monkeyp
     from qnnctl.sdk import BY_DEFAULT, select_sdk
     from qnnctl.versions import DEFAULT_VERSION
 
-    monkeypatch.setattr(sys, "path", [str(tmp_path / "no-executorch-here")])
-    monkeypatch.delitem(sys.modules, "executorch", raising=False)
+    _only_on_sys_path(tmp_path / "no-executorch-here", monkeypatch)
     assert select_sdk(None, {}, tmp_path, cache=None) == Selection(BY_DEFAULT, "qnnctl's default",
                                                                    version=DEFAULT_VERSION)
 
