@@ -13,6 +13,7 @@ from tests.mutation import record
 STATUS_BY_EXIT_CODE = {1: "killed", 3: "killed", 0: "survived", 2: "check was interrupted by user", None: "not checked",
                        33: "no tests", 34: "skipped", 36: "timeout", -24: "timeout"}
 SOURCES = ("qnnctl/a.py", "qnnctl/b.py")
+MUTMUT = "3.8.1"
 
 
 def _hashes(text: str) -> dict[str, str]:
@@ -32,6 +33,7 @@ def _run_folder(tmp_path: Path, codes: dict[str, dict[str, int | None]], killers
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text(json.dumps({"exit_code_by_key": by_key}), encoding="utf-8")
     (work / "COMMIT").write_text("abc123\n", encoding="utf-8")
+    (work / "pyproject.toml").write_text("[tool.mutmut]\ntimeout_multiplier = 3.0\n", encoding="utf-8")
     if killers:
         (work / "killers.tsv").write_text(killers, encoding="utf-8")
     return work
@@ -40,34 +42,38 @@ def _run_folder(tmp_path: Path, codes: dict[str, dict[str, int | None]], killers
 def _fresh_folder(tmp_path: Path, work: Path) -> Path:
     """The same export on another machine: the sources, nothing of mutmut's."""
     fresh = tmp_path / "fresh"
-    for source in SOURCES:
-        (fresh / source).parent.mkdir(parents=True, exist_ok=True)
-        (fresh / source).write_bytes((work / source).read_bytes())
+    for name in (*SOURCES, "pyproject.toml"):
+        (fresh / name).parent.mkdir(parents=True, exist_ok=True)
+        (fresh / name).write_bytes((work / name).read_bytes())
     return fresh
 
 
 CODES: dict[str, dict[str, int | None]] = {
     "qnnctl/a.py": {"qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 0, "qnnctl.a.x_f__mutmut_3": None,
-                    "qnnctl.a.x_f__mutmut_4": 2, "qnnctl.a.x_f__mutmut_5": -24},
+                    "qnnctl.a.x_f__mutmut_4": 2, "qnnctl.a.x_f__mutmut_5": -24, "qnnctl.a.x_f__mutmut_6": None},
     "qnnctl/b.py": {"qnnctl.b.x_f__mutmut_1": 3, "qnnctl.b.x_f__mutmut_2": 34},
 }
 # killers.tsv appends: a mutant killed again (a --retest) names its last killer.
 KILLERS = ("qnnctl.a.x_f__mutmut_1\ttests/test_a.py::test_old\n"
            "qnnctl.b.x_f__mutmut_1\ttests/test_b.py::test_b[x\ty]\n"
            "qnnctl.a.x_f__mutmut_1\ttests/test_a.py::test_new\n"
-           "qnnctl.a.x_f__mutmut_2\ttests/test_a.py::test_flaky\n")
+           "qnnctl.a.x_f__mutmut_2\ttests/test_a.py::test_flaky\n"
+           "qnnctl.a.x_f__mutmut_6\ttests/test_a.py::test_six\n")
 
 
 def test_a_run_is_recorded_with_each_verdict_and_the_test_that_killed_it(tmp_path: Path) -> None:
     work = _run_folder(tmp_path, CODES, KILLERS)
-    found = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE)
+    found = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
     assert found.commit == "abc123"
-    assert found.sources == {s: record.file_digest(work / s) for s in SOURCES}
+    assert found.inputs == {**{s: record.file_digest(work / s) for s in SOURCES},
+                            "pyproject.toml": record.file_digest(work / "pyproject.toml"), "mutmut": MUTMUT}
     assert found.verdicts == {
         "qnnctl.a.x_f__mutmut_1": record.Verdict("killed", "tests/test_a.py::test_new"),
         # A survivor keeps no killer, whatever killers.tsv says of an earlier run.
         "qnnctl.a.x_f__mutmut_2": record.Verdict("survived", None),
         "qnnctl.a.x_f__mutmut_3": record.Verdict("not checked", None),
+        # Not checked again yet (its module changed): the killer it had still orders its check.
+        "qnnctl.a.x_f__mutmut_6": record.Verdict("not checked", "tests/test_a.py::test_six"),
         # An interrupted check is no verdict.
         "qnnctl.a.x_f__mutmut_4": record.Verdict("not checked", None),
         "qnnctl.a.x_f__mutmut_5": record.Verdict("timeout", None),
@@ -79,8 +85,8 @@ def test_a_run_is_recorded_with_each_verdict_and_the_test_that_killed_it(tmp_pat
         **found.verdicts,
         # A tab in a test's id is not kept: the record's fields are split on tabs.
         "qnnctl.b.x_f__mutmut_1": record.Verdict("killed", "tests/test_b.py::test_b[x y]")})
-    assert text.splitlines()[1:4] == ["commit\tabc123", f"source\tqnnctl/a.py\t{found.sources['qnnctl/a.py']}",
-                                      f"source\tqnnctl/b.py\t{found.sources['qnnctl/b.py']}"]
+    assert text.splitlines()[1:3] == ["commit\tabc123", "input\tmutmut\t3.8.1"]
+    assert text.splitlines()[3] == f"input\tpyproject.toml\t{found.inputs['pyproject.toml']}"
 
 
 def test_a_damaged_record_is_refused_naming_its_line() -> None:
@@ -90,13 +96,13 @@ def test_a_damaged_record_is_refused_naming_its_line() -> None:
 
 def test_on_another_machine_the_same_sources_get_the_verdicts_back(tmp_path: Path) -> None:
     work = _run_folder(tmp_path, CODES, KILLERS)
-    saved = record.parse(record.render(record.collect(work, SOURCES, STATUS_BY_EXIT_CODE)))
+    saved = record.parse(record.render(record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)))
     fresh = _fresh_folder(tmp_path, work)
-    assert record.restore(saved, fresh, SOURCES, _hashes) == (5, 2)
+    assert record.restore(saved, fresh, SOURCES, MUTMUT, _hashes) == (5, 3)
     meta = json.loads((fresh / "mutants" / "qnnctl/a.py.meta").read_text(encoding="utf-8"))
     assert meta["exit_code_by_key"] == {"qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 0,
                                         "qnnctl.a.x_f__mutmut_3": None, "qnnctl.a.x_f__mutmut_4": None,
-                                        "qnnctl.a.x_f__mutmut_5": 36}
+                                        "qnnctl.a.x_f__mutmut_5": 36, "qnnctl.a.x_f__mutmut_6": None}
     # mutmut keeps a verdict while the function's hash is the one its meta file holds.
     assert meta["hash_by_function_name"] == _hashes((fresh / "qnnctl/a.py").read_text(encoding="utf-8"))
     assert set(meta) == {"exit_code_by_key", "hash_by_function_name", "durations_by_key",
@@ -104,30 +110,38 @@ def test_on_another_machine_the_same_sources_get_the_verdicts_back(tmp_path: Pat
     assert json.loads((fresh / "mutants" / "qnnctl/b.py.meta").read_text(encoding="utf-8"))["exit_code_by_key"] == {
         "qnnctl.b.x_f__mutmut_1": 1, "qnnctl.b.x_f__mutmut_2": 34}
     assert record.killers_of(fresh / "killers.tsv") == {"qnnctl.a.x_f__mutmut_1": "tests/test_a.py::test_new",
+                                                        "qnnctl.a.x_f__mutmut_6": "tests/test_a.py::test_six",
                                                         "qnnctl.b.x_f__mutmut_1": "tests/test_b.py::test_b[x y]"}
 
 
-def test_a_changed_source_gets_only_the_killers_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("change", ["source", "settings", "mutmut"])
+def test_other_inputs_get_only_the_killers_back(tmp_path: Path, change: str) -> None:
     work = _run_folder(tmp_path, CODES, KILLERS)
-    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE)
+    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
     fresh = _fresh_folder(tmp_path, work)
-    # One source changed: a function of the other may call into it, so no verdict holds.
-    with (fresh / "qnnctl/b.py").open("a", encoding="utf-8") as changed:
-        changed.write("\n")
-    assert record.restore(saved, fresh, SOURCES, _hashes) == (0, 2)
+    mutmut = MUTMUT
+    if change == "source":  # a function of the other source may call into it: no verdict holds
+        with (fresh / "qnnctl/b.py").open("a", encoding="utf-8") as changed:
+            changed.write("\n")
+    elif change == "settings":  # another list of tests, another timeout
+        (fresh / "pyproject.toml").write_text("[tool.mutmut]\ntimeout_multiplier = 15.0\n", encoding="utf-8")
+    else:  # another release may number the mutants otherwise
+        mutmut = "3.9.0"
+    assert record.restore(saved, fresh, SOURCES, mutmut, _hashes) == (0, 3)
     assert not (fresh / "mutants").exists()
-    assert set(record.killers_of(fresh / "killers.tsv")) == {"qnnctl.a.x_f__mutmut_1", "qnnctl.b.x_f__mutmut_1"}
+    assert set(record.killers_of(fresh / "killers.tsv")) == {"qnnctl.a.x_f__mutmut_1", "qnnctl.a.x_f__mutmut_6",
+                                                             "qnnctl.b.x_f__mutmut_1"}
 
 
 def test_a_run_folder_of_this_machine_keeps_its_own_verdicts_and_killers(tmp_path: Path) -> None:
     work = _run_folder(tmp_path, CODES, KILLERS)
-    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE)
+    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
     newer: dict[str, dict[str, int | None]] = {
         "qnnctl/a.py": {"qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 1}}
     _run_folder(tmp_path, newer, "qnnctl.a.x_f__mutmut_2\ttests/test_a.py::test_added\n")
     (work / "mutants" / "qnnctl/b.py.meta").unlink()
     meta_before = (work / "mutants" / "qnnctl/a.py.meta").read_text(encoding="utf-8")
     # Its b.py has no verdicts yet: the record's come back for that file alone.
-    assert record.restore(saved, work, SOURCES, _hashes) == (2, 0)
+    assert record.restore(saved, work, SOURCES, MUTMUT, _hashes) == (2, 0)
     assert (work / "mutants" / "qnnctl/a.py.meta").read_text(encoding="utf-8") == meta_before
     assert record.killers_of(work / "killers.tsv") == {"qnnctl.a.x_f__mutmut_2": "tests/test_a.py::test_added"}

@@ -77,10 +77,11 @@ def prepare(name: str, target: Target) -> Path:
     forget_reach(work, commit)
     recorded = RECORDS / f"{name}.tsv"
     if recorded.is_file():
+        from mutmut import __version__
         from mutmut.mutation.file_mutation import compute_function_hashes
 
         verdicts, killers = record.restore(record.parse(recorded.read_text(encoding="utf-8")), work, target.sources,
-                                           compute_function_hashes)
+                                           __version__, compute_function_hashes)
         if verdicts or killers:
             print(f"from {recorded.relative_to(REPO)}: {verdicts} verdicts, {killers} killers", file=sys.stderr)
     (work / "equivalent.names").write_text("".join(f"{key}\n" for key in sorted(equivalents(work, target))),
@@ -304,10 +305,11 @@ def main() -> int:
 def save_record(name: str, target: Target, work: Path) -> None:
     """Keep the run's verdicts and killers in tests/mutation/record/NAME.tsv (record.py), for
     runs on other machines: commit it with the scores."""
+    from mutmut import __version__
     from mutmut.stats import status_by_exit_code
 
     RECORDS.mkdir(exist_ok=True)
-    found = record.collect(work, target.sources, status_by_exit_code)
+    found = record.collect(work, target.sources, status_by_exit_code, __version__)
     (RECORDS / f"{name}.tsv").write_text(record.render(found), encoding="utf-8")
 
 

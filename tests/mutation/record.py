@@ -6,8 +6,9 @@ mutants checked before. The record holds, for each mutant, mutmut's verdict and 
 killed it:
 
 - verdicts come back only while every source file of the module is byte for byte the one the
-  record was made from. mutmut keeps a verdict while its function and every function that
-  function calls are unchanged; a whole unchanged module is the simplest rule that is never
+  record was made from, under the same mutmut settings (the narrowed pyproject.toml: the test
+  files, the timeout) and the same mutmut release (which numbers the mutants). mutmut itself
+  keeps a verdict while the mutant's function is unchanged; a whole unchanged module is never
   looser than that. Changed tests do not drop them, as in mutmut itself (`--retest` tests the
   survivors again);
 - killers come back always: they only order each mutant's tests (ordered_run.py), so a changed
@@ -47,8 +48,19 @@ class Verdict(NamedTuple):
 
 class Record(NamedTuple):
     commit: str
-    sources: dict[str, str]  # source file -> its sha256
+    inputs: dict[str, str]  # each source file and the settings -> its sha256; "mutmut" -> its release
     verdicts: dict[str, Verdict]
+
+
+SETTINGS = "pyproject.toml"  # in the run folder: [tool.mutmut] narrowed to the module
+
+
+def inputs_of(work: Path, sources: tuple[str, ...], mutmut_version: str) -> dict[str, str]:
+    """What a run's verdicts depend on besides the tests: the module's sources as exported in
+    `work`, the settings mutmut ran with there, and mutmut's release."""
+    found = {name: file_digest(work / name) for name in (*sources, SETTINGS)}
+    found["mutmut"] = mutmut_version
+    return found
 
 
 def file_digest(path: Path) -> str:
@@ -57,7 +69,7 @@ def file_digest(path: Path) -> str:
 
 def render(record: Record) -> str:
     lines = [HEADER, f"commit\t{record.commit}"]
-    lines += [f"source\t{source}\t{digest}" for source, digest in sorted(record.sources.items())]
+    lines += [f"input\t{name}\t{digest}" for name, digest in sorted(record.inputs.items())]
     # A killer only orders tests: one whose id holds a tab (pytest escapes the other controls)
     # is kept with a blank for it, which matches no test and so orders nothing.
     lines += [f"{name}\t{v.status}\t{(v.killer or '-').replace(chr(9), ' ')}"
@@ -67,7 +79,7 @@ def render(record: Record) -> str:
 
 def parse(text: str) -> Record:
     commit = ""
-    sources: dict[str, str] = {}
+    inputs: dict[str, str] = {}
     verdicts: dict[str, Verdict] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line or line.startswith("#"):
@@ -75,13 +87,13 @@ def parse(text: str) -> Record:
         fields = line.split("\t")
         if fields[0] == "commit" and len(fields) == 2:
             commit = fields[1]
-        elif fields[0] == "source" and len(fields) == 3:
-            sources[fields[1]] = fields[2]
+        elif fields[0] == "input" and len(fields) == 3:
+            inputs[fields[1]] = fields[2]
         elif len(fields) == 3 and fields[1] in CODE_BY_STATUS:
             verdicts[fields[0]] = Verdict(fields[1], None if fields[2] == "-" else fields[2])
         else:
             raise ValueError(f"line {number} of a mutation record is not one: {line!r}")
-    return Record(commit, sources, verdicts)
+    return Record(commit, inputs, verdicts)
 
 
 def killers_of(path: Path) -> dict[str, str]:
@@ -95,10 +107,10 @@ def killers_of(path: Path) -> dict[str, str]:
     return found
 
 
-def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[int | None, str]) -> Record:
+def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[int | None, str],
+            mutmut_version: str) -> Record:
     """The record of the run in `work` (mutants/MODULE): its verdicts (mutmut's exit codes read
-    with `status_by_exit_code`, mutmut.stats') and killers, and the sources it mutated as
-    exported there."""
+    with `status_by_exit_code`, mutmut.stats') and killers, and its inputs (inputs_of)."""
     killers = killers_of(work / "killers.tsv")
     verdicts: dict[str, Verdict] = {}
     for source in sources:
@@ -109,15 +121,18 @@ def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[i
             status = status_by_exit_code[code]
             if status not in CODE_BY_STATUS:  # interrupted: not checked
                 status = "not checked"
-            verdicts[name] = Verdict(status, killers.get(name) if status == "killed" else None)
+            # A mutant not checked again yet (its module changed) keeps the killer it had: it
+            # orders that check. A survivor's killer is of an earlier run, and orders nothing.
+            kept = status not in {"survived", "skipped", "no tests"}
+            verdicts[name] = Verdict(status, killers.get(name) if kept else None)
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip() if (work / "COMMIT").is_file() else ""
-    return Record(commit, {s: file_digest(work / s) for s in sources}, verdicts)
+    return Record(commit, inputs_of(work, sources, mutmut_version), verdicts)
 
 
-def restore(record: Record, work: Path, sources: tuple[str, ...],
+def restore(record: Record, work: Path, sources: tuple[str, ...], mutmut_version: str,
             function_hashes: Callable[[str], dict[str, str]]) -> tuple[int, int]:
     """Seed the run folder `work` from `record`: the killers, when it has none; the verdicts,
-    when it has none and the sources are those the record was made from. `function_hashes`
+    when it has none and its inputs are those the record was made from. `function_hashes`
     gives mutmut's hash of each function of a source text (its compute_function_hashes).
     Returns how many verdicts and killers were restored."""
     killers = work / "killers.tsv"
@@ -128,7 +143,7 @@ def restore(record: Record, work: Path, sources: tuple[str, ...],
                            encoding="utf-8")
         seeded = len(recorded_killers)
     restored = 0
-    same = record.sources == {s: file_digest(work / s) for s in sources}
+    same = record.inputs == inputs_of(work, sources, mutmut_version)
     for source in sources:
         meta = work / "mutants" / f"{source}.meta"
         prefix = source.removesuffix(".py").replace("/", ".") + "."
