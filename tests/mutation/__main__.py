@@ -52,7 +52,7 @@ def pyproject_for(target: Target) -> str:
     return "\n".join([*kept, "[tool.mutmut]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]) + "\n"
 
 
-def prepare(name: str, target: Target) -> Path:
+def prepare(name: str, target: Target, skip_equivalents: bool = True) -> Path:
     """mutants/NAME: qnnctl/ and tests/ as the last commit has them, and the narrowed pyproject.
 
     The commit, not the working tree: what is scored is code that others can check out again,
@@ -84,8 +84,8 @@ def prepare(name: str, target: Target) -> Path:
                                            __version__, compute_function_hashes)
         if verdicts or killers:
             print(f"from {recorded.relative_to(REPO)}: {verdicts} verdicts, {killers} killers", file=sys.stderr)
-    (work / "equivalent.names").write_text("".join(f"{key}\n" for key in sorted(equivalents(work, target))),
-                                           encoding="utf-8")
+    skipped = sorted(equivalents(work, target)) if skip_equivalents else []
+    (work / "equivalent.names").write_text("".join(f"{key}\n" for key in skipped), encoding="utf-8")
     return work
 
 
@@ -217,7 +217,7 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
             return process.wait()
 
 
-def forget(work: Path, target: Target, survivors: bool, names: list[str]) -> None:
+def forget(work: Path, target: Target, survivors: bool, names: list[str], equivalent_too: bool = False) -> None:
     """Mark mutants whose test run was interrupted (and with `survivors`, those left that are not
     marked equivalent) as not checked, so that this run tests them: mutmut keeps a verdict while
     the function is unchanged, and tests only mutants without one. With `names` (globs), only
@@ -232,7 +232,7 @@ def forget(work: Path, target: Target, survivors: bool, names: list[str]) -> Non
         data = json.loads(meta.read_text(encoding="utf-8"))
         codes = data["exit_code_by_key"]
         again = [k for k, code in codes.items() if status_by_exit_code[code] == "check was interrupted by user"
-                 or (status_by_exit_code[code] == "skipped" and k not in marked)
+                 or (status_by_exit_code[code] == "skipped" and (equivalent_too or k not in marked))
                  or (survivors and status_by_exit_code[code] in LEFT and k not in marked
                      and (not names or any(fnmatch.fnmatch(k, name) for name in names)))]
         if again:
@@ -276,6 +276,9 @@ def main() -> int:
     parser.add_argument("--retest", action="store_true",
                         help="test again the mutants left (after tests were added), with those not checked yet")
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
+    parser.add_argument("--equivalents", action="store_true",
+                        help="test the mutants equivalent.txt marks too (an entry's digest covers only the lines its "
+                             "mutant changes: a check of the judgments after their functions changed)")
     parser.add_argument("--save", action="store_true",
                         help="only write the last run's verdicts to tests/mutation/record/MODULE.tsv")
     parser.add_argument("--stamp", action="store_true",
@@ -295,8 +298,8 @@ def main() -> int:
     if args.save:
         save_record(args.module, target, WORK / args.module)
         return 0
-    work = prepare(args.module, target)
-    forget(work, target, survivors=args.retest, names=args.names)
+    work = prepare(args.module, target, skip_equivalents=not args.equivalents)
+    forget(work, target, survivors=args.retest, names=args.names, equivalent_too=args.equivalents)
     run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
     save_record(args.module, target, work)
     return report(args.module, target, work, args.diffs)
