@@ -52,7 +52,7 @@ def pyproject_for(target: Target) -> str:
     return "\n".join([*kept, "[tool.mutmut]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]) + "\n"
 
 
-def prepare(name: str, target: Target, skip_equivalents: bool = True) -> Path:
+def prepare(name: str, target: Target) -> Path:
     """mutants/NAME: qnnctl/ and tests/ as the last commit has them, and the narrowed pyproject.
 
     The commit, not the working tree: what is scored is code that others can check out again,
@@ -84,8 +84,6 @@ def prepare(name: str, target: Target, skip_equivalents: bool = True) -> Path:
                                            __version__, compute_function_hashes)
         if verdicts or killers:
             print(f"from {recorded.relative_to(REPO)}: {verdicts} verdicts, {killers} killers", file=sys.stderr)
-    skipped = sorted(equivalents(work, target)) if skip_equivalents else []
-    (work / "equivalent.names").write_text("".join(f"{key}\n" for key in skipped), encoding="utf-8")
     return work
 
 
@@ -217,14 +215,14 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
             return process.wait()
 
 
-def forget(work: Path, target: Target, survivors: bool, names: list[str], equivalent_too: bool = False) -> None:
+def forget(work: Path, target: Target, marked: dict[str, str], survivors: bool, names: list[str],
+           equivalent_too: bool = False) -> None:
     """Mark mutants whose test run was interrupted (and with `survivors`, those left that are not
     marked equivalent) as not checked, so that this run tests them: mutmut keeps a verdict while
     the function is unchanged, and tests only mutants without one. With `names` (globs), only
     mutants that match: the others keep their verdicts, as the run leaves them alone."""
     from mutmut.stats import status_by_exit_code
 
-    marked = equivalents(work, target, quiet=True)
     for source in target.sources:
         meta = work / "mutants" / f"{source}.meta"
         if not meta.is_file():
@@ -298,8 +296,12 @@ def main() -> int:
     if args.save:
         save_record(args.module, target, WORK / args.module)
         return 0
-    work = prepare(args.module, target, skip_equivalents=not args.equivalents)
-    forget(work, target, survivors=args.retest, names=args.names, equivalent_too=args.equivalents)
+    work = prepare(args.module, target)
+    marked = equivalents(work, target)  # once: it makes every mutant of the module (seconds)
+    # The mutants ordered_run.py records as skipped instead of testing them.
+    skipped = [] if args.equivalents else sorted(marked)
+    (work / "equivalent.names").write_text("".join(f"{key}\n" for key in skipped), encoding="utf-8")
+    forget(work, target, marked, survivors=args.retest, names=args.names, equivalent_too=args.equivalents)
     run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
     save_record(args.module, target, work)
     return report(args.module, target, work, args.diffs)
