@@ -124,13 +124,7 @@ def statuses(work: Path, target: Target) -> dict[str, str]:
     """Each mutant's verdict so far (mutmut's words), from the records mutmut keeps."""
     from mutmut.stats import status_by_exit_code
 
-    found: dict[str, str] = {}
-    for source in target.sources:
-        meta = work / "mutants" / f"{source}.meta"
-        if meta.is_file():
-            codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
-            found.update({key: status_by_exit_code[code] for key, code in codes.items()})
-    return found
+    return {key: status_by_exit_code[code] for key, code in record.exit_codes(work, target.sources).items()}
 
 
 def module_changes(work: Path, target: Target) -> dict[str, str]:

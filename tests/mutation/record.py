@@ -107,24 +107,31 @@ def killers_of(path: Path) -> dict[str, str]:
     return found
 
 
+def exit_codes(work: Path, sources: tuple[str, ...]) -> dict[str, int | None]:
+    """Each mutant's exit code so far (None: not tested), from the .meta files mutmut keeps in
+    `work` (mutants/MODULE) beside each source's mutants."""
+    found: dict[str, int | None] = {}
+    for source in sources:
+        meta = work / "mutants" / f"{source}.meta"
+        if meta.is_file():
+            found.update(json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"])
+    return found
+
+
 def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[int | None, str],
             mutmut_version: str) -> Record:
     """The record of the run in `work` (mutants/MODULE): its verdicts (mutmut's exit codes read
     with `status_by_exit_code`, mutmut.stats') and killers, and its inputs (inputs_of)."""
     killers = killers_of(work / "killers.tsv")
     verdicts: dict[str, Verdict] = {}
-    for source in sources:
-        meta = work / "mutants" / f"{source}.meta"
-        if not meta.is_file():
-            continue
-        for name, code in json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"].items():
-            status = status_by_exit_code[code]
-            if status not in CODE_BY_STATUS:  # interrupted: not checked
-                status = "not checked"
-            # A mutant not checked again yet (its module changed) keeps the killer it had: it
-            # orders that check. A survivor's killer is of an earlier run, and orders nothing.
-            kept = status not in {"survived", "skipped", "no tests"}
-            verdicts[name] = Verdict(status, killers.get(name) if kept else None)
+    for name, code in exit_codes(work, sources).items():
+        status = status_by_exit_code[code]
+        if status not in CODE_BY_STATUS:  # interrupted: not checked
+            status = "not checked"
+        # A mutant not checked again yet (its module changed) keeps the killer it had: it
+        # orders that check. A survivor's killer is of an earlier run, and orders nothing.
+        kept = status not in {"survived", "skipped", "no tests"}
+        verdicts[name] = Verdict(status, killers.get(name) if kept else None)
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip() if (work / "COMMIT").is_file() else ""
     return Record(commit, inputs_of(work, sources, mutmut_version), verdicts)
 
