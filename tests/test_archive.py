@@ -803,6 +803,21 @@ def test_a_zip_symlink_target_of_4096_bytes_is_not_refused_as_longer(tmp_path: P
     assert refused.value.message.startswith(f"{archive.name} is malformed: a member's name is too long: ./././")
 
 
+@pytest.mark.parametrize("fmt", ["zip", "tgz"])
+def test_a_symlink_target_that_is_not_utf8_is_made_byte_for_byte(tmp_path: Path, fmt: str) -> None:
+    """Linux names are bytes: a target of any bytes but NUL and `/`-escapes is a target."""
+    target = b"libQnnHtp\xff.so"
+    if fmt == "zip":
+        archive = build_archive(tmp_path, "zip")
+        with zipfile.ZipFile(archive, "a") as zf:
+            add_zip_entry(zf, f"{TOP}/lib/x86_64-linux-clang/alias.so", target, stat.S_IFLNK | 0o777)
+    else:
+        archive = hostile_archive(tmp_path, "tgz", [Member(f"{TOP}/lib/x86_64-linux-clang/alias.so", "symlink",
+                                                          target=os.fsdecode(target))])
+    result = extract(archive, _work(tmp_path))
+    assert os.readlink(os.fsencode(result.root / "lib/x86_64-linux-clang/alias.so")) == target
+
+
 def test_the_target_of_a_zip_symlink_is_read_no_further_than_the_longest_a_path_may_be(tmp_path: Path) -> None:
     """A "symlink" member that inflates to 64 MiB: 4097 bytes of it are read, and it is refused."""
     archive = build_archive(tmp_path, "zip")
