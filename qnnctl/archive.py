@@ -194,6 +194,11 @@ class _Writer:
         self.digests[name] = crc32_digest(crc)
         self.size += size
 
+    def forget(self, name: PurePosixPath, path: str) -> None:
+        """The file `name`, at `path`, is about to be replaced by a link: no longer the SDK's."""
+        if self.digests.pop(name, None) is not None:
+            self.size -= os.path.getsize(path)
+
 
 def _creation_mask(work: Path) -> int | None:
     """The bits the system takes from the mode a file is created with under `work`: this
@@ -1146,7 +1151,10 @@ def _make_links(links: list[_Link], top: PurePosixPath, writer: _Writer) -> None
                 or not os.path.isfile(source_real)
             ):
                 raise _unsafe(f"hard link {link.name} -> {link.target} leaves the SDK")
+            if place == source_real:  # the file itself, by its name or through a linked folder
+                continue
             os.makedirs(parent_real, exist_ok=True)
+            writer.forget(recorded, place)
             _clear(place, link.name)
             # A copy rather than a link: the SDK tree then shares no inode with anything.
             shutil.copyfile(source_real, place)
@@ -1159,9 +1167,9 @@ def _make_links(links: list[_Link], top: PurePosixPath, writer: _Writer) -> None
         if not _inside(os.path.realpath(os.path.join(parent_real, link.target)), root_real):
             raise _unsafe(f"symlink {link.name} -> {link.target} points outside the SDK")
         os.makedirs(parent_real, exist_ok=True)
+        writer.forget(recorded, place)
         _clear(place, link.name)
         os.symlink(link.target, place)
-        writer.digests.pop(recorded, None)
     # A link made early can be redirected by one made later (b -> a/.. before a -> .):
     # check where each one finally leads.
     for link in links:

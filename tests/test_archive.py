@@ -888,12 +888,30 @@ def test_record_of_files_follows_links_that_replace_files(tmp_path: Path) -> Non
         Member(f"{TOP}/manual", "symlink", target="docs"),
         Member(f"{TOP}/manual/guide.txt", "symlink", target="../QNN_README.txt"),
         Member(f"{TOP}/manual/copy.txt", "hardlink", target=f"{TOP}/QNN_README.txt"),
+        Member(f"{TOP}/docs/old.txt", "file", b"replaced by a copy"),
+        Member(f"{TOP}/manual/old.txt", "hardlink", target=f"{TOP}/QNN_README.txt"),
     ])
     result = extract(archive, _work(tmp_path))
     assert (result.root / "docs/guide.txt").is_symlink()
     assert "docs/guide.txt" not in result.files
     assert result.files["docs/copy.txt"] == result.files["QNN_README.txt"]
     assert "manual/copy.txt" not in result.files
+    assert (result.root / "docs/old.txt").read_bytes() == (result.root / "QNN_README.txt").read_bytes()
+    assert result.size == sum((result.root / name).stat().st_size for name in result.files)
+
+
+@pytest.mark.parametrize("through", ["docs", "manual"])
+def test_a_hard_link_to_itself_leaves_the_file_as_it_is(tmp_path: Path, through: str) -> None:
+    """By its own name, or through a link to its folder: the file is not removed to make room."""
+    archive = hostile_archive(tmp_path, "tar.gz", [
+        Member(f"{TOP}/docs/a.txt", "file", b"abc"),
+        Member(f"{TOP}/manual", "symlink", target="docs"),
+        Member(f"{TOP}/{through}/a.txt", "hardlink", target=f"{TOP}/docs/a.txt"),
+    ])
+    result = extract(archive, _work(tmp_path))
+    assert (result.root / "docs/a.txt").read_bytes() == b"abc"
+    assert result.files["docs/a.txt"] == manifest_digest(b"abc")
+    assert result.size == sum((result.root / name).stat().st_size for name in result.files)
 
 
 def test_a_member_name_too_long_for_the_file_system_is_an_integrity_error(tmp_path: Path) -> None:
