@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,11 @@ MUTMUT = "3.8.1"
 
 
 def _hashes(text: str) -> dict[str, str]:
-    """Stands in for mutmut's compute_function_hashes: one hash a function name, of the text."""
-    return {line.split("(")[0].removeprefix("def "): str(len(text)) for line in text.splitlines()
-            if line.startswith("def ")}
+    """Stands in for mutmut's compute_function_hashes: each function's mangled name (as in its
+    mutants' names), and a hash of its text."""
+    blocks = re.split(r"^(?=def )", text, flags=re.MULTILINE)
+    return {"x_" + block.split("(")[0].removeprefix("def "): hashlib.sha256(block.strip().encode()).hexdigest()[:12]
+            for block in blocks if block.startswith("def ")}
 
 
 def _run_folder(tmp_path: Path, codes: dict[str, dict[str, int | None]], killers: str = "") -> Path:
@@ -114,16 +118,13 @@ def test_on_another_machine_the_same_sources_get_the_verdicts_back(tmp_path: Pat
                                                         "qnnctl.b.x_f__mutmut_1": "tests/test_b.py::test_b[x y]"}
 
 
-@pytest.mark.parametrize("change", ["source", "settings", "mutmut"])
-def test_other_inputs_get_only_the_killers_back(tmp_path: Path, change: str) -> None:
+@pytest.mark.parametrize("change", ["settings", "mutmut"])
+def test_other_settings_get_only_the_killers_back(tmp_path: Path, change: str) -> None:
     work = _run_folder(tmp_path, CODES, KILLERS)
     saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
     fresh = _fresh_folder(tmp_path, work)
     mutmut = MUTMUT
-    if change == "source":  # a function of the other source may call into it: no verdict holds
-        with (fresh / "qnnctl/b.py").open("a", encoding="utf-8") as changed:
-            changed.write("\n")
-    elif change == "settings":  # another list of tests, another timeout
+    if change == "settings":  # another list of tests, another timeout
         (fresh / "pyproject.toml").write_text("[tool.mutmut]\ntimeout_multiplier = 15.0\n", encoding="utf-8")
     else:  # another release may number the mutants otherwise
         mutmut = "3.9.0"
@@ -131,6 +132,45 @@ def test_other_inputs_get_only_the_killers_back(tmp_path: Path, change: str) -> 
     assert not (fresh / "mutants").exists()
     assert set(record.killers_of(fresh / "killers.tsv")) == {"qnnctl.a.x_f__mutmut_1", "qnnctl.a.x_f__mutmut_6",
                                                              "qnnctl.b.x_f__mutmut_1"}
+
+
+def test_a_changed_function_is_checked_again_and_the_others_keep_their_verdicts(tmp_path: Path) -> None:
+    """mutmut's own rule, as if its mutants/ had been kept: a function whose hash changed loses
+    its verdicts (not its killers), wherever else the module changed."""
+    work = _run_folder(tmp_path, {}, "qnnctl.a.x_g__mutmut_1\ttests/test_a.py::test_g\n")
+    source = work / "qnnctl/a.py"
+    source.write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x - 1\n", encoding="utf-8")
+    meta = work / "mutants" / "qnnctl/a.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({
+        "exit_code_by_key": {"qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 0,
+                             "qnnctl.a.x_g__mutmut_1": 1, "qnnctl.a.x_g__mutmut_2": 36},
+        "hash_by_function_name": _hashes(source.read_text(encoding="utf-8"))}), encoding="utf-8")
+    saved = record.parse(record.render(record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)))
+    assert saved.functions == {"qnnctl/a.py": _hashes(source.read_text(encoding="utf-8"))}
+    fresh = _fresh_folder(tmp_path, work)
+    changed = "# a comment of the module\ndef f(x):\n    return x + 1\n\n\ndef g(x):\n    return x - 2\n"
+    (fresh / "qnnctl/a.py").write_text(changed, encoding="utf-8")
+    assert record.restore(saved, fresh, SOURCES, MUTMUT, _hashes) == (2, 1)
+    restored = json.loads((fresh / "mutants" / "qnnctl/a.py.meta").read_text(encoding="utf-8"))
+    assert restored["exit_code_by_key"] == {"qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 0,
+                                            "qnnctl.a.x_g__mutmut_1": None, "qnnctl.a.x_g__mutmut_2": None}
+    assert restored["hash_by_function_name"] == _hashes(changed)
+    assert record.killers_of(fresh / "killers.tsv") == {"qnnctl.a.x_g__mutmut_1": "tests/test_a.py::test_g"}
+
+
+def test_an_older_record_without_hashes_vouches_only_for_a_whole_unchanged_file(tmp_path: Path) -> None:
+    work = _run_folder(tmp_path, CODES, KILLERS)
+    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
+    assert saved.functions == {}
+    fresh = _fresh_folder(tmp_path, work)
+    with (fresh / "qnnctl/b.py").open("a", encoding="utf-8") as changed:
+        changed.write("\n")
+    assert record.restore(saved, fresh, SOURCES, MUTMUT, _hashes) == (3, 3)
+    assert record.exit_codes(fresh, SOURCES) == {
+        "qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 0, "qnnctl.a.x_f__mutmut_3": None,
+        "qnnctl.a.x_f__mutmut_4": None, "qnnctl.a.x_f__mutmut_5": 36, "qnnctl.a.x_f__mutmut_6": None,
+        "qnnctl.b.x_f__mutmut_1": None, "qnnctl.b.x_f__mutmut_2": None}
 
 
 def test_a_run_folder_of_this_machine_keeps_its_own_verdicts_and_killers(tmp_path: Path) -> None:

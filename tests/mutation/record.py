@@ -5,12 +5,13 @@ without a record, each run there starts again from the first mutant and spends i
 mutants checked before. The record holds, for each mutant, mutmut's verdict and the test that
 killed it:
 
-- verdicts come back only while every source file of the module is byte for byte the one the
-  record was made from, under the same mutmut settings (the narrowed pyproject.toml: the test
-  files, the timeout) and the same mutmut release (which numbers the mutants). mutmut itself
-  keeps a verdict while the mutant's function is unchanged; a whole unchanged module is never
-  looser than that. Changed tests do not drop them, as in mutmut itself (`--retest` tests the
-  survivors again);
+- verdicts come back by mutmut's own rule, as if its `mutants/` had been kept: while the
+  mutant's function is unchanged (its hash, which the record keeps, is the one mutmut computes
+  now), under the same mutmut settings (the narrowed pyproject.toml: the test files, the
+  timeout) and the same mutmut release (which numbers the mutants). A fix in one function then
+  costs a check of that function's mutants alone. A record without the hashes (an older one)
+  gives verdicts back only while the whole source file is byte for byte the same. Changed
+  tests do not drop them, as in mutmut itself (`--retest` tests the survivors again);
 - killers come back always: they only order each mutant's tests (ordered_run.py), so a changed
   module is checked again at about one test a killed mutant.
 
@@ -23,7 +24,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # mutmut's exit codes for the verdicts a record keeps, by the words it prints (mutmut.stats);
 # "not checked" (and an interrupted check) is kept as not checked.
@@ -50,8 +51,10 @@ class Record(NamedTuple):
     commit: str
     inputs: dict[str, str]  # each source file and the settings -> its sha256; "mutmut" -> its release
     verdicts: dict[str, Verdict]
+    functions: dict[str, dict[str, str]]  # each source file -> mutmut's hash of each function
 
 
+MARK = "__mutmut_"  # what separates a mutant's function from its number
 SETTINGS = "pyproject.toml"  # in the run folder: [tool.mutmut] narrowed to the module
 
 
@@ -70,6 +73,8 @@ def file_digest(path: Path) -> str:
 def render(record: Record) -> str:
     lines = [HEADER, f"commit\t{record.commit}"]
     lines += [f"input\t{name}\t{digest}" for name, digest in sorted(record.inputs.items())]
+    lines += [f"function\t{source}\t{function}\t{hashed}" for source, hashes in sorted(record.functions.items())
+              for function, hashed in sorted(hashes.items())]
     # A killer only orders tests: one whose id holds a tab (pytest escapes the other controls)
     # is kept with a blank for it, which matches no test and so orders nothing.
     lines += [f"{name}\t{v.status}\t{(v.killer or '-').replace(chr(9), ' ')}"
@@ -81,6 +86,7 @@ def parse(text: str) -> Record:
     commit = ""
     inputs: dict[str, str] = {}
     verdicts: dict[str, Verdict] = {}
+    functions: dict[str, dict[str, str]] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line or line.startswith("#"):
             continue
@@ -89,11 +95,13 @@ def parse(text: str) -> Record:
             commit = fields[1]
         elif fields[0] == "input" and len(fields) == 3:
             inputs[fields[1]] = fields[2]
+        elif fields[0] == "function" and len(fields) == 4:
+            functions.setdefault(fields[1], {})[fields[2]] = fields[3]
         elif len(fields) == 3 and fields[1] in CODE_BY_STATUS:
             verdicts[fields[0]] = Verdict(fields[1], None if fields[2] == "-" else fields[2])
         else:
             raise ValueError(f"line {number} of a mutation record is not one: {line!r}")
-    return Record(commit, inputs, verdicts)
+    return Record(commit, inputs, verdicts, functions)
 
 
 def killers_of(path: Path) -> dict[str, str]:
@@ -107,15 +115,20 @@ def killers_of(path: Path) -> dict[str, str]:
     return found
 
 
-def exit_codes(work: Path, sources: tuple[str, ...]) -> dict[str, int | None]:
-    """Each mutant's exit code so far (None: not tested), from the .meta files mutmut keeps in
-    `work` (mutants/MODULE) beside each source's mutants."""
-    found: dict[str, int | None] = {}
+def metas(work: Path, sources: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The .meta file mutmut keeps in `work` (mutants/MODULE) beside each source's mutants, of
+    the sources that have one."""
+    found: dict[str, dict[str, Any]] = {}
     for source in sources:
         meta = work / "mutants" / f"{source}.meta"
         if meta.is_file():
-            found.update(json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"])
+            found[source] = json.loads(meta.read_text(encoding="utf-8"))
     return found
+
+
+def exit_codes(work: Path, sources: tuple[str, ...]) -> dict[str, int | None]:
+    """Each mutant's exit code so far (None: not tested)."""
+    return {key: code for meta in metas(work, sources).values() for key, code in meta["exit_code_by_key"].items()}
 
 
 def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[int | None, str],
@@ -133,15 +146,18 @@ def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[i
         kept = status not in {"survived", "skipped", "no tests"}
         verdicts[name] = Verdict(status, killers.get(name) if kept else None)
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip() if (work / "COMMIT").is_file() else ""
-    return Record(commit, inputs_of(work, sources, mutmut_version), verdicts)
+    functions = {source: dict(meta["hash_by_function_name"]) for source, meta in metas(work, sources).items()
+                 if meta.get("hash_by_function_name")}
+    return Record(commit, inputs_of(work, sources, mutmut_version), verdicts, functions)
 
 
 def restore(record: Record, work: Path, sources: tuple[str, ...], mutmut_version: str,
             function_hashes: Callable[[str], dict[str, str]]) -> tuple[int, int]:
-    """Seed the run folder `work` from `record`: the killers, when it has none; the verdicts,
-    when it has none and its inputs are those the record was made from. `function_hashes`
-    gives mutmut's hash of each function of a source text (its compute_function_hashes).
-    Returns how many verdicts and killers were restored."""
+    """Seed the run folder `work` from `record`: the killers, when it has none; the verdicts of
+    each source without any yet, those of its functions unchanged since the record, under the
+    record's settings and mutmut release. `function_hashes` gives mutmut's hash of each function
+    of a source text (its compute_function_hashes). Returns how many verdicts and killers were
+    restored."""
     killers = work / "killers.tsv"
     recorded_killers = {name: v.killer for name, v in record.verdicts.items() if v.killer}
     seeded = 0
@@ -150,16 +166,23 @@ def restore(record: Record, work: Path, sources: tuple[str, ...], mutmut_version
                            encoding="utf-8")
         seeded = len(recorded_killers)
     restored = 0
-    same = record.inputs == inputs_of(work, sources, mutmut_version)
+    now = inputs_of(work, sources, mutmut_version)
+    same_settings = all(record.inputs.get(name) == now[name] for name in (SETTINGS, "mutmut"))
     for source in sources:
         meta = work / "mutants" / f"{source}.meta"
         prefix = source.removesuffix(".py").replace("/", ".") + "."
         codes = {name: CODE_BY_STATUS[v.status] for name, v in record.verdicts.items() if name.startswith(prefix)}
-        if not same or meta.exists() or not codes:
+        if not same_settings or meta.exists() or not codes:
             continue
-        # mutmut keeps a verdict while its function's hash is the one in the meta file: these
-        # are the hashes of the functions as they are (the same, as the file is).
         hashes = function_hashes((work / source).read_text(encoding="utf-8"))
+        recorded = record.functions.get(source)
+        if recorded is None:  # an older record: only a whole unchanged file vouches for its functions
+            recorded = hashes if record.inputs.get(source) == now[source] else {}
+        for name in codes:
+            function = name.removeprefix(prefix).rpartition(MARK)[0]
+            if function not in hashes or recorded.get(function) != hashes[function]:
+                codes[name] = None  # changed (or gone) since the record: to be checked again
+        # mutmut keeps a verdict while its function's hash is the one in the meta file.
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes,
                                     "durations_by_key": {}, "estimated_durations_by_key": {},
