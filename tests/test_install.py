@@ -456,6 +456,7 @@ def test_an_archive_whose_libraries_are_another_version_installs_only_as_that_ve
     assert not (cache_dir / "sdks").exists() or not any((cache_dir / "sdks").iterdir())
     named = run_qnnctl("install", true, "--file", str(archive))
     assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
+    assert (read_manifest(cache_dir / "sdks" / true) or {})["build_id"] == f"{true}181845"
 
 
 def test_install_file_with_its_sha256_of_a_version_installed_from_another_archive_is_refused(
