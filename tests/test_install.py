@@ -208,6 +208,16 @@ def test_url_without_a_version_needs_one(server: FaultServer, tmp_path: Path, ca
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
 
 
+def test_url_of_a_server_root_installs(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    """No path to name the download after: it gets the version's usual archive name."""
+    (tmp_path / "a").mkdir()
+    server.add("/", build_archive(tmp_path / "a", "zip").read_bytes())
+    result = run_qnnctl("install", VERSION, "--url", server.base.rstrip("/"))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+    _cache_is_tidy(cache_dir)
+
+
 def test_url_holding_another_version_is_refused(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
     (tmp_path / "a").mkdir()
     other = build_archive(tmp_path / "a", "zip", SdkSpec(version=OTHER_VERSION)).read_bytes()
