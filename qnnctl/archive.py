@@ -961,8 +961,10 @@ class ZipStream:
 
 
 class _MemberData:
-    """A stored or deflated zip member's data, inflated block by block from `read_at`; what
-    was read is checked at the end against the size and CRC-32 the archive gives for it."""
+    """A zip member's data, inflated block by block from `read_at`: never more than a block
+    out at once, whatever the input expands to (zipfile inflates a read of bzip2 or LZMA data
+    whole, and 1 MiB of LZMA can expand to gigabytes). What was read is checked at the end
+    against the size and CRC-32 the archive gives for it."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], start: int, csize: int, usize: int,
                  crc: int, method: int, filename: str, head: bytes) -> None:
@@ -974,33 +976,58 @@ class _MemberData:
         self.expected_crc = crc
         self.filename = filename
         self.zlib = _zlib()
-        self.inflate = self.zlib.decompressobj(-zlib.MAX_WBITS) if method == zipfile.ZIP_DEFLATED else None
+        self.method = method
+        self.inflate: Any = None  # stored: none
+        if method == zipfile.ZIP_DEFLATED:
+            self.inflate = self.zlib.decompressobj(-zlib.MAX_WBITS)
+        elif method == zipfile.ZIP_BZIP2:
+            import bz2
+
+            self.inflate = bz2.BZ2Decompressor()
         self.pending = head
         self.size = 0
 
     def read(self, size: int) -> bytes:
-        while True:
-            block = self._next(size)
-            if block or not (self.left or self.pending):
-                break
+        try:
+            while True:
+                block = self._next(size)
+                if block or not (self.left or self.pending or self._holds_more()):
+                    break
+        except (OSError, EOFError, lzma.LZMAError) as exc:  # bz2's and lzma's errors
+            raise zipfile.BadZipFile(f"{self.filename!r} does not inflate: {exc}") from None
         self.size += len(block)
         if self.size > self.usize:
             raise zipfile.BadZipFile(f"{self.filename!r} is longer than the archive says")
         return block
 
+    def _holds_more(self) -> bool:
+        """Whether a bzip2 or LZMA decompressor holds output not yet given out."""
+        return self.method != zipfile.ZIP_DEFLATED and self.inflate is not None and not (
+            self.inflate.eof or self.inflate.needs_input)
+
+    def _fill(self, size: int) -> None:
+        data = self.read_at(self.position, min(size, self.left))
+        self.position += len(data)
+        self.left -= len(data)
+        self.pending += data
+
     def _next(self, size: int) -> bytes:
+        if self.method == zipfile.ZIP_LZMA and self.inflate is None:
+            self.inflate = self._lzma()
+        if self._holds_more():
+            return bytes(self.inflate.decompress(b"", size))
         if not self.pending:
             if not self.left:
-                if self.inflate is None or self.inflate.eof:
+                if self.method != zipfile.ZIP_DEFLATED or self.inflate.eof:
                     return b""
                 return bytes(self.inflate.flush())
-            self.pending = self.read_at(self.position, min(size, self.left))
-            self.position += len(self.pending)
-            self.left -= len(self.pending)
+            self._fill(size)
         if self.inflate is None:
             block, self.pending = self.pending[:size], self.pending[size:]
             return block
-        # Never more than `size` bytes out at once, whatever the input expands to.
+        if self.method != zipfile.ZIP_DEFLATED:
+            data, self.pending = self.pending, b""
+            return b"" if self.inflate.eof else bytes(self.inflate.decompress(data, size))
         try:
             block = bytes(self.inflate.decompress(self.pending, size))
         except self.zlib.error as exc:  # zlib-ng's error is not zlib's, and does not pickle
@@ -1008,9 +1035,26 @@ class _MemberData:
         self.pending = self.inflate.unconsumed_tail
         return block
 
+    def _lzma(self) -> lzma.LZMADecompressor:
+        """A decompressor for the raw LZMA1 data after a zip LZMA member's own header: its
+        version (2 bytes), the size of the properties (2), and the properties."""
+        while len(self.pending) < 4 and self.left:
+            self._fill(4 - len(self.pending))
+        (size,) = struct.unpack("<H", self.pending[2:4].rjust(2, b"\0"))
+        while len(self.pending) < 4 + size and self.left:
+            self._fill(4 + size - len(self.pending))
+        properties, self.pending = self.pending[4:4 + size], self.pending[4 + size:]
+        if size != 5 or len(properties) != 5 or properties[0] >= 9 * 5 * 5:
+            raise zipfile.BadZipFile(f"{self.filename!r} has no valid LZMA properties")
+        bits, lc = divmod(properties[0], 9)
+        pb, lp = divmod(bits, 5)
+        (dict_size,) = struct.unpack("<I", properties[1:5])
+        return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[
+            {"id": lzma.FILTER_LZMA1, "dict_size": dict_size, "lc": lc, "lp": lp, "pb": pb}])
+
     def verify(self, crc: int, size: int) -> None:
         """Check the CRC-32 and size of what was read (the writer takes them as it writes)."""
-        if self.inflate is not None and not self.inflate.eof:
+        if self.method == zipfile.ZIP_DEFLATED and not self.inflate.eof:
             raise zipfile.BadZipFile(f"{self.filename!r} ends early")
         if size != self.usize or crc != self.expected_crc:
             raise zipfile.BadZipFile(f"Bad CRC-32 or size for {self.filename!r}")
@@ -1057,10 +1101,13 @@ def _zlib() -> Any:
     return _ZLIB[0]
 
 
+_INFLATED = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
+
+
 def _member_data(fd: int, info: zipfile.ZipInfo) -> _MemberData | None:
-    """A reader for a stored or deflated member of the zip open as `fd`, after the checks
-    zipfile makes on its local header; None for other methods, which zipfile reads."""
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+    """A reader for a member of the zip open as `fd`, after the checks zipfile makes on its
+    local header; None for methods zipfile does not read either (its error names them)."""
+    if info.compress_type not in _INFLATED:
         return None
 
     def read_at(offset: int, size: int) -> bytes:

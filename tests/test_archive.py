@@ -239,8 +239,8 @@ def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
 
 
 def test_members_zipfile_inflates_are_read_from_the_archive_as_opened(tmp_path: Path) -> None:
-    """bzip2 and lzma members are inflated by zipfile, from the archive opened for the checks,
-    even when the threads that write them come after its path is gone."""
+    """bzip2 and lzma members are read from the archive opened for the checks, even when the
+    threads that write them come after its path is gone."""
     staging = tmp_path / "staging"
     build_sdk_tree(staging / TOP)
     archive = tmp_path / "methods.zip"
@@ -838,6 +838,62 @@ def test_the_target_of_a_zip_symlink_is_read_no_further_than_the_longest_a_path_
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, f"peak {peak >> 20} MiB while reading the target of a 64 MiB symlink member"
+
+
+def _zip_with_zeros(tmp_path: Path, method: int, size: int = 64 << 20) -> Path:
+    """The SDK's zip with a member `share/zeros.bin` of `size` zero bytes compressed with `method`."""
+    archive = build_archive(tmp_path, "zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        info = zipfile.ZipInfo(f"{TOP}/share/zeros.bin", date_time=(2025, 7, 24, 0, 0, 0))
+        info.compress_type = method
+        with zf.open(info, "w") as out:
+            for _ in range(size >> 20):
+                out.write(bytes(1 << 20))
+    return archive
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA], ids=["bzip2", "lzma"])
+def test_a_bzip2_or_lzma_member_is_inflated_block_by_block(tmp_path: Path, method: int) -> None:
+    """64 MiB of zeros in a few KiB: zipfile would inflate it whole in one read (and a hostile
+    member to gigabytes); here the memory is a block and the decoder's own (LZMA's dictionary:
+    8 MiB as zipfile writes it; the decoders take theirs from Python's allocator)."""
+    archive = _zip_with_zeros(tmp_path, method)
+    tracemalloc.start()
+    try:
+        result = extract(archive, _work(tmp_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (result.root / "share/zeros.bin").stat().st_size == 64 << 20
+    assert result.files["share/zeros.bin"] == manifest_digest(bytes(64 << 20))
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB while writing a 64 MiB member"
+
+
+def _member_data_offset(archive: Path, name: str) -> int:
+    """Where the data of the member `name` starts in `archive`."""
+    with zipfile.ZipFile(archive) as zf:
+        offset = zf.getinfo(name).header_offset
+    head = archive.read_bytes()[offset:offset + 30]
+    name_len, extra_len = struct.unpack("<2H", head[26:30])
+    return offset + 30 + name_len + extra_len
+
+
+@pytest.mark.parametrize(("method", "at", "said"), [
+    (zipfile.ZIP_BZIP2, 40, "does not inflate"),
+    (zipfile.ZIP_LZMA, 40, "does not inflate"),
+    (zipfile.ZIP_LZMA, 4, "has no valid LZMA properties"),  # lc, lp and pb in one byte: 0xff is none
+], ids=["bzip2", "lzma", "lzma-properties"])
+def test_a_damaged_bzip2_or_lzma_member_is_a_corrupt_archive(tmp_path: Path, method: int, at: int,
+                                                              said: str) -> None:
+    archive = _zip_with_zeros(tmp_path, method, 4 << 20)
+    data = bytearray(archive.read_bytes())
+    start = _member_data_offset(archive, f"{TOP}/share/zeros.bin")
+    data[start + at:start + at + 8] = b"\xff" * 8
+    archive.write_bytes(data)
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message.startswith(f"{archive.name} is corrupt or truncated: "), caught.value.message
+    assert f"'{TOP}/share/zeros.bin' {said}" in caught.value.message
 
 
 def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:

@@ -208,6 +208,15 @@ def test_url_without_a_version_needs_one(server: FaultServer, tmp_path: Path, ca
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
 
 
+def test_a_download_is_named_after_its_url_with_only_safe_characters(server: FaultServer, tmp_path: Path,
+                                                                      cache_dir: Path) -> None:
+    (tmp_path / "a").mkdir()
+    url = server.add(f"/files/qairt%20sdk+v{VERSION}.zip", build_archive(tmp_path / "a", "zip").read_bytes())
+    result = run_qnnctl("install", "--url", url)
+    assert result.returncode == 0, result.stderr
+    assert f"\nqnnctl: qairt_sdk_v{VERSION}.zip: " in result.stderr, result.stderr
+
+
 def test_url_of_a_server_root_installs(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
     """No path to name the download after: it gets the version's usual archive name."""
     (tmp_path / "a").mkdir()
