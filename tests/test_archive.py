@@ -872,10 +872,10 @@ def test_a_bzip2_or_lzma_member_is_inflated_block_by_block(tmp_path: Path, metho
 def _member_data_offset(archive: Path, name: str) -> int:
     """Where the data of the member `name` starts in `archive`."""
     with zipfile.ZipFile(archive) as zf:
-        offset = zf.getinfo(name).header_offset
+        offset = int(zf.getinfo(name).header_offset)
     head = archive.read_bytes()[offset:offset + 30]
     name_len, extra_len = struct.unpack("<2H", head[26:30])
-    return offset + 30 + name_len + extra_len
+    return offset + 30 + int(name_len) + int(extra_len)
 
 
 @pytest.mark.parametrize(("method", "at", "said"), [
