@@ -655,15 +655,11 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
             else:
                 writer.folder(name.parent)
         fd = zf.fp.fileno() if zf.fp is not None else -1
-        zips = {os.getpid(): zf}
 
         def write(name: PurePosixPath, stop: threading.Event, block: int = COPY_BUFFER) -> tuple[int, int]:
             info, mode = files[name]
             # Workers share the open file: they read it with pread(), which has no position.
             data = _member_data(fd, info)
-            if data is None:
-                with _own(zips, archive).open(info) as source:
-                    return writer.write(name, source, mode, stop, block)
             written = writer.write(name, data, mode, stop, block)
             data.verify(*written)
             return written
@@ -691,15 +687,6 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
             if name not in done:
                 writer.record(name, *results[name])
     return names, links
-
-
-def _own(zips: dict[int, zipfile.ZipFile], archive: Path) -> zipfile.ZipFile:
-    """The archive opened by this process: zipfile seeks and reads its file, and a forked
-    worker would share the file's offset with its parent."""
-    pid = os.getpid()
-    if pid not in zips:
-        zips[pid] = zipfile.ZipFile(archive)  # closed when the worker exits
-    return zips[pid]
 
 
 def _take(streamed: Streamed | None, name: PurePosixPath, info: zipfile.ZipInfo, folder: bool
@@ -1104,11 +1091,12 @@ def _zlib() -> Any:
 _INFLATED = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 
 
-def _member_data(fd: int, info: zipfile.ZipInfo) -> _MemberData | None:
+def _member_data(fd: int, info: zipfile.ZipInfo) -> _MemberData:
     """A reader for a member of the zip open as `fd`, after the checks zipfile makes on its
-    local header; None for methods zipfile does not read either (its error names them)."""
-    if info.compress_type not in _INFLATED:
-        return None
+    local header."""
+    if info.compress_type not in _INFLATED:  # those zipfile reads; an SDK's are deflated
+        raise zipfile.BadZipFile(f"{info.filename!r} is compressed with method {info.compress_type}, "
+                                 "which is none of stored, deflated, bzip2 and LZMA")
 
     def read_at(offset: int, size: int) -> bytes:
         data = os.pread(fd, size, offset)

@@ -238,7 +238,7 @@ def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
     assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a {big >> 20} MiB member"
 
 
-def test_members_zipfile_inflates_are_read_from_the_archive_as_opened(tmp_path: Path) -> None:
+def test_bzip2_and_lzma_members_are_read_from_the_archive_as_opened(tmp_path: Path) -> None:
     """bzip2 and lzma members are read from the archive opened for the checks, even when the
     threads that write them come after its path is gone."""
     staging = tmp_path / "staging"
@@ -876,6 +876,24 @@ def _member_data_offset(archive: Path, name: str) -> int:
     head = archive.read_bytes()[offset:offset + 30]
     name_len, extra_len = struct.unpack("<2H", head[26:30])
     return offset + 30 + int(name_len) + int(extra_len)
+
+
+def test_a_member_of_another_compression_method_is_refused_by_name(tmp_path: Path) -> None:
+    """Method 99 (AES), which neither zipfile nor qnnctl reads: an error for the archive, not a crash."""
+    archive = build_archive(tmp_path, "zip")
+    name = f"{TOP}/share/odd.bin"
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr(name, b"x" * 1000)
+    data = bytearray(archive.read_bytes())
+    local = _member_data_offset(archive, name) - 30 - len(name)
+    central = data.rindex(b"PK\x01\x02", 0, data.rindex(name.encode()))
+    for header, method_at in ((local, 8), (central, 10)):
+        data[header + method_at:header + method_at + 2] = struct.pack("<H", 99)
+    archive.write_bytes(data)
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message == (f"{archive.name} is corrupt or truncated: '{name}' is compressed with "
+                                    "method 99, which is none of stored, deflated, bzip2 and LZMA")
 
 
 @pytest.mark.parametrize(("method", "at", "said"), [
