@@ -208,22 +208,20 @@ def test_url_without_a_version_needs_one(server: FaultServer, tmp_path: Path, ca
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
 
 
-def test_a_download_is_named_after_its_url_with_only_safe_characters(server: FaultServer, tmp_path: Path,
-                                                                      cache_dir: Path) -> None:
+@pytest.mark.parametrize(("path", "name"), [
+    (f"/files/qairt%20sdk+v{VERSION}.zip", f"qairt_sdk_v{VERSION}.zip"),  # only safe characters
+    ("/files/sdk.zip", f"{VERSION}-sdk.zip"),  # the version, where the name lacks it
+    ("/files/.zip", f"v{VERSION}.zip"),  # never a hidden file: the version's archive name
+    ("/", f"v{VERSION}.zip"),  # a server's root: no name at all
+], ids=["unsafe", "no-version", "hidden", "root"])
+def test_a_download_is_named_after_its_url(server: FaultServer, tmp_path: Path, cache_dir: Path, path: str,
+                                           name: str) -> None:
     (tmp_path / "a").mkdir()
-    url = server.add(f"/files/qairt%20sdk+v{VERSION}.zip", build_archive(tmp_path / "a", "zip").read_bytes())
-    result = run_qnnctl("install", "--url", url)
-    assert result.returncode == 0, result.stderr
-    assert f"\nqnnctl: qairt_sdk_v{VERSION}.zip: " in result.stderr, result.stderr
-
-
-def test_url_of_a_server_root_installs(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
-    """No path to name the download after: it gets the version's usual archive name."""
-    (tmp_path / "a").mkdir()
-    server.add("/", build_archive(tmp_path / "a", "zip").read_bytes())
-    result = run_qnnctl("install", VERSION, "--url", server.base.rstrip("/"))
+    url = server.add(path, build_archive(tmp_path / "a", "zip").read_bytes())
+    result = run_qnnctl("install", VERSION, "--url", url if path != "/" else server.base.rstrip("/"))
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
+    assert f"\nqnnctl: {name}: " in result.stderr, result.stderr
     _cache_is_tidy(cache_dir)
 
 
