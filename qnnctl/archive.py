@@ -1024,20 +1024,25 @@ class _MemberData:
 
     def _lzma(self) -> lzma.LZMADecompressor:
         """A decompressor for the raw LZMA1 data after a zip LZMA member's own header: its
-        version (2 bytes), the size of the properties (2), and the properties."""
-        while len(self.pending) < 4 and self.left:
-            self._fill(4 - len(self.pending))
-        (size,) = struct.unpack("<H", self.pending[2:4].rjust(2, b"\0"))
-        while len(self.pending) < 4 + size and self.left:
-            self._fill(4 + size - len(self.pending))
-        properties, self.pending = self.pending[4:4 + size], self.pending[4 + size:]
-        if size != 5 or len(properties) != 5 or properties[0] >= 9 * 5 * 5:
+        version (2 bytes), the size of the properties (2: 5), and the properties."""
+        (size,) = struct.unpack("<2xH", self._take(4))
+        properties = self._take(5)
+        if size != 5 or properties[0] >= 9 * 5 * 5:  # one byte holds lc < 9, lp < 5 and pb < 5
             raise zipfile.BadZipFile(f"{self.filename!r} has no valid LZMA properties")
         bits, lc = divmod(properties[0], 9)
         pb, lp = divmod(bits, 5)
-        (dict_size,) = struct.unpack("<I", properties[1:5])
+        (dict_size,) = struct.unpack("<I", properties[1:])
         return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[
             {"id": lzma.FILTER_LZMA1, "dict_size": dict_size, "lc": lc, "lp": lp, "pb": pb}])
+
+    def _take(self, count: int) -> bytes:
+        """The next `count` bytes of the member's data, which must hold them."""
+        if len(self.pending) < count:
+            self._fill(count - len(self.pending))
+        taken, self.pending = self.pending[:count], self.pending[count:]
+        if len(taken) < count:
+            raise zipfile.BadZipFile(f"{self.filename!r} ends in its LZMA header")
+        return taken
 
     def verify(self, crc: int, size: int) -> None:
         """Check the CRC-32 and size of what was read (the writer takes them as it writes)."""

@@ -878,40 +878,80 @@ def _member_data_offset(archive: Path, name: str) -> int:
     return offset + 30 + int(name_len) + int(extra_len)
 
 
-def test_a_member_of_another_compression_method_is_refused_by_name(tmp_path: Path) -> None:
-    """Method 99 (AES), which neither zipfile nor qnnctl reads: an error for the archive, not a crash."""
+def _zip_with_raw_member(tmp_path: Path, data: bytes, method: int) -> tuple[Path, str]:
+    """The SDK's zip with a member `share/odd.bin` whose data is `data` as it stands, said to
+    be compressed with `method`."""
     archive = build_archive(tmp_path, "zip")
     name = f"{TOP}/share/odd.bin"
     with zipfile.ZipFile(archive, "a") as zf:
-        zf.writestr(name, b"x" * 1000)
-    data = bytearray(archive.read_bytes())
+        zf.writestr(name, data)  # stored
+    raw = bytearray(archive.read_bytes())
     local = _member_data_offset(archive, name) - 30 - len(name)
-    central = data.rindex(b"PK\x01\x02", 0, data.rindex(name.encode()))
+    central = raw.rindex(b"PK\x01\x02", 0, raw.rindex(name.encode()))
     for header, method_at in ((local, 8), (central, 10)):
-        data[header + method_at:header + method_at + 2] = struct.pack("<H", 99)
-    archive.write_bytes(data)
+        raw[header + method_at:header + method_at + 2] = struct.pack("<H", method)
+    archive.write_bytes(raw)
+    return archive, name
+
+
+def test_a_member_of_another_compression_method_is_refused_by_name(tmp_path: Path) -> None:
+    """Method 99 (AES), which neither zipfile nor qnnctl reads: an error for the archive, not a crash."""
+    archive, name = _zip_with_raw_member(tmp_path, b"x" * 1000, 99)
     with pytest.raises(IntegrityError) as caught:
         extract(archive, _work(tmp_path))
     assert caught.value.message == (f"{archive.name} is corrupt or truncated: '{name}' is compressed with "
                                     "method 99, which is none of stored, deflated, bzip2 and LZMA")
 
 
-@pytest.mark.parametrize(("method", "at", "said"), [
-    (zipfile.ZIP_BZIP2, 40, "does not inflate"),
-    (zipfile.ZIP_LZMA, 40, "does not inflate"),
-    (zipfile.ZIP_LZMA, 4, "has no valid LZMA properties"),  # lc, lp and pb in one byte: 0xff is none
-], ids=["bzip2", "lzma", "lzma-properties"])
+@pytest.mark.parametrize("data", [b"", b"\x09\x14\x05", b"\x09\x14\x05\x00\x5d\x00"],
+                         ids=["empty", "in-its-size", "in-its-properties"])
+def test_an_lzma_member_that_ends_in_its_header_is_a_corrupt_archive(tmp_path: Path, data: bytes) -> None:
+    archive, name = _zip_with_raw_member(tmp_path, data, zipfile.ZIP_LZMA)
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message == f"{archive.name} is corrupt or truncated: '{name}' ends in its LZMA header"
+
+
+def test_an_lzma_member_larger_than_a_read_is_inflated_whole(tmp_path: Path) -> None:
+    """2 MiB that do not compress: the header comes in reads of its own, then the data in blocks."""
+    content = os.urandom(2 << 20)
+    archive = build_archive(tmp_path, "zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr(f"{TOP}/share/random.bin", content, compress_type=zipfile.ZIP_LZMA)
+    result = extract(archive, _work(tmp_path))
+    assert (result.root / "share/random.bin").read_bytes() == content
+
+
+@pytest.mark.parametrize(("method", "at", "patch", "said"), [
+    (zipfile.ZIP_BZIP2, 40, b"\xff" * 8, "does not inflate"),
+    (zipfile.ZIP_LZMA, 40, b"\xff" * 8, "does not inflate"),
+    # The header: 2 bytes of version, 2 of the properties' size, the properties: lc, lp and pb
+    # in one byte (below 9 * 5 * 5), the dictionary's size in 4.
+    (zipfile.ZIP_LZMA, 2, b"\x06\x00", "has no valid LZMA properties"),
+    (zipfile.ZIP_LZMA, 4, bytes([9 * 5 * 5]), "has no valid LZMA properties"),
+], ids=["bzip2", "lzma", "lzma-properties-size", "lzma-properties"])
 def test_a_damaged_bzip2_or_lzma_member_is_a_corrupt_archive(tmp_path: Path, method: int, at: int,
-                                                              said: str) -> None:
+                                                              patch: bytes, said: str) -> None:
     archive = _zip_with_zeros(tmp_path, method, 4 << 20)
     data = bytearray(archive.read_bytes())
     start = _member_data_offset(archive, f"{TOP}/share/zeros.bin")
-    data[start + at:start + at + 8] = b"\xff" * 8
+    data[start + at:start + at + len(patch)] = patch
     archive.write_bytes(data)
     with pytest.raises(IntegrityError) as caught:
         extract(archive, _work(tmp_path))
     assert caught.value.message.startswith(f"{archive.name} is corrupt or truncated: "), caught.value.message
     assert f"'{TOP}/share/zeros.bin' {said}" in caught.value.message
+
+
+def test_an_lzma_dictionary_of_3_gib_is_a_size_like_any_other(tmp_path: Path) -> None:
+    """Its 4 bytes are unsigned; the decoder fills only as much of it as it writes."""
+    archive = _zip_with_zeros(tmp_path, zipfile.ZIP_LZMA, 4 << 20)
+    data = bytearray(archive.read_bytes())
+    start = _member_data_offset(archive, f"{TOP}/share/zeros.bin")
+    data[start + 5:start + 9] = struct.pack("<I", 3 << 30)
+    archive.write_bytes(data)
+    result = extract(archive, _work(tmp_path))
+    assert result.files["share/zeros.bin"] == manifest_digest(bytes(4 << 20))
 
 
 def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
