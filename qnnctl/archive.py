@@ -433,23 +433,24 @@ def _ended(status: int) -> str:
 def _child(share: list[_T], run: Callable[[_T, threading.Event], _R], parent: int, read_end: int,
            write_end: int) -> NoReturn:
     """A forked child's whole life: its share, then the results (or the exception) to the
-    parent, then `os._exit`: nothing of the parent's code that called fork() runs again here."""
+    parent, then `os._exit`: nothing of the parent's code that called fork() runs again here.
+    A signal that stops it before it sends anything leaves the parent no result, which it
+    reports as such."""
     status = 1
-    payload: tuple[str, Any] = ("error", RuntimeError("the extraction process did not start"))
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        os.close(read_end)
-        _die_with(parent)
-        stop = threading.Event()
-        payload = ("ok", {job: run(job, stop) for job in share})
-        status = 0
-    except BaseException as exc:  # sent to the parent, which raises it
-        payload = ("error", exc)
-    finally:
+        payload: tuple[str, Any]
         try:
-            _send(write_end, payload)
-        finally:
-            os._exit(status)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            os.close(read_end)
+            _die_with(parent)
+            stop = threading.Event()
+            payload = ("ok", {job: run(job, stop) for job in share})
+            status = 0
+        except BaseException as exc:  # sent to the parent, which raises it
+            payload = ("error", exc)
+        _send(write_end, payload)
+    finally:
+        os._exit(status)
 
 
 def _die_with(parent: int) -> None:
