@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from qnnctl.archive import COPY_BUFFER, digest_matches, extract, work_folder
+from qnnctl.archive import COPY_BUFFER, Extracted, digest_matches, extract, work_folder
 from qnnctl.cache import space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from tests.conftest import run_qnnctl
@@ -212,30 +212,20 @@ def test_in_tree_links_are_kept(tmp_path: Path) -> None:
 
 def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
     """Memory does not grow with member size: a 48 MiB member costs a few MiB at most."""
-    big = 48 << 20
-    archive = tmp_path / "big.zip"
-    staging = tmp_path / "staging"
-    build_sdk_tree(staging / TOP)
-    from tests.sdkfactory import write_zip_from_tree
+    result, peak = _extract_traced(_zip_with_zeros(tmp_path, zipfile.ZIP_DEFLATED, 48 << 20), _work(tmp_path))
+    assert (result.root / "share/zeros.bin").stat().st_size == 48 << 20
+    assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a 48 MiB member"
 
-    write_zip_from_tree(staging, archive)
-    with zipfile.ZipFile(archive, "a") as zf:
-        info = zipfile.ZipInfo(f"{TOP}/share/big.bin", date_time=(2025, 7, 24, 0, 0, 0))
-        info.create_system = 3
-        info.external_attr = (stat.S_IFREG | 0o644) << 16
-        info.compress_type = zipfile.ZIP_DEFLATED
-        with zf.open(info, "w") as out:
-            block = bytes(1 << 20)
-            for _ in range(big >> 20):
-                out.write(block)
+
+def _extract_traced(archive: Path, work: Path) -> tuple[Extracted, int]:
+    """extract() under tracemalloc: what it returns, and the most memory it held at once."""
     tracemalloc.start()
     try:
-        result = extract(archive, _work(tmp_path))
+        result = extract(archive, work)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert (result.root / "share/big.bin").stat().st_size == big
-    assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a {big >> 20} MiB member"
+    return result, peak
 
 
 def test_bzip2_and_lzma_members_are_read_from_the_archive_as_opened(tmp_path: Path) -> None:
@@ -857,13 +847,7 @@ def test_a_bzip2_or_lzma_member_is_inflated_block_by_block(tmp_path: Path, metho
     """64 MiB of zeros in a few KiB: zipfile would inflate it whole in one read (and a hostile
     member to gigabytes); here the memory is a block and the decoder's own (LZMA's dictionary:
     8 MiB as zipfile writes it; the decoders take theirs from Python's allocator)."""
-    archive = _zip_with_zeros(tmp_path, method)
-    tracemalloc.start()
-    try:
-        result = extract(archive, _work(tmp_path))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    result, peak = _extract_traced(_zip_with_zeros(tmp_path, method), _work(tmp_path))
     assert (result.root / "share/zeros.bin").stat().st_size == 64 << 20
     assert result.files["share/zeros.bin"] == manifest_digest(bytes(64 << 20))
     assert peak < 16 << 20, f"peak {peak >> 20} MiB while writing a 64 MiB member"
