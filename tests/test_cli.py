@@ -138,8 +138,11 @@ def test_a_mistyped_version_is_not_called_a_path(mirror: FaultServer) -> None:
 ])
 def test_a_url_no_download_can_start_from_is_a_usage_error(url: str, words: list[str], server: FaultServer,
                                                             cache_dir: Path) -> None:
+    from qnnctl.urls import redact
+
     result = run_qnnctl("install", "--url", url)
     _usage_error(result, *words)
+    assert result.stderr.startswith(f"qnnctl: error: --url {redact(url)}"), result.stderr  # shown, and shown redacted
     assert "S3cr3t" not in result.stderr
     assert "SIGNED" not in result.stderr
     assert not cache_dir.exists()
