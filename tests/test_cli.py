@@ -130,7 +130,7 @@ def test_a_mistyped_version_is_not_called_a_path(mirror: FaultServer) -> None:
 @pytest.mark.parametrize(("url", "words"), [
     ("http://[::1/v2.37.0.250724.zip", ["is not a valid URL"]),
     ("http://127.0.0.1:port/v2.37.0.250724.zip", ["is not a valid URL"]),
-    ("ftp://127.0.0.1/v2.37.0.250724.zip", ["not ftp:"]),
+    ("ftp://127.0.0.1/v2.37.0.250724.zip", [": qnnctl downloads over https or http (or a file: URL), not ftp:\n"]),
     ("https:///v2.37.0.250724.zip", ["names no host"]),
     ("v2.37.0.250724.zip", ["without a scheme", "--file ARCHIVE"]),
     ("file://elsewhere/v2.37.0.250724.zip", ["names a file on another host"]),
