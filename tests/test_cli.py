@@ -160,9 +160,12 @@ def test_a_url_no_download_can_start_from_is_a_usage_error(url: str, told: str, 
 
 def test_a_mirror_no_download_can_start_from_is_a_usage_error(cache_dir: Path) -> None:
     env = dict(os.environ, QNNCTL_MIRROR="http://[::1/qairt")
-    _usage_error(run_qnnctl("install", VERSION, env=env), "QNNCTL_MIRROR", "is not a valid URL")
+    _usage_error(run_qnnctl("install", VERSION, env=env),
+                 f"qnnctl: error: QNNCTL_MIRROR http://[::1/qairt {_NOT_A_URL}\n")
     env["QNNCTL_MIRROR"] = "file:///srv/qairt"
-    _usage_error(run_qnnctl("install", VERSION, env=env), "QNNCTL_MIRROR", "not file:")
+    # A mirror is fetched from: file: URLs are for --url alone.
+    _usage_error(run_qnnctl("install", VERSION, env=env),
+                 "qnnctl: error: QNNCTL_MIRROR file:///srv/qairt: qnnctl downloads over https or http, not file:\n")
     assert not cache_dir.exists()
 
 
