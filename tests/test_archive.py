@@ -898,10 +898,10 @@ def test_an_lzma_member_that_ends_in_its_header_is_a_corrupt_archive(tmp_path: P
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA], ids=["bzip2", "lzma"])
 def test_a_bzip2_or_lzma_member_larger_than_a_read_is_inflated_whole(tmp_path: Path, method: int) -> None:
-    """8 MiB of zeros, then 2 MiB that do not compress: the reads of compressed data hold more
+    """4 MiB of zeros, then 1.5 MiB that do not compress: the reads of compressed data hold more
     than a block of output, which the decoder gives out a block at a time before it takes the
     next read (an LZMA header comes in reads of its own)."""
-    content = bytes(8 << 20) + os.urandom(2 << 20)
+    content = bytes(4 << 20) + os.urandom(3 << 19)
     archive = build_archive(tmp_path, "zip")
     with zipfile.ZipFile(archive, "a") as zf:
         zf.writestr(f"{TOP}/share/mixed.bin", content, compress_type=method)
