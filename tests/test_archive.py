@@ -862,9 +862,9 @@ def _member_data_offset(archive: Path, name: str) -> int:
     return offset + 30 + int(name_len) + int(extra_len)
 
 
-def _zip_with_raw_member(tmp_path: Path, data: bytes, method: int) -> tuple[Path, str]:
+def _zip_with_raw_member(tmp_path: Path, data: bytes, method: int, content: bytes | None = None) -> tuple[Path, str]:
     """The SDK's zip with a member `share/odd.bin` whose data is `data` as it stands, said to
-    be compressed with `method`."""
+    be compressed with `method` (and, given `content`, to hold it: its CRC-32 and size)."""
     archive = build_archive(tmp_path, "zip")
     name = f"{TOP}/share/odd.bin"
     with zipfile.ZipFile(archive, "a") as zf:
@@ -874,6 +874,9 @@ def _zip_with_raw_member(tmp_path: Path, data: bytes, method: int) -> tuple[Path
     central = raw.rindex(b"PK\x01\x02", 0, raw.rindex(name.encode()))
     for header, method_at in ((local, 8), (central, 10)):
         raw[header + method_at:header + method_at + 2] = struct.pack("<H", method)
+        if content is not None:  # the CRC-32, then (after the compressed size) the size
+            raw[header + method_at + 6:header + method_at + 10] = struct.pack("<I", zlib.crc32(content))
+            raw[header + method_at + 14:header + method_at + 18] = struct.pack("<I", len(content))
     archive.write_bytes(raw)
     return archive, name
 
@@ -885,6 +888,28 @@ def test_a_member_of_another_compression_method_is_refused_by_name(tmp_path: Pat
         extract(archive, _work(tmp_path))
     assert caught.value.message == (f"{archive.name} is corrupt or truncated: '{name}' is compressed with "
                                     "method 99, which is none of stored, deflated, bzip2 and LZMA")
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA], ids=["bzip2", "lzma"])
+def test_bytes_after_the_end_of_a_bzip2_or_lzma_stream_are_left_unread(tmp_path: Path, method: int) -> None:
+    """As zlib leaves them for a deflated member (and zipfile, and unzip): the stream's end is
+    the member's, which its CRC-32 and size then check. 1.5 MiB of them, so that some come in
+    a read after the end."""
+    content = b"the member's content\n" * 100
+    if method == zipfile.ZIP_BZIP2:
+        import bz2
+
+        stream = bz2.compress(content)
+    else:
+        import lzma
+
+        lzma1 = {"id": lzma.FILTER_LZMA1, "dict_size": 1 << 16, "lc": 3, "lp": 0, "pb": 2}
+        # The zip header: a version, the properties' size, (pb * 5 + lp) * 9 + lc, the dictionary's size.
+        header = struct.pack("<BBHBI", 9, 20, 5, (2 * 5 + 0) * 9 + 3, 1 << 16)
+        stream = header + lzma.compress(content, format=lzma.FORMAT_RAW, filters=[lzma1])
+    archive, _ = _zip_with_raw_member(tmp_path, stream + os.urandom(3 << 19), method, content)
+    result = extract(archive, _work(tmp_path))
+    assert (result.root / "share/odd.bin").read_bytes() == content
 
 
 @pytest.mark.parametrize("data", [b"", b"\x09\x14\x05", b"\x09\x14\x05\x00\x5d\x00"],
