@@ -89,6 +89,11 @@ class Fault:
         return cls("gate", opened)
 
     @classmethod
+    def pause(cls, at: int, resume: threading.Event) -> Fault:
+        """Send the body's first `at` bytes, then the rest once the test sets `resume`."""
+        return cls("pause", (at, resume))
+
+    @classmethod
     def slow(cls, bytes_per_chunk: int, delay: float) -> Fault:
         """Serve the body in small chunks with a delay between them."""
         return cls("slow", (bytes_per_chunk, delay))
@@ -374,6 +379,14 @@ class FaultServer:
                 h.wfile.flush()
                 h.close_connection = True
                 return
+            if fault is not None and fault.kind == "pause":
+                at, resume = fault.arg
+                for part in (body[:at], body[at:]):
+                    h.wfile.write(part)
+                    sent += len(part)
+                    h.wfile.flush()
+                    resume.wait(timeout=120)
+                return
             if fault is not None and fault.kind == "slow":
                 chunk, delay = fault.arg
                 for i in range(0, len(body), chunk):
@@ -393,7 +406,7 @@ class FaultServer:
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            counted = sent if (fault is None or fault.kind not in ("drop", "claim_length", "slow")) else 0
+            counted = sent if (fault is None or fault.kind not in ("drop", "claim_length", "slow", "pause")) else 0
             self._record(path, status, ((start, start + sent),) if sent else (), sent, counted)
 
     def _record(self, path: str, status: int, ranges: tuple[tuple[int, int], ...], sent: int,

@@ -217,6 +217,36 @@ def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
     assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a 48 MiB member"
 
 
+def test_an_extraction_that_follows_a_fetch_holds_smaller_blocks(tmp_path: Path) -> None:
+    """Its threads share this process (no forked workers): each holds a quarter of the usual
+    block, so that four 4 MiB members in two threads take under 3 MiB (about 6 in 1 MiB blocks)."""
+    archive = build_archive(tmp_path, "zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        for index in range(4):
+            zf.writestr(f"{TOP}/share/noise{index}.bin", os.urandom(4 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    tracemalloc.start()
+    try:
+        extract(archive, _work(tmp_path), ready=lambda info: None, kind="zip")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 << 20, f"peak {peak >> 10} KiB while following a fetch"
+
+
+def test_an_extraction_that_follows_a_fetch_takes_the_members_in_the_archives_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """They arrive in that order: a member that sorts first by name but comes last in the
+    archive is waited for last."""
+    archive = build_archive(tmp_path, "zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr(f"{TOP}/0-last-in-the-archive.txt", b"last\n")
+    monkeypatch.setattr("qnnctl.archive.extraction_threads", lambda: 1)
+    offsets: list[int] = []
+    extract(archive, _work(tmp_path), ready=lambda info: offsets.append(info.header_offset), kind="zip")
+    assert len(offsets) > 2
+    assert offsets == sorted(offsets)
+
+
 def _extract_traced(archive: Path, work: Path) -> tuple[Extracted, int]:
     """extract() under tracemalloc: what it returns, and the most memory it held at once."""
     tracemalloc.start()

@@ -93,6 +93,33 @@ def _install() -> InstallResult:
     return install(InstallRequest(spec=VERSION), Cache.from_env(os.environ), os.environ, Path.cwd())
 
 
+@contextlib.contextmanager
+def _serve_until_streamed(server: FaultServer, monkeypatch: pytest.MonkeyPatch, data: bytes,
+                          cache: Path) -> Iterator[None]:
+    """Serve `data`: three quarters of it, then the rest once a file was extracted from them
+    into the install's work folder (or after a minute): extraction while downloading is seen
+    to happen, whatever the machine's load."""
+    _serve(server, monkeypatch, data)
+    resume = threading.Event()
+    server.fail(PATH, Fault.pause(len(data) * 3 // 4, resume))
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not resume.is_set() and time.monotonic() < deadline:
+            if any(path.is_file() for path in (cache / "tmp").glob("*/x/**/*")):
+                break
+            time.sleep(0.005)
+        resume.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        resume.set()
+        watcher.join()
+
+
 def _serve(server: FaultServer, monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     server.add(PATH, data)
     monkeypatch.setenv("QNNCTL_MIRROR", server.base)
@@ -139,12 +166,11 @@ def _held(path: Path) -> bool:
 
 
 def test_streamed_install_is_the_same_as_extracting_afterwards(server: FaultServer, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch, log: Log,
+                                                               cache_dir: Path) -> None:
     archive = _archive(tmp_path)
-    # Slowly, so that the threads extract while the rest is on its way.
-    _serve(server, monkeypatch, archive.read_bytes())
-    server.fail(PATH, Fault.slow(4 << 10, 0.005))
-    result = _install()
+    with _serve_until_streamed(server, monkeypatch, archive.read_bytes(), cache_dir):
+        result = _install()
     assert result.sdk is not None
     manifest = _assert_complete_sdk(result.sdk.root)
     with zipfile.ZipFile(archive) as zf:
@@ -420,9 +446,9 @@ def test_a_link_that_stands_for_a_folder_of_other_members_is_extracted_again(
 
 
 def test_zip64_headers_are_streamed(server: FaultServer, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch, log: Log) -> None:
+                                    monkeypatch: pytest.MonkeyPatch, log: Log, cache_dir: Path) -> None:
     staging = tmp_path / "staging"
-    build_sdk_tree(staging / TOP)
+    build_sdk_tree(staging / TOP, SdkSpec(extra_files=MANY))  # more than a few of the stream's chunks
     archive = tmp_path / "zip64.zip"
     count = 0
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -447,9 +473,8 @@ def test_zip64_headers_are_streamed(server: FaultServer, tmp_path: Path,
             assert data[at + 30 + name_length:at + 32 + name_length] == b"\x01\x00"  # the zip64 field
             data[at + 18:at + 26] = struct.pack("<2L", 0xFFFFFFFF, 0xFFFFFFFF)
     archive.write_bytes(bytes(data))
-    _serve(server, monkeypatch, archive.read_bytes())
-    server.fail(PATH, Fault.slow(4 << 10, 0.005))
-    result = _install()
+    with _serve_until_streamed(server, monkeypatch, archive.read_bytes(), cache_dir):
+        result = _install()
     assert result.sdk is not None
     streamed, total = log.streamed()
     assert total == count
