@@ -651,10 +651,12 @@ def test_links_beside_the_sdk_folder_are_left_out_not_refused(tmp_path: Path, fm
     if fmt == "tar.gz":
         members += [Member("qairt/NOTICE.txt", "file", b"notice"),
                     Member("qairt/NOTICE-copy.txt", "hardlink", target="qairt/NOTICE.txt")]
+    members.append(Member(f"{TOP}/docs/readme", "symlink", target="../QNN_README.txt"))  # inside, after them
     result = extract(hostile_archive(tmp_path, fmt, members), _work(tmp_path))
     assert result.top == TOP
     assert not os.path.lexists(result.root.parent / "latest")
     assert not os.path.lexists(result.root.parent / "NOTICE-copy.txt")
+    assert os.readlink(result.root / "docs/readme") == "../QNN_README.txt"
     plain = tmp_path / "plain"
     plain.mkdir()
     assert result.files == extract(hostile_archive(plain, fmt, []), _work(plain)).files
@@ -1064,9 +1066,11 @@ def test_a_hard_link_to_itself_leaves_the_file_as_it_is(tmp_path: Path, through:
         Member(f"{TOP}/docs/a.txt", "file", b"abc"),
         Member(f"{TOP}/manual", "symlink", target="docs"),
         Member(f"{TOP}/{through}/a.txt", "hardlink", target=f"{TOP}/docs/a.txt"),
+        Member(f"{TOP}/docs/b.txt", "hardlink", target=f"{TOP}/docs/a.txt"),  # and the links after it
     ])
     result = extract(archive, _work(tmp_path))
     assert (result.root / "docs/a.txt").read_bytes() == b"abc"
+    assert (result.root / "docs/b.txt").read_bytes() == b"abc"
     assert result.files["docs/a.txt"] == manifest_digest(b"abc")
     assert result.size == sum((result.root / name).stat().st_size for name in result.files)
 
