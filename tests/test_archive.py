@@ -799,6 +799,25 @@ def test_link_made_before_its_redirect_is_checked_at_the_end(tmp_path: Path) -> 
         extract(archive, _work(tmp_path))
 
 
+@pytest.mark.parametrize(("members", "said"), [
+    # b -> a/.. is inside while a does not exist; a -> . then turns b outward, under b/x.
+    ([Member(f"{TOP}/b", "symlink", target="a/.."), Member(f"{TOP}/a", "symlink", target="."),
+      Member(f"{TOP}/b/x", "symlink", target="y")], f"symlink {TOP}/b/x would be written outside the SDK"),
+    ([Member(f"{TOP}/b", "symlink", target="a/.."), Member(f"{TOP}/a", "symlink", target="."),
+      Member(f"{TOP}/b/x", "hardlink", target=f"{TOP}/QNN_README.txt")],
+     f"hard link {TOP}/b/x would be written outside the SDK"),
+    ([Member("qairt/elsewhere.txt", "file", b"x"), Member(f"{TOP}/victim", "hardlink", target="qairt/elsewhere.txt")],
+     f"hard link {TOP}/victim -> qairt/elsewhere.txt leaves the SDK"),
+    ([Member(f"{TOP}/docs/sub/x.txt", "file", b"x"),
+      Member(f"{TOP}/docs/sub", "hardlink", target=f"{TOP}/QNN_README.txt")],
+     f"{TOP}/docs/sub is both a folder and a link"),
+], ids=["symlink-written-outside", "hard-link-written-outside", "hard-link-leaves", "hard-link-over-a-folder"])
+def test_a_refused_link_is_named_with_its_kind(tmp_path: Path, members: list[Member], said: str) -> None:
+    with pytest.raises(IntegrityError) as caught:
+        extract(hostile_archive(tmp_path, "tar.gz", members), _work(tmp_path))
+    assert caught.value.message == f"unsafe archive: {said}"
+
+
 def test_name_used_for_a_folder_and_a_link(tmp_path: Path) -> None:
     archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/share", "symlink", target="docs")])
     with pytest.raises(IntegrityError, match=f"^unsafe archive: {TOP}/share is both a folder and a link$"):
