@@ -818,6 +818,16 @@ def test_a_refused_link_is_named_with_its_kind(tmp_path: Path, members: list[Mem
     assert caught.value.message == f"unsafe archive: {said}"
 
 
+@pytest.mark.parametrize(("fmt", "target"), [("tar.gz", "/etc/passwd"), ("zip", "lib\x00.so"), ("zip", "")],
+                         ids=["absolute", "nul", "empty"])
+def test_a_symlink_target_that_is_no_relative_path_is_refused_as_it_is(tmp_path: Path, fmt: str, target: str) -> None:
+    """Named as written (repr: a NUL shows): never resolved, where a NUL would stop realpath()."""
+    archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/lib/evil.so", "symlink", target=target)])
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message == f"unsafe archive: symlink {TOP}/lib/evil.so -> {target!r} points outside the SDK"
+
+
 def test_name_used_for_a_folder_and_a_link(tmp_path: Path) -> None:
     archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/share", "symlink", target="docs")])
     with pytest.raises(IntegrityError, match=f"^unsafe archive: {TOP}/share is both a folder and a link$"):
