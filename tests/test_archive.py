@@ -811,7 +811,12 @@ def test_link_made_before_its_redirect_is_checked_at_the_end(tmp_path: Path) -> 
     ([Member(f"{TOP}/docs/sub/x.txt", "file", b"x"),
       Member(f"{TOP}/docs/sub", "hardlink", target=f"{TOP}/QNN_README.txt")],
      f"{TOP}/docs/sub is both a folder and a link"),
-], ids=["symlink-written-outside", "hard-link-written-outside", "hard-link-leaves", "hard-link-over-a-folder"])
+    # A hard link's source must be a file the archive wrote: a symlink (to a file inside) is none.
+    ([Member(f"{TOP}/docs/readme", "symlink", target="../QNN_README.txt"),
+      Member(f"{TOP}/docs/copy", "hardlink", target=f"{TOP}/docs/readme")],
+     f"hard link {TOP}/docs/copy -> {TOP}/docs/readme leaves the SDK"),
+], ids=["symlink-written-outside", "hard-link-written-outside", "hard-link-leaves", "hard-link-over-a-folder",
+        "hard-link-to-a-symlink"])
 def test_a_refused_link_is_named_with_its_kind(tmp_path: Path, members: list[Member], said: str) -> None:
     with pytest.raises(IntegrityError) as caught:
         extract(hostile_archive(tmp_path, "tar.gz", members), _work(tmp_path))
