@@ -562,8 +562,20 @@ def test_archive_without_an_sdk(tmp_path: Path) -> None:
     archive = tmp_path / "other.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         add_zip_entry(zf, "qairt/2.37.0.250724/README.txt", b"hello", stat.S_IFREG | 0o644)
-    with pytest.raises(IntegrityError, match="no SDK"):
+    with pytest.raises(IntegrityError) as caught:
         extract(archive, _work(tmp_path))
+    assert (caught.value.message, caught.value.hint) == (
+        "the archive holds no SDK: no member under lib/x86_64-linux-clang/",
+        "check that it is a Qualcomm AI Runtime (QAIRT) SDK archive")
+
+
+def test_of_two_folders_with_sdk_libraries_the_shallowest_is_the_sdk(tmp_path: Path) -> None:
+    """An SDK with an example that carries its own lib/x86_64-linux-clang deeper down, sorting first."""
+    archive = tmp_path / "two.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name in ("a/examples/app/lib/x86_64-linux-clang/libApp.so", "z/lib/x86_64-linux-clang/libQnnHtp.so"):
+            add_zip_entry(zf, name, b"\x7fELF", stat.S_IFREG | 0o644)
+    assert extract(archive, _work(tmp_path)).top == "z"
 
 
 def test_extraction_checks_free_space_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
