@@ -16,11 +16,11 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
-from qnnctl.archive import COPY_BUFFER, Extracted, digest_matches, extract, work_folder
+from qnnctl.archive import COPY_BUFFER, digest_matches, extract, work_folder
 from qnnctl.cache import space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from tests.conftest import run_qnnctl
@@ -37,6 +37,8 @@ from tests.sdkfactory import (
 TOP = f"qairt/{VERSION}"
 LIB = f"{TOP}/lib/x86_64-linux-clang"
 
+
+_T = TypeVar("_T")
 
 def _work(tmp_path: Path) -> Path:
     """An extraction folder as deep below tmp_path as the CLI's (cache/tmp/<id>/x)."""
@@ -212,7 +214,8 @@ def test_in_tree_links_are_kept(tmp_path: Path) -> None:
 
 def test_members_are_streamed_not_read_whole(tmp_path: Path) -> None:
     """Memory does not grow with member size: a 48 MiB member costs a few MiB at most."""
-    result, peak = _extract_traced(_zip_with_zeros(tmp_path, zipfile.ZIP_DEFLATED, 48 << 20), _work(tmp_path))
+    archive = _zip_with_zeros(tmp_path, zipfile.ZIP_DEFLATED, 48 << 20)
+    result, peak = _traced(lambda: extract(archive, _work(tmp_path)))
     assert (result.root / "share/zeros.bin").stat().st_size == 48 << 20
     assert peak < 12 << 20, f"peak {peak >> 20} MiB while extracting a 48 MiB member"
 
@@ -224,12 +227,7 @@ def test_an_extraction_that_follows_a_fetch_holds_smaller_blocks(tmp_path: Path)
     with zipfile.ZipFile(archive, "a") as zf:
         for index in range(4):
             zf.writestr(f"{TOP}/share/noise{index}.bin", os.urandom(4 << 20), compress_type=zipfile.ZIP_DEFLATED)
-    tracemalloc.start()
-    try:
-        extract(archive, _work(tmp_path), ready=lambda info: None, kind="zip")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    _, peak = _traced(lambda: extract(archive, _work(tmp_path), ready=lambda info: None, kind="zip"))
     assert peak < 3 << 20, f"peak {peak >> 10} KiB while following a fetch"
 
 
@@ -247,11 +245,11 @@ def test_an_extraction_that_follows_a_fetch_takes_the_members_in_the_archives_or
     assert offsets == sorted(offsets)
 
 
-def _extract_traced(archive: Path, work: Path) -> tuple[Extracted, int]:
-    """extract() under tracemalloc: what it returns, and the most memory it held at once."""
+def _traced(run: Callable[[], _T]) -> tuple[_T, int]:
+    """run() under tracemalloc: what it returns, and the most memory it held at once."""
     tracemalloc.start()
     try:
-        result = extract(archive, work)
+        result = run()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -305,12 +303,7 @@ def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path) -> Non
     with open(path, "wb") as handle:
         handle.truncate(size)  # 48 MiB of zeros, without writing them
     recorded = manifest_digest(bytes(size))
-    tracemalloc.start()
-    try:
-        matches = digest_matches(path, recorded)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    matches, peak = _traced(lambda: digest_matches(path, recorded))
     assert matches
     assert peak < 4 * COPY_BUFFER, f"peak {peak >> 20} MiB while verifying a {size >> 20} MiB file"
 
@@ -925,7 +918,8 @@ def test_a_bzip2_or_lzma_member_is_inflated_block_by_block(tmp_path: Path, metho
     """64 MiB of zeros in a few KiB: zipfile would inflate it whole in one read (and a hostile
     member to gigabytes); here the memory is a block and the decoder's own (LZMA's dictionary:
     8 MiB as zipfile writes it; the decoders take theirs from Python's allocator)."""
-    result, peak = _extract_traced(_zip_with_zeros(tmp_path, method), _work(tmp_path))
+    archive = _zip_with_zeros(tmp_path, method)
+    result, peak = _traced(lambda: extract(archive, _work(tmp_path)))
     assert (result.root / "share/zeros.bin").stat().st_size == 64 << 20
     assert result.files["share/zeros.bin"] == manifest_digest(bytes(64 << 20))
     assert peak < 16 << 20, f"peak {peak >> 20} MiB while writing a 64 MiB member"
