@@ -976,13 +976,10 @@ class _MemberData:
         self.size = 0
 
     def read(self, size: int) -> bytes:
-        try:
-            while True:
-                block = self._next(size)
-                if block or not (self.left or self.pending or self._holds_more()):
-                    break
-        except (OSError, EOFError, lzma.LZMAError) as exc:  # bz2's and lzma's errors
-            raise zipfile.BadZipFile(f"{self.filename!r} does not inflate: {exc}") from None
+        while True:
+            block = self._next(size)
+            if block or not (self.left or self.pending or self._holds_more()):
+                break
         self.size += len(block)
         if self.size > self.usize:
             raise zipfile.BadZipFile(f"{self.filename!r} is longer than the archive says")
@@ -1003,7 +1000,7 @@ class _MemberData:
         if self.method == zipfile.ZIP_LZMA and self.inflate is None:
             self.inflate = self._lzma()
         if self._holds_more():
-            return bytes(self.inflate.decompress(b"", size))
+            return self._inflate(b"", size)
         if not self.pending:
             if not self.left:
                 if self.method != zipfile.ZIP_DEFLATED or self.inflate.eof:
@@ -1015,28 +1012,40 @@ class _MemberData:
             return block
         if self.method != zipfile.ZIP_DEFLATED:
             data, self.pending = self.pending, b""
-            return b"" if self.inflate.eof else bytes(self.inflate.decompress(data, size))
-        try:
-            block = bytes(self.inflate.decompress(self.pending, size))
-        except self.zlib.error as exc:  # zlib-ng's error is not zlib's, and does not pickle
-            raise zipfile.BadZipFile(f"{self.filename!r} does not inflate: {exc}") from None
+            return b"" if self.inflate.eof else self._inflate(data, size)
+        block = self._inflate(self.pending, size)
         self.pending = self.inflate.unconsumed_tail
         return block
+
+    def _inflate(self, data: bytes, size: int) -> bytes:
+        """At most `size` bytes out of the decoder, given `data`; its errors are the member's."""
+        try:
+            return bytes(self.inflate.decompress(data, size))
+        # bz2 raises OSError (EOFError for input after the end); zlib-ng's error is not zlib's,
+        # and does not pickle.
+        except (OSError, EOFError, lzma.LZMAError, self.zlib.error) as exc:
+            raise self._undecodable(exc) from None
+
+    def _undecodable(self, exc: Exception) -> zipfile.BadZipFile:
+        return zipfile.BadZipFile(f"{self.filename!r} does not inflate: {exc}")
 
     def _lzma(self) -> lzma.LZMADecompressor:
         """A decompressor for the raw LZMA1 data after a zip LZMA member's own header: its
         version (2 bytes), the size of the properties (2: 5), and the properties."""
-        (size,) = struct.unpack("<2xH", self._take(4))
-        properties = self._take(5)
+        (size,) = struct.unpack("<2xH", self._read_header(4))
+        properties = self._read_header(5)
         if size != 5 or properties[0] >= 9 * 5 * 5:  # one byte holds lc < 9, lp < 5 and pb < 5
             raise zipfile.BadZipFile(f"{self.filename!r} has no valid LZMA properties")
         bits, lc = divmod(properties[0], 9)
         pb, lp = divmod(bits, 5)
         (dict_size,) = struct.unpack("<I", properties[1:])
-        return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[
-            {"id": lzma.FILTER_LZMA1, "dict_size": dict_size, "lc": lc, "lp": lp, "pb": pb}])
+        try:
+            return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[
+                {"id": lzma.FILTER_LZMA1, "dict_size": dict_size, "lc": lc, "lp": lp, "pb": pb}])
+        except lzma.LZMAError as exc:  # options in range that liblzma still refuses (lc + lp > 4 ...)
+            raise self._undecodable(exc) from None
 
-    def _take(self, count: int) -> bytes:
+    def _read_header(self, count: int) -> bytes:
         """The next `count` bytes of the member's data, which must hold them."""
         if len(self.pending) < count:
             self._fill(count - len(self.pending))

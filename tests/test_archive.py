@@ -1013,7 +1013,9 @@ def test_a_bzip2_or_lzma_member_larger_than_a_read_is_inflated_whole(tmp_path: P
     # in one byte (below 9 * 5 * 5), the dictionary's size in 4.
     (zipfile.ZIP_LZMA, 2, b"\x06\x00", "has no valid LZMA properties"),
     (zipfile.ZIP_LZMA, 4, bytes([9 * 5 * 5]), "has no valid LZMA properties"),
-], ids=["bzip2", "lzma", "lzma-properties-size", "lzma-properties"])
+    # lc 8, lp 4, pb 4: each in range, together more than liblzma takes (lc + lp > 4).
+    (zipfile.ZIP_LZMA, 4, bytes([(4 * 5 + 4) * 9 + 8]), "does not inflate"),
+], ids=["bzip2", "lzma", "lzma-properties-size", "lzma-properties", "lzma-options"])
 def test_a_damaged_bzip2_or_lzma_member_is_a_corrupt_archive(tmp_path: Path, method: int, at: int,
                                                               patch: bytes, said: str) -> None:
     archive = _zip_with_zeros(tmp_path, method, 4 << 20)
