@@ -276,21 +276,28 @@ def test_member_with_a_bad_crc_is_not_installed(server: FaultServer, tmp_path: P
     assert list((cache_dir / "tmp").iterdir()) == []
 
 
-def _drop_from_central_directory(data: bytes, name: str) -> bytes:
-    """The archive with `name` left out of its central directory: its local entry stays."""
+def _central_entries(data: bytes) -> tuple[int, int, dict[str, slice]]:
+    """The central directory of the zip `data`: where it starts, its size, and where each
+    member's entry is, by name."""
     end = data.rfind(b"PK\x05\x06")
     _, _, _, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
-    entries = []
+    entries: dict[str, slice] = {}
     position = offset
     while position < offset + size:
         name_len, extra_len, comment_len = struct.unpack("<3H", data[position + 28:position + 34])
         length = 46 + name_len + extra_len + comment_len
-        if data[position + 46:position + 46 + name_len].decode() != name:
-            entries.append(data[position:position + length])
+        entries[data[position + 46:position + 46 + name_len].decode()] = slice(position, position + length)
         position += length
-    directory = b"".join(entries)
-    return data[:offset] + directory + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(entries),
-                                                    len(entries), len(directory), offset, 0)
+    return offset, size, entries
+
+
+def _drop_from_central_directory(data: bytes, name: str) -> bytes:
+    """The archive with `name` left out of its central directory: its local entry stays."""
+    offset, _, entries = _central_entries(data)
+    kept = [data[entry] for member, entry in entries.items() if member != name]
+    directory = b"".join(kept)
+    return data[:offset] + directory + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(kept),
+                                                    len(kept), len(directory), offset, 0)
 
 
 def test_member_missing_from_the_central_directory_is_not_installed(
@@ -313,18 +320,11 @@ def test_member_missing_from_the_central_directory_is_not_installed(
 def _central_crc_changed(data: bytes, name: str) -> bytes:
     """The archive with the CRC-32 its central directory gives `name` changed; the member's
     local header and data stay as they were."""
-    end = data.rfind(b"PK\x05\x06")
-    _, _, _, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
-    changed = bytearray(data)
-    position = offset
-    while position < offset + size:
-        name_len, extra_len, comment_len = struct.unpack("<3H", data[position + 28:position + 34])
-        if data[position + 46:position + 46 + name_len].decode() == name:
-            (crc,) = struct.unpack("<L", data[position + 16:position + 20])
-            changed[position + 16:position + 20] = struct.pack("<L", crc ^ 1)
-            return bytes(changed)
-        position += 46 + name_len + extra_len + comment_len
-    raise AssertionError(f"{name} is not in the central directory")
+    _, _, entries = _central_entries(data)
+    assert name in entries, f"{name} is not in the central directory"
+    at = entries[name].start + 16
+    (crc,) = struct.unpack("<L", data[at:at + 4])
+    return data[:at] + struct.pack("<L", crc ^ 1) + data[at + 4:]
 
 
 def test_member_the_central_directory_describes_otherwise_is_extracted_again_and_refused(
@@ -394,16 +394,8 @@ def test_hostile_archive_is_refused_when_streamed(server: FaultServer, tmp_path:
 def _central_order(data: bytes, order: Callable[[list[str]], list[str]]) -> bytes:
     """The archive with the entries of its central directory in the order `order` gives their
     names; the local headers and data stay where they are."""
-    end = data.rfind(b"PK\x05\x06")
-    _, _, _, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
-    entries: dict[str, bytes] = {}
-    position = offset
-    while position < offset + size:
-        name_len, extra_len, comment_len = struct.unpack("<3H", data[position + 28:position + 34])
-        length = 46 + name_len + extra_len + comment_len
-        entries[data[position + 46:position + 46 + name_len].decode()] = data[position:position + length]
-        position += length
-    directory = b"".join(entries[name] for name in order(list(entries)))
+    offset, size, entries = _central_entries(data)
+    directory = b"".join(data[entries[name]] for name in order(list(entries)))
     assert len(directory) == size
     return data[:offset] + directory + data[offset + size:]
 
