@@ -167,7 +167,7 @@ def test_an_older_record_without_hashes_vouches_only_for_a_whole_unchanged_file(
     with (fresh / "qnnctl/b.py").open("a", encoding="utf-8") as changed:
         changed.write("\n")
     assert record.restore(saved, fresh, SOURCES, MUTMUT, _hashes) == (3, 3)
-    assert record.exit_codes(fresh, SOURCES) == {
+    assert record.exit_codes(record.metas(fresh, SOURCES)) == {
         "qnnctl.a.x_f__mutmut_1": 1, "qnnctl.a.x_f__mutmut_2": 0, "qnnctl.a.x_f__mutmut_3": None,
         "qnnctl.a.x_f__mutmut_4": None, "qnnctl.a.x_f__mutmut_5": 36, "qnnctl.a.x_f__mutmut_6": None,
         "qnnctl.b.x_f__mutmut_1": None, "qnnctl.b.x_f__mutmut_2": None}

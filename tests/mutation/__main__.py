@@ -124,7 +124,8 @@ def statuses(work: Path, target: Target) -> dict[str, str]:
     """Each mutant's verdict so far (mutmut's words), from the records mutmut keeps."""
     from mutmut.stats import status_by_exit_code
 
-    return {key: status_by_exit_code[code] for key, code in record.exit_codes(work, target.sources).items()}
+    codes = record.exit_codes(record.metas(work, target.sources))
+    return {key: status_by_exit_code[code] for key, code in codes.items()}
 
 
 def module_changes(work: Path, target: Target) -> dict[str, str]:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tests.mutation.changes import function_of
+
 # mutmut's exit codes for the verdicts a record keeps, by the words it prints (mutmut.stats);
 # "not checked" (and an interrupted check) is kept as not checked.
 CODE_BY_STATUS: dict[str, int | None] = {
@@ -54,7 +56,6 @@ class Record(NamedTuple):
     functions: dict[str, dict[str, str]]  # each source file -> mutmut's hash of each function
 
 
-MARK = "__mutmut_"  # what separates a mutant's function from its number
 SETTINGS = "pyproject.toml"  # in the run folder: [tool.mutmut] narrowed to the module
 
 
@@ -126,9 +127,9 @@ def metas(work: Path, sources: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def exit_codes(work: Path, sources: tuple[str, ...]) -> dict[str, int | None]:
-    """Each mutant's exit code so far (None: not tested)."""
-    return {key: code for meta in metas(work, sources).values() for key, code in meta["exit_code_by_key"].items()}
+def exit_codes(found: Mapping[str, dict[str, Any]]) -> dict[str, int | None]:
+    """Each mutant's exit code so far (None: not tested), from the meta files `found` (metas)."""
+    return {key: code for meta in found.values() for key, code in meta["exit_code_by_key"].items()}
 
 
 def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[int | None, str],
@@ -136,8 +137,9 @@ def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[i
     """The record of the run in `work` (mutants/MODULE): its verdicts (mutmut's exit codes read
     with `status_by_exit_code`, mutmut.stats') and killers, and its inputs (inputs_of)."""
     killers = killers_of(work / "killers.tsv")
+    found = metas(work, sources)
     verdicts: dict[str, Verdict] = {}
-    for name, code in exit_codes(work, sources).items():
+    for name, code in exit_codes(found).items():
         status = status_by_exit_code[code]
         if status not in CODE_BY_STATUS:  # interrupted: not checked
             status = "not checked"
@@ -146,7 +148,7 @@ def collect(work: Path, sources: tuple[str, ...], status_by_exit_code: Mapping[i
         kept = status not in {"survived", "skipped", "no tests"}
         verdicts[name] = Verdict(status, killers.get(name) if kept else None)
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip() if (work / "COMMIT").is_file() else ""
-    functions = {source: dict(meta["hash_by_function_name"]) for source, meta in metas(work, sources).items()
+    functions = {source: dict(meta["hash_by_function_name"]) for source, meta in found.items()
                  if meta.get("hash_by_function_name")}
     return Record(commit, inputs_of(work, sources, mutmut_version), verdicts, functions)
 
@@ -179,7 +181,7 @@ def restore(record: Record, work: Path, sources: tuple[str, ...], mutmut_version
         if recorded is None:  # an older record: only a whole unchanged file vouches for its functions
             recorded = hashes if record.inputs.get(source) == now[source] else {}
         for name in codes:
-            function = name.removeprefix(prefix).rpartition(MARK)[0]
+            function = function_of(name).removeprefix(prefix)
             if function not in hashes or recorded.get(function) != hashes[function]:
                 codes[name] = None  # changed (or gone) since the record: to be checked again
         # mutmut keeps a verdict while its function's hash is the one in the meta file.
