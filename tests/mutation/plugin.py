@@ -13,13 +13,20 @@ code. This plugin:
    (MUTANT_UNDER_TEST=stats), its sitecustomize makes each child append the functions it
    reached to a file, which this plugin hands to mutmut at the end of each test, as if the test
    had made those calls itself; when mutants run, it switches on the mutant of a module that a
-   child runs by path (the bootstrap).
+   child runs by path (the bootstrap);
+3. does the same for the processes a test forks without a new interpreter (the workers of
+   `archive.in_processes`, which write most members of an extraction): mutmut's own record of
+   their calls would die with them, and a mutant of the code that runs only there would be tested
+   by the few tests that reach it in the test's own process.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +49,39 @@ def pytest_configure(config: pytest.Config) -> None:
         handle, hits = tempfile.mkstemp(prefix="qnnctl-mutation-hits-")
         os.close(handle)
         os.environ[HITS_VARIABLE] = hits
+        _count_in_forked_children()
     else:
         os.environ.pop(HITS_VARIABLE, None)
     if _ORIGINAL_PYTHONPATH:
         entries.append(_ORIGINAL_PYTHONPATH)
     os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+
+
+_forked_recorder: Callable[[str], Callable[..., None]] | None = None
+
+
+def _count_in_forked_children() -> None:
+    """Have each process forked while calls are counted report them as the children do (once
+    per mutmut process: a fork hook cannot be taken back, and mutmut forks for each mutant)."""
+    global _forked_recorder
+    if _forked_recorder is not None:
+        return
+    spec = importlib.util.spec_from_file_location("qnnctl_mutation_site", _SITE / "sitecustomize.py")
+    assert spec is not None
+    assert spec.loader is not None
+    site = importlib.util.module_from_spec(spec)  # under its own name: it does not start as a sitecustomize
+    spec.loader.exec_module(site)
+    _forked_recorder = site.hit_recorder
+    os.register_at_fork(after_in_child=_report_forked_calls)
+
+
+def _report_forked_calls() -> None:
+    hits = os.environ.get(HITS_VARIABLE)
+    trampoline = sys.modules.get("mutmut.mutation.trampoline")
+    if not hits or trampoline is None or _forked_recorder is None or trampoline.get_mutant_under_test() != "stats":
+        return  # a fork of mutmut's for a mutant, or of a test while mutants run
+    # The trampolines look the name up in their module at each call.
+    trampoline.record_trampoline_hit = _forked_recorder(hits)  # type: ignore[attr-defined]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

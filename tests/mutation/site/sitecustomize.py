@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 HITS_VARIABLE = "QNNCTL_MUTATION_HITS"  # as tests/mutation/plugin.py sets it
 STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
@@ -55,9 +56,10 @@ def _switch_on_in_main(module: str) -> None:
     trampoline.get_mutant_under_test = get_mutant_under_test
 
 
-def _report_hits(path: str, script_module: str | None) -> None:
-    import mutmut.stats
-
+def hit_recorder(path: str, script_module: str | None = None) -> Callable[..., None]:
+    """mutmut's `record_trampoline_hit` for a process whose own record would die with it: it
+    appends each function's name to the file at `path`, once per process (the plugin loads this
+    file for the processes its tests fork, see tests/mutation/plugin.py)."""
     seen: set[str] = set()
 
     def record_trampoline_hit(name: str, caller: str | None = None) -> None:
@@ -69,7 +71,13 @@ def _report_hits(path: str, script_module: str | None) -> None:
             with open(path, "a", encoding="utf-8") as hits:
                 hits.write(name + "\n")
 
-    mutmut.stats.record_trampoline_hit = record_trampoline_hit
+    return record_trampoline_hit
+
+
+def _report_hits(path: str, script_module: str | None) -> None:
+    import mutmut.stats
+
+    mutmut.stats.record_trampoline_hit = hit_recorder(path, script_module)
     # This process counts calls, and so do its children that run this module (through PYTHONPATH,
     # or the .pth file under python -I and -E). Told so by MUTANT_UNDER_TEST=stats, a child that
     # runs neither (python -S) would call mutmut's own record, which cannot find its settings
