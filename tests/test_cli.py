@@ -169,11 +169,13 @@ def test_a_mirror_no_download_can_start_from_is_a_usage_error(cache_dir: Path) -
     assert not cache_dir.exists()
 
 
-def test_a_file_url_installs_the_archive_it_names(tmp_path: Path, cache_dir: Path) -> None:
+@pytest.mark.parametrize("host", ["", "localhost"])
+def test_a_file_url_installs_the_archive_it_names(host: str, tmp_path: Path, cache_dir: Path) -> None:
     from tests.sdkfactory import build_archive
 
     archive = build_archive(tmp_path, "zip")
-    result = run_qnnctl("install", "--url", archive.as_uri())
+    # file:///path and file://localhost/path both name a file on this machine (RFC 8089).
+    result = run_qnnctl("install", "--url", archive.as_uri().replace("file://", f"file://{host}", 1))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{cache_dir / 'sdks' / VERSION}\n"
 
