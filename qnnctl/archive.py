@@ -158,6 +158,7 @@ class _Writer:
 
     def file(self, name: PurePosixPath, source: IO[bytes], mode: int) -> None:
         self.folder(name.parent)
+        self.forget(name, os.path.join(self.work, name))  # the same name earlier in the archive
         self.record(name, *self.write(name, source, mode))
 
     def write(self, name: PurePosixPath, source: _Source, mode: int,
@@ -195,7 +196,8 @@ class _Writer:
         self.size += size
 
     def forget(self, name: PurePosixPath, path: str) -> None:
-        """The file `name`, at `path`, is about to be replaced by a link: no longer the SDK's."""
+        """The file `name`, at `path`, is about to be replaced (by a link, or a later member of its
+        name): no longer the SDK's as it is."""
         if self.digests.pop(name, None) is not None:
             self.size -= os.path.getsize(path)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -1007,14 +1008,15 @@ def test_a_bzip2_or_lzma_member_larger_than_a_read_is_inflated_whole(tmp_path: P
 
 
 @pytest.mark.parametrize(("method", "at", "patch", "said"), [
-    (zipfile.ZIP_BZIP2, 40, b"\xff" * 8, "does not inflate"),
-    (zipfile.ZIP_LZMA, 40, b"\xff" * 8, "does not inflate"),
+    # The decoder's own words follow: what it found wrong.
+    (zipfile.ZIP_BZIP2, 40, b"\xff" * 8, "does not inflate: Invalid data stream"),
+    (zipfile.ZIP_LZMA, 40, b"\xff" * 8, "does not inflate: Corrupt input data"),
     # The header: 2 bytes of version, 2 of the properties' size, the properties: lc, lp and pb
     # in one byte (below 9 * 5 * 5), the dictionary's size in 4.
     (zipfile.ZIP_LZMA, 2, b"\x06\x00", "has no valid LZMA properties"),
     (zipfile.ZIP_LZMA, 4, bytes([9 * 5 * 5]), "has no valid LZMA properties"),
     # lc 8, lp 4, pb 4: each in range, together more than liblzma takes (lc + lp > 4).
-    (zipfile.ZIP_LZMA, 4, bytes([(4 * 5 + 4) * 9 + 8]), "does not inflate"),
+    (zipfile.ZIP_LZMA, 4, bytes([(4 * 5 + 4) * 9 + 8]), "does not inflate: Internal error"),
 ], ids=["bzip2", "lzma", "lzma-properties-size", "lzma-properties", "lzma-options"])
 def test_a_damaged_bzip2_or_lzma_member_is_a_corrupt_archive(tmp_path: Path, method: int, at: int,
                                                               patch: bytes, said: str) -> None:
@@ -1026,7 +1028,7 @@ def test_a_damaged_bzip2_or_lzma_member_is_a_corrupt_archive(tmp_path: Path, met
     with pytest.raises(IntegrityError) as caught:
         extract(archive, _work(tmp_path))
     assert caught.value.message.startswith(f"{archive.name} is corrupt or truncated: "), caught.value.message
-    assert f"'{TOP}/share/zeros.bin' {said}" in caught.value.message
+    assert f"'{TOP}/share/zeros.bin' {said}" in caught.value.message, caught.value.message
 
 
 def test_an_lzma_dictionary_of_3_gib_is_a_size_like_any_other(tmp_path: Path) -> None:
@@ -1098,6 +1100,22 @@ def test_record_of_files_follows_links_that_replace_files(tmp_path: Path) -> Non
     assert result.files["docs/copy.txt"] == result.files["QNN_README.txt"]
     assert "manual/copy.txt" not in result.files
     assert (result.root / "docs/old.txt").read_bytes() == (result.root / "QNN_README.txt").read_bytes()
+    assert result.size == sum((result.root / name).stat().st_size for name in result.files)
+
+
+@pytest.mark.parametrize("fmt", ["tar.gz", "zip"])
+def test_a_name_given_twice_is_the_last_of_its_members(tmp_path: Path, fmt: str) -> None:
+    """As tar and unzip extract it: the file holds the last member's data, and is recorded (and
+    counted in the size) once, as that member."""
+    with pytest.warns(UserWarning, match="Duplicate name") if fmt == "zip" else contextlib.nullcontext():
+        archive = hostile_archive(tmp_path, fmt, [
+            Member(f"{TOP}/docs/a.txt", "file", b"the first, and longer, a"),
+            Member(f"{TOP}/docs/b.txt", "file", b"b"),
+            Member(f"{TOP}/docs/a.txt", "file", b"last a"),
+        ])
+    result = extract(archive, _work(tmp_path))
+    assert (result.root / "docs/a.txt").read_bytes() == b"last a"
+    assert result.files["docs/a.txt"] == manifest_digest(b"last a")
     assert result.size == sum((result.root / name).stat().st_size for name in result.files)
 
 
