@@ -1115,6 +1115,7 @@ def test_a_name_given_twice_is_the_last_of_its_members(tmp_path: Path, fmt: str)
         ])
     result = extract(archive, _work(tmp_path))
     assert (result.root / "docs/a.txt").read_bytes() == b"last a"
+    assert stat.S_IMODE((result.root / "docs/a.txt").stat().st_mode) == 0o644  # the last member's mode
     assert result.files["docs/a.txt"] == manifest_digest(b"last a")
     assert result.size == sum((result.root / name).stat().st_size for name in result.files)
 
