@@ -528,6 +528,19 @@ def test_corrupt_file(tmp_path: Path, cache_dir: Path, fmt: str) -> None:
     assert list((cache_dir / "tmp").iterdir()) == []
 
 
+def test_an_archive_without_the_host_libraries_is_no_sdk(tmp_path: Path, cache_dir: Path) -> None:
+    """Its folder and version are right, its host libraries missing: nothing is installed."""
+    archive = build_archive(tmp_path, "zip", SdkSpec(libs=("libQnnCpu.so",)))
+    result = run_qnnctl("install", "--file", str(archive))
+    assert (result.returncode, result.stdout) == (4, "")
+    assert result.stderr == (
+        "qnnctl: error: the archive's SDK is incomplete: missing lib/x86_64-linux-clang/libQnnHtp.so, "
+        "lib/x86_64-linux-clang/libQnnSystem.so\n"
+        "qnnctl: hint: the archive may be truncated or not a QAIRT SDK for Linux; nothing was installed\n")
+    assert list((cache_dir / "sdks").iterdir()) == []
+    _cache_is_tidy(cache_dir)
+
+
 @pytest.mark.parametrize("name", ["nope.zip", "folder"])
 def test_a_missing_file_or_a_folder_is_a_usage_error(tmp_path: Path, cache_dir: Path, name: str) -> None:
     (tmp_path / "folder").mkdir()

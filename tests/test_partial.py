@@ -790,3 +790,10 @@ def test_the_lock_pins_the_central_directory_and_the_components(parts_mirror: Fa
     assert refused.returncode == 4, refused.stderr
     assert "not " + "0" * 64 + " as the lock pins it" in refused.stderr
     assert not (tmp_path / "third" / "sdks" / VERSION).exists()
+    # A component the lock names that is none: refused before any download, naming the lock.
+    lock.write_text(text.replace("urls = [", 'components = ["host", "wifi"]\nurls = ['))
+    before = parts_mirror.bytes_served(PATH)
+    bad = run_qnnctl("install", VERSION)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert f"qnnctl: error: {lock} (sdk.components): wifi is not a component\n" in bad.stderr
+    assert parts_mirror.bytes_served(PATH) == before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import io
 import logging
 import os
@@ -1060,6 +1061,18 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
             if stat.S_ISREG(info.external_attr >> 16):
                 rel = info.filename.removeprefix(f"{TOP}/")
                 assert result.files[rel] == manifest_digest(zf.read(info)), rel
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["zlib-ng installed", "without zlib-ng"])
+def test_zlib_ng_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """zlib-ng is a dependency; an environment that lost it still extracts, with zlib."""
+    monkeypatch.setattr(qnnctl.archive, "_ZLIB", [])
+    expected = importlib.import_module("zlib_ng.zlib_ng") if installed else zlib
+    if not installed:
+        for name in ("zlib_ng", "zlib_ng.zlib_ng"):
+            monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    assert qnnctl.archive._zlib() is expected
+    assert qnnctl.archive._ZLIB == [expected]  # chosen once
 
 
 _CLOSE_INTERRUPTED = """
