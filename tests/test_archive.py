@@ -611,6 +611,29 @@ def test_tar_extraction_needs_three_times_the_archive_free(tmp_path: Path, monke
     assert (extract(archive, work).root / "sdk.yaml").is_file()
 
 
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_a_disk_that_fills_up_while_extracting_is_told_as_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               fmt: str) -> None:
+    """Something else filled the disk after the check: writes there fail with ENOSPC (in every
+    process extracting), told as a full disk with what is left, not as a damaged archive."""
+    archive = build_archive(tmp_path, fmt)
+    work = _work(tmp_path)
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(f"{work}/"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=1 << 30))
+    with pytest.raises(DiskSpaceError) as caught:
+        extract(archive, work)
+    assert caught.value.message == f"ran out of space in {work} while trying to extract the archive (1024.0 MiB free)"
+    assert (caught.value.needed, caught.value.free) == (None, 1 << 30)
+
+
 # -- hostile archives ---------------------------------------------------------------------
 
 
@@ -845,10 +868,16 @@ def test_name_used_for_a_folder_and_a_link(tmp_path: Path) -> None:
         extract(archive, _work(tmp_path))
 
 
-def test_file_then_folder_of_the_same_name(tmp_path: Path) -> None:
-    archive = hostile_archive(tmp_path, "zip", [Member(f"{TOP}/QNN_README.txt/inner", "file", b"x")])
-    with pytest.raises(IntegrityError, match="malformed"):
-        extract(archive, _work(tmp_path))
+@pytest.mark.parametrize(("fmt", "error"), [("zip", "Is a directory"), ("tar.gz", "File exists")])
+def test_file_then_folder_of_the_same_name(tmp_path: Path, fmt: str, error: str) -> None:
+    """A zip's folders are made before its files (the file fails), a tar's in its order."""
+    archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/QNN_README.txt/inner", "file", b"x")])
+    work = _work(tmp_path)
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, work)
+    assert (refused.value.message, refused.value.hint) == (
+        f"{archive.name} is malformed: {error}: {work / TOP / 'QNN_README.txt'}",
+        "the archive was not installed; get it from a trusted source")
 
 
 def test_overlong_zip_symlink_target(tmp_path: Path) -> None:
