@@ -190,6 +190,19 @@ def test_top_folder_without_a_version(tmp_path: Path) -> None:
     assert result.version is None
 
 
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_an_sdk_at_the_archives_root_is_recorded_whole(tmp_path: Path, fmt: str) -> None:
+    """No folder above lib/x86_64-linux-clang: every member is the SDK's, recorded by its own name."""
+    archive = build_archive(tmp_path, fmt, SdkSpec(top=""))
+    work = _work(tmp_path)
+    result = extract(archive, work)
+    assert (result.root, result.top, result.version) == (work, ".", None)
+    regular = {str(p.relative_to(work)) for p in work.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert set(result.files) == regular
+    assert "lib/x86_64-linux-clang/libQnnHtp.so" in regular
+    assert result.size == sum((work / name).stat().st_size for name in result.files)
+
+
 def test_in_tree_links_are_kept(tmp_path: Path) -> None:
     """Links that stay in the SDK (to a file, to a folder, up and back down) are recreated."""
     staging = tmp_path / "staging"

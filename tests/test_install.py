@@ -56,6 +56,7 @@ def _assert_complete_sdk(root: Path, version: str = VERSION) -> dict[str, object
         assert manifest_digest((root / name).read_bytes()) == digest, name
     assert manifest["file_count"] == len(files)
     assert manifest["unpacked_size"] == sum((root / name).stat().st_size for name in files)
+    assert manifest["schema"] == 1  # for readers of later releases: the manifest's format
     assert manifest["version"] == version
     assert manifest["qnnctl_version"] == qnnctl.__version__
     installed_at = datetime.strptime(str(manifest["installed_at"]), "%Y-%m-%dT%H:%M:%SZ")
