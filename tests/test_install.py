@@ -76,6 +76,13 @@ def _cache_is_tidy(cache_dir: Path) -> None:
 # -- from a mirror ---------------------------------------------------------------------------
 
 
+def test_installed_at_is_utc_whatever_the_local_time_zone(mirror: FaultServer, cache_dir: Path) -> None:
+    env = dict(os.environ, TZ="XST-5:30")  # POSIX: a zone five and a half hours east of UTC
+    result = run_qnnctl("install", env=env)
+    assert result.returncode == 0, result.stderr
+    _assert_complete_sdk(Path(result.stdout.strip()))  # installed within the hour, in UTC
+
+
 def test_fresh_install(mirror: FaultServer, cache_dir: Path) -> None:
     result = run_qnnctl("install")
     assert result.returncode == 0, result.stderr
