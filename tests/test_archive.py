@@ -647,6 +647,28 @@ def test_a_disk_that_fills_up_while_extracting_is_told_as_full(tmp_path: Path, m
     assert (caught.value.needed, caught.value.free) == (None, 1 << 30)
 
 
+def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The umask, read once, saves a system call for each of an SDK's thousands of files where
+    it takes no bit of the file's mode (022 and modes 644 and 755 here)."""
+    changed: list[int] = []
+    real_fchmod = os.fchmod
+
+    def fchmod(fd: int, mode: int) -> None:
+        changed.append(mode)
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    archive = build_archive(tmp_path, "tar.gz")  # written in this process: the calls are seen here
+    old = os.umask(0o022)
+    try:
+        result = extract(archive, _work(tmp_path))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((result.root / "bin/x86_64-linux-clang/qnn-net-run").stat().st_mode) == 0o755
+    assert changed == []
+
+
 # -- hostile archives ---------------------------------------------------------------------
 
 
