@@ -777,6 +777,30 @@ def test_streamed_names_are_read_as_zipfile_reads_them(tmp_path: Path, feed: Cal
             assert (stream.work / name).read_bytes() == zf.read(name), name
 
 
+def test_streamed_files_the_umask_leaves_whole_are_not_chmod_again(tmp_path: Path, feed: Callable[..., _Feed],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream is made before its folder: the umask still counts, read against the nearest
+    folder that exists (whose default ACL the new one would inherit)."""
+    changed: list[int] = []
+    real_fchmod = os.fchmod
+
+    def fchmod(fd: int, mode: int) -> None:
+        changed.append(mode)
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    data = _zip(("sdk/a.txt", b"a"), ("sdk/b.txt", b"b"), ("sdk/c.txt", b"c"))
+    assert not _stream_work(tmp_path).exists()
+    old = os.umask(0o022)
+    try:
+        stream = feed(data)
+        assert _names(stream.finish()) == ["sdk/a.txt", "sdk/b.txt", "sdk/c.txt"]
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((stream.work / "sdk/a.txt").stat().st_mode) == 0o644
+    assert changed == []
+
+
 @pytest.mark.parametrize("third", ["sdk/a.txt", "./"], ids=["a name given twice", "an empty name"])
 def test_threads_stop_at_a_name_given_twice_or_empty(tmp_path: Path, feed: Callable[..., _Feed],
                                                      third: str) -> None:
