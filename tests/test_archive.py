@@ -647,10 +647,8 @@ def test_a_disk_that_fills_up_while_extracting_is_told_as_full(tmp_path: Path, m
     assert (caught.value.needed, caught.value.free) == (None, 1 << 30)
 
 
-def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The umask, read once, saves a system call for each of an SDK's thousands of files where
-    it takes no bit of the file's mode (022 and modes 644 and 755 here)."""
+def chmods_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The modes os.fchmod is called with in this process from now on (it still changes them)."""
     changed: list[int] = []
     real_fchmod = os.fchmod
 
@@ -659,6 +657,14 @@ def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: P
         real_fchmod(fd, mode)
 
     monkeypatch.setattr(os, "fchmod", fchmod)
+    return changed
+
+
+def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The umask, read once, saves a system call for each of an SDK's thousands of files where
+    it takes no bit of the file's mode (022 and modes 644 and 755 here)."""
+    changed = chmods_counted(monkeypatch)
     archive = build_archive(tmp_path, "tar.gz")  # written in this process: the calls are seen here
     old = os.umask(0o022)
     try:
