@@ -14,7 +14,7 @@ import tarfile
 import tracemalloc
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -647,8 +647,10 @@ def test_a_disk_that_fills_up_while_extracting_is_told_as_full(tmp_path: Path, m
     assert (caught.value.needed, caught.value.free) == (None, 1 << 30)
 
 
-def chmods_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The modes os.fchmod is called with in this process from now on (it still changes them)."""
+@contextlib.contextmanager
+def chmods_under_umask(monkeypatch: pytest.MonkeyPatch, umask: int) -> Iterator[list[int]]:
+    """Within: this process's umask is `umask`, and the list gets the modes os.fchmod is called
+    with here (it still changes them)."""
     changed: list[int] = []
     real_fchmod = os.fchmod
 
@@ -657,20 +659,20 @@ def chmods_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         real_fchmod(fd, mode)
 
     monkeypatch.setattr(os, "fchmod", fchmod)
-    return changed
+    old = os.umask(umask)
+    try:
+        yield changed
+    finally:
+        os.umask(old)
 
 
 def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The umask, read once, saves a system call for each of an SDK's thousands of files where
     it takes no bit of the file's mode (022 and modes 644 and 755 here)."""
-    changed = chmods_counted(monkeypatch)
     archive = build_archive(tmp_path, "tar.gz")  # written in this process: the calls are seen here
-    old = os.umask(0o022)
-    try:
+    with chmods_under_umask(monkeypatch, 0o022) as changed:
         result = extract(archive, _work(tmp_path))
-    finally:
-        os.umask(old)
     assert stat.S_IMODE((result.root / "bin/x86_64-linux-clang/qnn-net-run").stat().st_mode) == 0o755
     assert changed == []
 

@@ -37,7 +37,7 @@ from qnnctl.install import InstallRequest, InstallResult, install
 from tests.conftest import PAYLOAD, give_default_acl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest
-from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_counted, hostile_archive
+from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_under_umask, hostile_archive
 from tests.test_install import _assert_complete_sdk, _cache_is_tidy
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
@@ -781,15 +781,11 @@ def test_streamed_files_the_umask_leaves_whole_are_not_chmod_again(tmp_path: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The stream is made before its folder: the umask still counts, read against the nearest
     folder that exists (whose default ACL the new one would inherit)."""
-    changed = chmods_counted(monkeypatch)
     data = _zip(("sdk/a.txt", b"a"), ("sdk/b.txt", b"b"), ("sdk/c.txt", b"c"))
     assert not _stream_work(tmp_path).exists()
-    old = os.umask(0o022)
-    try:
+    with chmods_under_umask(monkeypatch, 0o022) as changed:
         stream = feed(data)
         assert _names(stream.finish()) == ["sdk/a.txt", "sdk/b.txt", "sdk/c.txt"]
-    finally:
-        os.umask(old)
     assert stat.S_IMODE((stream.work / "sdk/a.txt").stat().st_mode) == 0o644
     assert changed == []
 
