@@ -7,7 +7,7 @@
 
 Faults queued for a path are used one per request, in order; after that the file is served
 normally. Every request is recorded (method, path, headers) for assertions, and so is every
-answer's body (`served`: status, ranges, bytes sent).
+answer's body, in the order the answers began (`served_for`: status, ranges, bytes sent).
 
 Range requests are answered as RFC 9110 says: one range (`bytes=a-b`, `bytes=a-`, the suffix
 `bytes=-n`) with 206, several with a multipart/byteranges body, none satisfiable with 416.
@@ -203,7 +203,7 @@ class FaultServer:
         self.content_types: dict[str, str] = {}
         self.faults: dict[str, deque[Fault]] = defaultdict(deque)
         self.requests: list[Request] = []
-        self.served: list[Served] = []
+        self._answers: list[Served | None] = []  # in the order begun; None while being sent
         self._sent: dict[str, int] = defaultdict(int)  # body bytes sent so far, answers in flight included
         self.lock = threading.Lock()
         self._answered = threading.Condition(self.lock)  # notified as each answer is recorded
@@ -284,7 +284,7 @@ class FaultServer:
         before the server thread that sent it records it."""
         with self._answered:
             self._answered.wait_for(lambda: self._in_flight[path] == 0, timeout)
-            return [s for s in self.served if s.path == path]
+            return [s for s in self._answers if s is not None and s.path == path]
 
     # -- serving -------------------------------------------------------------------------
 
@@ -330,8 +330,7 @@ class FaultServer:
             honour_range = False  # the file changed: send all of it
         spans = parse_ranges(range_header, len(data)) if honour_range and range_header is not None else None
         if spans == []:
-            self._begin(path)
-            self._record(path, 416, (), 0)  # before the client can see it
+            self._record(self._begin(path), path, 416, (), 0)  # before the client can see it
             self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
             return
         if spans is not None and len(spans) > 1:
@@ -346,8 +345,7 @@ class FaultServer:
             status = 206
         body = data[start:end]
         claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)
-        if not head:
-            self._begin(path)
+        slot = -1 if head else self._begin(path)
         bare = fault is not None and fault.kind == "bare"
         h.send_response(status)
         if not bare:
@@ -407,21 +405,26 @@ class FaultServer:
             pass
         finally:
             counted = sent if (fault is None or fault.kind not in ("drop", "claim_length", "slow", "pause")) else 0
-            self._record(path, status, ((start, start + sent),) if sent else (), sent, counted)
+            self._record(slot, path, status, ((start, start + sent),) if sent else (), sent, counted)
 
-    def _record(self, path: str, status: int, ranges: tuple[tuple[int, int], ...], sent: int,
+    def _record(self, slot: int, path: str, status: int, ranges: tuple[tuple[int, int], ...], sent: int,
                 counted: int | None = None) -> None:
-        """One answer done; `counted` of its `sent` bytes were counted as they went."""
+        """The answer begun in `slot` is done; `counted` of its `sent` bytes were counted as
+        they went."""
         with self._answered:
-            self.served.append(Served(path, status, ranges, sent))
+            self._answers[slot] = Served(path, status, ranges, sent)
             self._sent[path] += sent - (counted if counted is not None else 0)
             self._in_flight[path] -= 1
             self._answered.notify_all()
 
-    def _begin(self, path: str) -> None:
-        """An answer with a body starts: served_for waits for its record."""
+    def _begin(self, path: str) -> int:
+        """An answer with a body starts: its slot keeps the answers in the order they began
+        (the client may send its next request before this one is recorded), and served_for
+        waits for its record."""
         with self.lock:
             self._in_flight[path] += 1
+            self._answers.append(None)
+            return len(self._answers) - 1
 
     def _count(self, path: str, size: int) -> None:
         with self.lock:
@@ -448,8 +451,7 @@ class FaultServer:
                           f"Content-Range: bytes {start}-{end - 1}/{len(data)}\r\n\r\n")
             parts.append(head_lines.encode() + data[start:end] + b"\r\n")
         body = b"".join(parts) + f"--{boundary}--\r\n".encode()
-        if not head:
-            self._begin(path)
+        slot = -1 if head else self._begin(path)
         h.send_response(206)
         h.send_header("Content-Type", f"multipart/byteranges; boundary={boundary}")
         h.send_header("Content-Length", str(len(body)))
@@ -466,7 +468,7 @@ class FaultServer:
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            self._record(path, 206, tuple(spans), sent)
+            self._record(slot, path, 206, tuple(spans), sent)
 
     def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> None:
         h.send_response(status)
