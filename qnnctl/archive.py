@@ -94,11 +94,9 @@ def _member_path(name: str) -> PurePosixPath:
         raise _unsafe(f"member name {name!r} contains NUL")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise _unsafe(f"absolute member path {name!r}")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
+    if ".." in name.split("/"):
         raise _unsafe(f"member path {name!r} leaves the archive")
-    # One string to parse rather than one per part: this runs for every member.
-    return PurePosixPath("/".join(parts)) if parts else PurePosixPath()
+    return PurePosixPath(name)  # which drops the empty and "." parts
 
 
 def _sdk_top(names: list[PurePosixPath]) -> PurePosixPath:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
+import qnnctl.archive
 from qnnctl.archive import COPY_BUFFER, digest_matches, extract, work_folder
 from qnnctl.cache import space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
@@ -677,6 +678,21 @@ def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: P
     assert changed == []
 
 
+@pytest.mark.parametrize("umask_field", [None, "unknown"], ids=["missing", "not-octal"])
+def test_a_umask_the_system_does_not_tell_makes_every_mode_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 umask_field: str | None) -> None:
+    """A kernel before 4.7 has no Umask in /proc/self/status: with the umask not known, every
+    file is chmod to its mode, never left to a guess."""
+    real_status = qnnctl.archive._proc_status
+    monkeypatch.setattr(qnnctl.archive, "_proc_status",
+                        lambda field: umask_field if field == "Umask" else real_status(field))
+    archive = build_archive(tmp_path, "tar.gz")
+    with chmods_under_umask(monkeypatch, 0o022) as changed:
+        result = extract(archive, _work(tmp_path))
+    assert stat.S_IMODE((result.root / "bin/x86_64-linux-clang/qnn-net-run").stat().st_mode) == 0o755
+    assert {0o755, 0o644} <= set(changed)
+
+
 # -- hostile archives ---------------------------------------------------------------------
 
 
@@ -835,6 +851,22 @@ def test_hostile_archive_is_refused_by_extract(tmp_path: Path, case: str, fmt: s
         extract(archive, work / "x")
     _assert_nothing_escaped(tmp_path, victim)
     assert not _work(tmp_path).parent.exists()
+
+
+@pytest.mark.parametrize(("fmt", "name", "what"), [
+    # Only a pax header carries a NUL: a zip's name and a tar's own field end at the first one.
+    ("tar.gz", f"{TOP}/{'n' * 100}\x00.txt", "member name {!r} contains NUL"),
+    ("tar.gz", "/tmp/escaped.txt", "absolute member path {!r}"),
+    ("zip", "C:/escaped.txt", "absolute member path {!r}"),
+    ("tar.gz", "C:", "absolute member path {!r}"),
+    ("zip", f"{TOP}/../../escaped.txt", "member path {!r} leaves the archive"),
+], ids=["nul", "absolute", "drive", "drive-alone", "dot-dot"])
+def test_an_unsafe_member_name_is_named_in_the_refusal(tmp_path: Path, fmt: str, name: str, what: str) -> None:
+    archive = hostile_archive(tmp_path, fmt, [Member(name, "file", b"pwned")])
+    with pytest.raises(IntegrityError) as caught, work_folder(_work(tmp_path).parent) as work:
+        extract(archive, work / "x")
+    assert caught.value.message == "unsafe archive: " + what.format(name)
+    assert caught.value.hint == "the archive was not installed; get it from a trusted source"
 
 
 @pytest.mark.parametrize("end", [" ", "X"])
