@@ -10,6 +10,8 @@ import re
 import shutil
 import stat
 import struct
+import subprocess
+import sys
 import tarfile
 import tracemalloc
 import zipfile
@@ -676,6 +678,17 @@ def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: P
         result = extract(archive, _work(tmp_path))
     assert stat.S_IMODE((result.root / "bin/x86_64-linux-clang/qnn-net-run").stat().st_mode) == 0o755
     assert changed == []
+
+
+def test_the_umask_is_read_in_a_process_with_a_name_not_in_ascii() -> None:
+    """/proc/self/status begins with the process's name, as bytes: a program run as `./модель`
+    is named in UTF-8. The fields after it are still read."""
+    script = ("import ctypes, os; import qnnctl.archive as archive; os.umask(0o027); "
+              "ctypes.CDLL(None).prctl(15, 'модель'.encode(), 0, 0, 0); "  # PR_SET_NAME
+              "print(open('/proc/self/status', 'rb').readline(), archive._proc_status('Umask'))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [repr("Name:\tмодель\n".encode()), "0027"]
 
 
 @pytest.mark.parametrize("umask_field", [None, "unknown"], ids=["missing", "not-octal"])
