@@ -274,12 +274,30 @@ def test_url_whose_top_folder_is_not_what_its_libraries_are_is_refused(server: F
     result = run_qnnctl("install", "--url", url)
     assert result.returncode == 4, result.stderr
     assert (f"{url} says it is SDK {VERSION} (its top folder), but its libraries are build {true}181845: "
-            f"SDK {true}\n") in result.stderr
+            f"SDK {true}\n"
+            "qnnctl: hint: check where the archive came from; to install it as what its libraries are, "
+            f"name that version: `qnnctl install {true} ...`; nothing was installed\n") in result.stderr
     assert list((cache_dir / "sdks").iterdir()) == []
     # As the refusal says: the libraries' version named, it installs as that.
     named = run_qnnctl("install", true, "--url", url)
     assert (named.returncode, named.stdout) == (0, f"{cache_dir / 'sdks' / true}\n"), named.stderr
     assert (read_manifest(cache_dir / "sdks" / true) or {})["build_id"] == f"{true}181845"
+
+
+def test_an_archive_whose_two_labels_name_two_other_versions_is_refused_naming_both(
+        server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    """The top folder says one version, sdk.yaml another, the libraries' build a third."""
+    (tmp_path / "a").mkdir()
+    true = "2.51.0.260929"
+    spec = SdkSpec(sdk_yaml=False, build_id=f"v{true}181845",
+                   extra_files={"sdk.yaml": f"name: qairt\nversion: {OTHER_VERSION}\n".encode()})
+    url = server.add(f"/v{VERSION}.zip", build_archive(tmp_path / "a", "zip", spec).read_bytes())
+    result = run_qnnctl("install", "--url", url)
+    assert result.returncode == 4, result.stderr
+    first, second = sorted([VERSION, OTHER_VERSION])
+    assert (f"{url} says it is SDK {first}, {second} (its top folder and its sdk.yaml), but its libraries "
+            f"are build {true}181845: SDK {true}\n") in result.stderr
+    assert list((cache_dir / "sdks").iterdir()) == []
 
 
 def _truncated(data: bytes) -> bytes:
