@@ -708,3 +708,19 @@ def test_sigkill_during_extraction_then_rerun(server: FaultServer, tmp_path: Pat
     assert len(server.requests_for(PATH)) == 1  # the finished download was reused
     _assert_complete_sdk(cache_dir / "sdks" / VERSION)
     _cache_is_tidy(cache_dir)  # the killed run's work folder is gone
+
+
+def test_url_and_file_together_are_refused(tmp_path: Path, cache_dir: Path) -> None:
+    result = run_qnnctl("install", "--url", f"http://127.0.0.1:9/v{VERSION}.zip", "--file", str(tmp_path / "a.zip"))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr == "qnnctl: error: --url and --file cannot be used together\n"
+    assert not (cache_dir / "sdks").exists()
+
+
+@pytest.mark.parametrize("value", ["ab" * 31, "ab" * 33, "g" * 64, "a" * 62 + " b"])
+def test_a_sha256_that_is_not_one_is_refused_before_anything_is_fetched(value: str, cache_dir: Path) -> None:
+    """Too short, too long, 64 characters not all hex: each refused by name."""
+    result = run_qnnctl("install", VERSION, "--sha256", f" {value.upper()} ")
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr == f"qnnctl: error: --sha256 {value!r} is not a sha256 digest (64 hex digits)\n"
+    assert not (cache_dir / "sdks").exists()
