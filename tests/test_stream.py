@@ -1091,6 +1091,7 @@ def test_zlib_ng_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.Mon
 _CLOSE_INTERRUPTED = """
 import contextlib, logging, os, re, signal, sys, threading, time
 from pathlib import Path
+from qnnctl import archive
 from qnnctl.archive import ZipStream
 
 def held(path):
@@ -1102,6 +1103,24 @@ def held(path):
 
 logging.basicConfig(level=logging.DEBUG, format="%(message)s")
 part, work, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+
+class Held:  # past 2 MiB, the member's data only once the threads were told to stop
+    def __init__(self, source, stop):
+        self.source, self.stop, self.served = source, stop, 0
+
+    def read(self, n):
+        if self.served >= 2 << 20:
+            self.stop.wait(30)  # else the write could end before the Ctrl-C: a race, not a test
+        block = self.source.read(n)
+        self.served += len(block)
+        return block
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+write = archive._Writer.write
+archive._Writer.write = lambda self, name, source, mode, stop=None, *rest: write(
+    self, name, source if stop is None else Held(source, stop), mode, stop, *rest)
 stream = ZipStream(work, min_size=0)
 stream.begin(part, 0, part.stat().st_size)
 stream.extend(part.stat().st_size)
