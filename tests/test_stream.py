@@ -34,7 +34,7 @@ from qnnctl.archive import COPY_BUFFER, Streamed, ZipStream, extract
 from qnnctl.cache import Cache, space_margin
 from qnnctl.errors import IntegrityError
 from qnnctl.install import InstallRequest, InstallResult, install
-from tests.conftest import PAYLOAD, give_default_acl
+from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest
 from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_under_umask, hostile_archive
@@ -1101,9 +1101,6 @@ def held(path):
     return os.path.realpath(path) in found
 
 logging.basicConfig(level=logging.DEBUG, format="%(message)s")
-# A test run started in the background (`... &`) passes SIGINT on ignored: Python then has no
-# KeyboardInterrupt for it, and the Ctrl-C below would do nothing.
-signal.signal(signal.SIGINT, signal.default_int_handler)
 part, work, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 stream = ZipStream(work, min_size=0)
 stream.begin(part, 0, part.stat().st_size)
@@ -1141,8 +1138,10 @@ def test_ctrl_c_while_closing_stops_the_threads_and_keeps_nothing(tmp_path: Path
     size = 256 << 20
     part = tmp_path / "download.part"
     part.write_bytes(_zeros_zip(size, bytes(1 << 20)))
-    done = subprocess.run([sys.executable, "-c", _CLOSE_INTERRUPTED, str(part), str(tmp_path / "work" / "x"),
-                           str(size)], capture_output=True, text=True, timeout=60)
+    # SIGINT at its default: the child sends itself one.
+    done = subprocess.run(with_default_sigint([sys.executable, "-c", _CLOSE_INTERRUPTED, str(part),
+                                               str(tmp_path / "work" / "x"), str(size)]),
+                          capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "interrupted True\nNone False False\n"), done.stderr
     assert done.stderr == "nothing kept from extracting while downloading: interrupted\n"
 
