@@ -766,6 +766,9 @@ def test_links_beside_the_sdk_folder_are_left_out_not_refused(tmp_path: Path, fm
 @dataclass(frozen=True)
 class Hostile:
     members: Callable[[Path], list[Member]]  # given tmp_path
+    # The refusal after "unsafe archive: ", {t} standing for tmp_path: the check that must catch
+    # the case, since another check refusing it for another reason would hide the loss of this one.
+    refusal: str
     formats: tuple[str, ...] = ("zip", "tar.gz")
 
 
@@ -774,53 +777,60 @@ UP = "../../../../../.."
 _CHAIN = [Member(f"{TOP}/l1", "symlink", target=".")] + [
     Member(f"{TOP}/l{i}", "symlink", target=f"l{i - 1}/..") for i in range(2, 8)
 ]
+_CHAIN_REFUSAL = f"symlink {TOP}/l2 -> l1/.. points outside the SDK"
 
 HOSTILE: dict[str, Hostile] = {
-    "zip-slip": Hostile(lambda t: [Member(f"{TOP}/{UP}/escaped.txt", "file", b"pwned")]),
-    "zip-slip-from-root": Hostile(lambda t: [Member("../../../../escaped.txt", "file", b"pwned")]),
-    "absolute-path": Hostile(lambda t: [Member(f"{t}/escaped.txt", "file", b"pwned")]),
+    "zip-slip": Hostile(lambda t: [Member(f"{TOP}/{UP}/escaped.txt", "file", b"pwned")],
+                        f"member path '{TOP}/{UP}/escaped.txt' leaves the archive"),
+    "zip-slip-from-root": Hostile(lambda t: [Member("../../../../escaped.txt", "file", b"pwned")],
+                                  "member path '../../../../escaped.txt' leaves the archive"),
+    "absolute-path": Hostile(lambda t: [Member(f"{t}/escaped.txt", "file", b"pwned")],
+                             "absolute member path '{t}/escaped.txt'"),
     "symlink-relative-then-file": Hostile(lambda t: [
         Member(f"{TOP}/share/out", "symlink", target=f"../{UP}"),
         Member(f"{TOP}/share/out/escaped.txt", "file", b"pwned"),
-    ]),
+    ], f"symlink {TOP}/share/out -> ../{UP} points outside the SDK"),
     "symlink-absolute-then-file": Hostile(lambda t: [
         Member(f"{TOP}/share/out", "symlink", target=str(t)),
         Member(f"{TOP}/share/out/escaped.txt", "file", b"pwned"),
-    ]),
-    "symlink-to-a-system-file": Hostile(lambda t: [Member(f"{LIB}/libc.so", "symlink", target="/etc/passwd")]),
+    ], f"symlink {TOP}/share/out -> '{{t}}' points outside the SDK"),
+    "symlink-to-a-system-file": Hostile(lambda t: [Member(f"{LIB}/libc.so", "symlink", target="/etc/passwd")],
+                                        f"symlink {LIB}/libc.so -> '/etc/passwd' points outside the SDK"),
     # A folder beside the SDK whose name starts with the SDK's: outside, though its path has the
     # SDK's path as a prefix.
     "symlink-into-a-sibling-folder": Hostile(lambda t: [
         Member(f"{TOP}-evil/escaped.txt", "file", b"pwned"),
         Member(f"{LIB}/libQnnEvil.so", "symlink", target=f"../../../{VERSION}-evil/escaped.txt"),
-    ]),
+    ], f"symlink {LIB}/libQnnEvil.so -> ../../../{VERSION}-evil/escaped.txt points outside the SDK"),
     "symlink-to-a-sibling-folder-then-file": Hostile(lambda t: [
         Member(f"{TOP}-evil/keep.txt", "file", b"x"),
         Member(f"{TOP}/share/sibling", "symlink", target=f"../../{VERSION}-evil"),
         Member(f"{TOP}/share/sibling/escaped.txt", "file", b"pwned"),
-    ]),
+    ], f"symlink {TOP}/share/sibling -> ../../{VERSION}-evil points outside the SDK"),
     "symlink-two-step": Hostile(lambda t: [
         Member(f"{TOP}/a", "symlink", target="."),
         Member(f"{TOP}/b", "symlink", target="a/.."),
-    ]),
+    ], f"symlink {TOP}/b -> a/.. points outside the SDK"),
     # Each link looks inside on its own; together they climb out and a link is then made
     # through the last one.
     "symlink-chain-then-link": Hostile(lambda t: [*_CHAIN, Member(f"{TOP}/l7/escaped.txt", "symlink",
-                                                                  target="whatever")]),
+                                                                  target="whatever")], _CHAIN_REFUSAL),
     "symlink-chain-then-hardlink": Hostile(lambda t: [*_CHAIN, Member(f"{TOP}/l7/escaped.txt", "hardlink",
                                                                       target=f"{TOP}/QNN_README.txt")],
-                                           formats=("tar.gz",)),
+                                           _CHAIN_REFUSAL, formats=("tar.gz",)),
     "hardlink-absolute": Hostile(lambda t: [Member(f"{TOP}/victim", "hardlink", target=str(t / "victim.txt")),
                                             Member(f"{TOP}/victim", "file", b"pwned")],
-                                 formats=("tar.gz",)),
+                                 "absolute member path '{t}/victim.txt'", formats=("tar.gz",)),
     "hardlink-relative": Hostile(lambda t: [Member(f"{TOP}/victim", "hardlink", target=f"{UP}/victim.txt")],
-                                 formats=("tar.gz",)),
+                                 f"member path '{UP}/victim.txt' leaves the archive", formats=("tar.gz",)),
     "hardlink-outside-the-sdk": Hostile(lambda t: [Member("qairt/elsewhere.txt", "file", b"x"),
                                                    Member(f"{TOP}/victim", "hardlink",
                                                           target="qairt/elsewhere.txt")],
+                                        f"hard link {TOP}/victim -> qairt/elsewhere.txt leaves the SDK",
                                         formats=("tar.gz",)),
-    "char-device": Hostile(lambda t: [Member(f"{TOP}/share/null", "chardev")]),
-    "fifo": Hostile(lambda t: [Member(f"{TOP}/share/pipe", "fifo")]),
+    "char-device": Hostile(lambda t: [Member(f"{TOP}/share/null", "chardev")],
+                           f"'{TOP}/share/null' is a device or special file"),
+    "fifo": Hostile(lambda t: [Member(f"{TOP}/share/pipe", "fifo")], f"'{TOP}/share/pipe' is a device or special file"),
 }
 
 HOSTILE_CASES = [
@@ -849,7 +859,7 @@ def test_hostile_archive_is_refused_by_install(tmp_path: Path, cache_dir: Path, 
     archive = hostile_archive(tmp_path, fmt, HOSTILE[case].members(tmp_path))
     result = run_qnnctl("install", "--file", str(archive))
     assert result.returncode == 4, result.stderr
-    assert "unsafe archive" in result.stderr
+    assert "unsafe archive: " + HOSTILE[case].refusal.format(t=tmp_path) in result.stderr
     assert result.stdout == ""
     _assert_nothing_escaped(tmp_path, victim)
     assert list((cache_dir / "sdks").iterdir()) == []
@@ -860,8 +870,9 @@ def test_hostile_archive_is_refused_by_install(tmp_path: Path, cache_dir: Path, 
 def test_hostile_archive_is_refused_by_extract(tmp_path: Path, case: str, fmt: str) -> None:
     victim = _victim(tmp_path)
     archive = hostile_archive(tmp_path, fmt, HOSTILE[case].members(tmp_path))
-    with pytest.raises(IntegrityError, match="unsafe archive"), work_folder(_work(tmp_path).parent) as work:
+    with pytest.raises(IntegrityError) as caught, work_folder(_work(tmp_path).parent) as work:
         extract(archive, work / "x")
+    assert caught.value.message == "unsafe archive: " + HOSTILE[case].refusal.format(t=tmp_path)
     _assert_nothing_escaped(tmp_path, victim)
     assert not _work(tmp_path).parent.exists()
 
@@ -970,8 +981,9 @@ def test_file_then_folder_of_the_same_name(tmp_path: Path, fmt: str, error: str)
 
 def test_overlong_zip_symlink_target(tmp_path: Path) -> None:
     archive = hostile_archive(tmp_path, "zip", [Member(f"{TOP}/long", "symlink", target="a/" * 4000)])
-    with pytest.raises(IntegrityError, match="longer than"):
+    with pytest.raises(IntegrityError) as refused:
         extract(archive, _work(tmp_path))
+    assert refused.value.message == f"unsafe archive: symlink '{TOP}/long' has a target longer than 4096 bytes"
 
 
 def test_a_zip_symlink_target_of_4096_bytes_is_not_refused_as_longer(tmp_path: Path) -> None:
