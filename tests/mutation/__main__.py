@@ -14,9 +14,9 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.mutation import TARGETS, Target, record
-from tests.mutation.changes import judge, mutant_changes, parse, stamp
-from tests.mutation.ordered_run import EQUIVALENT_VARIABLE
+from tests.mutation import TARGETS, Target, lines, record
+from tests.mutation.changes import judge, mutant_changes, mutated, parse, stamp
+from tests.mutation.ordered_run import EQUIVALENT_VARIABLE, LINES_VARIABLE, REACH_VARIABLE
 from tests.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +94,13 @@ NOT_REACH = ("tests/README.md", "tests/test_mutation_*.py", "tests/mutation/__ma
              "tests/mutation/record", "tests/mutation/equivalent.txt")
 
 
+def same_reach(known: str | None, commit: str) -> bool:
+    """Whether qnnctl/ and tests/ are the same at both commits, but for files that change no reach."""
+    return known is not None and (known == commit or subprocess.run(
+        ["git", "diff", "--quiet", known, commit, "--", "qnnctl", "tests", *(f":!{path}" for path in NOT_REACH)],
+        cwd=REPO).returncode == 0)
+
+
 def forget_reach(work: Path, commit: str) -> None:
     """Make mutmut learn afresh which tests reach which function when qnnctl/ or tests/ changed
     since it learnt it.
@@ -106,10 +113,7 @@ def forget_reach(work: Path, commit: str) -> None:
     learnt = work / "STATS_COMMIT"
     known = learnt.read_text(encoding="utf-8").strip() if learnt.is_file() else None
     if stats.is_file() and known != commit:
-        same = known is not None and subprocess.run(
-            ["git", "diff", "--quiet", known, commit, "--", "qnnctl", "tests", *(f":!{path}" for path in NOT_REACH)],
-            cwd=REPO).returncode == 0
-        if not same:
+        if not same_reach(known, commit):
             data = json.loads(stats.read_text(encoding="utf-8"))
             # With no test known, mutmut takes every test for new and follows each one.
             data["tests_by_mangled_function_name"] = {}
@@ -118,6 +122,54 @@ def forget_reach(work: Path, commit: str) -> None:
             print("the code or tests changed since the last run: mutmut learns again which tests reach "
                   "which function", file=sys.stderr)
     learnt.write_text(commit + "\n", encoding="utf-8")
+
+
+LINES = "lines.tsv"  # in mutants/MODULE: the lines each test ran, first a line `# COMMIT`
+REACH = "reach.tsv"  # in mutants/MODULE: each mutant's function and the lines where its change is
+
+
+def collect_lines(work: Path, target: Target) -> int:
+    """Run the module's tests once on the original code of the export, recording the lines of
+    its sources each one runs (lines.py) in `work`/lines.tsv."""
+    commit = (work / "COMMIT").read_text(encoding="utf-8").strip()
+    partial = work / f"{LINES}.partial"
+    partial.write_text(f"# {commit}\n", encoding="utf-8")
+    environ = dict(os.environ, **{lines.LINES_VARIABLE: str(partial),
+                                  lines.SOURCES_VARIABLE: lines.sources_variable(work, target.sources)})
+    environ.pop("MUTANT_UNDER_TEST", None)
+    print(f"recording the lines of {' '.join(target.sources)} each test runs", file=sys.stderr)
+    code = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "tests.mutation.lines", *target.tests], cwd=work, env=environ,
+                          preexec_fn=_default_sigint).returncode
+    if code not in (0, 1):  # 1: some tests failed, and what they ran is recorded all the same
+        print(f"the tests did not run to their end (pytest's exit code {code}): no lines kept", file=sys.stderr)
+        return code
+    partial.replace(work / LINES)
+    return 0
+
+
+def lines_in_use(work: Path, commit: str) -> bool:
+    """Whether `work`/lines.tsv was recorded for code that reaches as `commit`'s does."""
+    path = work / LINES
+    if not path.is_file():
+        return False
+    with path.open(encoding="utf-8") as recorded:
+        known = recorded.readline().removeprefix("# ").strip()
+    if same_reach(known, commit):
+        return True
+    print(f"{path.relative_to(REPO)} was recorded at {known[:12]}, and the code or tests changed since: every test "
+          f"that reaches a function tests its mutants (--lines records them again)", file=sys.stderr)
+    return False
+
+
+def write_reach(work: Path, target: Target) -> None:
+    """`work`/reach.tsv: each mutant's function and the lines of the original where its change is."""
+    rows: list[str] = []
+    for source in target.sources:
+        module = source.removesuffix(".py").replace("/", ".")
+        found = lines.reach((work / source).read_text(encoding="utf-8"), *mutated(work / source), module)
+        rows.extend(f"{name}\t{function}\t{where}\n" for name, (function, where) in found.items())
+    (work / REACH).write_text("".join(rows), encoding="utf-8")
 
 
 def statuses(work: Path, target: Target) -> dict[str, str]:
@@ -177,17 +229,17 @@ def hook_path() -> Path:
     return Path(sysconfig.get_paths()["purelib"]) / HOOK_PTH
 
 
-def run_mutmut(work: Path, args: list[str], minutes: float) -> int:
+def run_mutmut(work: Path, args: list[str], minutes: float, by_line: bool) -> int:
     """mutmut in `work` (see run_mutmut_now), with the hook in site-packages while it runs."""
     hook = hook_path()
     hook.write_text(HOOK_LINE, encoding="utf-8")
     try:
-        return run_mutmut_now(work, args, minutes)
+        return run_mutmut_now(work, args, minutes, by_line)
     finally:
         hook.unlink(missing_ok=True)
 
 
-def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
+def run_mutmut_now(work: Path, args: list[str], minutes: float, by_line: bool = False) -> int:
     """mutmut in `work`, niced, in a session of its own; stopped after `minutes`, or when this
     command is interrupted, by a SIGINT to mutmut alone: it then ends the mutant it is testing
     (whose verdict is not recorded) and keeps every verdict it has."""
@@ -195,6 +247,8 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float) -> int:
     ordered_run = work / "tests" / "mutation" / "ordered_run.py"
     environ = dict(os.environ, **{KILLERS_VARIABLE: str(work / "killers.tsv"),
                                   EQUIVALENT_VARIABLE: str(work / "equivalent.names")})
+    if by_line:
+        environ.update({REACH_VARIABLE: str(work / REACH), LINES_VARIABLE: str(work / LINES)})
     process = subprocess.Popen(["nice", "-n", "10", sys.executable, str(ordered_run), *args], cwd=work, env=environ,
                                start_new_session=True, preexec_fn=_default_sigint)
     try:
@@ -277,6 +331,9 @@ def main() -> int:
     parser.add_argument("--stamp", action="store_true",
                         help="add to each equivalent.txt entry of the module without one the digest of its change")
     parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
+    parser.add_argument("--lines", action="store_true",
+                        help="first record the lines each test runs, so that a mutant is tested only by the tests "
+                             "that run its change (kept for the next runs while the code and tests are unchanged)")
     parser.add_argument("names", nargs="*", metavar="MUTANT", help="only these mutants (globs allowed)")
     args = parser.parse_intermixed_args()  # MUTANT names may follow the options
     if args.list or args.module is None:
@@ -297,7 +354,13 @@ def main() -> int:
     skipped = [] if args.equivalents else sorted(marked)
     (work / "equivalent.names").write_text("".join(f"{key}\n" for key in skipped), encoding="utf-8")
     forget(work, target, marked, survivors=args.retest, names=args.names, equivalent_too=args.equivalents)
-    run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes)
+    commit = (work / "COMMIT").read_text(encoding="utf-8").strip()
+    if args.lines and not lines_in_use(work, commit) and collect_lines(work, target) != 0:
+        return 1
+    by_line = lines_in_use(work, commit)
+    if by_line:
+        write_reach(work, target)
+    run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes, by_line)
     save_record(args.module, target, work)
     return report(args.module, target, work, args.diffs)
 

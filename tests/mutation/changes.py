@@ -26,11 +26,16 @@ def function_of(name: str) -> str:
 def mutant_changes(source: Path, module: str) -> dict[str, str]:
     """Each mutant mutmut makes of the file `source` (module `module`): its name -> the lines
     it removes and adds, with mutmut's own rules (so the names are those of a run)."""
+    return changes_in(*mutated(source), module)
+
+
+def mutated(source: Path) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The file mutmut makes of `source`, and the lines (1-based, inclusive) of each function it
+    writes there: the original's copy (`..._orig`) and each mutant (`..._N`)."""
     from mutmut.mutation.file_mutation import mutate_file_contents
 
-    mutated = mutate_file_contents(str(source), source.read_text(encoding="utf-8"))
-    spans = {name: (span.start, span.end) for name, span in mutated.line_span_by_function_name.items()}
-    return changes_in(mutated.code, spans, module)
+    made = mutate_file_contents(str(source), source.read_text(encoding="utf-8"))
+    return made.code, {name: (span.start, span.end) for name, span in made.line_span_by_function_name.items()}
 
 
 def changes_in(code: str, spans: dict[str, tuple[int, int]], module: str) -> dict[str, str]:

@@ -11,6 +11,10 @@ Mutants that equivalent.txt marks (the file QNNCTL_MUTATION_EQUIVALENT names, on
 not tested: no test can kill them, so each would run every test that reaches its function,
 for a verdict the score leaves out. They get mutmut's "skipped".
 
+With the lines each test ran (`--lines`, lines.py), a mutant is tested only by the tests that
+ran the lines of its change (and those the record of lines does not know): the others run the
+original code.
+
 The tests plugin (plugin.py) records each mutant's failing test in the file QNNCTL_MUTATION_KILLERS
 names; each mutant's process reads it afresh when it orders its tests, so kills made earlier in
 the same run count. The only change to mutmut is the `sorted` its worker module orders tests with.
@@ -26,6 +30,9 @@ from typing import Any
 
 KILLERS_VARIABLE = "QNNCTL_MUTATION_KILLERS"  # as plugin.py reads it
 EQUIVALENT_VARIABLE = "QNNCTL_MUTATION_EQUIVALENT"
+REACH_VARIABLE = "QNNCTL_MUTATION_REACH"  # reach.tsv: each mutant's function and lines (lines.py)
+LINES_VARIABLE = "QNNCTL_MUTATION_LINES_RAN"  # lines.tsv: the lines each test ran (lines.py)
+ANY = "*"  # as lines.py writes it
 MARK = "__mutmut_"  # what separates a mutant's function from its number
 SKIPPED = 34  # mutmut's exit code for "skipped"
 
@@ -49,15 +56,56 @@ def kills_of(path: str, mutant: str) -> tuple[str | None, Counter[str]]:
     return own, counts
 
 
+def runners_of(reach_path: str, lines_path: str, mutant: str) -> tuple[set[str], set[str]] | None:
+    """The tests that ran the lines where `mutant`'s change is, and every test lines.tsv knows;
+    None when any test that calls its function can tell it (a change to the signature, or a
+    mutant reach.tsv does not know)."""
+    module = mutant.rpartition(".")[0]  # qnnctl.install.x_install__mutmut_5 -> qnnctl.install
+    where: tuple[str, set[str]] | None = None
+    with open(reach_path, encoding="utf-8") as rows:
+        for row in rows:
+            name, _, rest = row.rstrip("\n").partition("\t")
+            if name == mutant:
+                function, _, lines = rest.partition("\t")
+                where = None if lines == ANY else (function, set(lines.split(",")))
+                break
+    if where is None:
+        return None
+    source = module.replace(".", "/") + ".py"
+    ran: set[str] = set()
+    known: set[str] = set()
+    with open(lines_path, encoding="utf-8") as rows:
+        for row in rows:
+            fields = row.rstrip("\n").split("\t")
+            if len(fields) != 4:
+                continue  # the header
+            known.add(fields[3])
+            if fields[0] == source and fields[1] == where[0] and fields[2] in where[1]:
+                ran.add(fields[3])
+    return ran, known
+
+
 def killers_first(tests: Iterable[Any], key: Callable[[Any], Any] | None = None, reverse: bool = False) -> list[Any]:
-    """`sorted` as mutmut's worker calls it, then, in a mutant's process, its function's killers first."""
+    """`sorted` as mutmut's worker calls it, then, in a mutant's process, its function's killers
+    first; with the lines each test ran (lines.py), only the tests that ran the mutant's change,
+    and those lines.tsv does not know."""
     ordered = sorted(tests, key=key, reverse=reverse)
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if MARK not in mutant:  # other names (stats, the clean run) are no function's: no kills
+        return ordered
     path = os.environ.get(KILLERS_VARIABLE)
-    if path and MARK in mutant:  # other names (stats, the clean run) are no function's: no kills
+    if path:
         own, counts = kills_of(path, mutant)
         if counts:  # a stable sort: mutmut's order among tests with as many kills
             ordered.sort(key=lambda test: (test != own, -counts[test]) if isinstance(test, str) else (True, 0))
+    reach_path, lines_path = os.environ.get(REACH_VARIABLE), os.environ.get(LINES_VARIABLE)
+    found = runners_of(reach_path, lines_path, mutant) if reach_path and lines_path else None
+    if found is not None:
+        ran, known = found
+        kept = [test for test in ordered if test in ran or test not in known]
+        # No test runs the change: one that does not is run all the same, and the mutant survives
+        # (mutmut would run every test for an empty list).
+        ordered = kept or ordered[:1]
     return ordered
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 HITS_VARIABLE = "QNNCTL_MUTATION_HITS"  # as tests/mutation/plugin.py sets it
 STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
@@ -74,6 +75,43 @@ def hit_recorder(path: str, script_module: str | None = None) -> Callable[..., N
     return record_trampoline_hit
 
 
+LINES_VARIABLE = "QNNCTL_MUTATION_LINES"  # as tests/mutation/lines.py sets them
+SOURCES_VARIABLE = "QNNCTL_MUTATION_LINES_SOURCES"
+TEST_VARIABLE = "QNNCTL_MUTATION_LINES_TEST"
+
+
+def record_lines(path: str, sources: dict[str, str]) -> None:
+    """Trace this process and the threads it starts: append each line of `sources` (absolute
+    path -> the name to record) that runs, once per test, to the file at `path`, as soon as it
+    first runs, so that a worker ending with os._exit keeps what it ran (tests/mutation/lines.py)."""
+    import threading
+
+    seen: set[tuple[str, str, int]] = set()
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            code = frame.f_code
+            key = (os.environ.get(TEST_VARIABLE, ""), getattr(code, "co_qualname", code.co_name), frame.f_lineno)
+            if key not in seen:
+                seen.add(key)
+                # One short line, appended: lines from concurrent processes do not interleave.
+                with open(path, "a", encoding="utf-8") as lines:
+                    lines.write(f"{sources[code.co_filename]}\t{key[1]}\t{key[2]}\t{key[0]}\n")
+        return local
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        return local if event == "call" and frame.f_code.co_filename in sources else None
+
+    threading.settrace(calls)
+    sys.settrace(calls)
+
+
+def sources_from(value: str) -> dict[str, str]:
+    """SOURCES_VARIABLE's `name=path` pairs, os.pathsep-separated, as record_lines takes them."""
+    pairs = (item.partition("=") for item in value.split(os.pathsep) if item)
+    return {path: name for name, _, path in pairs}
+
+
 def _report_hits(path: str, script_module: str | None) -> None:
     import mutmut.stats
 
@@ -106,6 +144,8 @@ def _hand_over() -> None:
 
 
 def _start() -> None:
+    if os.environ.get(LINES_VARIABLE):
+        record_lines(os.environ[LINES_VARIABLE], sources_from(os.environ.get(SOURCES_VARIABLE, "")))
     counting = os.environ.get("MUTANT_UNDER_TEST") == "stats" or os.environ.get(STATS_VARIABLE) == "1"
     script_module = _script_module()
     if counting and os.environ.get(HITS_VARIABLE):
