@@ -134,6 +134,7 @@ def collect_lines(work: Path, target: Target) -> int:
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip()
     partial = work / f"{LINES}.partial"
     partial.write_text(f"# {commit}\n", encoding="utf-8")
+    partial.chmod(0o666)  # for the children some tests run as another user (nobody)
     environ = dict(os.environ, **{lines.LINES_VARIABLE: str(partial),
                                   lines.SOURCES_VARIABLE: lines.sources_variable(work, target.sources)})
     environ.pop("MUTANT_UNDER_TEST", None)

@@ -12,8 +12,8 @@ not tested: no test can kill them, so each would run every test that reaches its
 for a verdict the score leaves out. They get mutmut's "skipped".
 
 With the lines each test ran (`--lines`, lines.py), a mutant is tested only by the tests that
-ran the lines of its change (and those the record of lines does not know): the others run the
-original code.
+ran the lines of its change, and by those that ran no line of its function though mutmut saw
+them reach it (traced in part): the others run only the original code.
 
 The tests plugin (plugin.py) records each mutant's failing test in the file QNNCTL_MUTATION_KILLERS
 names; each mutant's process reads it afresh when it orders its tests, so kills made earlier in
@@ -57,9 +57,10 @@ def kills_of(path: str, mutant: str) -> tuple[str | None, Counter[str]]:
 
 
 def runners_of(reach_path: str, lines_path: str, mutant: str) -> tuple[set[str], set[str]] | None:
-    """The tests that ran the lines where `mutant`'s change is, and every test lines.tsv knows;
-    None when any test that calls its function can tell it (a change to the signature, or a
-    mutant reach.tsv does not know)."""
+    """The tests that ran the lines where `mutant`'s change is, and those that ran any line of its
+    function (a test that calls it but ran none was traced in part: it is kept); None when any
+    test that calls its function can tell it (a change to the signature, or a mutant reach.tsv
+    does not know)."""
     module = mutant.rpartition(".")[0]  # qnnctl.install.x_install__mutmut_5 -> qnnctl.install
     where: tuple[str, set[str]] | None = None
     with open(reach_path, encoding="utf-8") as rows:
@@ -79,16 +80,18 @@ def runners_of(reach_path: str, lines_path: str, mutant: str) -> tuple[set[str],
             fields = row.rstrip("\n").split("\t")
             if len(fields) != 4:
                 continue  # the header
-            known.add(fields[3])
-            if fields[0] == source and fields[1] == where[0] and fields[2] in where[1]:
-                ran.add(fields[3])
+            if fields[0] == source and fields[1] == where[0]:
+                known.add(fields[3])
+                if fields[2] in where[1]:
+                    ran.add(fields[3])
     return ran, known
 
 
 def killers_first(tests: Iterable[Any], key: Callable[[Any], Any] | None = None, reverse: bool = False) -> list[Any]:
     """`sorted` as mutmut's worker calls it, then, in a mutant's process, its function's killers
     first; with the lines each test ran (lines.py), only the tests that ran the mutant's change,
-    and those lines.tsv does not know."""
+    and those that ran no line of its function, which a test that reaches it did where lines.tsv
+    missed it."""
     ordered = sorted(tests, key=key, reverse=reverse)
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
     if MARK not in mutant:  # other names (stats, the clean run) are no function's: no kills

@@ -94,9 +94,16 @@ def record_lines(path: str, sources: dict[str, str]) -> None:
             key = (os.environ.get(TEST_VARIABLE, ""), getattr(code, "co_qualname", code.co_name), frame.f_lineno)
             if key not in seen:
                 seen.add(key)
-                # One short line, appended: lines from concurrent processes do not interleave.
-                with open(path, "a", encoding="utf-8") as lines:
-                    lines.write(f"{sources[code.co_filename]}\t{key[1]}\t{key[2]}\t{key[0]}\n")
+                try:
+                    # One short line, appended: lines from concurrent processes do not interleave.
+                    with open(path, "a", encoding="utf-8") as lines:
+                        lines.write(f"{sources[code.co_filename]}\t{key[1]}\t{key[2]}\t{key[0]}\n")
+                except OSError:
+                    # Never a failure of the code traced: this process's lines are lost, and its
+                    # test is then one that ran none of a function's (ordered_run.py keeps it).
+                    sys.settrace(None)
+                    threading.settrace(None)
+                    return None
         return local
 
     def calls(frame: Any, event: str, arg: Any) -> Any:
