@@ -223,3 +223,15 @@ def test_a_dry_run_note_that_holds_a_newline_stays_a_comment(tmp_path: Path) -> 
     assert plan.returncode == 0, plan.stderr
     ran = subprocess.run(["sh", "-c", plan.stdout], capture_output=True, text=True, timeout=30)
     assert "INJECTED" not in ran.stdout, plan.stdout
+
+
+def test_install_without_a_version_reuses_the_newest_sdk_installed(mirror: FaultServer, cache_dir: Path) -> None:
+    """No version, no QNN_SDK_ROOT, pin or ExecuTorch: the newest SDK on disk, not the default."""
+    newer = "2.40.0.251030"
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    root = install_tree_into_cache(cache_dir, newer)
+    proc = run_qnnctl("-v", "install")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{root}\n"
+    assert f"chose SDK {newer} (installed: the newest SDK already installed)" in proc.stderr
+    assert mirror.requests == []

@@ -269,6 +269,21 @@ def test_install_file_is_checked_against_the_lock(cache_dir: Path, tmp_path: Pat
     _nothing_installed(cache_dir)
 
 
+def test_an_install_without_the_lock_check_takes_a_file_the_lock_would_refuse(cache_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """`check_lock` off (how `qnnctl lock` installs what it is about to pin): no lock is consulted."""
+    from qnnctl.install import InstallRequest, install
+
+    _install_and_lock(tmp_path)
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    other = tmp_path / "other" / f"v{VERSION}.zip"
+    data = _archive(other.parent, payload=b"another build")
+    result = install(InstallRequest(file=other, check_lock=False), Cache(cache_dir), dict(os.environ), Path.cwd())
+    assert result.action == "installed"
+    assert result.sdk is not None
+    assert read_manifest(result.sdk.root)["sha256"] == _sha256(data)
+
+
 def test_an_installed_sdk_the_lock_disagrees_with_is_locked_again(cache_dir: Path, tmp_path: Path) -> None:
     """The hint of a mismatch offers `qnnctl lock VERSION` when the SDK in use is the one to
     trust: it writes the lock from that SDK, which the old lock does not stop."""
