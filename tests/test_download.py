@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _range_start(request_headers: dict[str, str]) -> int | None:
+def _range_start(request_headers: Mapping[str, str]) -> int | None:
     value = request_headers.get("Range")
     return None if value is None else int(value.removeprefix("bytes=").split("-", 1)[0])
 

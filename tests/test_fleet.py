@@ -281,7 +281,9 @@ def test_an_install_without_the_lock_check_takes_a_file_the_lock_would_refuse(ca
     result = install(InstallRequest(file=other, check_lock=False), Cache(cache_dir), dict(os.environ), Path.cwd())
     assert result.action == "installed"
     assert result.sdk is not None
-    assert read_manifest(result.sdk.root)["sha256"] == _sha256(data)
+    manifest = read_manifest(result.sdk.root)
+    assert manifest is not None
+    assert manifest["sha256"] == _sha256(data)
 
 
 def test_an_installed_sdk_the_lock_disagrees_with_is_locked_again(cache_dir: Path, tmp_path: Path) -> None:
