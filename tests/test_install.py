@@ -100,6 +100,25 @@ def test_fresh_install(mirror: FaultServer, cache_dir: Path) -> None:
     assert "installed SDK" in result.stderr
 
 
+def test_an_empty_sdk_root_leaves_the_sdk_to_the_caller(mirror: FaultServer, cache_dir: Path) -> None:
+    """QNN_SDK_ROOT exported but empty: install fetches nothing, prints no root and says why."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, InstallResult, install
+    from qnnctl.sdk import BY_CALLER
+
+    env = {**os.environ, "QNN_SDK_ROOT": ""}
+    result = run_qnnctl("install", env=env)
+    assert (result.returncode, result.stdout) == (0, ""), result.stderr
+    assert result.stderr == ("qnnctl: QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; "
+                             "nothing to install\n")
+    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
+    assert found == InstallResult(None, "caller", found.selection)
+    assert found.selection is not None
+    assert found.selection.reason == BY_CALLER
+    assert mirror.requests == []
+    assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
+
+
 def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> None:
     first = run_qnnctl("install")
     assert first.returncode == 0, first.stderr
