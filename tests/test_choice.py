@@ -235,3 +235,22 @@ def test_install_without_a_version_reuses_the_newest_sdk_installed(mirror: Fault
     assert proc.stdout == f"{root}\n"
     assert f"chose SDK {newer} (installed: the newest SDK already installed)" in proc.stderr
     assert mirror.requests == []
+
+
+def test_install_in_a_shell_set_up_by_env_reuses_its_sdk(mirror: FaultServer, cache_dir: Path) -> None:
+    """The SDK `qnnctl env` set this shell up for: reused, checked against the project's lock."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk import BY_SHELL
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the shell's
+    env = shell_for(VERSION)
+    proc = run_qnnctl("install", env=env)
+    assert (proc.returncode, proc.stdout) == (0, f"{root}\n"), proc.stderr
+    assert proc.stderr == f"qnnctl: SDK {VERSION} is already installed (qnnctl env)\n"
+    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
+    assert (found.sdk is not None and found.sdk.root, found.action) == (root, "reused")
+    assert found.selection is not None
+    assert found.selection.reason == BY_SHELL
+    assert mirror.requests == []
