@@ -119,6 +119,31 @@ def test_an_empty_sdk_root_leaves_the_sdk_to_the_caller(mirror: FaultServer, cac
     assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
 
 
+def test_an_sdk_installed_while_waiting_for_the_lock_is_checked_against_sha256(mirror: FaultServer,
+                                                                             cache_dir: Path) -> None:
+    """Another qnnctl installed the version while this one waited for the version's lock: what
+    it installed must have the --sha256 asked for."""
+    import json
+
+    from filelock import FileLock
+
+    from tests.sdkfactory import install_tree_into_cache
+
+    asked, other = "0" * 64, "1" * 64
+    with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")).acquire(timeout=5):
+        proc = start_qnnctl_waiting("install", VERSION, "--sha256", asked)
+        root = install_tree_into_cache(cache_dir, VERSION)  # by the qnnctl holding the lock
+        manifest = json.loads((root / MANIFEST_NAME).read_text())
+        (root / MANIFEST_NAME).write_text(json.dumps({**manifest, "sha256": other}))
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (4, ""), err
+    assert err == (f"qnnctl: another qnnctl installed {VERSION} meanwhile\n"
+                   f"qnnctl: error: SDK {VERSION} is installed from an archive whose sha256 is {other}, not {asked}\n"
+                   f"qnnctl: hint: check the --sha256 value; to replace the SDK with the archive that has it: "
+                   f"`qnnctl install {VERSION} --force --sha256 {asked}`\n")
+    assert mirror.requests == []
+
+
 def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> None:
     first = run_qnnctl("install")
     assert first.returncode == 0, first.stderr
