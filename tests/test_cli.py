@@ -124,7 +124,10 @@ def test_a_mistyped_version_is_not_called_a_path(mirror: FaultServer) -> None:
     assert mirror.requests == []
     # A path that does exist is still told apart from a version.
     Path(VERSION).mkdir()
-    _usage_error(run_qnnctl("install", f"{VERSION}/"), "is a path; install takes a VERSION")
+    refused = run_qnnctl("install", f"{VERSION}/")
+    _usage_error(refused)
+    assert refused.stderr == (f"qnnctl: error: '{VERSION}/' is a path; install takes a VERSION\n"
+                              "qnnctl: hint: use `qnnctl install --file ARCHIVE` for an archive on disk\n")
 
 
 _NOT_A_URL = "is not a valid URL: its host or port cannot be read"

@@ -240,12 +240,20 @@ def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_d
 
 
 def test_install_from_url(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    """The version is the one the archive's name says, whatever the folders above it say."""
     (tmp_path / "a").mkdir()
-    url = server.add(f"/custom/path/v{VERSION}.zip", build_archive(tmp_path / "a", "zip").read_bytes())
+    url = server.add(f"/custom/{OTHER_VERSION}/v{VERSION}.zip", build_archive(tmp_path / "a", "zip").read_bytes())
     result = run_qnnctl("install", "--url", url)
     assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
     manifest = _assert_complete_sdk(Path(result.stdout.strip()))
     assert manifest["source"] == url
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk import BY_ARGUMENT, Selection
+
+    again = install(InstallRequest(url=url), Cache(cache_dir), dict(os.environ), Path.cwd())
+    assert (again.action, again.selection) == ("reused", Selection(BY_ARGUMENT, f"named by {url}", version=VERSION))
 
 
 def test_url_without_a_version_needs_one(server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
@@ -253,8 +261,14 @@ def test_url_without_a_version_needs_one(server: FaultServer, tmp_path: Path, ca
     url = server.add("/latest.zip", build_archive(tmp_path / "a", "zip").read_bytes())
     refused = run_qnnctl("install", "--url", url)
     assert refused.returncode == 2
-    assert "cannot tell the SDK version" in refused.stderr
+    assert refused.stderr == (f"qnnctl: error: cannot tell the SDK version from {url}\n"
+                              "qnnctl: hint: give it too: `qnnctl install VERSION --url URL`\n")
     assert server.requests == []
+    # A URL with no path at all names no version either.
+    bare = run_qnnctl("install", "--url", server.base.rstrip("/"))
+    assert (bare.returncode, bare.stderr) == (2, f"qnnctl: error: cannot tell the SDK version from "
+                                                 f"{server.base.rstrip('/')}\nqnnctl: hint: give it too: "
+                                                 "`qnnctl install VERSION --url URL`\n")
     result = run_qnnctl("install", "2.37", "--url", url)
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
