@@ -149,7 +149,7 @@ def collect_lines(work: Path, target: Target) -> int:
     return 0
 
 
-def lines_in_use(work: Path, commit: str) -> bool:
+def lines_in_use(work: Path, commit: str, quiet: bool = False) -> bool:
     """Whether `work`/lines.tsv was recorded for code that reaches as `commit`'s does."""
     path = work / LINES
     if not path.is_file():
@@ -158,8 +158,9 @@ def lines_in_use(work: Path, commit: str) -> bool:
         known = recorded.readline().removeprefix("# ").strip()
     if same_reach(known, commit):
         return True
-    print(f"{path.relative_to(REPO)} was recorded at {known[:12]}, and the code or tests changed since: every test "
-          f"that reaches a function tests its mutants (--lines records them again)", file=sys.stderr)
+    if not quiet:
+            print(f"{path.relative_to(REPO)} was recorded at {known[:12]}, and the code or tests changed since: every "
+              f"test that reaches a function tests its mutants (--lines records them again)", file=sys.stderr)
     return False
 
 
@@ -356,7 +357,7 @@ def main() -> int:
     (work / "equivalent.names").write_text("".join(f"{key}\n" for key in skipped), encoding="utf-8")
     forget(work, target, marked, survivors=args.retest, names=args.names, equivalent_too=args.equivalents)
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip()
-    if args.lines and not lines_in_use(work, commit) and collect_lines(work, target) != 0:
+    if args.lines and not lines_in_use(work, commit, quiet=True) and collect_lines(work, target) != 0:
         return 1
     by_line = lines_in_use(work, commit)
     if by_line:
