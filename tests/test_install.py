@@ -150,7 +150,14 @@ def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> Non
     second = run_qnnctl("install", VERSION)
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
-    assert "already installed" in second.stderr
+    # Found before any lock is taken: no "another qnnctl installed it meanwhile".
+    assert second.stderr == f"qnnctl: SDK {VERSION} is already installed (qnnctl cache)\n"
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk import BY_ARGUMENT, Selection
+
+    again = install(InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
+    assert (again.action, again.selection) == ("reused", Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION))
     # The first install asked for the archive and the mirror's index.json; the second for nothing.
     assert sorted(r.path for r in mirror.requests) == sorted([PATH, "/index.json"])
 
