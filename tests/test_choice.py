@@ -237,40 +237,36 @@ def test_install_without_a_version_reuses_the_newest_sdk_installed(mirror: Fault
     assert mirror.requests == []
 
 
-def test_install_in_a_shell_set_up_by_env_reuses_its_sdk(mirror: FaultServer, cache_dir: Path) -> None:
-    """The SDK `qnnctl env` set this shell up for: reused, checked against the project's lock."""
+def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, origin: str, reason: str) -> None:
+    """`qnnctl install` with no VERSION in `env` reuses the SDK at `root`, saying where it was
+    found, and install() returns it with the step of the selection that chose it."""
     from qnnctl.cache import Cache
     from qnnctl.install import InstallRequest, install
-    from qnnctl.sdk import BY_SHELL
 
-    root = install_tree_into_cache(cache_dir, VERSION)
-    install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the shell's
-    env = shell_for(VERSION)
+    install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the one to reuse
     proc = run_qnnctl("install", env=env)
     assert (proc.returncode, proc.stdout) == (0, f"{root}\n"), proc.stderr
-    assert proc.stderr == f"qnnctl: SDK {VERSION} is already installed (qnnctl env)\n"
+    assert proc.stderr == f"qnnctl: SDK {VERSION} is already installed ({origin})\n"
     found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
     assert (found.sdk is not None and found.sdk.root, found.action) == (root, "reused")
     assert found.selection is not None
-    assert found.selection.reason == BY_SHELL
+    assert found.selection.reason == reason
+
+
+def test_install_in_a_shell_set_up_by_env_reuses_its_sdk(mirror: FaultServer, cache_dir: Path) -> None:
+    """The SDK `qnnctl env` set this shell up for, not the newest installed."""
+    from qnnctl.sdk import BY_SHELL
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    _reused_by_install(cache_dir, shell_for(VERSION), root, "qnnctl env", BY_SHELL)
     assert mirror.requests == []
 
 
 def test_install_with_the_users_sdk_root_reuses_it(mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     """A QNN_SDK_ROOT of the user's, outside the cache: reused as it is, nothing fetched."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
     from qnnctl.sdk import BY_ENV
 
     root = tmp_path / "users-sdk"
     build_sdk_tree(root, SdkSpec(version=VERSION))
-    install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the user's
-    env = {**os.environ, "QNN_SDK_ROOT": str(root)}
-    proc = run_qnnctl("install", env=env)
-    assert (proc.returncode, proc.stdout) == (0, f"{root}\n"), proc.stderr
-    assert proc.stderr == f"qnnctl: SDK {VERSION} is already installed (QNN_SDK_ROOT)\n"
-    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
-    assert (found.sdk is not None and found.sdk.root, found.action) == (root, "reused")
-    assert found.selection is not None
-    assert found.selection.reason == BY_ENV
+    _reused_by_install(cache_dir, {**os.environ, "QNN_SDK_ROOT": str(root)}, root, "QNN_SDK_ROOT", BY_ENV)
     assert mirror.requests == []

@@ -13,6 +13,7 @@ from tests.mutation import lines
 from tests.mutation.ordered_run import ANY, REACH_VARIABLE, killers_first, runners_of
 from tests.mutation.ordered_run import LINES_VARIABLE as LINES_RAN
 from tests.mutation.site import sitecustomize
+from tests.test_mutation_order import _order
 
 ORIGINAL = '''\
 """A module."""
@@ -36,98 +37,26 @@ class C:
         return x + 1
 '''
 
+def _copy(name: str, old: str = "", new: str = "") -> str:
+    """f as mutmut copies it under `name`, with `old` made `new` in it."""
+    body = ORIGINAL.split("\n\n\n")[1].replace("def f(", f"def {name}(")
+    return body.replace(old, new) if old else body
+
+
 # mutmut's file: the original's copy and each mutant under its name, the blank lines before
 # each in its span, a method's copies inside its class.
-MUTATED = '''\
-"""A module."""
-
-
-def x_f__mutmut_orig(a: int = 1) -> int:
-    b = a + 1
-    if (b > 2
-            and a):
-        return b
-    try:
-        c = int("x")
-    except (ValueError,
-            TypeError):
-        c = 0
-    return b * 2 + c
-
-
-def x_f__mutmut_1(a: int = 2) -> int:
-    b = a + 1
-    if (b > 2
-            and a):
-        return b
-    try:
-        c = int("x")
-    except (ValueError,
-            TypeError):
-        c = 0
-    return b * 2 + c
-
-
-def x_f__mutmut_2(a: int = 1) -> int:
-    b = a + 1
-    if (b > 2
-            or a):
-        return b
-    try:
-        c = int("x")
-    except (ValueError,
-            TypeError):
-        c = 0
-    return b * 2 + c
-
-
-def x_f__mutmut_3(a: int = 1) -> int:
-    b = a + 1
-    if (b > 2
-            and a):
-        return b
-    try:
-        c = int("x")
-    except (ValueError,
-            TypeError):
-        c = 1
-    return b * 2 + c
-
-
-def x_f__mutmut_4(a: int = 1) -> int:
-    b = a + 1
-    if (b > 2
-            and a):
-        return b
-    try:
-        c = int("x")
-    except (ValueError,
-            None):
-        c = 0
-    return b * 2 + c
-
-
-def x_f__mutmut_5(a: int = 1) -> int:
-    b = a + 1
-    if (b > 2
-            and a):
-        return b
-    try:
-        c = int("x")
-    except (ValueError,
-            TypeError):
-        c = 0
-    return b * 2 - c
-
-
-class C:
-
-    def xǁCǁm__mutmut_orig(self, x: int) -> int:
-        return x + 1
-
-    def xǁCǁm__mutmut_1(self, x: int) -> int:
-        return x - 1
-'''
+MUTATED = "\n\n".join([
+    '"""A module."""\n',
+    _copy("x_f__mutmut_orig"),
+    _copy("x_f__mutmut_1", "a: int = 1", "a: int = 2"),
+    _copy("x_f__mutmut_2", "and a", "or a"),
+    _copy("x_f__mutmut_3", "c = 0", "c = 1"),
+    _copy("x_f__mutmut_4", "TypeError", "None"),
+    _copy("x_f__mutmut_5", "b * 2 + c", "b * 2 - c"),
+    "class C:\n\n"
+    "    def xǁCǁm__mutmut_orig(self, x: int) -> int:\n        return x + 1\n\n"
+    "    def xǁCǁm__mutmut_1(self, x: int) -> int:\n        return x - 1\n",
+])
 
 
 def _spans(text: str) -> dict[str, tuple[int, int]]:
@@ -192,20 +121,15 @@ def test_a_mutant_is_tested_by_the_tests_that_ran_its_change_and_those_traced_in
     assert runners_of(str(reach), str(ran), "qnnctl.a.x_f__mutmut_1") is None
     assert runners_of(str(reach), str(ran), "qnnctl.a.x_f__mutmut_9") is None  # not in reach.tsv
 
-    durations = {"t_fast": 0.1, "t_other": 0.5, "t_mid": 1.0, "t_slow": 9.0}
     monkeypatch.setenv(REACH_VARIABLE, str(reach))
     monkeypatch.setenv(LINES_RAN, str(ran))
 
-    def order(mutant: str) -> list[str]:
-        monkeypatch.setenv("MUTANT_UNDER_TEST", mutant)
-        return killers_first(list(durations), key=durations.__getitem__)
-
     # t_other ran no line of f (traced in part, as mutmut says it reaches f): kept.
-    assert order("qnnctl.a.x_f__mutmut_2") == ["t_other", "t_mid", "t_slow"]
-    assert order("qnnctl.a.x_f__mutmut_1") == ["t_fast", "t_other", "t_mid", "t_slow"]
+    assert _order(monkeypatch, "qnnctl.a.x_f__mutmut_2") == ["t_other", "t_mid", "t_slow"]
+    assert _order(monkeypatch, "qnnctl.a.x_f__mutmut_1") == ["t_fast", "t_other", "t_mid", "t_slow"]
     # A method is its class's: t_other ran its line, and the others none of it.
-    assert order("qnnctl.a.xǁCǁm__mutmut_1") == ["t_fast", "t_other", "t_mid", "t_slow"]
-    assert order("stats") == ["t_fast", "t_other", "t_mid", "t_slow"]
+    assert _order(monkeypatch, "qnnctl.a.xǁCǁm__mutmut_1") == ["t_fast", "t_other", "t_mid", "t_slow"]
+    assert _order(monkeypatch, "stats") == ["t_fast", "t_other", "t_mid", "t_slow"]
 
 
 def test_no_test_running_the_change_leaves_one_test_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
