@@ -316,6 +316,18 @@ def test_the_lock_being_written_is_not_checked_against_the_one_it_replaces(cache
     assert tomllib.loads(lock.read_text())["sdk"]["sha256"] == "0" * 64
 
 
+def test_lock_downloads_the_archive_it_is_about_to_pin_whatever_the_old_lock_says(mirror: FaultServer,
+                                                                                   cache_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """`qnnctl lock` of an SDK not installed downloads it unchecked by the lock it replaces."""
+    _, lock = _install_and_lock(tmp_path)
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert (made.returncode, made.stdout) == (0, f"{lock}\n"), made.stderr
+    served = mirror.files[f"/{VERSION}/v{VERSION}.zip"]
+    assert tomllib.loads(lock.read_text())["sdk"]["sha256"] == _sha256(served)
+
+
 def test_install_locked_of_another_version_installed_already_fails(cache_dir: Path, tmp_path: Path) -> None:
     _, lock = _install_and_lock(tmp_path)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
