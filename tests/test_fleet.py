@@ -526,6 +526,18 @@ def test_a_link_to_a_folder_that_is_later_removed(tmp_path: Path, cache_dir: Pat
     assert json.loads(run_qnnctl("list", "--json").stdout)["sdks"] == []
 
 
+def test_install_of_a_version_whose_linked_folder_is_gone_installs_a_copy_saying_so(
+        mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    assert run_qnnctl("link", str(folder)).returncode == 0
+    shutil.rmtree(folder)
+    installed = run_qnnctl("install", VERSION)
+    assert (installed.returncode, installed.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), installed.stderr
+    assert installed.stderr.startswith(f"qnnctl: warning: SDK {VERSION} is linked to {folder}, which is gone (or is "
+                                       "no SDK root any more); installing a copy into qnnctl's cache\n"), \
+        installed.stderr
+
+
 def test_uninstall_removes_only_the_link(tmp_path: Path, cache_dir: Path) -> None:
     folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
     assert run_qnnctl("link", str(folder)).returncode == 0
