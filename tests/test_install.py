@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,6 +142,39 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_checked_against_sha256(m
                    f"qnnctl: error: SDK {VERSION} is installed from an archive whose sha256 is {other}, not {asked}\n"
                    f"qnnctl: hint: check the --sha256 value; to replace the SDK with the archive that has it: "
                    f"`qnnctl install {VERSION} --force --sha256 {asked}`\n")
+    assert mirror.requests == []
+
+
+def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServer, cache_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from filelock import FileLock
+
+    import qnnctl.install as installing
+    from qnnctl.cache import Cache
+    from qnnctl.sdk import BY_ARGUMENT, Selection
+    from tests.sdkfactory import install_tree_into_cache
+
+    with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")).acquire(timeout=5):
+        proc = start_qnnctl_waiting("install", VERSION)
+        root = install_tree_into_cache(cache_dir, VERSION)  # by the qnnctl holding the lock
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, f"{root}\n"), err
+    assert err == (f"qnnctl: another qnnctl installed {VERSION} meanwhile\n"
+                   f"qnnctl: SDK {VERSION} is already installed (qnnctl cache)\n")
+    # In this process: found only by the look under the lock.
+    looks: list[str] = []
+
+    def late(version: str, *args: Any) -> Any:
+        looks.append(version)
+        return None if len(looks) == 1 else find_installed(version, *args)
+
+    from qnnctl.sdk import find_installed
+
+    monkeypatch.setattr(installing, "find_installed", late)
+    again = installing.install(installing.InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
+    assert (again.sdk is not None and again.sdk.root, again.action) == (root, "reused")
+    assert again.selection == Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
+    assert looks == [VERSION, VERSION]
     assert mirror.requests == []
 
 
