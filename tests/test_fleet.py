@@ -668,6 +668,29 @@ def test_install_from_a_mirror_whose_index_disagrees_with_the_lock_fetches_nothi
     _nothing_installed(cache_dir)
 
 
+def test_a_sha256_the_mirrors_index_disagrees_with_is_named_and_a_url_of_its_own_skips_the_index(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _archive(tmp_path / "good")
+    server.add(PATH, good)
+    indexed = "1" * 64
+    server.add("/index.json", json.dumps({"schema": 1, "versions": {VERSION: {"sha256": indexed, "size": len(good)}}})
+               .encode(), "application/json")
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    mine = _sha256(good)
+    refused = run_qnnctl("install", VERSION, "--sha256", mine)
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert refused.stderr == (f"qnnctl: error: --sha256 expects sha256 {mine}, but the mirror's "
+                              f"{server.base.rstrip('/')}/index.json expects {indexed}; nothing was fetched\n"
+                              "qnnctl: hint: find out which is right; `qnnctl lock VERSION` writes the lock again, "
+                              "`qnnctl mirror DIR VERSION` the mirror's index\n")
+    # An archive named by --url is not the mirror's: its index is not read.
+    url = server.add(f"/elsewhere/v{VERSION}.zip", good)
+    installed = run_qnnctl("install", "--url", url)
+    assert installed.returncode == 0, installed.stderr
+    assert len(server.requests_for("/index.json")) == 1
+    assert server.requests_for(PATH) == []
+
+
 # -- uninstall --except / --all ---------------------------------------------------------------
 
 
