@@ -11,7 +11,7 @@ import pytest
 
 from tests.mutation import lines
 from tests.mutation.ordered_run import ANY, REACH_VARIABLE, killers_first, runners_of
-from tests.mutation.ordered_run import LINES_VARIABLE as LINES_RAN
+from tests.mutation.ordered_run import LINES_RAN_VARIABLE as LINES_RAN
 from tests.mutation.site import sitecustomize
 from tests.test_mutation_order import _order
 

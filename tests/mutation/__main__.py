@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.mutation import TARGETS, Target, lines, record
 from tests.mutation.changes import judge, mutant_changes, mutated, parse, stamp
-from tests.mutation.ordered_run import EQUIVALENT_VARIABLE, LINES_VARIABLE, REACH_VARIABLE
+from tests.mutation.ordered_run import EQUIVALENT_VARIABLE, LINES_RAN_VARIABLE, REACH_VARIABLE
 from tests.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def lines_in_use(work: Path, commit: str, quiet: bool = False) -> bool:
     if same_reach(known, commit):
         return True
     if not quiet:
-            print(f"{path.relative_to(REPO)} was recorded at {known[:12]}, and the code or tests changed since: every "
+        print(f"{path.relative_to(REPO)} was recorded at {known[:12]}, and the code or tests changed since: every "
               f"test that reaches a function tests its mutants (--lines records them again)", file=sys.stderr)
     return False
 
@@ -250,7 +250,7 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float, by_line: bool = 
     environ = dict(os.environ, **{KILLERS_VARIABLE: str(work / "killers.tsv"),
                                   EQUIVALENT_VARIABLE: str(work / "equivalent.names")})
     if by_line:
-        environ.update({REACH_VARIABLE: str(work / REACH), LINES_VARIABLE: str(work / LINES)})
+        environ.update({REACH_VARIABLE: str(work / REACH), LINES_RAN_VARIABLE: str(work / LINES)})
     process = subprocess.Popen(["nice", "-n", "10", sys.executable, str(ordered_run), *args], cwd=work, env=environ,
                                start_new_session=True, preexec_fn=_default_sigint)
     try:
@@ -357,9 +357,11 @@ def main() -> int:
     (work / "equivalent.names").write_text("".join(f"{key}\n" for key in skipped), encoding="utf-8")
     forget(work, target, marked, survivors=args.retest, names=args.names, equivalent_too=args.equivalents)
     commit = (work / "COMMIT").read_text(encoding="utf-8").strip()
-    if args.lines and not lines_in_use(work, commit, quiet=True) and collect_lines(work, target) != 0:
-        return 1
-    by_line = lines_in_use(work, commit)
+    by_line = lines_in_use(work, commit, quiet=args.lines)
+    if args.lines and not by_line:
+        if collect_lines(work, target) != 0:
+            return 1
+        by_line = True
     if by_line:
         write_reach(work, target)
     run_mutmut(work, ["run", "--max-children", str(args.max_children), *args.names], args.minutes, by_line)

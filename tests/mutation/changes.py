@@ -9,6 +9,7 @@ entry counts only while a mutant of its function still makes that change.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -32,9 +33,16 @@ def mutant_changes(source: Path, module: str) -> dict[str, str]:
 def mutated(source: Path) -> tuple[str, dict[str, tuple[int, int]]]:
     """The file mutmut makes of `source`, and the lines (1-based, inclusive) of each function it
     writes there: the original's copy (`..._orig`) and each mutant (`..._N`)."""
+    return _mutated(str(source), source.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _mutated(path: str, text: str) -> tuple[str, dict[str, tuple[int, int]]]:
+    # Once per text: a run asks for a module's mutants three times (equivalents, reach, report),
+    # and mutmut takes some 20 seconds to make install.py's.
     from mutmut.mutation.file_mutation import mutate_file_contents
 
-    made = mutate_file_contents(str(source), source.read_text(encoding="utf-8"))
+    made = mutate_file_contents(path, text)
     return made.code, {name: (span.start, span.end) for name, span in made.line_span_by_function_name.items()}
 
 

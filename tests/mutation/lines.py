@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import ast
 import difflib
-import importlib.util
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.mutation.plugin import load_site
 
 # As site/sitecustomize.py reads them: the file each process appends its lines to, the sources
 # (`name=absolute path`, os.pathsep-separated), the running test's node id (its children inherit it).
@@ -34,16 +34,6 @@ SOURCES_VARIABLE = "QNNCTL_MUTATION_LINES_SOURCES"
 TEST_VARIABLE = "QNNCTL_MUTATION_LINES_TEST"
 SITE = Path(__file__).resolve().parent / "site"
 ANY = "*"  # reach.tsv's lines for a change to a function's signature: every test that calls it counts
-
-
-def _site() -> Any:
-    """site/sitecustomize.py, loaded under a name of its own: this process does not start with it."""
-    spec = importlib.util.spec_from_file_location("qnnctl_mutation_lines_site", SITE / "sitecustomize.py")
-    assert spec is not None
-    assert spec.loader is not None
-    site = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(site)
-    return site
 
 
 def sources_variable(root: Path, sources: Iterable[str]) -> str:
@@ -60,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The export's own qnnctl/ in every child, and the site folder that starts their tracer.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(config.rootpath), str(SITE), os.environ.get("PYTHONPATH")]))
-    site = _site()
+    site = load_site()
     site.record_lines(path, site.sources_from(os.environ.get(SOURCES_VARIABLE, "")))
 
 

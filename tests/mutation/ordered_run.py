@@ -31,7 +31,7 @@ from typing import Any
 KILLERS_VARIABLE = "QNNCTL_MUTATION_KILLERS"  # as plugin.py reads it
 EQUIVALENT_VARIABLE = "QNNCTL_MUTATION_EQUIVALENT"
 REACH_VARIABLE = "QNNCTL_MUTATION_REACH"  # reach.tsv: each mutant's function and lines (lines.py)
-LINES_VARIABLE = "QNNCTL_MUTATION_LINES_RAN"  # lines.tsv: the lines each test ran (lines.py)
+LINES_RAN_VARIABLE = "QNNCTL_MUTATION_LINES_RAN"  # lines.tsv: the lines each test ran (lines.py)
 ANY = "*"  # as lines.py writes it
 MARK = "__mutmut_"  # what separates a mutant's function from its number
 SKIPPED = 34  # mutmut's exit code for "skipped"
@@ -101,7 +101,7 @@ def killers_first(tests: Iterable[Any], key: Callable[[Any], Any] | None = None,
         own, counts = kills_of(path, mutant)
         if counts:  # a stable sort: mutmut's order among tests with as many kills
             ordered.sort(key=lambda test: (test != own, -counts[test]) if isinstance(test, str) else (True, 0))
-    reach_path, lines_path = os.environ.get(REACH_VARIABLE), os.environ.get(LINES_VARIABLE)
+    reach_path, lines_path = os.environ.get(REACH_VARIABLE), os.environ.get(LINES_RAN_VARIABLE)
     found = runners_of(reach_path, lines_path, mutant) if reach_path and lines_path else None
     if found is not None:
         ran, known = found

@@ -60,18 +60,24 @@ def pytest_configure(config: pytest.Config) -> None:
 _forked_recorder: Callable[[str], Callable[..., None]] | None = None
 
 
+def load_site() -> Any:
+    """site/sitecustomize.py, loaded under a name of its own: a test process does not start as
+    a child does, with it as its sitecustomize."""
+    spec = importlib.util.spec_from_file_location("qnnctl_mutation_site", _SITE / "sitecustomize.py")
+    assert spec is not None
+    assert spec.loader is not None
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    return site
+
+
 def _count_in_forked_children() -> None:
     """Have each process forked while calls are counted report them as the children do (once
     per mutmut process: a fork hook cannot be taken back, and mutmut forks for each mutant)."""
     global _forked_recorder
     if _forked_recorder is not None:
         return
-    spec = importlib.util.spec_from_file_location("qnnctl_mutation_site", _SITE / "sitecustomize.py")
-    assert spec is not None
-    assert spec.loader is not None
-    site = importlib.util.module_from_spec(spec)  # under its own name: it does not start as a sitecustomize
-    spec.loader.exec_module(site)
-    _forked_recorder = site.hit_recorder
+    _forked_recorder = load_site().hit_recorder
     os.register_at_fork(after_in_child=_report_forked_calls)
 
 
