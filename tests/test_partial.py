@@ -165,6 +165,29 @@ def test_host_only_then_android(parts_mirror: FaultServer, archive_bytes: bytes,
     assert len(parts_mirror.requests_for(PATH)) == count
 
 
+def test_the_library_is_told_what_each_install_of_components_did(parts_mirror: FaultServer, cache_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """install() of some components: installed when fetched by parts, installed again when
+    components are added, reused once all are there; then the whole archive, downloaded and
+    installed, then reused; each chosen by the version given."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk import BY_ARGUMENT, Sdk, Selection
+
+    chosen = Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
+    sdk = Sdk(cache_dir / "sdks" / VERSION, VERSION, "qnnctl cache")
+    for request, action in ((InstallRequest(spec=VERSION, components=("host",)), "installed"),
+                            (InstallRequest(spec=VERSION, components=("android",)), "installed"),
+                            (InstallRequest(spec=VERSION, components=("host", "android")), "reused"),
+                            (InstallRequest(spec=VERSION, force=True), "installed"),
+                            (InstallRequest(spec=VERSION), "reused")):
+        result = install(request, Cache(cache_dir), dict(os.environ), tmp_path)
+        assert (result.action, result.selection, result.sdk) == (action, chosen, sdk), request
+        if request.components == ("host", "android"):
+            assert files_in(sdk.root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert "partial" not in (read_manifest(sdk.root) or {})
+
+
 def central_directory_sha256(data: bytes) -> str:
     (cd_size, cd_offset) = struct.unpack_from("<LL", data, len(data) - 22 + 12)
     return hashlib.sha256(data[cd_offset:cd_offset + cd_size]).hexdigest()
