@@ -820,3 +820,44 @@ def test_the_lock_pins_the_central_directory_and_the_components(parts_mirror: Fa
     assert (bad.returncode, bad.stdout) == (2, "")
     assert f"qnnctl: error: {lock} (sdk.components): wifi is not a component\n" in bad.stderr
     assert parts_mirror.bytes_served(PATH) == before
+
+
+def test_all_components_of_an_sdk_not_installed_are_one_whole_download(parts_mirror: FaultServer,
+                                                                       archive_bytes: bytes, cache_dir: Path) -> None:
+    result = run_qnnctl("install", VERSION, "--components", "all")
+    assert (result.returncode, result.stdout) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), result.stderr
+    (request,) = parts_mirror.requests_for(PATH)
+    assert "Range" not in request.headers
+    manifest = read_manifest(cache_dir / "sdks" / VERSION) or {}
+    assert (manifest["sha256"], "partial" in manifest) == (hashlib.sha256(archive_bytes).hexdigest(), False)
+
+
+@pytest.mark.parametrize("components", [(), ("--components", "host")])
+def test_a_sha256_the_archive_does_not_have_is_refused(parts_mirror: FaultServer, archive_bytes: bytes,
+                                                       cache_dir: Path, components: tuple[str, ...]) -> None:
+    """Whole or for some components, --sha256 is checked against the whole archive downloaded."""
+    result = run_qnnctl("install", VERSION, "--sha256", "0" * 64, *components)
+    assert (result.returncode, result.stdout) == (4, ""), result.stderr
+    assert hashlib.sha256(archive_bytes).hexdigest() in result.stderr
+    assert result.stderr.endswith("qnnctl: hint: the download was removed; check the --sha256 value or the "
+                                  "mirror's file\n"), result.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
+
+
+def test_a_whole_download_is_checked_against_the_lock(parts_mirror: FaultServer, cache_dir: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On another machine, the archive downloaded whole must have the sha256 and size the lock
+    pins; one the mirror changed since is refused, naming where it came from."""
+    assert run_qnnctl("install", VERSION).returncode == 0
+    lock = Path(run_qnnctl("lock", VERSION).stdout.strip())
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "other"))
+    result = run_qnnctl("install", VERSION)
+    assert (result.returncode, result.stdout) == (0, f"{tmp_path / 'other' / 'sdks' / VERSION}\n"), result.stderr
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "third"))
+    changed = build_archive(tmp_path, "zip", component_spec()).read_bytes()
+    parts_mirror.add(PATH, changed)
+    refused = run_qnnctl("install", VERSION)
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert (f"qnnctl: error: the archive from {parts_mirror.base}{PATH} does not match {lock}: its sha256 is "
+            f"{hashlib.sha256(changed).hexdigest()}") in refused.stderr
+    assert not (tmp_path / "third" / "sdks" / VERSION).exists()
