@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import random
 import shutil
 import subprocess
@@ -122,6 +123,21 @@ def run_qnnctl(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
         text=True,
         timeout=timeout,
     )
+
+
+def run_qnnctl_on_a_terminal(*args: str, timeout: float = 120) -> tuple[int, str, bytes]:
+    """`qnnctl ARGS` with its stderr on a pseudo-terminal: its exit code, its stdout, and all
+    it wrote to the terminal."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
+                            stderr=terminal, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    seen = bytearray()
+    reader = threading.Thread(target=lambda: seen.extend(read_terminal(controller)))
+    reader.start()
+    out, _ = proc.communicate(timeout=timeout)
+    reader.join(timeout=30)
+    return proc.returncode, out.decode(), bytes(seen)
 
 
 def start_qnnctl_waiting(*args: str, doing: str = f"installing {VERSION}") -> subprocess.Popen[str]:

@@ -6,14 +6,12 @@ import email.utils
 import hashlib
 import json
 import os
-import pty
 import re
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +23,7 @@ from qnnctl import __version__
 from qnnctl.cache import read_manifest, space_margin
 from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.errors import DiskSpaceError, DownloadError
-from tests.conftest import read_terminal, require_tool, run_qnnctl
+from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import Certificate, Fault, FaultServer, self_signed_certificate
 from tests.sdkfactory import VERSION, build_archive
 
@@ -214,17 +212,9 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(mirror: FaultServ
 
 
 def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> None:
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "-v", "install"], stdout=subprocess.PIPE,
-                            stderr=terminal, stdin=subprocess.DEVNULL)
-    os.close(terminal)
-    seen = bytearray()
-    reader = threading.Thread(target=lambda: seen.extend(read_terminal(controller)))
-    reader.start()
-    out, _ = proc.communicate(timeout=120)
-    reader.join(timeout=30)
-    assert proc.returncode == 0, seen.decode(errors="replace")
-    assert out.decode().strip().endswith(f"sdks/{VERSION}")
+    returncode, out, seen = run_qnnctl_on_a_terminal("-v", "install")
+    assert returncode == 0, seen.decode(errors="replace")
+    assert out.strip().endswith(f"sdks/{VERSION}")
     assert b"\r" in seen  # tqdm redraws its bar in place
     assert b"% of" not in seen  # and the plain lines are not printed as well
     # The bar leaves no thread behind that would keep the extraction from forking.
