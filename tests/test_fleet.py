@@ -626,7 +626,8 @@ def test_mirror_round_trip_served_by_http_server(server: FaultServer, tmp_path: 
         env["QNNCTL_CACHE_DIR"] = str(tmp_path / "fresh2")
         tampered = run_qnnctl("install", VERSION, env=env)
         assert tampered.returncode == 4, tampered.stderr
-        assert f"does not match the mirror's {base}/index.json" in tampered.stderr
+        assert (f"qnnctl: error: the archive from {base}/{VERSION}/v{VERSION}.zip does not match the mirror's "
+                f"{base}/index.json: its sha256 is ") in tampered.stderr
         _nothing_installed(tmp_path / "fresh2")
         # `mirror` finds the file changed against its own index.
         changed = run_qnnctl("mirror", str(folder), VERSION)

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from qnnctl.cache import MANIFEST_NAME, read_manifest
-from tests.conftest import run_qnnctl, with_default_sigint
+from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
 
@@ -856,3 +856,51 @@ def test_a_whole_download_is_checked_against_the_lock(parts_mirror: FaultServer,
     assert (f"qnnctl: error: the archive from {parts_mirror.base}{PATH} does not match {lock}: its sha256 is "
             f"{hashlib.sha256(changed).hexdigest()}") in refused.stderr
     assert not (tmp_path / "third" / "sdks" / VERSION).exists()
+
+
+def test_force_with_components_installs_them_anew(parts_mirror: FaultServer, cache_dir: Path) -> None:
+    """--force --components over an SDK installed by parts: the parts fetched again and put in
+    its place, a file damaged since included."""
+    assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
+    root = cache_dir / "sdks" / VERSION
+    prepare = root / "lib/x86_64-linux-clang/libQnnHtpPrepare.so"
+    good = prepare.read_bytes()
+    prepare.write_bytes(b"damaged")
+    before = len(parts_mirror.requests_for(PATH))
+    forced = run_qnnctl("install", VERSION, "--force", "--components", "host")
+    assert (forced.returncode, forced.stdout) == (0, f"{root}\n"), forced.stderr
+    assert len(parts_mirror.requests_for(PATH)) > before
+    assert prepare.read_bytes() == good
+    assert files_in(root) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+
+
+def test_components_a_store_lacks_are_installed_into_the_cache_apart_from_it(
+        parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared store holds the version with fewer components: the cache gets its own install of
+    all those asked for, the store's files neither taken over (no hard link) nor changed."""
+    store_cache = tmp_path / "store-cache"
+    first = run_qnnctl("install", VERSION, "--components", "host",
+                       env={**os.environ, "QNNCTL_CACHE_DIR": str(store_cache)})
+    assert first.returncode == 0, first.stderr
+    stored = store_cache / "sdks" / VERSION
+    held = read_manifest(stored)
+    monkeypatch.setenv("QNNCTL_STORES", str(store_cache / "sdks"))
+    before = parts_mirror.bytes_served(PATH)
+    result = run_qnnctl("install", VERSION, "--components", "host,android")
+    root = cache_dir / "sdks" / VERSION
+    assert (result.returncode, result.stdout) == (0, f"{root}\n"), result.stderr
+    assert files_in(root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert parts_mirror.bytes_served(PATH) - before >= host_compressed(archive_bytes)
+    name = "lib/x86_64-linux-clang/libQnnHtpPrepare.so"
+    assert (root / name).stat().st_ino != (stored / name).stat().st_ino
+    assert read_manifest(stored) == held
+
+
+@pytest.mark.parametrize("components", [(), ("--components", "host")])
+def test_progress_is_a_bar_on_a_terminal_whole_or_by_parts(parts_mirror: FaultServer, cache_dir: Path,
+                                                           components: tuple[str, ...]) -> None:
+    returncode, out, seen = run_qnnctl_on_a_terminal("install", VERSION, *components)
+    assert (returncode, out) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), seen.decode(errors="replace")
+    assert b"\r" in seen  # tqdm redraws its bar in place
+    assert b"% of" not in seen  # and the plain lines are not printed as well
