@@ -1,7 +1,8 @@
 """Safe extraction of SDK archives (zip, tar.gz, tar.xz, tar.bz2, tar).
 
-Members are streamed to disk block by block, each file's CRC-32 taken in the same pass that
-writes it. `ZipStream` starts on a zip's members while the archive is still downloading; once
+Members are streamed to disk block by block, each file's CRC-32 (checked against the archive's)
+and sha256 (what a lock's component digests and `doctor --verify` compare) taken in the same
+pass that writes it. `ZipStream` starts on a zip's members while the archive is still downloading; once
 it is complete, the rest are shared out between this process and forked ones (or threads).
 Nothing is written outside the extraction folder: absolute names, `..` components, device
 files and links that point outside the SDK are refused. Symlinks and hard links are created
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import hashlib
 import logging
 import lzma
 import os
@@ -28,13 +30,14 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, NoReturn, Protocol, TypeVar
+from typing import IO, Any, NamedTuple, NoReturn, Protocol, TypeVar
 
 from qnnctl.cache import require_free_space, space_margin
+from qnnctl.components import component_digests, member_line
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.sdk import HOST_LIB_DIR
 from qnnctl.versions import version_in
-from qnnctl.zipindex import zip64_sizes
+from qnnctl.zipindex import check_zip_file, member_kind, open_zip, zip64_sizes
 
 log = logging.getLogger("qnnctl.archive")
 
@@ -56,6 +59,14 @@ _CORRUPT = (zipfile.BadZipFile, tarfile.TarError, EOFError, lzma.LZMAError, zlib
 _LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
 
 
+class Written(NamedTuple):
+    """What writing one file took: its CRC-32, its size and the sha256 of its content."""
+
+    crc: int
+    size: int
+    sha256: str
+
+
 @dataclass
 class Extracted:
     """What an extraction produced: the SDK root inside the work folder, and its files."""
@@ -63,7 +74,7 @@ class Extracted:
     root: Path
     top: str  # the archive folder that held the SDK, e.g. "qairt/2.37.0.250724"
     version: str | None
-    files: dict[str, str] = field(default_factory=dict)  # path -> crc32_digest(), under root
+    files: dict[str, str] = field(default_factory=dict)  # path -> sha256 of its content, under root
     size: int = 0
 
 
@@ -157,11 +168,11 @@ class _Writer:
     def file(self, name: PurePosixPath, source: IO[bytes], mode: int) -> None:
         self.folder(name.parent)
         self.forget(name, os.path.join(self.work, name))  # the same name earlier in the archive
-        self.record(name, *self.write(name, source, mode))
+        self.record(name, self.write(name, source, mode))
 
     def write(self, name: PurePosixPath, source: _Source, mode: int,
-              stop: threading.Event | None = None, block_size: int = COPY_BUFFER) -> tuple[int, int]:
-        """Write one file into its (existing) folder; return its CRC-32 and size."""
+              stop: threading.Event | None = None, block_size: int = COPY_BUFFER) -> Written:
+        """Write one file into its (existing) folder; return its CRC-32, size and sha256."""
         path = os.path.join(self.work, name)
         mode &= 0o777
         try:
@@ -173,12 +184,14 @@ class _Writer:
             fd = os.open(path, _CREATE, mode)
         crc32 = _zlib().crc32
         crc = size = 0
+        sha = hashlib.sha256()
         try:
-            # One pass: each block is checksummed and written while it is in memory.
+            # One pass: each block is checksummed, hashed and written while it is in memory.
             while block := source.read(block_size):
                 if stop is not None and stop.is_set():
                     raise _Stopped
                 crc = crc32(block, crc)
+                sha.update(block)
                 view = memoryview(block)
                 while view:
                     view = view[os.write(fd, view):]
@@ -187,11 +200,11 @@ class _Writer:
                 os.fchmod(fd, mode)  # the umask (or an ACL) took bits the archive gives
         finally:
             os.close(fd)
-        return crc, size
+        return Written(crc, size, sha.hexdigest())
 
-    def record(self, name: PurePosixPath, crc: int, size: int) -> None:
-        self.digests[name] = crc32_digest(crc)
-        self.size += size
+    def record(self, name: PurePosixPath, written: Written) -> None:
+        self.digests[name] = written.sha256
+        self.size += written.size
 
     def forget(self, name: PurePosixPath, path: str) -> None:
         """The file `name`, at `path`, is about to be replaced (by a link, or a later member of its
@@ -485,7 +498,8 @@ def _send(fd: int, payload: tuple[str, Any]) -> None:
 
 def extract(archive: Path, work: Path, streamed: Streamed | None = None,
             only: Collection[PurePosixPath] | None = None, beside: Collection[PurePosixPath] = (),
-            ready: Callable[[zipfile.ZipInfo], None] | None = None, kind: str | None = None) -> Extracted:
+            ready: Callable[[zipfile.ZipInfo], None] | None = None, kind: str | None = None,
+            whole: bool = True) -> Extracted:
     """Extract `archive` into the empty folder `work` and find the SDK inside it.
 
     `streamed` is what a `ZipStream` already wrote into `work` while the archive downloaded;
@@ -500,9 +514,14 @@ def extract(archive: Path, work: Path, streamed: Streamed | None = None,
     it is there (a member still being fetched); the files are then written in threads, in the
     order of the archive, while the rest arrives. `kind` ("zip" or "tar") is for an archive
     whose first bytes are not there to tell (one fetched in parts).
+
+    A zip is first checked to read one way for every reader (qnnctl.zipindex); one fetched in
+    parts (`whole` off) has only some members' bytes, which the fetcher checks as they come.
     """
     work.mkdir(parents=True, exist_ok=True)
     kind = kind or archive_kind(archive)
+    if kind == "zip" and whole:
+        check_zip_file(archive)
     writer = _Writer(work)
     choice = _Choice(only, beside) if only is not None else None
     try:
@@ -594,7 +613,7 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
     links: list[_Link] = []
     folders: list[tuple[PurePosixPath, int | None]] = []
     files: dict[PurePosixPath, tuple[zipfile.ZipInfo, int]] = {}
-    with zipfile.ZipFile(archive) as zf:
+    with open_zip(archive) as zf:
         # Every member is checked before anything is written.
         for info in zf.infolist():
             name = _member_path(info.filename)
@@ -628,7 +647,7 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
                 files[name] = (info, stat.S_IMODE(unix_mode) or 0o644)
             else:
                 raise _unsafe(f"{info.filename!r} is a device or special file")
-        done: dict[PurePosixPath, tuple[int, int]] = {}
+        done: dict[PurePosixPath, Written] = {}
         for name, (info, _) in files.items():
             written = _take(streamed, name, info, folder=False)
             if written is not None:
@@ -652,17 +671,17 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
                 # Streamed files have the usual mode; the directory holds the real one.
                 if mode & 0o777 != _STREAMED_MODE:
                     os.chmod(os.path.join(writer.work, name), mode & 0o777)
-                writer.record(name, *done[name])
+                writer.record(name, done[name])
             else:
                 writer.folder(name.parent)
         fd = zf.fp.fileno() if zf.fp is not None else -1
 
-        def write(name: PurePosixPath, stop: threading.Event, block: int = COPY_BUFFER) -> tuple[int, int]:
+        def write(name: PurePosixPath, stop: threading.Event, block: int = COPY_BUFFER) -> Written:
             info, mode = files[name]
             # Workers share the open file: they read it with pread(), which has no position.
             data = _member_data(fd, info)
             written = writer.write(name, data, mode, stop, block)
-            data.verify(*written)
+            data.verify(written.crc, written.size)
             return written
 
         def weight(name: PurePosixPath) -> int:
@@ -686,12 +705,12 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
             in_threads(order, write_when_ready, extraction_threads())
         for name in files:
             if name not in done:
-                writer.record(name, *results[name])
+                writer.record(name, results[name])
     return names, links
 
 
 def _take(streamed: Streamed | None, name: PurePosixPath, info: zipfile.ZipInfo, folder: bool
-          ) -> tuple[int, int] | None:
+          ) -> Written | None:
     """The CRC-32 and size of `info` if it was streamed exactly as the directory describes it."""
     if streamed is None:
         return None
@@ -742,7 +761,7 @@ class Streamed:
     """What a ZipStream wrote: each member's local header, with the CRC-32 and size of the file
     written (None for a folder)."""
 
-    members: dict[PurePosixPath, tuple[_Local, tuple[int, int] | None]]
+    members: dict[PurePosixPath, tuple[_Local, Written | None]]
 
 
 class ZipStream:
@@ -764,7 +783,7 @@ class ZipStream:
         self.threads = threads or extraction_threads()
         self.min_size = STREAM_MIN if min_size is None else min_size
         self._writer = _Writer(work)
-        self._members: dict[PurePosixPath, tuple[_Local, tuple[int, int] | None]] = {}
+        self._members: dict[PurePosixPath, tuple[_Local, Written | None]] = {}
         self._changed = threading.Condition()
         self._part: Path | None = None
         self._fd: int | None = None
@@ -915,7 +934,10 @@ class ZipStream:
             tail = self._read(offset + _LOCAL.size, name_len + extra_len + small)
             raw_name, extra = tail[:name_len], tail[name_len:name_len + extra_len]
             if 0xFFFFFFFF in (csize, usize):
-                usize, csize = zip64_sizes(extra, usize, csize)
+                try:
+                    usize, csize = zip64_sizes(extra, usize, csize)
+                except IntegrityError:
+                    return  # extract() refuses the archive, naming the member
             # Decoded and cut as zipfile does, so that the names compare.
             filename = raw_name.decode("utf-8" if flags & _UTF8_FLAG else "cp437")
             filename = filename.split("\x00", 1)[0]
@@ -944,7 +966,7 @@ class ZipStream:
         source = _MemberData(self._read, local.data, local.csize, local.usize, local.crc, local.method,
                              local.filename, head)
         written = self._writer.write(local.name, source, _STREAMED_MODE, stop)
-        source.verify(*written)
+        source.verify(written.crc, written.size)
         self._members[local.name] = (local, written)
 
 
@@ -1063,19 +1085,20 @@ class _MemberData:
 
 
 def crc32_digest(crc: int) -> str:
-    """How the manifest records a file: its CRC-32, taken as it was written.
-
-    A checksum, not a cryptographic hash: the archive's sha256 vouches for what was
-    downloaded, and the per-file record is for `doctor --verify` to notice files changed,
-    damaged or lost since (anyone who could forge a file could rewrite the manifest too).
-    Zip archives carry each member's CRC-32, so extraction checks it at no extra cost.
-    """
+    """How manifests of earlier versions recorded a file: its CRC-32 (`crc32:` and 8 hex
+    digits). A checksum against accidents, not against anyone: a changed file whose CRC-32
+    was restored with four chosen bytes matches it. Files are recorded by sha256 now."""
     return f"crc32:{crc:08x}"
 
 
+def digest_kind(recorded: str) -> str:
+    """"sha256" or "CRC-32": what a manifest's record of a file compares."""
+    return "CRC-32" if recorded.startswith("crc32:") else "sha256"
+
+
 def digest_matches(path: Path, recorded: str) -> bool:
-    """Whether the file at `path` still has the digest the manifest recorded for it: a
-    CRC-32, or a sha256 (64 hex digits) in manifests of earlier versions."""
+    """Whether the file at `path` still has the digest the manifest recorded for it: its
+    sha256 (64 hex digits), or a CRC-32 in manifests of some earlier versions."""
     if ":" not in recorded:
         from qnnctl.download import file_sha256
 
@@ -1290,3 +1313,43 @@ def check_links_inside(root: Path) -> None:
             path = os.path.join(folder, name)
             if os.path.islink(path) and not _inside(os.path.realpath(path), real_root):
                 raise _unsafe(f"symlink {os.path.relpath(path, root)} -> {os.readlink(path)} leads outside the SDK")
+
+
+# -- what a lock or an index pins of an archive ---------------------------------------------
+
+
+def zip_digests(archive: Path) -> dict[str, str]:
+    """Each component's digest (see qnnctl.components) over a zip archive on disk, read one
+    way (see qnnctl.zipindex): what `tree_digests` gives for the SDK the archive installs."""
+    check_zip_file(archive)
+    lines: list[tuple[str, str]] = []
+    with open_zip(archive) as zf:
+        infos = zf.infolist()
+        names = [PurePosixPath(i.filename.rstrip("/")) for i in infos]
+        top = _sdk_top(names)
+        for info, path in zip(infos, names, strict=True):
+            rel = _relative(path, top)
+            kind = member_kind(info)
+            if rel is None or kind == "dir":
+                continue
+            unix_mode = info.external_attr >> 16 if info.create_system == 3 else 0
+            digest = hashlib.sha256()
+            target = ""
+            with zf.open(info) as source:
+                while block := source.read(1 << 20):
+                    digest.update(block)
+                    if kind == "link":
+                        target = block.decode("utf-8", "surrogateescape")
+            if kind == "link":
+                lines.append((rel, member_line(rel, "link", False, target, info.file_size, "")))
+            else:
+                lines.append((rel, member_line(rel, "file", bool(unix_mode & 0o111), "", info.file_size,
+                                         digest.hexdigest())))
+    return component_digests(lines)
+
+
+def _relative(path: PurePosixPath, top: PurePosixPath) -> str | None:
+    """`path` below the SDK folder `top`, or None outside it."""
+    if top.parts and top not in path.parents:
+        return None
+    return path.relative_to(top).as_posix() if top.parts else path.as_posix()

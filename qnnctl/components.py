@@ -12,9 +12,13 @@ command needs the host libraries, and an SDK folder without them is no SDK (`mis
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import stat
 from collections.abc import Callable, Collection, Iterable, Mapping
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
@@ -24,6 +28,8 @@ HOST = "host"
 ANDROID = "android"
 DOCS = "docs"
 HEXAGON = "hexagon-v{gen}"  # one component per DSP generation found in the archive
+# The members no rule claims, as a lock's and an index's digests name them: installed with `all`.
+OTHER = "other"
 
 # (component, pattern) over a member's path below the SDK root. `dir/` claims everything under
 # dir, `dir/*` the files directly in dir, `*` the files at the root; `{gen}` is a number.
@@ -289,3 +295,55 @@ def complete(ctx: Any, param: Any, incomplete: str) -> list[str]:
 
 
 MemberFilter = Callable[[PurePosixPath], bool]
+
+
+# -- what a lock pins of each component -------------------------------------------------------
+#
+# A component's digest is the sha256 over one line per file and link of it (folders, which
+# archivers write or leave out as they please, are not in it): its path below the SDK root,
+# its kind, whether it is executable, a link's target, its size and the sha256 of its content.
+# The same digest comes from an archive (when a lock or an index is written) and from an SDK
+# folder (as installed, or as found on disk), so that an install by parts is checked as
+# strictly as a whole one, by sha256 rather than by the archive's CRC-32s.
+
+
+def member_line(rel: str, kind: str, executable: bool, target: str, size: int, sha256: str) -> str:
+    return json.dumps([rel, kind, 0o755 if executable else 0o644, target, size, sha256], ensure_ascii=False)
+
+
+def component_digests(lines: Iterable[tuple[str, str]]) -> dict[str, str]:
+    by_component: dict[str, list[str]] = {}
+    for rel, line in lines:
+        by_component.setdefault(component_of(rel) or OTHER, []).append(line)
+    return {name: hashlib.sha256("\n".join(sorted(found)).encode("utf-8", "surrogateescape")).hexdigest()
+            for name, found in sorted(by_component.items())}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tree_digests(root: Path, recorded: Mapping[str, str] | None = None, skip: Collection[str] = ()) -> dict[str, str]:
+    """Each component's digest over the SDK folder `root` as it is on disk. `recorded` gives
+    the sha256 of files just written (path below root -> sha256); any other file is read.
+    `skip`: paths below root that are no member (qnnctl's manifest)."""
+    lines: list[tuple[str, str]] = []
+    for folder, dirs, names in os.walk(root):
+        for name in [*dirs, *names]:
+            path = Path(folder, name)
+            rel = path.relative_to(root).as_posix()
+            if rel in skip:
+                continue
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                target = os.readlink(path)
+                lines.append((rel, member_line(rel, "link", False, target, len(os.fsencode(target)), "")))
+            elif stat.S_ISREG(info.st_mode):
+                known = (recorded or {}).get(rel)
+                sha256 = known if known is not None and len(known) == 64 else _file_sha256(path)
+                lines.append((rel, member_line(rel, "file", bool(info.st_mode & 0o111), "", info.st_size, sha256)))
+    return component_digests(lines)

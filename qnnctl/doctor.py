@@ -502,9 +502,9 @@ def _parts_detail(manifest: Mapping[str, Any]) -> str:
     detail = "" if held == ("all",) else f"; components {', '.join(held)} (not the whole archive)"
     if manifest.get("partial") is True:
         cd = manifest.get("central_directory_sha256")
-        detail += ("; fetched in parts (Range requests): every file's CRC-32 was checked against the archive's "
-                   f"central directory{f' (sha256 {cd})' if isinstance(cd, str) else ''}, but no sha256 of the "
-                   "whole archive vouches for it, as none can be taken without all of it")
+        detail += ("; fetched in parts (Range requests) from the archive whose central directory has sha256 "
+                   f"{cd if isinstance(cd, str) else 'unrecorded'}; each component's files were hashed as they "
+                   "were written, and checked against a lock or mirror index where one pinned them")
     return detail
 
 
@@ -534,8 +534,21 @@ def check_verify(ctx: Context) -> Outcome:
             parts.append(f"{len(changed)} changed ({_some(changed)})")
         if missing:
             parts.append(f"{len(missing)} missing ({_some(missing)})")
-        return fail("; ".join(parts) + f" of {len(files)} files", reinstall_hint(target))
-    return ok(f"all {len(files)} files match their digests")
+        return fail("; ".join(parts) + f" of {len(files)} files ({_compared(files)})", reinstall_hint(target))
+    return ok(f"all {len(files)} files match their digests ({_compared(files)})")
+
+
+def _compared(files: Mapping[str, object]) -> str:
+    """What --verify compared: sha256s (manifests from this qnnctl on), or CRC-32s only, which
+    an earlier qnnctl recorded and which tell damage from a forgery no better than the loader."""
+    from qnnctl.archive import digest_kind
+
+    kinds = {digest_kind(d) for d in files.values() if isinstance(d, str)}
+    if kinds == {"sha256"}:
+        return "by sha256"
+    if kinds == {"CRC-32"}:
+        return "by CRC-32 only: recorded by an earlier qnnctl; reinstall for sha256s"
+    return "by sha256, some by CRC-32 only"
 
 
 def missing_hint(name: str, target: Target) -> str:
@@ -913,7 +926,7 @@ def check_network(ctx: Context) -> Outcome:
 
 def check_lock(ctx: Context) -> Outcome:
     """The project's qnnctl.lock: present, matching the selected SDK, or stale."""
-    from qnnctl.lockfile import LOCK_FILE, checked_by, disagreements, find_lock, read_lock
+    from qnnctl.lockfile import LOCK_FILE, compare, find_lock, read_lock, unchecked
 
     path = find_lock(ctx.cwd)
     if path is None:
@@ -936,17 +949,16 @@ def check_lock(ctx: Context) -> Outcome:
         return warn(f"stale: {pins}, but the selected SDK is {version} ({selection.reason}: {selection.detail})",
                     hint=f"`qnnctl lock {version}` locks the selected SDK; `qnnctl use {lock.version}` selects "
                     "the locked one")
-    problems = disagreements(lock, version, sdk)
+    if sdk is None:
+        return ok(f"present: {pins}; not installed yet: `qnnctl install` checks the archive against it")
+    problems, how = compare(lock, sdk)
     if problems:
         return fail("; ".join(problems), hint=f"`qnnctl install --force {version}` reinstalls the locked archive; "
                     f"`qnnctl lock {version}` trusts the SDK in use instead")
-    if sdk is None:
-        return ok(f"present: {pins}; not installed yet: `qnnctl install` checks the archive against it")
-    how = checked_by(lock, sdk)
     if how is None:
-        return warn(f"present: {pins}; the SDK at {sdk.root} ({sdk.origin}) has no recorded sha256 and its "
-                    "libraries no build id, so it cannot be checked against it",
-                    hint=f"`qnnctl install --force {version}` installs a checked copy into qnnctl's cache")
+        return warn(f"present: {pins}; {unchecked(lock, sdk)}",
+                    hint=f"`qnnctl lock {version}` writes the lock again with each component's digest; "
+                    f"`qnnctl install --force {version}` installs a checked copy into qnnctl's cache")
     return ok(f"matching: {pins}; the SDK at {sdk.root} ({sdk.origin}) matches by {how}")
 
 

@@ -94,8 +94,7 @@ def resolve_for_dry_run(
                  f"(`{install_command(sdk.version, gap.lacking)}`)"] if gap is not None else []
         note = runtime_note(sdk, cache) if allow_install else None
         return selection, sdk, notes + ([note] if note else [])
-    from qnnctl.install import check_url
-    from qnnctl.urls import redact
+    from qnnctl.urls import check_url, redact
     from qnnctl.versions import archive_urls
 
     mirror = environ.get("QNNCTL_MIRROR") or None

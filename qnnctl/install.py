@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
+from qnnctl.cache import MANIFEST_NAME, Cache, remove_tree
+from qnnctl.commit import (
+    FILE_LOCK,
+    commit,
+    directory_digest,
+    download_name,
+    identify,
+    remove_stale_work,
+    require_version,
+    used_up,
+    version_lock,
+    work_id,
+)
+from qnnctl.components import tree_digests
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
+from qnnctl.gate import Observed, agree, check, given_sha256
 from qnnctl.host import require_supported_host
 from qnnctl.paths import user_path
 from qnnctl.sdk import (
@@ -28,9 +40,8 @@ from qnnctl.sdk import (
     sdk_from_root,
     select_sdk,
 )
-from qnnctl.urls import redact
+from qnnctl.urls import check_url, redact
 from qnnctl.versions import (
-    archive_name,
     archive_urls,
     is_full_version,
     is_version_prefix,
@@ -40,12 +51,9 @@ from qnnctl.versions import (
 )
 
 if TYPE_CHECKING:
-    from qnnctl.archive import Streamed
+    from qnnctl.archive import Extracted, Streamed
 
 log = logging.getLogger("qnnctl.install")
-
-LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
-
 
 # NamedTuples rather than frozen dataclasses: a cache hit imports this module, and each
 # frozen dataclass costs about a millisecond to build.
@@ -68,29 +76,6 @@ class InstallResult(NamedTuple):
     sdk: Sdk | None
     action: str  # "installed", "reused" or "caller"
     selection: Selection | None = None
-
-
-# Installs from files share one lock: an archive's version is known only once it is extracted.
-FILE_LOCK = "file"
-
-
-@contextmanager
-def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[None]:
-    """One installer per version (or key) at a time, across processes; `doing` is what the
-    holder does, in the notice of a wait (installing KEY unless said)."""
-    from filelock import FileLock, Timeout
-
-    cache.locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache.lock_path(key)))
-    try:
-        lock.acquire(timeout=LOCK_WAIT_NOTICE)
-    except Timeout:
-        log.info("waiting for another qnnctl to finish %s", doing or f"installing {key}")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _validate_sha256(value: str | None) -> str | None:
@@ -177,8 +162,8 @@ def install(
     if mirror is not None and not request.url:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     urls = [request.url] if request.url else archive_urls(version, mirror)
-    name = _download_name(urls[0], version)
-    from qnnctl.lockfile import check_archive, expected_for_download
+    name = download_name(urls[0], version)
+    from qnnctl.lockfile import expected_for_download
     from qnnctl.stores import dangling_link_error
 
     locked = expected_for_download(version, cwd, request.locked) if request.check_lock else None
@@ -196,26 +181,28 @@ def install(
         remove_stale_work(cache, version)
         from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
-        from qnnctl.mirror import agree, check_against_index, mirror_entry
+        from qnnctl.mirror import mirror_entry
 
-        # A mirror's index.json, the lock and --sha256 must all agree before anything is fetched.
+        # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
+        # agree before anything is fetched, and what arrives passes the gate against each.
         indexed = mirror_entry(mirror, version) if mirror is not None and not request.url else None
-        agree([("--sha256", sha256), (str(locked.path) if locked else "", locked.sha256 if locked else None),
-               (f"the mirror's {indexed.url}" if indexed else "", indexed.sha256 if indexed else None)])
+        expected = [e for e in (given_sha256(sha256), locked.expected() if locked else None,
+                                indexed.expected() if indexed else None) if e is not None]
+        agree(expected)
         # Some components: fetched by parts, or added to those of an SDK installed with fewer.
         extend = found_sdk if found_sdk is not None and found_sdk.origin == "qnnctl cache" else None
         if components is not None and (extend is not None or components != ("all",)):
             from qnnctl.partial import install_components
 
-            sdk = install_components(version, urls, name, components, sha256, cache, request.force, terminal,
-                                     extend, locked.central_directory_sha256 if locked else None)
+            sdk = install_components(version, urls, name, components, expected, cache, request.force, terminal,
+                                     extend, sha256)
             return InstallResult(sdk, "installed", selection)
 
         downloader = Downloader(
             make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
         )
         log.info("downloading SDK %s from %s", version, redact(urls[0]))
-        with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
+        with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
             # A zip's members are extracted from the partial file while the rest arrives;
             # the archive's digest and its central directory are still checked before use.
             stream = ZipStream(work / "x")
@@ -226,37 +213,11 @@ def install(
                 raise
             streamed = stream.close()
             with used_up(fetched.path, cache.downloads / f"{name}.json"):
-                check_against_index(indexed, fetched.sha256, fetched.url)
-                check_archive(locked, fetched.sha256, fetched.size, fetched.url)
+                check(expected, Observed(fetched.url, fetched.sha256, fetched.size))
                 # fetched.url is redacted: the manifest keeps no password or token.
                 sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
                              request.force, work, streamed)
     return InstallResult(sdk, "installed", selection)
-
-
-@contextmanager
-def used_up(*leftovers: Path) -> Iterator[None]:
-    """A finished download and its record: removed once what they hold is installed, and when
-    they prove to be no good SDK archive (never to be reused as a finished download); kept on
-    any other failure, for the next run to resume from."""
-    try:
-        yield
-    except IntegrityError:
-        for leftover in leftovers:
-            leftover.unlink(missing_ok=True)
-        raise
-    for leftover in leftovers:
-        leftover.unlink(missing_ok=True)
-
-
-def require_version(found: str | None, version: str, source: str) -> None:
-    """The SDK a download holds must be the one asked for."""
-    if found is not None and found != version:
-        raise IntegrityError(
-            f"{source} holds SDK {found}, not {version}",
-            hint=f"check the URL or QNNCTL_MIRROR; to install {found}, run "
-            f"`qnnctl install {found}` with a source that serves it",
-        )
 
 
 def _components_for(request: InstallRequest, selection: Selection, cwd: Path) -> tuple[str, ...] | None:
@@ -326,43 +287,6 @@ def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> Instal
     return result
 
 
-def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
-    """Refuse (exit 2) a URL that no download can start from; for a file: URL, its path.
-
-    urllib parses `http://[::1/x` only to raise ValueError, and requests turns a missing host
-    or an unknown scheme into a failed download (exit 3) after the lock and the cache: both
-    are mistakes in what was typed, told before anything starts.
-    """
-    from qnnctl.urls import redact
-
-    shown = redact(url)
-    schemes = "https or http" + (" (or a file: URL)" if allow_file else "")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-        # urlparse drops a newline or tab silently; the URL shown or logged would then break lines.
-        raise UsageError(f"{what} {shown!r} holds a control character (a newline or tab)",
-                         hint="remove it: a URL is one line of printable text")
-    try:
-        parts = urlparse(url)
-        parts.port  # noqa: B018 - a port that is no number raises here, not in the download
-    except ValueError:
-        # The parser's words would quote the bad part, which may be a misplaced password.
-        raise UsageError(f"{what} {shown} is not a valid URL: its host or port cannot be read",
-                         hint="check the brackets around an IPv6 address and the port number") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http", *(("file",) if allow_file else ())):
-        named = f"{scheme}:" if scheme else "a URL without a scheme"
-        raise UsageError(f"{what} {shown}: qnnctl downloads over {schemes}, not {named}",
-                         hint="an archive on disk is installed with `qnnctl install --file ARCHIVE`")
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise UsageError(f"{what} {shown} names a file on another host ({parts.netloc})",
-                             hint="a file: URL names a file on this machine: file:///path/to/v2.37.0.250724.zip")
-        return Path(unquote(parts.path))
-    if not parts.hostname:
-        raise UsageError(f"{what} {shown} names no host", hint="URLs look like https://host/path/v2.37.0.250724.zip")
-    return None
-
-
 def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
     """`install --force` without a VERSION while the user's QNN_SDK_ROOT chooses the SDK."""
     version = cache.version_at(root)
@@ -408,28 +332,6 @@ def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -
         )
 
 
-def _download_name(url: str, version: str) -> str:
-    base = unquote(urlparse(url).path.rsplit("/", 1)[-1])
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)
-    if not safe or safe.startswith("."):
-        safe = archive_name(version)
-    return safe if version in safe else f"{version}-{safe}"
-
-
-def _work_id() -> str:
-    return os.urandom(6).hex()
-
-
-def remove_stale_work(cache: Cache, key: str) -> None:
-    """Folders left in tmp/ by an install of `key` that was killed; we hold its lock."""
-    if not cache.tmp.is_dir():
-        return
-    for entry in cache.tmp.iterdir():
-        if entry.name.startswith(f"{key}."):
-            log.info("removing %s, left by an interrupted install", entry)
-            remove_tree(entry)
-
-
 def _build(
     archive: Path,
     version: str,
@@ -447,108 +349,16 @@ def _build(
     extracted = extract(archive, work / "x", streamed)
     found, build = identify(extracted.root, extracted.version, version, source)
     require_version(found, version, source)
-    return _commit(extracted.root, version, source, sha256, size, extracted.files,
-                   extracted.size, cache, force, work, build, _directory_digest(archive))
+    return commit(extracted.root, version, source, sha256, size, extracted.files,
+                  extracted.size, cache, force, work, build, _whole_fields(archive, extracted))
 
 
-def _directory_digest(archive: Path) -> dict[str, object] | None:
-    """The sha256 of a zip's central directory, for the manifest: what a lock made from this
-    SDK pins for installs of some of its components, which cannot take the archive's."""
-    from qnnctl.archive import archive_kind
-
-    if archive_kind(archive) != "zip":
-        return None
-    from qnnctl.zipindex import central_directory_sha256, file_end_records, read_file_at
-
-    return {"central_directory_sha256": central_directory_sha256(read_file_at(archive), file_end_records(archive))}
-
-
-def identify(root: Path, top: str | None, wanted: str | None, source: str) -> tuple[str | None, str | None]:
-    """(version, build id) of an extracted SDK, as its libraries say (see qnnctl.identity).
-
-    The libraries' build is the SDK's identity. What the archive's top folder or `sdk.yaml`
-    claims must agree with it, unless the user named the libraries' version themselves; an
-    SDK whose libraries carry no build id is taken at its word, as before.
-    """
-    from qnnctl.identity import version_of_build
-    from qnnctl.sdk import read_build_id, version_claims
-
-    claims = {"its top folder": top} if top else {}
-    yaml_version = version_claims(root, manifest={}).get("sdk.yaml")
-    if yaml_version:
-        claims["its sdk.yaml"] = yaml_version
-    build = read_build_id(root)
-    if build is None:
-        return next(iter(claims.values()), None), None
-    true = version_of_build(build)
-    wrong = sorted({version for version in claims.values() if version != true})
-    if wrong and wanted != true:
-        where = " and ".join(name for name, version in claims.items() if version != true)
-        raise IntegrityError(
-            f"{source} says it is SDK {', '.join(wrong)} ({where}), but its libraries are build "
-            f"{build}: SDK {true}",
-            hint=f"check where the archive came from; to install it as what its libraries are, "
-            f"name that version: `qnnctl install {true} ...`; nothing was installed",
-        )
-    return true, build
-
-
-def _commit(
-    root: Path,
-    version: str,
-    source: str,
-    sha256: str | None,
-    size: int,
-    files: dict[str, str],
-    unpacked: int,
-    cache: Cache,
-    force: bool,
-    work: Path,
-    build: str | None = None,
-    extra: Mapping[str, object] | None = None,
-) -> Sdk:
-    """`extra`: more for the manifest (what an install of some components records)."""
-    missing = missing_layout(root)
-    if missing:
-        raise IntegrityError(
-            f"the archive's SDK is incomplete: missing {', '.join(missing)}",
-            hint="the archive may be truncated or not a QAIRT SDK for Linux; nothing was installed",
-        )
-    from qnnctl import __version__
-
-    # The manifest is qnnctl's own record: a file of that name in the archive is not it.
-    stray = root / MANIFEST_NAME
-    if stray.is_file() and not stray.is_symlink():  # counted in what was unpacked
-        unpacked -= stray.stat().st_size
-    remove_tree(stray)
-    files = {name: digest for name, digest in files.items() if name != MANIFEST_NAME}
-    manifest = {
-        "schema": MANIFEST_SCHEMA,
-        "version": version,
-        "build_id": build,
-        "source": source,
-        "sha256": sha256,
-        "size": size,
-        "unpacked_size": unpacked,
-        "file_count": len(files),
-        "files": files,
-        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "qnnctl_version": __version__,
-        **(extra or {}),
-    }
-    # The manifest goes in last: a folder without one is never taken for an SDK.
-    write_json_atomic(root / MANIFEST_NAME, manifest)
-    destination = cache.sdk_dir(version)
-    cache.sdks.mkdir(parents=True, exist_ok=True)
-    if destination.exists() or destination.is_symlink():
-        if not force and (destination / MANIFEST_NAME).is_file() and not missing_layout(destination):
-            return Sdk(destination, version, "qnnctl cache")
-        # A folder without a manifest, or --force: move it aside, then replace it.
-        os.replace(destination, work / "old")
-    os.replace(root, destination)
-    fsync_dir(cache.sdks)
-    log.info("installed SDK %s into %s", version, destination)
-    return Sdk(destination, version, "qnnctl cache")
+def _whole_fields(archive: Path, extracted: Extracted) -> dict[str, object]:
+    """What the manifest of an SDK extracted from the whole archive records beyond the usual:
+    the digest of each of its components (what a lock made from it pins), and its archive's
+    central directory's sha256."""
+    return {**(directory_digest(archive) or {}),
+            "component_sha256": tree_digests(extracted.root, extracted.files, skip={MANIFEST_NAME})}
 
 
 def _install_file(
@@ -564,11 +374,7 @@ def _install_file(
     if not archive.is_file():
         raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
     digest = file_sha256(archive)
-    if sha256 is not None and digest != sha256:
-        raise IntegrityError(
-            f"sha256 mismatch for {archive}: expected {sha256}, got {digest}",
-            hint="check the --sha256 value, or download the archive again",
-        )
+    check([e for e in (given_sha256(sha256),) if e is not None], Observed(str(archive), digest))
     wanted = resolve_version(spec) if spec else None
     if wanted is not None and not force:
         # Named and already installed: no need to read a 1-2 GB archive to find that out.
@@ -581,7 +387,7 @@ def _install_file(
     cache.ensure()
     with version_lock(cache, FILE_LOCK, "installing from a file"):
         remove_stale_work(cache, FILE_LOCK)
-        with work_folder(cache.tmp / f"{FILE_LOCK}.{_work_id()}") as work:
+        with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work:
             parts = None
             if components is not None and components != ("all",):
                 from qnnctl.partial import extract_components
@@ -603,10 +409,11 @@ def _install_file(
                 )
             selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
             if lock_check is not None:
-                from qnnctl.lockfile import check_archive, expected_for_download
+                from qnnctl.lockfile import expected_for_download
 
-                check_archive(expected_for_download(version, *lock_check), digest, archive.stat().st_size,
-                              str(archive))
+                locked = expected_for_download(version, *lock_check)
+                if locked is not None:
+                    check([locked.expected()], Observed(str(archive), digest, archive.stat().st_size))
             with version_lock(cache, version):
                 existing = cache.sdk_dir(version)
                 installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
@@ -614,14 +421,16 @@ def _install_file(
                 if not force and old is not None and _has_components(old, components):
                     return _file_locked(_same_archive(InstallResult(old, "reused", selection), archive, digest,
                                                       sha256), lock_check)
-                files, unpacked, extra = extracted.files, extracted.size, _directory_digest(archive)
+                files, unpacked, extra = extracted.files, extracted.size, _whole_fields(archive, extracted)
                 if parts is not None:
+                    written = extra["component_sha256"]
                     if not force and old is not None:
-                        from qnnctl.partial import with_installed
+                        from qnnctl.partial import merged_digests, with_installed
 
                         parts, files, unpacked = with_installed(old, extracted, parts, str(archive))
-                    extra = parts.manifest_fields()
-                sdk = _commit(extracted.root, version, archive.as_uri(), digest,
+                        written = merged_digests(old, written)  # type: ignore[arg-type]
+                    extra = {**parts.manifest_fields(), "component_sha256": written}
+                sdk = commit(extracted.root, version, archive.as_uri(), digest,
                               archive.stat().st_size, files, unpacked, cache,
                               force or old is not None, work, build, extra)
     return InstallResult(sdk, "installed", selection)
@@ -689,7 +498,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None)
         target = cache.sdk_dir(version)
         if not (target / MANIFEST_NAME).is_file():
             raise _not_installed(version)  # another qnnctl removed it meanwhile
-        trash = cache.tmp / f"{version}.uninstall.{_work_id()[:8]}"
+        trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
         os.replace(target, trash)

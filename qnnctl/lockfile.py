@@ -21,15 +21,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qnnctl.cache import Cache, read_manifest
+from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.components import installed_components, tree_digests
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError, UsageError
+from qnnctl.gate import Expected
 from qnnctl.sdk import Sdk, find_installed, find_pin, read_build_id, sdk_from_root, select_sdk, selection_origin
 from qnnctl.versions import is_full_version
 
 log = logging.getLogger("qnnctl.lockfile")
 
 LOCK_FILE = "qnnctl.lock"
-LOCK_SCHEMA = 1
+LOCK_SCHEMA = 2  # 2: a digest per component; schema 1 (none) is still read
+READ_SCHEMAS = (1, 2)
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -51,6 +54,16 @@ class LockedSdk(NamedTuple):
     central_directory_sha256: str | None = None
     components: tuple[str, ...] | None = None
     locked_at: str | None = None
+    # component -> digest of its members (qnnctl.components): what checks an install by parts
+    component_sha256: Mapping[str, str] | None = None
+
+    def expected(self) -> Expected:
+        """What the gate (qnnctl.gate) holds an archive of the locked version to."""
+        return Expected(str(self.path), "pins",
+                        "the archive or the mirror serving it changed; if the new archive is the one to trust, "
+                        f"write the lock again with `qnnctl lock {self.version}`",
+                        sha256=self.sha256, size=self.size, components=self.component_sha256,
+                        central_directory_sha256=self.central_directory_sha256)
 
 
 def is_sha256(value: object) -> bool:
@@ -91,8 +104,9 @@ def read_lock(path: Path) -> LockedSdk:
     except ValueError as exc:  # tomllib.TOMLDecodeError
         raise LockError(f"{path} is not TOML: {exc}", hint=hint) from None
     schema = data.get("schema")
-    if schema != LOCK_SCHEMA:
-        raise LockError(f"{path} has schema {schema!r}; this qnnctl reads schema {LOCK_SCHEMA}", hint=hint)
+    if schema not in READ_SCHEMAS:
+        raise LockError(f"{path} has schema {schema!r}; this qnnctl reads schemas "
+                        f"{', '.join(map(str, READ_SCHEMAS))}", hint=hint)
     sdk = data.get("sdk")
     if not isinstance(sdk, dict):
         raise LockError(f"{path} has no [sdk] table", hint=hint)
@@ -104,6 +118,9 @@ def read_lock(path: Path) -> LockedSdk:
                         hint=hint)
     size, build, cd = sdk.get("size"), sdk.get("build_id"), sdk.get("central_directory_sha256")
     urls, components = sdk.get("urls", []), sdk.get("components")
+    digests = sdk.get("component_sha256")
+    if digests is not None and (not isinstance(digests, dict) or not all(map(is_sha256, digests.values()))):
+        raise LockError(f"{path}: sdk.component_sha256 must map each component to a sha256 digest", hint=hint)
     return LockedSdk(
         path=path,
         version=version,
@@ -114,6 +131,7 @@ def read_lock(path: Path) -> LockedSdk:
         central_directory_sha256=cd if is_sha256(cd) else None,
         components=tuple(c for c in components if isinstance(c, str)) if isinstance(components, list) else None,
         locked_at=sdk.get("locked_at") if isinstance(sdk.get("locked_at"), str) else None,
+        component_sha256={str(k): str(v) for k, v in digests.items()} if digests else None,
     )
 
 
@@ -149,6 +167,11 @@ def render_lock(lock: LockedSdk, trust: str) -> str:
     lines.append("urls = [" + ", ".join(_toml_string(u) for u in lock.urls) + "]")
     if lock.locked_at is not None:
         lines.append(f"locked_at = {_toml_string(lock.locked_at)}")
+    if lock.component_sha256:
+        # What an install of some components is checked against, component by component.
+        lines += ["", "[sdk.component_sha256]"]
+        lines += [f"{_toml_string(name)} = {_toml_string(digest)}"
+                  for name, digest in sorted(lock.component_sha256.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -174,42 +197,58 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def disagreements(lock: LockedSdk, version: str, sdk: Sdk | None) -> list[str]:
-    """How the lock and an SDK of `version` (installed at `sdk`, if it is) disagree; [] if not."""
+    """How the lock and an SDK of `version` (installed at `sdk`, if it is) disagree, or why the
+    SDK cannot be checked against it; [] when it matches."""
     name = lock.path.name
     if version != lock.version:
         return [f"{name} pins SDK {lock.version}, not {version}"]
     if sdk is None:
         return []
-    found: list[str] = []
-    recorded = (read_manifest(sdk.root) or {}).get("sha256")
-    if is_sha256(recorded) and recorded != lock.sha256:
-        found.append(f"SDK {version} at {sdk.root} ({sdk.origin}) was installed from an archive whose sha256 is "
-                     f"{recorded}; {name} pins {lock.sha256}")
-    # An SDK installed in parts (`install --components`) has no archive sha256; its central
-    # directory's stands for the archive it came from.
-    directory = (read_manifest(sdk.root) or {}).get("central_directory_sha256")
-    if is_sha256(directory) and lock.central_directory_sha256 is not None and \
-            directory != lock.central_directory_sha256:
-        found.append(f"SDK {version} at {sdk.root} ({sdk.origin}) was installed from an archive whose central "
-                     f"directory's sha256 is {directory}; {name} pins {lock.central_directory_sha256}")
-    build = read_build_id(sdk.root)
-    if build is not None and lock.build_id is not None and build != lock.build_id:
-        found.append(f"the libraries of SDK {version} at {sdk.root} ({sdk.origin}) are build {build}; "
-                     f"{name} pins build {lock.build_id}")
+    found, how = compare(lock, sdk)
+    if not found and how is None:
+        found.append(unchecked(lock, sdk))
     return found
 
 
-def checked_by(lock: LockedSdk, sdk: Sdk) -> str | None:
-    """What an installed SDK was checked against the lock by; None when it has nothing to check."""
+def unchecked(lock: LockedSdk, sdk: Sdk) -> str:
+    return (f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) cannot be checked against {lock.path}: it records no "
+            "sha256 of the archive it came from, and the lock pins no digest of its components "
+            f"(a lock of schema 1, written before they existed)")
+
+
+def compare(lock: LockedSdk, sdk: Sdk) -> tuple[list[str], str | None]:
+    """(how an SDK on disk and the lock disagree, what it was checked by: None when nothing
+    could be). By the sha256 of the archive it was installed from when its manifest records
+    one; else by the digest of each component it holds, as its manifest records them or, for
+    an SDK qnnctl did not install (a link, a store, ExecuTorch's cache), as its files are now."""
+    name = lock.path.name
     manifest = read_manifest(sdk.root) or {}
-    if is_sha256(manifest.get("sha256")):
-        return "the sha256 of the archive it was installed from"
-    if lock.central_directory_sha256 is not None and manifest.get("central_directory_sha256") == \
-            lock.central_directory_sha256:
-        return "the sha256 of the central directory of the archive it was installed from in parts"
-    if lock.build_id is not None and read_build_id(sdk.root) is not None:
-        return "its libraries' build id"
-    return None
+    found: list[str] = []
+    how: str | None = None
+    recorded = manifest.get("sha256")
+    if is_sha256(recorded) and manifest.get("partial") is not True:
+        how = "the sha256 of the archive it was installed from"
+        if recorded != lock.sha256:
+            found.append(f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) was installed from an archive whose sha256 "
+                         f"is {recorded}; {name} pins {lock.sha256}")
+    elif lock.component_sha256:
+        digests = manifest.get("component_sha256")
+        if not isinstance(digests, dict):
+            log.info("hashing the files of SDK %s at %s to check them against %s", sdk.version, sdk.root, lock.path)
+            digests = tree_digests(sdk.root, skip={MANIFEST_NAME})
+        held = installed_components(manifest)
+        names = sorted(digests) if held == ("all",) else [c for c in held]
+        how = f"the digests of its components ({', '.join(names)})"
+        for component in names:
+            pinned, got = lock.component_sha256.get(component), digests.get(component)
+            if pinned != got:
+                found.append(f"the files of component {component} of SDK {sdk.version} at {sdk.root} ({sdk.origin}) "
+                             f"have digest {got or 'none'}; {name} pins {pinned or 'none'}")
+    build = read_build_id(sdk.root)
+    if build is not None and lock.build_id is not None and build != lock.build_id:
+        found.append(f"the libraries of SDK {sdk.version} at {sdk.root} ({sdk.origin}) are build {build}; "
+                     f"{name} pins build {lock.build_id}")
+    return found, how
 
 
 def _lock_for(version: str, cwd: Path, required: bool) -> LockedSdk | None:
@@ -233,21 +272,26 @@ def _lock_for(version: str, cwd: Path, required: bool) -> LockedSdk | None:
 
 
 def check_reused(sdk: Sdk, cwd: Path, required: bool) -> None:
-    """An SDK `install` found on disk, checked against the project's lock (exit 4 on a mismatch)."""
+    """An SDK `install` found on disk, checked against the project's lock (exit 4 on a mismatch,
+    and under --locked when it cannot be checked)."""
     lock = _lock_for(sdk.version, cwd, required)
     if lock is None:
         return
-    problems = disagreements(lock, sdk.version, sdk)
+    problems, how = compare(lock, sdk)
     if problems:
         raise IntegrityError(
             "; ".join(problems),
             hint=f"reinstall the locked archive: `qnnctl install --force {sdk.version}`, or, if the SDK in use "
             f"is the one to trust, write the lock again: `qnnctl lock {sdk.version}`",
         )
-    how = checked_by(lock, sdk)
     if how is None:
-        log.warning("SDK %s at %s (%s) has no recorded sha256 and its libraries no build id to check against "
-                    "%s; used unchecked", sdk.version, sdk.root, sdk.origin, lock.path)
+        if required:
+            raise IntegrityError(
+                f"--locked: {unchecked(lock, sdk)}",
+                hint=f"write the lock again with `qnnctl lock {sdk.version}` (it then pins each component), or install "
+                f"a checked copy: `qnnctl install --force {sdk.version}`",
+            )
+        log.warning("%s; used unchecked", unchecked(lock, sdk))
     else:
         log.debug("SDK %s at %s matches %s by %s", sdk.version, sdk.root, lock.path, how)
 
@@ -255,21 +299,6 @@ def check_reused(sdk: Sdk, cwd: Path, required: bool) -> None:
 def expected_for_download(version: str, cwd: Path, required: bool) -> LockedSdk | None:
     """The lock an archive of `version` about to be installed must match, if any."""
     return _lock_for(version, cwd, required)
-
-
-def check_archive(lock: LockedSdk | None, digest: str, size: int, shown: str) -> None:
-    """IntegrityError (exit 4) when an archive does not match the lock."""
-    if lock is None:
-        return
-    if digest != lock.sha256:
-        raise IntegrityError(
-            f"the archive from {shown} does not match {lock.path}: its sha256 is {digest}, the lock pins "
-            f"{lock.sha256}; nothing was installed",
-            hint="the archive or the mirror serving it changed; if the new archive is the one to trust, "
-            f"write the lock again with `qnnctl lock {lock.version}`",
-        )
-    if lock.size is not None and size != lock.size:  # pragma: no cover - a sha256 match with another size
-        raise IntegrityError(f"the archive from {shown} is {size} bytes; {lock.path} pins {lock.size}")
 
 
 # -- `qnnctl lock` and `qnnctl lock --check` -------------------------------------------------
@@ -320,7 +349,12 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
     else:
         fresh = False
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if manifest is not None and is_sha256(manifest.get("sha256")) and isinstance(manifest.get("size"), int):
+    # From the manifest of an SDK installed from the whole archive, which records what the lock
+    # pins; else from the archive, fetched once (an SDK installed by parts, or by an earlier
+    # qnnctl that recorded no component digests, a link, a store).
+    if manifest is not None and is_sha256(manifest.get("sha256")) and isinstance(manifest.get("size"), int) \
+            and manifest.get("partial") is not True and manifest.get("components") is None \
+            and isinstance(manifest.get("component_sha256"), dict):
         lock = _from_manifest(manifest, version, sdk, stamp)
         source = lock.urls[0] if lock.urls else "an unrecorded source"
         trust = (f"These values were computed from the archive qnnctl downloaded now from {source}."
@@ -334,7 +368,8 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
         log.info("SDK %s at %s has no recorded checksum; fetching its archive once to compute it", version, where)
         fetched = fetch_archive(version, cache, environ, terminal=terminal, keep=False, check_lock=False)
         lock = LockedSdk(path=Path(), version=version, sha256=fetched.sha256, size=fetched.size,
-                         build_id=fetched.build_id, urls=(fetched.url,), locked_at=stamp)
+                         build_id=fetched.build_id, urls=(fetched.url,), locked_at=stamp,
+                         components=_components_of(manifest), component_sha256=fetched.components)
         trust = (f"These values were computed from the archive qnnctl downloaded now from {fetched.url} "
                  f"(the SDK in use, {where}, records none).")
         built = read_build_id(sdk.root) if sdk is not None else None
@@ -358,7 +393,7 @@ def _from_manifest(manifest: Mapping[str, Any], version: str, sdk: Sdk | None, s
     if not isinstance(build, str) and sdk is not None:
         build = read_build_id(sdk.root)
     source = manifest.get("source")
-    components = manifest.get("components")
+    digests = manifest.get("component_sha256")
     cd = manifest.get("central_directory_sha256")
     from qnnctl.urls import redact
 
@@ -371,9 +406,16 @@ def _from_manifest(manifest: Mapping[str, Any], version: str, sdk: Sdk | None, s
         # Recorded redacted; one written by an earlier qnnctl may not be.
         urls=(redact(source),) if isinstance(source, str) else (),
         central_directory_sha256=cd if is_sha256(cd) else None,
-        components=tuple(str(c) for c in components) if isinstance(components, list) else None,
+        components=_components_of(manifest),
         locked_at=stamp,
+        component_sha256={str(k): str(v) for k, v in digests.items()} if isinstance(digests, dict) else None,
     )
+
+
+def _components_of(manifest: Mapping[str, Any] | None) -> tuple[str, ...] | None:
+    """The components an SDK was installed with, for the lock to name (None: all of them)."""
+    components = (manifest or {}).get("components")
+    return tuple(str(c) for c in components) if isinstance(components, list) else None
 
 
 class Verdict(NamedTuple):

@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from qnnctl.archive import zip_digests
 from qnnctl.cache import Cache, write_json_atomic
 from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.gate import Expected, Observed, agree, check
 from qnnctl.paths import user_path
-from qnnctl.urls import redact
+from qnnctl.urls import check_url, redact
 from qnnctl.versions import archive_name, archive_urls, version_in
 
 log = logging.getLogger("qnnctl.mirror")
@@ -36,6 +38,14 @@ class IndexEntry(NamedTuple):
     sha256: str
     size: int | None
     build_id: str | None
+    components: dict[str, str] | None = None  # component -> digest (qnnctl.components)
+
+    def expected(self) -> Expected:
+        """What the gate (qnnctl.gate) holds the mirror's archive of this version to."""
+        return Expected(f"the mirror's {self.url}", "says",
+                        "the mirror's file changed after it was indexed; put the right archive back, or index it "
+                        "again with `qnnctl mirror DIR VERSION` where the mirror is kept",
+                        sha256=self.sha256, size=self.size, components=self.components)
 
 
 class FetchedArchive(NamedTuple):
@@ -44,6 +54,7 @@ class FetchedArchive(NamedTuple):
     sha256: str
     size: int
     build_id: str | None
+    components: dict[str, str]  # component -> digest, computed from the whole archive
 
 
 # -- index.json ----------------------------------------------------------------------------
@@ -103,33 +114,13 @@ def mirror_entry(base: str, version: str) -> IndexEntry | None:
     if not is_sha256(sha256):
         raise IntegrityError(f"the mirror's {shown} gives SDK {version} the sha256 {sha256!r}, which is no digest",
                              hint="write the index again with `qnnctl mirror DIR VERSION`")
-    size, build = entry.get("size"), entry.get("build_id")
+    size, build, digests = entry.get("size"), entry.get("build_id"), entry.get("components")
+    if digests is not None and (not isinstance(digests, dict) or not all(map(is_sha256, digests.values()))):
+        raise IntegrityError(f"the mirror's {shown} gives SDK {version} components that are no digests",
+                             hint="write the index again with `qnnctl mirror DIR VERSION`")
     return IndexEntry(shown, str(sha256), size if isinstance(size, int) else None,
-                      build if isinstance(build, str) else None)
-
-
-def agree(sources: Sequence[tuple[str, str | None]]) -> str | None:
-    """The one sha256 that every named source expects (None when none does); IntegrityError,
-    before anything is fetched, when two of them disagree."""
-    named = [(what, digest) for what, digest in sources if digest is not None]
-    for what, digest in named[1:]:
-        if digest != named[0][1]:
-            raise IntegrityError(
-                f"{named[0][0]} expects sha256 {named[0][1]}, but {what} expects {digest}; nothing was fetched",
-                hint="find out which is right; `qnnctl lock VERSION` writes the lock again, "
-                "`qnnctl mirror DIR VERSION` the mirror's index",
-            )
-    return named[0][1] if named else None
-
-
-def check_against_index(entry: IndexEntry | None, digest: str, shown: str) -> None:
-    if entry is not None and digest != entry.sha256:
-        raise IntegrityError(
-            f"the archive from {shown} does not match the mirror's {entry.url}: its sha256 is {digest}, the index "
-            f"says {entry.sha256}; nothing was installed",
-            hint="the mirror's file changed after it was indexed; put the right archive back, or index it again "
-            "with `qnnctl mirror DIR VERSION` where the mirror is kept",
-        )
+                      build if isinstance(build, str) else None,
+                      {str(k): str(v) for k, v in digests.items()} if digests else None)
 
 
 # -- an archive's build id ---------------------------------------------------------------------
@@ -215,9 +206,9 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
     (from QNNCTL_MIRROR when set), checked against the mirror's index.json and, with
     `check_lock`, the project's lock. Without `keep` it is hashed and removed again."""
     from qnnctl.archive import work_folder
+    from qnnctl.commit import download_name, version_lock, work_id
     from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
-    from qnnctl.install import _download_name, _work_id, check_url, version_lock
-    from qnnctl.lockfile import check_archive, expected_for_download
+    from qnnctl.lockfile import expected_for_download
 
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:
@@ -227,8 +218,8 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
     cache.ensure()
     with version_lock(cache, version):
         entry = mirror_entry(mirror, version) if mirror is not None else None
-        agree([("the mirror's index.json", entry.sha256 if entry else None),
-               (str(lock.path) if lock else "the lock", lock.sha256 if lock else None)])
+        expected = [e.expected() for e in (entry, lock) if e is not None]
+        agree(expected)
         found = _finished_download(cache, version)
         if found is not None:
             path, digest, shown = found
@@ -237,20 +228,20 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
             downloader = Downloader(make_session(), cache.downloads,
                                     terminal_progress if terminal else PlainProgress)
             log.info("downloading SDK %s from %s", version, redact(urls[0]))
-            fetched = downloader.fetch(urls, _download_name(urls[0], version))
+            fetched = downloader.fetch(urls, download_name(urls[0], version))
             path, digest, shown = fetched.path, fetched.sha256, fetched.url
         record = path.with_name(path.name + ".json")
         try:
-            check_against_index(entry, digest, shown)
-            check_archive(lock, digest, path.stat().st_size, shown)
-            with work_folder(cache.tmp / f"{version}.identify.{_work_id()}") as scratch:
+            check(expected, Observed(shown, digest, path.stat().st_size))
+            with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
                 build = archive_build_id(path, scratch)
             _true_version(build, version, shown)
+            digests = zip_digests(path)
         except IntegrityError:
             path.unlink(missing_ok=True)
             record.unlink(missing_ok=True)
             raise
-        result = FetchedArchive(path, shown, digest, path.stat().st_size, build)
+        result = FetchedArchive(path, shown, digest, path.stat().st_size, build, digests)
         if not keep:
             path.unlink(missing_ok=True)
             record.unlink(missing_ok=True)
@@ -313,23 +304,24 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
         entry = index.get(version)
         if dest.is_file():
             digest = file_sha256(dest)
-            if entry is not None and entry.get("sha256") == digest:
+            # An entry of an earlier qnnctl, without components' digests, is indexed again.
+            if entry is not None and entry.get("sha256") == digest and isinstance(entry.get("components"), dict):
                 done.append(Mirrored(version, dest, digest, dest.stat().st_size, entry.get("build_id"), "kept"))
                 log.info("SDK %s is in the mirror already (%s)", version, dest)
                 continue
-            if entry is not None:
+            if entry is not None and entry.get("sha256") != digest:
                 raise IntegrityError(
                     f"{dest} has sha256 {digest}, but {folder / INDEX_NAME} says {entry.get('sha256')}",
                     hint=f"remove {dest} and run `qnnctl mirror {folder} {version}` again",
                 )
             from qnnctl.archive import work_folder
-            from qnnctl.install import _work_id
+            from qnnctl.commit import work_id
 
             cache.ensure()
-            with work_folder(cache.tmp / f"{version}.identify.{_work_id()}") as scratch:
+            with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
                 build = archive_build_id(dest, scratch)
             _true_version(build, version, str(dest))
-            size = dest.stat().st_size
+            size, digests = dest.stat().st_size, zip_digests(dest)
             action = "indexed"
         else:
             fetched = fetch_archive(version, cache, environ, terminal=terminal, cwd=cwd)
@@ -337,7 +329,8 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
             _move(fetched.path, dest)
             fetched.path.with_name(fetched.path.name + ".json").unlink(missing_ok=True)
             digest, size, build, action = fetched.sha256, fetched.size, fetched.build_id, "added"
-        index[version] = {"sha256": digest, "size": size, "build_id": build, "path": rel,
+            digests = fetched.components
+        index[version] = {"sha256": digest, "size": size, "build_id": build, "path": rel, "components": digests,
                           "added_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         # After each version, so that an interrupted run keeps what it finished.
         write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})

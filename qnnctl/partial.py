@@ -26,16 +26,20 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.commit import commit, identify, require_version, used_up, work_id
 from qnnctl.components import (
     ALL,
     Member,
     available,
     canonical,
     choose,
+    component_label,
     installed_components,
+    tree_digests,
     with_link_targets,
 )
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
+from qnnctl.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk import Sdk
 
 if TYPE_CHECKING:
@@ -154,13 +158,18 @@ def choose_members(members: dict[PurePosixPath, Member], components: Collection[
 
 def link_closure(choice: Choice) -> set[PurePosixPath]:
     """Members the chosen links need beyond the choice (added to it); links whose targets are
-    not known yet are among them, for the caller to read and ask again."""
+    not known yet are among them, for the caller to read and ask again.
+
+    A link into another component brings all of that component: a component is installed
+    whole or not at all, so that its digest in a lock or an index checks every member of it."""
     there = choice.chosen | choice.present
     extra = with_link_targets(choice.members, there, choice.targets)
-    shown = sorted(p for p in extra if choice.members[p].kind != "dir")
-    if shown:
-        log.info("%d more file(s) or link(s) that links of the components chosen lead to: %s", len(shown),
-                 ", ".join(str(p) for p in shown[:3]) + (", ..." if len(shown) > 3 else ""))
+    brought = {component_label(p, choice.top) for p in extra if choice.members[p].kind != "dir"}
+    brought.discard(ALL)  # a member no rule claims comes alone, and is checked as such
+    if brought:
+        log.info("links of the components chosen lead into %s, which %s installed too", ", ".join(
+            canonical(brought)), "is" if len(brought) == 1 else "are")
+        extra |= choose(choice.members.values(), choice.top, brought) - there
     choice.chosen.update(extra)
     return extra
 
@@ -308,7 +317,8 @@ class RangedInstall:
 
         fetcher.start(ranges, f"{self.version} ({','.join(components)})")
         try:
-            extracted = extract(sparse.path, self.work / "x", only=chosen, beside=present, ready=ready, kind="zip")
+            extracted = extract(sparse.path, self.work / "x", only=chosen, beside=present, ready=ready, kind="zip",
+                                whole=False)
         except BaseException:
             fetcher.abandon()
             try:
@@ -461,25 +471,47 @@ def extract_components(archive: Path, components: Collection[str], work: Path) -
     return extract(archive, work, only=choice.chosen), parts
 
 
+def same_archive(old: Sdk) -> Expected:
+    """What components added to `old` must match: the archive its components came from."""
+    manifest = read_manifest(old.root) or {}
+    recorded, cd = manifest.get("sha256"), manifest.get("central_directory_sha256")
+    return Expected(
+        f"SDK {old.version} installed at {old.root}", "was installed from an archive whose digest is",
+        f"to replace the SDK with this archive's: `qnnctl install --force {old.version} --components ...`",
+        sha256=recorded if isinstance(recorded, str) and manifest.get("partial") is False else None,
+        central_directory_sha256=cd if isinstance(cd, str) else None, by_directory=True)
+
+
+def observed_tree(root: Path, files: Mapping[str, str], shown: str, sha256: str | None = None,
+                  size: int | None = None, directory: str | None = None) -> Observed:
+    """What the gate sees of an extraction: each component's digest over what was written."""
+    return Observed(shown, sha256, size, tree_digests(root, files, skip={MANIFEST_NAME}), directory)
+
+
 def install_components(version: str, urls: list[str], name: str, components: Collection[str],
-                       sha256: str | None, cache: Cache, force: bool, terminal: bool, old: Sdk | None,
-                       expected_cd: str | None = None) -> Sdk:
+                       expected: list[Expected], cache: Cache, force: bool, terminal: bool, old: Sdk | None,
+                       sha256: str | None = None) -> Sdk:
     """Install the members of SDK `version` that `components` need, into qnnctl's cache, with
-    those of `old` (the same version, installed with fewer components) kept. `expected_cd` is
-    the central directory's sha256 as a lock pins it. The caller holds the version's lock and
-    has removed stale work folders."""
+    those of `old` (the same version, installed with fewer components) kept. What was written
+    passes the gate (qnnctl.gate) against `expected` (and, with `old`, the archive it came
+    from) before it is renamed into place. `sha256`: --sha256, which the download checks too.
+    The caller holds the version's lock and has removed stale work folders."""
     from qnnctl.archive import work_folder
     from qnnctl.download import PlainProgress, terminal_progress
-    from qnnctl.install import _commit, _work_id, identify, require_version
     from qnnctl.ranged import ArchiveChanged, RangesIgnored
 
     components = wanted_components(components, old)
+    fetching = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
     progress: ProgressFactory = terminal_progress if terminal else PlainProgress
-    if sha256 is not None:
-        log.info("--sha256 checks the whole archive: downloading all of it, then installing only %s",
-                 ", ".join(components))
-        return _install_whole(version, urls, name, components, sha256, cache, force or old is not None, progress)
-    with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
+    if old is not None:
+        expected = [*expected, same_archive(old)]
+    whole = why_whole(expected, fetching)
+    if whole is not None:
+        log.warning("%s: downloading the whole archive to check it, then installing only %s", whole,
+                    ", ".join(components))
+        return _install_whole(version, urls, name, components, expected, sha256, cache, force or old is not None,
+                              progress)
+    with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
         job = RangedInstall(version, urls, name, cache, work, progress)
         try:
             job.open()
@@ -487,25 +519,22 @@ def install_components(version: str, urls: list[str], name: str, components: Col
                 raise RuntimeError("the archive is not open")
             remote = job.sparse.remote
             digest = job.central_directory_sha256()
-            if expected_cd is not None and digest != expected_cd:
-                raise IntegrityError(
-                    f"the central directory of {remote.shown} has sha256 {digest}, not {expected_cd} as "
-                    "the lock pins it",
-                    hint="check the mirror, or lock the archive anew with `qnnctl lock`; nothing was installed",
-                )
             if old is not None:
-                check_same_archive(old, digest, remote.shown)
+                check_same_archive(old, digest, remote.shown)  # before any member is fetched
             root, _, files, size, found = job.install(components, old)
+            check(expected, observed_tree(root, files, remote.shown, directory=digest))
             found, build = identify(root, found, version, remote.shown)
             require_version(found, version, remote.shown)
+            written = tree_digests(root, files, skip={MANIFEST_NAME})
             if old is not None:
                 merge_old(old.root, root)
                 files = merged_files(old, files)
                 before = (read_manifest(old.root) or {}).get("unpacked_size")
                 size += before if isinstance(before, int) else 0
-            parts = Parts(components, True, digest)
-            sdk = _commit(root, version, remote.shown, None, remote.size, files, size, cache,
-                          force or old is not None, work, build, extra=parts.manifest_fields())
+            parts = Parts(canonical([*components, *(c for c in written if c != "other")]), True, digest)
+            sdk = commit(root, version, remote.shown, None, remote.size, files, size, cache,
+                         force or old is not None, work, build,
+                         extra={**parts.manifest_fields(), "component_sha256": merged_digests(old, written)})
         except RangesIgnored as why:
             job.remove()
             fallback = str(why)
@@ -525,25 +554,41 @@ def install_components(version: str, urls: list[str], name: str, components: Col
     # Said on stderr whatever the verbosity: the whole archive is a much longer wait.
     log.warning("%s: downloading the whole archive instead, then installing only %s", fallback,
                 ", ".join(components))
-    return _install_whole(version, urls, name, components, None, cache, force or old is not None, progress)
+    return _install_whole(version, urls, name, components, expected, None, cache, force or old is not None,
+                          progress)
+
+
+def merged_digests(old: Sdk | None, written: Mapping[str, str]) -> dict[str, str]:
+    """The manifest's component digests: the old SDK's and those just written (which win)."""
+    recorded = (read_manifest(old.root) or {}).get("component_sha256") if old is not None else None
+    merged = {str(k): str(v) for k, v in recorded.items()} if isinstance(recorded, dict) else {}
+    merged.update(written)
+    return merged
 
 
 def _install_whole(version: str, urls: list[str], name: str, components: Collection[str],
-                   sha256: str | None, cache: Cache, force: bool, progress: ProgressFactory) -> Sdk:
-    """Download the whole archive, then install only the members `components` need."""
+                   expected: list[Expected], sha256: str | None, cache: Cache, force: bool,
+                   progress: ProgressFactory) -> Sdk:
+    """Download the whole archive, check it at the gate, then install only the members
+    `components` need."""
     from qnnctl.archive import work_folder
     from qnnctl.download import Downloader, make_session
-    from qnnctl.install import _commit, _work_id, identify, require_version, used_up
 
     downloader = Downloader(make_session(), cache.downloads, progress)
-    with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
+    with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
         fetched = downloader.fetch(urls, name, sha256)
         with used_up(fetched.path, cache.downloads / f"{name}.json"):
             extracted, parts = extract_components(fetched.path, components, work / "x")
+            seen = observed_tree(extracted.root, extracted.files, fetched.url, fetched.sha256, fetched.size,
+                                 parts.central_directory_sha256)
+            check(expected, seen)
             found, build = identify(extracted.root, extracted.version, version, fetched.url)
             require_version(found, version, fetched.url)
-            sdk = _commit(extracted.root, version, fetched.url, fetched.sha256, fetched.size, extracted.files,
-                          extracted.size, cache, force, work, build, extra=parts.manifest_fields())
+            written = dict(seen.components or {})
+            parts = parts._replace(components=canonical([*parts.components, *(c for c in written if c != "other")]))
+            sdk = commit(extracted.root, version, fetched.url, fetched.sha256, fetched.size, extracted.files,
+                         extracted.size, cache, force, work, build,
+                         extra={**parts.manifest_fields(), "component_sha256": written})
     return sdk
 
 

@@ -64,7 +64,7 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
     """Remove every SDK of qnnctl's cache but those `specs` name (all of them with `everything`)."""
     from filelock import FileLock, Timeout
 
-    from qnnctl.install import _work_id
+    from qnnctl.commit import work_id
 
     keep = set() if everything else kept_versions(specs, cache, environ)
     removed: list[Removed] = []
@@ -89,7 +89,7 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
             recorded = (read_manifest(target) or {}).get("unpacked_size")
             size = recorded if isinstance(recorded, int) else tree_size(target)
             cache.tmp.mkdir(parents=True, exist_ok=True)
-            trash = cache.tmp / f"{version}.uninstall.{_work_id()[:8]}"
+            trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
             # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
             os.replace(target, trash)
             remove_tree(trash)

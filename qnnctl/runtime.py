@@ -364,7 +364,7 @@ def stage_runtime(
     unused: dict[str, str] = {}  # source -> why it was not used
     if plan.trio or plan.glibc:
         from qnnctl.archive import work_folder
-        from qnnctl.install import remove_stale_work, version_lock
+        from qnnctl.commit import remove_stale_work, version_lock
 
         cache.ensure()
         with version_lock(cache, LOCK_KEY, "staging the host runtime"):

@@ -1,4 +1,4 @@
-"""URLs as qnnctl shows and keeps them: without the secrets they may carry.
+"""URLs as qnnctl shows and keeps them (without the secrets they may carry), and as it takes them.
 
 A mirror's URL can hold a password (`https://user:pw@host/...`) and a signed URL a token
 (`...?X-Amz-Signature=...`). Everything qnnctl prints, logs or stores goes through `redact`,
@@ -8,6 +8,10 @@ so that neither ends up in a terminal, a CI log, a bug report or a file in the c
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from qnnctl.errors import UsageError
 
 MASK = "***"
 
@@ -61,3 +65,38 @@ def _mask_values(items: str) -> str:
         else:
             masked.append(MASK if name else "")
     return "&".join(masked)
+
+
+def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
+    """Refuse (exit 2) a URL that no download can start from; for a file: URL, its path.
+
+    urllib parses `http://[::1/x` only to raise ValueError, and requests turns a missing host
+    or an unknown scheme into a failed download (exit 3) after the lock and the cache: both
+    are mistakes in what was typed, told before anything starts.
+    """
+    shown = redact(url)
+    schemes = "https or http" + (" (or a file: URL)" if allow_file else "")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        # urlparse drops a newline or tab silently; the URL shown or logged would then break lines.
+        raise UsageError(f"{what} {shown!r} holds a control character (a newline or tab)",
+                         hint="remove it: a URL is one line of printable text")
+    try:
+        parts = urlparse(url)
+        parts.port  # noqa: B018 - a port that is no number raises here, not in the download
+    except ValueError:
+        # The parser's words would quote the bad part, which may be a misplaced password.
+        raise UsageError(f"{what} {shown} is not a valid URL: its host or port cannot be read",
+                         hint="check the brackets around an IPv6 address and the port number") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http", *(("file",) if allow_file else ())):
+        named = f"{scheme}:" if scheme else "a URL without a scheme"
+        raise UsageError(f"{what} {shown}: qnnctl downloads over {schemes}, not {named}",
+                         hint="an archive on disk is installed with `qnnctl install --file ARCHIVE`")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise UsageError(f"{what} {shown} names a file on another host ({parts.netloc})",
+                             hint="a file: URL names a file on this machine: file:///path/to/v2.37.0.250724.zip")
+        return Path(unquote(parts.path))
+    if not parts.hostname:
+        raise UsageError(f"{what} {shown} names no host", hint="URLs look like https://host/path/v2.37.0.250724.zip")
+    return None

@@ -3,9 +3,16 @@
 What reading a zip piecewise needs, and what makes it safe to: the end of central directory
 record (and the zip64 locator and record, for archives past 4 GiB or 65,535 members) says
 where the central directory is; the central directory says where each member starts; and each
-member's bytes run from its local header to the next member. A directory whose members
-overlap, run past the directory or the end, or whose local headers say something else than
-the directory does, is refused (IntegrityError, exit 4) before anything is written.
+member's bytes run from its local header to the next member.
+
+One reading: a zip is installed only when every reader of it sees the same members. This
+module, Python's zipfile (the extractor) and the local headers read in order (the extractor
+that follows a download) must agree, so a zip is refused (IntegrityError, exit 4, the member
+named) unless it has exactly one end record, the one both readers choose, whose comment ends
+the file; its members tile the file from its first byte to the central directory (each one's
+local header, name, extra field, data and at most a data descriptor, nothing else between
+them); each local header says what the directory says (name by content, method, flags, CRC-32,
+sizes); and no name is given twice.
 
 The layout is APPNOTE.TXT's (PKWARE, 6.3.10, sections 4.3.6-4.3.16), read the way Python's
 zipfile reads it, so that both agree on every offset.
@@ -14,6 +21,7 @@ zipfile reads it, so that both agree on every offset.
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
 import struct
 import zipfile
@@ -42,6 +50,8 @@ MAX_TAIL = MAX_COMMENT + _EOCD.size + _LOCATOR.size + _ZIP64_END.size
 # A member's bytes beyond its local header, name and data: an extra field, a data descriptor.
 _MAX_EXTRA = 0xFFFF
 _MAX_DESCRIPTOR = 24
+# A data descriptor: CRC-32 and two sizes of 4 or 8 bytes, with or without its signature.
+_DESCRIPTOR_SIZES = (12, 16, 20, 24)
 
 
 class EndRecords(NamedTuple):
@@ -83,6 +93,10 @@ def end_records(tail: bytes, size: int) -> EndRecords:
         if len(tail) < min(size, MAX_TAIL):
             raise NeedMore(min(size, MAX_TAIL))
         raise _bad("no end of central directory record: not a zip archive, or cut short")
+    # zipfile takes the last signature in the file's last 64 KiB, wherever its comment ends: a
+    # second record hidden in this one's comment would give it another directory to read.
+    if tail.rfind(_EOCD_SIG) != pos:
+        raise _bad("more than one end of central directory record (one inside the comment of another)")
     (_, disk, cd_disk, _, entries, cd_size, cd_offset, _) = _EOCD.unpack_from(tail, pos)
     if disk != 0 or cd_disk != 0:
         raise _bad("a multi-part (spanned) archive")
@@ -107,6 +121,11 @@ def end_records(tail: bytes, size: int) -> EndRecords:
     if cd_size < 0 or cd_start < 0 or cd_start < cd_offset:
         raise _bad(f"its central directory ({cd_size} bytes at {cd_offset}) does not fit before its end records "
                    f"(at {tail_start})")
+    if cd_start != cd_offset:
+        # zipfile shifts every offset by the difference (a self-extracting stub before the
+        # zip); bytes before the first member are no part of an SDK archive.
+        raise _bad(f"{cd_start - cd_offset} bytes before its first member, or between its central directory "
+                   "and its end records")
     return EndRecords(cd_start, cd_size, entries, tail_start, zip64)
 
 
@@ -118,6 +137,7 @@ class Extent(NamedTuple):
     info: zipfile.ZipInfo
     start: int  # its local header
     end: int  # past the last byte it may need: the next member (or the directory), or less
+    limit: int  # where the next member (or the directory) starts: its bytes end there exactly
 
     @property
     def size(self) -> int:
@@ -131,16 +151,27 @@ def raw_name(info: zipfile.ZipInfo) -> bytes:
 
 def extents(infos: Iterable[zipfile.ZipInfo], cd_start: int) -> dict[str, Extent]:
     """Each member's byte range, by its ZipInfo's id; IntegrityError (nothing installed) for
-    members that overlap one another or run into the central directory.
+    members that overlap one another, leave bytes before the first or run into the central
+    directory, and for a name given twice.
 
     A member needs at least its local header, its name and its compressed data; it may hold
-    an extra field and a data descriptor up to where the next one begins. Two members that
-    share bytes are how a zip bomb packs more than it holds, and no archiver makes them.
+    an extra field and a data descriptor up to where the next one begins (`check_local_header`
+    makes sure it holds nothing else). Two members that share bytes are how a zip bomb packs
+    more than it holds; two of one name are read as the first by one tool and the last by
+    another. No archiver makes either.
     """
     ordered = sorted(infos, key=lambda i: i.header_offset)
     found: dict[str, Extent] = {}
+    names: set[str] = set()
+    if ordered and ordered[0].header_offset != 0:
+        raise _bad(f"{ordered[0].header_offset} bytes before its first member, {ordered[0].filename!r}")
+    if not ordered and cd_start != 0:
+        raise _bad(f"{cd_start} bytes before its central directory, and no member")
     for index, info in enumerate(ordered):
         start = info.header_offset
+        if info.filename in names:
+            raise _bad(f"{info.filename!r} is in it twice")
+        names.add(info.filename)
         least = start + _LOCAL.size + len(raw_name(info)) + info.compress_size
         limit = ordered[index + 1].header_offset if index + 1 < len(ordered) else cd_start
         if start < 0:
@@ -150,7 +181,7 @@ def extents(infos: Iterable[zipfile.ZipInfo], cd_start: int) -> dict[str, Extent
                 "runs past the start of the central directory"
             raise _bad(f"{info.filename!r} ({info.compress_size} bytes at {start}) {what} (at {limit})")
         end = min(limit, least + _MAX_EXTRA + _MAX_DESCRIPTOR)
-        found[_key(info)] = Extent(info, start, end)
+        found[_key(info)] = Extent(info, start, end, limit)
     return found
 
 
@@ -166,7 +197,8 @@ def extent_of(found: dict[str, Extent], info: zipfile.ZipInfo) -> Extent:
 def check_local_header(read_at: Callable[[int, int], bytes], extent: Extent) -> None:
     """The member's local header must say what the central directory says: the same name,
     method and flags, and (unless they follow the data) the same CRC-32 and sizes; and its
-    data must end within the member's range. IntegrityError otherwise."""
+    data must end where the next member starts, or a data descriptor before it (a flag says
+    which). IntegrityError otherwise."""
     info = extent.info
     head = read_at(extent.start, _LOCAL.size)
     (sig, _, flags, method, _, _, crc, csize, usize, name_len, extra_len) = _LOCAL.unpack(head)
@@ -186,6 +218,12 @@ def check_local_header(read_at: Callable[[int, int], bytes], extent: Extent) -> 
         raise _disagrees(name, "it is encrypted or patched data")
     if (flags & _DESCRIPTOR) != (info.flag_bits & _DESCRIPTOR):
         raise _disagrees(name, "one of them says the sizes follow the data, the other not")
+    if flags != info.flag_bits:
+        raise _disagrees(name, f"flags {flags:#06x}, not {info.flag_bits:#06x}")
+    left = extent.limit - (data + info.compress_size)
+    if left not in (_DESCRIPTOR_SIZES if flags & _DESCRIPTOR else (0,)):
+        raise _bad(f"{name!r} is followed by {left} bytes that are none of its own (before the next member "
+                   f"at {extent.limit})")
     if not flags & _DESCRIPTOR:
         if 0xFFFFFFFF in (csize, usize):
             usize, csize = zip64_sizes(rest[name_len:], usize, csize)
@@ -198,11 +236,17 @@ def zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int]:
     """The sizes a zip64 extra field holds for the fields set to 0xFFFFFFFF."""
     while len(extra) >= 4:
         kind, length = struct.unpack("<HH", extra[:4])
+        if length > len(extra) - 4:
+            raise _bad(f"an extra field of {length} bytes where {len(extra) - 4} are left")
         if kind == _ZIP64_EXTRA:
             values = list(struct.unpack(f"<{length // 8}Q", extra[4 : 4 + length - length % 8]))
-            if usize == 0xFFFFFFFF and values:
+            if usize == 0xFFFFFFFF:
+                if not values:
+                    raise _bad("a zip64 extra field shorter than the sizes it stands for")
                 usize = values.pop(0)
-            if csize == 0xFFFFFFFF and values:
+            if csize == 0xFFFFFFFF:
+                if not values:
+                    raise _bad("a zip64 extra field shorter than the sizes it stands for")
                 csize = values.pop(0)
             break
         extra = extra[4 + length:]
@@ -248,6 +292,49 @@ def file_end_records(path: Path) -> EndRecords:
                 if more.size <= want:
                     raise _bad("its end records cannot be read") from None
                 want = more.size
+
+
+def open_zip(path: Path) -> zipfile.ZipFile:
+    """zipfile's reading of a zip, with what it cannot read as an IntegrityError: a name
+    flagged as UTF-8 that is not, an extra field that breaks off, a bad directory."""
+    try:
+        return zipfile.ZipFile(path)
+    except UnicodeDecodeError as exc:
+        raise _bad(f"a member's name is flagged as UTF-8 but is not: {exc.object[:80]!r}") from None
+    except (zipfile.BadZipFile, EOFError, struct.error) as exc:
+        raise _bad(f"its central directory cannot be read: {exc}") from None
+
+
+def same_reading(zf: zipfile.ZipFile, records: EndRecords) -> list[zipfile.ZipInfo]:
+    """zipfile's members, once it is sure zipfile read the directory these end records
+    point to, all of it; IntegrityError when it read another."""
+    infos = zf.infolist()
+    start = getattr(zf, "start_dir", None)  # set by zipfile as it reads the end records
+    if start != records.cd_start or len(infos) != records.entries:
+        raise _bad(f"two readings: its end records point to {records.entries} members at {records.cd_start}, "
+                   f"zipfile reads {len(infos)} at {start}")
+    return infos
+
+
+def check_zip_file(path: Path) -> EndRecords:
+    """A zip on disk, read one way by every reader (see the module's docstring); its end
+    records. IntegrityError, naming the member, for anything else."""
+    records = file_end_records(path)
+    with open_zip(path) as zf:
+        infos = same_reading(zf, records)
+    read_at = read_file_at(path)
+    with open(path, "rb") as handle:
+        fd = handle.fileno()
+
+        def pread(offset: int, size: int) -> bytes:
+            data = os.pread(fd, size, offset)
+            if len(data) != size:
+                return read_at(offset, size)  # raises: cut short
+            return data
+
+        for extent in extents(infos, records.cd_start).values():
+            check_local_header(pread, extent)
+    return records
 
 
 def read_file_at(path: Path) -> Callable[[int, int], bytes]:

@@ -214,8 +214,8 @@ def write_zip_from_tree(tree: Path, archive: Path) -> None:
 
 
 def manifest_digest(data: bytes) -> str:
-    """What the manifest records for a file holding `data`: its CRC-32, as stdlib zlib computes it."""
-    return f"crc32:{zlib.crc32(data):08x}"
+    """What the manifest records for a file holding `data`: the sha256 of its content."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def add_zip_entry(zf: zipfile.ZipFile, name: str, data: bytes, mode: int) -> None:

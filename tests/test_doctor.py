@@ -364,12 +364,17 @@ def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
                          f"(it was installed from {archive}, which is gone)")
 
 
-def test_verify_checks_sha256_digests_of_earlier_manifests(tmp_path: Path, cache_dir: Path) -> None:
-    """Manifests written before digests became CRC-32s hold sha256s: --verify still reads them."""
-    import hashlib
+def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_nothing_else(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """New manifests record each file's sha256, which a change that keeps the CRC-32 (four
+    chosen bytes) does not get past; manifests of earlier versions hold CRC-32s, still read,
+    and --verify says which it compared."""
+    import zlib
 
+    from qnnctl.archive import crc32_digest
     from qnnctl.cache import MANIFEST_NAME, read_manifest
     from qnnctl.install import InstallRequest, install
+    from tests.forge import keep_crc32
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
                         dict(os.environ), Path.cwd())
@@ -377,16 +382,28 @@ def test_verify_checks_sha256_digests_of_earlier_manifests(tmp_path: Path, cache
     root = installed.sdk.root
     manifest = read_manifest(root)
     assert manifest is not None
-    assert all(str(digest).startswith("crc32:") for digest in manifest["files"].values())
-    manifest["files"] = {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in manifest["files"]}
-    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
-    assert doctor(VERSION, verify=True)["sdk.verify"].status == OK
+    assert all(len(str(digest)) == 64 for digest in manifest["files"].values())
+    verified = doctor(VERSION, verify=True)["sdk.verify"]
+    assert (verified.status, verified.detail.endswith("(by sha256)")) == (OK, True), verified.detail
 
     readme = root / "QNN_README.txt"
-    readme.write_bytes(bytes(reversed(readme.read_bytes())))  # same size, other bytes
+    original = readme.read_bytes()
+    forged = keep_crc32(b"trojan" + original[6:], len(original) - 4, zlib.crc32(original))
+    assert (zlib.crc32(forged), len(forged)) == (zlib.crc32(original), len(original))
+    readme.write_bytes(forged)
     verified = doctor(VERSION, verify=True)["sdk.verify"]
     assert verified.status == FAIL
     assert "1 changed (QNN_README.txt)" in verified.detail
+
+    # An earlier manifest: CRC-32s, which that change gets past, as --verify says.
+    manifest["files"] = {rel: crc32_digest(zlib.crc32((root / rel).read_bytes())) for rel in manifest["files"]}
+    manifest["files"]["QNN_README.txt"] = crc32_digest(zlib.crc32(original))
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    verified = doctor(VERSION, verify=True)["sdk.verify"]
+    assert verified.status == OK
+    assert "by CRC-32 only" in verified.detail
+    readme.write_bytes(bytes(reversed(original)))  # same size, another CRC-32
+    assert doctor(VERSION, verify=True)["sdk.verify"].status == FAIL
 
 
 def test_a_manifest_naming_another_version_warns(tmp_path: Path, cache_dir: Path) -> None:

@@ -837,13 +837,15 @@ def test_streamed_folders_are_kept(tmp_path: Path, feed: Callable[..., _Feed], l
     streamed = stream.finish()
     assert streamed is not None
     assert f"{TOP}/docs" in _names(streamed)
-    # Each member with its place in the archive, and for a file its CRC-32 and size; None for a folder.
+    # Each member with its place in the archive, and for a file its CRC-32, size and sha256; None for a folder.
     with zipfile.ZipFile(archive) as zf:
         infos = {PurePosixPath(info.filename): info for info in zf.infolist()}
+        contents = {name: zf.read(info) for name, info in infos.items() if not info.is_dir()}
     for name, (local, written) in streamed.members.items():
         info = infos[name]
         assert local.offset == info.header_offset
-        assert written == (None if info.is_dir() else (info.CRC, info.file_size)), name
+        assert written == (None if info.is_dir() else (info.CRC, info.file_size,
+                                                       hashlib.sha256(contents[name]).hexdigest())), name
     result = extract(archive, stream.work, streamed)
     assert not log.find("again"), log.messages
     assert _tree(result.root) == _tree(extract(archive, tmp_path / "plain").root)
