@@ -25,6 +25,7 @@ class Expected(NamedTuple):
     """What one source expects of an SDK's archive."""
 
     source: str  # who expects it, as a message names it: a lock's path, the mirror's index, --sha256
+    name: str  # the same, short: "the lock", "the index", "--sha256"
     says: str  # how it says it: "pins", "says", "expects"
     hint: str  # what to do when it does not match
     sha256: str | None = None  # of the whole archive
@@ -51,7 +52,8 @@ def given_sha256(sha256: str | None) -> Expected | None:
     """What `--sha256` expects, if it was given."""
     if sha256 is None:
         return None
-    return Expected("--sha256", "expects", "check the --sha256 value, or the archive's source", sha256=sha256)
+    return Expected("--sha256", "--sha256", "expects", "check the --sha256 value, or the archive's source",
+                    sha256=sha256)
 
 
 def agree(expected: Sequence[Expected]) -> None:
@@ -119,7 +121,7 @@ def _what_is_missing(e: Expected, o: Observed) -> str:
 def _same(e: Expected, o: Observed, what: str, wanted: str, got: str) -> None:
     if wanted != got:
         raise IntegrityError(
-            f"the archive from {o.shown} does not match {e.source}: {what} is {got}, {e.source} {e.says} {wanted}; "
+            f"the archive from {o.shown} does not match {e.source}: {what} is {got}, {e.name} {e.says} {wanted}; "
             "nothing was installed",
             hint=e.hint,
         )

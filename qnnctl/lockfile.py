@@ -59,7 +59,7 @@ class LockedSdk(NamedTuple):
 
     def expected(self) -> Expected:
         """What the gate (qnnctl.gate) holds an archive of the locked version to."""
-        return Expected(str(self.path), "pins",
+        return Expected(str(self.path), "the lock", "pins",
                         "the archive or the mirror serving it changed; if the new archive is the one to trust, "
                         f"write the lock again with `qnnctl lock {self.version}`",
                         sha256=self.sha256, size=self.size, components=self.component_sha256,
@@ -353,8 +353,7 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
     # pins; else from the archive, fetched once (an SDK installed by parts, or by an earlier
     # qnnctl that recorded no component digests, a link, a store).
     if manifest is not None and is_sha256(manifest.get("sha256")) and isinstance(manifest.get("size"), int) \
-            and manifest.get("partial") is not True and manifest.get("components") is None \
-            and isinstance(manifest.get("component_sha256"), dict):
+            and manifest.get("partial") is not True and manifest.get("components") is None and sdk is not None:
         lock = _from_manifest(manifest, version, sdk, stamp)
         source = lock.urls[0] if lock.urls else "an unrecorded source"
         trust = (f"These values were computed from the archive qnnctl downloaded now from {source}."
@@ -394,6 +393,10 @@ def _from_manifest(manifest: Mapping[str, Any], version: str, sdk: Sdk | None, s
         build = read_build_id(sdk.root)
     source = manifest.get("source")
     digests = manifest.get("component_sha256")
+    if not isinstance(digests, dict) and sdk is not None:
+        # Installed whole by a qnnctl that recorded no component digests: its files as they are.
+        log.info("computing the digest of each component of SDK %s from its files at %s", version, sdk.root)
+        digests = tree_digests(sdk.root, skip={MANIFEST_NAME})
     cd = manifest.get("central_directory_sha256")
     from qnnctl.urls import redact
 

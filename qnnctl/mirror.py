@@ -42,7 +42,7 @@ class IndexEntry(NamedTuple):
 
     def expected(self) -> Expected:
         """What the gate (qnnctl.gate) holds the mirror's archive of this version to."""
-        return Expected(f"the mirror's {self.url}", "says",
+        return Expected(f"the mirror's {self.url}", "the index", "says",
                         "the mirror's file changed after it was indexed; put the right archive back, or index it "
                         "again with `qnnctl mirror DIR VERSION` where the mirror is kept",
                         sha256=self.sha256, size=self.size, components=self.components)

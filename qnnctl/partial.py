@@ -476,7 +476,7 @@ def same_archive(old: Sdk) -> Expected:
     manifest = read_manifest(old.root) or {}
     recorded, cd = manifest.get("sha256"), manifest.get("central_directory_sha256")
     return Expected(
-        f"SDK {old.version} installed at {old.root}", "was installed from an archive whose digest is",
+        f"SDK {old.version} installed at {old.root}", "the SDK installed", "came from an archive with",
         f"to replace the SDK with this archive's: `qnnctl install --force {old.version} --components ...`",
         sha256=recorded if isinstance(recorded, str) and manifest.get("partial") is False else None,
         central_directory_sha256=cd if isinstance(cd, str) else None, by_directory=True)

@@ -319,7 +319,11 @@ def same_reading(zf: zipfile.ZipFile, records: EndRecords) -> list[zipfile.ZipIn
 def check_zip_file(path: Path) -> EndRecords:
     """A zip on disk, read one way by every reader (see the module's docstring); its end
     records. IntegrityError, naming the member, for anything else."""
-    records = file_end_records(path)
+    try:
+        records = file_end_records(path)
+    except IntegrityError as exc:
+        raise IntegrityError(f"{path.name} is corrupt or truncated: {exc.message.removeprefix('unsafe archive: ')}",
+                             hint="nothing was installed; download the archive again") from None
     with open_zip(path) as zf:
         infos = same_reading(zf, records)
     read_at = read_file_at(path)

@@ -5,15 +5,18 @@ loopback server (and Python's own http.server for the mirror), archives built at
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from qnnctl.archive import zip_digests
 from qnnctl.cache import Cache, read_manifest, tree_size
 from qnnctl.sdk import find_installed
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
@@ -117,7 +121,7 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     assert "s3cret" not in text
     assert "Trust on first use: Qualcomm publishes no checksums" in _comment(text)
     data = tomllib.loads(text)
-    assert data["schema"] == 1
+    assert data["schema"] == 2
     assert data["sdk"]["version"] == VERSION
     assert data["sdk"]["sha256"] == _sha256(good)
     assert data["sdk"]["size"] == len(good)
@@ -129,6 +133,11 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     records = end_records(good, len(good))
     assert data["sdk"]["central_directory_sha256"] == central_directory_sha256(
         lambda offset, size: good[offset:offset + size], records)
+    # And each component's digest, computed from the whole archive: what an install by parts is
+    # checked against, as strictly as a whole one.
+    (tmp_path / "good.zip").write_bytes(good)
+    assert data["sdk"]["component_sha256"] == zip_digests(tmp_path / "good.zip")
+    assert set(data["sdk"]["component_sha256"]) >= {"host", "android"}
     # It installed the SDK it locked.
     assert (cache_dir / "sdks" / VERSION / ".qnnctl.json").is_file()
     checked = run_qnnctl("lock", "--check", cwd=sub)
@@ -343,7 +352,23 @@ def test_install_locked_of_another_version_installed_already_fails(cache_dir: Pa
 def test_a_store_sdk_without_a_manifest_is_locked_from_its_archive_fetched_once(
         mirror: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
-    build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    # The store holds what the archive holds, unpacked by another tool.
+    with zipfile.ZipFile(io.BytesIO(mirror.files[PATH])) as zf:
+        for info in zf.infolist():
+            parts = info.filename.rstrip("/").split("/", 2)
+            if len(parts) < 3:
+                continue  # qairt/ and qairt/VERSION/
+            target = store / VERSION / parts[2]
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = zf.read(info)
+            if stat.S_ISLNK(info.external_attr >> 16):
+                target.symlink_to(data.decode())
+            else:
+                target.write_bytes(data)
+                target.chmod(stat.S_IMODE(info.external_attr >> 16))
     monkeypatch.setenv("QNNCTL_STORES", str(store))
     made = run_qnnctl("lock", VERSION)
     assert made.returncode == 0, made.stderr
@@ -354,7 +379,13 @@ def test_a_store_sdk_without_a_manifest_is_locked_from_its_archive_fetched_once(
     assert len(mirror.requests_for(PATH)) == 1
     # Hashed, then removed; nothing installed over the store's copy.
     _nothing_installed(cache_dir)
-    assert run_qnnctl("lock", "--check").returncode == 0
+    checked = run_qnnctl("lock", "--check")
+    assert checked.returncode == 0, checked.stderr
+    # The store's files are hashed against the lock's component digests: one changed file fails.
+    (store / VERSION / "docs" / "payload.bin").write_bytes(b"changed")
+    changed = run_qnnctl("lock", "--check")
+    assert changed.returncode == 1
+    assert f"the files of component docs of SDK {VERSION} at {store / VERSION}" in changed.stderr
 
 
 # -- read-only stores ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -200,8 +201,7 @@ def test_doctor_says_what_a_partial_install_guarantees(parts_mirror: FaultServer
     detail = checks["sdk.manifest"]["detail"]
     assert "components host (not the whole archive)" in detail
     assert "fetched in parts" in detail
-    assert "CRC-32 was checked against the archive's central directory" in detail
-    assert "no sha256 of the whole archive vouches for it" in detail
+    assert "each component's files were hashed as they were written" in detail
     assert checks["sdk.layout"]["status"] == "ok"
 
 
@@ -586,9 +586,10 @@ def test_a_link_into_another_component_brings_its_target(server: FaultServer, tm
     assert link.is_symlink()
     assert link.resolve().is_file()
     assert link.read_bytes() == (root / "lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so").read_bytes()
-    assert "1 more file(s) or link(s) that links of the components chosen lead to: " \
-        f"{TOP}lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so" in result.stderr
+    # The component the link leads into comes whole: what a lock's digest of it covers.
+    assert "links of the components chosen lead into hexagon-v73, which is installed too" in result.stderr
     assert not (root / "lib/hexagon-v75").exists()
+    assert (read_manifest(root) or {})["components"] == ["host", "hexagon-v73"]
 
 
 def _names_in(archive: Path) -> set[PurePosixPath]:
@@ -787,17 +788,17 @@ def test_pinned_components(parts_mirror: FaultServer, cache_dir: Path) -> None:
 # -- with the project's qnnctl.lock ------------------------------------------------------------------
 
 
-def test_the_lock_pins_the_central_directory_and_the_components(parts_mirror: FaultServer, archive_bytes: bytes,
-                                                                 cache_dir: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # Locked from a whole install, which records the directory's sha256 as well.
+def test_the_lock_pins_each_component(parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path,
+                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Locked from a whole install, which records each component's digest.
     assert run_qnnctl("install", VERSION).returncode == 0
     locked = run_qnnctl("lock", VERSION)
     assert locked.returncode == 0, locked.stderr
     lock = Path(locked.stdout.strip())
     text = lock.read_text()
     assert f'central_directory_sha256 = "{central_directory_sha256(archive_bytes)}"' in text
-    # Another machine (another cache), with the components in the lock: host only, checked.
+    host = tomllib.loads(text)["sdk"]["component_sha256"]["host"]
+    # Another machine (another cache), with the components in the lock: host only, by parts, checked.
     monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "other"))
     lock.write_text(text.replace("urls = [", 'components = ["host"]\nurls = ['))
     before = parts_mirror.bytes_served(PATH)
@@ -809,12 +810,13 @@ def test_the_lock_pins_the_central_directory_and_the_components(parts_mirror: Fa
     check = run_qnnctl("lock", "--check", VERSION)
     assert check.returncode == 0, check.stderr
     assert "used unchecked" not in result.stderr
-    # A lock that pins another directory: refused, nothing installed.
+    # A lock that pins another digest of the host component: refused, nothing installed.
     monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "third"))
-    lock.write_text(text.replace(central_directory_sha256(archive_bytes), "0" * 64))
+    lock.write_text(text.replace(host, "0" * 64))
     refused = run_qnnctl("install", VERSION, "--components", "host")
     assert refused.returncode == 4, refused.stderr
-    assert "not " + "0" * 64 + " as the lock pins it" in refused.stderr
+    assert (f"the digest of its component host is {host}, the lock pins {'0' * 64}; nothing was installed"
+            in refused.stderr)
     assert not (tmp_path / "third" / "sdks" / VERSION).exists()
     # A component the lock names that is none: refused before any download, naming the lock.
     lock.write_text(text.replace("urls = [", 'components = ["host", "wifi"]\nurls = ['))
@@ -823,6 +825,32 @@ def test_the_lock_pins_the_central_directory_and_the_components(parts_mirror: Fa
     assert (bad.returncode, bad.stdout) == (2, "")
     assert f"qnnctl: error: {lock} (sdk.components): wifi is not a component\n" in bad.stderr
     assert parts_mirror.bytes_served(PATH) == before
+
+
+def test_a_lock_without_component_digests_checks_the_whole_archive(
+        parts_mirror: FaultServer, archive_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock of schema 1 (or one without digests of the components asked for) cannot check
+    an install by parts: the whole archive is fetched and checked against its sha256, and only
+    the components asked for are installed. Never by parts unchecked."""
+    digest = hashlib.sha256(archive_bytes).hexdigest()
+    lock = Path.cwd() / "qnnctl.lock"
+    lock.write_text(f'schema = 1\n\n[sdk]\nversion = "{VERSION}"\nsha256 = "{digest}"\nsize = {len(archive_bytes)}\n'
+                    f'central_directory_sha256 = "{central_directory_sha256(archive_bytes)}"\nurls = []\n')
+    before = parts_mirror.bytes_served(PATH)
+    result = run_qnnctl("install", VERSION, "--locked", "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert (f"{lock} pins the whole archive's sha256 and no component's: downloading the whole archive to check "
+            "it, then installing only host") in result.stderr
+    assert parts_mirror.bytes_served(PATH) - before == len(archive_bytes)
+    assert files_in(Path(result.stdout.strip())) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    # Another archive of the same version: refused whole, as it would be without --components.
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "other"))
+    changed = build_archive(tmp_path, "zip", component_spec()).read_bytes()
+    parts_mirror.add(PATH, changed)
+    refused = run_qnnctl("install", VERSION, "--locked", "--components", "host")
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert f"its sha256 is {hashlib.sha256(changed).hexdigest()}, the lock pins {digest}" in refused.stderr
+    assert not (tmp_path / "other" / "sdks" / VERSION).exists()
 
 
 @pytest.mark.parametrize("components", [(), ("--components", "host")])
