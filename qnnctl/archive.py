@@ -37,7 +37,7 @@ from qnnctl.components import component_digests, member_line
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.sdk import HOST_LIB_DIR
 from qnnctl.versions import version_in
-from qnnctl.zipindex import check_zip_file, member_kind, open_zip, zip64_sizes
+from qnnctl.zipindex import MAX_TAIL, check_zip_file, member_kind, open_zip, zip64_sizes
 
 log = logging.getLogger("qnnctl.archive")
 
@@ -93,6 +93,10 @@ def archive_kind(path: Path) -> str:
         return "zip"
     if head.startswith((b"\x1f\x8b", b"\xfd7zXZ\x00", b"BZh")) or head[257:262] == b"ustar":
         return "tar"
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - MAX_TAIL))
+        if b"PK\x05\x06" in handle.read():
+            return "zip"  # with bytes before its first member, which the one reading of a zip refuses
     raise IntegrityError(
         f"{path} is not a zip or tar archive",
         hint="the file may be corrupt or an error page; download it again",

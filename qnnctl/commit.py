@@ -8,6 +8,8 @@ that a killed install left is removed by the next holder of that lock.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
 import time
@@ -191,11 +193,43 @@ def commit(
     if destination.exists() or destination.is_symlink():
         if not force and (destination / MANIFEST_NAME).is_file() and not missing_layout(destination):
             return Sdk(destination, version, "qnnctl cache")
-        # A folder without a manifest, or --force: move it aside, then replace it.
-        os.replace(destination, work / "old")
-    os.replace(root, destination)
+        # A folder without a manifest, components added, or --force: the new folder takes its
+        # place in one step, so that no reader sees the SDK missing and no kill leaves none.
+        exchange(root, destination)
+    else:
+        os.replace(root, destination)
     fsync_dir(cache.sdks)
     log.info("installed SDK %s into %s", version, destination)
     return Sdk(destination, version, "qnnctl cache")
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def exchange(new: Path, old: Path) -> None:
+    """Swap two folders in one step (Linux's renameat2 with RENAME_EXCHANGE): `old` then holds
+    what `new` held, and `new` the old folder, to be removed with the work folder. Where the
+    file system cannot (an old kernel, some network file systems), the old folder is moved
+    aside first: two steps, with a moment in between when neither is there."""
+    libc = _libc()
+    rename = getattr(libc, "renameat2", None) if libc is not None else None
+    if rename is not None:
+        result = rename(_AT_FDCWD, os.fsencode(new), _AT_FDCWD, os.fsencode(old), _RENAME_EXCHANGE)
+        if result == 0:
+            return
+        error = ctypes.get_errno()
+        if error not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(error, os.strerror(error), str(old))
+        log.debug("cannot exchange %s and %s in one step (%s)", new, old, os.strerror(error))
+    aside = new.with_name(new.name + ".old")
+    os.replace(old, aside)
+    os.replace(new, old)
+    os.replace(aside, new)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - no C library to ask
+        return None

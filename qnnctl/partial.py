@@ -218,10 +218,11 @@ def choose_in_file(archive: Path, components: Collection[str]) -> tuple[Choice, 
         choice.targets.update(targets)
         link_closure(choice)
         return choice, Parts(canonical(components), False, None)
-    from qnnctl.zipindex import central_directory_sha256, file_end_records, read_file_at
+    from qnnctl.zipindex import central_directory_sha256, check_zip_file, open_zip, read_file_at
 
+    records = check_zip_file(archive)
     try:
-        with zipfile.ZipFile(archive) as zf:
+        with open_zip(archive) as zf:
             members, entries = zip_members(zf.infolist())
             choice = choose_members(members, components, set(), archive.name)
             while True:
@@ -232,7 +233,6 @@ def choose_in_file(archive: Path, components: Collection[str]) -> tuple[Choice, 
     except zipfile.BadZipFile as exc:
         raise IntegrityError(f"{archive.name} is corrupt or truncated: {exc}",
                              hint="nothing was installed; download the archive again") from None
-    records = file_end_records(archive)
     digest = central_directory_sha256(read_file_at(archive), records)
     return choice, Parts(canonical(components), False, digest)
 
@@ -335,15 +335,15 @@ class RangedInstall:
         """The members to extract (links followed, their bytes fetched), those `old` holds,
         and the byte range of every file entry to fetch, by its offset."""
         from qnnctl.ranged import Fetcher
-        from qnnctl.zipindex import check_local_header, extent_of, extents
+        from qnnctl.zipindex import check_local_header, extent_of, extents, open_zip, same_reading
 
         sparse = self.sparse
         records = self.records
         if sparse is None or records is None:  # pragma: no cover - open() comes first
             raise RuntimeError("the archive is not open")
         try:
-            with zipfile.ZipFile(sparse.path) as zf:
-                infos = zf.infolist()
+            with open_zip(sparse.path) as zf:
+                infos = same_reading(zf, records)
                 spans = extents(infos, records.cd_start)
                 # A name given twice: the extractor reads every entry of a link, so all are fetched.
                 earlier: dict[PurePosixPath, list[zipfile.ZipInfo]] = {}
@@ -354,6 +354,9 @@ class RangedInstall:
                     from qnnctl.archive import sdk_top
 
                     present, old_targets = installed_members(old.root, sdk_top(members))
+                    # Folders the archive has no entry for (as many archivers write zips) are
+                    # on disk, but no member: nothing to choose, follow or fetch.
+                    present &= members.keys()
                 choice = choose_members(members, components, present, sparse.remote.shown)
                 choice.targets.update(old_targets)
 
@@ -578,6 +581,8 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
     with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
         fetched = downloader.fetch(urls, name, sha256)
         with used_up(fetched.path, cache.downloads / f"{name}.json"):
+            # What pins the whole archive is checked before a byte of it is read as a zip.
+            check([e for e in expected if e.sha256 is not None], Observed(fetched.url, fetched.sha256, fetched.size))
             extracted, parts = extract_components(fetched.path, components, work / "x")
             seen = observed_tree(extracted.root, extracted.files, fetched.url, fetched.sha256, fetched.size,
                                  parts.central_directory_sha256)

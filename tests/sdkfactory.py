@@ -16,7 +16,6 @@ import subprocess
 import tarfile
 import tempfile
 import zipfile
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import stat
 import struct
@@ -18,13 +19,17 @@ import subprocess
 import sys
 import tarfile
 import time
-import tomllib
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from qnnctl.cache import MANIFEST_NAME, read_manifest
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
@@ -543,7 +548,71 @@ def device_file(tmp_path: Path) -> bytes:
     return archive.read_bytes()
 
 
-@pytest.mark.parametrize(("hostile", "said"), [
+def two_end_records(data: bytes) -> bytes:
+    """A second end record inside the first one's comment, naming the same directory: the
+    reader that takes the last signature and the one that takes the record whose comment ends
+    the file choose two records."""
+    end = data.rfind(b"PK\x05\x06")
+    record = data[end:end + 20]
+    second = record + struct.pack("<H", 3)  # its comment runs 3 bytes past the file's end
+    return data[:end + 20] + struct.pack("<H", len(second)) + second
+
+
+def bytes_before_the_first_member(data: bytes) -> bytes:
+    """A stub before the zip (as a self-extractor has): zipfile shifts every offset by it."""
+    return b"#!/bin/sh\nexit 0\n" + data
+
+
+def bytes_after_a_members_data(data: bytes) -> bytes:
+    """Bytes hidden after the host library's data, inside its range: every later offset moved."""
+    junk = b"JUNK" * 64
+    at = _entry_named(data, "lib/x86_64-linux-clang/libQnnHtpPrepare.so")
+    local = struct.unpack_from("<L", data, at + 42)[0]
+    name_len, extra_len = struct.unpack_from("<2H", data, local + 26)
+    cut = local + 30 + name_len + extra_len + struct.unpack_from("<L", data, local + 18)[0]
+    out = bytearray(data[:cut] + junk + data[cut:])
+    for entry in _entries(data):
+        offset = struct.unpack_from("<L", data, entry + 42)[0]
+        if offset >= cut:
+            struct.pack_into("<L", out, entry + len(junk) + 42, offset + len(junk))
+    end = bytes(out).rfind(b"PK\x05\x06")
+    struct.pack_into("<L", out, end + 16, struct.unpack_from("<L", out, end + 16)[0] + len(junk))
+    return bytes(out)
+
+
+def _rewritten(data: bytes, change: Callable[[zipfile.ZipInfo], None]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            change(info)
+            target.writestr(info, content)
+    return out.getvalue()
+
+
+def name_not_utf8(data: bytes) -> bytes:
+    """A member whose name is flagged as UTF-8 and is not (a lone 0xff byte)."""
+    marker = "lib/x86_64-linux-clang/libQnnHtpPrepare.so"
+    raw = bytearray(data)
+    for at in (m.start() for m in re.finditer(re.escape((TOP + marker).encode()), data)):
+        raw[at + len(TOP) + 4] = 0xFF  # lib/\xff86_64... in both the local header and the directory
+    for at in _entries(data):
+        struct.pack_into("<H", raw, at + 8, struct.unpack_from("<H", raw, at + 8)[0] | 0x800)
+        local = struct.unpack_from("<L", raw, at + 42)[0]
+        struct.pack_into("<H", raw, local + 6, struct.unpack_from("<H", raw, local + 6)[0] | 0x800)
+    return bytes(raw)
+
+
+def zip64_extra_too_short(data: bytes) -> bytes:
+    """A zip64 extra field that says 16 bytes and holds 8."""
+    def change(info: zipfile.ZipInfo) -> None:
+        if info.filename.endswith("libQnnHtpPrepare.so"):
+            info.extra = struct.pack("<HH", 0x0001, 16) + bytes(8)
+
+    return _rewritten(data, change)
+
+
+HOSTILE = [
     (overlapping, "overlaps the next member"),
     (past_the_end, "runs past the start of the central directory"),
     (local_header_disagrees, "local header that disagrees with the central directory"),
@@ -551,19 +620,37 @@ def device_file(tmp_path: Path) -> bytes:
     (directory_before_the_start, "does not fit before its end records"),
     (escaping_name, "leaves the archive"),
     (device_file, "is a device or special file"),
-])
-def test_hostile_central_directory(server: FaultServer, tmp_path: Path, cache_dir: Path, archive_bytes: bytes,
-                                   monkeypatch: pytest.MonkeyPatch, hostile: object, said: str) -> None:
-    made = hostile(tmp_path) if hostile in (escaping_name, device_file) else hostile(archive_bytes)  # type: ignore[operator]
+    (two_end_records, "more than one end of central directory record"),
+    (bytes_before_the_first_member, "bytes before its first member"),
+    (bytes_after_a_members_data, "libQnnHtpPrepare.so' is followed by 256 bytes that are none of its own"),
+    (name_not_utf8, "flagged as UTF-8 but is not"),
+    (zip64_extra_too_short, "extra field"),
+]
+
+
+@pytest.mark.parametrize("way", ["parts", "whole", "file", "file-parts"])
+@pytest.mark.parametrize(("hostile", "said"), HOSTILE, ids=[h.__name__ for h, _ in HOSTILE])
+def test_hostile_archive(server: FaultServer, tmp_path: Path, cache_dir: Path, archive_bytes: bytes,
+                         monkeypatch: pytest.MonkeyPatch, hostile: Callable[..., bytes], said: str, way: str) -> None:
+    """Every hostile archive is refused on every way in: exit 4 with what is wrong, never an
+    unexpected error, and nothing installed or left behind."""
+    made = hostile(tmp_path) if hostile in (escaping_name, device_file) else hostile(archive_bytes)
     server.add(PATH, made)
     monkeypatch.setenv("QNNCTL_MIRROR", server.base)
-    result = run_qnnctl("install", VERSION, "--components", "host")
-    assert result.returncode == 4, result.stderr
+    archive = tmp_path / "given" / f"v{VERSION}.zip"
+    archive.parent.mkdir()
+    archive.write_bytes(made)
+    args = {"parts": ("install", VERSION, "--components", "host"), "whole": ("install", VERSION),
+            "file": ("install", "--file", str(archive)),
+            "file-parts": ("install", "--file", str(archive), "--components", "host")}[way]
+    result = run_qnnctl(*args)
+    assert (result.returncode, result.stdout) == (4, ""), result.stderr
     assert said in result.stderr
+    assert "unexpected" not in result.stderr
     assert not (cache_dir / "sdks" / VERSION).exists()
     assert list((cache_dir / "tmp").iterdir()) == []
     assert list((cache_dir / "downloads").iterdir()) == []
-    if hostile not in (local_header_disagrees, local_extra_too_long):
+    if way == "parts" and hostile not in (local_header_disagrees, local_extra_too_long, bytes_after_a_members_data):
         # Refused from the directory alone: no member was fetched.
         assert server.bytes_served(PATH) < 64 << 10
 
@@ -932,3 +1019,80 @@ def test_progress_is_a_bar_on_a_terminal_whole_or_by_parts(parts_mirror: FaultSe
     assert (returncode, out) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), seen.decode(errors="replace")
     assert b"\r" in seen  # tqdm redraws its bar in place
     assert b"% of" not in seen  # and the plain lines are not printed as well
+
+
+# -- adding components: archives without folder entries, and never a moment without the SDK --
+
+
+def without_folder_entries(data: bytes) -> bytes:
+    """The zip written again without entries for its folders, as many archivers write zips."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w") as target:
+        for info in source.infolist():
+            if not info.is_dir():
+                target.writestr(info, source.read(info))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("folders", [True, False], ids=["folder-entries", "no-folder-entries"])
+def test_a_component_is_added_to_an_archive_with_or_without_folder_entries(
+        server: FaultServer, archive_bytes: bytes, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        folders: bool) -> None:
+    data = archive_bytes if folders else without_folder_entries(archive_bytes)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert any(info.is_dir() for info in zf.infolist()) is folders
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
+    added = run_qnnctl("install", VERSION, "--components", "android")
+    assert added.returncode == 0, added.stderr
+    root = Path(added.stdout.strip())
+    assert files_in(root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert (read_manifest(root) or {})["components"] == ["host", "android"]
+
+
+def test_a_reader_never_sees_the_sdk_missing_while_components_are_added(
+        parts_mirror: FaultServer, cache_dir: Path) -> None:
+    """The SDK with the new components takes the old one's place in one step (an exchange of
+    the two folders): a reader polling the SDK all the while finds it every time, whole."""
+    assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
+    library = cache_dir / "sdks" / VERSION / "lib/x86_64-linux-clang/libQnnHtp.so"
+    manifest = cache_dir / "sdks" / VERSION / MANIFEST_NAME
+    adding = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", VERSION, "--components",
+                               "android,hexagon-v73,hexagon-v75,docs"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    looks = missing = 0
+    while adding.poll() is None:
+        looks += 1
+        if not (library.is_file() and manifest.is_file()):
+            missing += 1
+    _, err = adding.communicate()
+    assert adding.returncode == 0, err
+    assert (looks > 100, missing) == (True, 0)
+    assert (read_manifest(cache_dir / "sdks" / VERSION) or {})["components"] == [
+        "host", "android", "hexagon-v73", "hexagon-v75", "docs"]
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_no_step_of_adding_components_leaves_the_sdk_missing(parts_mirror: FaultServer, cache_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rename the commit makes is followed by a look at the SDK: it is there each time, so
+    a kill between any two steps leaves the old SDK or the new one, never none."""
+    from qnnctl.cache import Cache
+    from qnnctl.install import InstallRequest, install
+
+    assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
+    sdk = cache_dir / "sdks" / VERSION
+    seen: list[bool] = []
+    rename = os.replace
+
+    def looked(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        rename(source, target)
+        seen.append((sdk / MANIFEST_NAME).is_file() and (sdk / "lib/x86_64-linux-clang/libQnnHtp.so").is_file())
+
+    monkeypatch.setattr(os, "replace", looked)
+    result = install(InstallRequest(spec=VERSION, components=("host", "android")), Cache(cache_dir),
+                     dict(os.environ), Path.cwd())
+    assert result.action == "installed"
+    assert all(seen), seen
+    assert (sdk / "lib/aarch64-android/libQnnHtp.so").is_file()

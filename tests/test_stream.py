@@ -1030,7 +1030,7 @@ def _mark_encrypted(out: bytearray, offset: int) -> None:
 def test_local_header_is_checked(tmp_path: Path, damage: Callable[[bytearray, int], None]) -> None:
     archive = _archive(tmp_path)
     archive.write_bytes(_patch_local_header(archive.read_bytes(), f"{TOP}/QNN_README.txt", damage))
-    with pytest.raises(IntegrityError, match="QNN_README.txt' has a local header that disagrees with the central "
+    with pytest.raises(IntegrityError, match=r"QNN_README\.txt' has a local header that disagrees with the central "
                        "directory"):
         extract(archive, tmp_path / "x")
 

@@ -1,0 +1,269 @@
+"""The one gate, tried as an attacker would: a locked SDK installed by parts, whole, from a
+file, and components added later, against archives built to walk around each check.
+
+A project locks the genuine archive on one machine; on another, the mirror serves what an
+attacker made of it. The trojan `libQnnHtp.so` is a real shared library whose constructor
+writes a file when it is loaded: that file must never appear, whatever qnnctl is asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+
+import pytest
+
+from qnnctl.cache import read_manifest
+from qnnctl.zipindex import central_directory_sha256, end_records
+from tests.conftest import run_qnnctl
+from tests.forge import keep_crc32
+from tests.httpserver import FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, build_archive, compile_shared
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+TOP = f"qairt/{VERSION}/"
+HTP = "lib/x86_64-linux-clang/libQnnHtp.so"
+STUB = "lib/aarch64-android/libQnnHtp.so"
+LIBRARY_SIZE = 64 << 10  # both libraries padded to it: an ELF file loads with bytes after it
+
+
+class Kit:
+    """The genuine archive, a trojan library of the same size and where it would leave its mark."""
+
+    def __init__(self, folder: Path) -> None:
+        self.mark = folder / "trojan-ran"
+        genuine = compile_shared(folder / "genuine" / "libQnnHtp.so").read_bytes()
+        trojan = compile_shared(folder / "trojan" / "libQnnHtp.so", (
+            "#include <stdio.h>\n"
+            "int f(void) { return 1; }\n"
+            "__attribute__((constructor)) static void ran(void) {\n"
+            f'    FILE *mark = fopen("{self.mark}", "w"); if (mark) {{ fputs("ran", mark); fclose(mark); }}\n'
+            "}\n")).read_bytes()
+        assert max(len(genuine), len(trojan)) < LIBRARY_SIZE
+        self.genuine_lib = genuine.ljust(LIBRARY_SIZE, b"\0")
+        self.trojan_lib = trojan.ljust(LIBRARY_SIZE, b"\0")
+        spec = SdkSpec(extra_files={HTP: self.genuine_lib, "docs/guide.txt": b"a guide\n" * 1000})
+        # The two libraries stored, not deflated, as archivers store what does not compress.
+        self.genuine = stored(build_archive(folder, "zip", spec).read_bytes(), {TOP + HTP, TOP + STUB})
+        self.other = stored(build_archive(folder / "other", "zip", SdkSpec(extra_files={
+            HTP: self.trojan_lib, "docs/guide.txt": b"another guide\n"})).read_bytes(), set())
+
+
+def stored(data: bytes, names: set[str]) -> bytes:
+    """The zip `data` written again, members in `names` stored rather than deflated."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            info.compress_type = zipfile.ZIP_STORED if info.filename in names else zipfile.ZIP_DEFLATED
+            target.writestr(info, content)
+    return out.getvalue()
+
+
+def directory_of(data: bytes) -> bytes:
+    records = end_records(data, len(data))
+    return data[records.cd_start:records.tail_start]
+
+
+def directory_digest(data: bytes) -> str:
+    return central_directory_sha256(lambda offset, size: data[offset:offset + size], end_records(data, len(data)))
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Kit:
+    return Kit(tmp_path_factory.mktemp("gate"))
+
+
+@pytest.fixture
+def locked(kit: Kit, server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project that locked the genuine archive (installed whole, then `qnnctl lock`), now on
+    a machine whose cache is empty; the lock's path."""
+    kit.mark.unlink(missing_ok=True)
+    server.add(PATH, kit.genuine)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    assert run_qnnctl("install", VERSION).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "victim"))
+    return Path(made.stdout.strip())
+
+
+def refused(*args: str) -> str:
+    """Run qnnctl; it must refuse with exit 4 and install nothing. Its stderr."""
+    result = run_qnnctl(*args)
+    assert (result.returncode, result.stdout) == (4, ""), result.stderr
+    assert "nothing was installed" in result.stderr or "was not installed" in result.stderr, result.stderr
+    return result.stderr
+
+
+def nothing_ran(kit: Kit, tmp_path: Path) -> None:
+    """Nothing installed, and the trojan never loaded: not by install, env, doctor or lower."""
+    assert not (tmp_path / "victim" / "sdks" / VERSION).exists()
+    assert run_qnnctl("env", VERSION).returncode != 0
+    assert run_qnnctl("doctor", "--sdk", VERSION, "--offline").returncode != 0
+    assert run_qnnctl("lower", "--sdk", VERSION, "--no-install", "--", "true").returncode != 0
+    assert not kit.mark.exists()
+
+
+def test_the_trojan_is_a_real_library_that_leaves_its_mark(kit: Kit, tmp_path: Path) -> None:
+    """What the tests below prove rests on this: loading the trojan writes the mark."""
+    import ctypes
+
+    library = tmp_path / "libQnnHtp.so"
+    library.write_bytes(kit.trojan_lib)
+    kit.mark.unlink(missing_ok=True)
+    ctypes.CDLL(str(library))
+    assert kit.mark.read_text() == "ran"
+    kit.mark.unlink()
+
+
+def test_a_server_that_ignores_range_serves_another_build(kit: Kit, server: FaultServer, locked: Path,
+                                                           tmp_path: Path) -> None:
+    """Walk-around 1: the fallback to the whole archive is checked against the lock too."""
+    server.add(PATH, kit.other)
+    server.ignore_ranges = True
+    said = refused("install", VERSION, "--locked", "--components", "host")
+    assert f"its sha256 is {hashlib.sha256(kit.other).hexdigest()}, the lock pins" in said
+    nothing_ran(kit, tmp_path)
+
+
+def test_a_lock_without_component_digests_is_no_way_around(kit: Kit, server: FaultServer, locked: Path,
+                                                           tmp_path: Path) -> None:
+    """Walk-around 2: a lock that pins no digest of the components asked for (schema 1, or
+    written without them) makes qnnctl fetch the whole archive and check it, not trust parts."""
+    text = locked.read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("central_directory_sha256")]
+    lines = lines[:lines.index("[sdk.component_sha256]")]
+    locked.write_text("\n".join(lines).replace("schema = 2", "schema = 1") + "\n")
+    server.add(PATH, kit.other)
+    said = refused("install", VERSION, "--locked", "--components", "host")
+    assert "pins the whole archive's sha256 and no component's: downloading the whole archive" in said
+    assert f"its sha256 is {hashlib.sha256(kit.other).hexdigest()}, the lock pins" in said
+    nothing_ran(kit, tmp_path)
+
+
+def two_readings(genuine: bytes, trojan_lib: bytes) -> bytes:
+    """The genuine members and, after them, a trojan member; the genuine central directory, byte
+    for byte, with an end record whose comment ends the file (what a reader that takes that
+    record sees); inside that comment a second directory, naming the trojan for libQnnHtp.so,
+    and a second end record, which Python's zipfile takes as the last in the file."""
+    records = end_records(genuine, len(genuine))
+    members = genuine[:records.cd_start]
+    directory = genuine[records.cd_start:records.tail_start]
+    name = (TOP + HTP).encode()
+    crc = zlib.crc32(trojan_lib)
+    trojan_at = len(members)
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(trojan_lib), len(trojan_lib),
+                        len(name), 0) + name + trojan_lib
+    second: list[bytes] = []
+    with zipfile.ZipFile(io.BytesIO(genuine)) as zf:
+        for info in zf.infolist():
+            entry = directory_entry(directory, info)
+            if info.filename == TOP + HTP:
+                entry = (entry[:10] + struct.pack("<H", 0) + entry[12:16]
+                         + struct.pack("<3L", crc, len(trojan_lib), len(trojan_lib)) + entry[28:42]
+                         + struct.pack("<L", trojan_at) + entry[46:])
+            second.append(entry)
+    cd_at = trojan_at + len(local)
+    count = records.entries
+    second_at = cd_at + len(directory) + 22
+    second_cd = b"".join(second)
+    second_end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(second_cd), second_at, 5)
+    comment = second_cd + second_end
+    first_end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(directory), cd_at, len(comment))
+    return members + local + directory + first_end + comment
+
+
+def directory_entry(directory: bytes, info: zipfile.ZipInfo) -> bytes:
+    """The central directory entry of `info`, as the archive holds it."""
+    at = 0
+    while at < len(directory):
+        name_len, extra_len, comment_len = struct.unpack("<3H", directory[at + 28:at + 34])
+        end = at + 46 + name_len + extra_len + comment_len
+        if directory[at + 46:at + 46 + name_len] == info.orig_filename.encode():
+            return directory[at:end]
+        at = end
+    raise AssertionError(f"{info.filename} is not in the directory")
+
+
+@pytest.mark.parametrize("how", ["parts", "whole", "file", "file-parts"])
+def test_two_readers_of_one_archive_never_disagree(kit: Kit, server: FaultServer, locked: Path, tmp_path: Path,
+                                                   how: str) -> None:
+    """Walk-around 3: the locked central directory kept byte for byte, a trojan member before it
+    and a second directory hidden in the end record's comment. Python's zipfile reads the trojan;
+    qnnctl refuses the archive on every way in."""
+    attack = two_readings(kit.genuine, kit.trojan_lib)
+    with zipfile.ZipFile(io.BytesIO(attack)) as zf:  # what makes it an attack
+        assert zf.read(TOP + HTP) == kit.trojan_lib
+    assert directory_of(kit.genuine) in attack
+    server.add(PATH, attack)
+    if how != "parts":
+        locked.unlink()  # the lock's sha256 of the whole archive would refuse it first
+    archive = tmp_path / f"v{VERSION}.zip"
+    archive.write_bytes(attack)
+    args = {"parts": ("install", VERSION, "--components", "host"), "whole": ("install", VERSION),
+            "file": ("install", "--file", str(archive)),
+            "file-parts": ("install", "--file", str(archive), "--components", "host")}[how]
+    said = refused(*args)
+    assert "more than one end of central directory record" in said
+    nothing_ran(kit, tmp_path)
+
+
+def crc_kept(genuine: bytes, name: str, replacement: bytes) -> bytes:
+    """The archive with the stored member `name` replaced by `replacement` (of its size), whose
+    last four bytes are chosen to keep the member's CRC-32: the central directory and the local
+    header do not change by a byte."""
+    with zipfile.ZipFile(io.BytesIO(genuine)) as zf:
+        info = zf.getinfo(name)
+        assert info.compress_type == zipfile.ZIP_STORED
+        assert len(replacement) == info.file_size
+        forged = keep_crc32(replacement, len(replacement) - 4, info.CRC)
+        assert forged != zf.read(info)
+    data_at = info.header_offset + 30 + len(info.orig_filename.encode()) + len(info.extra)
+    attack = genuine[:data_at] + forged + genuine[data_at + len(forged):]
+    assert directory_digest(attack) == directory_digest(genuine)
+    with zipfile.ZipFile(io.BytesIO(attack)) as zf:
+        assert zf.testzip() is None  # every CRC-32 checks
+        assert zf.read(name) == forged
+    return attack
+
+
+def test_a_member_whose_crc32_was_kept_is_refused_by_its_sha256(kit: Kit, server: FaultServer, locked: Path,
+                                                                  tmp_path: Path) -> None:
+    """Walk-around 4: the trojan takes the genuine library's place with its CRC-32 restored; the
+    lock's digest of the host component, over each member's sha256, does not match."""
+    server.add(PATH, crc_kept(kit.genuine, TOP + HTP, kit.trojan_lib))
+    said = refused("install", VERSION, "--locked", "--components", "host")
+    assert "does not match" in said
+    assert "the digest of its component host is" in said
+    nothing_ran(kit, tmp_path)
+
+
+def test_an_honest_install_by_parts_and_components_added_later_are_checked(
+        kit: Kit, server: FaultServer, locked: Path, tmp_path: Path) -> None:
+    """Under --locked, host by parts installs; android added later from an archive whose stub
+    was changed with its CRC-32 kept is refused (the SDK keeps only host); the genuine one is
+    added."""
+    served_before = server.served_for(PATH)
+    host = run_qnnctl("install", VERSION, "--locked", "--components", "host")
+    assert host.returncode == 0, host.stderr
+    root = Path(host.stdout.strip())
+    assert (root / HTP).read_bytes() == kit.genuine_lib
+    assert (read_manifest(root) or {}).get("partial") is True  # by parts: Range requests
+    assert {served.status for served in server.served_for(PATH)[len(served_before):]} == {206}
+    server.add(PATH, crc_kept(kit.genuine, TOP + STUB, b"\x7fEVIL-androidstub"))
+    said = refused("install", VERSION, "--locked", "--components", "android")
+    assert "the digest of its component android is" in said
+    assert not (root / STUB).exists()
+    assert (root / HTP).read_bytes() == kit.genuine_lib
+    server.add(PATH, kit.genuine)
+    added = run_qnnctl("install", VERSION, "--locked", "--components", "android")
+    assert added.returncode == 0, added.stderr
+    assert (root / STUB).read_bytes() == b"\x7fELF-android-stub"
+    checked = run_qnnctl("lock", "--check")
+    assert checked.returncode == 0, checked.stderr
+    assert "matches" in checked.stderr
