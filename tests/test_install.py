@@ -502,9 +502,9 @@ def test_file_sha256(tmp_path: Path, cache_dir: Path) -> None:
     archive = build_archive(tmp_path, "zip")
     wrong = run_qnnctl("install", "--file", str(archive), "--sha256", "f" * 64)
     assert (wrong.returncode, wrong.stdout) == (4, "")
-    assert wrong.stderr == (f"qnnctl: error: sha256 mismatch for {archive}: expected {'f' * 64}, got "
-                            f"{_sha256_file(archive)}\n"
-                            "qnnctl: hint: check the --sha256 value, or download the archive again\n")
+    assert wrong.stderr == (f"qnnctl: error: the archive from {archive} does not match --sha256: its sha256 is "
+                            f"{_sha256_file(archive)}, --sha256 expects {'f' * 64}; nothing was installed\n"
+                            "qnnctl: hint: check the --sha256 value, or the archive's source\n")
     assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
     right = run_qnnctl("install", "--file", str(archive), "--sha256", _sha256_file(archive))
     assert right.returncode == 0, right.stderr
