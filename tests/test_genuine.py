@@ -591,6 +591,13 @@ def test_the_ep_refuses_an_older_qnn_api_unless_told_to_skip_the_check(archive: 
     assert refused.returncode != 0
     assert "Unable to find a valid interface" in refused.stdout + refused.stderr
     assert not (tmp_path / "out" / "tiny_ctx.onnx").exists()
+    # doctor says so beforehand, from the EP's own dist-info and the SDK's own libQnnHtp.so.
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    found = checks("--sdk", genuine.QAIRT_2_47.qairt, env={**os.environ, "PYTHONPATH": site})["onnxruntime"]
+    assert found["status"] == "warn"
+    assert found["detail"].startswith("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51), the selected "
+                                      "SDK's libQnnHtp.so offers core API 2.36.0")
 
 
 @pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
