@@ -406,11 +406,37 @@ def version_key(build: str) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
+def newer_than(build: str, runtime: str) -> bool:
+    """Whether a binary of QAIRT `build` is newer than a runtime of `runtime` (builds or versions),
+    so that the runtime refuses it (error 5000). The time of day and the date do not count."""
+    return version_key(build) > version_key(runtime)
+
+
+def carried_builds(path: Path) -> list[tuple[str, str]]:
+    """(where, build) of each context binary `path` holds or names, as its bytes say; [] for a
+    file that is no lowered model qnnctl reads (a library, a program, data)."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) == b"\x7fELF":
+                return []
+        _, found = binaries_of(path)
+    except (OSError, NotAModelError):
+        return []
+    return [(origin, build) for origin, data in found if (build := from_bytes(data, origin).build)]
+
+
+def newer_binary_warning(origin: str, build: str, runtime: str, where: str) -> str:
+    """What to say before a binary newer than the runtime `where` (build `runtime`) is run."""
+    return (f"{origin} was built by QAIRT {build}, newer than {where} (build {runtime}): it will fail to "
+            f"load with error 5000 (`Using newer context binary on old SDK`); lower it with an SDK no newer "
+            f"than {runtime}, or run it with a runtime of QAIRT {build[:-6]} or newer")
+
+
 def verdict(binaries: list[Binary], version: str, root: Path, sdk_build: str | None) -> Verdict:
     """Whether SDK `version` (whose libraries are build `sdk_build`) loads every binary: one that
     a newer QAIRT built fails with error 5000; an older one loads."""
     runtime = sdk_build or version
-    newer = [b for b in binaries if b.build and version_key(b.build) > version_key(runtime)]
+    newer = [b for b in binaries if b.build and newer_than(b.build, runtime)]
     unknown = [b for b in binaries if not b.build]
     if newer:
         b = newer[0]

@@ -33,6 +33,7 @@ from qnnctl.device.plan import (
 from qnnctl.doctor import Context, Result, run_checks
 from qnnctl.sdk import Sdk
 from tests.conftest import require_tool, run_qnnctl
+from tests.modelkit import context_binary, epcontext_model
 from tests.phones import BUILD_2_47, BUILD_2_51, Phones, add_device_side, fake_library, standin
 from tests.sdkfactory import SdkSpec, build_sdk_tree
 
@@ -183,6 +184,29 @@ def test_without_libqnnhtpprepare_the_plan_warns_and_goes_on(tmp_path: Path) -> 
                                                   "libQnnHtpV75Skel.so"]
     assert plan["warnings"] == ["lib/aarch64-android/libQnnHtpPrepare.so is not in the SDK: the runtime warns "
                                 "without it"]
+
+
+def test_a_model_newer_than_the_runtime_pushed_is_named_before_it_runs(sdk: Path, tmp_path: Path) -> None:
+    newer = tmp_path / "model.bin"
+    newer.write_bytes(context_binary("2.52.0.261030120000"))
+    embedded = tmp_path / "model_ctx.onnx"
+    embedded.write_bytes(epcontext_model({"embed_mode": 1, "ep_cache_context": context_binary("2.52.0.261030120000")}))
+    older = tmp_path / "old.bin"
+    older.write_bytes(context_binary("2.47.0.260601114230"))
+    proc = push("--sdk", str(sdk), "--soc", "SM8650", "--dry-run", "--json", str(newer), str(embedded), str(older))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [w for w in json.loads(proc.stdout)["warnings"] if "error 5000" in w]
+    assert warnings == [
+        f"{where} was built by QAIRT 2.52.0.261030120000, newer than the runtime pushed with it (build "
+        f"{BUILD_2_51[1:]}): it will fail to load with error 5000 (`Using newer context binary on old SDK`); "
+        f"lower it with an SDK no newer than {BUILD_2_51[1:]}, or run it with a runtime of QAIRT 2.52.0.261030 "
+        "or newer"
+        for where in (str(newer), f"{embedded} (embedded in an EPContext node)")
+    ]
+    assert f"qnnctl: warning: {warnings[0]}" in proc.stderr
+    # The same SDK's own build, or an older one, loads: nothing said.
+    same = push("--sdk", str(sdk), "--soc", "SM8650", "--dry-run", "--json", str(older))
+    assert not [w for w in json.loads(same.stdout)["warnings"] if "error 5000" in w]
 
 
 def test_dry_run_with_soc_talks_to_no_device_and_prints_the_plan(sdk: Path, tmp_path: Path,
