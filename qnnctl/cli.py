@@ -522,11 +522,15 @@ def clean() -> None:
 @click.option("--verify", is_flag=True, help="Re-hash the SDK's files against its manifest.")
 @click.option("--device", "device", is_flag=False, flag_value="", default=None, metavar="[SERIAL]",
               help="Also check this Android device (or the only one adb sees).")
-def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None) -> None:
+@click.option("--model", "models", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="With --device: fail when this lowered model is newer than the device's runtime.")
+def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None,
+           models: tuple[Path, ...]) -> None:
     """Check the host, the SDK and the environment; exit 1 when a check fails."""
     from qnnctl.doctor import diagnose, exit_code, render_json, render_table, render_text
 
-    results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device)
+    results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device,
+                       models=models)
     # The report is what was asked for, so it goes to stdout, as a table on a terminal.
     if as_json:
         click.echo(render_json(results, strict), nl=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError
+from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError, UsageError
 from qnnctl.host import glibc_version
 from qnnctl.probe import HTP_BACKEND_ID, Loaded, probe
 from qnnctl.sdk import (
@@ -134,6 +134,8 @@ class Context:
     verify: bool = False
     # The device `--device` names for the device checks ("" for the only one adb sees).
     device: str | None = None
+    # Lowered models to check against the device's runtime (`--model`).
+    models: tuple[Path, ...] = ()
     # The host's facts; tests replace them to see a check's verdict on another host.
     system: str = field(default_factory=platform.system)
     machine: str = field(default_factory=platform.machine)
@@ -1100,18 +1102,24 @@ def diagnose(
     offline: bool = False,
     verify: bool = False,
     device: str | None = None,
+    models: Sequence[Path] = (),
 ) -> list[Result]:
     """Every check, for the SDK `spec` names (or the one qnnctl would choose); with `device`
-    (a serial, or "" for the only device adb sees), the device's checks after the host's."""
+    (a serial, or "" for the only device adb sees), the device's checks after the host's, and
+    with `models`, whether the device's runtime loads them."""
     if spec is not None:
         # A malformed argument is a usage error (exit 2), not a failed check.
         select_sdk(spec, environ, cwd)
+    if models and device is None:
+        raise UsageError("--model is checked against a device's runtime: give --device too",
+                         hint="`qnnctl inspect --sdk VERSION MODEL` checks it against an SDK on this host")
     checks = CHECKS
     if device is not None:
-        from qnnctl.device.checks import DEVICE_CHECKS
+        from qnnctl.device.checks import DEVICE_CHECKS, MODEL_CHECK
 
-        checks = CHECKS + DEVICE_CHECKS
-    ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device)
+        checks = CHECKS + DEVICE_CHECKS + ((MODEL_CHECK,) if models else ())
+    ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device,
+                  models=tuple(models))
     return run_checks(ctx, checks)
 
 
