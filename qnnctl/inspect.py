@@ -22,8 +22,10 @@ ONNX file is read with a protobuf reader of a few lines: qnnctl does not depend 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -31,7 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qnnctl.errors import QnnctlError
+from qnnctl.cache import Cache
+from qnnctl.environment import environment_for, resolve_sdk
+from qnnctl.errors import NotInstalledError, QnnctlError
+from qnnctl.probe import explain_load_error
+from qnnctl.sdk import BY_ENV, Sdk, read_build_id
+from qnnctl.shell import apply
+
+log = logging.getLogger("qnnctl.inspect")
 
 INSPECT_TIMEOUT = 60.0
 SCHEMA = 1
@@ -254,8 +263,6 @@ def read_with_sdk(data: bytes, system_lib: Path, environ: Mapping[str, str], ori
                   timeout: float = INSPECT_TIMEOUT) -> Binary:
     """The binary as the SDK's own libQnnSystem.so reads it, in a fresh process; what the bytes
     say fills in the HTP target, which the library's answer does not carry."""
-    import subprocess
-
     carried = from_bytes(data, origin)
     with tempfile.TemporaryDirectory(prefix="qnnctl-inspect-") as folder:
         blob = os.path.join(folder, "context.bin")
@@ -276,8 +283,6 @@ def read_with_sdk(data: bytes, system_lib: Path, environ: Mapping[str, str], ori
             tail = (proc.stderr.strip().splitlines() or [""])[-1]
             answer = {"ok": False, "error": f"the reading process exited with {proc.returncode} {tail}".rstrip()}
     if not answer.get("ok"):
-        from qnnctl.probe import explain_load_error
-
         error = str(answer.get("error", ""))
         carried.note = (explain_load_error(system_lib.name, error) if "shared object" in error
                         or "not found" in error else f"{system_lib} could not read it: {error}")
@@ -451,11 +456,9 @@ def verdict(binaries: list[Binary], version: str, root: Path, sdk_build: str | N
                    f"SDK {version} (build {runtime}) loads binaries of build {builds}: not newer than it")
 
 
-def inspect(path: Path, sdk: Any, environ: Mapping[str, str] | None) -> Report:
+def inspect(path: Path, sdk: Sdk | None, environ: Mapping[str, str] | None) -> Report:
     """Read the lowered model at `path`; with `sdk` (an installed `Sdk`) and the environment its
     libraries load in, through its libQnnSystem.so, and say whether it loads the binaries."""
-    from qnnctl.sdk import read_build_id
-
     fmt, found = binaries_of(path)
     binaries = []
     for origin, data in found:
@@ -498,16 +501,9 @@ def render(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Any) -> Report:
+def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Report:
     """`qnnctl inspect`: the SDK `spec` selects (never installing one) reads the file; when no
     spec is given and the SDK qnnctl would choose is not installed, the file's own bytes do."""
-    import logging
-
-    from qnnctl.environment import environment_for, resolve_sdk
-    from qnnctl.errors import NotInstalledError
-    from qnnctl.sdk import BY_ENV
-    from qnnctl.shell import apply
-
     if not path.is_file():
         raise NotAModelError(path, "is not a file")
     try:
@@ -515,7 +511,7 @@ def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: 
     except NotInstalledError as exc:
         if spec is not None:
             raise
-        logging.getLogger("qnnctl.inspect").info(
+        log.info(
             "%s; reading what the binary carries itself (`qnnctl install` for the SDK's own reading)", exc.message)
         return inspect(path, None, None)
     if sdk is None:

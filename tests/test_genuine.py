@@ -606,13 +606,22 @@ def test_without_libcxx_the_lowering_fails_naming_it(archive: Path, llvm: str, s
     if host_has_libcxx():
         pytest.skip("this host has libc++ already: nothing can go missing")
     python = onnxruntime_python()
-    install(archive, cache_dir)
+    wheel = genuine.QAIRT_2_51
+    root = install(archive, cache_dir)
+    answer(ort_lower(python, wheel.qairt, "compile", tmp_path / "before"))
     shutil.rmtree(cache_dir / "runtime")
     # Nowhere to stage it from: apt-get fails (no_apt) and the LLVM archive is gone.
     monkeypatch.setenv("QNNCTL_LLVM_URL", server.url("/gone/llvm.tar.xz"))
-    proc = ort_lower(python, genuine.QAIRT_2_51.qairt, "compile", tmp_path / "out")
+    proc = ort_lower(python, wheel.qairt, "compile", tmp_path / "out")
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "qnnctl: warning: could not stage the host runtime" in output
     assert "libc++.so.1: cannot open shared object file" in output, output[-3000:]
     assert not (tmp_path / "out" / "tiny_ctx.onnx").exists()
+    # inspect cannot use the SDK's libQnnSystem.so either: it says why, and reads the bytes.
+    code, report = inspected(tmp_path / "before" / "tiny_ctx_qnn.bin", "--sdk", wheel.qairt)
+    assert code == 0
+    [found] = report["binaries"]
+    assert (found["read_with"], found["build"]) == ("bytes", wheel.build_id[1:])
+    assert found["note"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
+    assert report["sdk"]["root"] == str(root)
