@@ -476,11 +476,16 @@ def inspect(path: Path, sdk: Sdk | None, environ: Mapping[str, str] | None) -> R
     return report
 
 
+def shown(text: str) -> str:
+    """Text read from a model (names, paths it gives), with control characters escaped for a terminal."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def render(report: Report) -> str:
     """The report for people."""
-    lines = [f"{report.file}: {report.format}"]
+    lines = [f"{shown(report.file)}: {report.format}"]
     for b in report.binaries:
-        lines.append(f"context binary {b.origin} ({b.size} bytes)")
+        lines.append(f"context binary {shown(b.origin)} ({b.size} bytes)")
         lines.append(f"  built by    QAIRT {b.build or 'unknown'}")
         target = ", ".join(x for x in (
             b.backend, f"arch={b.htp_arch}" if b.htp_arch else None, f"soc={b.soc}" if b.soc else None,
@@ -490,14 +495,14 @@ def render(report: Report) -> str:
             lines.append(f"  APIs        core {b.core_api}, backend {b.backend_api}")
         lines.append(f"  read with   {b.read_with}")
         if b.note:
-            lines.append(f"  note        {b.note}")
+            lines.append(f"  note        {shown(b.note)}")
         for g in b.graphs:
-            lines.append(f"  graph {g.name}")
+            lines.append(f"  graph {shown(g.name)}")
             for kind, tensors in (("input", g.inputs), ("output", g.outputs)):
                 for t in tensors:
-                    lines.append(f"    {kind:6} {t.name} {t.dtype}{list(t.shape)}")
+                    lines.append(f"    {kind:6} {shown(t.name)} {t.dtype}{list(t.shape)}")
     if report.sdk is not None:
-        lines.append(f"{'loads' if report.sdk.loads else 'does not load'}: {report.sdk.reason}")
+        lines.append(f"{'loads' if report.sdk.loads else 'does not load'}: {shown(report.sdk.reason)}")
     return "\n".join(lines) + "\n"
 
 

@@ -72,6 +72,19 @@ def test_an_epcontext_node_names_the_binary_beside_the_model(tmp_path: Path, cac
     assert binary["build"] == BUILD_51
 
 
+def test_names_a_model_gives_are_shown_with_control_characters_escaped(tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "a\x1b[2Jb.bin").write_bytes(context_binary())
+    path = tmp_path / "model_ctx.onnx"
+    path.write_bytes(epcontext_model({"embed_mode": 0, "ep_cache_context": "a\x1b[2Jb.bin"}))
+    human = run_qnnctl("inspect", str(path))
+    assert human.returncode == 0, human.stderr
+    assert "\x1b" not in human.stdout
+    assert f"context binary {tmp_path}/a\\x1b[2Jb.bin (" in human.stdout
+    code, report, _ = inspect_json(str(path))
+    assert code == 0
+    assert report["binaries"][0]["origin"] == str(tmp_path / "a\x1b[2Jb.bin")  # JSON escapes it itself
+
+
 @pytest.mark.parametrize(("model", "message"), [
     pytest.param({"embed_mode": 0, "ep_cache_context": "gone.bin"}, "names the context binary", id="missing"),
     pytest.param({"embed_mode": 0, "ep_cache_context": "../outside.bin"}, "outside its folder", id="outside"),
