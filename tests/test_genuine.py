@@ -458,12 +458,15 @@ def onnxruntime_python() -> str:
     return python
 
 
-def ort_lower(python: str, version: str, mode: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    """The ORT pipeline run through the real `qnnctl lower` with SDK `version`."""
+def ort_lower(python: str, version: str | None, mode: str, folder: Path,
+              *flags: str) -> subprocess.CompletedProcess[str]:
+    """The ORT pipeline run through the real `qnnctl lower` with SDK `version` (None: the SDK
+    qnnctl selects in the folder above `folder`)."""
     folder.mkdir(exist_ok=True)
     script = folder.parent / "ort_lowering.py"
     script.write_text(ORT_LOWERING)
-    return subprocess.run([sys.executable, "-m", "qnnctl", "lower", "--sdk", version, "--python", python,
+    sdk = ["--sdk", version] if version else []
+    return subprocess.run([sys.executable, "-m", "qnnctl", "lower", *sdk, "--python", python,
                            str(script), mode, str(folder), *flags],
                           capture_output=True, text=True, timeout=600, cwd=folder.parent)
 
@@ -562,7 +565,11 @@ def test_a_binary_loads_on_its_own_build_and_later_ones_only(llvm: str, cache_di
     new, old = genuine.QAIRT_2_51, genuine.QAIRT_2_47
     skip = "skip-version-check"
     answer(ort_lower(python, new.qairt, "compile", tmp_path / "new"))
-    answer(ort_lower(python, old.qairt, "compile", tmp_path / "old", skip))
+    # The older one by the project's pin: the build in the binary shows qnnctl's choice.
+    assert run_qnnctl("use", old.qairt, cwd=tmp_path).returncode == 0
+    answer(ort_lower(python, None, "compile", tmp_path / "old", skip))
+    assert old.build_id.encode() in (tmp_path / "old" / "tiny_ctx_qnn.bin").read_bytes()
+    assert new.build_id.encode() not in (tmp_path / "old" / "tiny_ctx_qnn.bin").read_bytes()
 
     refused = ort_lower(python, old.qairt, "load", tmp_path / "new", skip, "verbose")
     assert refused.returncode != 0
