@@ -351,6 +351,33 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
         raise error
 
 
+@cli.command(short_help="Which QAIRT built a lowered model, and whether the SDK can load it.")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--sdk", "spec", metavar="VERSION|PATH", shell_complete=complete_installed,
+              help="Read it with this installed SDK, and say whether it loads it.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect(file: Path, spec: str | None, as_json: bool) -> None:
+    """Read FILE (a QNN context binary, or an ONNX model with an EPContext node): the QAIRT build
+    that made it, its backend, HTP architecture and SoC, its graphs with their inputs and outputs.
+
+    With an installed SDK (the one qnnctl selects, or --sdk), its own libQnnSystem.so reads the
+    binary, and the exit code is 1 when that SDK cannot load it (a binary built by a newer QAIRT).
+    """
+    from qnnctl.inspect import inspect_file, render
+
+    report = inspect_file(file, spec, os.environ, Path.cwd(), _cache())
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo(render(report), nl=False)
+    if not report.ok and report.sdk is not None:
+        raise QnnctlError(report.sdk.reason,
+                          hint=f"run it with a runtime of QAIRT {report.binaries[0].qairt} or newer, "
+                          f"or lower the model again with SDK {report.sdk.version}")
+
+
 @cli.command(short_help="Remove SDKs from qnnctl's cache (--except VERSION..., --all).")
 @click.argument("versions", nargs=-1, metavar="[VERSION]...", shell_complete=complete_installed)
 @click.option("--except", "keep", is_flag=True, help="Remove every SDK of qnnctl's cache but the VERSIONs given.")
@@ -495,11 +522,15 @@ def clean() -> None:
 @click.option("--verify", is_flag=True, help="Re-hash the SDK's files against its manifest.")
 @click.option("--device", "device", is_flag=False, flag_value="", default=None, metavar="[SERIAL]",
               help="Also check this Android device (or the only one adb sees).")
-def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None) -> None:
+@click.option("--model", "models", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="With --device: fail when this lowered model is newer than the device's runtime.")
+def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None,
+           models: tuple[Path, ...]) -> None:
     """Check the host, the SDK and the environment; exit 1 when a check fails."""
     from qnnctl.doctor import diagnose, exit_code, render_json, render_table, render_text
 
-    results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device)
+    results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device,
+                       models=models)
     # The report is what was asked for, so it goes to stdout, as a table on a terminal.
     if as_json:
         click.echo(render_json(results, strict), nl=False)

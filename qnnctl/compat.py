@@ -57,3 +57,32 @@ def known_pairing(executorch: str, qairt: str) -> Pairing | None:
         if minor >= row.qairt_from and (row.qairt_to is None or minor <= row.qairt_to):
             return row
     return None
+
+
+class EpRequirement(NamedTuple):
+    """What a release of ONNX Runtime's QNN execution provider (`onnxruntime-qnn`) needs of the
+    SDK whose libQnnHtp.so it is given as `backend_path`: the QNN core API version it checks."""
+
+    release: str  # a release, or a prefix of releases
+    core_api: tuple[int, int]  # the lowest QNN core API (major, minor) it accepts
+    qairt: str  # the QAIRT release that first offers that API
+    consequence: str
+    evidence: str
+    seen: str
+
+
+EP_REQUIREMENTS: tuple[EpRequirement, ...] = (
+    EpRequirement(
+        "2.7", (2, 40), "2.51",
+        "it stops at `Unable to find a valid interface` unless the provider option "
+        "`skip_qnn_version_check` is \"1\" (with it, it compiles and runs on 2.47's libraries)",
+        "onnxruntime-qnn 2.7.0 with onnxruntime 1.32.0 compiling a model with QAIRT 2.51.0.260929181845 "
+        "(core API 2.40.0) and 2.47.0.260601114230 (core API 2.36.0) host libraries (tests/test_genuine.py)",
+        "2026-12-04",
+    ),
+)
+
+
+def ep_requirement(release: str) -> EpRequirement | None:
+    """The first known requirement of onnxruntime-qnn `release`."""
+    return next((row for row in EP_REQUIREMENTS if _release_matches(release, row.release)), None)

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError
+from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError, UsageError
 from qnnctl.host import glibc_version
+from qnnctl.probe import HTP_BACKEND_ID, Loaded, probe
 from qnnctl.sdk import (
     BY_ENV,
     BY_INSTALLED,
@@ -133,6 +134,8 @@ class Context:
     verify: bool = False
     # The device `--device` names for the device checks ("" for the only one adb sees).
     device: str | None = None
+    # Lowered models to check against the device's runtime (`--model`).
+    models: tuple[Path, ...] = ()
     # The host's facts; tests replace them to see a check's verdict on another host.
     system: str = field(default_factory=platform.system)
     machine: str = field(default_factory=platform.machine)
@@ -154,6 +157,11 @@ class Context:
 
     def cache(self) -> Cache:
         return self._once("cache", lambda: Cache.from_env(self.environ))
+
+    def loaded(self) -> list[Loaded]:
+        """The SDK's libraries as a fresh process loads them (the load check, and the ONNX
+        Runtime check that reads the HTP provider's API version)."""
+        return self._once("loaded", lambda: probe(REQUIRED_LIBS, self.child_environ()))
 
     def glibc(self) -> tuple[int, ...] | None:
         """The host's glibc version; None when the C library is not glibc."""
@@ -654,12 +662,10 @@ def staged_glibc(cache: Cache) -> tuple[Path, tuple[int, ...]] | None:
 
 
 def check_load(ctx: Context) -> Outcome:
-    from qnnctl.probe import HTP_BACKEND_ID, probe
-
     target = ctx.require_target()
     # For a caller-managed SDK this is the environment as it is: whatever it provides is
     # what a lowering would get.
-    loaded = probe(REQUIRED_LIBS, ctx.child_environ())
+    loaded = ctx.loaded()
     failures = [entry.failure for entry in loaded if not entry.ok]
     if failures:
         return fail("; ".join(failures), hint=_load_hint(ctx, target))
@@ -774,6 +780,47 @@ def check_executorch(ctx: Context) -> Outcome:
             hint=fix,
         )
     return ok(f"{name} expects SDK {expected}; the selected SDK is {sdk_version}")
+
+
+def onnxruntime_qnn_version() -> str | None:
+    """The installed onnxruntime-qnn's version, from its dist-info, without importing it."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("onnxruntime-qnn")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_onnxruntime(ctx: Context) -> Outcome:
+    from qnnctl.compat import ep_requirement
+
+    version = onnxruntime_qnn_version()
+    if version is None:
+        raise Skip(f"onnxruntime-qnn is not installed for {sys.executable}")
+    name = f"onnxruntime-qnn {version}"
+    ctx.require_target()
+    row = ep_requirement(version)
+    if row is None:
+        return ok(f"{name}: no known requirement of the SDK's QNN API version")
+    try:
+        loaded = ctx.loaded()
+    except Exception:
+        loaded = []
+    htp = next((e for e in loaded if e.name == "libQnnHtp.so" and e.ok), None)
+    core = next((p.core_api for p in (htp.providers if htp else ()) if p.backend_id == HTP_BACKEND_ID and p.core_api),
+                None)
+    wanted = f"QNN core API {row.core_api[0]}.{row.core_api[1]} (QAIRT {row.qairt})"
+    if core is None:
+        return warn(f"{name} needs {wanted}; the selected SDK's libQnnHtp.so did not load, so its API "
+                    "version is unknown (see the load check)")
+    have = tuple(int(x) for x in core.split(".")[:2])
+    if have < row.core_api:
+        return warn(f"{name} needs {wanted}, the selected SDK's libQnnHtp.so offers core API {core}: "
+                    f"{row.consequence} (seen {row.seen}: {row.evidence})",
+                    hint=f"`qnnctl install {row.qairt}` and lower with it, or give the provider option "
+                    "skip_qnn_version_check=\"1\"")
+    return ok(f"{name} needs {wanted}; the selected SDK's libQnnHtp.so offers core API {core}")
 
 
 def check_cpu(ctx: Context) -> Outcome:
@@ -1016,6 +1063,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("load", check_load),
     ("environment", check_environment),
     ("executorch", check_executorch),
+    ("onnxruntime", check_onnxruntime),
     ("cpu", check_cpu),
     ("cache", check_cache),
     ("network", check_network),
@@ -1066,18 +1114,24 @@ def diagnose(
     offline: bool = False,
     verify: bool = False,
     device: str | None = None,
+    models: Sequence[Path] = (),
 ) -> list[Result]:
     """Every check, for the SDK `spec` names (or the one qnnctl would choose); with `device`
-    (a serial, or "" for the only device adb sees), the device's checks after the host's."""
+    (a serial, or "" for the only device adb sees), the device's checks after the host's, and
+    with `models`, whether the device's runtime loads them."""
     if spec is not None:
         # A malformed argument is a usage error (exit 2), not a failed check.
         select_sdk(spec, environ, cwd)
+    if models and device is None:
+        raise UsageError("--model is checked against a device's runtime: give --device too",
+                         hint="`qnnctl inspect --sdk VERSION MODEL` checks it against an SDK on this host")
     checks = CHECKS
     if device is not None:
-        from qnnctl.device.checks import DEVICE_CHECKS
+        from qnnctl.device.checks import DEVICE_CHECKS, MODEL_CHECK
 
-        checks = CHECKS + DEVICE_CHECKS
-    ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device)
+        checks = CHECKS + DEVICE_CHECKS + ((MODEL_CHECK,) if models else ())
+    ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device,
+                  models=tuple(models))
     return run_checks(ctx, checks)
 
 

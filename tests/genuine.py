@@ -17,10 +17,16 @@ The libc++ trio the tests stage comes from Debian's packages (`libc++1-14`, `lib
 The aarch64 wheel of the same release gives the SDK's device side (`lib/aarch64-android/`,
 `lib/hexagon-v<NN>/unsigned/`), for the `qnnctl device` tests (`lay_out_device_files`).
 
+The real lowering runs ONNX Runtime's QNN execution provider in a Python of its own
+(`make_onnxruntime_python`): `onnxruntime-qnn` with every Qualcomm library taken out of the
+installed wheel, keeping only its own provider library, so that the SDK qnnctl installs is the
+only QAIRT the lowering can load.
+
 Nothing taken from a wheel or a package is ever written into the repository.
 
     python -m tests.genuine fetch     # what .ci/run does: the wheels and the Debian packages
     python -m tests.genuine where     # the cache folder (QNNCTL_TEST_WHEELS overrides it)
+    python -m tests.genuine onnxruntime .venv-onnxruntime   # the lowering's Python (.ci/run)
 """
 
 from __future__ import annotations
@@ -76,6 +82,14 @@ DEVICE_WHEELS = (QAIRT_2_51_DEVICE,)
 DEVICE_ARCHES = (68, 69, 73, 75, 79, 81)
 ANDROID_LIB_DIR = "lib/aarch64-android"
 ANDROID_LIBS = ("libQnnHtp.so", "libQnnSystem.so", "libQnnHtpPrepare.so")
+
+
+# The Python that runs ONNX Runtime's QNN execution provider for the lowering tests, and what it
+# holds. onnxruntime-qnn 2.7.0 is a plugin EP for onnxruntime 1.32 (2.3.0 would need 1.24.4);
+# its wheels are built for CPython 3.11.
+ONNXRUNTIME_PYTHON = "QNNCTL_TEST_ONNXRUNTIME_PYTHON"
+ONNXRUNTIME_REQUIREMENTS = ("onnxruntime==1.32.0", "onnxruntime-qnn==2.7.0", "onnx==1.23.2", "numpy")
+EP_PROVIDER_LIBRARY = "libonnxruntime_providers_qnn.so"
 
 
 def cache_folder() -> Path:
@@ -272,6 +286,39 @@ def rebuild(path: Path, old: str, new: str) -> None:
     path.write_bytes(data.replace(old.encode(), new.encode()))
 
 
+# -- the lowering's Python ----------------------------------------------------------------------
+
+
+def strip_execution_provider(site_packages: Path) -> list[str]:
+    """Take Qualcomm's libraries (and their libc++ copies) out of an installed onnxruntime-qnn,
+    keeping only the provider library, which needs nothing but libstdc++. What was removed."""
+    package = site_packages / "onnxruntime_qnn"
+    if not (package / EP_PROVIDER_LIBRARY).is_file():
+        raise FileNotFoundError(f"{package} holds no {EP_PROVIDER_LIBRARY}")
+    removed = []
+    for library in sorted(package.glob("*.so*")):
+        if library.name != EP_PROVIDER_LIBRARY:
+            library.unlink()
+            removed.append(library.name)
+    libs = site_packages / "onnxruntime_qnn.libs"
+    if libs.is_dir():
+        removed += sorted(p.name for p in libs.iterdir())
+        shutil.rmtree(libs)
+    return removed
+
+
+def make_onnxruntime_python(dest: Path) -> Path:
+    """A virtual environment at `dest` with ONNX Runtime's QNN execution provider, stripped of
+    Qualcomm's libraries; its interpreter."""
+    subprocess.run([sys.executable, "-m", "venv", str(dest)], check=True)
+    python = dest / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *ONNXRUNTIME_REQUIREMENTS], check=True)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    strip_execution_provider(Path(site))
+    return python
+
+
 # -- fetching --------------------------------------------------------------------------------
 
 
@@ -302,7 +349,10 @@ def main(argv: list[str]) -> int:
     if argv == ["where"]:
         print(CACHE)
         return 0
-    print("usage: python -m tests.genuine fetch|where", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "onnxruntime":
+        print(make_onnxruntime_python(Path(argv[1])))
+        return 0
+    print("usage: python -m tests.genuine fetch|where|onnxruntime DIR", file=sys.stderr)
     return 2
 
 

@@ -57,7 +57,8 @@ from tests.sdkfactory import (
 
 IDS = [check_id for check_id, _ in CHECKS]
 STABLE_IDS = ["host", "sdk.selection", "sdk.layout", "sdk.version", "sdk.manifest", "sdk.verify", "libraries",
-              "glibc", "load", "environment", "executorch", "cpu", "cache", "network", "lock", "stores"]
+              "glibc", "load", "environment", "executorch", "onnxruntime", "cpu", "cache", "network", "lock",
+              "stores"]
 
 GLIBC_234_SOURCE = """
 #include <pthread.h>
@@ -491,6 +492,66 @@ def test_executorch_expectation_that_matches(tmp_path: Path, cache_dir: Path,
 
 def test_executorch_not_installed_is_skipped() -> None:
     assert doctor()["executorch"].status == SKIP
+
+
+# libQnnHtp.so's provider list with another core API version than sdkfactory's (2.40.0).
+HTP_PROVIDER_WITH_CORE = """
+#include <stdint.h>
+typedef struct {{ uint32_t major, minor, patch; }} ApiVersion;
+typedef struct {{ uint32_t backendId; const char *providerName; ApiVersion core, backend; }} Provider;
+static const Provider provider = {{ 6, "HTP_QTI_AISW", {{ {major}, {minor}, 0 }}, {{5, 47, 0}} }};
+static const Provider *providers[] = {{ &provider }};
+uint64_t QnnInterface_getProviders(const Provider ***list, uint32_t *count) {{
+    *list = providers;
+    *count = 1;
+    return 0;
+}}
+"""
+
+
+def onnxruntime_qnn_site(site: Path, version: str) -> Path:
+    """A site-packages folder that holds onnxruntime-qnn's dist-info (which is all doctor reads)."""
+    dist = site / f"onnxruntime_qnn-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: {version}\n")
+    (dist / "RECORD").write_text("")
+    return site
+
+
+def onnxruntime_check(root: Path, site: Path | None) -> dict[str, str]:
+    env = dict(os.environ, **({"PYTHONPATH": str(site)} if site else {}))
+    result = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline", env=env)
+    checks: dict[str, dict[str, str]] = {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+    return checks["onnxruntime"]
+
+
+def test_onnxruntime_qnn_against_the_sdk_htp_api(tmp_path: Path) -> None:
+    root = sdk_tree(tmp_path)
+    assert onnxruntime_check(root, None)["status"] == "skip"
+    site = onnxruntime_qnn_site(tmp_path / "site", "2.7.0")
+    # sdkfactory's libQnnHtp.so offers core API 2.40.0, what 2.7.0 needs.
+    found = onnxruntime_check(root, site)
+    assert found["status"] == "ok", found
+    assert found["detail"] == ("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51); the selected SDK's "
+                               "libQnnHtp.so offers core API 2.40.0")
+    # QAIRT 2.47's libQnnHtp.so offers 2.36.0.
+    compile_shared(root / HOST_LIB_DIR / "libQnnHtp.so", HTP_PROVIDER_WITH_CORE.format(major=2, minor=36),
+                   providers=False)
+    older = onnxruntime_check(root, site)
+    assert older["status"] == "warn"
+    assert older["detail"].startswith("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51), the selected "
+                                      "SDK's libQnnHtp.so offers core API 2.36.0: it stops at `Unable to find a "
+                                      "valid interface` unless the provider option `skip_qnn_version_check`")
+    assert "(seen 2026-12-04: onnxruntime-qnn 2.7.0 with onnxruntime 1.32.0" in older["detail"]
+    assert older["hint"] == ("`qnnctl install 2.51` and lower with it, or give the provider option "
+                             "skip_qnn_version_check=\"1\"")
+    # A release with no known requirement, and an SDK that does not load.
+    assert onnxruntime_check(root, onnxruntime_qnn_site(tmp_path / "site-2.3", "2.3.0"))["detail"] == (
+        "onnxruntime-qnn 2.3.0: no known requirement of the SDK's QNN API version")
+    (root / HOST_LIB_DIR / "libQnnHtp.so").write_bytes(b"not a library")
+    broken = onnxruntime_check(root, site)
+    assert broken["status"] == "warn"
+    assert "did not load, so its API version is unknown" in broken["detail"]
 
 
 def make_executorch(site: Path, version: str, expects: str) -> Path:

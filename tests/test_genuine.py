@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -368,3 +369,266 @@ def test_after_installing_251_into_an_empty_cache_every_command_chooses_it(archi
     assert run_qnnctl("which", "libc++.so.1").stdout.startswith(str(cache_dir / "runtime"))
     # The default, 2.37, is never fetched (the same server also serves the libc++ trio).
     assert [r.path for r in mirror.requests if r.path.endswith(".zip")] == []
+
+
+# -- a real lowering: ONNX Runtime's QNN execution provider ---------------------------------------
+
+# Compiles a tiny float model (Conv, Relu, MatMul; two inputs) into an HTP context binary for
+# SM8650 with the SDK's own libQnnHtp.so, loads the result back, runs it (the library's x86_64
+# emulation of the HTP) and compares it with ONNX Runtime's CPU provider. `load` only loads and
+# runs an EPContext model made earlier. Prints one `@@` JSON line.
+ORT_LOWERING = r"""
+import json, os, sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnxruntime_qnn
+from onnx import TensorProto, helper, numpy_helper
+
+mode, folder, *flags = sys.argv[1:]
+if "verbose" in flags:
+    ort.set_default_logger_severity(0)  # QNN's own log lines come through at this level only
+rng = np.random.default_rng(7)
+x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+m = (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)
+source = os.path.join(folder, "tiny.onnx")
+context = os.path.join(folder, "tiny_ctx.onnx")
+if mode == "compile":
+    weight = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("MatMul", ["r", "m"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+         helper.make_tensor_value_info("m", TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, source)
+
+ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+options = {"backend_path": os.path.join(os.environ["QNN_SDK_ROOT"], "lib", "x86_64-linux-clang", "libQnnHtp.so"),
+           "soc_model": "57"}
+if "skip-version-check" in flags:
+    options["skip_qnn_version_check"] = "1"
+
+def session(path, compile_to=None):
+    config = ort.SessionOptions()
+    config.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if compile_to:
+        config.add_session_config_entry("ep.context_enable", "1")
+        config.add_session_config_entry("ep.context_file_path", compile_to)
+        config.add_session_config_entry("ep.context_embed_mode", "1" if "embed" in flags else "0")
+    config.add_provider_for_devices(devices, options)
+    return ort.InferenceSession(path, sess_options=config)
+
+if mode == "compile":
+    session(source, context)
+got = session(context).run(None, {"x": x, "m": m})[0]
+want = ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, {"x": x, "m": m})[0]
+mapped = sorted({line.split()[-1] for line in open("/proc/self/maps")
+                 if "libQnn" in line or "libc++" in line})
+print("@@" + json.dumps({"diff": float(np.abs(got - want).max()), "scale": float(np.abs(want).max()),
+                         "mapped": mapped, "files": sorted(os.listdir(folder))}))
+"""
+# ONNX Runtime's CPU provider against the HTP emulation, float32 in and out: 3e-5 to 0.004 seen.
+TOLERANCE = 0.02
+
+
+def onnxruntime_python() -> str:
+    """The stripped ONNX Runtime's Python (tests/genuine.py makes it); skips without one."""
+    python = os.environ.get(genuine.ONNXRUNTIME_PYTHON)
+    if not (python and Path(python).is_file()):
+        message = (f"no Python with onnxruntime-qnn 2.7.0: set {genuine.ONNXRUNTIME_PYTHON} to one made by "
+                   "`python -m tests.genuine onnxruntime .venv-onnxruntime`")
+        if IN_CI:
+            pytest.fail(message + "; .ci/run makes it")
+        pytest.skip(message)
+    assert python is not None
+    # Stripped: no QAIRT library of the wheel's own can stand in for the SDK's.
+    listing = subprocess.run([python, "-c", "import os, onnxruntime_qnn as q; d = os.path.dirname(q.__file__); "
+                              "print(sorted(f for f in os.listdir(d) if '.so' in f)); "
+                              "print(os.path.isdir(d + '.libs'))"],
+                             capture_output=True, text=True, timeout=120)
+    assert listing.stdout.split("\n")[:2] == [f"['{genuine.EP_PROVIDER_LIBRARY}']", "False"], (
+        f"{python}'s onnxruntime-qnn still holds Qualcomm's libraries: tests.genuine.strip_execution_provider")
+    return python
+
+
+def ort_lower(python: str, version: str | None, mode: str, folder: Path,
+              *flags: str) -> subprocess.CompletedProcess[str]:
+    """The ORT pipeline run through the real `qnnctl lower` with SDK `version` (None: the SDK
+    qnnctl selects in the folder above `folder`)."""
+    folder.mkdir(exist_ok=True)
+    script = folder.parent / "ort_lowering.py"
+    script.write_text(ORT_LOWERING)
+    sdk = ["--sdk", version] if version else []
+    return subprocess.run([sys.executable, "-m", "qnnctl", "lower", *sdk, "--python", python,
+                           str(script), mode, str(folder), *flags],
+                          capture_output=True, text=True, timeout=600, cwd=folder.parent)
+
+
+def answer(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
+    found: dict[str, Any] = json.loads(line[2:])
+    return found
+
+
+def inspected(path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = run_qnnctl("inspect", "--json", str(path), *args)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def version_check_flags(wheel: genuine.Wheel) -> tuple[str, ...]:
+    # onnxruntime-qnn 2.7.0 wants QNN API 2.40 (QAIRT 2.51); 2.47's is 2.36.
+    return () if wheel is genuine.QAIRT_2_51 else ("skip-version-check",)
+
+
+@pytest.mark.parametrize("archive", WHEELS, indirect=True)
+def test_onnxruntime_lowers_with_the_sdk_qnnctl_installed(archive: Path, llvm: str, cache_dir: Path,
+                                                          tmp_path: Path) -> None:
+    python = onnxruntime_python()
+    wheel = next(w for w in genuine.WHEELS if w.qairt == qairt(archive))
+    root = install(archive, cache_dir)
+    lib_dir = root / "lib" / "x86_64-linux-clang"
+    out = tmp_path / "out"
+    lowered = answer(ort_lower(python, wheel.qairt, "compile", out, *version_check_flags(wheel)))
+
+    # Only the selected SDK's QAIRT (and the staged or host libc++) is in the process.
+    qnn = [p for p in lowered["mapped"] if "libQnn" in p]
+    assert qnn == [str(lib_dir / "libQnnHtp.so"), str(lib_dir / "libQnnSystem.so")]
+    assert lowered["diff"] <= TOLERANCE, lowered
+    assert lowered["scale"] > 0.5  # not a run of zeros
+    binary = out / "tiny_ctx_qnn.bin"
+    assert lowered["files"] == ["tiny.onnx", "tiny_ctx.onnx", "tiny_ctx_qnn.bin"]
+    # Built by the SDK qnnctl chose: its build, for the SoC asked for.
+    data = binary.read_bytes()
+    assert wheel.build_id.encode() in data
+    assert b"soc_type=SM8650;arch=75;" in data
+
+    # inspect, through that SDK's libQnnSystem.so, on the binary and on the model that names it.
+    for path in (binary, out / "tiny_ctx.onnx"):
+        code, report = inspected(path, "--sdk", wheel.qairt)
+        assert code == 0, report
+        [found] = report["binaries"]
+        assert found["origin"] == str(binary)
+        assert found["size"] == len(data)
+        assert found["read_with"] == str(lib_dir / "libQnnSystem.so")
+        assert found["note"] is None
+        assert (found["build"], found["qairt"]) == (wheel.build_id[1:], wheel.qairt)
+        assert (found["backend"], found["htp_arch"], found["soc"], found["soc_model"]) == ("HTP", 75, "SM8650", 57)
+        assert (found["core_api"], found["backend_api"]) == (PROVIDERS[wheel.qairt]["core"],
+                                                             PROVIDERS[wheel.qairt]["backend"])
+        [graph] = found["graphs"]
+        assert graph["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]},
+                                   {"name": "m", "dtype": "float32", "shape": [8, 8]}]
+        assert graph["outputs"] == [{"name": "y", "dtype": "float32", "shape": [1, 4, 8, 8]}]
+        assert report["sdk"]["loads"] is True
+    # Without an SDK installed, the binary's own text says the same build and target.
+    shutil.rmtree(cache_dir / "sdks")
+    code, report = inspected(binary)
+    assert code == 0
+    [carried] = report["binaries"]
+    assert (carried["build"], carried["htp_arch"], carried["soc"], carried["read_with"]) == (
+        wheel.build_id[1:], 75, "SM8650", "bytes")
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_onnxruntime_embeds_the_binary_in_the_model(archive: Path, llvm: str, cache_dir: Path,
+                                                    tmp_path: Path) -> None:
+    python = onnxruntime_python()
+    install(archive, cache_dir)
+    out = tmp_path / "out"
+    lowered = answer(ort_lower(python, genuine.QAIRT_2_51.qairt, "compile", out, "embed"))
+    assert lowered["files"] == ["tiny.onnx", "tiny_ctx.onnx"]
+    assert lowered["diff"] <= TOLERANCE
+    code, report = inspected(out / "tiny_ctx.onnx")
+    assert code == 0
+    [found] = report["binaries"]
+    assert found["origin"] == f"{out / 'tiny_ctx.onnx'} (embedded in an EPContext node)"
+    assert found["build"] == genuine.QAIRT_2_51.build_id[1:]
+    assert [t["name"] for t in found["graphs"][0]["inputs"]] == ["x", "m"]
+
+
+def test_a_binary_loads_on_its_own_build_and_later_ones_only(llvm: str, cache_dir: Path, tmp_path: Path) -> None:
+    """inspect's verdict is what the runtime does: a 2.51 binary fails on 2.47 (error 5000), a
+    2.47 one runs on 2.51."""
+    python = onnxruntime_python()
+    for wheel in genuine.WHEELS:
+        require(genuine.wheel_path(wheel), wheel.file_name)
+        install(genuine.cached_archive(wheel), cache_dir)
+    new, old = genuine.QAIRT_2_51, genuine.QAIRT_2_47
+    skip = "skip-version-check"
+    answer(ort_lower(python, new.qairt, "compile", tmp_path / "new"))
+    # The older one by the project's pin: the build in the binary shows qnnctl's choice.
+    assert run_qnnctl("use", old.qairt, cwd=tmp_path).returncode == 0
+    answer(ort_lower(python, None, "compile", tmp_path / "old", skip))
+    assert old.build_id.encode() in (tmp_path / "old" / "tiny_ctx_qnn.bin").read_bytes()
+    assert new.build_id.encode() not in (tmp_path / "old" / "tiny_ctx_qnn.bin").read_bytes()
+
+    refused = ort_lower(python, old.qairt, "load", tmp_path / "new", skip, "verbose")
+    assert refused.returncode != 0
+    assert "<E> Using newer context binary on old SDK" in refused.stderr
+    assert "<E> Fail to get context blob with err 5000" in refused.stderr
+    proc = run_qnnctl("inspect", str(tmp_path / "new" / "tiny_ctx.onnx"), "--sdk", old.qairt)
+    assert proc.returncode == 1
+    assert (f"SDK {old.qairt} (build {old.build_id[1:]}) cannot load {tmp_path / 'new' / 'tiny_ctx_qnn.bin'}: "
+            f"it was built by QAIRT {new.build_id[1:]}, newer than this runtime (error 5000") in proc.stderr
+    assert "does not load: " in proc.stdout
+
+    loaded = answer(ort_lower(python, new.qairt, "load", tmp_path / "old"))
+    assert loaded["diff"] <= TOLERANCE
+    code, report = inspected(tmp_path / "old" / "tiny_ctx.onnx", "--sdk", new.qairt)
+    assert code == 0
+    assert report["sdk"]["loads"] is True
+
+
+@pytest.mark.parametrize("archive", WHEELS[1:], indirect=True)
+def test_the_ep_refuses_an_older_qnn_api_unless_told_to_skip_the_check(archive: Path, llvm: str, cache_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    """The evidence for doctor's row: onnxruntime-qnn 2.7.0 wants QNN API 2.40; 2.47 has 2.36."""
+    python = onnxruntime_python()
+    install(archive, cache_dir)
+    refused = ort_lower(python, genuine.QAIRT_2_47.qairt, "compile", tmp_path / "out")
+    assert refused.returncode != 0
+    assert "Unable to find a valid interface" in refused.stdout + refused.stderr
+    assert not (tmp_path / "out" / "tiny_ctx.onnx").exists()
+    # doctor says so beforehand, from the EP's own dist-info and the SDK's own libQnnHtp.so.
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    found = checks("--sdk", genuine.QAIRT_2_47.qairt, env={**os.environ, "PYTHONPATH": site})["onnxruntime"]
+    assert found["status"] == "warn"
+    assert found["detail"].startswith("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51), the selected "
+                                      "SDK's libQnnHtp.so offers core API 2.36.0")
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_without_libcxx_the_lowering_fails_naming_it(archive: Path, llvm: str, server: FaultServer, cache_dir: Path,
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if host_has_libcxx():
+        pytest.skip("this host has libc++ already: nothing can go missing")
+    python = onnxruntime_python()
+    wheel = genuine.QAIRT_2_51
+    root = install(archive, cache_dir)
+    answer(ort_lower(python, wheel.qairt, "compile", tmp_path / "before"))
+    shutil.rmtree(cache_dir / "runtime")
+    # Nowhere to stage it from: apt-get fails (no_apt) and the LLVM archive is gone.
+    monkeypatch.setenv("QNNCTL_LLVM_URL", server.url("/gone/llvm.tar.xz"))
+    proc = ort_lower(python, wheel.qairt, "compile", tmp_path / "out")
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "qnnctl: warning: could not stage the host runtime" in output
+    assert "libc++.so.1: cannot open shared object file" in output, output[-3000:]
+    assert not (tmp_path / "out" / "tiny_ctx.onnx").exists()
+    # inspect cannot use the SDK's libQnnSystem.so either: it says why, and reads the bytes.
+    code, report = inspected(tmp_path / "before" / "tiny_ctx_qnn.bin", "--sdk", wheel.qairt)
+    assert code == 0
+    [found] = report["binaries"]
+    assert (found["read_with"], found["build"]) == ("bytes", wheel.build_id[1:])
+    assert found["note"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
+    assert report["sdk"]["root"] == str(root)

@@ -230,6 +230,64 @@ def check_adsp_path(ctx: Context) -> Outcome:
     return ok(f"ADSP_LIBRARY_PATH={value!r}: {len(entries)} folder(s), ';'-separated{more}")
 
 
+def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:
+    """The libQnnHtp.so a program run on the device loads, in words, and its build: the pushed
+    set's (what `qnnctl device run` puts first), else the phone's own; None when there is none."""
+    from qnnctl.device.push import file_sha256
+    from qnnctl.identity import build_id
+    from qnnctl.shell import quote_posix
+
+    device = _require_device(ctx)
+    try:
+        dest: str | None = _dest(ctx)
+    except Skip:
+        dest = None
+    if dest is not None:
+        pushed = f"{dest}/libQnnHtp.so"
+        digest = device.sha256([pushed]).get(pushed)
+        if digest is not None:
+            local = ctx.require_sdk().root / "lib" / "aarch64-android" / "libQnnHtp.so"
+            same = local.is_file() and file_sha256(local) == digest
+            return (f"the runtime pushed to {device.serial}:{dest}",
+                    build_id(local) if same else _device_build(device, pushed))
+    for folder in PREINSTALLED[:2]:
+        path = f"{folder}/libQnnHtp.so"
+        if device.shell(f"[ -f {quote_posix(path)} ]", check=False).returncode == 0:
+            return f"the device's own {device.serial}:{path}", _device_build(device, path)
+    return None
+
+
+def check_model(ctx: Context) -> Outcome:
+    """Each model `--model` names against the runtime the device will load it with: a context
+    binary built by a newer QAIRT fails there with error 5000."""
+    from qnnctl.inspect import carried_builds, newer_binary_warning, newer_than
+
+    runtime = _device_runtime(ctx)
+    if runtime is None:
+        raise Skip("no libQnnHtp.so on the device to load a model with (see device.libraries)")
+    where, build = runtime
+    if build is None:
+        return warn(f"{where} carries no build id: whether it loads the model is unknown")
+    problems: list[str] = []
+    fine: list[str] = []
+    for model in ctx.models:
+        found = carried_builds(model)
+        if not found:
+            problems.append(f"{model} holds no QNN context binary whose build qnnctl can read")
+        for origin, built in found:
+            if newer_than(built, build):
+                problems.append(newer_binary_warning(origin, built, build, where))
+            else:
+                fine.append(f"{origin} (build {built})")
+    if problems:
+        return fail("; ".join(problems),
+                    hint=f"push a runtime at least as new: {_push_command(ctx)} with --sdk of that QAIRT")
+    return ok(f"{where} (build {build}) loads {', '.join(fine)}: not newer than it")
+
+
+# Run when `doctor --device` is given `--model FILE`.
+MODEL_CHECK: tuple[str, Callable[[Context], Outcome]] = ("device.model", check_model)
+
 DEVICE_CHECKS: tuple[tuple[str, Callable[[Context], Outcome]], ...] = (
     ("device.connection", check_connection),
     ("device.soc", check_soc),

@@ -109,6 +109,8 @@ def push(
     if dry_run and soc is not None:
         # The plan needs nothing from the device: talk to none.
         plan = plan_push(sdk, resolve_soc(None, soc), dest, extras)
+        for note in plan.warnings:
+            log.warning("%s", note)
         return PushOutcome(plan, None, None)
     from qnnctl.device.adb import Adb
     from qnnctl.device.push import push_plan

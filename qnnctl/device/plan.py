@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.inspect import carried_builds, newer_binary_warning, newer_than
 from qnnctl.sdk import Sdk
 
 ANDROID_LIB_DIR = "lib/aarch64-android"
@@ -300,8 +301,14 @@ def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path
         names.add(path.name)
         files.append(DeviceFile(path.name, path.absolute(), f"{dest}/{path.name}", path.stat().st_size,
                                 build_id(path), EXTRA))
-    warnings = tuple(f"{rel} is not in the SDK: the runtime warns without it" for rel in optional)
-    return Plan(soc, sdk, dest, tuple(files), next(iter(builds.values()), None), warnings)
+    warnings = [f"{rel} is not in the SDK: the runtime warns without it" for rel in optional]
+    runtime = next(iter(builds.values()), None)
+    if runtime is not None:
+        for extra in extras:
+            for origin, built in carried_builds(Path(extra)):
+                if newer_than(built, runtime):
+                    warnings.append(newer_binary_warning(origin, built, runtime, "the runtime pushed with it"))
+    return Plan(soc, sdk, dest, tuple(files), runtime, tuple(warnings))
 
 
 def render_plan(plan: Plan) -> str:
