@@ -210,13 +210,19 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         from qnnctl.components import parse_components
 
         parts = parse_components(components)
+    sources: tuple[Path, ...] = ()
+    if runtime_from:
+        from qnnctl.runtime import check_sources
+
+        sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
                              components=parts)
-    result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=_stderr_is_terminal())
+    terminal = _stderr_is_terminal()
+    result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=terminal)
     if runtime or runtime_from:
         from qnnctl.runtime import RuntimeRequest, stage_runtime
 
-        stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=runtime_from), os.environ)
+        stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=sources), os.environ)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
     if result.sdk is None:
