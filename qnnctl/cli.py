@@ -265,7 +265,7 @@ def _stage_missing_trio(sdk: Any) -> None:
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
     from qnnctl.environment import plan_env
-    from qnnctl.errors import UsageError
+    from qnnctl.errors import NotInstalledError, UsageError
     from qnnctl.shell import detect_shell, render
 
     if "logging" in sys.modules:
@@ -283,7 +283,15 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     if sdk_path is not None:
         # A bare folder name given to --sdk is still a path, never a version.
         spec = sdk_path if sdk_path.startswith(("/", "~")) else os.path.join(".", sdk_path)
-    plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
+    try:
+        plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
+    except NotInstalledError as exc:
+        from qnnctl.sdk import pin_conflict
+
+        conflict = pin_conflict(os.environ, Path.cwd(), _cache()) if spec is None else None
+        if conflict is not None:
+            exc.hint = f"{conflict.said()}; {exc.hint}" if exc.hint else conflict.said()
+        raise
     for note in plan.notes:
         log.warning("%s", note)
     if plan.selection is not None and _verbosity["verbose"]:
@@ -341,6 +349,8 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
     from qnnctl.which import which as find
 
     answer = find(name, spec, os.environ, Path.cwd(), _cache())
+    if spec is None:
+        _say_pin_conflict()
     if as_json:
         import json
 
@@ -355,6 +365,15 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
                             hint="`qnnctl which --json NAME` lists every folder searched; "
                             "`qnnctl doctor` explains what the SDK lacks")
         raise error
+
+
+def _say_pin_conflict(more: str = "") -> None:
+    """Warn when this shell's SDK (from `qnnctl env`) is not the one the project pins."""
+    from qnnctl.sdk import pin_conflict
+
+    conflict = pin_conflict(os.environ, Path.cwd(), _cache())
+    if conflict is not None:
+        log.warning("%s; %s%s", conflict.said(), conflict.switch(), f"; {more}" if more else "")
 
 
 @cli.command(short_help="Remove SDKs from qnnctl's cache (--except VERSION..., --all).")
@@ -425,6 +444,9 @@ def lock(version: str | None, check: bool) -> None:
         from qnnctl.lockfile import check_lock
 
         found = check_lock(version, os.environ, Path.cwd(), _cache())
+        if version is None:
+            _say_pin_conflict("without this shell's SDK (as in CI), `qnnctl lock --check` checks the lock "
+                              "against the pin")
         state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
         log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
         return
@@ -464,9 +486,12 @@ def mirror(folder: Path, versions: tuple[str, ...]) -> None:
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
     """Pin VERSION for this project: write .qnn-version here; print its path."""
-    from qnnctl.pin import write_pin
+    from qnnctl.pin import pinned_notes, write_pin
+    from qnnctl.sdk import version_pools
 
-    path = write_pin(Path.cwd(), version)
+    path, pinned = write_pin(Path.cwd(), version, version_pools(_cache(), os.environ, mirror=True))
+    for note in pinned_notes(pinned, os.environ, Path.cwd(), _cache()):
+        log.warning("%s", note)
     click.echo(str(path))
 
 

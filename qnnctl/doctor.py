@@ -31,6 +31,7 @@ from qnnctl.sdk import (
     Sdk,
     Selection,
     caller_lib_dir,
+    pin_conflict,
     read_sdk_version,
     resolve_installed,
     select_sdk,
@@ -309,6 +310,8 @@ def env_command(spec: str | None, target: Target | None = None) -> str:
         spec = str(target.sdk.root)
     if spec is None:
         return 'eval "$(qnnctl env)"'
+    if target is not None and target.selection.version is not None:
+        return f'eval "$(qnnctl env {target.selection.version})"'  # a prefix resolved already
     chosen = select_sdk(spec, {}, Path.cwd())
     if chosen.root is not None:
         return f'eval "$(qnnctl env --sdk {shlex.quote(str(chosen.root))})"'
@@ -360,6 +363,9 @@ def check_selection(ctx: Context) -> Outcome:
     if sdk is None:  # pragma: no cover - only a caller-managed selection has no SDK
         return ok(why)
     if selection.root is not None:
+        conflict = pin_conflict(ctx.environ, ctx.cwd, ctx.cache()) if selection.reason == BY_SHELL else None
+        if conflict is not None:
+            return warn(f"{why}: {sdk.root}, version {sdk.version}; {conflict.said()}", hint=conflict.switch())
         return ok(f"{why}: {sdk.root}, version {sdk.version}")
     if selection.reason == BY_INSTALLED:
         # Chosen only because nothing named another: the next install could change it.
@@ -1059,7 +1065,7 @@ def diagnose(
     (a serial, or "" for the only device adb sees), the device's checks after the host's."""
     if spec is not None:
         # A malformed argument is a usage error (exit 2), not a failed check.
-        select_sdk(spec, environ, cwd)
+        select_sdk(spec, environ, cwd, Cache.from_env(environ))
     checks = CHECKS
     if device is not None:
         from qnnctl.device.checks import DEVICE_CHECKS

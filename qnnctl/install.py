@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
-from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
+from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.host import require_supported_host
 from qnnctl.paths import user_path
 from qnnctl.sdk import (
     BY_ARGUMENT,
     BY_CALLER,
+    BY_DEFAULT,
     BY_ENV,
     BY_PIN,
     BY_SHELL,
@@ -32,6 +33,7 @@ from qnnctl.urls import redact
 from qnnctl.versions import (
     archive_name,
     archive_urls,
+    as_typed,
     is_full_version,
     is_version_prefix,
     matches_prefix,
@@ -127,13 +129,15 @@ def install(
                              (cwd, request.locked) if request.check_lock else None, request.components)
 
     if request.spec is None and request.url is None:
-        selection = select_sdk(None, environ, cwd, cache)
-        log.debug("chose %s", selection.describe())
+        selection = select_sdk(None, environ, cwd, cache, mirror=True)
         if selection.reason == BY_CALLER:
+            log.debug("chose %s", selection.describe())
             return InstallResult(None, "caller", selection)
         if selection.reason == BY_SHELL and selection.root is not None:
             # The SDK this shell was set up for: the one to reuse, or to (re)install by its version
-            # when it is one of qnnctl's cache; one elsewhere is never reinstalled unasked.
+            # when it is one of qnnctl's cache (said again below, as that version); one elsewhere
+            # is never reinstalled unasked.
+            log.debug("chose %s", selection.describe())
             selection = _shell_selection(selection, selection.root, cache, request.force)
             if selection.root is not None:
                 sdk = sdk_from_root(selection.root, "qnnctl env")
@@ -141,10 +145,11 @@ def install(
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
+            log.debug("chose %s", selection.describe())
             return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
                            request, cwd)
     elif request.spec is not None:
-        selection = select_sdk(request.spec, environ, cwd)
+        selection = select_sdk(request.spec, environ, cwd, cache, mirror=True)
         if selection.root is not None:
             raise UsageError(
                 f"{request.spec!r} is a path; install takes a VERSION",
@@ -159,12 +164,14 @@ def install(
                 hint="give it too: `qnnctl install VERSION --url URL`",
             )
         selection = Selection("argument", f"named by {redact(url)}", version=found)
+    require_supported_host()
+    if request.spec is None and request.url is None:
+        selection = _as_the_mirror_holds(selection, cache, environ)
     version = selection.version
     log.debug("chose %s", selection.describe())
     if version is None:  # pragma: no cover - every branch above that gets here sets it
         raise UsageError("no SDK version was selected")
 
-    require_supported_host()
     components = _components_for(request, selection, cwd)
     if not request.force:
         found_sdk = find_installed(version, cache, environ)
@@ -292,6 +299,38 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     from qnnctl.components import covers, installed_components
 
     return covers(installed_components(read_manifest(sdk.root)), components)
+
+
+def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Selection:
+    """A bare `qnnctl install` behind a mirror whose index.json lacks the version chosen, which
+    is not installed: qnnctl's default becomes the newest version the mirror holds (a mirror
+    is where a site keeps the SDKs it means to use); a version the project asked for (a pin,
+    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds."""
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    version = selection.version
+    if mirror is None or version is None or find_installed(version, cache, environ) is not None:
+        return selection
+    from qnnctl.mirror import index_url, indexed_versions
+
+    check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+    held = indexed_versions(mirror)
+    if held is None or version in held:
+        return selection
+    shown = redact(index_url(mirror))
+    if selection.reason == BY_DEFAULT and held:
+        log.info("the mirror's %s lists no SDK %s, qnnctl's default; installing the newest SDK it holds, %s "
+                 "(`qnnctl install VERSION` installs another, `qnnctl use VERSION` pins one for this project)",
+                 shown, version, held[-1])
+        return Selection(BY_DEFAULT, f"the newest SDK that QNNCTL_MIRROR holds ({shown} lists no {version}, "
+                         "qnnctl's default)", version=held[-1])
+    newest = held[-1] if held else "VERSION"
+    raise DownloadError(
+        f"the mirror's {shown} lists no SDK {version} ({selection.reason}: {selection.detail}); it holds "
+        f"{', '.join(held) if held else 'none'}; nothing was fetched",
+        hint=f"add SDK {version} to the mirror (`qnnctl mirror DIR {version}` where it is kept), or use one it "
+        f"holds: `qnnctl install {newest}`" + (f" and pin it with `qnnctl use {newest}`"
+                                               if selection.reason == BY_PIN else ""),
+    )
 
 
 def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool) -> Selection:
@@ -665,7 +704,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None)
     the link's record."""
     from qnnctl.stores import all_links, find_in_stores, remove_link
 
-    spec = spec.strip()
+    spec = as_typed(spec)
     if not is_version_prefix(spec):
         resolve_version(spec)  # raises the standard "not an SDK version" error
     ours = cache.installed_versions()
