@@ -861,10 +861,18 @@ def check_network(ctx: Context) -> Outcome:
         target: Target | None = ctx.target()
     except Exception:
         target = None
-    version = None
-    if target is not None and target.selection.version:
-        version = target.selection.version
-    elif ctx.spec is None:
+    # The archive of the SDK selected: the one an SDK named by its folder (this shell's, a
+    # QNN_SDK_ROOT) is, else the one named but not installed; qnnctl's default only when
+    # nothing was selected at all.
+    version: str | None = None
+    if target is not None:
+        version = target.selection.version or (target.sdk.version if target.sdk is not None else None)
+    else:
+        try:
+            version = select_sdk(ctx.spec, ctx.environ, ctx.cwd, ctx.cache()).version
+        except Exception:
+            version = None
+    if version is None and ctx.spec is None:
         version = DEFAULT_VERSION
     url = archive_urls(version, mirror)[0] if version and is_full_version(version) else (mirror or DEFAULT_BASE_URL)
     shown = redact(url)  # people paste doctor's report into bug reports
