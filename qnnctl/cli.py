@@ -160,8 +160,45 @@ class _Group(click.Group):
                                            help=help_text))
         super().add_command(cmd, name)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """qnnctl's own commands in groups, the four a newcomer needs first; a subgroup's as click lists them."""
+        if ctx.parent is not None:
+            super().format_commands(ctx, formatter)
+            return
+        commands = {name: cmd for name in self.list_commands(ctx)
+                    if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden}
+        rest = tuple(name for name in commands if not any(name in names for _, names in _SECTIONS))
+        limit = formatter.width - 6 - max(map(len, commands), default=0)
+        for title, names in (*_SECTIONS, ("Other commands", rest)):
+            rows = [(name, commands[name].get_short_help_str(limit)) for name in names if name in commands]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+
+# The main --help: the commands in groups, and examples.
+_SECTIONS = (
+    ("Start here", ("install", "env", "doctor", "lower")),
+    ("Projects and fleets", ("use", "lock", "link", "mirror")),
+    ("Housekeeping", ("list", "which", "uninstall", "cache")),
+    ("The phone side", ("device",)),
+)
+_EXAMPLES = """\b
+Examples:
+  qnnctl install                 the SDK this project needs, into qnnctl's cache
+  eval "$(qnnctl env)"           set this shell up for it
+  qnnctl doctor                  check the host, the SDK and this shell
+  qnnctl lower export_model.py   run a lowering pipeline with the SDK in place
+  qnnctl install 2.51            the newest 2.51 installed, on the mirror, or known
+  qnnctl use 2.51                pin this project to the newest 2.51 (.qnn-version)
+
+\b
+Behind a firewall: export QNNCTL_MIRROR=URL (a folder `qnnctl mirror` filled),
+or `qnnctl install --file ARCHIVE`. `qnnctl COMMAND --help` tells more.
+"""
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EXAMPLES)
 @click.option("-v", "--verbose", count=True, help=_VERBOSE_HELP + " Also after the command.")
 @click.option("-q", "--quiet", count=True, help=_QUIET_HELP + " Also after the command.")
 @click.version_option(__version__, "-V", "--version", prog_name="qnnctl")
@@ -230,7 +267,26 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         return
     if result.action == "reused":
         log.info("SDK %s is already installed (%s)", result.sdk.version, result.sdk.origin)
+    if terminal:
+        _say_next_step(result.sdk)
     click.echo(str(result.sdk.root))
+
+
+def _say_next_step(sdk: Any) -> None:
+    """For a person at a terminal: how to use the SDK just installed (scripts read stdout only)."""
+    from qnnctl.sdk import select_sdk
+
+    if os.environ.get("QNN_SDK_ROOT") == str(sdk.root):
+        return  # this shell is set up for it already
+    try:
+        # `qnnctl env` chooses afresh: name the version when it would choose another SDK.
+        chosen = select_sdk(None, os.environ, Path.cwd(), _cache(), from_shell=False)
+    except QnnctlError:
+        chosen = None
+    plain = chosen is not None and (chosen.version == sdk.version or chosen.root == sdk.root)
+    env = "qnnctl env" if plain else f"qnnctl env {sdk.version}"
+    log.info('next: `eval "$(%s)"` sets this shell up for SDK %s; `qnnctl doctor` then checks the setup',
+             env, sdk.version)
 
 
 def _stage_missing_trio(sdk: Any) -> None:
