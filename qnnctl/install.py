@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
@@ -165,8 +165,9 @@ def install(
             )
         selection = Selection("argument", f"named by {redact(url)}", version=found)
     require_supported_host()
+    index_read: tuple[dict[str, Any] | None] | None = None  # (the mirror's index), once it has been read
     if request.spec is None and request.url is None:
-        selection = _as_the_mirror_holds(selection, cache, environ)
+        selection, index_read = _as_the_mirror_holds(selection, cache, environ)
     version = selection.version
     log.debug("chose %s", selection.describe())
     if version is None:  # pragma: no cover - every branch above that gets here sets it
@@ -206,7 +207,12 @@ def install(
         from qnnctl.mirror import agree, check_against_index, mirror_entry
 
         # A mirror's index.json, the lock and --sha256 must all agree before anything is fetched.
-        indexed = mirror_entry(mirror, version) if mirror is not None and not request.url else None
+        if mirror is None or request.url:
+            indexed = None
+        elif index_read is not None:  # read already: not asked for again
+            indexed = mirror_entry(mirror, version, index_read[0]) if index_read[0] is not None else None
+        else:
+            indexed = mirror_entry(mirror, version)
         agree([("--sha256", sha256), (str(locked.path) if locked else "", locked.sha256 if locked else None),
                (f"the mirror's {indexed.url}" if indexed else "", indexed.sha256 if indexed else None)])
         # Some components: fetched by parts, or added to those of an SDK installed with fewer.
@@ -301,28 +307,32 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     return covers(installed_components(read_manifest(sdk.root)), components)
 
 
-def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Selection:
+def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[str, str],
+                         ) -> tuple[Selection, tuple[dict[str, Any] | None] | None]:
     """A bare `qnnctl install` behind a mirror whose index.json lacks the version chosen, which
     is not installed: qnnctl's default becomes the newest version the mirror holds (a mirror
     is where a site keeps the SDKs it means to use); a version the project asked for (a pin,
-    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds."""
+    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds. Also
+    returns the index, when it was read: (its versions, or None when the mirror has none)."""
     mirror = environ.get("QNNCTL_MIRROR") or None
     version = selection.version
     if mirror is None or version is None or find_installed(version, cache, environ) is not None:
-        return selection
-    from qnnctl.mirror import index_url, indexed_versions
+        return selection, None
+    from qnnctl.mirror import index_url, read_index
+    from qnnctl.versions import parse_version
 
     check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
-    held = indexed_versions(mirror)
-    if held is None or version in held:
-        return selection
+    index = read_index(mirror)
+    if index is None or version in index:
+        return selection, (index,)
+    held = sorted(filter(is_full_version, index), key=parse_version)
     shown = redact(index_url(mirror))
     if selection.reason == BY_DEFAULT and held:
         log.info("the mirror's %s lists no SDK %s, qnnctl's default; installing the newest SDK it holds, %s "
                  "(`qnnctl install VERSION` installs another, `qnnctl use VERSION` pins one for this project)",
                  shown, version, held[-1])
         return Selection(BY_DEFAULT, f"the newest SDK that QNNCTL_MIRROR holds ({shown} lists no {version}, "
-                         "qnnctl's default)", version=held[-1])
+                         "qnnctl's default)", version=held[-1]), (index,)
     newest = held[-1] if held else "VERSION"
     raise DownloadError(
         f"the mirror's {shown} lists no SDK {version} ({selection.reason}: {selection.detail}); it holds "
