@@ -42,6 +42,11 @@ def serve(server: FaultServer, tmp_path: Path, *versions: str, index: bool = Tru
         server.add("/index.json", json.dumps({"schema": 1, "versions": entries}).encode())
 
 
+def write_lock(version: str) -> None:
+    """A qnnctl.lock here that pins `version` (by a digest no archive has: nothing is installed against it)."""
+    Path("qnnctl.lock").write_text(f'schema = 1\n\n[sdk]\nversion = "{version}"\nsha256 = "{"0" * 64}"\nsize = 1\n')
+
+
 def archive_requests(server: FaultServer) -> list[str]:
     return [r.path for r in server.requests if r.path.endswith(".zip")]
 
@@ -69,6 +74,10 @@ def test_an_installed_release_newer_than_the_table_is_named_by_prefix(cache_dir:
     proc = run_qnnctl("lower", "--dry-run", "--sdk", "2.53", "--", "true")
     assert proc.returncode == 0, proc.stderr
     assert str(root) in proc.stdout
+    write_lock(NEWER)
+    proc = run_qnnctl("lock", "--check", "2.53")
+    assert proc.returncode == 0, proc.stderr
+    assert f"matches: SDK {NEWER}" in proc.stderr
     proc = run_qnnctl("use", "2.53")
     assert proc.returncode == 0, proc.stderr
     assert Path(".qnn-version").read_text() == f"{NEWER}\n"
@@ -176,6 +185,13 @@ def test_the_shell_and_the_pin_disagreeing_is_said_where_it_matters(cache_dir: P
     assert proc.stdout == f"{root}/lib/x86_64-linux-clang/libQnnHtp.so\n"
     assert f"qnnctl: warning: {said}; {switch}" in proc.stderr
 
+    write_lock(NEWER)
+    proc = run_qnnctl("lock", "--check", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"qnnctl: warning: {said}; {switch}; without this shell's SDK (as in CI), `qnnctl lock --check` checks " \
+        "the lock against the pin" in proc.stderr
+    Path("qnnctl.lock").unlink()
+
     proc = run_qnnctl("env", env=env)
     assert proc.returncode == 1
     assert f"SDK {VERSION} is not installed" in proc.stderr
@@ -192,7 +208,7 @@ def test_the_shell_and_the_pin_disagreeing_is_said_where_it_matters(cache_dir: P
 
 def test_use_says_when_the_lock_pins_another_version(cache_dir: Path) -> None:
     install_tree_into_cache(cache_dir, VERSION)
-    Path("qnnctl.lock").write_text(f'schema = 1\n\n[sdk]\nversion = "{NEWER}"\nsha256 = "{"0" * 64}"\nsize = 1\n')
+    write_lock(NEWER)
     proc = run_qnnctl("use", VERSION)
     assert proc.returncode == 0, proc.stderr
     assert (f"{Path.cwd()}/qnnctl.lock pins SDK {NEWER}, not {VERSION}: `qnnctl lock --check` and `qnnctl install "
