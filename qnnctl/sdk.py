@@ -377,7 +377,7 @@ def pin_conflict(environ: Mapping[str, str], cwd: Path, cache: Cache | None = No
     if root is None or pin is None:
         return None
     try:
-        pinned = read_pin(pin)
+        pinned = read_pin(pin, version_pools(cache, environ))
     except UsageError:
         return None
     shell_root = Path(root)
