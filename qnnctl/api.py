@@ -85,9 +85,11 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
     """The SDK set up earlier, when `spec` names it too; libraries once loaded cannot be swapped."""
     if spec is None:
         return done
+    from qnnctl.cache import Cache
     from qnnctl.sdk import select_sdk
 
-    selection = select_sdk(spec, os.environ, Path.cwd())
+    # A prefix names what it named when the SDK was set up: installed SDKs first.
+    selection = select_sdk(spec, os.environ, Path.cwd(), Cache.from_env(os.environ))
     same = (selection.version == done.version if selection.version is not None
             else selection.root is not None and selection.root.resolve() == done.root.resolve())
     if not same:

@@ -160,8 +160,45 @@ class _Group(click.Group):
                                            help=help_text))
         super().add_command(cmd, name)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """qnnctl's own commands in groups, the four a newcomer needs first; a subgroup's as click lists them."""
+        if ctx.parent is not None:
+            super().format_commands(ctx, formatter)
+            return
+        commands = {name: cmd for name in self.list_commands(ctx)
+                    if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden}
+        rest = tuple(name for name in commands if not any(name in names for _, names in _SECTIONS))
+        limit = formatter.width - 6 - max(map(len, commands), default=0)
+        for title, names in (*_SECTIONS, ("Other commands", rest)):
+            rows = [(name, commands[name].get_short_help_str(limit)) for name in names if name in commands]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+
+# The main --help: the commands in groups, and examples.
+_SECTIONS = (
+    ("Start here", ("install", "env", "doctor", "lower")),
+    ("Projects and fleets", ("use", "lock", "link", "mirror")),
+    ("Housekeeping", ("list", "which", "uninstall", "cache")),
+    ("The phone side", ("device",)),
+)
+_EXAMPLES = """\b
+Examples:
+  qnnctl install                 the SDK this project needs, into qnnctl's cache
+  eval "$(qnnctl env)"           set this shell up for it
+  qnnctl doctor                  check the host, the SDK and this shell
+  qnnctl lower export_model.py   run a lowering pipeline with the SDK in place
+  qnnctl install 2.51            the newest 2.51 installed, on the mirror, or known
+  qnnctl use 2.51                pin this project to the newest 2.51 (.qnn-version)
+
+\b
+Behind a firewall: export QNNCTL_MIRROR=URL (a folder `qnnctl mirror` filled),
+or `qnnctl install --file ARCHIVE`. `qnnctl COMMAND --help` tells more.
+"""
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EXAMPLES)
 @click.option("-v", "--verbose", count=True, help=_VERBOSE_HELP + " Also after the command.")
 @click.option("-q", "--quiet", count=True, help=_QUIET_HELP + " Also after the command.")
 @click.version_option(__version__, "-V", "--version", prog_name="qnnctl")
@@ -210,13 +247,19 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         from qnnctl.components import parse_components
 
         parts = parse_components(components)
+    sources: tuple[Path, ...] = ()
+    if runtime_from:
+        from qnnctl.runtime import check_sources
+
+        sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
                              components=parts)
-    result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=_stderr_is_terminal())
+    terminal = _stderr_is_terminal()
+    result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=terminal)
     if runtime or runtime_from:
         from qnnctl.runtime import RuntimeRequest, stage_runtime
 
-        stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=runtime_from), os.environ)
+        stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=sources), os.environ)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
     if result.sdk is None:
@@ -224,7 +267,26 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         return
     if result.action == "reused":
         log.info("SDK %s is already installed (%s)", result.sdk.version, result.sdk.origin)
+    if terminal:
+        _say_next_step(result.sdk)
     click.echo(str(result.sdk.root))
+
+
+def _say_next_step(sdk: Any) -> None:
+    """For a person at a terminal: how to use the SDK just installed (scripts read stdout only)."""
+    from qnnctl.sdk import select_sdk
+
+    if os.environ.get("QNN_SDK_ROOT") == str(sdk.root):
+        return  # this shell is set up for it already
+    try:
+        # `qnnctl env` chooses afresh: name the version when it would choose another SDK.
+        chosen = select_sdk(None, os.environ, Path.cwd(), _cache(), from_shell=False)
+    except QnnctlError:
+        chosen = None
+    plain = chosen is not None and (chosen.version == sdk.version or chosen.root == sdk.root)
+    env = "qnnctl env" if plain else f"qnnctl env {sdk.version}"
+    log.info('next: `eval "$(%s)"` sets this shell up for SDK %s; `qnnctl doctor` then checks the setup',
+             env, sdk.version)
 
 
 def _stage_missing_trio(sdk: Any) -> None:
@@ -259,7 +321,7 @@ def _stage_missing_trio(sdk: Any) -> None:
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
     from qnnctl.environment import plan_env
-    from qnnctl.errors import UsageError
+    from qnnctl.errors import NotInstalledError, UsageError
     from qnnctl.shell import detect_shell, render
 
     if "logging" in sys.modules:
@@ -277,7 +339,15 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     if sdk_path is not None:
         # A bare folder name given to --sdk is still a path, never a version.
         spec = sdk_path if sdk_path.startswith(("/", "~")) else os.path.join(".", sdk_path)
-    plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
+    try:
+        plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
+    except NotInstalledError as exc:
+        from qnnctl.sdk import pin_conflict
+
+        conflict = pin_conflict(os.environ, Path.cwd(), _cache()) if spec is None else None
+        if conflict is not None:
+            exc.hint = f"{conflict.said()}; {exc.hint}" if exc.hint else conflict.said()
+        raise
     for note in plan.notes:
         log.warning("%s", note)
     if plan.selection is not None and _verbosity["verbose"]:
@@ -335,6 +405,8 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
     from qnnctl.which import which as find
 
     answer = find(name, spec, os.environ, Path.cwd(), _cache())
+    if spec is None:
+        _say_pin_conflict()
     if as_json:
         import json
 
@@ -376,6 +448,15 @@ def inspect(file: Path, spec: str | None, as_json: bool) -> None:
         raise QnnctlError(report.sdk.reason,
                           hint=f"run it with a runtime of QAIRT {report.binaries[0].qairt} or newer, "
                           f"or lower the model again with SDK {report.sdk.version}")
+
+
+def _say_pin_conflict(more: str = "") -> None:
+    """Warn when this shell's SDK (from `qnnctl env`) is not the one the project pins."""
+    from qnnctl.sdk import pin_conflict
+
+    conflict = pin_conflict(os.environ, Path.cwd(), _cache())
+    if conflict is not None:
+        log.warning("%s; %s%s", conflict.said(), conflict.switch(), f"; {more}" if more else "")
 
 
 @cli.command(short_help="Remove SDKs from qnnctl's cache (--except VERSION..., --all).")
@@ -446,6 +527,9 @@ def lock(version: str | None, check: bool) -> None:
         from qnnctl.lockfile import check_lock
 
         found = check_lock(version, os.environ, Path.cwd(), _cache())
+        if version is None:
+            _say_pin_conflict("without this shell's SDK (as in CI), `qnnctl lock --check` checks the lock "
+                              "against the pin")
         state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
         log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
         return
@@ -485,9 +569,12 @@ def mirror(folder: Path, versions: tuple[str, ...]) -> None:
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
     """Pin VERSION for this project: write .qnn-version here; print its path."""
-    from qnnctl.pin import write_pin
+    from qnnctl.pin import pinned_notes, write_pin
+    from qnnctl.sdk import version_pools
 
-    path = write_pin(Path.cwd(), version)
+    path, pinned = write_pin(Path.cwd(), version, version_pools(_cache(), os.environ, mirror=True))
+    for note in pinned_notes(pinned, os.environ, Path.cwd(), _cache()):
+        log.warning("%s", note)
     click.echo(str(path))
 
 

@@ -32,6 +32,7 @@ from qnnctl.sdk import (
     Sdk,
     Selection,
     caller_lib_dir,
+    pin_conflict,
     read_sdk_version,
     resolve_installed,
     select_sdk,
@@ -317,6 +318,8 @@ def env_command(spec: str | None, target: Target | None = None) -> str:
         spec = str(target.sdk.root)
     if spec is None:
         return 'eval "$(qnnctl env)"'
+    if target is not None and target.selection.version is not None:
+        return f'eval "$(qnnctl env {target.selection.version})"'  # a prefix resolved already
     chosen = select_sdk(spec, {}, Path.cwd())
     if chosen.root is not None:
         return f'eval "$(qnnctl env --sdk {shlex.quote(str(chosen.root))})"'
@@ -368,6 +371,9 @@ def check_selection(ctx: Context) -> Outcome:
     if sdk is None:  # pragma: no cover - only a caller-managed selection has no SDK
         return ok(why)
     if selection.root is not None:
+        conflict = pin_conflict(ctx.environ, ctx.cwd, ctx.cache()) if selection.reason == BY_SHELL else None
+        if conflict is not None:
+            return warn(f"{why}: {sdk.root}, version {sdk.version}; {conflict.said()}", hint=conflict.switch())
         return ok(f"{why}: {sdk.root}, version {sdk.version}")
     if selection.reason == BY_INSTALLED:
         # Chosen only because nothing named another: the next install could change it.
@@ -915,10 +921,18 @@ def check_network(ctx: Context) -> Outcome:
         target: Target | None = ctx.target()
     except Exception:
         target = None
-    version = None
-    if target is not None and target.selection.version:
-        version = target.selection.version
-    elif ctx.spec is None:
+    # The archive of the SDK selected: the one an SDK named by its folder (this shell's, a
+    # QNN_SDK_ROOT) is, else the one named but not installed; qnnctl's default only when
+    # nothing was selected at all.
+    version: str | None = None
+    if target is not None:
+        version = target.selection.version or (target.sdk.version if target.sdk is not None else None)
+    else:
+        try:
+            version = select_sdk(ctx.spec, ctx.environ, ctx.cwd, ctx.cache()).version
+        except Exception:
+            version = None
+    if version is None and ctx.spec is None:
         version = DEFAULT_VERSION
     url = archive_urls(version, mirror)[0] if version and is_full_version(version) else (mirror or DEFAULT_BASE_URL)
     shown = redact(url)  # people paste doctor's report into bug reports
@@ -1121,7 +1135,7 @@ def diagnose(
     with `models`, whether the device's runtime loads them."""
     if spec is not None:
         # A malformed argument is a usage error (exit 2), not a failed check.
-        select_sdk(spec, environ, cwd)
+        select_sdk(spec, environ, cwd, Cache.from_env(environ))
     if models and device is None:
         raise UsageError("--model is checked against a device's runtime: give --device too",
                          hint="`qnnctl inspect --sdk VERSION MODEL` checks it against an SDK on this host")

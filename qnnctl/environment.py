@@ -53,7 +53,7 @@ def resolve_sdk(
     An SDK installed without components the project's pin names is completed (`install`
     fetches what is missing), or, when it may not install, refused with the command that does.
     """
-    selection = select_sdk(spec, environ, cwd, cache)
+    selection = select_sdk(spec, environ, cwd, cache, mirror=allow_install)
     log.debug("chose %s", selection.describe())
     if selection.caller_managed:
         return selection, None

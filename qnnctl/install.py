@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.cache import MANIFEST_NAME, Cache, remove_tree
@@ -23,13 +23,14 @@ from qnnctl.commit import (
     work_id,
 )
 from qnnctl.components import tree_digests
-from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
+from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.gate import Observed, agree, check, given_sha256
 from qnnctl.host import require_supported_host
 from qnnctl.paths import user_path
 from qnnctl.sdk import (
     BY_ARGUMENT,
     BY_CALLER,
+    BY_DEFAULT,
     BY_ENV,
     BY_PIN,
     BY_SHELL,
@@ -43,6 +44,7 @@ from qnnctl.sdk import (
 from qnnctl.urls import check_url, redact
 from qnnctl.versions import (
     archive_urls,
+    as_typed,
     is_full_version,
     is_version_prefix,
     matches_prefix,
@@ -112,13 +114,15 @@ def install(
                              (cwd, request.locked) if request.check_lock else None, request.components)
 
     if request.spec is None and request.url is None:
-        selection = select_sdk(None, environ, cwd, cache)
-        log.debug("chose %s", selection.describe())
+        selection = select_sdk(None, environ, cwd, cache, mirror=True)
         if selection.reason == BY_CALLER:
+            log.debug("chose %s", selection.describe())
             return InstallResult(None, "caller", selection)
         if selection.reason == BY_SHELL and selection.root is not None:
             # The SDK this shell was set up for: the one to reuse, or to (re)install by its version
-            # when it is one of qnnctl's cache; one elsewhere is never reinstalled unasked.
+            # when it is one of qnnctl's cache (said again below, as that version); one elsewhere
+            # is never reinstalled unasked.
+            log.debug("chose %s", selection.describe())
             selection = _shell_selection(selection, selection.root, cache, request.force)
             if selection.root is not None:
                 sdk = sdk_from_root(selection.root, "qnnctl env")
@@ -126,10 +130,11 @@ def install(
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
+            log.debug("chose %s", selection.describe())
             return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
                            request, cwd)
     elif request.spec is not None:
-        selection = select_sdk(request.spec, environ, cwd)
+        selection = select_sdk(request.spec, environ, cwd, cache, mirror=True)
         if selection.root is not None:
             raise UsageError(
                 f"{request.spec!r} is a path; install takes a VERSION",
@@ -144,12 +149,15 @@ def install(
                 hint="give it too: `qnnctl install VERSION --url URL`",
             )
         selection = Selection("argument", f"named by {redact(url)}", version=found)
+    require_supported_host()
+    index_read: tuple[dict[str, Any] | None] | None = None  # (the mirror's index), once it has been read
+    if request.spec is None and request.url is None:
+        selection, index_read = _as_the_mirror_holds(selection, cache, environ)
     version = selection.version
     log.debug("chose %s", selection.describe())
     if version is None:  # pragma: no cover - every branch above that gets here sets it
         raise UsageError("no SDK version was selected")
 
-    require_supported_host()
     components = _components_for(request, selection, cwd)
     if not request.force:
         found_sdk = find_installed(version, cache, environ)
@@ -185,7 +193,12 @@ def install(
 
         # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
         # agree before anything is fetched, and what arrives passes the gate against each.
-        indexed = mirror_entry(mirror, version) if mirror is not None and not request.url else None
+        if mirror is None or request.url:
+            indexed = None
+        elif index_read is not None:  # read already: not asked for again
+            indexed = mirror_entry(mirror, version, index_read[0]) if index_read[0] is not None else None
+        else:
+            indexed = mirror_entry(mirror, version)
         expected = [e for e in (given_sha256(sha256), locked.expected() if locked else None,
                                 indexed.expected() if indexed else None) if e is not None]
         agree(expected)
@@ -253,6 +266,42 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     from qnnctl.components import covers, installed_components
 
     return covers(installed_components(read_manifest(sdk.root)), components)
+
+
+def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[str, str],
+                         ) -> tuple[Selection, tuple[dict[str, Any] | None] | None]:
+    """A bare `qnnctl install` behind a mirror whose index.json lacks the version chosen, which
+    is not installed: qnnctl's default becomes the newest version the mirror holds (a mirror
+    is where a site keeps the SDKs it means to use); a version the project asked for (a pin,
+    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds. Also
+    returns the index, when it was read: (its versions, or None when the mirror has none)."""
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    version = selection.version
+    if mirror is None or version is None or find_installed(version, cache, environ) is not None:
+        return selection, None
+    from qnnctl.mirror import index_url, read_index
+    from qnnctl.versions import parse_version
+
+    check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+    index = read_index(mirror)
+    if index is None or version in index:
+        return selection, (index,)
+    held = sorted(filter(is_full_version, index), key=parse_version)
+    shown = redact(index_url(mirror))
+    if selection.reason == BY_DEFAULT and held:
+        log.info("the mirror's %s lists no SDK %s, qnnctl's default; installing the newest SDK it holds, %s "
+                 "(`qnnctl install VERSION` installs another, `qnnctl use VERSION` pins one for this project)",
+                 shown, version, held[-1])
+        return Selection(BY_DEFAULT, f"the newest SDK that QNNCTL_MIRROR holds ({shown} lists no {version}, "
+                         "qnnctl's default)", version=held[-1]), (index,)
+    newest = held[-1] if held else "VERSION"
+    raise DownloadError(
+        f"the mirror's {shown} lists no SDK {version} ({selection.reason}: {selection.detail}); it holds "
+        f"{', '.join(held) if held else 'none'}; nothing was fetched",
+        hint=f"add SDK {version} to the mirror (`qnnctl mirror DIR {version}` where it is kept), or use one it "
+        f"holds: `qnnctl install {newest}`" + (f" and pin it with `qnnctl use {newest}`"
+                                               if selection.reason == BY_PIN else ""),
+    )
 
 
 def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool) -> Selection:
@@ -474,7 +523,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None)
     the link's record."""
     from qnnctl.stores import all_links, find_in_stores, remove_link
 
-    spec = spec.strip()
+    spec = as_typed(spec)
     if not is_version_prefix(spec):
         resolve_version(spec)  # raises the standard "not an SDK version" error
     ours = cache.installed_versions()

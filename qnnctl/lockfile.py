@@ -313,7 +313,7 @@ class Written(NamedTuple):
 
 def _resolve(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> tuple[str, Sdk | None, str]:
     """(version, the SDK installed for it or None, why that version) as qnnctl resolves it now."""
-    selection = select_sdk(spec, environ, cwd, cache)
+    selection = select_sdk(spec, environ, cwd, cache, mirror=True)
     if selection.caller_managed:
         raise UsageError("QNN_SDK_ROOT is exported but empty: the caller manages the SDK, so there is none to lock",
                          hint="give the version: `qnnctl lock VERSION`")

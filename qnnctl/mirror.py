@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from qnnctl.archive import zip_digests
 from qnnctl.cache import Cache, write_json_atomic
-from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.gate import Expected, Observed, agree, check
 from qnnctl.paths import user_path
 from qnnctl.urls import check_url, redact
@@ -71,27 +71,32 @@ def _parse_index(data: object, where: str) -> dict[str, dict[str, Any]]:
     return {str(k): v for k, v in data["versions"].items() if isinstance(v, dict)}
 
 
-def mirror_entry(base: str, version: str) -> IndexEntry | None:
-    """What the mirror at `base` says of `version` in its index.json; None when it has no index
-    (404), the index names no such version, or it cannot be read (a warning says so)."""
+def read_index(base: str) -> dict[str, dict[str, Any]] | None:
+    """The `versions` table of the index.json of the mirror at `base`; None when it has none
+    (404) or it cannot be read (a warning says so). A refused connection is DownloadError at
+    once: the mirror the user named is not there (a mistyped port, most often), and the
+    archive's own download would only meet the same refusal, retried for half a minute."""
     import requests
     from requests.adapters import HTTPAdapter
 
     from qnnctl.download import make_session, retry_policy
-    from qnnctl.lockfile import is_sha256
-    from qnnctl.retry import describe
+    from qnnctl.retry import describe, refused
 
     url = index_url(base)
     shown = redact(url)
     session = make_session()
-    # Retried as downloads are, but briefly: the archive's own download follows.
-    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2).start(shown))  # its retries name the URL
+    # Retried as downloads are, but briefly: the archive's own download follows. A refused
+    # connection is tried once more only (a mirror restarting), after a second.
+    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2, connect=1).start(shown))  # retries name the URL
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     try:
         with session:
             response = session.get(url, timeout=INDEX_TIMEOUT)
     except requests.RequestException as exc:
+        if refused(exc):
+            raise DownloadError(f"cannot reach the mirror: {shown}: {describe(exc)}",
+                                hint="check the host and port of QNNCTL_MIRROR; nothing was fetched") from None
         log.warning("cannot read the mirror's %s (%s); the archive is not checked against it", shown, describe(exc))
         return None
     if response.status_code in (404, 410):
@@ -102,9 +107,21 @@ def mirror_entry(base: str, version: str) -> IndexEntry | None:
                     response.status_code, shown)
         return None
     try:
-        versions = _parse_index(response.json(), shown)
+        return _parse_index(response.json(), shown)
     except ValueError as exc:
         log.warning("%s; the archive is not checked against it", exc)
+        return None
+
+
+def mirror_entry(base: str, version: str, versions: dict[str, dict[str, Any]] | None = None) -> IndexEntry | None:
+    """What the mirror at `base` says of `version` in its index.json (`versions`, when read
+    already); None when it has no index (404), the index names no such version, or it cannot
+    be read (a warning says so)."""
+    from qnnctl.lockfile import is_sha256
+
+    shown = redact(index_url(base))
+    versions = read_index(base) if versions is None else versions
+    if versions is None:
         return None
     entry = versions.get(version)
     if entry is None:
@@ -121,6 +138,17 @@ def mirror_entry(base: str, version: str) -> IndexEntry | None:
     return IndexEntry(shown, str(sha256), size if isinstance(size, int) else None,
                       build if isinstance(build, str) else None,
                       {str(k): str(v) for k, v in digests.items()} if digests else None)
+
+
+def indexed_versions(base: str) -> list[str] | None:
+    """The versions the index.json of the mirror at `base` lists, oldest first; None when it
+    has no index, or it cannot be read."""
+    from qnnctl.versions import is_full_version, parse_version
+
+    versions = read_index(base)
+    if versions is None:
+        return None
+    return sorted((v for v in versions if is_full_version(v)), key=parse_version)
 
 
 # -- an archive's build id ---------------------------------------------------------------------
@@ -275,11 +303,11 @@ def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:
 
 def mirror_versions(specs: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
     """The versions `specs` name (prefixes resolved), or the one qnnctl resolves here."""
-    from qnnctl.sdk import read_sdk_version, select_sdk
-    from qnnctl.versions import is_full_version, resolve_version
+    from qnnctl.sdk import read_sdk_version, resolve_spec, select_sdk
+    from qnnctl.versions import is_full_version
 
     if specs:
-        return list(dict.fromkeys(resolve_version(spec) for spec in specs))
+        return list(dict.fromkeys(resolve_spec(spec, cache, environ, mirror=True) for spec in specs))
     selection = select_sdk(None, environ, cwd, cache)
     version = selection.version or (read_sdk_version(selection.root) if selection.root else None)
     if version is None or not is_full_version(version):

@@ -8,9 +8,11 @@ qnnctl.components), which `qnnctl install` then installs for the pinned version.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
-from qnnctl.errors import UsageError
+from qnnctl.cache import Cache
+from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.sdk import PIN_FILE
 from qnnctl.versions import resolve_version
 
@@ -47,10 +49,11 @@ def read_pin_components(path: Path) -> tuple[str, ...] | None:
         raise UsageError(exc.message, hint=f"fix the components in {path} (the line after the version)") from None
 
 
-def write_pin(folder: Path, spec: str) -> Path:
-    """Write the full version that `spec` names into `folder/.qnn-version`, atomically; the
-    components line of a pin already there is kept."""
-    version = resolve_version(spec)
+def write_pin(folder: Path, spec: str, pools: Iterable[tuple[str, Collection[str]]] = ()) -> tuple[Path, str]:
+    """Write the full version that `spec` names (a prefix looked up in `pools`, then the known
+    releases) into `folder/.qnn-version`, atomically; the components line of a pin already
+    there is kept. Returns the pin's path and the version."""
+    version = resolve_version(spec, pools)
     path = folder / PIN_FILE
     keep = ""
     if path.is_file():
@@ -63,4 +66,28 @@ def write_pin(folder: Path, spec: str) -> Path:
     partial = folder / f"{PIN_FILE}.{os.getpid()}.tmp"
     partial.write_text(version + "\n" + keep, encoding="utf-8")
     os.replace(partial, path)
-    return path
+    return path, version
+
+
+def pinned_notes(version: str, environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
+    """What a newly written pin of `version` disagrees with: the SDKs on disk (it is not
+    installed), the project's qnnctl.lock (it pins another), this shell (set up by `qnnctl
+    env` for another SDK, which every command but `env` keeps using)."""
+    from qnnctl.lockfile import find_lock, read_lock
+    from qnnctl.sdk import find_installed, pin_conflict
+
+    notes = []
+    if find_installed(version, cache, environ) is None:
+        notes.append(f"SDK {version} is not installed; `qnnctl install` installs it")
+    lock_path = find_lock(cwd)
+    try:
+        lock = read_lock(lock_path) if lock_path is not None else None
+    except QnnctlError:
+        lock = None  # `qnnctl lock --check` and `doctor` say what is wrong with it
+    if lock_path is not None and lock is not None and lock.version != version:
+        notes.append(f"{lock_path} pins SDK {lock.version}, not {version}: `qnnctl lock --check` and `qnnctl "
+                     f"install --locked` fail until `qnnctl lock` writes it again for {version}")
+    conflict = pin_conflict(environ, cwd, cache)
+    if conflict is not None:
+        notes.append(f"{conflict.said()}; {conflict.switch()}")
+    return notes

@@ -202,6 +202,11 @@ def untrusted_certificate(error: BaseException) -> bool:
     return any(isinstance(link, ssl.SSLCertVerificationError) for link in causes(error))
 
 
+def refused(error: BaseException) -> bool:
+    """True when nothing listens at the address: a connection refused."""
+    return any(isinstance(link, ConnectionRefusedError) for link in causes(error))
+
+
 def attempts_made(error: BaseException) -> int:
     """How many requests the policy made before `error` ended them (1 when it was not asked)."""
     return next((link.attempts for link in causes(error) if isinstance(link, GaveUp)), 1)

@@ -358,7 +358,7 @@ def stage_runtime(
     cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapping[str, str]
 ) -> RuntimeResult:
     """Stage what `sdk` needs and the host lacks; see the module's docstring."""
-    sources = tuple(_check_source(s) for s in request.sources)
+    sources = check_sources(request.sources)
     plan = _plan(cache, sdk, request, bool(sources))
     committed: dict[str, Staged] = {}
     unused: dict[str, str] = {}  # source -> why it was not used
@@ -498,6 +498,33 @@ def _result(cache: Cache, plan: _Plan, committed: dict[str, Staged]) -> RuntimeR
         if glibc is not None:
             log.info("glibc %s already staged in %s", glibc.manifest.get("glibc_version"), glibc.lib_dir)
     return RuntimeResult(libcxx, libcxx_action, glibc, glibc_action)
+
+
+# A folder's files taken as packages, by name: the rest of a folder is read for bare libraries.
+_PACKAGE_SUFFIXES = (".deb", ".rpm", ".tar", ".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar.bz2", ".tar.zst")
+
+
+def check_sources(paths: Sequence[Path]) -> tuple[Path, ...]:
+    """--runtime-from as given, checked before anything is fetched or staged (UsageError for
+    a path that is missing or no package), a folder's packages in its place: a folder is read
+    for the packages it holds (`apt-get download` fills one with .debs) and for bare libraries."""
+    sources: list[Path] = []
+    for path in paths:
+        path = _check_source(path)
+        if not path.is_dir():
+            sources.append(path)
+            continue
+        packages = sorted(entry for entry in path.iterdir()
+                          if entry.name.endswith(_PACKAGE_SUFFIXES) and entry.is_file())
+        libraries = [entry for entry in path.iterdir() if _wanted(entry.name) and entry.is_file()]
+        if not packages and not libraries:
+            raise UsageError(f"--runtime-from {path}: the folder holds no package (.deb, .rpm, .tar.xz) and "
+                             f"none of {', '.join(TRIO)}, nor a glibc",
+                             hint="give the folder that holds the packages or the libraries, or the files themselves")
+        sources.extend(_check_source(package) for package in packages)
+        if libraries:
+            sources.append(path)
+    return tuple(dict.fromkeys(sources))
 
 
 def _check_source(path: Path) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -177,8 +177,9 @@ def find_pin(start: Path) -> Path | None:
     return None
 
 
-def read_pin(path: Path) -> str:
-    """The full version a `.qnn-version` file names; errors name the file."""
+def read_pin(path: Path, pools: Iterable[tuple[str, Collection[str]]] = ()) -> str:
+    """The full version a `.qnn-version` file names (a prefix resolved as `resolve_version`
+    does, with `pools`); errors name the file."""
     try:
         # utf-8-sig: editors on Windows start the file with a byte-order mark.
         text = path.read_text(encoding="utf-8-sig")
@@ -189,7 +190,7 @@ def read_pin(path: Path) -> str:
         line = line.split("#", 1)[0].strip()
         if line:
             try:
-                return resolve_version(line)
+                return resolve_version(line, pools)
             except UsageError as exc:
                 raise UsageError(f"{path}: {exc.message}",
                                  hint="fix it, or rewrite it with `qnnctl use VERSION`") from None
@@ -262,19 +263,45 @@ def _from(cwd: Path, path: str) -> Path:
     return (cwd / user_path(path)).absolute()
 
 
+def version_pools(cache: Cache | None, environ: Mapping[str, str],
+                  mirror: bool = False) -> Iterator[tuple[str, Collection[str]]]:
+    """What a version prefix (`2.51`) is looked up in before the known releases, in order:
+    the SDKs installed (without a `cache`: none), then, with `mirror`, what QNNCTL_MIRROR's
+    index.json lists. Read only when asked for: a full version reads none of them."""
+    if cache is not None:
+        yield "installed", versions_on_disk(cache, environ, usable=True)
+    base = environ.get("QNNCTL_MIRROR") if mirror else None
+    if base:
+        from qnnctl.mirror import index_url, indexed_versions
+        from qnnctl.urls import redact
+
+        listed = indexed_versions(base)
+        if listed:
+            yield f"the mirror's {redact(index_url(base))}", listed
+
+
+def resolve_spec(spec: str, cache: Cache | None, environ: Mapping[str, str], mirror: bool = False) -> str:
+    """The full version `spec` names: a prefix is the newest installed match, else (with
+    `mirror`) the newest that QNNCTL_MIRROR's index lists, else the newest known release."""
+    return resolve_version(spec, version_pools(cache, environ, mirror))
+
+
 def select_sdk(
     spec: str | None,
     environ: Mapping[str, str],
     cwd: Path,
     cache: Cache | None = None,
     from_shell: bool = True,
+    mirror: bool = False,
 ) -> Selection:
     """Decide which SDK to use; the order is documented in the README ("Which SDK").
 
     `from_shell` off skips the SDK an earlier `qnnctl env` set this shell up for: `qnnctl env`
     itself chooses afresh, which is how one switches. Without a `cache`, the step "the newest
-    SDK already installed" is skipped. A relative path, in `spec` or QNN_SDK_ROOT, is read
-    from `cwd`.
+    SDK already installed" is skipped, and a version prefix is not looked up among the SDKs
+    installed; with `mirror` (for the commands that may download), it is looked up in what
+    QNNCTL_MIRROR's index.json lists too (`resolve_spec`). A relative path, in `spec` or
+    QNN_SDK_ROOT, is read from `cwd`.
     """
     if spec is not None:
         if spec.strip() == "":
@@ -284,7 +311,7 @@ def select_sdk(
             # would be searched from wherever the process happens to be).
             root = _from(cwd, spec)
             return Selection(BY_ARGUMENT, f"given as {root}", root=root)
-        version = resolve_version(spec)
+        version = resolve_spec(spec, cache, environ, mirror)
         return Selection(BY_ARGUMENT, f"given as {spec}", version=version)
     if from_shell:
         shell_root = shell_sdk_root(environ)
@@ -301,7 +328,7 @@ def select_sdk(
         return Selection(BY_ENV, "from QNN_SDK_ROOT", root=_from(cwd, env_root))
     pin = find_pin(cwd)
     if pin is not None:
-        return Selection(BY_PIN, f"pinned in {pin}", version=read_pin(pin))
+        return Selection(BY_PIN, f"pinned in {pin}", version=read_pin(pin, version_pools(cache, environ, mirror)))
     expected = executorch_expected_version()
     if expected is not None:
         return Selection(BY_EXECUTORCH, "the version the installed ExecuTorch expects", version=expected)
@@ -322,6 +349,43 @@ def shell_sdk_root(environ: Mapping[str, str]) -> str | None:
     if marker is None or not marker.owns_root or environ.get("QNN_SDK_ROOT") != marker.root:
         return None
     return marker.root or None
+
+
+class PinConflict(NamedTuple):
+    """This shell set up by `qnnctl env` for one SDK, and the project's pin naming another."""
+
+    shell_root: Path
+    shell_version: str
+    pin: Path
+    pinned: str
+    installed: bool  # the pinned version is on disk
+
+    def said(self) -> str:
+        return (f"this shell was set up by `qnnctl env` for SDK {self.shell_version} ({self.shell_root}), but "
+                f"{self.pin} pins SDK {self.pinned}")
+
+    def switch(self) -> str:
+        first = "" if self.installed else f"`qnnctl install {self.pinned}`, then "
+        return f'{first}`eval "$(qnnctl env)"` switches this shell to SDK {self.pinned}'
+
+
+def pin_conflict(environ: Mapping[str, str], cwd: Path, cache: Cache | None = None) -> PinConflict | None:
+    """The disagreement, when this shell's SDK (step 2 of "Which SDK") hides the project's pin
+    (step 4) from every command but `env`; None when they agree or either is missing."""
+    root = shell_sdk_root(environ)
+    pin = find_pin(cwd) if root is not None else None
+    if root is None or pin is None:
+        return None
+    try:
+        pinned = read_pin(pin, version_pools(cache, environ))
+    except UsageError:
+        return None
+    shell_root = Path(root)
+    shell_version = (read_sdk_version(shell_root) if shell_root.is_dir() else None) or version_in(shell_root.name)
+    if shell_version is None or shell_version == pinned:
+        return None
+    installed = cache is not None and find_installed(pinned, cache, environ) is not None
+    return PinConflict(shell_root, shell_version, pin, pinned, installed)
 
 
 def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:

@@ -2,35 +2,59 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 from qnnctl.errors import UsageError
 
 DEFAULT_VERSION = "2.37.0.250724"
 
-# Published QAIRT releases, oldest first. A full version not listed here is still accepted;
-# this list is what a prefix such as `2.37` is resolved against.
-KNOWN_VERSIONS: tuple[str, ...] = (
-    "2.23.0.240624",
-    "2.25.0.240728",
-    "2.26.0.240828",
-    "2.28.0.241029",
-    "2.28.2.241116",
-    "2.31.0.250130",
-    "2.32.0.250228",
-    "2.34.0.250424",
-    "2.36.1.250708",
-    "2.37.0.250724",
-    "2.38.0.250901",
-    "2.40.0.251030",
-    "2.43.0.260128",
-    "2.45.0.260326",
-    "2.46.0.260424",
-    "2.47.0.260601",
-    "2.48.0.260626",
-    "2.48.40.260702",
+
+class Release(NamedTuple):
+    """A published QAIRT release and where it was seen."""
+
+    version: str
+    source: str
+
+
+# Where most rows were seen: the archive at DEFAULT_BASE_URL/<version>/v<version>.zip.
+_SOFTWARE_CENTER = "Qualcomm's software center, Qualcomm_AI_Runtime_Community/All/<version>"
+
+# Published QAIRT releases, oldest first. A full version not listed here is still accepted,
+# and a prefix (`2.37`) is resolved against what is installed and what the mirror's index
+# lists before this table (see `resolve_version`): a release newer than the table is one row,
+# and needs no row to be installed by its full version.
+KNOWN_RELEASES: tuple[Release, ...] = (
+    Release("2.23.0.240624", _SOFTWARE_CENTER),
+    Release("2.25.0.240728", _SOFTWARE_CENTER),
+    Release("2.26.0.240828", _SOFTWARE_CENTER),
+    Release("2.28.0.241029", _SOFTWARE_CENTER + "; also qualcomm_neural_processing_sdk/v<version>.zip"),
+    Release("2.28.2.241116", _SOFTWARE_CENTER + "; also qualcomm_neural_processing_sdk/v<version>.zip"),
+    Release("2.31.0.250130", _SOFTWARE_CENTER),
+    Release("2.32.0.250228", _SOFTWARE_CENTER),
+    Release("2.34.0.250424", _SOFTWARE_CENTER + "; pinned by ExecuTorch releases before 1.5"),
+    Release("2.36.1.250708", _SOFTWARE_CENTER),
+    Release("2.37.0.250724", _SOFTWARE_CENTER + "; pinned by ExecuTorch 1.5 (backends/qualcomm/scripts)"),
+    Release("2.38.0.250901", _SOFTWARE_CENTER),
+    Release("2.39.0.250926", _SOFTWARE_CENTER),
+    Release("2.40.0.251030", _SOFTWARE_CENTER),
+    Release("2.42.0.251225", _SOFTWARE_CENTER + "; 1,543,955,191 bytes, 10,910 entries"),
+    Release("2.43.0.260128", _SOFTWARE_CENTER),
+    Release("2.44.0.260225", _SOFTWARE_CENTER),
+    Release("2.45.0.260326", _SOFTWARE_CENTER + "; AI Hub's build 2.45.0.260326154327"),
+    Release("2.46.0.260424", _SOFTWARE_CENTER),
+    Release("2.47.0.260601", _SOFTWARE_CENTER + "; build 2.47.0.260601114230 in onnxruntime-qnn 2.3.0's "
+            "libraries (tests/genuine.py)"),
+    Release("2.48.0.260626", _SOFTWARE_CENTER),
+    Release("2.48.40.260702", _SOFTWARE_CENTER),
+    Release("2.49.0.260730", _SOFTWARE_CENTER),
+    Release("2.50.0.260828", _SOFTWARE_CENTER),
+    Release("2.51.0.260929", _SOFTWARE_CENTER + "; build 2.51.0.260929181845 in onnxruntime-qnn 2.7.0's "
+            "libraries (tests/genuine.py)"),
 )
+KNOWN_VERSIONS: tuple[str, ...] = tuple(release.version for release in KNOWN_RELEASES)
 
 DEFAULT_BASE_URL = (
     "https://softwarecenter.qualcomm.com/api/download/software/sdks/"
@@ -66,10 +90,19 @@ def parse_version(text: str) -> Version:
         raise UsageError(
             f"{text!r} is not an SDK version",
             hint="versions look like 2.37.0.250724 (major.minor.patch.yymmdd); "
-            "a prefix such as 2.37 picks the newest known release",
+            "a prefix such as 2.37 picks the newest release installed or known",
         )
     major, minor, patch, build = match.groups()
     return Version(int(major), int(minor), int(patch), int(build))
+
+
+def as_typed(spec: str) -> str:
+    """A version as a person types it, made plain: spaces around it and a leading `v` dropped
+    (`v2.51.0.260929` is how Qualcomm names its archives, and how nvm and others take it)."""
+    spec = spec.strip()
+    if spec[:1] in ("v", "V") and spec[1:2].isdigit():
+        return spec[1:]
+    return spec
 
 
 def is_full_version(text: str) -> bool:
@@ -77,31 +110,41 @@ def is_full_version(text: str) -> bool:
 
 
 def is_version_prefix(text: str) -> bool:
-    """True for a full version or a prefix of one (`2`, `2.37`, `2.37.0`)."""
-    return _PREFIX.match(text.strip()) is not None
+    """True for a full version or a prefix of one (`2`, `2.37`, `v2.37.0`)."""
+    return _PREFIX.match(as_typed(text)) is not None
 
 
 def matches_prefix(version: str, prefix: str) -> bool:
     """True when `prefix` names `version` whole components at a time (`2.3` is not `2.37`)."""
-    wanted = prefix.strip().split(".")
+    wanted = as_typed(prefix).split(".")
     return version.split(".")[: len(wanted)] == wanted
 
 
-def resolve_version(spec: str) -> str:
-    """A full version as given, or the newest known release that a prefix (`2.37`) names."""
-    spec = spec.strip()
+def resolve_version(spec: str, pools: Iterable[tuple[str, Collection[str]]] = ()) -> str:
+    """A full version as given, or the newest release that a prefix (`2.37`) names.
+
+    A prefix is looked up in each of `pools` in turn ((what they are, their versions): what
+    is installed, what a mirror holds; read only as far as needed), then in the known
+    releases; the first that holds a match decides.
+    """
+    spec = as_typed(spec)
     if is_full_version(spec):
         return str(parse_version(spec))
     if not _PREFIX.match(spec):
         parse_version(spec)  # raises with the standard message
-    matches = [v for v in KNOWN_VERSIONS if matches_prefix(v, spec)]
-    if not matches:
-        raise UsageError(
-            f"no known SDK version matches {spec!r}",
-            hint="give a full version such as 2.37.0.250724; known releases: "
-            + ", ".join(KNOWN_VERSIONS),
-        )
-    return max(matches, key=parse_version)
+    looked: list[str] = []
+    for what, versions in itertools.chain(pools, [("known releases", KNOWN_VERSIONS)]):
+        full = sorted(filter(is_full_version, versions), key=parse_version)
+        matches = [v for v in full if matches_prefix(v, spec)]
+        if matches:
+            return matches[-1]
+        if full:
+            looked.append(f"{what}: {', '.join(full)}")
+    raise UsageError(
+        f"no SDK version matches {spec!r}",
+        hint="give a full version such as 2.37.0.250724 (one newer than qnnctl knows is installed "
+        "by its full version); " + "; ".join(looked),
+    )
 
 
 def archive_name(version: str) -> str:

@@ -445,6 +445,54 @@ def test_a_file_that_is_no_package_is_refused_even_when_nothing_is_to_be_staged(
     assert f"--runtime-from {junk}: not a .deb, .rpm or tar archive" in proc.stderr
 
 
+def trio_debs(folder: Path) -> list[Path]:
+    """Three .debs that hold the trio, one library each, as `apt-get download` leaves them."""
+    libs = stub_trio(folder / "built")
+    folder.mkdir(parents=True, exist_ok=True)
+    return [build_deb(folder / f"{package}_1.0_amd64.deb", package, "1.0",
+                      [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", libs[soname])])
+            for package, soname in zip(("test-libcxx", "test-libcxxabi", "test-libunwind"), TRIO)]
+
+
+def test_a_folder_of_debs_stages_from_its_debs(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk) -> None:
+    """The README's `--runtime-from ~/Downloads/libcxx-debs/`: a folder is read for the packages it holds."""
+    debs = trio_debs(tmp_path / "libcxx-debs")
+    result = stage_runtime(cache, sdk, RuntimeRequest(sources=(tmp_path / "libcxx-debs",), force=True, use_apt=False),
+                           os.environ)
+    assert result.libcxx is not None
+    sources = manifest_of(result.libcxx.root)["sources"]
+    assert isinstance(sources, list)
+    assert sorted(s["source"] for s in sources) == sorted(str(d) for d in debs)
+    assert sorted(p.name for p in result.libcxx.lib_dir.iterdir()) == sorted(TRIO)
+
+
+def test_a_folder_with_nothing_of_use_is_refused_before_anything_is_fetched(
+        tmp_path: Path, cache_dir: Path, mirror: FaultServer) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("nothing here\n")
+    proc = run_qnnctl("install", VERSION, "--runtime-from", str(empty))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--runtime-from {empty}: the folder holds no package" in proc.stderr
+    assert mirror.requests == []
+
+
+def test_a_bad_runtime_from_is_refused_before_the_sdk_is_fetched(tmp_path: Path, cache_dir: Path,
+                                                                 mirror: FaultServer) -> None:
+    """Not after a 1-2 GB download: every argument is checked before any byte is fetched."""
+    tiny = tmp_path / "tiny.py"
+    tiny.write_text("print('hello')\n")
+    proc = run_qnnctl("install", VERSION, "--runtime-from", str(tiny))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--runtime-from {tiny}: not a .deb, .rpm or tar archive" in proc.stderr
+    assert mirror.requests == []
+    assert not (cache_dir / "sdks").exists()
+    proc = run_qnnctl("install", VERSION, "--runtime-from", str(tmp_path / "missing.deb"))
+    assert proc.returncode == 2, proc.stderr
+    assert "no such file or folder" in proc.stderr
+    assert mirror.requests == []
+
+
 def test_a_package_holding_nothing_of_use_is_refused(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
     trio = tmp_path / "trio"
     stub_trio(trio)

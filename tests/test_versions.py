@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from qnnctl.errors import EXIT_USAGE, UsageError
 from qnnctl.versions import (
     DEFAULT_BASE_URL,
     DEFAULT_VERSION,
+    KNOWN_RELEASES,
     KNOWN_VERSIONS,
     LEGACY_BASE_URL,
     Version,
@@ -48,8 +51,12 @@ def test_known_versions_are_full_sorted_and_hold_the_default() -> None:
     ("2.28", "2.28.2.241116"),  # the newest of two 2.28 releases
     ("2.28.0", "2.28.0.241029"),
     ("2.48", "2.48.40.260702"),  # 40 > 0 as numbers, not as text
-    ("2", "2.48.40.260702"),
+    ("2", "2.51.0.260929"),
+    ("2.51", "2.51.0.260929"),
     ("2.37.0.250724", "2.37.0.250724"),
+    ("v2.51.0.260929", "2.51.0.260929"),  # as Qualcomm names its archives (v2.51.0.260929.zip)
+    ("v2.37", "2.37.0.250724"),
+    (" V2.34 ", "2.34.0.250424"),
     ("2.99.0.990101", "2.99.0.990101"),  # a full version need not be known
     (" 2.34 ", "2.34.0.250424"),
 ])
@@ -57,10 +64,54 @@ def test_resolve_version(spec: str, expected: str) -> None:
     assert resolve_version(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["2.99", "2.3", "3", "banana", "2.37.x", "", "2..37"])
+@pytest.mark.parametrize("spec", ["2.99", "2.3", "3", "banana", "2.37.x", "", "2..37", "v", "vv2.37", "v 2.37"])
 def test_resolve_version_rejects(spec: str) -> None:
     with pytest.raises(UsageError):
         resolve_version(spec)
+
+
+def test_known_releases_cite_their_source() -> None:
+    assert KNOWN_VERSIONS == tuple(release.version for release in KNOWN_RELEASES)
+    assert all(release.source for release in KNOWN_RELEASES)
+    # The genuine builds the tests run on are releases the table knows.
+    assert {"2.47.0.260601", "2.51.0.260929"} <= set(KNOWN_VERSIONS)
+
+
+def test_a_prefix_is_looked_up_in_each_pool_before_the_known_releases() -> None:
+    installed = ("installed", {"2.51.0.260929", "2.52.1.261101", "2.52.0.261001"})
+    mirrored = ("the mirror's index.json", ["2.53.0.261201", "2.37.0.250101"])
+    assert resolve_version("2.52", [installed, mirrored]) == "2.52.1.261101"
+    assert resolve_version("v2.53", [installed, mirrored]) == "2.53.0.261201"
+    # The first pool with a match decides, even over a newer known release.
+    assert resolve_version("2.37", [installed, mirrored]) == "2.37.0.250101"
+    assert resolve_version("2.51", [installed, mirrored]) == "2.51.0.260929"
+    assert resolve_version("2.48", [installed, mirrored]) == "2.48.40.260702"
+
+
+def test_pools_are_read_only_as_far_as_needed() -> None:
+    read: list[str] = []
+
+    def pools() -> Iterator[tuple[str, list[str]]]:
+        read.append("installed")
+        yield "installed", ["2.52.0.261001"]
+        read.append("mirror")
+        yield "the mirror", ["2.53.0.261201"]
+
+    assert resolve_version("2.52", pools()) == "2.52.0.261001"
+    assert read == ["installed"]
+    assert resolve_version("2.37.0.250724", pools()) == "2.37.0.250724"
+    assert read == ["installed"]  # a full version reads none
+
+
+def test_an_unknown_prefix_names_every_pool_looked_in() -> None:
+    with pytest.raises(UsageError) as caught:
+        resolve_version("2.99", [("installed", {"2.52.0.261001"}), ("the mirror's index.json", []),
+                                 ("stores", {"not-a-version"})])
+    hint = caught.value.hint or ""
+    assert "installed: 2.52.0.261001; known releases: 2.23.0.240624" in hint
+    assert "mirror" not in hint  # nothing there to name
+    assert "stores" not in hint
+    assert "installed by its full version" in hint
 
 
 def test_prefix_matches_whole_components() -> None:
@@ -70,6 +121,8 @@ def test_prefix_matches_whole_components() -> None:
     assert not matches_prefix("2.37.0.250724", "2.37.0.2")
     assert is_version_prefix("2.37")
     assert is_version_prefix("2")
+    assert is_version_prefix("v2.51")
+    assert matches_prefix("2.51.0.260929", "v2.51")
     assert not is_version_prefix("2.37.")
     assert not is_version_prefix("abc")
 

@@ -26,7 +26,7 @@ TARGETS: dict[str, Target] = {
     # The selection module: which SDK, and the environment a process gets for it.
     "selection": Target(("qnnctl/sdk.py", "qnnctl/environment.py"),
                         ("tests/test_selection.py", "tests/test_choice.py", "tests/test_env_cli.py",
-                         "tests/test_shell.py", "tests/test_api.py")),
+                         "tests/test_shell.py", "tests/test_api.py", "tests/test_first_run.py")),
     "elf": Target(("qnnctl/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),
     "download": Target(("qnnctl/download.py",), ("tests/test_download.py",)),
     # The links and member filter of partial installs, and doctor --verify's digests, are archive's too.
@@ -39,7 +39,7 @@ TARGETS: dict[str, Target] = {
     "install": Target(("qnnctl/install.py",),
                       ("tests/test_install.py", "tests/test_housekeeping.py", "tests/test_choice.py",
                        "tests/test_cli.py", "tests/test_fleet.py", "tests/test_partial.py",
-                       "tests/test_redaction.py", "tests/test_stream.py")),
+                       "tests/test_redaction.py", "tests/test_stream.py", "tests/test_first_run.py")),
     "api": Target(("qnnctl/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
     "bootstrap": Target(("qnnctl/bootstrap.py",),
                         ("tests/test_bootstrap.py", "tests/test_lower.py", "tests/test_guard.py")),

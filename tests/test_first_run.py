@@ -1,0 +1,268 @@
+"""What a newcomer meets first: versions as people type them, set-up behind a mirror, the shell
+against the project's pin, and what `install` says comes next."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal
+from tests.httpserver import FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
+
+# Releases newer than qnnctl's table of known ones: only what is installed or mirrored names them.
+NEWER = "2.53.0.261201"
+STORED = "2.54.0.270105"
+MIRRORED = "2.55.0.270301"
+GENUINE = "2.51.0.260929"  # the release the mirror of the report held
+
+
+def shell_set_up_for(spec: str) -> dict[str, str]:
+    """The environment after `eval "$(qnnctl env SPEC)"`."""
+    proc = run_qnnctl("env", spec, "--shell", "json")
+    assert proc.returncode == 0, proc.stderr
+    return {**os.environ, **json.loads(proc.stdout)}
+
+
+def serve(server: FaultServer, tmp_path: Path, *versions: str, index: bool = True) -> None:
+    """The archives of `versions` on the server, laid out as `qnnctl mirror` does, with its index."""
+    (tmp_path / "archives").mkdir(exist_ok=True)
+    entries = {}
+    for version in versions:
+        data = build_archive(tmp_path / "archives", "zip", SdkSpec(version=version)).read_bytes()
+        server.add(f"/{version}/v{version}.zip", data)
+        entries[version] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "build_id": None,
+                            "path": f"{version}/v{version}.zip", "added_at": "2026-12-01T00:00:00Z"}
+    if index:
+        server.add("/index.json", json.dumps({"schema": 1, "versions": entries}).encode())
+
+
+def write_lock(version: str) -> None:
+    """A qnnctl.lock here that pins `version` (by a digest no archive has: nothing is installed against it)."""
+    Path("qnnctl.lock").write_text(f'schema = 1\n\n[sdk]\nversion = "{version}"\nsha256 = "{"0" * 64}"\nsize = 1\n')
+
+
+def archive_requests(server: FaultServer) -> list[str]:
+    return [r.path for r in server.requests if r.path.endswith(".zip")]
+
+
+# -- 1, 2: versions as people type them ------------------------------------------------------------
+
+
+def test_an_installed_release_newer_than_the_table_is_named_by_prefix(cache_dir: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    root = install_tree_into_cache(cache_dir, NEWER)
+    store = tmp_path / "store"
+    stored = build_sdk_tree(store / STORED, SdkSpec(version=STORED))
+    monkeypatch.setenv("QNNCTL_STORES", str(store))
+
+    assert shell_set_up_for("2.53")["QNN_SDK_ROOT"] == str(root)
+    assert shell_set_up_for("v2.54")["QNN_SDK_ROOT"] == str(stored)
+    proc = run_qnnctl("install", "2.53")
+    assert (proc.returncode, proc.stdout) == (0, f"{root}\n"), proc.stderr
+    proc = run_qnnctl("which", "--sdk", "2.53", "libQnnHtp.so")
+    assert (proc.returncode, proc.stdout) == (0, f"{root}/lib/x86_64-linux-clang/libQnnHtp.so\n"), proc.stderr
+    proc = run_qnnctl("doctor", "--sdk", "2.54", "--json", "--offline")
+    selection = next(c for c in json.loads(proc.stdout)["checks"] if c["id"] == "sdk.selection")
+    assert selection["status"] == "ok", selection
+    assert f"{STORED} at {stored}" in selection["detail"]
+    proc = run_qnnctl("lower", "--dry-run", "--sdk", "2.53", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert str(root) in proc.stdout
+    write_lock(NEWER)
+    proc = run_qnnctl("lock", "--check", "2.53")
+    assert proc.returncode == 0, proc.stderr
+    assert f"matches: SDK {NEWER}" in proc.stderr
+    proc = run_qnnctl("use", "2.53")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(".qnn-version").read_text() == f"{NEWER}\n"
+    assert "not installed" not in proc.stderr
+    # A prefix that nothing installed matches: the hint names what is installed, then the table.
+    proc = run_qnnctl("env", "2.99")
+    assert proc.returncode == 2
+    assert f"installed: {NEWER}, {STORED}; known releases: " in proc.stderr
+
+
+def test_a_prefix_names_what_the_mirror_lists(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    serve(server, tmp_path, MIRRORED)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    proc = run_qnnctl("install", "2.55")
+    assert (proc.returncode, proc.stdout) == (0, f"{cache_dir}/sdks/{MIRRORED}\n"), proc.stderr
+    assert archive_requests(server) == [f"/{MIRRORED}/v{MIRRORED}.zip"]
+    # env never asks the mirror: it takes what is installed.
+    server.requests.clear()
+    assert shell_set_up_for("2.55")["QNN_SDK_ROOT"] == f"{cache_dir}/sdks/{MIRRORED}"
+    assert server.requests == []
+
+
+def test_the_name_qualcomm_gives_its_archives_is_a_version(mirror: FaultServer, cache_dir: Path) -> None:
+    proc = run_qnnctl("install", f"v{VERSION}")
+    assert (proc.returncode, proc.stdout) == (0, f"{cache_dir}/sdks/{VERSION}\n"), proc.stderr
+    proc = run_qnnctl("uninstall", "v2.37")
+    assert proc.returncode == 0, proc.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
+
+
+# -- 3: behind a firewall, a mirror without qnnctl's default ----------------------------------------
+
+
+def test_a_bare_install_takes_the_newest_the_mirror_holds(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's set-up (`export QNNCTL_MIRROR=...; qnnctl install`) with a mirror that holds
+    only 2.51.0.260929, not qnnctl's default."""
+    serve(server, tmp_path, "2.50.0.260828", GENUINE)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    proc = run_qnnctl("install", "-v")
+    assert (proc.returncode, proc.stdout) == (0, f"{cache_dir}/sdks/{GENUINE}\n"), proc.stderr
+    assert (f"the mirror's {server.base}/index.json lists no SDK {VERSION}, qnnctl's default; installing the "
+            f"newest SDK it holds, {GENUINE}") in proc.stderr
+    assert proc.stderr.count("chose SDK") == 1, proc.stderr
+    assert archive_requests(server) == [f"/{GENUINE}/v{GENUINE}.zip"]
+
+
+def test_a_pinned_version_the_mirror_lacks_is_refused_naming_what_it_holds(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    serve(server, tmp_path, GENUINE)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    Path(".qnn-version").write_text(f"{VERSION}\n")
+    proc = run_qnnctl("install")
+    assert proc.returncode == 3, proc.stderr
+    assert f"lists no SDK {VERSION} (pin: pinned in {Path.cwd()}/.qnn-version); it holds {GENUINE}" in proc.stderr
+    assert f"`qnnctl install {GENUINE}` and pin it with `qnnctl use {GENUINE}`" in proc.stderr
+    assert archive_requests(server) == []
+    assert not (cache_dir / "sdks").exists()
+
+
+def test_a_mirror_without_an_index_is_used_as_before(mirror: FaultServer, cache_dir: Path) -> None:
+    proc = run_qnnctl("install")
+    assert (proc.returncode, proc.stdout) == (0, f"{cache_dir}/sdks/{VERSION}\n"), proc.stderr
+    assert archive_requests(mirror) == [f"/{VERSION}/v{VERSION}.zip"]
+
+
+# -- 4: doctor checks the network for the SDK it selected -------------------------------------------
+
+
+def test_doctor_checks_the_archive_of_the_sdk_this_shell_was_set_up_for(
+        server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, NEWER)
+    server.add(f"/{NEWER}/v{NEWER}.zip", b"PK\x05\x06" + b"\0" * 18)
+    env = {**shell_set_up_for(NEWER), "QNNCTL_MIRROR": server.base}
+    proc = run_qnnctl("doctor", "--json", env=env)
+    network = next(c for c in json.loads(proc.stdout)["checks"] if c["id"] == "network")
+    assert network["status"] == "ok", network
+    assert f"answered HTTP 200 for {server.base}/{NEWER}/v{NEWER}.zip" in network["detail"]
+    assert [r.path for r in server.requests] == [f"/{NEWER}/v{NEWER}.zip"]
+
+
+# -- 5: the shell's SDK and the project's pin ------------------------------------------------------
+
+
+def test_the_shell_and_the_pin_disagreeing_is_said_where_it_matters(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, NEWER)
+    env = shell_set_up_for(NEWER)
+    said = f"this shell was set up by `qnnctl env` for SDK {NEWER} ({root}), but {Path.cwd()}/.qnn-version " \
+           f"pins SDK {VERSION}"
+    switch = f'`qnnctl install {VERSION}`, then `eval "$(qnnctl env)"` switches this shell to SDK {VERSION}'
+
+    proc = run_qnnctl("use", "2.37", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"SDK {VERSION} is not installed; `qnnctl install` installs it" in proc.stderr
+    assert f"{said}; {switch}" in proc.stderr
+
+    proc = run_qnnctl("doctor", "--json", "--offline", env=env)
+    selection = next(c for c in json.loads(proc.stdout)["checks"] if c["id"] == "sdk.selection")
+    assert selection["status"] == "warn", selection
+    assert said in selection["detail"]
+    assert selection["hint"] == switch
+
+    proc = run_qnnctl("which", "libQnnHtp.so", env=env)
+    assert proc.stdout == f"{root}/lib/x86_64-linux-clang/libQnnHtp.so\n"
+    assert f"qnnctl: warning: {said}; {switch}" in proc.stderr
+
+    write_lock(NEWER)
+    proc = run_qnnctl("lock", "--check", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"qnnctl: warning: {said}; {switch}; without this shell's SDK (as in CI), `qnnctl lock --check` checks " \
+        "the lock against the pin" in proc.stderr
+    Path("qnnctl.lock").unlink()
+
+    proc = run_qnnctl("env", env=env)
+    assert proc.returncode == 1
+    assert f"SDK {VERSION} is not installed" in proc.stderr
+    assert said in proc.stderr
+
+    # Once the pinned SDK is there and the shell switched, nothing more is said.
+    install_tree_into_cache(cache_dir, VERSION)
+    env = shell_set_up_for(VERSION)
+    for args in (("which", "libQnnHtp.so"), ("use", "2.37")):
+        proc = run_qnnctl(*args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "warning" not in proc.stderr
+
+
+def test_use_says_when_the_lock_pins_another_version(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    write_lock(NEWER)
+    proc = run_qnnctl("use", VERSION)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"{Path.cwd()}/qnnctl.lock pins SDK {NEWER}, not {VERSION}: `qnnctl lock --check` and `qnnctl install "
+            f"--locked` fail until `qnnctl lock` writes it again for {VERSION}") in proc.stderr
+    assert "not installed" not in proc.stderr
+
+
+# -- 8: a mistyped mirror port ----------------------------------------------------------------------
+
+
+def test_a_refused_connection_to_the_mirror_fails_at_once_naming_it(cache_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("QNNCTL_MIRROR", f"http://127.0.0.1:{port}/qairt")
+    proc = run_qnnctl("install", VERSION)
+    assert proc.returncode == 3, proc.stderr
+    assert f"cannot reach the mirror: http://127.0.0.1:{port}/qairt/index.json: the connection was refused" \
+        in proc.stderr
+    assert "check the host and port of QNNCTL_MIRROR" in proc.stderr
+    # One brief retry, of the index only: the archive is never asked for.
+    assert proc.stderr.count("retrying") == 1, proc.stderr
+    assert "downloading" not in proc.stderr
+
+
+# -- 9: what comes next ---------------------------------------------------------------------------
+
+
+def test_install_on_a_terminal_says_what_comes_next(mirror: FaultServer, cache_dir: Path) -> None:
+    code, out, seen = run_qnnctl_on_a_terminal("install")
+    assert code == 0, seen
+    assert out == f"{cache_dir}/sdks/{VERSION}\n"  # stdout is as it was, for scripts
+    assert (b'qnnctl: next: `eval "$(qnnctl env)"` sets this shell up for SDK ' + VERSION.encode()
+            + b"; `qnnctl doctor` then checks the setup") in seen
+    # Piped, nobody reads it.
+    proc = run_qnnctl("install")
+    assert proc.returncode == 0, proc.stderr
+    assert "next:" not in proc.stderr
+
+
+def test_after_install_of_another_version_the_next_step_names_it(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, NEWER)
+    install_tree_into_cache(cache_dir, VERSION)
+    code, _, seen = run_qnnctl_on_a_terminal("install", VERSION)  # `qnnctl env` would take the newest
+    assert code == 0, seen
+    assert f'`eval "$(qnnctl env {VERSION})"`'.encode() in seen
+
+
+def test_the_main_help_starts_with_the_four_main_commands_and_gives_examples() -> None:
+    proc = run_qnnctl("--help")
+    assert proc.returncode == 0
+    sections = [line for line in proc.stdout.splitlines() if line and not line.startswith(" ")]
+    assert sections[2:] == ["Start here:", "Projects and fleets:", "Housekeeping:", "The phone side:"], sections
+    first = proc.stdout.split("Start here:\n", 1)[1].split("\n\n", 1)[0]
+    assert [line.split()[0] for line in first.splitlines()] == ["install", "env", "doctor", "lower"]
+    assert 'eval "$(qnnctl env)"' in proc.stdout.split("Examples:", 1)[1]
