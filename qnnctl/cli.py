@@ -181,7 +181,7 @@ _SECTIONS = (
     ("Start here", ("install", "env", "doctor", "lower")),
     ("Projects and fleets", ("use", "lock", "link", "mirror")),
     ("Housekeeping", ("list", "which", "uninstall", "cache")),
-    ("The phone side", ("device",)),
+    ("Models and phones", ("inspect", "device")),
 )
 _EXAMPLES = """\b
 Examples:
@@ -526,10 +526,10 @@ def lock(version: str | None, check: bool) -> None:
     if check:
         from qnnctl.lockfile import check_lock
 
-        found = check_lock(version, os.environ, Path.cwd(), _cache())
-        if version is None:
+        if version is None:  # said first: it may be why the check fails
             _say_pin_conflict("without this shell's SDK (as in CI), `qnnctl lock --check` checks the lock "
                               "against the pin")
+        found = check_lock(version, os.environ, Path.cwd(), _cache())
         state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
         log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
         return

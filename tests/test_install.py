@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import qnnctl
+import qnnctl.commit
 from qnnctl.cache import MANIFEST_NAME, read_manifest
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
@@ -239,6 +240,7 @@ class Renames:
         self.sdks = sdks
         self.into_sdks: list[tuple[Path, dict[str, object] | None, bool]] = []
         self.real = os.replace
+        self.real_exchange = qnnctl.commit.exchange
 
     def __call__(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         source, target = Path(src), Path(dst)
@@ -247,6 +249,12 @@ class Renames:
             whole = (source / LIB / "libQnnHtp.so").is_file() and (source / BIN / "qnn-net-run").is_file()
             self.into_sdks.append((target, read_manifest(source), whole))
         self.real(src, dst)
+
+    def exchange(self, new: Path, old: Path) -> None:
+        """An SDK replaced (--force, components added): the two folders swap places in one step."""
+        whole = (new / LIB / "libQnnHtp.so").is_file() and (new / BIN / "qnn-net-run").is_file()
+        self.into_sdks.append((old, read_manifest(new), whole))
+        self.real_exchange(new, old)
 
 
 @pytest.mark.parametrize("how", ["mirror", "file", "force"])
@@ -262,6 +270,7 @@ def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_d
         install(InstallRequest(), cache, dict(os.environ), Path.cwd())
     renames = Renames(cache_dir / "sdks")
     monkeypatch.setattr(os, "replace", renames)
+    monkeypatch.setattr(qnnctl.commit, "exchange", renames.exchange)
     if how == "file":
         (tmp_path / "a").mkdir()
         request = InstallRequest(file=build_archive(tmp_path / "a", "zip"))
