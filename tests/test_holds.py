@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -341,3 +342,28 @@ def test_an_sdk_removed_before_it_was_held_is_not_used(cache_dir: Path, tmp_path
     assert held_by(cache, VERSION) == []
     elsewhere = build_sdk_tree(tmp_path / "elsewhere" / VERSION)
     assert hold_sdk(elsewhere, cache) is None  # qnnctl never removes it: nothing to hold
+
+
+def test_doctor_names_a_held_sdk_removed_under_its_pipeline(cache_dir: Path, tmp_path: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    other = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    env = {**os.environ, "QNNCTL_FORCE_CPU_VENDOR": "GenuineIntel"}
+
+    def cache_check() -> dict[str, str]:
+        result = run_qnnctl("doctor", "--json", "--offline", "--sdk", OTHER_VERSION, env=env)
+        return next(check for check in json.loads(result.stdout)["checks"] if check["id"] == "cache")
+
+    with pipeline(tmp_path) as running, pipeline(tmp_path, OTHER_VERSION, "other"):
+        assert cache_check()["status"] == "ok"  # held and whole: nothing to say
+        # What no qnnctl does (an uninstall leaves a held SDK in place): removed by hand.
+        shutil.rmtree(root)
+        (other / HTP).unlink()
+        check = cache_check()
+        running.finish()
+    assert check["status"] == "warn"
+    assert f"SDK {VERSION} is in use by PID {running.pid} (sh -c " in check["detail"]
+    assert f"but {root} is gone: removed by hand or by a qnnctl that did not know holds" in check["detail"]
+    assert f"SDK {OTHER_VERSION} is in use by PID " in check["detail"]
+    assert f"but {other} is missing {HTP}" in check["detail"]
+    assert f"let them end, then `qnnctl install --force {VERSION}`" in check["hint"]
+    assert f"SDK {VERSION} is in use" not in cache_check()["detail"]  # its pipeline has ended
