@@ -60,10 +60,13 @@ class HeldError(QnnctlError):
         self.version = version
         self.root = root
         self.holders = holders
-        command = "qnnctl install --force --wait" if doing == "replaced" else "qnnctl uninstall --wait"
+        # A reinstall is `install --force` or an install that adds components: the same command
+        # with --wait, whichever it was.
+        wait = "the same `qnnctl install` with --wait" if doing == "replaced" else \
+            f"`qnnctl uninstall --wait {version}`"
         super().__init__(
             f"SDK {version} ({root}) is in use by {describe_holders(holders)}; it was not {doing}",
-            hint=f"run it again once that process has ended, or `{command} {version}` to wait for it",
+            hint=f"run it again once that process has ended, or {wait} to wait for it",
         )
 
 

@@ -234,8 +234,8 @@ def test_install_force_leaves_the_sdk_of_a_running_pipeline_without_downloading(
         code, out, err = running.finish()
     assert (code, out) == (0, f"{root / HTP}\n"), err
     assert forced.returncode == 1, forced.stderr
-    assert "; it was not replaced\nqnnctl: hint: run it again once that process has ended, or `qnnctl install " \
-           f"--force --wait {VERSION}` to wait for it\n" in forced.stderr
+    assert forced.stderr.endswith("; it was not replaced\nqnnctl: hint: run it again once that process has ended, "
+                                  "or the same `qnnctl install` with --wait to wait for it\n")
     assert forced.stderr.startswith(_in_use(running.pid, VERSION, root))
     assert forced.stdout == ""
     assert len(mirror.requests_for(PATH)) == 1  # the first install's: nothing fetched for nothing
@@ -367,3 +367,24 @@ def test_doctor_names_a_held_sdk_removed_under_its_pipeline(cache_dir: Path, tmp
     assert f"but {other} is missing {HTP}" in check["detail"]
     assert f"let them end, then `qnnctl install --force {VERSION}`" in check["hint"]
     assert f"SDK {VERSION} is in use" not in cache_check()["detail"]  # its pipeline has ended
+
+
+def test_components_added_to_a_held_sdk_wait_for_its_pipeline(mirror: FaultServer, cache_dir: Path,
+                                                               tmp_path: Path) -> None:
+    installed = run_qnnctl("install", VERSION, "--components", "host")
+    assert installed.returncode == 0, installed.stderr
+    root = Path(installed.stdout.strip())
+    with pipeline(tmp_path) as running:
+        added = run_qnnctl("install", VERSION, "--components", "host,docs")
+        assert not (root / "docs").exists()
+        waiting = _waiting(["install", VERSION, "--components", "host,docs", "--wait"],
+                           f"qnnctl: waiting for PID {running.pid} (sh -c ")
+        code, out, err = running.finish()
+    assert (code, out) == (0, f"{root / HTP}\n"), err
+    assert added.returncode == 1, added.stderr
+    assert f"SDK {VERSION} ({root}) is in use by PID {running.pid} (sh -c " in added.stderr
+    assert "it was not replaced" in added.stderr
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    assert (root / "docs" / "payload.bin").is_file()
+    assert (read_manifest(root) or {})["components"] == ["host", "docs"]
