@@ -388,3 +388,27 @@ def test_components_added_to_a_held_sdk_wait_for_its_pipeline(mirror: FaultServe
     assert waiting.returncode == 0, err
     assert (root / "docs" / "payload.bin").is_file()
     assert (read_manifest(root) or {})["components"] == ["host", "docs"]
+
+
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_a_python_pipeline_holds_its_sdk_through_the_bootstrap_too(cache_dir: Path, tmp_path: Path,
+                                                                   vendor: str) -> None:
+    # On AMD, `python -I` skips qnnctl's sitecustomize, so lower starts it through its bootstrap:
+    # the hold must live through that exec too.
+    install_tree_into_cache(cache_dir, VERSION)
+    started = tmp_path / "started"
+    code = "import sys; open(sys.argv[1], 'w').close(); sys.stdin.readline()"
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "lower", "--sdk", VERSION, "--", sys.executable, "-I",
+                             "-c", code, str(started)],
+                            env={**os.environ, "QNNCTL_FORCE_CPU_VENDOR": vendor}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for("the pipeline", started, proc)
+        holders = held_by(Cache(cache_dir), VERSION)
+        assert [holder.pid for holder in holders] == [proc.pid]
+        assert holders[0].command.startswith(f"{sys.executable} -I ")
+        assert ("bootstrap.py" in holders[0].command) == (vendor == "AuthenticAMD")
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0
+    assert held_by(Cache(cache_dir), VERSION) == []
