@@ -186,23 +186,23 @@ def _lock_pids(key: str) -> set[int]:
 def _sharing_pids(real: str, key: str) -> set[int]:
     """Every process with a descriptor of the file at `real` that carries a lock on it."""
     pids: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    with os.scandir("/proc") as entries:
+        processes = [entry.name for entry in entries if entry.name.isdigit()]
+    for pid in processes:
         try:
-            fds = os.listdir(f"/proc/{entry.name}/fd")
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:  # ended meanwhile, or another user's
             continue
         for fd in fds:
             try:
-                if os.readlink(f"/proc/{entry.name}/fd/{fd}") != real:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != real:
                     continue
-                with open(f"/proc/{entry.name}/fdinfo/{fd}", encoding="ascii", errors="replace") as handle:
+                with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as handle:
                     info = handle.read()
             except OSError:
                 continue
             if any(line.startswith("lock:") and key in line and "->" not in line for line in info.splitlines()):
-                pids.add(int(entry.name))
+                pids.add(int(pid))
                 break
     return pids
 
