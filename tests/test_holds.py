@@ -412,3 +412,14 @@ def test_a_python_pipeline_holds_its_sdk_through_the_bootstrap_too(cache_dir: Pa
         proc.communicate("\n", timeout=60)
     assert proc.returncode == 0
     assert held_by(Cache(cache_dir), VERSION) == []
+
+
+def test_a_hold_that_cannot_be_made_is_said_and_the_pipeline_runs(cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (cache_dir / "holds").write_text("")  # no folder can be made there, as in a cache this user cannot write to
+    result = run_qnnctl("lower", "--sdk", VERSION, "--", "sh", "-c", f'ls "$QNN_SDK_ROOT/{HTP}"')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{root / HTP}\n"
+    hold_file = cache_dir / "holds" / f"{VERSION}.hold"
+    assert result.stderr.startswith(f"qnnctl: warning: cannot hold SDK {VERSION} ({hold_file}: ")
+    assert result.stderr.endswith("): an uninstall could remove it while it is in use\n")
