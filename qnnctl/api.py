@@ -51,6 +51,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sdk: Sdk | None = None  # success is remembered; a failure is not
+        self.hold: int | None = None  # the SDK's hold (qnnctl.holds), kept open until the process ends
         self.warned_no_cpuinfo = False
 
 
@@ -103,10 +104,12 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
 def _setup(spec: str | None) -> Sdk:
     from qnnctl.cache import Cache
     from qnnctl.environment import ensure_loadable, environment_for, resolve_sdk
+    from qnnctl.holds import hold_sdk
     from qnnctl.sdk import BY_ENV
 
     environ = os.environ
     saved = {name: environ.get(name) for name in MANAGED}
+    held: int | None = None
     try:
         cache = Cache.from_env(environ)
         from qnnctl.shell import check_cache_path
@@ -115,6 +118,8 @@ def _setup(spec: str | None) -> Sdk:
         selection, sdk = resolve_sdk(spec, environ, Path.cwd(), cache)
         if sdk is None:
             return _caller_managed(environ)
+        # Held for the life of this process: its libraries stay loaded, and it may load more.
+        held = hold_sdk(sdk.root, cache)
         # As `qnnctl install` does: a host without libc++ gets the staged trio, which this
         # process must load before the SDK's libraries (its loader never saw LD_LIBRARY_PATH).
         ensure_loadable(sdk, environ, cache)
@@ -126,7 +131,10 @@ def _setup(spec: str | None) -> Sdk:
     except BaseException:
         for name, value in saved.items():
             _set(name, value)
+        if held is not None:
+            os.close(held)
         raise
+    _state.hold = held
     log.debug("SDK %s set up from %s", sdk.version, sdk.root)
     return sdk
 

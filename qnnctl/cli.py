@@ -19,6 +19,8 @@ from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
 if TYPE_CHECKING:
     import logging
 
+    from qnnctl.holds import HeldError
+
 
 class _Logger:
     """The "qnnctl" logger, imported and set up on first use.
@@ -219,6 +221,8 @@ def _complete_components(ctx: click.Context, param: click.Parameter, incomplete:
 @click.option("--file", "file", type=click.Path(path_type=Path), help="Install from an archive on disk.")
 @click.option("--sha256", metavar="HEX", help="Expected sha256 of the archive.")
 @click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed.")
+@click.option("--wait", is_flag=True,
+              help="Wait for the processes that use the SDK to end before replacing it, rather than fail.")
 @click.option("--locked", is_flag=True, help="Fail unless the project's qnnctl.lock pins this SDK.")
 @click.option("--components", metavar="LIST", shell_complete=_complete_components,
               help="Only these parts of the SDK, fetched by Range requests: host, android, hexagon-vNN, "
@@ -227,7 +231,7 @@ def _complete_components(ctx: click.Context, param: click.Parameter, incomplete:
 @click.option("--runtime-from", "runtime_from", multiple=True, type=click.Path(path_type=Path),
               help="Stage them from this .deb, .rpm, .tar.xz or folder (repeatable; implies --runtime).")
 def install(version: str | None, url: str | None, file: Path | None, sha256: str | None, force: bool,
-            locked: bool, components: str | None, runtime: bool, runtime_from: tuple[Path, ...]) -> None:
+            wait: bool, locked: bool, components: str | None, runtime: bool, runtime_from: tuple[Path, ...]) -> None:
     """Install an SDK (or find one already on disk); print its root on stdout.
 
     VERSION is a full version (2.37.0.250724) or a prefix of a known release (2.37). Without
@@ -235,8 +239,10 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     a .qnn-version pin, else the version the installed ExecuTorch expects, else the newest SDK
     already installed, else the default. An exported but empty QNN_SDK_ROOT means the caller
     manages the SDK: nothing is installed. In a project with a qnnctl.lock, the archive (or the
-    SDK found on disk) must match it (exit 4).
+    SDK found on disk) must match it (exit 4). An installed SDK that a running process uses is
+    never replaced (exit 1, naming the process; --wait waits for it to end).
     """
+    from qnnctl.holds import wait_for_holders
     from qnnctl.install import InstallRequest
     from qnnctl.install import install as do_install
     from qnnctl.shell import check_cache_path
@@ -254,6 +260,7 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
                              components=parts)
+    wait_for_holders.set(wait)
     terminal = _stderr_is_terminal()
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=terminal)
     if runtime or runtime_from:
@@ -387,7 +394,11 @@ def list_(as_json: bool) -> None:
                        "drops the link")
         build = f"build {row['build_id']}" if row["build_id"] else "build unknown"
         parts = "" if row["components"] == ["all"] else f"; components {','.join(row['components'])}"
-        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  ({row['origin']}{damaged}{parts})")
+        users = ", ".join(f"PID {h['pid']} ({h['command']})" if h["command"] else f"PID {h['pid']}"
+                          for h in row["held_by"])
+        used = f"; in use by {users}" if users else ""
+        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  "
+                   f"({row['origin']}{damaged}{parts}{used})")
 
 
 @cli.command(short_help="The library or tool a process would use, as the loader or PATH finds it.")
@@ -463,13 +474,18 @@ def _say_pin_conflict(more: str = "") -> None:
 @click.argument("versions", nargs=-1, metavar="[VERSION]...", shell_complete=complete_installed)
 @click.option("--except", "keep", is_flag=True, help="Remove every SDK of qnnctl's cache but the VERSIONs given.")
 @click.option("--all", "everything", is_flag=True, help="Remove every SDK of qnnctl's cache.")
-def uninstall(versions: tuple[str, ...], keep: bool, everything: bool) -> None:
+@click.option("--wait", is_flag=True, help="Wait for the processes that use an SDK to end, rather than leave it.")
+def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: bool) -> None:
     """Remove SDKs from qnnctl's cache; for a linked SDK (`qnnctl link`), only the link.
 
-    Stores and linked folders are never changed. With --except or --all, an SDK that a running
-    install holds is left alone, and the space freed is reported.
+    Stores and linked folders are never changed. An SDK that a running process uses (a `qnnctl
+    lower` pipeline, a Python that called setup_sdk()) is left in place, naming the process, and
+    the others are removed; the exit code is then 1 (--wait: wait for it to end instead). With
+    --except or --all, an SDK that a running install holds is left alone, and the space freed is
+    reported.
     """
     from qnnctl.errors import UsageError
+    from qnnctl.holds import HeldError
 
     if keep and everything:
         raise UsageError("--except and --all cannot be used together")
@@ -483,18 +499,39 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool) -> None:
             raise UsageError("give the VERSION to remove", hint="or `qnnctl uninstall --except VERSION...` / `--all`")
         from qnnctl.install import uninstall as do_uninstall
 
+        held: list[HeldError] = []
         for version in versions:
-            removed = do_uninstall(version, _cache(), os.environ)
+            try:
+                removed = do_uninstall(version, _cache(), os.environ, wait=wait)
+            except HeldError as exc:
+                held.append(exc)
+                continue
             log.info("removed %s", removed)
+        _left_in_place(held)
         return
     from qnnctl.prune import mib, prune
 
-    pruned = prune(versions, everything, _cache(), os.environ)
+    pruned = prune(versions, everything, _cache(), os.environ, wait=wait)
     for version, root in pruned.busy:
         log.warning("SDK %s (%s) is held by a running install; left alone", version, root)
     if pruned.kept:
         log.info("kept %s", ", ".join(pruned.kept))
     log.info("removed %d SDK(s), freed %s", len(pruned.removed), mib(pruned.freed))
+    _left_in_place(pruned.held)
+
+
+def _left_in_place(held: list[HeldError]) -> None:
+    """SDKs an uninstall left because running processes use them: one is the error itself;
+    several are each named, then summed up in the error (exit 1 either way)."""
+    if len(held) == 1:
+        raise held[0]
+    if held:
+        for error in held:
+            log.warning("%s", error.message)
+        versions = " ".join(error.version for error in held)
+        raise QnnctlError(f"{len(held)} SDKs in use were left in place: {versions.replace(' ', ', ')}",
+                          hint=f"run it again once those processes have ended, or `qnnctl uninstall --wait "
+                          f"{versions}` to wait for them")
 
 
 @cli.command(short_help="Record an existing SDK folder, so that every command can select it.")

@@ -24,6 +24,7 @@ from qnnctl import __version__
 from qnnctl.archive import archive_kind
 from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
 from qnnctl.errors import IntegrityError
+from qnnctl.holds import exclusive, wait_for_holders
 from qnnctl.identity import version_of_build
 from qnnctl.sdk import Sdk, missing_layout, read_build_id, version_claims
 from qnnctl.versions import archive_name
@@ -194,8 +195,10 @@ def commit(
         if not force and (destination / MANIFEST_NAME).is_file() and not missing_layout(destination):
             return Sdk(destination, version, "qnnctl cache")
         # A folder without a manifest, components added, or --force: the new folder takes its
-        # place in one step, so that no reader sees the SDK missing and no kill leaves none.
-        exchange(root, destination)
+        # place in one step, so that no reader sees the SDK missing and no kill leaves none;
+        # never while a running process uses it (qnnctl.holds).
+        with exclusive(cache, version, destination, "replaced", wait_for_holders.get()):
+            exchange(root, destination)
     else:
         os.replace(root, destination)
     fsync_dir(cache.sdks)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError, UsageError
+from qnnctl.holds import HOLDS_FOLDER, describe_holders, held_by
 from qnnctl.host import glibc_version
 from qnnctl.probe import HTP_BACKEND_ID, Loaded, probe
 from qnnctl.sdk import (
@@ -32,6 +33,7 @@ from qnnctl.sdk import (
     Sdk,
     Selection,
     caller_lib_dir,
+    missing_layout,
     pin_conflict,
     read_sdk_version,
     resolve_installed,
@@ -896,6 +898,10 @@ def check_cache(ctx: Context) -> Outcome:
             leftovers.append(f"{len(stale)} folder(s) left by interrupted installs in {cache.tmp}")
         problems.append(", ".join(leftovers))
         hints.append("`qnnctl install` resumes a partial download; `qnnctl cache clean` removes them")
+    for version, state, holders in _held_and_gone(cache):
+        problems.append(f"SDK {version} is in use by {holders}, but {state}: removed by hand or by a qnnctl "
+                        "that did not know holds; those processes may fail to load a library")
+        hints.append(f"let them end, then `qnnctl install --force {version}`")
     staged = ""
     if cache.runtime.is_dir():
         from qnnctl.runtime import staged_runtimes
@@ -905,6 +911,35 @@ def check_cache(ctx: Context) -> Outcome:
     if problems:
         return warn(f"{where}: " + "; ".join(problems) + staged, "; ".join(hints))
     return ok(f"{where}: writable, {_gib(free)} free{staged}")
+
+
+def _held_and_gone(cache: Cache) -> list[tuple[str, str, str]]:
+    """(version, what is wrong, its holders) for each SDK that a running process holds and that is
+    no longer whole in the cache.
+
+    qnnctl itself never leaves this: uninstall and a reinstall move an SDK out of sdks/ (one
+    rename) only while they hold its exclusive lock, which no hold can share, and a new hold
+    checks that the SDK is still there once it has its lock; an interrupted uninstall leaves the
+    half-removed folder in tmp/, which nothing holds. A folder removed by hand, or by an older
+    qnnctl, under a running pipeline is what this finds.
+    """
+    folder = cache.root / HOLDS_FOLDER
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*.hold")):
+        version = path.name.removesuffix(".hold")
+        root = cache.sdk_dir(version)
+        if not (root / MANIFEST_NAME).is_file():
+            state = f"{root} is gone"
+        elif missing := missing_layout(root):
+            state = f"{root} is missing {', '.join(missing)}"
+        else:
+            continue
+        holders = held_by(cache, version)
+        if holders:
+            found.append((version, state, describe_holders(holders)))
+    return found
 
 
 def check_network(ctx: Context) -> Outcome:

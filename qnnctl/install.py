@@ -187,6 +187,8 @@ def install(
                 check_installed_sha256(found_sdk, sha256)
             return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
         remove_stale_work(cache, version)
+        if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
+            _free_to_replace(cache, version)  # before a download that could not be installed
         from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
         from qnnctl.mirror import mirror_entry
@@ -381,6 +383,15 @@ def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -
         )
 
 
+def _free_to_replace(cache: Cache, version: str) -> None:
+    """An SDK about to be replaced that a running process holds: said now (or waited for with
+    --wait), not after the download; the replace checks again."""
+    from qnnctl.holds import exclusive, wait_for_holders
+
+    with exclusive(cache, version, cache.sdk_dir(version), "replaced", wait_for_holders.get()):
+        pass
+
+
 def _build(
     archive: Path,
     version: str,
@@ -517,10 +528,11 @@ def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) ->
     return _reused(result, InstallRequest(locked=lock_check[1]), lock_check[0])
 
 
-def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None) -> Path:
+def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None, wait: bool = False) -> Path:
     """Remove an SDK from qnnctl's cache (never from anywhere else); for a linked SDK, the link
     only (`qnnctl link`: the folder is left as it is). What was removed: the SDK's folder, else
-    the link's record."""
+    the link's record. An SDK a running process holds is left in place (HeldError naming it),
+    or with `wait`, removed once it is free."""
     from qnnctl.stores import all_links, find_in_stores, remove_link
 
     spec = as_typed(spec)
@@ -549,8 +561,12 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None)
             raise _not_installed(version)  # another qnnctl removed it meanwhile
         trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
-        # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
-        os.replace(target, trash)
+        from qnnctl.holds import exclusive
+
+        # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held,
+        # and no hold starts while it moves.
+        with exclusive(cache, version, target, "removed", wait):
+            os.replace(target, trash)
         remove_tree(trash)
     return target
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.holds import held_by
 from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_build_id, read_sdk_version
 
 
@@ -19,6 +20,8 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
     ExecuTorch's cache. `missing` is empty for a usable SDK; a damaged one in qnnctl's cache is
     still listed, so that it can be found and reinstalled (`qnnctl install --force VERSION`), and
     so is a link whose folder has gone (`missing` is then ["the folder itself"], `size` None).
+    `held_by` lists the processes using an SDK of qnnctl's cache (qnnctl.holds), each as
+    {"pid", "command"}; it is empty for the others, which qnnctl never removes.
     """
     rows: list[dict[str, Any]] = []
     for version in cache.installed_versions():
@@ -33,6 +36,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "size": size if isinstance(size, int) else tree_size(root),
             "origin": "qnnctl cache",
             "missing": missing_layout(root),
+            "held_by": [holder._asdict() for holder in held_by(cache, version)],
         })
     from qnnctl.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
 
@@ -74,6 +78,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
                 "origin": "ExecuTorch cache",
             })
     for row in rows:
+        row.setdefault("held_by", [])
         _add_components(row)
     return rows
 

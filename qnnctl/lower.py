@@ -27,6 +27,7 @@ from typing import NoReturn
 from qnnctl.bootstrap import GUARD_VARIABLE, SITE_FOLDER
 from qnnctl.cache import Cache
 from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.holds import hold_sdk
 from qnnctl.runtime import LOADER_GUARD
 from qnnctl.sdk import BY_ENV, Sdk
 from qnnctl.shell import EnvValues
@@ -86,6 +87,9 @@ class LowerPlan:
     environ: dict[str, str]  # the child's whole environment
     sdk: Sdk | None  # None when the caller manages the SDK (QNN_SDK_ROOT exported but empty)
     notes: tuple[str, ...] = ()  # what a dry run left undone (an SDK to install, and from where)
+    # The descriptor of the SDK's hold (qnnctl.holds), which the pipeline inherits: the SDK is
+    # neither removed nor replaced while the pipeline (or a child that shares it) runs.
+    hold: int | None = None
 
 
 def parse_target(tokens: Sequence[str]) -> Target:
@@ -320,10 +324,12 @@ def plan_lower(
     from qnnctl.environment import resolve_for_dry_run, resolve_sdk
 
     notes: list[str] = []
+    held: int | None = None
     if options.dry_run:
         selection, sdk, notes = resolve_for_dry_run(options.spec, environ, cwd, cache, options.install)
     else:
         selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
+        held = hold_sdk(sdk.root, cache) if sdk is not None else None
         if sdk is not None and options.install:
             _ensure_trio(sdk, environ, cache)
     changes: EnvValues = {}
@@ -351,7 +357,8 @@ def plan_lower(
     argv, child = under_loader(argv, child, loader)
     if LOADER_GUARD in child and LOADER_GUARD not in environ:
         changes[LOADER_GUARD] = child[LOADER_GUARD]
-    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk, notes=tuple(notes))
+    return LowerPlan(argv=argv, changes=changes, environ=child, sdk=sdk, notes=tuple(notes),
+                     hold=held)
 
 
 def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
@@ -503,6 +510,8 @@ def exec_plan(plan: LowerPlan) -> NoReturn:
     # give the pipeline the defaults it would have had (subprocess' restore_signals does the same).
     ignored = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)]
     saved = {signum: signal.signal(signum, signal.SIG_DFL) for signum in ignored}
+    if plan.hold is not None:
+        os.set_inheritable(plan.hold, True)  # the hold lives as long as the pipeline's process
     try:
         os.execvpe(plan.argv[0], plan.argv, plan.environ)  # noqa: S606 - replacing this process is the point
     except OSError as exc:

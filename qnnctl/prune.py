@@ -1,8 +1,8 @@
 """`qnnctl uninstall --except VERSION...` and `--all`: remove the other SDKs of qnnctl's cache.
 
 Only qnnctl's own cache is pruned: stores and linked folders are never touched (nor the link
-records), and an SDK whose install lock a running qnnctl holds (`install --force` replacing
-it, say) is left alone and named.
+records), an SDK whose install lock a running qnnctl holds (`install --force` replacing
+it, say) is left alone and named, and so is one that a running process uses (qnnctl.holds).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest, remove_tree, tree_size
 from qnnctl.errors import UsageError
+from qnnctl.holds import HeldError, exclusive
 from qnnctl.versions import is_version_prefix, matches_prefix, resolve_version
 
 log = logging.getLogger("qnnctl.prune")
@@ -30,6 +31,7 @@ class Pruned(NamedTuple):
     removed: list[Removed]
     busy: list[tuple[str, Path]]  # held by a running install: left alone
     kept: list[str]  # versions of qnnctl's cache that --except kept
+    held: list[HeldError]  # in use by a running process: left in place
 
     @property
     def freed(self) -> int:
@@ -60,8 +62,10 @@ def kept_versions(specs: Sequence[str], cache: Cache, environ: Mapping[str, str]
     return keep
 
 
-def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping[str, str]) -> Pruned:
-    """Remove every SDK of qnnctl's cache but those `specs` name (all of them with `everything`)."""
+def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping[str, str],
+          wait: bool = False) -> Pruned:
+    """Remove every SDK of qnnctl's cache but those `specs` name (all of them with `everything`);
+    one in use is left in place, or with `wait`, removed once it is free."""
     from filelock import FileLock, Timeout
 
     from qnnctl.commit import work_id
@@ -70,6 +74,7 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
     removed: list[Removed] = []
     busy: list[tuple[str, Path]] = []
     kept: list[str] = []
+    held: list[HeldError] = []
     for version in cache.installed_versions():
         if version in keep:
             kept.append(version)
@@ -90,14 +95,19 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
             size = recorded if isinstance(recorded, int) else tree_size(target)
             cache.tmp.mkdir(parents=True, exist_ok=True)
             trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
-            # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
-            os.replace(target, trash)
+            # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held.
+            try:
+                with exclusive(cache, version, target, "removed", wait):
+                    os.replace(target, trash)
+            except HeldError as exc:
+                held.append(exc)
+                continue
             remove_tree(trash)
             removed.append(Removed(version, target, size))
             log.info("removed SDK %s (%s) from %s", version, mib(size), target)
         finally:
             lock.release()
-    return Pruned(removed, busy, kept)
+    return Pruned(removed, busy, kept, held)
 
 
 def mib(n: int) -> str:

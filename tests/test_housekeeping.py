@@ -52,8 +52,10 @@ def test_list_json(cache_dir: Path, tmp_path: Path) -> None:
         ("2.31.0.250130", str(theirs), "ExecuTorch cache"),
     ]
     for row in rows:
-        assert set(row) == {"version", "build_id", "root", "size", "origin", "missing", "components", "partial"}
+        assert set(row) == {"version", "build_id", "root", "size", "origin", "missing", "components", "partial",
+                            "held_by"}
         assert (row["components"], row["partial"]) == (["all"], False)
+        assert row["held_by"] == []  # nothing runs
         assert row["build_id"] is None  # these libraries carry none
         assert row["missing"] == []
         assert row["size"] == tree_size(Path(row["root"])) > 0
