@@ -561,7 +561,7 @@ def lock(version: str | None, check: bool) -> None:
     The values are taken on first use, from a download or the manifest of the installed SDK.
     """
     if check:
-        from qnnctl.lockfile import check_lock
+        from qnnctl.locking import check_lock
 
         if version is None:  # said first: it may be why the check fails
             _say_pin_conflict("without this shell's SDK (as in CI), `qnnctl lock --check` checks the lock "
@@ -570,7 +570,7 @@ def lock(version: str | None, check: bool) -> None:
         state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
         log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
         return
-    from qnnctl.lockfile import make_lock
+    from qnnctl.locking import make_lock
 
     written = make_lock(version, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal())
     log.info("trust on first use: %s Check them once against a copy you trust, then commit %s",

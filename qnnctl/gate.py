@@ -20,6 +20,13 @@ from typing import NamedTuple
 
 from qnnctl.errors import IntegrityError
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_sha256(value: object) -> bool:
+    """A sha256 digest as qnnctl writes them: 64 lowercase hex digits."""
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
 
 class Expected(NamedTuple):
     """What one source expects of an SDK's archive."""

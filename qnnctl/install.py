@@ -191,7 +191,7 @@ def install(
             _free_to_replace(cache, version)  # before a download that could not be installed
         from qnnctl.archive import ZipStream, work_folder
         from qnnctl.download import Downloader, PlainProgress, make_session, terminal_progress
-        from qnnctl.mirror import mirror_entry
+        from qnnctl.mirrorindex import mirror_entry
 
         # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
         # agree before anything is fetched, and what arrives passes the gate against each.
@@ -281,7 +281,7 @@ def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[st
     version = selection.version
     if mirror is None or version is None or find_installed(version, cache, environ) is not None:
         return selection, None
-    from qnnctl.mirror import index_url, read_index
+    from qnnctl.mirrorindex import index_url, read_index
     from qnnctl.versions import parse_version
 
     check_url(mirror, "QNNCTL_MIRROR", allow_file=False)

@@ -272,7 +272,7 @@ def version_pools(cache: Cache | None, environ: Mapping[str, str],
         yield "installed", versions_on_disk(cache, environ, usable=True)
     base = environ.get("QNNCTL_MIRROR") if mirror else None
     if base:
-        from qnnctl.mirror import index_url, indexed_versions
+        from qnnctl.mirrorindex import index_url, indexed_versions
         from qnnctl.urls import redact
 
         listed = indexed_versions(base)

@@ -797,7 +797,7 @@ def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None
 
 def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    from qnnctl.mirror import mirror_entry
+    from qnnctl.mirrorindex import mirror_entry
 
     url = f"{server.base}/index.json"
     server.add("/index.json", b"{}", "application/json")
