@@ -1095,13 +1095,14 @@ def render_json(results: Sequence[Result], strict: bool = False) -> str:
 
 
 def render_text(results: Sequence[Result]) -> str:
-    """Plain aligned columns, for logs and pipes; a hint goes on the line under its check."""
+    """Plain aligned columns, for logs and pipes; a hint goes on the line under its check, an ok
+    one's too (`qnnctl use VERSION` on an SDK chosen only because it is the newest installed)."""
     width = max((len(r.id) for r in results), default=0)
     indent = " " * (6 + width + 2)
     lines = []
     for r in results:
         lines.append(f"{r.status:<6}{r.id:<{width}}  {r.detail}")
-        if r.hint and r.status != OK:
+        if r.hint:
             lines.append(f"{indent}hint: {r.hint}")
     lines.append(summary(results))
     return "\n".join(lines) + "\n"
@@ -1125,7 +1126,7 @@ def render_table(results: Sequence[Result], width: int | None = None) -> str:
     table.add_column("detail", overflow="fold")
     for r in results:
         detail = Text(r.detail)
-        if r.hint and r.status != OK:
+        if r.hint:
             detail.append("\nhint: " + r.hint, style="cyan")
         table.add_row(Text(r.status, style=_STYLES[r.status]), r.id, detail)
     buffer = io.StringIO()

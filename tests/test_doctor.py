@@ -586,6 +586,24 @@ def test_a_terminal_gets_the_table(tmp_path: Path) -> None:
     assert "libraries" in out
 
 
+def test_the_report_shows_an_ok_checks_hint_piped_and_on_a_terminal(cache_dir: Path) -> None:
+    """An SDK chosen only because it is the newest installed: `qnnctl use VERSION`, as the
+    README promises, in the text and the table alike, not only in --json."""
+    install_tree_into_cache(cache_dir)
+    pin = f"`qnnctl use {VERSION}`"
+    piped = run_qnnctl("doctor", "--offline")
+    lines = piped.stdout.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith("ok    sdk.selection")]
+    assert lines[at + 1].strip() == f"hint: pin it for this project so that it stays the choice: {pin}", piped.stdout
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "doctor", "--offline"],
+                            stdout=follower, stderr=subprocess.DEVNULL, env=dict(os.environ, COLUMNS="300"))
+    os.close(follower)
+    table = re.sub(r"\x1b\[[0-9;]*m", "", read_terminal(leader).decode())
+    proc.wait(timeout=120)
+    assert pin in table, table
+
+
 # -- cpu, cache, network ---------------------------------------------------------------------
 
 
