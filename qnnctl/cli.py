@@ -15,6 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
+from qnnctl.words import plural
 
 if TYPE_CHECKING:
     import logging
@@ -223,8 +224,20 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         log.info("QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; nothing to install")
         return
     if result.action == "reused":
-        log.info("SDK %s is already installed (%s)", result.sdk.version, result.sdk.origin)
+        log.info("SDK %s %s", result.sdk.version, _found_where(result.sdk.origin))
     click.echo(str(result.sdk.root))
+
+
+def _found_where(origin: str) -> str:
+    """Where `install` found an SDK it did not have to install, from its Sdk.origin."""
+    if origin == "qnnctl env":
+        return "is the one this shell was set up for (`qnnctl env`): nothing to install"
+    if origin == "QNN_SDK_ROOT":
+        return "is the one QNN_SDK_ROOT names: nothing to install"
+    places = {"qnnctl cache": "in qnnctl's cache", "ExecuTorch cache": "in ExecuTorch's cache",
+              "link": "as a link (`qnnctl link`)"}
+    where = places.get(origin, f"in {origin}" if origin.startswith("store ") else f"({origin})")
+    return f"is already installed {where}"
 
 
 def _stage_missing_trio(sdk: Any) -> None:
@@ -386,7 +399,7 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool) -> None:
         log.warning("SDK %s (%s) is held by a running install; left alone", version, root)
     if pruned.kept:
         log.info("kept %s", ", ".join(pruned.kept))
-    log.info("removed %d SDK(s), freed %s", len(pruned.removed), mib(pruned.freed))
+    log.info("removed %s, freed %s", plural(len(pruned.removed), "SDK"), mib(pruned.freed))
 
 
 @cli.command(short_help="Record an existing SDK folder, so that every command can select it.")
@@ -425,8 +438,8 @@ def lock(version: str | None, check: bool) -> None:
     from qnnctl.lockfile import make_lock
 
     written = make_lock(version, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal())
-    log.info("trust on first use: %s Check them once against a copy you trust, then commit %s",
-             written.trust, written.path.name)
+    log.info("trust on first use: %s%s Check them once against a copy you trust, then commit %s",
+             written.trust[:1].lower(), written.trust[1:], written.path.name)
     replaced = written.replaced
     if replaced is not None and (replaced.version, replaced.sha256) != (written.lock.version, written.lock.sha256):
         log.warning("replaced the lock of SDK %s (sha256 %s) with SDK %s (sha256 %s)", replaced.version,

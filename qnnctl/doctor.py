@@ -38,6 +38,7 @@ from qnnctl.sdk import (
 )
 from qnnctl.shell import EnvValues, apply, split_path
 from qnnctl.urls import redact
+from qnnctl.words import plural
 
 if TYPE_CHECKING:
     from qnnctl.elf import Closure
@@ -59,7 +60,7 @@ PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PRO
 LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
 LIBCXX_HINT = (
     "run `qnnctl install --runtime` (stages them into qnnctl's cache, no root needed); or on "
-    "Debian/Ubuntu: `sudo apt-get install libc++1 libc++abi1 libunwind-14`"
+    "Debian/Ubuntu: `sudo apt-get install libc++1-14 libc++abi1-14 libunwind-14`"
 )
 
 
@@ -807,7 +808,7 @@ def check_cache(ctx: Context) -> Outcome:
     if read_only:
         # A shared cache, filled by its owner: `env` and `lower` use its SDKs as they are.
         installed = cache.installed_versions()
-        problems.append(f"read-only for you ({len(installed)} SDK(s): env, lower and doctor use "
+        problems.append(f"read-only for you ({plural(len(installed), 'SDK')}: env, lower and doctor use "
                         "them); install, uninstall, `cache clean` and staging a runtime cannot write here")
         hints.append("to install, point QNNCTL_CACHE_DIR at a folder of your own, or ask the "
                      "cache's owner to run `qnnctl install VERSION`")
@@ -821,13 +822,13 @@ def check_cache(ctx: Context) -> Outcome:
         size = sum(p.stat().st_size for p in partial)
         leftovers = []
         if partial:
-            leftovers.append(f"{len(partial)} partial download(s) ({size / (1 << 20):.0f} MiB: "
+            leftovers.append(f"{plural(len(partial), 'partial download')} ({size / (1 << 20):.0f} MiB: "
                              f"{_some([p.name for p in partial], 3)})")
         if records:
-            leftovers.append(f"{len(records)} record(s) of downloads that did not finish "
+            leftovers.append(f"{plural(len(records), 'record')} of downloads that did not finish "
                              f"({_some([p.name for p in records], 3)})")
         if stale:
-            leftovers.append(f"{len(stale)} folder(s) left by interrupted installs in {cache.tmp}")
+            leftovers.append(f"{plural(len(stale), 'folder')} left by interrupted installs in {cache.tmp}")
         problems.append(", ".join(leftovers))
         hints.append("`qnnctl install` resumes a partial download; `qnnctl cache clean` removes them")
     staged = ""
@@ -899,7 +900,7 @@ def check_network(ctx: Context) -> Outcome:
         hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
     else:
         status = response.status_code
-        detail = f"{source} answered HTTP {status} for {shown} ({via})"
+        detail = f"{source} answered HTTP {status} for {shown}, {via}"
         if status == 404:
             return warn(detail, hint="the archive is not there; check the version or QNNCTL_MIRROR")
         if status in (401, 403, 407) or status >= 500:
@@ -975,11 +976,12 @@ def check_stores(ctx: Context) -> Outcome:
         else:
             versions = found.get(store, [])
             writable = os.access(store, os.W_OK)
-            parts.append(f"store {store}: {len(versions)} SDK(s)" + (f" ({_some(versions, 3)})" if versions else "")
+            parts.append(f"store {store}: {plural(len(versions), 'SDK')}"
+                         + (f" ({_some(versions, 3)})" if versions else "")
                          + ("" if writable else ", read-only"))
     dangling = [link for link in links if link.dangling]
     if links:
-        parts.append(f"{len(links) - len(dangling)} linked SDK(s)"
+        parts.append(f"{plural(len(links) - len(dangling), 'linked SDK')}"
                      + (f" ({_some([f'{lk.version} at {lk.root}' for lk in links if not lk.dangling], 3)})"
                         if len(links) > len(dangling) else ""))
     for link in dangling:
@@ -1085,8 +1087,9 @@ def exit_code(results: Sequence[Result], strict: bool = False) -> int:
 
 def summary(results: Sequence[Result]) -> str:
     counts = {status: sum(1 for r in results if r.status == status) for status in STATUSES}
-    words = {OK: "ok", WARN: "warning(s)", FAIL: "failed", SKIP: "skipped"}
-    return ", ".join(f"{counts[s]} {words[s]}" for s in (FAIL, WARN, OK, SKIP) if counts[s])
+    words = {OK: f"{counts[OK]} ok", WARN: plural(counts[WARN], "warning"), FAIL: f"{counts[FAIL]} failed",
+             SKIP: f"{counts[SKIP]} skipped"}
+    return ", ".join(words[s] for s in (FAIL, WARN, OK, SKIP) if counts[s])
 
 
 def render_json(results: Sequence[Result], strict: bool = False) -> str:

@@ -189,7 +189,7 @@ def install(
     with version_lock(cache, version):
         found_sdk = None if request.force else find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
-            log.info("another qnnctl installed %s meanwhile", version)
+            log.debug("another qnnctl installed %s meanwhile", version)
             if sha256 is not None:
                 check_installed_sha256(found_sdk, sha256)
             return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)

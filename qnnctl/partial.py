@@ -37,6 +37,7 @@ from qnnctl.components import (
 )
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.sdk import Sdk
+from qnnctl.words import plural
 
 if TYPE_CHECKING:
     from qnnctl.download import ProgressFactory
@@ -159,7 +160,8 @@ def link_closure(choice: Choice) -> set[PurePosixPath]:
     extra = with_link_targets(choice.members, there, choice.targets)
     shown = sorted(p for p in extra if choice.members[p].kind != "dir")
     if shown:
-        log.info("%d more file(s) or link(s) that links of the components chosen lead to: %s", len(shown),
+        log.info("%s that links of the components chosen lead to: %s", plural(len(shown), "more file or link",
+                 "more files or links"),
                  ", ".join(str(p) for p in shown[:3]) + (", ..." if len(shown) > 3 else ""))
     choice.chosen.update(extra)
     return extra
@@ -294,8 +296,8 @@ class RangedInstall:
         ranges = [(e.start, e.end) for e in spans.values()]
         wanted = sum(end - start for start, end in sparse.missing(ranges))
         adding = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
-        log.info("fetching %d file(s) of %s: %s of the archive's %s", len(spans), ", ".join(adding or components),
-                 _human(wanted), _human(sparse.remote.size))
+        log.info("fetching %s of %s: %s of the archive's %s", plural(len(spans), "file"),
+                 ", ".join(adding or components), _human(wanted), _human(sparse.remote.size))
         from qnnctl.cache import require_free_space
 
         require_free_space(self.cache.downloads, wanted, "download the archive's parts")

@@ -308,7 +308,8 @@ def select_sdk(
     newest = newest_installed(cache, environ) if cache is not None else None
     if newest is not None:
         return Selection(BY_INSTALLED, "the newest SDK already installed", version=newest)
-    return Selection(BY_DEFAULT, "qnnctl's default", version=DEFAULT_VERSION)
+    return Selection(BY_DEFAULT, "nothing here names another (no pin, no QNN_SDK_ROOT, no ExecuTorch, none installed)",
+                     version=DEFAULT_VERSION)
 
 
 def shell_sdk_root(environ: Mapping[str, str]) -> str | None:

@@ -259,7 +259,7 @@ def test_push_puts_the_set_there_then_skips_what_is_the_same(sdk: Path, phones: 
     want = {**expected_set(sdk, 79), "qnn_executor_runner": runner.read_bytes()}
     assert pushed(phones, "R5CT1") == dict(sorted(want.items()))
     assert os.access(phones.path("R5CT1", f"{DEST}/qnn_executor_runner"), os.X_OK)  # the mode came along
-    assert "6 file(s) pushed" in proc.stderr
+    assert "6 files pushed" in proc.stderr
     assert sorted(phones.pushes()) == sorted(want)
 
     phones.clear_calls()
@@ -629,7 +629,7 @@ def test_doctor_warns_of_preinstalled_libraries_of_another_build(sdk: Path, phon
 
 
 @pytest.mark.parametrize(("value", "status", "says"), [
-    (f"{DEST};{DSP}", "ok", "4 folder(s), ';'-separated"),
+    (f"{DEST};{DSP}", "ok", "4 folders, ';'-separated"),
     (f"{DEST}:/vendor/lib/rfsa/adsp", "fail", "separates folders with ':'"),
     (f"{DEST};/vendor/lib/rfsa/adsp;/nowhere", "warn", "no folder /nowhere on the device"),
     (f"/vendor/lib/rfsa/adsp;{DEST}", "warn", f"it does not start with {DEST}"),

@@ -586,7 +586,7 @@ def test_a_link_into_another_component_brings_its_target(server: FaultServer, tm
     assert link.is_symlink()
     assert link.resolve().is_file()
     assert link.read_bytes() == (root / "lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so").read_bytes()
-    assert "1 more file(s) or link(s) that links of the components chosen lead to: " \
+    assert "1 more file or link that links of the components chosen lead to: " \
         f"{TOP}lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so" in result.stderr
     assert not (root / "lib/hexagon-v75").exists()
 

@@ -88,7 +88,7 @@ def test_executorch_cache_is_reused(mirror: FaultServer, tmp_path: Path, cache_d
     result = run_qnnctl("install", env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{root}\n"
-    assert f"SDK {VERSION} is already installed (ExecuTorch cache)" in result.stderr
+    assert f"SDK {VERSION} is already installed in ExecuTorch's cache" in result.stderr
     assert mirror.requests == []
     assert not (cache_dir / "sdks").exists()
 
@@ -467,8 +467,9 @@ def test_without_a_cache_nothing_installed_is_looked_for(tmp_path: Path, monkeyp
     from qnnctl.versions import DEFAULT_VERSION
 
     _only_on_sys_path(tmp_path / "no-executorch-here", monkeypatch)
-    assert select_sdk(None, {}, tmp_path, cache=None) == Selection(BY_DEFAULT, "qnnctl's default",
-                                                                   version=DEFAULT_VERSION)
+    assert select_sdk(None, {}, tmp_path, cache=None) == Selection(
+        BY_DEFAULT, "nothing here names another (no pin, no QNN_SDK_ROOT, no ExecuTorch, none installed)",
+        version=DEFAULT_VERSION)
 
 
 # -- version prefixes ------------------------------------------------------------------------
