@@ -199,6 +199,12 @@ def tree_size(root: Path) -> int:
     return total
 
 
+def unpacked_size(root: Path) -> int:
+    """An SDK's size on disk: as its manifest records it, else summed (slower on NFS)."""
+    recorded = (read_manifest(root) or {}).get("unpacked_size")
+    return recorded if isinstance(recorded, int) else tree_size(root)
+
+
 def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
     try:
         entries = list(os.scandir(root))

@@ -15,7 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
-from qnnctl.words import plural
+from qnnctl.words import plural, size_text
 
 if TYPE_CHECKING:
     import logging
@@ -323,7 +323,7 @@ def list_(as_json: bool) -> None:
         return
     width = max(len(str(r["version"])) for r in rows)
     for row in rows:
-        size = f"{row['size'] / (1 << 20):.0f} MiB" if row["size"] is not None else "?"
+        size = size_text(row["size"]) if row["size"] is not None else "?"
         damaged = f"; damaged, missing {', '.join(row['missing'])}" if row["missing"] else ""
         if row["missing"] and row["origin"] == "link":
             damaged = (f"; its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` "
@@ -389,8 +389,7 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool) -> None:
         from qnnctl.install import uninstall as do_uninstall
 
         for version in versions:
-            removed = do_uninstall(version, _cache(), os.environ)
-            log.info("removed %s", removed)
+            do_uninstall(version, _cache(), os.environ)  # says what it removed, and its size
         return
     from qnnctl.prune import mib, prune
 

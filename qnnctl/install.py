@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
+from qnnctl.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, unpacked_size, write_json_atomic
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.host import require_supported_host
 from qnnctl.paths import user_path
@@ -38,6 +38,7 @@ from qnnctl.versions import (
     resolve_version,
     version_in,
 )
+from qnnctl.words import size_text
 
 if TYPE_CHECKING:
     from qnnctl.archive import Streamed
@@ -691,9 +692,11 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None)
             raise _not_installed(version)  # another qnnctl removed it meanwhile
         trash = cache.tmp / f"{version}.uninstall.{_work_id()[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
+        size = unpacked_size(target)
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK.
         os.replace(target, trash)
         remove_tree(trash)
+    log.info("removed SDK %s (%s) from %s", version, size_text(size), target)
     return target
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.cache import Cache, read_manifest, tree_size, unpacked_size
 from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_build_id, read_sdk_version
 
 
@@ -42,7 +42,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "version": link.version,
             "build_id": link.build_id if missing else read_build_id(link.root),
             "root": str(link.root),
-            "size": None if missing else _size(link.root),
+            "size": None if missing else unpacked_size(link.root),
             "origin": LINK_ORIGIN,
             "missing": missing,
         })
@@ -51,7 +51,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "version": stored.version,
             "build_id": read_build_id(stored.root),
             "root": str(stored.root),
-            "size": _size(stored.root),
+            "size": unpacked_size(stored.root),
             "origin": store_origin(stored.store),
             "missing": [],
         })
@@ -87,8 +87,3 @@ def _add_components(row: dict[str, Any]) -> None:
     row["components"] = list(installed_components(manifest))
     row["partial"] = manifest.get("partial") is True
 
-
-def _size(root: Path) -> int:
-    """The SDK's unpacked size: as its manifest records it, else summed (slower on NFS)."""
-    recorded = (read_manifest(root) or {}).get("unpacked_size")
-    return recorded if isinstance(recorded, int) else tree_size(root)

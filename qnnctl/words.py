@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def size_text(n: int) -> str:
+    """A size in MiB, the one way `list`, `uninstall` and the download summaries say it: whole
+    MiB from 10 MiB on (`241 MiB`), one decimal below (`1.3 MiB`)."""
+    mib = n / (1 << 20)
+    return f"{mib:.0f} MiB" if mib >= 9.95 else f"{mib:.1f} MiB"
+
+
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """`1 warning`, `2 warnings`, `0 SDKs`: `nouns` where adding an s is not the plural
     (`1 folder of it`, `2 folders of it`)."""

@@ -764,6 +764,27 @@ def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None
     assert list((cache_dir / "sdks").iterdir()) == []
 
 
+def test_uninstall_says_each_size_as_list_shows_it(cache_dir: Path) -> None:
+    """One version or --all: the size freed, rounded as `qnnctl list` rounds it (240.6 MiB
+    is `241 MiB` in both)."""
+    sizes = {VERSION: 252_300_000, OTHER_VERSION: 1_363_149, THIRD: 99_000_000}
+    for version, size in sizes.items():
+        root = install_tree_into_cache(cache_dir, version)
+        manifest = json.loads((root / ".qnnctl.json").read_text())
+        (root / ".qnnctl.json").write_text(json.dumps({**manifest, "unpacked_size": size}))
+    listed = run_qnnctl("list").stdout
+    for shown in ("241 MiB", "1.3 MiB", "94 MiB"):
+        assert f"  {shown}  " in listed, listed
+    one = run_qnnctl("uninstall", VERSION)
+    assert (one.returncode, one.stdout) == (0, ""), one.stderr
+    assert one.stderr == f"qnnctl: removed SDK {VERSION} (241 MiB) from {cache_dir / 'sdks' / VERSION}\n"
+    rest = run_qnnctl("uninstall", "--all")
+    assert rest.returncode == 0, rest.stderr
+    assert f"removed SDK {OTHER_VERSION} (1.3 MiB)" in rest.stderr
+    assert f"removed SDK {THIRD} (94 MiB)" in rest.stderr
+    assert rest.stderr.endswith("qnnctl: removed 2 SDKs, freed 96 MiB\n"), rest.stderr
+
+
 def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     from qnnctl.mirror import mirror_entry
