@@ -15,7 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
-from qnnctl.words import plural, size_text
+from qnnctl.words import columns, plural, size_text
 
 if TYPE_CHECKING:
     import logging
@@ -310,7 +310,7 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(as_json: bool) -> None:
     """List installed SDKs."""
-    from qnnctl.listing import installed_sdks
+    from qnnctl.listing import installed_sdks, selected_here
 
     rows = installed_sdks(_cache(), os.environ)
     if as_json:
@@ -321,16 +321,33 @@ def list_(as_json: bool) -> None:
     if not rows:
         log.info("no SDK installed; run `qnnctl install`")
         return
-    width = max(len(str(r["version"])) for r in rows)
+    selected = selected_here(_cache(), os.environ, Path.cwd())
+    chosen = os.path.realpath(selected[0]) if selected is not None else None
+    table = [[" ", "version", "build", "size", "where", "root", "notes"]]
+    marked = False
+    first: dict[str, str] = {}  # where each version is found first: rows are in the order commands look
     for row in rows:
-        size = size_text(row["size"]) if row["size"] is not None else "?"
-        damaged = f"; damaged, missing {', '.join(row['missing'])}" if row["missing"] else ""
+        notes = [f"damaged: missing {', '.join(row['missing'])}"] if row["missing"] else []
         if row["missing"] and row["origin"] == "link":
-            damaged = (f"; its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` "
-                       "drops the link")
-        build = f"build {row['build_id']}" if row["build_id"] else "build unknown"
-        parts = "" if row["components"] == ["all"] else f"; components {','.join(row['components'])}"
-        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  ({row['origin']}{damaged}{parts})")
+            notes = [f"its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` drops the link"]
+        if row["components"] != ["all"]:
+            notes.append(f"components {','.join(row['components'])}")
+        if row["version"] in first and not row["missing"]:
+            notes.append(f"not used: the {first[row['version']]} copy comes first")
+        elif not row["missing"]:
+            first[row["version"]] = row["origin"]
+        # The first row of the chosen root: the one every command would use.
+        mark = not marked and chosen is not None and os.path.realpath(row["root"]) == chosen
+        marked = marked or mark
+        table.append(["*" if mark else " ", row["version"], row["build_id"] or "unknown",
+                      size_text(row["size"]) if row["size"] is not None else "?", row["origin"], row["root"],
+                      "; ".join(notes)])
+    if not any(line[-1] for line in table[1:]):
+        table = [line[:-1] for line in table]  # no notes: no empty column
+    for line in columns(table):
+        click.echo(line)
+    if marked and selected is not None:
+        log.info("* marks the SDK used here: %s", selected[1])
 
 
 @cli.command(short_help="The library or tool a process would use, as the loader or PATH finds it.")
@@ -545,10 +562,13 @@ def device_list(as_json: bool) -> None:
     if not rows:
         log.info("adb sees no device")
         return
+    table = [["serial", "state", "model", "soc", "htp"]]
     for row in rows:
         arch = row["htp_arch"] or ("unknown" + (f" ({row['soc']})" if row["soc"] else ""))
         soc = row["soc_model"] or row["soc"] or "-"
-        click.echo(f"{row['serial']}\t{row['state']}\t{row['model'] or '-'}\t{soc}\t{arch}")
+        table.append([row["serial"], row["state"], row["model"] or "-", soc, arch])
+    for line in columns(table):
+        click.echo(line)
 
 
 @device.command(short_help="Push the SDK's libraries for the device's HTP generation.")

@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from qnnctl.cache import Cache, read_manifest, tree_size, unpacked_size
-from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_build_id, read_sdk_version
+from qnnctl.errors import QnnctlError
+from qnnctl.sdk import (
+    executorch_cache_dirs,
+    find_installed,
+    missing_layout,
+    read_build_id,
+    read_sdk_version,
+    select_sdk,
+)
 
 
 def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -76,6 +84,20 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
     for row in rows:
         _add_components(row)
     return rows
+
+
+def selected_here(cache: Cache, environ: Mapping[str, str], cwd: Path) -> tuple[Path, str] | None:
+    """The root of the SDK that a command run here without a VERSION would use, and why
+    (Selection.describe); None when that SDK is not on disk or the choice fails."""
+    try:
+        selection = select_sdk(None, environ, cwd, cache)
+        root = selection.root
+        if root is None and selection.version is not None:
+            found = find_installed(selection.version, cache, environ)
+            root = found.root if found is not None else None
+    except QnnctlError:
+        return None
+    return (root, selection.describe()) if root is not None else None
 
 
 def _add_components(row: dict[str, Any]) -> None:

@@ -10,6 +10,12 @@ def size_text(n: int) -> str:
     return f"{mib:.0f} MiB" if mib >= 9.95 else f"{mib:.1f} MiB"
 
 
+def columns(rows: list[list[str]]) -> list[str]:
+    """Rows as lines of aligned columns, two spaces apart; the first row is the header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """`1 warning`, `2 warnings`, `0 SDKs`: `nouns` where adding an s is not the plural
     (`1 folder of it`, `2 folders of it`)."""

@@ -425,12 +425,14 @@ def test_device_list_shows_each_device_with_its_soc_and_generation(phones: Phone
     phones.add("GONE", state="offline")
     proc = run_qnnctl("device", "list")
     assert proc.returncode == 0, proc.stderr
+    # A header, and columns as wide as their widest cell.
     assert proc.stdout.splitlines() == [
-        "R5CT1\tdevice\tGalaxy S25\tSM8750\tV79",
-        "PIXEL9\tdevice\tPixel 9\tTensor G4\tunknown (Tensor G4)",
-        "QRD8850\tdevice\tQRD\tSM8850\tV81",
-        "LOCKED\tunauthorized\t-\t-\tunknown",
-        "GONE\toffline\t-\t-\tunknown",
+        "serial   state         model       soc        htp",
+        "R5CT1    device        Galaxy S25  SM8750     V79",
+        "PIXEL9   device        Pixel 9     Tensor G4  unknown (Tensor G4)",
+        "QRD8850  device        QRD         SM8850     V81",
+        "LOCKED   unauthorized  -           -          unknown",
+        "GONE     offline       -           -          unknown",
     ]
     data = json.loads(run_qnnctl("device", "list", "--json").stdout)
     assert data["schema"] == 1

@@ -764,6 +764,32 @@ def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None
     assert list((cache_dir / "sdks").iterdir()) == []
 
 
+def test_list_has_a_header_aligned_columns_and_marks_the_sdk_used_here(tmp_path: Path, cache_dir: Path) -> None:
+    """A cache copy and a link of one version tell apart (the link is not used while the copy
+    comes first), the SDK used here is marked, and the columns do not shift with a root's length."""
+    folder = build_sdk_tree(tmp_path / "a-rather-longer-folder-name" / "unpacked", SdkSpec(build_id=BUILD))
+    assert run_qnnctl("link", str(folder)).returncode == 0
+    copy = install_tree_into_cache(cache_dir, VERSION)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    assert run_qnnctl("use", OTHER_VERSION).returncode == 0
+    listed = run_qnnctl("list")
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == ["version", "build", "size", "where", "root", "notes"]
+    starts = [header.index(name) for name in ("version", "build", "size", "where", "root", "notes")]
+    rows = {(line[starts[0]:].split()[0], line[starts[3]:starts[4]].strip()): line for line in lines}
+    assert sorted(rows) == sorted([(VERSION, "qnnctl cache"), (VERSION, "link"), (OTHER_VERSION, "qnnctl cache")])
+    for line in lines:
+        assert line[starts[4] - 2:starts[4] + 1] == "  /", line  # every root starts there
+    assert rows[(OTHER_VERSION, "qnnctl cache")].startswith("*  ")
+    assert rows[(VERSION, "link")][starts[4]:].startswith(f"{folder}  ")
+    assert rows[(VERSION, "link")].endswith("not used: the qnnctl cache copy comes first")
+    assert rows[(VERSION, "qnnctl cache")][starts[4]:].rstrip() == str(copy)
+    assert listed.stderr == (f"qnnctl: * marks the SDK used here: SDK {OTHER_VERSION} (pin: pinned in "
+                             f"{Path.cwd() / '.qnn-version'})\n")
+    assert [line[0] for line in lines].count("*") == 1
+
+
 def test_uninstall_says_each_size_as_list_shows_it(cache_dir: Path) -> None:
     """One version or --all: the size freed, rounded as `qnnctl list` rounds it (240.6 MiB
     is `241 MiB` in both)."""

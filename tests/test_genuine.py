@@ -330,7 +330,7 @@ def test_the_build_id_names_an_archive_that_names_no_version(archive: Path, llvm
     assert manifest["build_id"] == wheel.build_id[1:]
     (row,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
     assert (row["version"], row["build_id"]) == (wheel.qairt, wheel.build_id[1:])
-    assert f"build {wheel.build_id[1:]}" in run_qnnctl("list").stdout
+    assert f"{wheel.qairt}  {wheel.build_id[1:]}  " in run_qnnctl("list").stdout
     found = checks("--sdk", wheel.qairt)
     assert found["sdk.version"]["status"] == "ok", found["sdk.version"]
     assert found["sdk.version"]["detail"].startswith(f"{wheel.qairt}: its libraries are build {wheel.build_id[1:]}")
