@@ -67,9 +67,9 @@ def _setup_logging() -> logging.Logger:
         def format(self, record: logging.LogRecord) -> str:
             message = record.getMessage()
             if record.levelno >= logging.ERROR:
-                return f"qnnctl: error: {message}"
+                return f"{_label('error')} {message}"
             if record.levelno >= logging.WARNING:
-                return f"qnnctl: warning: {message}"
+                return f"{_label('warning')} {message}"
             return f"qnnctl: {message}"
 
     level = logging.INFO - 10 * _pending_verbosity["verbose"] + 10 * _pending_verbosity["quiet"]
@@ -83,6 +83,49 @@ def _setup_logging() -> logging.Logger:
     root.setLevel(max(logging.DEBUG, min(level, logging.ERROR)))
     root.propagate = False
     return root
+
+
+# The word of each label on stderr, in colour on a terminal (ANSI SGR): as doctor's table.
+_LABEL_COLOURS = {"error": "1;31", "unexpected error": "1;31", "warning": "33", "hint": "36"}
+
+
+def _colour_on_stderr() -> bool:
+    """Colour only on a terminal, and never with NO_COLOR set to anything (no-color.org)."""
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb" and sys.stderr.isatty()
+
+
+def _label(kind: str) -> str:
+    """`qnnctl: error:` and its kin, the one style of every error, warning and hint on stderr."""
+    if not _colour_on_stderr():
+        return f"qnnctl: {kind}:"
+    return f"qnnctl: \x1b[{_LABEL_COLOURS[kind]}m{kind}:\x1b[0m"
+
+
+def _error(message: str, hint: str | None = None, kind: str = "error") -> None:
+    click.echo(f"{_label(kind)} {message}", err=True)
+    if hint:
+        click.echo(f"{_label('hint')} {hint}", err=True)
+
+
+def _click_error(exc: click.ClickException) -> tuple[str, str | None]:
+    """click's own errors (`No such command 'instal'.`) as qnnctl's: a message, and a hint with
+    click's suggestion, the usage and where the help is."""
+    import re
+
+    message = exc.format_message().strip()
+    suggestion = ""
+    found = re.search(r"\s*\(?(Did you mean [^()]*?)\)?$", message)
+    if found:
+        message = message[:found.start()]
+        suggestion = found.group(1)[0].lower() + found.group(1)[1:] + " "
+    message = message.removesuffix(".")
+    if message[:1].isupper() and not message[1:2].isupper():
+        message = message[0].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(ctx, click.Context):
+        return message, suggestion.strip() or None
+    usage = ctx.get_usage().removeprefix("Usage: ")
+    return message, f"{suggestion}usage: {usage}; `{ctx.command_path} --help` says more"
 
 
 def _cache() -> Any:
@@ -717,22 +760,19 @@ def _run(argv: list[str] | None) -> NoReturn:
     try:
         code = cli.main(args=argv, prog_name="qnnctl", standalone_mode=False)
     except QnnctlError as exc:
-        click.echo(f"qnnctl: error: {exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"qnnctl: hint: {exc.hint}", err=True)
+        _error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("qnnctl: interrupted; run the same command again to resume", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        _error(*_click_error(exc))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
     except OSError as exc:
         # The file system said no (permissions, a read-only or full disk): name the path.
         where = f" {exc.filename}" if exc.filename else ""
-        click.echo(f"qnnctl: error: cannot use{where}: {exc.strerror or exc}", err=True)
-        click.echo("qnnctl: hint: check its permissions and free space, or point QNNCTL_CACHE_DIR "
-                   "at a folder you can write to", err=True)
+        _error(f"cannot use{where}: {exc.strerror or exc}", "check its permissions and free space, or point "
+               "QNNCTL_CACHE_DIR at a folder you can write to")
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         import logging
@@ -745,10 +785,7 @@ def _run(argv: list[str] | None) -> NoReturn:
             from qnnctl.urls import redact_text
 
             # Whatever raised it may have put a URL with a token in its message.
-            click.echo(
-                f"qnnctl: unexpected error: {type(exc).__name__}: {redact_text(str(exc))} "
-                "(run with -v or QNNCTL_DEBUG=1 for the traceback)",
-                err=True,
-            )
+            _error(f"{type(exc).__name__}: {redact_text(str(exc))} (run with -v or QNNCTL_DEBUG=1 for the "
+                   "traceback)", kind="unexpected error")
         sys.exit(EXIT_FAILED)
     sys.exit(code if isinstance(code, int) else 0)

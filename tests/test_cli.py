@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_qnnctl, with_default_sigint
+from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, install_tree_into_cache
+from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
 
 
 def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -> None:
@@ -295,3 +295,55 @@ def test_a_path_under_the_home_of_no_such_user_is_a_path_that_is_not_there(
     assert said.format(cwd=tmp_path) in result.stderr
     assert "unexpected" not in result.stderr
     assert not (tmp_path / NO_SUCH_USER).exists()
+
+
+# -- one style for errors, warnings and hints ----------------------------------------------------
+
+RED, YELLOW, CYAN, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[36m", "\x1b[0m"
+
+
+def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
+    """`qnnctl instal`: `qnnctl: error:` and `qnnctl: hint:` (click's suggestion, the usage, the
+    help), not click's `Error: No such command` under a usage block."""
+    result = run_qnnctl("instal")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "qnnctl: error: no such command 'instal'\n"
+        "qnnctl: hint: did you mean one of: 'install', 'list', 'uninstall'? usage: qnnctl [OPTIONS] COMMAND "
+        "[ARGS]...; `qnnctl --help` says more\n")
+    option = run_qnnctl("install", "--forc")
+    assert option.returncode == 2
+    assert option.stderr == ("qnnctl: error: no such option '--forc'\n"
+                             "qnnctl: hint: did you mean '--force'? usage: qnnctl install [OPTIONS] [VERSION]; "
+                             "`qnnctl install --help` says more\n")
+    missing = run_qnnctl("link")
+    assert (missing.returncode, missing.stderr) == (2, "qnnctl: error: missing argument 'PATH'\nqnnctl: hint: usage: "
+                                                       "qnnctl link [OPTIONS] PATH; `qnnctl link --help` says more\n")
+
+
+def test_errors_warnings_and_hints_are_coloured_on_a_terminal_only(cache_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, seen = run_qnnctl_on_a_terminal("instal")
+    text = seen.decode().replace("\r\n", "\n")
+    assert (code, out) == (2, "")
+    assert text.startswith(f"qnnctl: {RED}error:{RESET} no such command 'instal'\nqnnctl: {CYAN}hint:{RESET} did "), text
+    # A warning (a link of a version qnnctl's cache holds too) and a QnnctlError's error and hint.
+    install_tree_into_cache(cache_dir, VERSION)
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(version=VERSION))
+    code, _, seen = run_qnnctl_on_a_terminal("link", str(folder), "--version", VERSION)
+    assert code == 0
+    assert f"qnnctl: {YELLOW}warning:{RESET} SDK {VERSION} is also in qnnctl's cache" in seen.decode()
+    code, _, seen = run_qnnctl_on_a_terminal("uninstall", "2.99")
+    assert code == 1
+    assert f"qnnctl: {RED}error:{RESET} " in seen.decode()
+    assert f"qnnctl: {CYAN}hint:{RESET} " in seen.decode()
+    # NO_COLOR set to anything, or stderr no terminal: the same words, no colour.
+    monkeypatch.setenv("NO_COLOR", "1")
+    code, _, seen = run_qnnctl_on_a_terminal("instal")
+    assert code == 2
+    assert seen.decode().startswith("qnnctl: error: no such command 'instal'\r\nqnnctl: hint: did you mean")
+    assert b"\x1b" not in seen
+    monkeypatch.delenv("NO_COLOR")
+    piped = run_qnnctl("link", str(folder), "--version", VERSION)
+    assert "qnnctl: warning: SDK" in piped.stderr
+    assert "\x1b" not in piped.stderr
