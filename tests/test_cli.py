@@ -326,7 +326,8 @@ def test_errors_warnings_and_hints_are_coloured_on_a_terminal_only(cache_dir: Pa
     code, out, seen = run_qnnctl_on_a_terminal("instal")
     text = seen.decode().replace("\r\n", "\n")
     assert (code, out) == (2, "")
-    assert text.startswith(f"qnnctl: {RED}error:{RESET} no such command 'instal'\nqnnctl: {CYAN}hint:{RESET} did "), text
+    assert text.startswith(f"qnnctl: {RED}error:{RESET} no such command 'instal'\n"
+                           f"qnnctl: {CYAN}hint:{RESET} did "), text
     # A warning (a link of a version qnnctl's cache holds too) and a QnnctlError's error and hint.
     install_tree_into_cache(cache_dir, VERSION)
     folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(version=VERSION))
