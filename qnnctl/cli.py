@@ -128,10 +128,23 @@ def _click_error(exc: click.ClickException) -> tuple[str, str | None]:
     return message, f"{suggestion}usage: {usage}; `{ctx.command_path} --help` says more"
 
 
+# A relative QNNCTL_CACHE_DIR is said once per run, however often the cache is asked for.
+_said_relative_cache: list[str] = []
+
+
 def _cache() -> Any:
     from qnnctl.cache import Cache
 
-    return Cache.from_env(os.environ)
+    cache = Cache.from_env(os.environ)
+    configured = os.environ.get("QNNCTL_CACHE_DIR", "")
+    if configured.strip() and not os.path.isabs(os.path.expanduser(configured)) and not _said_relative_cache:
+        # Taken from the current folder (a CI job's `.cache/qnnctl` is one cache per checkout),
+        # so that another folder finds another cache: said, not refused.
+        _said_relative_cache.append(configured)
+        log.warning("QNNCTL_CACHE_DIR=%s is relative: the cache is %s, taken from the current folder; run "
+                    "from another folder, qnnctl would use another cache (an absolute path avoids that)",
+                    configured, cache.root)
+    return cache
 
 
 def _stderr_is_terminal() -> bool:

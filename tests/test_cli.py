@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -348,3 +349,42 @@ def test_errors_warnings_and_hints_are_coloured_on_a_terminal_only(cache_dir: Pa
     piped = run_qnnctl("link", str(folder), "--version", VERSION)
     assert "qnnctl: warning: SDK" in piped.stderr
     assert "\x1b" not in piped.stderr
+
+
+# -- where the cache is ----------------------------------------------------------------------------
+
+
+def test_an_empty_or_relative_home_is_refused_for_the_default_cache(tmp_path: Path) -> None:
+    """HOME="" would put the cache at /.cache/qnnctl: refused (exit 2) before anything is made."""
+    env = {k: v for k, v in os.environ.items() if k not in ("QNNCTL_CACHE_DIR", "XDG_CACHE_HOME")}
+    for home, what in (("", "empty"), ("somewhere", "relative ('somewhere')")):
+        result = run_qnnctl("install", env={**env, "HOME": home})
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        where = "/.cache/qnnctl" if not home else str(Path.cwd() / home / ".cache" / "qnnctl")
+        assert result.stderr == (
+            f"qnnctl: error: HOME is {what}: the default cache, ~/.cache/qnnctl, would be {where}\n"
+            "qnnctl: hint: set HOME to your home folder, or point QNNCTL_CACHE_DIR (or XDG_CACHE_HOME) at a folder\n")
+    assert not (Path.cwd() / "somewhere").exists()
+    # XDG_CACHE_HOME, when absolute, or QNNCTL_CACHE_DIR takes its place; a relative
+    # XDG_CACHE_HOME is ignored, as its specification says.
+    chosen = run_qnnctl("list", env={**env, "HOME": "", "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert (chosen.returncode, chosen.stderr) == (0, "qnnctl: no SDK installed; run `qnnctl install`\n")
+    users_home = tmp_path / "home"
+    install_tree_into_cache(users_home / ".cache" / "qnnctl", VERSION)
+    relative = run_qnnctl("list", "--json", env={**env, "HOME": str(users_home), "XDG_CACHE_HOME": "xdg"})
+    assert relative.returncode == 0, relative.stderr
+    assert [row["version"] for row in json.loads(relative.stdout)["sdks"]] == [VERSION]
+
+
+def test_a_relative_cache_dir_is_said_once_and_taken_from_the_current_folder(tmp_path: Path) -> None:
+    install_tree_into_cache(Path.cwd() / "rel" / "cache", VERSION)
+    result = run_qnnctl("env", "--shell", "json", env={**os.environ, "QNNCTL_CACHE_DIR": "rel/cache"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["QNN_SDK_ROOT"] == str(Path.cwd() / "rel" / "cache" / "sdks" / VERSION)
+    assert result.stderr == (
+        f"qnnctl: warning: QNNCTL_CACHE_DIR=rel/cache is relative: the cache is {Path.cwd() / 'rel' / 'cache'}, "
+        "taken from the current folder; run from another folder, qnnctl would use another cache (an absolute "
+        "path avoids that)\n")
+    absolute = run_qnnctl("env", "--shell", "json",
+                          env={**os.environ, "QNNCTL_CACHE_DIR": str(Path.cwd() / "rel" / "cache")})
+    assert (absolute.returncode, absolute.stderr) == (0, "")
