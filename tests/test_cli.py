@@ -278,10 +278,10 @@ NO_SUCH_USER = "~qnnctl-no-such-user"
 
 
 @pytest.mark.parametrize(("args", "variables", "code", "said"), [
-    (("env", "--sdk", f"{NO_SUCH_USER}/sdk"), {}, 1, f"--sdk {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
+    (("env", "--sdk", f"{NO_SUCH_USER}/sdk"), {}, 1, f"--sdk {{cwd}}/{NO_SUCH_USER}/sdk does not exist"),
     (("env",), {"QNN_SDK_ROOT": f"{NO_SUCH_USER}/sdk"}, 1,
-     f"QNN_SDK_ROOT {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
-    (("link", f"{NO_SUCH_USER}/sdk"), {}, 1, f"the folder {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
+     f"QNN_SDK_ROOT {{cwd}}/{NO_SUCH_USER}/sdk does not exist"),
+    (("link", f"{NO_SUCH_USER}/sdk"), {}, 1, f"the folder {{cwd}}/{NO_SUCH_USER}/sdk does not exist"),
     (("install", VERSION, "--file", f"{NO_SUCH_USER}/a.zip"), {}, 2, f"{{cwd}}/{NO_SUCH_USER}/a.zip is not a file"),
     (("list",), {"QNNCTL_CACHE_DIR": f"{NO_SUCH_USER}/cache"}, 0, "no SDK installed"),
     (("list",), {"QNNCTL_STORES": f"{NO_SUCH_USER}/store"}, 0, "no SDK installed"),

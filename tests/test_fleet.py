@@ -561,6 +561,38 @@ def test_uninstall_takes_an_unreadable_link_record_with_the_sdk(cache_dir: Path)
     assert not record.exists()
 
 
+def test_link_of_a_folder_above_the_sdk_points_at_the_sdk_below(tmp_path: Path, cache_dir: Path) -> None:
+    """The folder Qualcomm's archive unpacks into (`qairt/`), or a path that is not there: said
+    as such, with the command that links the SDK root below it; nothing borrowed from the
+    QNN_SDK_ROOT check ("unset it")."""
+    root = build_sdk_tree(tmp_path / "unpacked" / "qairt" / VERSION, SdkSpec(build_id=BUILD))
+    for above in (root.parent, root.parent.parent):
+        result = run_qnnctl("link", str(above))
+        assert (result.returncode, result.stdout) == (1, ""), result.stderr
+        assert result.stderr == (
+            f"qnnctl: error: the folder {above} is not a QNN SDK root: missing lib/x86_64-linux-clang/libQnnHtp.so, "
+            "lib/x86_64-linux-clang/libQnnSystem.so\n"
+            f"qnnctl: hint: an SDK root is below it: `qnnctl link {root}`\n")
+    # The same for --sdk and QNN_SDK_ROOT, in their own words.
+    by_option = run_qnnctl("env", "--sdk", str(root.parent))
+    assert by_option.stderr.endswith(f"qnnctl: hint: an SDK root is below it: `--sdk {root}`\n"), by_option.stderr
+    by_variable = run_qnnctl("which", "libQnnHtp.so", env={**os.environ, "QNN_SDK_ROOT": str(root.parent)})
+    assert by_variable.stderr.endswith(f"qnnctl: hint: an SDK root is below it: `export QNN_SDK_ROOT={root}`\n"), \
+        by_variable.stderr
+    gone = run_qnnctl("link", str(tmp_path / "nonexistent"))
+    assert gone.returncode == 1
+    assert gone.stderr == (f"qnnctl: error: the folder {tmp_path / 'nonexistent'} does not exist\n"
+                           "qnnctl: hint: give the path of an SDK root: the folder that holds QNN_README.txt, lib/ "
+                           "and bin/ (qairt/<version>/ where Qualcomm's archive was unpacked)\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing_below = run_qnnctl("link", str(empty))
+    assert nothing_below.returncode == 1
+    assert "unset it" not in nothing_below.stderr
+    assert nothing_below.stderr.endswith("an archive is installed with `qnnctl install --file ARCHIVE`\n")
+    assert not (cache_dir / "links").exists()
+
+
 def test_link_refuses_a_version_its_libraries_contradict(tmp_path: Path, cache_dir: Path) -> None:
     folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
     wrong = run_qnnctl("link", str(folder), "--version", OTHER_VERSION)

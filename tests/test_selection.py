@@ -69,7 +69,8 @@ def test_invalid_sdk_root_names_what_is_missing(mirror: FaultServer, tmp_path: P
         assert "lib/x86_64-linux-clang/libQnnHtp.so" in result.stderr
         assert "lib/x86_64-linux-clang/libQnnSystem.so" in result.stderr
     else:
-        assert "missing the folder itself" in result.stderr
+        assert f"qnnctl: error: QNN_SDK_ROOT {root} does not exist\n" in result.stderr
+        assert "missing the folder itself" not in result.stderr
     assert mirror.requests == []
 
 
