@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.components import (
     ALL,
+    HOST,
     Member,
     available,
     canonical,
@@ -145,9 +146,11 @@ def choose_members(members: dict[PurePosixPath, Member], components: Collection[
         found = set(available(members.values(), top))
         absent = [c for c in components if c not in found]
         if absent:
+            held = ",".join(canonical(c for c in components if c in found) or (HOST,))
             raise UsageError(
                 f"{source} has no {', '.join(absent)}: its components are {', '.join(canonical(found))}",
-                hint="ask for those it has (`--components host,android,hexagon-vNN`)",
+                hint=f"ask only for some of those (`--components {held}`), or install from an archive that "
+                "has them",
             )
     chosen = choose(members.values(), top, components) - present
     return Choice(top, members, chosen, present, {})
@@ -541,7 +544,14 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
     with work_folder(cache.tmp / f"{version}.{_work_id()}") as work:
         fetched = downloader.fetch(urls, name, sha256)
         with used_up(fetched.path, cache.downloads / f"{name}.json"):
-            extracted, parts = extract_components(fetched.path, components, work / "x")
+            try:
+                extracted, parts = extract_components(fetched.path, components, work / "x")
+            except UsageError as exc:
+                # Known only now that it is all here: say that it stays, and what for.
+                exc.hint = (f"{exc.hint}; the whole archive stays in {fetched.path}, so that the next install "
+                            "of this version reads it instead of downloading it again (`qnnctl cache clean` "
+                            "removes it)")
+                raise
             found, build = identify(extracted.root, extracted.version, version, fetched.url)
             require_version(found, version, fetched.url)
             sdk = _commit(extracted.root, version, fetched.url, fetched.sha256, fetched.size, extracted.files,
