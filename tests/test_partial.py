@@ -232,8 +232,9 @@ def test_a_generation_the_archive_lacks(parts_mirror: FaultServer, cache_dir: Pa
     # The hint asks for what the archive has, of what was asked: not the components it lacks.
     assert result.stderr.endswith(
         f"qnnctl: error: {parts_mirror.base}{PATH} has no hexagon-v99: its components are host, android, "
-        "hexagon-v73, hexagon-v75, docs\nqnnctl: hint: ask only for some of those (`--components host,android`), or install from an "
-        "archive that has them\n")
+        "hexagon-v73, hexagon-v75, docs\n"
+        "qnnctl: hint: ask only for some of those (`--components host,android`), or install from an archive that "
+        "has them\n")
     assert not (cache_dir / "sdks" / VERSION).exists()
     assert list((cache_dir / "downloads").iterdir()) == []
     asked = len(parts_mirror.requests)
