@@ -98,10 +98,23 @@ def resolve_version(spec: str) -> str:
     if not matches:
         raise UsageError(
             f"no known SDK version matches {spec!r}",
-            hint="give a full version such as 2.37.0.250724; known releases: "
-            + ", ".join(KNOWN_VERSIONS),
+            hint="give a full version such as 2.37.0.250724, or a prefix of a known release: "
+            + known_releases(KNOWN_VERSIONS),
         )
     return max(matches, key=parse_version)
+
+
+def known_releases(versions: tuple[str, ...], shown: int = 3) -> str:
+    """The releases for a hint, short: the newest `shown` in full, then the older release lines
+    as the prefixes that name them (`2.48.40.260702, 2.48.0.260626, 2.47.0.260601; older: 2.46,
+    2.45, ...`), instead of every version in one wall of text."""
+    def line(version: str) -> str:
+        return ".".join(version.split(".")[:2])
+
+    ordered = sorted(set(versions), key=parse_version, reverse=True)
+    newest = ordered[:shown]
+    older = [p for p in dict.fromkeys(line(v) for v in ordered[shown:]) if p not in {line(v) for v in newest}]
+    return ", ".join(newest) + (f"; older: {', '.join(older)}" if older else "")
 
 
 def archive_name(version: str) -> str:
