@@ -471,6 +471,9 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool) -> None:
         log.warning("SDK %s (%s) is held by a running install; left alone", version, root)
     if pruned.kept:
         log.info("kept %s", ", ".join(pruned.kept))
+    if not pruned.removed:
+        log.info("no SDK of qnnctl's cache to remove; nothing freed")
+        return
     log.info("removed %s, freed %s", plural(len(pruned.removed), "SDK"), mib(pruned.freed))
 
 

@@ -841,6 +841,8 @@ def test_uninstall_says_each_size_as_list_shows_it(cache_dir: Path) -> None:
     assert f"removed SDK {OTHER_VERSION} (1.3 MiB)" in rest.stderr
     assert f"removed SDK {THIRD} (94 MiB)" in rest.stderr
     assert rest.stderr.endswith("qnnctl: removed 2 SDKs, freed 96 MiB\n"), rest.stderr
+    nothing = run_qnnctl("uninstall", "--all")
+    assert (nothing.returncode, nothing.stderr) == (0, "qnnctl: no SDK of qnnctl's cache to remove; nothing freed\n")
 
 
 def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,
