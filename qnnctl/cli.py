@@ -15,7 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
-from qnnctl.words import columns, plural, size_text
+from qnnctl.words import columns, plural
 
 if TYPE_CHECKING:
     import logging
@@ -366,7 +366,7 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(as_json: bool) -> None:
     """List installed SDKs."""
-    from qnnctl.listing import installed_sdks, selected_here
+    from qnnctl.listing import installed_sdks, render_table, selected_here
 
     rows = installed_sdks(_cache(), os.environ)
     if as_json:
@@ -378,29 +378,8 @@ def list_(as_json: bool) -> None:
         log.info("no SDK installed; run `qnnctl install`")
         return
     selected = selected_here(_cache(), os.environ, Path.cwd())
-    chosen = os.path.realpath(selected[0]) if selected is not None else None
-    table = [[" ", "version", "build", "size", "where", "root", "notes"]]
-    marked = False
-    first: dict[str, str] = {}  # where each version is found first: rows are in the order commands look
-    for row in rows:
-        notes = [f"damaged: missing {', '.join(row['missing'])}"] if row["missing"] else []
-        if row["missing"] and row["origin"] == "link":
-            notes = [f"its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` drops the link"]
-        if row["components"] != ["all"]:
-            notes.append(f"components {','.join(row['components'])}")
-        if row["version"] in first and not row["missing"]:
-            notes.append(f"not used: the {first[row['version']]} copy comes first")
-        elif not row["missing"]:
-            first[row["version"]] = row["origin"]
-        # The first row of the chosen root: the one every command would use.
-        mark = not marked and chosen is not None and os.path.realpath(row["root"]) == chosen
-        marked = marked or mark
-        table.append(["*" if mark else " ", row["version"], row["build_id"] or "unknown",
-                      size_text(row["size"]) if row["size"] is not None else "?", row["origin"], row["root"],
-                      "; ".join(notes)])
-    if not any(line[-1] for line in table[1:]):
-        table = [line[:-1] for line in table]  # no notes: no empty column
-    for line in columns(table):
+    lines, marked = render_table(rows, selected[0] if selected is not None else None)
+    for line in lines:
         click.echo(line)
     if marked and selected is not None:
         log.info("* marks the SDK used here: %s", selected[1])

@@ -17,6 +17,8 @@ from qnnctl.sdk import (
     read_sdk_version,
     select_sdk,
 )
+from qnnctl.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
+from qnnctl.words import columns, size_text
 
 
 def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -42,8 +44,6 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "origin": "qnnctl cache",
             "missing": missing_layout(root),
         })
-    from qnnctl.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
-
     for link in all_links(cache):
         missing = missing_layout(link.root)
         rows.append({
@@ -98,6 +98,35 @@ def selected_here(cache: Cache, environ: Mapping[str, str], cwd: Path) -> tuple[
     except QnnctlError:
         return None
     return (root, selection.describe()) if root is not None else None
+
+
+def render_table(rows: list[dict[str, Any]], selected: Path | None) -> tuple[list[str], bool]:
+    """`qnnctl list`'s lines: a header and aligned columns, `*` on the row of the `selected`
+    root (its first, in the order commands look), a note on a second copy of a version that is
+    not used while the first is there; and whether a row was marked."""
+    chosen = os.path.realpath(selected) if selected is not None else None
+    table = [[" ", "version", "build", "size", "where", "root", "notes"]]
+    marked = False
+    first: dict[str, str] = {}  # where each version is found first
+    for row in rows:
+        notes = [f"damaged: missing {', '.join(row['missing'])}"] if row["missing"] else []
+        if row["missing"] and row["origin"] == LINK_ORIGIN:
+            notes = [f"its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` drops "
+                     "the link"]
+        if row["components"] != ["all"]:
+            notes.append(f"components {','.join(row['components'])}")
+        if row["version"] in first and not row["missing"]:
+            notes.append(f"not used: the {first[row['version']]} copy comes first")
+        elif not row["missing"]:
+            first[row["version"]] = row["origin"]
+        mark = not marked and chosen is not None and os.path.realpath(row["root"]) == chosen
+        marked = marked or mark
+        table.append(["*" if mark else " ", row["version"], row["build_id"] or "unknown",
+                      size_text(row["size"]) if row["size"] is not None else "?", row["origin"], row["root"],
+                      "; ".join(notes)])
+    if not any(line[-1] for line in table[1:]):
+        table = [line[:-1] for line in table]  # no notes: no empty column
+    return columns(table), marked
 
 
 def _add_components(row: dict[str, Any]) -> None:
