@@ -731,8 +731,9 @@ def test_concurrent_installs_download_once(mirror: FaultServer, cache_dir: Path,
         out = proc.stdout.read()
         assert proc.wait(timeout=120) == 0, stderr.text(index)
         outputs.append(out)
-    # Every process but the one that downloaded found the SDK after taking the lock.
-    assert stderr.count("installed 2.37.0.250724 meanwhile") == count - 1, stderr.lines
+    # Every process but the one that downloaded found the SDK after taking the lock (each of
+    # them waited for it), and said so in one line after the wait.
+    assert stderr.count(f"SDK {VERSION} is already installed in qnnctl's cache") == count - 1, stderr.lines
     assert len(mirror.requests_for(PATH)) == 1
     assert outputs == [f"{cache_dir / 'sdks' / VERSION}\n"] * count
     assert [p.name for p in (cache_dir / "sdks").iterdir()] == [VERSION]
