@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def size_text(n: int) -> str:
-    """A size in MiB, the one way `list`, `uninstall` and the download summaries say it: whole
-    MiB from 10 MiB on (`241 MiB`), one decimal below (`1.3 MiB`)."""
+    """A size in MiB, the one way `list` and `uninstall` say it: whole MiB from 10 MiB on
+    (`241 MiB`), one decimal below (`1.3 MiB`)."""
     mib = n / (1 << 20)
     return f"{mib:.0f} MiB" if mib >= 9.95 else f"{mib:.1f} MiB"
 
