@@ -27,9 +27,21 @@ def cache_root(environ: Mapping[str, str]) -> Path:
         # Absolute, so that exported paths survive a `cd`.
         return user_path(configured).absolute()
     if sys.platform == "linux":
-        # platformdirs' answer on Linux, without its import cost on every `qnnctl env`.
-        base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
-        return Path(base).absolute() / "qnnctl"
+        # platformdirs' answer on Linux, without its import cost on every `qnnctl env`; a
+        # relative XDG_CACHE_HOME is ignored, as the XDG Base Directory specification says.
+        xdg = environ.get("XDG_CACHE_HOME", "").strip()
+        if os.path.isabs(xdg):
+            return Path(xdg) / "qnnctl"
+        home = environ.get("HOME")
+        if home is not None and not os.path.isabs(home):
+            # expanduser would make "" the root folder: a cache in /.cache/qnnctl.
+            what = "empty" if not home.strip() else f"relative ({home!r})"
+            raise UsageError(
+                f"HOME is {what}: the default cache, ~/.cache/qnnctl, would be "
+                f"{os.path.join(os.path.abspath(home or '/'), '.cache', 'qnnctl')}",
+                hint="set HOME to your home folder, or point QNNCTL_CACHE_DIR (or XDG_CACHE_HOME) at a folder",
+            )
+        return Path(os.path.expanduser("~/.cache")).absolute() / "qnnctl"
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("qnnctl", appauthor=False))
@@ -197,6 +209,12 @@ def tree_size(root: Path) -> int:
     for entry in _walk(root):
         total += entry.stat(follow_symlinks=False).st_size
     return total
+
+
+def unpacked_size(root: Path) -> int:
+    """An SDK's size on disk: as its manifest records it, else summed (slower on NFS)."""
+    recorded = (read_manifest(root) or {}).get("unpacked_size")
+    return recorded if isinstance(recorded, int) else tree_size(root)
 
 
 def _walk(root: Path) -> Iterator[os.DirEntry[str]]:

@@ -15,6 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
+from qnnctl.words import columns, plural
 
 if TYPE_CHECKING:
     import logging
@@ -68,9 +69,9 @@ def _setup_logging() -> logging.Logger:
         def format(self, record: logging.LogRecord) -> str:
             message = record.getMessage()
             if record.levelno >= logging.ERROR:
-                return f"qnnctl: error: {message}"
+                return f"{_label('error')} {message}"
             if record.levelno >= logging.WARNING:
-                return f"qnnctl: warning: {message}"
+                return f"{_label('warning')} {message}"
             return f"qnnctl: {message}"
 
     level = logging.INFO - 10 * _pending_verbosity["verbose"] + 10 * _pending_verbosity["quiet"]
@@ -86,10 +87,66 @@ def _setup_logging() -> logging.Logger:
     return root
 
 
+# The word of each label on stderr, in colour on a terminal (ANSI SGR): as doctor's table.
+_LABEL_COLOURS = {"error": "1;31", "unexpected error": "1;31", "warning": "33", "hint": "36"}
+
+
+def _colour_on_stderr() -> bool:
+    """Colour only on a terminal, and never with NO_COLOR set to anything (no-color.org)."""
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb" and sys.stderr.isatty()
+
+
+def _label(kind: str) -> str:
+    """`qnnctl: error:` and its kin, the one style of every error, warning and hint on stderr."""
+    if not _colour_on_stderr():
+        return f"qnnctl: {kind}:"
+    return f"qnnctl: \x1b[{_LABEL_COLOURS[kind]}m{kind}:\x1b[0m"
+
+
+def _error(message: str, hint: str | None = None, kind: str = "error") -> None:
+    click.echo(f"{_label(kind)} {message}", err=True)
+    if hint:
+        click.echo(f"{_label('hint')} {hint}", err=True)
+
+
+def _click_error(exc: click.ClickException) -> tuple[str, str | None]:
+    """click's own errors (`No such command 'instal'.`) as qnnctl's: a message, and a hint with
+    click's suggestion, the usage and where the help is."""
+    import re
+
+    message = exc.format_message().strip()
+    suggestion = ""
+    found = re.search(r"\s*\(?(Did you mean [^()]*?)\)?$", message)
+    if found:
+        message = message[:found.start()]
+        suggestion = found.group(1)[0].lower() + found.group(1)[1:] + " "
+    message = message.removesuffix(".")
+    if message[:1].isupper() and not message[1:2].isupper():
+        message = message[0].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(ctx, click.Context):
+        return message, suggestion.strip() or None
+    usage = ctx.get_usage().removeprefix("Usage: ")
+    return message, f"{suggestion}usage: {usage}; `{ctx.command_path} --help` says more"
+
+
+# A relative QNNCTL_CACHE_DIR is said once per run, however often the cache is asked for.
+_said_relative_cache: list[str] = []
+
+
 def _cache() -> Any:
     from qnnctl.cache import Cache
 
-    return Cache.from_env(os.environ)
+    cache = Cache.from_env(os.environ)
+    configured = os.environ.get("QNNCTL_CACHE_DIR", "")
+    if configured.strip() and not os.path.isabs(os.path.expanduser(configured)) and not _said_relative_cache:
+        # Taken from the current folder (a CI job's `.cache/qnnctl` is one cache per checkout),
+        # so that another folder finds another cache: said, not refused.
+        _said_relative_cache.append(configured)
+        log.warning("QNNCTL_CACHE_DIR=%s is relative: the cache is %s, taken from the current folder; run "
+                    "from another folder, qnnctl would use another cache (an absolute path avoids that)",
+                    configured, cache.root)
+    return cache
 
 
 def _stderr_is_terminal() -> bool:
@@ -273,10 +330,22 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         log.info("QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; nothing to install")
         return
     if result.action == "reused":
-        log.info("SDK %s is already installed (%s)", result.sdk.version, result.sdk.origin)
+        log.info("SDK %s %s", result.sdk.version, _found_where(result.sdk.origin))
     if terminal:
         _say_next_step(result.sdk)
     click.echo(str(result.sdk.root))
+
+
+def _found_where(origin: str) -> str:
+    """Where `install` found an SDK it did not have to install, from its Sdk.origin."""
+    if origin == "qnnctl env":
+        return "is the one this shell was set up for (`qnnctl env`): nothing to install"
+    if origin == "QNN_SDK_ROOT":
+        return "is the one QNN_SDK_ROOT names: nothing to install"
+    places = {"qnnctl cache": "in qnnctl's cache", "ExecuTorch cache": "in ExecuTorch's cache",
+              "link": "as a link (`qnnctl link`)"}
+    where = places.get(origin, f"in {origin}" if origin.startswith("store ") else f"({origin})")
+    return f"is already installed {where}"
 
 
 def _say_next_step(sdk: Any) -> None:
@@ -374,7 +443,7 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(as_json: bool) -> None:
     """List installed SDKs."""
-    from qnnctl.listing import installed_sdks
+    from qnnctl.listing import installed_sdks, render_table, selected_here
 
     rows = installed_sdks(_cache(), os.environ)
     if as_json:
@@ -385,20 +454,12 @@ def list_(as_json: bool) -> None:
     if not rows:
         log.info("no SDK installed; run `qnnctl install`")
         return
-    width = max(len(str(r["version"])) for r in rows)
-    for row in rows:
-        size = f"{row['size'] / (1 << 20):.0f} MiB" if row["size"] is not None else "?"
-        damaged = f"; damaged, missing {', '.join(row['missing'])}" if row["missing"] else ""
-        if row["missing"] and row["origin"] == "link":
-            damaged = (f"; its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` "
-                       "drops the link")
-        build = f"build {row['build_id']}" if row["build_id"] else "build unknown"
-        parts = "" if row["components"] == ["all"] else f"; components {','.join(row['components'])}"
-        users = ", ".join(f"PID {h['pid']} ({h['command']})" if h["command"] else f"PID {h['pid']}"
-                          for h in row["held_by"])
-        used = f"; in use by {users}" if users else ""
-        click.echo(f"{row['version']:<{width}}  {build}  {row['root']}  {size}  "
-                   f"({row['origin']}{damaged}{parts}{used})")
+    selected = selected_here(_cache(), os.environ, Path.cwd())
+    lines, marked = render_table(rows, selected[0] if selected is not None else None)
+    for line in lines:
+        click.echo(line)
+    if marked and selected is not None:
+        log.info("* marks the SDK used here: %s", selected[1])
 
 
 @cli.command(short_help="The library or tool a process would use, as the loader or PATH finds it.")
@@ -502,11 +563,10 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
         held: list[HeldError] = []
         for version in versions:
             try:
-                removed = do_uninstall(version, _cache(), os.environ, wait=wait)
+                do_uninstall(version, _cache(), os.environ, wait=wait)  # says what it removed, and its size
             except HeldError as exc:
                 held.append(exc)
                 continue
-            log.info("removed %s", removed)
         _left_in_place(held)
         return
     from qnnctl.prune import mib, prune
@@ -516,7 +576,10 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
         log.warning("SDK %s (%s) is held by a running install; left alone", version, root)
     if pruned.kept:
         log.info("kept %s", ", ".join(pruned.kept))
-    log.info("removed %d SDK(s), freed %s", len(pruned.removed), mib(pruned.freed))
+    if pruned.removed:
+        log.info("removed %s, freed %s", plural(len(pruned.removed), "SDK"), mib(pruned.freed))
+    elif not pruned.held:
+        log.info("no SDK of qnnctl's cache to remove; nothing freed")
     _left_in_place(pruned.held)
 
 
@@ -573,8 +636,8 @@ def lock(version: str | None, check: bool) -> None:
     from qnnctl.locking import make_lock
 
     written = make_lock(version, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal())
-    log.info("trust on first use: %s Check them once against a copy you trust, then commit %s",
-             written.trust, written.path.name)
+    log.info("trust on first use: %s%s Check them once against a copy you trust, then commit %s",
+             written.trust[:1].lower(), written.trust[1:], written.path.name)
     replaced = written.replaced
     if replaced is not None and (replaced.version, replaced.sha256) != (written.lock.version, written.lock.sha256):
         log.warning("replaced the lock of SDK %s (sha256 %s) with SDK %s (sha256 %s)", replaced.version,
@@ -688,10 +751,13 @@ def device_list(as_json: bool) -> None:
     if not rows:
         log.info("adb sees no device")
         return
+    table = [["serial", "state", "model", "soc", "htp"]]
     for row in rows:
         arch = row["htp_arch"] or ("unknown" + (f" ({row['soc']})" if row["soc"] else ""))
         soc = row["soc_model"] or row["soc"] or "-"
-        click.echo(f"{row['serial']}\t{row['state']}\t{row['model'] or '-'}\t{soc}\t{arch}")
+        table.append([row["serial"], row["state"], row["model"] or "-", soc, arch])
+    for line in columns(table):
+        click.echo(line)
 
 
 @device.command(short_help="Push the SDK's libraries for the device's HTP generation.")
@@ -840,22 +906,19 @@ def _run(argv: list[str] | None) -> NoReturn:
     try:
         code = cli.main(args=argv, prog_name="qnnctl", standalone_mode=False)
     except QnnctlError as exc:
-        click.echo(f"qnnctl: error: {exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"qnnctl: hint: {exc.hint}", err=True)
+        _error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("qnnctl: interrupted; run the same command again to resume", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        _error(*_click_error(exc))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
     except OSError as exc:
         # The file system said no (permissions, a read-only or full disk): name the path.
         where = f" {exc.filename}" if exc.filename else ""
-        click.echo(f"qnnctl: error: cannot use{where}: {exc.strerror or exc}", err=True)
-        click.echo("qnnctl: hint: check its permissions and free space, or point QNNCTL_CACHE_DIR "
-                   "at a folder you can write to", err=True)
+        _error(f"cannot use{where}: {exc.strerror or exc}", "check its permissions and free space, or point "
+               "QNNCTL_CACHE_DIR at a folder you can write to")
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         import logging
@@ -868,10 +931,7 @@ def _run(argv: list[str] | None) -> NoReturn:
             from qnnctl.urls import redact_text
 
             # Whatever raised it may have put a URL with a token in its message.
-            click.echo(
-                f"qnnctl: unexpected error: {type(exc).__name__}: {redact_text(str(exc))} "
-                "(run with -v or QNNCTL_DEBUG=1 for the traceback)",
-                err=True,
-            )
+            _error(f"{type(exc).__name__}: {redact_text(str(exc))} (run with -v or QNNCTL_DEBUG=1 for the "
+                   "traceback)", kind="unexpected error")
         sys.exit(EXIT_FAILED)
     sys.exit(code if isinstance(code, int) else 0)

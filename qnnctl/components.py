@@ -12,6 +12,7 @@ command needs the host libraries, and an SDK folder without them is no SDK (`mis
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -89,10 +90,22 @@ def parse_components(spec: str | Iterable[str], where: str = "--components") -> 
     unknown = sorted(n for n in names if n not in _NAMED and not _HEXAGON_NAME.fullmatch(n))
     if unknown:
         verb = "is not a component" if len(unknown) == 1 else "are not components"
-        raise UsageError(f"{where}: {', '.join(unknown)} {verb}", hint=f"the components are {known_names()}")
+        meant = [guess for n in unknown if (guess := _meant(n)) is not None]
+        guess = f"did you mean {', '.join(dict.fromkeys(meant))}? " if meant else ""
+        raise UsageError(f"{where}: {', '.join(unknown)} {verb}", hint=f"{guess}the components are {known_names()}")
     if ALL in names:
         return (ALL,)
     return canonical(names | {HOST})
+
+
+def _meant(name: str) -> str | None:
+    """The component a mistyped name most likely meant (`andriod`: android; `hexagon75`,
+    `hvx-v75`: hexagon-v75), or None."""
+    generation = re.fullmatch(r"h\w*?[-_]?v?(\d{2,3})", name)
+    if generation is not None:
+        return HEXAGON.format(gen=int(generation.group(1)))
+    close = difflib.get_close_matches(name, _NAMED, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def known_names() -> str:

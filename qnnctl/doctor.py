@@ -42,6 +42,7 @@ from qnnctl.sdk import (
 )
 from qnnctl.shell import EnvValues, apply, split_path
 from qnnctl.urls import redact
+from qnnctl.words import plural
 
 if TYPE_CHECKING:
     from qnnctl.elf import Closure
@@ -63,7 +64,7 @@ PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PRO
 LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
 LIBCXX_HINT = (
     "run `qnnctl install --runtime` (stages them into qnnctl's cache, no root needed); or on "
-    "Debian/Ubuntu: `sudo apt-get install libc++1 libc++abi1 libunwind-14`"
+    "Debian/Ubuntu: `sudo apt-get install libc++1-14 libc++abi1-14 libunwind-14`"
 )
 
 
@@ -875,7 +876,7 @@ def check_cache(ctx: Context) -> Outcome:
     if read_only:
         # A shared cache, filled by its owner: `env` and `lower` use its SDKs as they are.
         installed = cache.installed_versions()
-        problems.append(f"read-only for you ({len(installed)} SDK(s): env, lower and doctor use "
+        problems.append(f"read-only for you ({plural(len(installed), 'SDK')}: env, lower and doctor use "
                         "them); install, uninstall, `cache clean` and staging a runtime cannot write here")
         hints.append("to install, point QNNCTL_CACHE_DIR at a folder of your own, or ask the "
                      "cache's owner to run `qnnctl install VERSION`")
@@ -889,13 +890,13 @@ def check_cache(ctx: Context) -> Outcome:
         size = sum(p.stat().st_size for p in partial)
         leftovers = []
         if partial:
-            leftovers.append(f"{len(partial)} partial download(s) ({size / (1 << 20):.0f} MiB: "
+            leftovers.append(f"{plural(len(partial), 'partial download')} ({size / (1 << 20):.0f} MiB: "
                              f"{_some([p.name for p in partial], 3)})")
         if records:
-            leftovers.append(f"{len(records)} record(s) of downloads that did not finish "
+            leftovers.append(f"{plural(len(records), 'record')} of downloads that did not finish "
                              f"({_some([p.name for p in records], 3)})")
         if stale:
-            leftovers.append(f"{len(stale)} folder(s) left by interrupted installs in {cache.tmp}")
+            leftovers.append(f"{plural(len(stale), 'folder')} left by interrupted installs in {cache.tmp}")
         problems.append(", ".join(leftovers))
         hints.append("`qnnctl install` resumes a partial download; `qnnctl cache clean` removes them")
     for version, state, holders in _held_and_gone(cache):
@@ -1008,7 +1009,7 @@ def check_network(ctx: Context) -> Outcome:
         hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
     else:
         status = response.status_code
-        detail = f"{source} answered HTTP {status} for {shown} ({via})"
+        detail = f"{source} answered HTTP {status} for {shown}, {via}"
         if status == 404:
             return warn(detail, hint="the archive is not there; check the version or QNNCTL_MIRROR")
         if status in (401, 403, 407) or status >= 500:
@@ -1083,11 +1084,12 @@ def check_stores(ctx: Context) -> Outcome:
         else:
             versions = found.get(store, [])
             writable = os.access(store, os.W_OK)
-            parts.append(f"store {store}: {len(versions)} SDK(s)" + (f" ({_some(versions, 3)})" if versions else "")
+            parts.append(f"store {store}: {plural(len(versions), 'SDK')}"
+                         + (f" ({_some(versions, 3)})" if versions else "")
                          + ("" if writable else ", read-only"))
     dangling = [link for link in links if link.dangling]
     if links:
-        parts.append(f"{len(links) - len(dangling)} linked SDK(s)"
+        parts.append(f"{plural(len(links) - len(dangling), 'linked SDK')}"
                      + (f" ({_some([f'{lk.version} at {lk.root}' for lk in links if not lk.dangling], 3)})"
                         if len(links) > len(dangling) else ""))
     for link in dangling:
@@ -1200,8 +1202,9 @@ def exit_code(results: Sequence[Result], strict: bool = False) -> int:
 
 def summary(results: Sequence[Result]) -> str:
     counts = {status: sum(1 for r in results if r.status == status) for status in STATUSES}
-    words = {OK: "ok", WARN: "warning(s)", FAIL: "failed", SKIP: "skipped"}
-    return ", ".join(f"{counts[s]} {words[s]}" for s in (FAIL, WARN, OK, SKIP) if counts[s])
+    words = {OK: f"{counts[OK]} ok", WARN: plural(counts[WARN], "warning"), FAIL: f"{counts[FAIL]} failed",
+             SKIP: f"{counts[SKIP]} skipped"}
+    return ", ".join(words[s] for s in (FAIL, WARN, OK, SKIP) if counts[s])
 
 
 def render_json(results: Sequence[Result], strict: bool = False) -> str:
@@ -1210,13 +1213,14 @@ def render_json(results: Sequence[Result], strict: bool = False) -> str:
 
 
 def render_text(results: Sequence[Result]) -> str:
-    """Plain aligned columns, for logs and pipes; a hint goes on the line under its check."""
+    """Plain aligned columns, for logs and pipes; a hint goes on the line under its check, an ok
+    one's too (`qnnctl use VERSION` on an SDK chosen only because it is the newest installed)."""
     width = max((len(r.id) for r in results), default=0)
     indent = " " * (6 + width + 2)
     lines = []
     for r in results:
         lines.append(f"{r.status:<6}{r.id:<{width}}  {r.detail}")
-        if r.hint and r.status != OK:
+        if r.hint:
             lines.append(f"{indent}hint: {r.hint}")
     lines.append(summary(results))
     return "\n".join(lines) + "\n"
@@ -1240,7 +1244,7 @@ def render_table(results: Sequence[Result], width: int | None = None) -> str:
     table.add_column("detail", overflow="fold")
     for r in results:
         detail = Text(r.detail)
-        if r.hint and r.status != OK:
+        if r.hint:
             detail.append("\nhint: " + r.hint, style="cyan")
         table.add_row(Text(r.status, style=_STYLES[r.status]), r.id, detail)
     buffer = io.StringIO()

@@ -110,8 +110,26 @@ class Progress(Protocol):
 ProgressFactory = Callable[[str, "int | None", int], Progress]
 
 
+# Piped, a line at each tenth, but not sooner than this after the last one: a download that
+# takes a few seconds says only how it ended, not ten lines of percentages.
+PLAIN_INTERVAL = 3.0
+
+
+def _closing_line(label: str, total: int | None, initial: int, done: int, elapsed: float) -> str:
+    """What a download says when its bar or lines end: its size and time, else how far it got."""
+    if total is not None and done < total:
+        # Interrupted or dropped: say how far it got, not something that reads like success.
+        return f"{label}: stopped at {_human(done)} of {_human(total)}"
+    if initial:
+        # The time is this run's, so the size must be too: a resumed download received only the rest.
+        return (f"{label}: {_human(done - initial)} in {elapsed:.1f}s (resumed at {_human(initial)}; "
+                f"{_human(done)} in all)")
+    return f"{label}: {_human(done)} in {elapsed:.1f}s"
+
+
 class PlainProgress:
-    """A few log lines (every 10%, or every 256 MiB when the size is unknown), no bars."""
+    """A few log lines (at each 10%, or every 256 MiB when the size is unknown, and at most one
+    every PLAIN_INTERVAL seconds), no bars; then how it ended."""
 
     def __init__(self, label: str, total: int | None, initial: int) -> None:
         self.label = label
@@ -120,9 +138,10 @@ class PlainProgress:
         self.done = initial
         self.next_mark = 0
         self.started = time.monotonic()
+        self.said = self.started
         self._advance_mark()
         if initial:
-            log.info("%s: resuming at %s", label, _human(initial))
+            log.info("%s: resuming at %s", label, _of(initial, total))
 
     def _advance_mark(self) -> None:
         step = self.total // 10 if self.total else 256 << 20
@@ -133,38 +152,49 @@ class PlainProgress:
     def update(self, n: int) -> None:
         self.done += n
         if self.done >= self.next_mark:
-            if self.total:
-                log.info("%s: %3d%% of %s", self.label, self.done * 100 // self.total, _human(self.total))
-            else:
-                log.info("%s: %s", self.label, _human(self.done))
+            now = time.monotonic()
+            if now - self.said >= PLAIN_INTERVAL and (self.total is None or self.done < self.total):
+                self.said = now
+                if self.total:
+                    log.info("%s: %3d%% of %s", self.label, self.done * 100 // self.total, _human(self.total))
+                else:
+                    log.info("%s: %s", self.label, _human(self.done))
             self._advance_mark()
 
     def close(self) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        if self.total is not None and self.done < self.total:
-            # Interrupted or dropped: say how far it got, not something that reads like success.
-            log.info("%s: stopped at %s of %s", self.label, _human(self.done), _human(self.total))
-        elif self.initial:
-            # The time is this run's, so the size must be too: a resumed download received
-            # only the rest.
-            log.info("%s: %s in %.1fs (resumed at %s; %s in all)", self.label,
-                     _human(self.done - self.initial), elapsed, _human(self.initial), _human(self.done))
-        else:
-            log.info("%s: %s in %.1fs", self.label, _human(self.done), elapsed)
+        log.info("%s", _closing_line(self.label, self.total, self.initial, self.done, elapsed))
 
 
 def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
-    """A tqdm bar on stderr, for when stderr is a terminal."""
+    """A tqdm bar on stderr, for when stderr is a terminal, in the units of the lines (MiB, and
+    MiB/s); it says first that it resumes, and when it closes, how it ended, as the lines do."""
     from tqdm import tqdm
+
+    if initial:
+        log.info("%s: resuming at %s", label, _of(initial, total))
+    started = time.monotonic()
 
     class Bar(tqdm):  # type: ignore[misc]
         # No monitor thread: the download updates the bar often enough, and that thread
         # outlives the bar, which would keep the extraction from forking (archive.in_processes).
         monitor_interval = 0
+        said = False
 
+        def close(self) -> None:
+            done = self.n
+            super().close()
+            if not self.said:  # tqdm closes again when the bar is collected
+                self.said = True
+                log.info("%s", _closing_line(label, total, initial, done, time.monotonic() - started))
+
+    # "iB" with a divisor of 1024: the rate in KiB/s, MiB/s; the sizes get the unit too (tqdm's
+    # own format writes "1.00M/4.00M" beside "7.74MiB/s"). Of an unknown size, tqdm's format is
+    # "1.00MiB [00:01, 7.74MiB/s]" already.
+    sized = "{l_bar}{bar}| {n_fmt}iB/{total_fmt}iB [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
     bar: Progress = Bar(
-        total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-        desc=label, file=sys.stderr, leave=False,
+        total=total, initial=initial, unit="iB", unit_scale=True, unit_divisor=1024,
+        desc=label, file=sys.stderr, leave=False, bar_format=sized if total is not None else None,
     )
     return bar
 

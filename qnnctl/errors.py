@@ -60,20 +60,21 @@ class InvalidSdkError(QnnctlError):
     """A folder that was named as an SDK root does not have the SDK's layout.
 
     `problem` replaces "is not a QNN SDK root: missing ..." when something else is wrong
-    (the path is a file).
+    (the path is a file, or is not there); `hint` the usual one, when the caller knows better.
     """
 
-    def __init__(self, root: str, missing: list[str], origin: str, problem: str | None = None) -> None:
+    def __init__(self, root: str, missing: list[str], origin: str, problem: str | None = None,
+                 hint: str | None = None) -> None:
         self.root = root
         self.missing = missing
         self.origin = origin
-        hint = "point it at the folder that holds QNN_README.txt, lib/ and bin/, or unset it and run `qnnctl install`"
+        usual = "point it at the folder that holds QNN_README.txt, lib/ and bin/, or unset it and run `qnnctl install`"
         if problem is not None:
-            hint = ("an SDK root is the folder that holds QNN_README.txt, lib/ and bin/ "
-                    "(an SDK archive is installed with `qnnctl install --file ARCHIVE`)")
+            usual = ("an SDK root is the folder that holds QNN_README.txt, lib/ and bin/ "
+                     "(an SDK archive is installed with `qnnctl install --file ARCHIVE`)")
         super().__init__(
             f"{origin} {root!s} {problem or 'is not a QNN SDK root: missing ' + ', '.join(missing)}",
-            hint=hint,
+            hint=usual if hint is None else hint,
         )
 
 

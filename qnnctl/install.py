@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from qnnctl.cache import MANIFEST_NAME, Cache, remove_tree
+from qnnctl.cache import MANIFEST_NAME, Cache, remove_tree, unpacked_size
 from qnnctl.commit import (
     FILE_LOCK,
     commit,
@@ -51,6 +51,7 @@ from qnnctl.versions import (
     resolve_version,
     version_in,
 )
+from qnnctl.words import size_text
 
 if TYPE_CHECKING:
     from qnnctl.archive import Extracted, Streamed
@@ -182,7 +183,7 @@ def install(
     with version_lock(cache, version):
         found_sdk = None if request.force else find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
-            log.info("another qnnctl installed %s meanwhile", version)
+            log.debug("another qnnctl installed %s meanwhile", version)
             if sha256 is not None:
                 check_installed_sha256(found_sdk, sha256)
             return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
@@ -561,6 +562,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
             raise _not_installed(version)  # another qnnctl removed it meanwhile
         trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
+        size = unpacked_size(target)
         from qnnctl.holds import exclusive
 
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held,
@@ -568,6 +570,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
         with exclusive(cache, version, target, "removed", wait):
             os.replace(target, trash)
         remove_tree(trash)
+    log.info("removed SDK %s (%s) from %s", version, size_text(size), target)
     return target
 
 

@@ -7,9 +7,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.cache import Cache, read_manifest, tree_size, unpacked_size
+from qnnctl.errors import QnnctlError
 from qnnctl.holds import held_by
-from qnnctl.sdk import executorch_cache_dirs, missing_layout, read_build_id, read_sdk_version
+from qnnctl.sdk import (
+    executorch_cache_dirs,
+    find_installed,
+    missing_layout,
+    read_build_id,
+    read_sdk_version,
+    select_sdk,
+)
+from qnnctl.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
+from qnnctl.words import columns, size_text
 
 
 def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -38,15 +48,13 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "missing": missing_layout(root),
             "held_by": [holder._asdict() for holder in held_by(cache, version)],
         })
-    from qnnctl.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
-
     for link in all_links(cache):
         missing = missing_layout(link.root)
         rows.append({
             "version": link.version,
             "build_id": link.build_id if missing else read_build_id(link.root),
             "root": str(link.root),
-            "size": None if missing else _size(link.root),
+            "size": None if missing else unpacked_size(link.root),
             "origin": LINK_ORIGIN,
             "missing": missing,
         })
@@ -55,7 +63,7 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
             "version": stored.version,
             "build_id": read_build_id(stored.root),
             "root": str(stored.root),
-            "size": _size(stored.root),
+            "size": unpacked_size(stored.root),
             "origin": store_origin(stored.store),
             "missing": [],
         })
@@ -83,6 +91,53 @@ def installed_sdks(cache: Cache, environ: Mapping[str, str]) -> list[dict[str, A
     return rows
 
 
+def selected_here(cache: Cache, environ: Mapping[str, str], cwd: Path) -> tuple[Path, str] | None:
+    """The root of the SDK that a command run here without a VERSION would use, and why
+    (Selection.describe); None when that SDK is not on disk or the choice fails."""
+    try:
+        selection = select_sdk(None, environ, cwd, cache)
+        root = selection.root
+        if root is None and selection.version is not None:
+            found = find_installed(selection.version, cache, environ)
+            root = found.root if found is not None else None
+    except QnnctlError:
+        return None
+    return (root, selection.describe()) if root is not None else None
+
+
+def render_table(rows: list[dict[str, Any]], selected: Path | None) -> tuple[list[str], bool]:
+    """`qnnctl list`'s lines: a header and aligned columns, `*` on the row of the `selected`
+    root (its first, in the order commands look), a note on a second copy of a version that is
+    not used while the first is there; and whether a row was marked."""
+    chosen = os.path.realpath(selected) if selected is not None else None
+    table = [[" ", "version", "build", "size", "where", "root", "notes"]]
+    marked = False
+    first: dict[str, str] = {}  # where each version is found first
+    for row in rows:
+        notes = [f"damaged: missing {', '.join(row['missing'])}"] if row["missing"] else []
+        if row["missing"] and row["origin"] == LINK_ORIGIN:
+            notes = [f"its folder is gone or no SDK root: not used; `qnnctl uninstall {row['version']}` drops "
+                     "the link"]
+        if row["components"] != ["all"]:
+            notes.append(f"components {','.join(row['components'])}")
+        users = ", ".join(f"PID {h['pid']} ({h['command']})" if h["command"] else f"PID {h['pid']}"
+                          for h in row.get("held_by", ()))
+        if users:
+            notes.append(f"in use by {users}")
+        if row["version"] in first and not row["missing"]:
+            notes.append(f"not used: the {first[row['version']]} copy comes first")
+        elif not row["missing"]:
+            first[row["version"]] = row["origin"]
+        mark = not marked and chosen is not None and os.path.realpath(row["root"]) == chosen
+        marked = marked or mark
+        table.append(["*" if mark else " ", row["version"], row["build_id"] or "unknown",
+                      size_text(row["size"]) if row["size"] is not None else "?", row["origin"], row["root"],
+                      "; ".join(notes)])
+    if not any(line[-1] for line in table[1:]):
+        table = [line[:-1] for line in table]  # no notes: no empty column
+    return columns(table), marked
+
+
 def _add_components(row: dict[str, Any]) -> None:
     """The components the SDK holds (["all"] unless it was installed with some), and whether
     it was fetched in parts (no sha256 of the whole archive vouches for it)."""
@@ -92,8 +147,3 @@ def _add_components(row: dict[str, Any]) -> None:
     row["components"] = list(installed_components(manifest))
     row["partial"] = manifest.get("partial") is True
 
-
-def _size(root: Path) -> int:
-    """The SDK's unpacked size: as its manifest records it, else summed (slower on NFS)."""
-    recorded = (read_manifest(root) or {}).get("unpacked_size")
-    return recorded if isinstance(recorded, int) else tree_size(root)

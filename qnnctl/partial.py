@@ -29,6 +29,7 @@ from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.commit import commit, identify, require_version, used_up, work_id
 from qnnctl.components import (
     ALL,
+    HOST,
     Member,
     available,
     canonical,
@@ -41,6 +42,7 @@ from qnnctl.components import (
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk import Sdk
+from qnnctl.words import plural
 
 if TYPE_CHECKING:
     from qnnctl.download import ProgressFactory
@@ -148,9 +150,11 @@ def choose_members(members: dict[PurePosixPath, Member], components: Collection[
         found = set(available(members.values(), top))
         absent = [c for c in components if c not in found]
         if absent:
+            held = ",".join(canonical(c for c in components if c in found) or (HOST,))
             raise UsageError(
                 f"{source} has no {', '.join(absent)}: its components are {', '.join(canonical(found))}",
-                hint="ask for those it has (`--components host,android,hexagon-vNN`)",
+                hint=f"ask only for some of those (`--components {held}`), or install from an archive that "
+                "has them",
             )
     chosen = choose(members.values(), top, components) - present
     return Choice(top, members, chosen, present, {})
@@ -303,8 +307,8 @@ class RangedInstall:
         ranges = [(e.start, e.end) for e in spans.values()]
         wanted = sum(end - start for start, end in sparse.missing(ranges))
         adding = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
-        log.info("fetching %d file(s) of %s: %s of the archive's %s", len(spans), ", ".join(adding or components),
-                 _human(wanted), _human(sparse.remote.size))
+        log.info("fetching %s of %s: %s of the archive's %s", plural(len(spans), "file"),
+                 ", ".join(adding or components), _human(wanted), _human(sparse.remote.size))
         from qnnctl.cache import require_free_space
 
         require_free_space(self.cache.downloads, wanted, "download the archive's parts")
@@ -583,7 +587,14 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
         with used_up(fetched.path, cache.downloads / f"{name}.json"):
             # What pins the whole archive is checked before a byte of it is read as a zip.
             check([e for e in expected if e.sha256 is not None], Observed(fetched.url, fetched.sha256, fetched.size))
-            extracted, parts = extract_components(fetched.path, components, work / "x")
+            try:
+                extracted, parts = extract_components(fetched.path, components, work / "x")
+            except UsageError as exc:
+                # Known only now that it is all here: say that it stays, and what for.
+                exc.hint = (f"{exc.hint}; the whole archive stays in {fetched.path}, so that the next install "
+                            "of this version reads it instead of downloading it again (`qnnctl cache clean` "
+                            "removes it)")
+                raise
             seen = observed_tree(extracted.root, extracted.files, fetched.url, fetched.sha256, fetched.size,
                                  parts.central_directory_sha256)
             check(expected, seen)

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest, remove_tree, tree_size
+from qnnctl.cache import MANIFEST_NAME, Cache, remove_tree, unpacked_size
 from qnnctl.errors import UsageError
 from qnnctl.holds import HeldError, exclusive
 from qnnctl.versions import is_version_prefix, matches_prefix, resolve_version
+from qnnctl.words import size_text
 
 log = logging.getLogger("qnnctl.prune")
 
@@ -91,8 +92,7 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
             target = cache.sdk_dir(version)
             if not (target / MANIFEST_NAME).is_file():
                 continue  # another qnnctl removed it meanwhile
-            recorded = (read_manifest(target) or {}).get("unpacked_size")
-            size = recorded if isinstance(recorded, int) else tree_size(target)
+            size = unpacked_size(target)
             cache.tmp.mkdir(parents=True, exist_ok=True)
             trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
             # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held.
@@ -111,4 +111,5 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
 
 
 def mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    """As `qnnctl list` says sizes."""
+    return size_text(n)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -139,10 +140,62 @@ def sdk_from_root(root: Path, origin: str) -> Sdk:
     root = user_path(root).absolute()
     missing = missing_layout(root)
     if missing:
-        if root.exists() and not root.is_dir():
-            raise InvalidSdkError(str(root), missing, origin, problem="is a file, not a folder")
-        raise InvalidSdkError(str(root), missing, origin)
+        raise not_an_sdk_root(root, missing, origin)
     return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=origin)
+
+
+# How deep below a folder named as an SDK root to look for one (`qairt/`, `qairt/2.37.0.250724/`).
+_ROOTS_BELOW_DEPTH = 3
+
+
+def sdk_roots_below(folder: Path, depth: int = _ROOTS_BELOW_DEPTH, limit: int = 3, budget: int = 2000) -> list[Path]:
+    """Up to `limit` SDK roots in the folders below `folder`, nearest first (sorted by name at
+    each level), looking into `budget` folders at most (a home folder named by mistake is
+    not walked whole); links to folders are not followed."""
+    found: list[Path] = []
+    level = [folder]
+    for _ in range(depth):
+        below: list[Path] = []
+        for parent in level:
+            budget -= 1
+            if budget < 0:
+                return found
+            try:
+                children = sorted(p for p in parent.iterdir() if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+            for child in children:
+                if not missing_layout(child):
+                    found.append(child)
+                    if len(found) == limit:
+                        return found
+                else:
+                    below.append(child)
+        level = below
+    return found
+
+
+def not_an_sdk_root(root: Path, missing: list[str], origin: str) -> InvalidSdkError:
+    """The error for a path named as an SDK root (by `origin`: "--sdk", "QNN_SDK_ROOT", "the
+    folder" of `qnnctl link`) that is none: whether it is there, and an SDK root below it."""
+    use = {"QNN_SDK_ROOT": "`export QNN_SDK_ROOT={}`", "--sdk": "`--sdk {}`", "the folder": "`qnnctl link {}`"}
+    if not root.exists():
+        return InvalidSdkError(str(root), missing, origin, problem="does not exist",
+                               hint="give the path of an SDK root: the folder that holds QNN_README.txt, lib/ "
+                               "and bin/ (qairt/<version>/ where Qualcomm's archive was unpacked)")
+    if not root.is_dir():
+        return InvalidSdkError(str(root), missing, origin, problem="is a file, not a folder")
+    below = sdk_roots_below(root)
+    if below:
+        named = " or ".join(use.get(origin, "{}").format(shlex.quote(str(p))) for p in below)
+        some = "an SDK root is" if len(below) == 1 else "SDK roots are"
+        return InvalidSdkError(str(root), missing, origin, hint=f"{some} below it: {named}")
+    if origin != "QNN_SDK_ROOT":
+        return InvalidSdkError(str(root), missing, origin,
+                               hint="an SDK root is the folder that holds QNN_README.txt, lib/ and bin/ "
+                               "(qairt/<version>/ where Qualcomm's archive was unpacked); an archive is "
+                               "installed with `qnnctl install --file ARCHIVE`")
+    return InvalidSdkError(str(root), missing, origin)
 
 
 def caller_lib_dir(environ: Mapping[str, str]) -> Path | None:
@@ -335,7 +388,8 @@ def select_sdk(
     newest = newest_installed(cache, environ) if cache is not None else None
     if newest is not None:
         return Selection(BY_INSTALLED, "the newest SDK already installed", version=newest)
-    return Selection(BY_DEFAULT, "qnnctl's default", version=DEFAULT_VERSION)
+    return Selection(BY_DEFAULT, "nothing here names another (no pin, no QNN_SDK_ROOT, no ExecuTorch, none installed)",
+                     version=DEFAULT_VERSION)
 
 
 def shell_sdk_root(environ: Mapping[str, str]) -> str | None:

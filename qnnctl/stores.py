@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl.cache import Cache, write_json_atomic
-from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, UsageError
+from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.versions import is_full_version
 
@@ -210,14 +210,13 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
     Returns the new link and the one it replaced, if any. The folder is only read.
     """
     from qnnctl.identity import version_of_build
-    from qnnctl.sdk import missing_layout, read_build_id, version_claims
+    from qnnctl.sdk import missing_layout, not_an_sdk_root, read_build_id, version_claims
     from qnnctl.versions import resolve_version
 
     root = user_path(path).absolute()
     missing = missing_layout(root)
     if missing:
-        problem = "is a file, not a folder" if root.exists() and not root.is_dir() else None
-        raise InvalidSdkError(str(root), missing, "the folder", problem=problem)
+        raise not_an_sdk_root(root, missing, "the folder")
     if os.path.realpath(root).startswith(os.path.realpath(cache.sdks) + os.sep):
         raise UsageError(f"{root} is in qnnctl's cache already; there is nothing to link",
                          hint="`qnnctl list` shows what is installed")

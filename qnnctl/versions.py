@@ -139,12 +139,25 @@ def resolve_version(spec: str, pools: Iterable[tuple[str, Collection[str]]] = ()
         if matches:
             return matches[-1]
         if full:
-            looked.append(f"{what}: {', '.join(full)}")
+            looked.append(f"{what}: {known_releases(tuple(full)) if versions is KNOWN_VERSIONS else ', '.join(full)}")
     raise UsageError(
         f"no SDK version matches {spec!r}",
         hint="give a full version such as 2.37.0.250724 (one newer than qnnctl knows is installed "
         "by its full version); " + "; ".join(looked),
     )
+
+
+def known_releases(versions: tuple[str, ...], shown: int = 3) -> str:
+    """The releases for a hint, short: the newest `shown` in full, then the older release lines
+    as the prefixes that name them (`2.48.40.260702, 2.48.0.260626, 2.47.0.260601; older: 2.46,
+    2.45, ...`), instead of every version in one wall of text."""
+    def line(version: str) -> str:
+        return ".".join(version.split(".")[:2])
+
+    ordered = sorted(set(versions), key=parse_version, reverse=True)
+    newest = ordered[:shown]
+    older = [p for p in dict.fromkeys(line(v) for v in ordered[shown:]) if p not in {line(v) for v in newest}]
+    return ", ".join(newest) + (f"; older: {', '.join(older)}" if older else "")
 
 
 def archive_name(version: str) -> str:

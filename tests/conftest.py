@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import random
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +132,9 @@ def run_qnnctl_on_a_terminal(*args: str, timeout: float = 120) -> tuple[int, str
     """`qnnctl ARGS` with its stderr on a pseudo-terminal: its exit code, its stdout, and all
     it wrote to the terminal."""
     controller, terminal = pty.openpty()
+    # 24 rows of 100 columns, as a terminal window has (a new pseudo-terminal has 0 of each,
+    # which tqdm takes for no room and draws no bar in).
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
                             stderr=terminal, stdin=subprocess.DEVNULL)
     os.close(terminal)

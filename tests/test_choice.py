@@ -237,7 +237,7 @@ def test_install_without_a_version_reuses_the_newest_sdk_installed(mirror: Fault
     assert mirror.requests == []
 
 
-def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, origin: str, reason: str) -> None:
+def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, said: str, reason: str) -> None:
     """`qnnctl install` with no VERSION in `env` reuses the SDK at `root`, saying where it was
     found, and install() returns it with the step of the selection that chose it."""
     from qnnctl.cache import Cache
@@ -246,7 +246,7 @@ def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, origin:
     install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the one to reuse
     proc = run_qnnctl("install", env=env)
     assert (proc.returncode, proc.stdout) == (0, f"{root}\n"), proc.stderr
-    assert proc.stderr == f"qnnctl: SDK {VERSION} is already installed ({origin})\n"
+    assert proc.stderr == f"qnnctl: SDK {VERSION} {said}\n"
     found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
     assert (found.sdk is not None and found.sdk.root, found.action) == (root, "reused")
     assert found.selection is not None
@@ -258,7 +258,8 @@ def test_install_in_a_shell_set_up_by_env_reuses_its_sdk(mirror: FaultServer, ca
     from qnnctl.sdk import BY_SHELL
 
     root = install_tree_into_cache(cache_dir, VERSION)
-    _reused_by_install(cache_dir, shell_for(VERSION), root, "qnnctl env", BY_SHELL)
+    _reused_by_install(cache_dir, shell_for(VERSION), root,
+                      "is the one this shell was set up for (`qnnctl env`): nothing to install", BY_SHELL)
     assert mirror.requests == []
 
 
@@ -268,5 +269,6 @@ def test_install_with_the_users_sdk_root_reuses_it(mirror: FaultServer, cache_di
 
     root = tmp_path / "users-sdk"
     build_sdk_tree(root, SdkSpec(version=VERSION))
-    _reused_by_install(cache_dir, {**os.environ, "QNN_SDK_ROOT": str(root)}, root, "QNN_SDK_ROOT", BY_ENV)
+    _reused_by_install(cache_dir, {**os.environ, "QNN_SDK_ROOT": str(root)}, root,
+                      "is the one QNN_SDK_ROOT names: nothing to install", BY_ENV)
     assert mirror.requests == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_qnnctl, with_default_sigint
+from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, install_tree_into_cache
+from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
 
 
 def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -> None:
@@ -277,10 +278,10 @@ NO_SUCH_USER = "~qnnctl-no-such-user"
 
 
 @pytest.mark.parametrize(("args", "variables", "code", "said"), [
-    (("env", "--sdk", f"{NO_SUCH_USER}/sdk"), {}, 1, f"--sdk {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
+    (("env", "--sdk", f"{NO_SUCH_USER}/sdk"), {}, 1, f"--sdk {{cwd}}/{NO_SUCH_USER}/sdk does not exist"),
     (("env",), {"QNN_SDK_ROOT": f"{NO_SUCH_USER}/sdk"}, 1,
-     f"QNN_SDK_ROOT {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
-    (("link", f"{NO_SUCH_USER}/sdk"), {}, 1, f"the folder {{cwd}}/{NO_SUCH_USER}/sdk is not a QNN SDK root"),
+     f"QNN_SDK_ROOT {{cwd}}/{NO_SUCH_USER}/sdk does not exist"),
+    (("link", f"{NO_SUCH_USER}/sdk"), {}, 1, f"the folder {{cwd}}/{NO_SUCH_USER}/sdk does not exist"),
     (("install", VERSION, "--file", f"{NO_SUCH_USER}/a.zip"), {}, 2, f"{{cwd}}/{NO_SUCH_USER}/a.zip is not a file"),
     (("list",), {"QNNCTL_CACHE_DIR": f"{NO_SUCH_USER}/cache"}, 0, "no SDK installed"),
     (("list",), {"QNNCTL_STORES": f"{NO_SUCH_USER}/store"}, 0, "no SDK installed"),
@@ -295,3 +296,95 @@ def test_a_path_under_the_home_of_no_such_user_is_a_path_that_is_not_there(
     assert said.format(cwd=tmp_path) in result.stderr
     assert "unexpected" not in result.stderr
     assert not (tmp_path / NO_SUCH_USER).exists()
+
+
+# -- one style for errors, warnings and hints ----------------------------------------------------
+
+RED, YELLOW, CYAN, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[36m", "\x1b[0m"
+
+
+def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
+    """`qnnctl instal`: `qnnctl: error:` and `qnnctl: hint:` (click's suggestion, the usage, the
+    help), not click's `Error: No such command` under a usage block."""
+    result = run_qnnctl("instal")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "qnnctl: error: no such command 'instal'\n"
+        "qnnctl: hint: did you mean one of: 'install', 'list', 'uninstall'? usage: qnnctl [OPTIONS] COMMAND "
+        "[ARGS]...; `qnnctl --help` says more\n")
+    option = run_qnnctl("install", "--forc")
+    assert option.returncode == 2
+    assert option.stderr == ("qnnctl: error: no such option '--forc'\n"
+                             "qnnctl: hint: did you mean '--force'? usage: qnnctl install [OPTIONS] [VERSION]; "
+                             "`qnnctl install --help` says more\n")
+    missing = run_qnnctl("link")
+    assert (missing.returncode, missing.stderr) == (2, "qnnctl: error: missing argument 'PATH'\nqnnctl: hint: usage: "
+                                                       "qnnctl link [OPTIONS] PATH; `qnnctl link --help` says more\n")
+
+
+def test_errors_warnings_and_hints_are_coloured_on_a_terminal_only(cache_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, seen = run_qnnctl_on_a_terminal("instal")
+    text = seen.decode().replace("\r\n", "\n")
+    assert (code, out) == (2, "")
+    assert text.startswith(f"qnnctl: {RED}error:{RESET} no such command 'instal'\n"
+                           f"qnnctl: {CYAN}hint:{RESET} did "), text
+    # A warning (a link of a version qnnctl's cache holds too) and a QnnctlError's error and hint.
+    install_tree_into_cache(cache_dir, VERSION)
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(version=VERSION))
+    code, _, seen = run_qnnctl_on_a_terminal("link", str(folder), "--version", VERSION)
+    assert code == 0
+    assert f"qnnctl: {YELLOW}warning:{RESET} SDK {VERSION} is also in qnnctl's cache" in seen.decode()
+    code, _, seen = run_qnnctl_on_a_terminal("uninstall", "2.99")
+    assert code == 1
+    assert f"qnnctl: {RED}error:{RESET} " in seen.decode()
+    assert f"qnnctl: {CYAN}hint:{RESET} " in seen.decode()
+    # NO_COLOR set to anything, or stderr no terminal: the same words, no colour.
+    monkeypatch.setenv("NO_COLOR", "1")
+    code, _, seen = run_qnnctl_on_a_terminal("instal")
+    assert code == 2
+    assert seen.decode().startswith("qnnctl: error: no such command 'instal'\r\nqnnctl: hint: did you mean")
+    assert b"\x1b" not in seen
+    monkeypatch.delenv("NO_COLOR")
+    piped = run_qnnctl("link", str(folder), "--version", VERSION)
+    assert "qnnctl: warning: SDK" in piped.stderr
+    assert "\x1b" not in piped.stderr
+
+
+# -- where the cache is ----------------------------------------------------------------------------
+
+
+def test_an_empty_or_relative_home_is_refused_for_the_default_cache(tmp_path: Path) -> None:
+    """HOME="" would put the cache at /.cache/qnnctl: refused (exit 2) before anything is made."""
+    env = {k: v for k, v in os.environ.items() if k not in ("QNNCTL_CACHE_DIR", "XDG_CACHE_HOME")}
+    for home, what in (("", "empty"), ("somewhere", "relative ('somewhere')")):
+        result = run_qnnctl("install", env={**env, "HOME": home})
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        where = "/.cache/qnnctl" if not home else str(Path.cwd() / home / ".cache" / "qnnctl")
+        assert result.stderr == (
+            f"qnnctl: error: HOME is {what}: the default cache, ~/.cache/qnnctl, would be {where}\n"
+            "qnnctl: hint: set HOME to your home folder, or point QNNCTL_CACHE_DIR (or XDG_CACHE_HOME) at a folder\n")
+    assert not (Path.cwd() / "somewhere").exists()
+    # XDG_CACHE_HOME, when absolute, or QNNCTL_CACHE_DIR takes its place; a relative
+    # XDG_CACHE_HOME is ignored, as its specification says.
+    chosen = run_qnnctl("list", env={**env, "HOME": "", "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert (chosen.returncode, chosen.stderr) == (0, "qnnctl: no SDK installed; run `qnnctl install`\n")
+    users_home = tmp_path / "home"
+    install_tree_into_cache(users_home / ".cache" / "qnnctl", VERSION)
+    relative = run_qnnctl("list", "--json", env={**env, "HOME": str(users_home), "XDG_CACHE_HOME": "xdg"})
+    assert relative.returncode == 0, relative.stderr
+    assert [row["version"] for row in json.loads(relative.stdout)["sdks"]] == [VERSION]
+
+
+def test_a_relative_cache_dir_is_said_once_and_taken_from_the_current_folder(tmp_path: Path) -> None:
+    install_tree_into_cache(Path.cwd() / "rel" / "cache", VERSION)
+    result = run_qnnctl("env", "--shell", "json", env={**os.environ, "QNNCTL_CACHE_DIR": "rel/cache"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["QNN_SDK_ROOT"] == str(Path.cwd() / "rel" / "cache" / "sdks" / VERSION)
+    assert result.stderr == (
+        f"qnnctl: warning: QNNCTL_CACHE_DIR=rel/cache is relative: the cache is {Path.cwd() / 'rel' / 'cache'}, "
+        "taken from the current folder; run from another folder, qnnctl would use another cache (an absolute "
+        "path avoids that)\n")
+    absolute = run_qnnctl("env", "--shell", "json",
+                          env={**os.environ, "QNNCTL_CACHE_DIR": str(Path.cwd() / "rel" / "cache")})
+    assert (absolute.returncode, absolute.stderr) == (0, "")

@@ -162,9 +162,22 @@ def test_an_sdk_installed_without_its_device_side_names_what_is_missing(tmp_path
     assert proc.returncode == 1, proc.stderr
     assert (f"SDK {V2_51} at {installed} lacks what SM8750 (HTP V79) needs: lib/aarch64-android/libQnnSystem.so, "
             "lib/aarch64-android/libQnnHtpV79Stub.so, lib/hexagon-v79/unsigned/libQnnHtpV79Skel.so") in proc.stderr
-    assert f"qnnctl install --force {V2_51}` from a full archive" in proc.stderr
+    # Installed whole: its archive has no device side, so a reinstall would not bring one.
+    assert "--force" not in proc.stderr
+    assert proc.stderr.endswith(
+        f"qnnctl: hint: SDK {V2_51} was installed whole, so its archive has no lib/aarch64-android/ and "
+        "lib/hexagon-v79/unsigned/ (`qnnctl doctor --verify` tells whether files were lost since): a reinstall "
+        "would lack them too; push from an SDK whose archive holds them, a full QAIRT release: `qnnctl device "
+        "push --sdk VERSION`\n"), proc.stderr
     with pytest.raises(MissingDeviceFilesError):
         plan_push(Sdk(installed, V2_51, "qnnctl cache"), resolve_soc("SM8750", None))
+    # Installed in parts, without them: the install that adds them.
+    (installed / ".qnnctl.json").write_text(json.dumps({"schema": 1, "version": V2_51, "files": {},
+                                                        "components": ["host"], "partial": True}))
+    parts = push("--sdk", V2_51, "--soc", "SM8750P", "--dry-run")
+    assert parts.returncode == 1, parts.stderr
+    assert parts.stderr.endswith(f"qnnctl: hint: add them: `qnnctl install {V2_51} --components "
+                                 "host,android,hexagon-v79` (fetches only what is missing)\n"), parts.stderr
 
 
 def test_an_sdk_that_mixes_builds_is_refused(tmp_path: Path) -> None:
@@ -284,7 +297,7 @@ def test_push_puts_the_set_there_then_skips_what_is_the_same(sdk: Path, phones: 
     want = {**expected_set(sdk, 79), "qnn_executor_runner": runner.read_bytes()}
     assert pushed(phones, "R5CT1") == dict(sorted(want.items()))
     assert os.access(phones.path("R5CT1", f"{DEST}/qnn_executor_runner"), os.X_OK)  # the mode came along
-    assert "6 file(s) pushed" in proc.stderr
+    assert "6 files pushed" in proc.stderr
     assert sorted(phones.pushes()) == sorted(want)
 
     phones.clear_calls()
@@ -420,6 +433,11 @@ def test_adb_from_ADB_then_PATH_then_android_home(tmp_path: Path, phones: Phones
     assert proc.returncode == 1
     assert "adb is not installed or not found: ADB is not set, not on PATH, ANDROID_HOME is not set" in proc.stderr
     assert "sudo apt-get install adb" in proc.stderr
+    # A push (or its plan) without --soc: a plan that needs no device is one option away.
+    planned = run_qnnctl("device", "push", "--dry-run", "--sdk", str(make_sdk(tmp_path)), env=no_adb)
+    assert planned.returncode == 1
+    assert planned.stderr.endswith("; or see the plan without a device: `qnnctl device push --dry-run --soc SOC` "
+                                   "(SM8750...)\n"), planned.stderr
 
 
 def test_adb_output_is_read_as_adb_prints_it() -> None:
@@ -450,12 +468,14 @@ def test_device_list_shows_each_device_with_its_soc_and_generation(phones: Phone
     phones.add("GONE", state="offline")
     proc = run_qnnctl("device", "list")
     assert proc.returncode == 0, proc.stderr
+    # A header, and columns as wide as their widest cell.
     assert proc.stdout.splitlines() == [
-        "R5CT1\tdevice\tGalaxy S25\tSM8750\tV79",
-        "PIXEL9\tdevice\tPixel 9\tTensor G4\tunknown (Tensor G4)",
-        "QRD8850\tdevice\tQRD\tSM8850\tV81",
-        "LOCKED\tunauthorized\t-\t-\tunknown",
-        "GONE\toffline\t-\t-\tunknown",
+        "serial   state         model       soc        htp",
+        "R5CT1    device        Galaxy S25  SM8750     V79",
+        "PIXEL9   device        Pixel 9     Tensor G4  unknown (Tensor G4)",
+        "QRD8850  device        QRD         SM8850     V81",
+        "LOCKED   unauthorized  -           -          unknown",
+        "GONE     offline       -           -          unknown",
     ]
     data = json.loads(run_qnnctl("device", "list", "--json").stdout)
     assert data["schema"] == 1
@@ -698,7 +718,7 @@ def test_doctor_device_checks_a_model_against_the_runtime_it_will_load(tmp_path:
 
 
 @pytest.mark.parametrize(("value", "status", "says"), [
-    (f"{DEST};{DSP}", "ok", "4 folder(s), ';'-separated"),
+    (f"{DEST};{DSP}", "ok", "4 folders, ';'-separated"),
     (f"{DEST}:/vendor/lib/rfsa/adsp", "fail", "separates folders with ':'"),
     (f"{DEST};/vendor/lib/rfsa/adsp;/nowhere", "warn", "no folder /nowhere on the device"),
     (f"/vendor/lib/rfsa/adsp;{DEST}", "warn", f"it does not start with {DEST}"),

@@ -162,8 +162,8 @@ def test_missing_dependency_fails_with_the_loaders_own_words(tmp_path: Path) -> 
 def test_libcxx_missing_names_the_packages(tmp_path: Path) -> None:
     target = Target(Selection("argument", "given"), None, None)
     assert "qnnctl install --runtime" in missing_hint("libc++.so.1", target)
-    assert "apt-get install libc++1 libc++abi1 libunwind-14" in missing_hint("libc++.so.1", target)
-    assert "apt-get install libc++1 libc++abi1 libunwind-14" in missing_hint("libunwind.so.1", target)
+    assert "apt-get install libc++1-14 libc++abi1-14 libunwind-14" in missing_hint("libc++.so.1", target)
+    assert "apt-get install libc++1-14 libc++abi1-14 libunwind-14" in missing_hint("libunwind.so.1", target)
     assert "apt-get" not in missing_hint("libfoo.so", target)
     if host_has("libc++.so.1"):
         pytest.skip("this host has libc++.so.1, so an SDK library cannot miss it here")
@@ -172,7 +172,7 @@ def test_libcxx_missing_names_the_packages(tmp_path: Path) -> None:
     results = doctor(str(root))
     assert results["libraries"].status == FAIL
     assert "libc++.so.1 not found (needed by libQnnSystem.so)" in results["libraries"].detail
-    assert "apt-get install libc++1 libc++abi1 libunwind-14" in (results["libraries"].hint or "")
+    assert "apt-get install libc++1-14 libc++abi1-14 libunwind-14" in (results["libraries"].hint or "")
     assert results["load"].status == FAIL
     assert "apt-get install libc++1" in (results["load"].hint or "")
 
@@ -649,6 +649,21 @@ def test_text_table_and_json_come_from_the_same_results() -> None:
     assert [c["status"] for c in json.loads(render_json(results))["checks"]] == [OK, FAIL, SKIP]
 
 
+def test_the_summary_counts_in_words() -> None:
+    """`1 warning`, `2 warnings`: no `warning(s)`."""
+    from qnnctl.doctor import summary
+
+    def of(*statuses: str) -> str:
+        return summary([Result(f"c{i}", s, "") for i, s in enumerate(statuses)])
+
+    assert of(OK, WARN) == "1 warning, 1 ok"
+    assert of(WARN, WARN, FAIL, SKIP, OK, OK) == "1 failed, 2 warnings, 2 ok, 1 skipped"
+    from qnnctl.words import plural
+
+    assert [plural(n, "SDK") for n in (0, 1, 2)] == ["0 SDKs", "1 SDK", "2 SDKs"]
+    assert plural(3, "more file or link", "more files or links") == "3 more files or links"
+
+
 def test_a_terminal_gets_the_table(tmp_path: Path) -> None:
     root = sdk_tree(tmp_path)
     leader, follower = pty.openpty()
@@ -662,6 +677,24 @@ def test_a_terminal_gets_the_table(tmp_path: Path) -> None:
     assert "\x1b[" in out  # colours: rich, not the plain text
     assert "sdk.selection" in out
     assert "libraries" in out
+
+
+def test_the_report_shows_an_ok_checks_hint_piped_and_on_a_terminal(cache_dir: Path) -> None:
+    """An SDK chosen only because it is the newest installed: `qnnctl use VERSION`, as the
+    README promises, in the text and the table alike, not only in --json."""
+    install_tree_into_cache(cache_dir)
+    pin = f"`qnnctl use {VERSION}`"
+    piped = run_qnnctl("doctor", "--offline")
+    lines = piped.stdout.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith("ok    sdk.selection")]
+    assert lines[at + 1].strip() == f"hint: pin it for this project so that it stays the choice: {pin}", piped.stdout
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "doctor", "--offline"],
+                            stdout=follower, stderr=subprocess.DEVNULL, env=dict(os.environ, COLUMNS="300"))
+    os.close(follower)
+    table = re.sub(r"\x1b\[[0-9;]*m", "", read_terminal(leader).decode())
+    proc.wait(timeout=120)
+    assert pin in table, table
 
 
 # -- cpu, cache, network ---------------------------------------------------------------------
@@ -706,7 +739,7 @@ def test_cache_check(cache_dir: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     (downloads / f"v{VERSION}.zip.part").write_bytes(b"x" * 1000)
     result = check()
     assert result.status == WARN
-    assert "1 partial download(s)" in result.detail
+    assert "1 partial download (" in result.detail
     assert result.hint is not None
     assert "`qnnctl cache clean`" in result.hint
     (downloads / f"v{VERSION}.zip.part").unlink()
@@ -734,7 +767,7 @@ def test_network_reaches_the_mirror(server: FaultServer, monkeypatch: pytest.Mon
     server.add(path, b"PK\x05\x06" + b"\0" * 18)
     result = doctor(offline=False)["network"]
     assert result.status == OK, result
-    assert f"answered HTTP 200 for {server.base}{path} (directly" in result.detail
+    assert f"answered HTTP 200 for {server.base}{path}, directly: NO_PROXY=" in result.detail
     assert len(server.requests_for(path, method="HEAD")) == 1
     server.files.clear()
     result = doctor(offline=False)["network"]
@@ -853,7 +886,7 @@ def test_cache_check_counts_records_of_downloads_that_did_not_finish(cache_dir: 
     (downloads / f"v{VERSION}.zip.json").write_text("{}")  # what an HTML error page left
     result = _cache_check()
     assert result.status == WARN
-    assert f"1 record(s) of downloads that did not finish (v{VERSION}.zip.json)" in result.detail
+    assert f"1 record of downloads that did not finish (v{VERSION}.zip.json)" in result.detail
     assert "`qnnctl cache clean`" in (result.hint or "")
     assert run_qnnctl("cache", "clean").returncode == 0
     assert _cache_check().status == OK
@@ -888,7 +921,7 @@ def test_a_read_only_shared_cache_is_a_warning_that_says_what_cannot_be_done(tmp
         result = reader("doctor", "--json", "--offline")
         checks = {c["id"]: c for c in json.loads(result.stdout)["checks"]}
         assert checks["cache"]["status"] == "warn", checks["cache"]
-        assert checks["cache"]["detail"].startswith(f"{cache}: read-only for you (1 SDK(s): env, lower and doctor use "
+        assert checks["cache"]["detail"].startswith(f"{cache}: read-only for you (1 SDK: env, lower and doctor use "
                                                     "them); install, uninstall, `cache clean` and staging a "
                                                     "runtime cannot write here")
         assert "QNNCTL_CACHE_DIR" in checks["cache"]["hint"]

@@ -201,14 +201,14 @@ def test_not_enough_space_for_the_download(mirror: FaultServer, cache_dir: Path)
 
 
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(mirror: FaultServer) -> None:
+    """Piped, a download of a moment says only how it ended: no ten lines of percentages (the
+    lines on the way, at most one every PLAIN_INTERVAL seconds, are test_plain_progress_...)."""
     result = run_qnnctl("install")
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr
     assert "\x1b" not in result.stderr
-    percent = [line for line in result.stderr.splitlines() if "% of" in line]
-    assert 2 <= len(percent) <= 12, result.stderr
-    assert percent[-1].startswith("qnnctl: ")
-    assert "100%" in percent[-1]
+    assert [line for line in result.stderr.splitlines() if "% of" in line] == []
+    assert re.search(rf"^qnnctl: v{VERSION}\.zip: 1\.\d MiB in \d+\.\ds$", result.stderr, re.M), result.stderr
 
 
 def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> None:
@@ -217,6 +217,11 @@ def test_progress_is_a_bar_when_stderr_is_a_terminal(mirror: FaultServer) -> Non
     assert out.strip().endswith(f"sdks/{VERSION}")
     assert b"\r" in seen  # tqdm redraws its bar in place
     assert b"% of" not in seen  # and the plain lines are not printed as well
+    # Sizes and the rate in the same units, and a line that stays when the bar is gone.
+    drawn = seen.decode(errors="replace")
+    assert re.search(r"\d+\.\d+[KM]?iB/1\.\d+MiB \[[^]]*, *[\d.?]+[KMG]?iB/s\]", drawn), drawn
+    assert b"MB/s" not in seen
+    assert re.search(rf"qnnctl: v{VERSION}\.zip: 1\.\d MiB in \d+\.\ds\r\n", drawn), drawn
     # The bar leaves no thread behind that would keep the extraction from forking.
     assert re.search(rb"\d+ jobs in \d+ processes", seen), seen.decode(errors="replace")
 
@@ -591,6 +596,16 @@ def test_a_resumed_download_reports_what_this_run_received(mirror: FaultServer, 
     assert received + resumed == pytest.approx(len(_served(mirror)) / 1024, abs=0.2)
 
 
+def test_a_resumed_download_on_a_terminal_says_it_resumed(mirror: FaultServer, cache_dir: Path) -> None:
+    mirror.fail(PATH, Fault.drop_after(300_000), Fault.status(403))
+    assert run_qnnctl("install").returncode == 3
+    returncode, _, seen = run_qnnctl_on_a_terminal("install")
+    drawn = seen.decode(errors="replace")
+    assert returncode == 0, drawn
+    assert re.search(rf"qnnctl: v{VERSION}\.zip: resuming at \d+\.\d KiB of 1\.0 MiB\r\n", drawn), drawn
+    assert re.search(r"KiB in [\d.]+s \(resumed at \d+\.\d KiB; 1\.0 MiB in all\)\r\n", drawn), drawn
+
+
 def test_the_free_space_margin_scales_with_the_archive(server: FaultServer, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A 61 KB SDK installs on a disk with 20 MB free (a fixed 64 MiB margin refused it)."""
@@ -672,50 +687,97 @@ def test_each_kind_of_failed_request_has_its_own_words() -> None:
         assert error.exit_code == 3
 
 
-def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture) -> None:
+def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At each tenth when the download is slow (seconds apart), but not the last one: the
+    closing line says it."""
     import logging
 
-    from qnnctl.download import PlainProgress
+    from qnnctl.download import PLAIN_INTERVAL, PlainProgress
 
+    clock = _Clock(1000.0)
+    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
     with caplog.at_level(logging.INFO, logger="qnnctl.download"):
         bar = PlainProgress("v.zip", 1000, 0)
         for _ in range(20):
+            clock.now += PLAIN_INTERVAL / 2
             bar.update(50)
         bar.close()
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[:10] == [f"v.zip: {p:3d}% of 1000 B" for p in range(10, 101, 10)]
-    assert lines[10].startswith("v.zip: 1000 B in ")
+    assert lines == [*(f"v.zip: {p:3d}% of 1000 B" for p in range(10, 100, 10)), "v.zip: 1000 B in 30.0s"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="qnnctl.download"):
         bar = PlainProgress("v.zip", 999, 0)
+        clock.now += PLAIN_INTERVAL
         bar.update(99)  # exactly at the first mark (a tenth, rounded down): said
         bar.update(1)
+        clock.now += PLAIN_INTERVAL
         bar.update(899)
-    assert [r.getMessage() for r in caplog.records] == ["v.zip:   9% of 999 B", "v.zip: 100% of 999 B"]
+    assert [r.getMessage() for r in caplog.records] == ["v.zip:   9% of 999 B"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="qnnctl.download"):
         unknown = PlainProgress("v.zip", None, 0)
+        clock.now += PLAIN_INTERVAL
         unknown.update((256 << 20) - 1)
         unknown.update(1)
     assert [r.getMessage() for r in caplog.records] == ["v.zip: 256.0 MiB"]
 
 
-def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_progress_of_a_quick_download_says_only_how_it_ended(caplog: pytest.LogCaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten tenths within PLAIN_INTERVAL: no line on the way; one every PLAIN_INTERVAL at most."""
+    import logging
+
+    from qnnctl.download import PLAIN_INTERVAL, PlainProgress
+
+    clock = _Clock(1000.0)
+    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        bar = PlainProgress("v.zip", 1000, 0)
+        for _ in range(10):
+            clock.now += PLAIN_INTERVAL / 25
+            bar.update(100)
+        bar.close()
+    assert [r.getMessage() for r in caplog.records] == ["v.zip: 1000 B in 1.2s"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        bar = PlainProgress("v.zip", 1000, 0)
+        for _ in range(10):
+            clock.now += PLAIN_INTERVAL * 0.4
+            bar.update(100)
+    # 1.2, 2.4 seconds in: too soon; 3.6 s: said; then again 3 s or more after that.
+    assert [r.getMessage() for r in caplog.records] == ["v.zip:  30% of 1000 B", "v.zip:  60% of 1000 B",
+                                                        "v.zip:  90% of 1000 B"]
+
+
+def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """In MiB, its rate too; a resumed download says so first, and the bar leaves a line saying
+    how it ended, once."""
     import io
+    import logging
 
     from qnnctl.download import terminal_progress
 
+    clock = _Clock(1000.0)
+    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
-    bar: Any = terminal_progress("v.zip", 4 << 20, 1 << 20)
-    try:
-        assert (bar.total, bar.n, bar.unit, bar.unit_scale, bar.unit_divisor, bar.desc, bar.leave) == (
-            4 << 20, 1 << 20, "B", True, 1024, "v.zip", False)
-        assert type(bar).monitor_interval == 0
-    finally:
+    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        bar: Any = terminal_progress("v.zip", 4 << 20, 1 << 20)
+        assert [r.getMessage() for r in caplog.records] == ["v.zip: resuming at 1.0 MiB of 4.0 MiB"]
+        try:
+            assert (bar.total, bar.n, bar.unit, bar.unit_scale, bar.unit_divisor, bar.desc, bar.leave) == (
+                4 << 20, 1 << 20, "iB", True, 1024, "v.zip", False)
+            assert type(bar).monitor_interval == 0
+            bar.update(3 << 20)
+            clock.now += 2.0
+        finally:
+            bar.close()
         bar.close()
     assert "v.zip" in stderr.getvalue()
-    assert "1.00M/4.00M" in stderr.getvalue()
+    assert "1.00MiB/4.00MiB" in stderr.getvalue()
+    assert [r.getMessage() for r in caplog.records][1:] == [
+        "v.zip: 3.0 MiB in 2.0s (resumed at 1.0 MiB; 4.0 MiB in all)"]
 
 
 def test_small_pieces_of_the_downloader(tmp_path: Path) -> None:
@@ -759,17 +821,21 @@ def test_retry_after_a_date_is_from_now() -> None:
     assert retry_after(email.utils.formatdate(time.time() - 30, usegmt=True)) == 0.0
 
 
-def test_plain_progress_steps_by_one_byte_for_a_tiny_file(caplog: pytest.LogCaptureFixture) -> None:
+def test_plain_progress_steps_by_one_byte_for_a_tiny_file(caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
     from qnnctl.download import PlainProgress
 
     # A tenth of 5 bytes rounds down to 0: every byte is a step, none is skipped.
+    clock = _Clock(1000.0)
+    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
     with caplog.at_level(logging.INFO, logger="qnnctl.download"):
         bar = PlainProgress("v.zip", 5, 0)
         for _ in range(5):
+            clock.now += 3.0
             bar.update(1)
-    assert [r.getMessage() for r in caplog.records] == [f"v.zip: {p:3d}% of 5 B" for p in range(20, 101, 20)]
+    assert [r.getMessage() for r in caplog.records] == [f"v.zip: {p:3d}% of 5 B" for p in range(20, 100, 20)]
 
 
 class _Clock:

@@ -116,7 +116,7 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     assert made.returncode == 0, made.stderr
     lock_path = project / "qnnctl.lock"  # beside .qnn-version, not in the folder it ran in
     assert made.stdout == f"{lock_path}\n"
-    assert "trust on first use" in made.stderr
+    assert "qnnctl: trust on first use: these values were computed from the archive qnnctl downloaded" in made.stderr
     text = lock_path.read_text()
     assert "s3cret" not in text
     assert "Trust on first use: Qualcomm publishes no checksums" in _comment(text)
@@ -466,7 +466,7 @@ def test_a_read_only_store_is_used_and_never_written(how: str, tmp_path: Path, s
         installed = run("install")
         assert installed.returncode == 0, installed.stderr
         assert installed.stdout == f"{store / VERSION}\n"
-        assert f"(store {store})" in installed.stderr
+        assert f"is already installed in store {store}\n" in installed.stderr
         env = run("env", "--shell", "json")
         assert env.returncode == 0, env.stderr
         assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(store / VERSION)
@@ -484,7 +484,7 @@ def test_a_read_only_store_is_used_and_never_written(how: str, tmp_path: Path, s
         assert checks["sdk.version"]["status"] == "ok"  # identified by its libraries' build id
         assert checks["sdk.manifest"]["status"] == "skip"
         assert checks["stores"]["status"] == "warn"  # the first store named is not there
-        assert f"store {store}: 2 SDK(s) ({VERSION}, {OTHER_VERSION}), read-only" in checks["stores"]["detail"]
+        assert f"store {store}: 2 SDKs ({VERSION}, {OTHER_VERSION}), read-only" in checks["stores"]["detail"]
         listed = json.loads(run("list", "--json").stdout)["sdks"]
         assert [(r["version"], r["root"], r["origin"], r["build_id"]) for r in listed] == [
             (VERSION, str(store / VERSION), f"store {store}", BUILD[1:]),
@@ -532,7 +532,7 @@ def test_a_link_to_a_folder_that_is_later_removed(tmp_path: Path, cache_dir: Pat
     checks = _checks(run_qnnctl("doctor", "--sdk", VERSION, "--json", "--offline"))
     assert "(link)" in checks["sdk.selection"]["detail"]
     assert checks["stores"]["status"] == "ok"
-    assert checks["stores"]["detail"] == f"1 linked SDK(s) ({VERSION} at {folder})"
+    assert checks["stores"]["detail"] == f"1 linked SDK ({VERSION} at {folder})"
 
     shutil.rmtree(folder)
     (gone,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
@@ -590,6 +590,38 @@ def test_uninstall_takes_an_unreadable_link_record_with_the_sdk(cache_dir: Path)
     assert (removed.returncode, removed.stdout) == (0, ""), removed.stderr
     assert not root.exists()
     assert not record.exists()
+
+
+def test_link_of_a_folder_above_the_sdk_points_at_the_sdk_below(tmp_path: Path, cache_dir: Path) -> None:
+    """The folder Qualcomm's archive unpacks into (`qairt/`), or a path that is not there: said
+    as such, with the command that links the SDK root below it; nothing borrowed from the
+    QNN_SDK_ROOT check ("unset it")."""
+    root = build_sdk_tree(tmp_path / "unpacked" / "qairt" / VERSION, SdkSpec(build_id=BUILD))
+    for above in (root.parent, root.parent.parent):
+        result = run_qnnctl("link", str(above))
+        assert (result.returncode, result.stdout) == (1, ""), result.stderr
+        assert result.stderr == (
+            f"qnnctl: error: the folder {above} is not a QNN SDK root: missing lib/x86_64-linux-clang/libQnnHtp.so, "
+            "lib/x86_64-linux-clang/libQnnSystem.so\n"
+            f"qnnctl: hint: an SDK root is below it: `qnnctl link {root}`\n")
+    # The same for --sdk and QNN_SDK_ROOT, in their own words.
+    by_option = run_qnnctl("env", "--sdk", str(root.parent))
+    assert by_option.stderr.endswith(f"qnnctl: hint: an SDK root is below it: `--sdk {root}`\n"), by_option.stderr
+    by_variable = run_qnnctl("which", "libQnnHtp.so", env={**os.environ, "QNN_SDK_ROOT": str(root.parent)})
+    assert by_variable.stderr.endswith(f"qnnctl: hint: an SDK root is below it: `export QNN_SDK_ROOT={root}`\n"), \
+        by_variable.stderr
+    gone = run_qnnctl("link", str(tmp_path / "nonexistent"))
+    assert gone.returncode == 1
+    assert gone.stderr == (f"qnnctl: error: the folder {tmp_path / 'nonexistent'} does not exist\n"
+                           "qnnctl: hint: give the path of an SDK root: the folder that holds QNN_README.txt, lib/ "
+                           "and bin/ (qairt/<version>/ where Qualcomm's archive was unpacked)\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing_below = run_qnnctl("link", str(empty))
+    assert nothing_below.returncode == 1
+    assert "unset it" not in nothing_below.stderr
+    assert nothing_below.stderr.endswith("an archive is installed with `qnnctl install --file ARCHIVE`\n")
+    assert not (cache_dir / "links").exists()
 
 
 def test_link_refuses_a_version_its_libraries_contradict(tmp_path: Path, cache_dir: Path) -> None:
@@ -757,7 +789,7 @@ def test_uninstall_except_leaves_what_a_running_install_holds(server: FaultServe
     assert pruned.returncode == 0, pruned.stderr
     assert f"SDK {OTHER_VERSION} ({cache_dir / 'sdks' / OTHER_VERSION}) is held by a running install" in pruned.stderr
     assert f"removed SDK {THIRD}" in pruned.stderr
-    assert f"removed 1 SDK(s), freed {third_size / (1 << 20):.1f} MiB" in pruned.stderr
+    assert f"removed 1 SDK, freed {third_size / (1 << 20):.1f} MiB" in pruned.stderr
     assert f"kept {VERSION}" in pruned.stderr
     assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == sorted([VERSION, OTHER_VERSION])
     assert (_snapshot(store), _snapshot(linked)) == untouched
@@ -791,8 +823,57 @@ def test_uninstall_all_and_an_except_that_names_nothing(cache_dir: Path) -> None
     assert run_qnnctl("uninstall").returncode == 2
     everything = run_qnnctl("uninstall", "--all")
     assert everything.returncode == 0, everything.stderr
-    assert "removed 2 SDK(s), freed" in everything.stderr
+    assert "removed 2 SDKs, freed" in everything.stderr
     assert list((cache_dir / "sdks").iterdir()) == []
+
+
+def test_list_has_a_header_aligned_columns_and_marks_the_sdk_used_here(tmp_path: Path, cache_dir: Path) -> None:
+    """A cache copy and a link of one version tell apart (the link is not used while the copy
+    comes first), the SDK used here is marked, and the columns do not shift with a root's length."""
+    folder = build_sdk_tree(tmp_path / "a-rather-longer-folder-name" / "unpacked", SdkSpec(build_id=BUILD))
+    assert run_qnnctl("link", str(folder)).returncode == 0
+    copy = install_tree_into_cache(cache_dir, VERSION)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    assert run_qnnctl("use", OTHER_VERSION).returncode == 0
+    listed = run_qnnctl("list")
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == ["version", "build", "size", "where", "root", "notes"]
+    starts = [header.index(name) for name in ("version", "build", "size", "where", "root", "notes")]
+    rows = {(line[starts[0]:].split()[0], line[starts[3]:starts[4]].strip()): line for line in lines}
+    assert sorted(rows) == sorted([(VERSION, "qnnctl cache"), (VERSION, "link"), (OTHER_VERSION, "qnnctl cache")])
+    for line in lines:
+        assert line[starts[4] - 2:starts[4] + 1] == "  /", line  # every root starts there
+    assert rows[(OTHER_VERSION, "qnnctl cache")].startswith("*  ")
+    assert rows[(VERSION, "link")][starts[4]:].startswith(f"{folder}  ")
+    assert rows[(VERSION, "link")].endswith("not used: the qnnctl cache copy comes first")
+    assert rows[(VERSION, "qnnctl cache")][starts[4]:].rstrip() == str(copy)
+    assert listed.stderr == (f"qnnctl: * marks the SDK used here: SDK {OTHER_VERSION} (pin: pinned in "
+                             f"{Path.cwd() / '.qnn-version'})\n")
+    assert [line[0] for line in lines].count("*") == 1
+
+
+def test_uninstall_says_each_size_as_list_shows_it(cache_dir: Path) -> None:
+    """One version or --all: the size freed, rounded as `qnnctl list` rounds it (240.6 MiB
+    is `241 MiB` in both)."""
+    sizes = {VERSION: 252_300_000, OTHER_VERSION: 1_363_149, THIRD: 99_000_000}
+    for version, size in sizes.items():
+        root = install_tree_into_cache(cache_dir, version)
+        manifest = json.loads((root / ".qnnctl.json").read_text())
+        (root / ".qnnctl.json").write_text(json.dumps({**manifest, "unpacked_size": size}))
+    listed = run_qnnctl("list").stdout
+    for shown in ("241 MiB", "1.3 MiB", "94 MiB"):
+        assert f"  {shown}  " in listed, listed
+    one = run_qnnctl("uninstall", VERSION)
+    assert (one.returncode, one.stdout) == (0, ""), one.stderr
+    assert one.stderr == f"qnnctl: removed SDK {VERSION} (241 MiB) from {cache_dir / 'sdks' / VERSION}\n"
+    rest = run_qnnctl("uninstall", "--all")
+    assert rest.returncode == 0, rest.stderr
+    assert f"removed SDK {OTHER_VERSION} (1.3 MiB)" in rest.stderr
+    assert f"removed SDK {THIRD} (94 MiB)" in rest.stderr
+    assert rest.stderr.endswith("qnnctl: removed 2 SDKs, freed 96 MiB\n"), rest.stderr
+    nothing = run_qnnctl("uninstall", "--all")
+    assert (nothing.returncode, nothing.stderr) == (0, "qnnctl: no SDK of qnnctl's cache to remove; nothing freed\n")
 
 
 def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,

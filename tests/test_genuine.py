@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -331,7 +332,8 @@ def test_the_build_id_names_an_archive_that_names_no_version(archive: Path, llvm
     assert manifest["build_id"] == wheel.build_id[1:]
     (row,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
     assert (row["version"], row["build_id"]) == (wheel.qairt, wheel.build_id[1:])
-    assert f"build {wheel.build_id[1:]}" in run_qnnctl("list").stdout
+    listed = run_qnnctl("list").stdout
+    assert re.search(rf"\b{re.escape(wheel.qairt)} +{re.escape(wheel.build_id[1:])} ", listed), listed
     found = checks("--sdk", wheel.qairt)
     assert found["sdk.version"]["status"] == "ok", found["sdk.version"]
     assert found["sdk.version"]["detail"].startswith(f"{wheel.qairt}: its libraries are build {wheel.build_id[1:]}")

@@ -66,14 +66,17 @@ def test_list_text(cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     result = run_qnnctl("list")
     assert result.returncode == 0, result.stderr
-    (line,) = result.stdout.splitlines()
-    assert line.startswith(VERSION)
-    assert str(root) in line
-    assert "(qnnctl cache)" in line
-    assert "build unknown" in line
+    header, line = result.stdout.splitlines()
+    size = f"{tree_size(root) / (1 << 20):.1f} MiB"
+    # The only SDK installed is the one used here (the newest installed), marked, and said why.
+    assert header == "   version        build    size     where         root"
+    assert line == f"*  {VERSION}  unknown  {size}  qnnctl cache  {root}"
+    assert result.stderr == (f"qnnctl: * marks the SDK used here: SDK {VERSION} (installed: the newest SDK "
+                             "already installed)\n")
     (root / "lib" / "x86_64-linux-clang" / "libQnnSystem.so").unlink()
-    (damaged,) = run_qnnctl("list").stdout.splitlines()
-    assert "damaged, missing lib/x86_64-linux-clang/libQnnSystem.so" in damaged
+    (_, damaged) = run_qnnctl("list").stdout.splitlines()
+    assert damaged.endswith("  damaged: missing lib/x86_64-linux-clang/libQnnSystem.so")
+    assert damaged.startswith(f"   {VERSION}")  # not used: nothing marked
     (row,) = json.loads(run_qnnctl("list", "--json").stdout)["sdks"]
     assert row["missing"] == ["lib/x86_64-linux-clang/libQnnSystem.so"]
     empty = run_qnnctl("uninstall", VERSION)
@@ -289,5 +292,5 @@ def test_list_shows_the_build_id_the_libraries_carry(cache_dir: Path, tmp_path: 
     env = {**os.environ, "QNN_STAGING_DIR": str(staging)}
     (row,) = json.loads(run_qnnctl("list", "--json", env=env).stdout)["sdks"]
     assert row["build_id"] == "2.37.0.250724101112"
-    (line,) = run_qnnctl("list", env=env).stdout.splitlines()
-    assert f"{VERSION}  build 2.37.0.250724101112  " in line
+    (_, line) = run_qnnctl("list", env=env).stdout.splitlines()
+    assert f"{VERSION}  2.37.0.250724101112  " in line

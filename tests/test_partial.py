@@ -232,14 +232,42 @@ def test_hexagon_generations_and_all(parts_mirror: FaultServer, archive_bytes: b
 
 
 def test_a_generation_the_archive_lacks(parts_mirror: FaultServer, cache_dir: Path) -> None:
-    result = run_qnnctl("install", VERSION, "--components", "host,hexagon-v99")
+    result = run_qnnctl("install", VERSION, "--components", "android,hexagon-v99")
     assert result.returncode == 2
-    assert "has no hexagon-v99: its components are host, android, hexagon-v73, hexagon-v75, docs" in result.stderr
+    # The hint asks for what the archive has, of what was asked: not the components it lacks.
+    assert result.stderr.endswith(
+        f"qnnctl: error: {parts_mirror.base}{PATH} has no hexagon-v99: its components are host, android, "
+        "hexagon-v73, hexagon-v75, docs\n"
+        "qnnctl: hint: ask only for some of those (`--components host,android`), or install from an archive that "
+        "has them\n")
     assert not (cache_dir / "sdks" / VERSION).exists()
     assert list((cache_dir / "downloads").iterdir()) == []
-    bad = run_qnnctl("install", VERSION, "--components", "host,phone")
+    asked = len(parts_mirror.requests)
+    bad = run_qnnctl("install", VERSION, "--components", "host,phone,andriod,hexagon75")
     assert bad.returncode == 2
-    assert "phone is not a component" in bad.stderr
+    assert bad.stderr == ("qnnctl: error: --components: andriod, hexagon75, phone are not components\n"
+                          "qnnctl: hint: did you mean android, hexagon-v75? the components are host, android, "
+                          "hexagon-vNN (one per DSP generation, e.g. hexagon-v75), docs, all\n")
+    assert len(parts_mirror.requests) == asked  # refused before any request
+
+
+def test_a_generation_the_archive_lacks_from_a_server_without_ranges(parts_mirror: FaultServer,
+                                                                    cache_dir: Path) -> None:
+    """Found only once the whole archive is here: said so, and that it stays to be read again;
+    the next install of the version reads it instead of downloading it again."""
+    parts_mirror.ignore_ranges = True
+    result = run_qnnctl("install", VERSION, "--components", "hexagon-v99")
+    assert result.returncode == 2, result.stderr
+    kept = cache_dir / "downloads" / f"v{VERSION}.zip"
+    assert kept.is_file()
+    assert result.stderr.endswith(
+        f"qnnctl: hint: ask only for some of those (`--components host`), or install from an archive that has them; "
+        f"the whole archive stays in {kept}, so that the next install of this version reads it instead of "
+        "downloading it again (`qnnctl cache clean` removes it)\n"), result.stderr
+    again = run_qnnctl("install", VERSION, "--components", "host")
+    assert again.returncode == 0, again.stderr
+    assert f"reusing the download finished earlier: {kept}" in again.stderr
+    assert not kept.exists()  # used up
 
 
 @pytest.mark.parametrize("components", [(), ("--components", "all")])

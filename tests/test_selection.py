@@ -69,7 +69,8 @@ def test_invalid_sdk_root_names_what_is_missing(mirror: FaultServer, tmp_path: P
         assert "lib/x86_64-linux-clang/libQnnHtp.so" in result.stderr
         assert "lib/x86_64-linux-clang/libQnnSystem.so" in result.stderr
     else:
-        assert "missing the folder itself" in result.stderr
+        assert f"qnnctl: error: QNN_SDK_ROOT {root} does not exist\n" in result.stderr
+        assert "missing the folder itself" not in result.stderr
     assert mirror.requests == []
 
 
@@ -88,7 +89,7 @@ def test_executorch_cache_is_reused(mirror: FaultServer, tmp_path: Path, cache_d
     result = run_qnnctl("install", env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{root}\n"
-    assert f"SDK {VERSION} is already installed (ExecuTorch cache)" in result.stderr
+    assert f"SDK {VERSION} is already installed in ExecuTorch's cache" in result.stderr
     assert mirror.requests == []
     assert not (cache_dir / "sdks").exists()
 
@@ -467,8 +468,9 @@ def test_without_a_cache_nothing_installed_is_looked_for(tmp_path: Path, monkeyp
     from qnnctl.versions import DEFAULT_VERSION
 
     _only_on_sys_path(tmp_path / "no-executorch-here", monkeypatch)
-    assert select_sdk(None, {}, tmp_path, cache=None) == Selection(BY_DEFAULT, "qnnctl's default",
-                                                                   version=DEFAULT_VERSION)
+    assert select_sdk(None, {}, tmp_path, cache=None) == Selection(
+        BY_DEFAULT, "nothing here names another (no pin, no QNN_SDK_ROOT, no ExecuTorch, none installed)",
+        version=DEFAULT_VERSION)
 
 
 # -- version prefixes ------------------------------------------------------------------------

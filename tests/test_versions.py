@@ -145,3 +145,19 @@ def test_version_in() -> None:
     assert version_in("qairt/2.34.0.250424") == "2.34.0.250424"
     assert version_in("sdk-2.28.2.241116") == "2.28.2.241116"
     assert version_in("qairt-latest.zip") is None
+
+
+def test_the_hint_of_an_unknown_prefix_is_short() -> None:
+    """The newest releases in full, the older ones as the prefixes that name them: not every
+    version in one wall of text."""
+    from qnnctl.versions import known_releases, resolve_version
+
+    assert known_releases(("2.37.0.250724", "2.36.1.250708", "2.48.0.260626", "2.48.40.260702", "2.28.0.241029",
+                           "2.28.2.241116"), shown=2) == "2.48.40.260702, 2.48.0.260626; older: 2.37, 2.36, 2.28"
+    assert known_releases(("2.37.0.250724",)) == "2.37.0.250724"
+    with pytest.raises(UsageError) as caught:
+        resolve_version("2.99")
+    assert caught.value.hint is not None
+    assert caught.value.hint.startswith("give a full version such as 2.37.0.250724, or a prefix of a known release: ")
+    assert "; older: " in caught.value.hint
+    assert len(caught.value.hint) < 220

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from qnnctl.device.plan import DSP_DEFAULTS, default_dest, needs, sdk_files, sdk_release
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.doctor import Context, Outcome, Skip, fail, ok, warn
+from qnnctl.words import plural
 
 if TYPE_CHECKING:
     from qnnctl.device.adb import Device
@@ -213,7 +214,7 @@ def check_adsp_path(ctx: Context) -> Outcome:
     gone = [e for e in entries if e not in existing and e not in relative]
     problems = []
     if relative:
-        problems.append(f"relative folder(s) {', '.join(relative)}")
+        problems.append(f"{'relative folder' if len(relative) == 1 else 'relative folders'} {', '.join(relative)}")
     if gone:
         problems.append(f"no folder {', '.join(gone)} on the device")
     try:
@@ -227,7 +228,7 @@ def check_adsp_path(ctx: Context) -> Outcome:
         return warn(f"ADSP_LIBRARY_PATH={value!r}: " + "; ".join(problems),
                     hint="export what `qnnctl device env` prints, or run through `qnnctl device run`")
     more = f" (without {', '.join(missing_defaults)})" if missing_defaults else ""
-    return ok(f"ADSP_LIBRARY_PATH={value!r}: {len(entries)} folder(s), ';'-separated{more}")
+    return ok(f"ADSP_LIBRARY_PATH={value!r}: {plural(len(entries), 'folder')}, ';'-separated{more}")
 
 
 def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:

@@ -112,10 +112,15 @@ def push(
         for note in plan.warnings:
             log.warning("%s", note)
         return PushOutcome(plan, None, None)
-    from qnnctl.device.adb import Adb
+    from qnnctl.device.adb import Adb, AdbNotFoundError
     from qnnctl.device.push import push_plan
 
-    device = Adb(environ).device(serial)
+    try:
+        device = Adb(environ).device(serial)
+    except AdbNotFoundError as exc:
+        # A plan needs no device when the SoC is named.
+        exc.hint = f"{exc.hint}; or see the plan without a device: `qnnctl device push --dry-run --soc SOC` (SM8750...)"
+        raise
     reported = device.soc_model
     chosen = resolve_soc(reported, soc, where=f"device {device.serial}")
     if soc is not None and reported and chosen.model != reported:

@@ -156,9 +156,26 @@ class MissingDeviceFilesError(QnnctlError):
         super().__init__(
             f"SDK {sdk.version} at {sdk.root} lacks what {soc.model} (HTP {generation.name}) needs: "
             + ", ".join(missing),
-            hint=_full_install_hint(sdk) + f"; a full SDK archive holds {ANDROID_LIB_DIR}/ and "
-            f"{hexagon_dir(generation.number)}/",
+            hint=_device_files_hint(sdk, generation.number),
         )
+
+
+def _device_files_hint(sdk: Sdk, number: int) -> str:
+    """What brings a device's files: the components an SDK installed in parts lacks; for one
+    installed whole, whose archive lacks them, another SDK (a reinstall would lack them too)."""
+    from qnnctl.cache import read_manifest
+    from qnnctl.components import ALL, ANDROID, HEXAGON, install_command, installed_components
+
+    folders = f"{ANDROID_LIB_DIR}/ and {hexagon_dir(number)}/"
+    if sdk.origin != "qnnctl cache":
+        return _full_install_hint(sdk) + f"; a full SDK archive holds {folders}"
+    held = installed_components(read_manifest(sdk.root))
+    if ALL not in held:
+        adding = [ANDROID, HEXAGON.format(gen=number)]
+        return f"add them: `{install_command(sdk.version, [*held, *adding])}` (fetches only what is missing)"
+    return (f"SDK {sdk.version} was installed whole, so its archive has no {folders} (`qnnctl doctor --verify` "
+            "tells whether files were lost since): a reinstall would lack them too; push from an SDK whose "
+            "archive holds them, a full QAIRT release: `qnnctl device push --sdk VERSION`")
 
 
 class MixedBuildError(QnnctlError):

@@ -17,6 +17,7 @@ from typing import Any
 from qnnctl.device.adb import Device
 from qnnctl.device.plan import DeviceFile, Plan
 from qnnctl.errors import IntegrityError
+from qnnctl.words import plural
 
 log = logging.getLogger("qnnctl.device.push")
 
@@ -58,7 +59,7 @@ class PushResult:
     def summary(self) -> str:
         pushed = [s for s in self.sent if s.action == PUSHED]
         size = sum(s.file.size for s in pushed)
-        return (f"{len(pushed)} file(s) pushed ({_mb(size)}), {len(self.sent) - len(pushed)} already there, "
+        return (f"{plural(len(pushed), 'file')} pushed ({_mb(size)}), {len(self.sent) - len(pushed)} already there, "
                 f"to {self.serial}:{self.plan.dest}")
 
 
