@@ -31,18 +31,23 @@ STUB = "lib/aarch64-android/libQnnHtp.so"
 LIBRARY_SIZE = 64 << 10  # both libraries padded to it: an ELF file loads with bytes after it
 
 
+def trojan_library(folder: Path, mark: Path) -> bytes:
+    """A real libQnnHtp.so whose constructor writes `mark` when it is loaded."""
+    return compile_shared(folder / "trojan" / "libQnnHtp.so", (
+        "#include <stdio.h>\n"
+        "int f(void) { return 1; }\n"
+        "__attribute__((constructor)) static void ran(void) {\n"
+        f'    FILE *mark = fopen("{mark}", "w"); if (mark) {{ fputs("ran", mark); fclose(mark); }}\n'
+        "}\n")).read_bytes()
+
+
 class Kit:
     """The genuine archive, a trojan library of the same size and where it would leave its mark."""
 
     def __init__(self, folder: Path) -> None:
         self.mark = folder / "trojan-ran"
         genuine = compile_shared(folder / "genuine" / "libQnnHtp.so").read_bytes()
-        trojan = compile_shared(folder / "trojan" / "libQnnHtp.so", (
-            "#include <stdio.h>\n"
-            "int f(void) { return 1; }\n"
-            "__attribute__((constructor)) static void ran(void) {\n"
-            f'    FILE *mark = fopen("{self.mark}", "w"); if (mark) {{ fputs("ran", mark); fclose(mark); }}\n'
-            "}\n")).read_bytes()
+        trojan = trojan_library(folder, self.mark)
         assert max(len(genuine), len(trojan)) < LIBRARY_SIZE
         self.genuine_lib = genuine.ljust(LIBRARY_SIZE, b"\0")
         self.trojan_lib = trojan.ljust(LIBRARY_SIZE, b"\0")
@@ -146,7 +151,7 @@ def test_a_lock_without_component_digests_is_no_way_around(kit: Kit, server: Fau
     nothing_ran(kit, tmp_path)
 
 
-def two_readings(genuine: bytes, trojan_lib: bytes) -> bytes:
+def two_readings(genuine: bytes, trojan_lib: bytes, member: str = TOP + HTP) -> bytes:
     """The genuine members and, after them, a trojan member; the genuine central directory, byte
     for byte, with an end record whose comment ends the file (what a reader that takes that
     record sees); inside that comment a second directory, naming the trojan for libQnnHtp.so,
@@ -154,7 +159,7 @@ def two_readings(genuine: bytes, trojan_lib: bytes) -> bytes:
     records = end_records(genuine, len(genuine))
     members = genuine[:records.cd_start]
     directory = genuine[records.cd_start:records.tail_start]
-    name = (TOP + HTP).encode()
+    name = member.encode()
     crc = zlib.crc32(trojan_lib)
     trojan_at = len(members)
     local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(trojan_lib), len(trojan_lib),
@@ -163,7 +168,7 @@ def two_readings(genuine: bytes, trojan_lib: bytes) -> bytes:
     with zipfile.ZipFile(io.BytesIO(genuine)) as zf:
         for info in zf.infolist():
             entry = directory_entry(directory, info)
-            if info.filename == TOP + HTP:
+            if info.filename == member:
                 entry = (entry[:10] + struct.pack("<H", 0) + entry[12:16]
                          + struct.pack("<3L", crc, len(trojan_lib), len(trojan_lib)) + entry[28:42]
                          + struct.pack("<L", trojan_at) + entry[46:])

@@ -11,6 +11,7 @@ own (not by qnnctl's code).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -634,3 +636,42 @@ def test_without_libcxx_the_lowering_fails_naming_it(archive: Path, llvm: str, s
     assert (found["read_with"], found["build"]) == ("bytes", wheel.build_id[1:])
     assert found["note"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
     assert report["sdk"]["root"] == str(root)
+
+
+# -- the install gate, on Qualcomm's own archive --------------------------------------------------
+
+
+@pytest.mark.parametrize("archive", [pytest.param(genuine.QAIRT_2_51, id="qairt-2.51.0.260929")], indirect=True)
+@pytest.mark.parametrize("attack", ["crc-kept", "two-readings"])
+def test_the_walk_arounds_are_refused_on_the_genuine_archive(archive: Path, llvm: str, server: FaultServer,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             attack: str) -> None:
+    """The genuine 2.51 archive (its libQnnHtp.so stored, as an archiver may store it), locked
+    from a whole install; a trojan of the same size put in its place with its CRC-32 kept, or
+    a second directory hidden in the end record's comment, is refused by an install of the host
+    component under --locked, and the trojan's constructor never runs."""
+    from tests.test_gate import crc_kept, stored, trojan_library, two_readings
+
+    version = qairt(archive)
+    member = f"qairt/{version}/lib/x86_64-linux-clang/libQnnHtp.so"
+    path = f"/{version}/v{version}.zip"
+    data = stored(archive.read_bytes(), {member})
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        size = zf.getinfo(member).file_size
+    mark = tmp_path / "trojan-ran"
+    trojan = trojan_library(tmp_path, mark).ljust(size, b"\0")
+    server.add(path, data)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    assert run_qnnctl("install", version).returncode == 0
+    made = run_qnnctl("lock", version)
+    assert made.returncode == 0, made.stderr
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "victim"))
+    server.add(path, crc_kept(data, member, trojan) if attack == "crc-kept" else two_readings(data, trojan, member))
+    refused = run_qnnctl("install", version, "--locked", "--components", "host")
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    said = ("the digest of its component host is" if attack == "crc-kept"
+            else "more than one end of central directory record")
+    assert said in refused.stderr
+    assert not (tmp_path / "victim" / "sdks" / version).exists()
+    assert run_qnnctl("doctor", "--sdk", version, "--offline").returncode != 0
+    assert not mark.exists()
