@@ -142,8 +142,8 @@ def resolve_version(spec: str, pools: Iterable[tuple[str, Collection[str]]] = ()
             looked.append(f"{what}: {known_releases(tuple(full)) if versions is KNOWN_VERSIONS else ', '.join(full)}")
     raise UsageError(
         f"no SDK version matches {spec!r}",
-        hint="give a full version such as 2.37.0.250724 (one newer than qnnctl knows is installed "
-        "by its full version); " + "; ".join(looked),
+        hint="give a full version such as 2.37.0.250724 (a release newer than qnnctl knows is installed by "
+        "its full version), or a prefix of one of these: " + " | ".join(looked),
     )
 
 

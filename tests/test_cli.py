@@ -310,7 +310,7 @@ def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "qnnctl: error: no such command 'instal'\n"
-        "qnnctl: hint: did you mean one of: 'install', 'list', 'uninstall'? usage: qnnctl [OPTIONS] COMMAND "
+        "qnnctl: hint: did you mean one of: 'inspect', 'install', 'uninstall'? usage: qnnctl [OPTIONS] COMMAND "
         "[ARGS]...; `qnnctl --help` says more\n")
     option = run_qnnctl("install", "--forc")
     assert option.returncode == 2

@@ -105,7 +105,8 @@ def test_uninstall_leaves_the_sdk_of_a_running_pipeline_and_removes_it_once_it_e
     assert (code, out) == (0, f"{root / HTP}\n"), err
     removed = run_qnnctl("uninstall", VERSION)
     assert removed.returncode == 0, removed.stderr
-    assert f"removed {root}" in removed.stderr
+    assert f"removed SDK {VERSION} (" in removed.stderr
+    assert f") from {root}" in removed.stderr
     assert not root.exists()
     assert held_by(Cache(cache_dir), VERSION) == []
 
@@ -117,11 +118,11 @@ def test_list_shows_the_processes_that_use_an_sdk(cache_dir: Path, tmp_path: Pat
         text = run_qnnctl("list")
         rows = {row["version"]: row for row in json.loads(run_qnnctl("list", "--json").stdout)["sdks"]}
         running.finish()
-    line = next(line for line in text.stdout.splitlines() if line.startswith(VERSION))
+    line = next(line for line in text.stdout.splitlines() if line[3:].startswith(VERSION))
     assert f"{root}  " in line
-    assert f"(qnnctl cache; in use by PID {running.pid} (sh -c 'echo started > " in line
-    other = next(line for line in text.stdout.splitlines() if line.startswith(OTHER_VERSION))
-    assert other.endswith("(qnnctl cache)")
+    assert f"in use by PID {running.pid} (sh -c 'echo started > " in line
+    other = next(line for line in text.stdout.splitlines() if line[3:].startswith(OTHER_VERSION))
+    assert "in use" not in other
     pids = {holder["pid"]: holder["command"] for holder in rows[VERSION]["held_by"]}
     assert pids[running.pid].startswith("sh -c 'echo started > ")
     assert rows[OTHER_VERSION]["held_by"] == []
@@ -158,7 +159,7 @@ def test_uninstall_except_removes_the_free_sdks_and_leaves_the_held_one(cache_di
     assert pruned.returncode == 1, pruned.stderr
     assert f"removed SDK {THIRD}" in pruned.stderr
     assert f"kept {VERSION}" in pruned.stderr
-    assert "removed 1 SDK(s)" in pruned.stderr
+    assert "removed 1 SDK, freed" in pruned.stderr
     assert _in_use(running.pid, OTHER_VERSION, roots[OTHER_VERSION]) in pruned.stderr
     assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == sorted([VERSION, OTHER_VERSION])
     assert (roots[OTHER_VERSION] / ".qnnctl.json").is_file()
@@ -177,7 +178,7 @@ def test_uninstall_of_several_names_each_sdk_in_use_and_removes_the_rest(cache_d
             in result.stderr
         assert f"qnnctl: warning: SDK {OTHER_VERSION} ({roots[OTHER_VERSION]}) is in use by PID {second.pid} " \
             in result.stderr
-    assert f"removed {roots[THIRD]}" in named.stderr
+    assert f"removed SDK {THIRD} (" in named.stderr
     assert everything.stderr.endswith(
         f"qnnctl: error: 2 SDKs in use were left in place: {OTHER_VERSION}, {VERSION}\nqnnctl: hint: run it again "
         f"once those processes have ended, or `qnnctl uninstall --wait {OTHER_VERSION} {VERSION}` to wait for "

@@ -108,7 +108,7 @@ def test_an_unknown_prefix_names_every_pool_looked_in() -> None:
         resolve_version("2.99", [("installed", {"2.52.0.261001"}), ("the mirror's index.json", []),
                                  ("stores", {"not-a-version"})])
     hint = caught.value.hint or ""
-    assert "installed: 2.52.0.261001; known releases: 2.23.0.240624" in hint
+    assert "installed: 2.52.0.261001 | known releases: 2.51.0.260929, " in hint
     assert "mirror" not in hint  # nothing there to name
     assert "stores" not in hint
     assert "installed by its full version" in hint
@@ -158,6 +158,8 @@ def test_the_hint_of_an_unknown_prefix_is_short() -> None:
     with pytest.raises(UsageError) as caught:
         resolve_version("2.99")
     assert caught.value.hint is not None
-    assert caught.value.hint.startswith("give a full version such as 2.37.0.250724, or a prefix of a known release: ")
+    assert caught.value.hint.startswith("give a full version such as 2.37.0.250724 (a release newer than qnnctl "
+                                        "knows is installed by its full version), or a prefix of one of these: "
+                                        "known releases: ")
     assert "; older: " in caught.value.hint
-    assert len(caught.value.hint) < 220
+    assert len(caught.value.hint) < 340
