@@ -573,6 +573,12 @@ class Fetcher:
                     raise ArchiveChanged(f"{remote.shown} is now {span[2]} bytes long, not {remote.size}")
                 raise RangesIgnored(f"{remote.shown} answered bytes {start}-{end - 1} with "
                                     f"{response.headers.get('Content-Range')!r}")
+            if span[1] <= start:
+                # Empty or backwards (`bytes S-(S-1)/SIZE`): asked again at once, it would be asked
+                # for ever. A failed attempt instead, which the retry budget ends.
+                raise _Broke(spent, BodyBroke(f"{remote.shown} answered bytes {start}-{end - 1} with "
+                                              f"{response.headers.get('Content-Range')!r}, which holds none "
+                                              "of them"), start)
             position = start
             try:
                 for block in response.iter_content(NET_CHUNK):
