@@ -549,6 +549,30 @@ def test_uninstall_removes_only_the_link(tmp_path: Path, cache_dir: Path) -> Non
     assert run_qnnctl("env", VERSION).returncode == 1
 
 
+def test_uninstall_of_a_version_in_the_cache_and_linked_removes_the_copy_then_the_link(tmp_path: Path,
+                                                                                       cache_dir: Path) -> None:
+    """As `link` says: the link is used once the cache's copy is uninstalled."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    linked = run_qnnctl("link", str(folder))
+    assert linked.returncode == 0, linked.stderr
+    assert "the link is used once that copy is uninstalled" in linked.stderr
+    before = _snapshot(folder)
+    first = run_qnnctl("uninstall", VERSION)
+    assert first.returncode == 0, first.stderr
+    assert not root.exists()
+    assert (cache_dir / "links" / f"{VERSION}.json").is_file()
+    assert (f"SDK {VERSION} stays linked to {folder}, which is used from now on; `qnnctl uninstall {VERSION}` "
+            "again drops the link") in first.stderr
+    assert json.loads(run_qnnctl("env", VERSION, "--shell", "json").stdout)["QNN_SDK_ROOT"] == str(folder)
+    second = run_qnnctl("uninstall", VERSION)
+    assert second.returncode == 0, second.stderr
+    assert "the folder is left as it is" in second.stderr
+    assert not (cache_dir / "links" / f"{VERSION}.json").exists()
+    assert _snapshot(folder) == before
+    assert run_qnnctl("env", VERSION).returncode == 1
+
+
 def test_uninstall_takes_an_unreadable_link_record_with_the_sdk(cache_dir: Path) -> None:
     """A record of the version that cannot be read links nothing: it is not left behind."""
     root = install_tree_into_cache(cache_dir, VERSION)
