@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError
+from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, QnnctlError
 from qnnctl.host import glibc_version
 from qnnctl.sdk import (
     BY_ENV,
@@ -355,7 +355,7 @@ def check_selection(ctx: Context) -> Outcome:
         return ok(f"{why}; checking LD_LIBRARY_PATH as it is ({where})")
     try:
         sdk = ctx.target().sdk
-    except NotInstalledError as exc:
+    except (NotInstalledError, IntegrityError) as exc:
         return fail(f"{why}; {exc.message}", exc.hint)
     if sdk is None:  # pragma: no cover - only a caller-managed selection has no SDK
         return ok(why)

@@ -585,6 +585,84 @@ def test_uninstall_takes_an_unreadable_link_record_with_the_sdk(cache_dir: Path)
     assert not record.exists()
 
 
+def _refused_where_used(version: str, cache_dir: Path, server: FaultServer, *said: str) -> None:
+    """install, env, lower and doctor refuse `version` (exit 4, doctor 1), each saying all of `said`;
+    nothing is fetched or installed."""
+    for args in (("install", version), ("env", version), ("lower", "--sdk", version, "--", "true")):
+        result = run_qnnctl(*args)
+        assert (result.returncode, result.stdout) == (4, ""), (args, result.stderr)
+        for words in said:
+            assert words in result.stderr, (args, result.stderr)
+    doctor = run_qnnctl("doctor", "--sdk", version, "--json", "--offline")
+    assert doctor.returncode == 1
+    selection = _checks(doctor)["sdk.selection"]
+    assert selection["status"] == "fail"
+    for words in said:
+        assert words in f"{selection['detail']} {selection['hint']}"
+    assert server.requests == []
+    _nothing_installed(cache_dir, version)
+
+
+@pytest.mark.parametrize("now", ["v2.51.0.260929181845", "v2.37.0.250724101011", None],
+                         ids=["another version", "another build of it", "no build id"])
+def test_a_linked_folder_that_now_holds_another_build_is_refused_where_used(
+        now: str | None, mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    assert run_qnnctl("link", str(folder)).returncode == 0
+    shutil.rmtree(folder)
+    build_sdk_tree(folder, SdkSpec(build_id=now))  # sdk.yaml and the folder's name still say VERSION
+    now_said = f"build {now[1:]}" if now else "a build that carries no id"
+    _refused_where_used(VERSION, cache_dir, mirror, f"SDK {VERSION} is linked to {folder}, but its libraries "
+                        f"are now {now_said}", f"not build {BUILD[1:]} as when it was linked", f"qnnctl link {folder}")
+    # Linked again as what it holds, it is used.
+    if now is not None:
+        assert run_qnnctl("link", str(folder), "--version", now[1:14]).returncode == 0
+        env = run_qnnctl("env", now[1:14], "--shell", "json")
+        assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(folder), env.stderr
+
+
+def test_a_link_through_a_symlink_that_is_pointed_elsewhere_is_refused(mirror: FaultServer, tmp_path: Path,
+                                                                      cache_dir: Path) -> None:
+    build_sdk_tree(tmp_path / "a" / VERSION, SdkSpec(build_id=BUILD))
+    build_sdk_tree(tmp_path / "b" / VERSION, SdkSpec(build_id="v2.51.0.260929181845"))
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "a" / VERSION)
+    assert run_qnnctl("link", str(current)).returncode == 0
+    assert json.loads(run_qnnctl("env", VERSION, "--shell", "json").stdout)["QNN_SDK_ROOT"] == str(current)
+    current.unlink()
+    current.symlink_to(tmp_path / "b" / VERSION)
+    _refused_where_used(VERSION, cache_dir, mirror, "build 2.51.0.260929181845", f"not build {BUILD[1:]}")
+
+
+def test_a_link_recorded_without_a_build_id_is_refused_once_its_libraries_name_another_version(
+        mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=None))
+    assert run_qnnctl("link", str(folder), "--version", VERSION).returncode == 0
+    assert run_qnnctl("env", VERSION).returncode == 0
+    shutil.rmtree(folder)
+    build_sdk_tree(folder, SdkSpec(build_id=f"v{VERSION}101010"))  # a build of the same version: fine
+    assert run_qnnctl("env", VERSION).returncode == 0
+    shutil.rmtree(folder)
+    # A build whose version ends as the one linked does.
+    build = f"1{VERSION}101010"
+    build_sdk_tree(folder, SdkSpec(build_id=f"v{build}"))
+    _refused_where_used(VERSION, cache_dir, mirror, f"its libraries are build {build}",
+                        f"not one of SDK {VERSION}")
+
+
+def test_an_executorch_cache_folder_holding_another_build_is_refused_where_used(mirror: FaultServer,
+                                                                               cache_dir: Path) -> None:
+    old = "2.34.0.250424"
+    folder = Path(os.environ["XDG_CACHE_HOME"]) / "executorch" / "qnn" / f"sdk-{old}"
+    build_sdk_tree(folder, SdkSpec(version=old, build_id=BUILD))
+    _refused_where_used(old, cache_dir, mirror, f"ExecuTorch's cache folder {folder} is named for SDK {old}, "
+                        f"but its libraries are build {BUILD[1:]} (SDK {VERSION})")
+    shutil.rmtree(folder)
+    build_sdk_tree(folder, SdkSpec(version=old, build_id=f"v{old}093000"))
+    env = run_qnnctl("env", old, "--shell", "json")
+    assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(folder), env.stderr
+
+
 def test_link_refuses_a_version_its_libraries_contradict(tmp_path: Path, cache_dir: Path) -> None:
     folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
     wrong = run_qnnctl("link", str(folder), "--version", OTHER_VERSION)
