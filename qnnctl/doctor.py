@@ -952,7 +952,7 @@ def check_lock(ctx: Context) -> Outcome:
 
 def check_stores(ctx: Context) -> Outcome:
     """The read-only stores of QNNCTL_STORES and the links of `qnnctl link`."""
-    from qnnctl.stores import STORES_VARIABLE, all_links, store_dirs, store_sdks
+    from qnnctl.stores import STORES_VARIABLE, all_links, store_dirs, store_problem, store_sdks, unsafe_store_sdks
 
     stores = store_dirs(ctx.environ)
     links = all_links(ctx.cache())
@@ -965,8 +965,13 @@ def check_stores(ctx: Context) -> Outcome:
     parts: list[str] = []
     problems: list[str] = []
     hints: list[str] = []
+    unsafe: list[str] = []  # a failure, not a warning: what another user could change
     for store in stores:
-        if not os.path.isdir(store):
+        problem = store_problem(store)
+        if problem is not None:
+            unsafe.append(f"store {store} is not used: {problem.folder} {problem.why}")
+            hints.append(f"{problem.fix}, or take the store out of {STORES_VARIABLE}")
+        elif not os.path.isdir(store):
             problems.append(f"store {store} is not there (or is no folder you may enter)")
             hints.append(f"mount it, or take it out of {STORES_VARIABLE}")
         elif not os.access(store, os.R_OK | os.X_OK):
@@ -985,6 +990,12 @@ def check_stores(ctx: Context) -> Outcome:
     for link in dangling:
         problems.append(f"SDK {link.version} is linked to {link.root}, which is gone (or is no SDK root): not used")
         hints.append(f"`qnnctl link NEWPATH` links its new place; `qnnctl uninstall {link.version}` drops the link")
+    for root, problem in unsafe_store_sdks(ctx.environ):
+        unsafe.append(f"SDK folder {root} is not used: {problem.folder} {problem.why}")
+        hints.append(problem.fix)
+    if unsafe:
+        return fail("; ".join(unsafe + problems + parts) + "; another user could put code there that runs as you",
+                    "; ".join(dict.fromkeys(hints)))
     if problems:
         return warn("; ".join(problems + parts), "; ".join(dict.fromkeys(hints)))
     return ok("; ".join(parts))

@@ -481,6 +481,162 @@ def test_a_store_folder_named_for_one_version_whose_libraries_are_another_is_not
     assert found.origin == f"store {store}"
 
 
+# -- stores another user could change -----------------------------------------------------------
+
+_as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's takes root")
+
+
+def _nobody() -> int:
+    import pwd
+
+    return pwd.getpwnam("nobody").pw_uid
+
+
+def _hostile_store(how: str, tmp_path: Path) -> tuple[str, Path, str]:
+    """A store holding SDK VERSION, made unsafe in the way `how` names: (QNNCTL_STORES, the
+    folder or link at fault, what is wrong with it)."""
+    store = tmp_path / "shared" / "store"
+    sdk = build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    for folder in (tmp_path / "shared", store):
+        folder.chmod(0o755)
+    named = str(store)
+    if how == "store 0777":
+        store.chmod(0o777)
+        return named, store, "is writable by its group and others (mode 0777)"
+    if how == "store 1777":
+        store.chmod(0o1777)
+        return named, store, "is writable by its group and others (mode 1777)"
+    if how == "store 0775":
+        store.chmod(0o775)
+        return named, store, "is writable by its group (mode 0775)"
+    if how == "SDK folder of nobody":
+        os.chown(sdk, _nobody(), -1)
+        return named, sdk, f"belongs to user nobody (uid {_nobody()})"
+    if how == "SDK folder 0777":
+        sdk.chmod(0o777)
+        return named, sdk, "is writable by its group and others (mode 0777)"
+    if how == "library folder 0777":
+        (sdk / "lib" / "x86_64-linux-clang").chmod(0o777)
+        return named, sdk / "lib" / "x86_64-linux-clang", "is writable by its group and others (mode 0777)"
+    if how == "a parent writable by others":
+        (tmp_path / "shared").chmod(0o777)
+        return named, tmp_path / "shared", "is writable by its group and others (mode 0777)"
+    if how == "a link of nobody's in a sticky folder":
+        public = tmp_path / "public"
+        public.mkdir(mode=0o1777)
+        public.chmod(0o1777)
+        link = public / "store"
+        link.symlink_to(store)
+        os.lchown(link, _nobody(), -1)
+        return str(link), link, f"is a symbolic link that belongs to user nobody (uid {_nobody()})"
+    if how == "a link into a writable folder":
+        (tmp_path / "shared").chmod(0o777)
+        (tmp_path / "mine").mkdir(mode=0o755)
+        link = tmp_path / "mine" / "store"
+        link.symlink_to("../shared/store")  # relative, through `..`
+        return str(link), tmp_path / "shared", "is writable by its group and others (mode 0777)"
+    if how == "a link to a link of nobody's":
+        public = tmp_path / "public"
+        public.mkdir(mode=0o1777)
+        public.chmod(0o1777)
+        (public / "store").symlink_to(store)
+        os.lchown(public / "store", _nobody(), -1)
+        (tmp_path / "mine").mkdir(mode=0o755)
+        (tmp_path / "mine" / "store").symlink_to(public / "store")
+        return str(tmp_path / "mine" / "store"), public / "store", \
+            f"is a symbolic link that belongs to user nobody (uid {_nobody()})"
+    raise AssertionError(how)
+
+
+@_as_root
+@pytest.mark.parametrize("how", ["store 0777", "store 1777", "store 0775", "SDK folder of nobody", "SDK folder 0777",
+                                 "library folder 0777", "a parent writable by others",
+                                 "a link of nobody's in a sticky folder", "a link into a writable folder",
+                                 "a link to a link of nobody's"])
+def test_a_store_another_user_could_change_is_not_used(how: str, tmp_path: Path, cache_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    stores, culprit, why = _hostile_store(how, tmp_path)
+    monkeypatch.setenv("QNNCTL_STORES", stores)
+    older = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    said = f"is not used: {culprit} {why}, so another user could put code there that runs as you"
+    env = run_qnnctl("env", VERSION)
+    assert (env.returncode, env.stdout) == (1, ""), env.stderr
+    assert said in env.stderr
+    assert "QNNCTL_STORES" in env.stderr
+    # Not the newest SDK on disk either: the older one of qnnctl's cache is.
+    newest = run_qnnctl("env", "--shell", "json")
+    assert json.loads(newest.stdout)["QNN_SDK_ROOT"] == str(older), newest.stderr
+    assert newest.stderr.count(said) == 1, newest.stderr  # said once, however often the stores are read
+    assert [row["version"] for row in json.loads(run_qnnctl("list", "--json").stdout)["sdks"]] == [OTHER_VERSION]
+    doctor = run_qnnctl("doctor", "--sdk", OTHER_VERSION, "--json", "--offline")
+    assert doctor.returncode == 1
+    check = _checks(doctor)["stores"]
+    assert check["status"] == "fail"
+    assert f"{culprit} {why}" in check["detail"]
+    assert ("chmod go-w" if "writable" in why else "ln -sfn" if "link" in why else "chown root") in check["hint"]
+
+
+@_as_root
+def test_a_store_below_a_sticky_folder_of_roots_is_used(tmp_path: Path, cache_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like /tmp: others may add entries there, but neither rename nor remove the store."""
+    public = tmp_path / "public"
+    public.mkdir()
+    public.chmod(0o1777)
+    store = public / "store"
+    build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    store.chmod(0o755)
+    monkeypatch.setenv("QNNCTL_STORES", str(store))
+    env = run_qnnctl("env", VERSION, "--shell", "json")
+    assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(store / VERSION), env.stderr
+    assert "not used" not in env.stderr
+    assert _checks(run_qnnctl("doctor", "--json", "--offline"))["stores"]["status"] == "ok"
+
+
+@_as_root
+@pytest.mark.parametrize("mode", [0o755, 0o777], ids=["0755", "0777"])
+def test_on_a_read_only_mount_the_owner_is_not_asked_but_the_mode_is(mode: int, tmp_path: Path,
+                                                                      cache_dir: Path) -> None:
+    """An NFS export or an image's files may belong to a uid of another machine; a folder
+    writable by others there may be written where the mount comes from."""
+    if not _can_bind_mount_read_only():
+        pytest.skip("no read-only bind mount here (unshare --mount)")
+    store = tmp_path / "store"
+    sdk = build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    for folder in (store, sdk):
+        os.chown(folder, _nobody(), -1)
+    store.chmod(mode)
+    env = dict(os.environ, QNNCTL_STORES=str(store))
+    found = subprocess.run(
+        [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"', "sh", str(store),
+         sys.executable, "-m", "qnnctl", "env", VERSION, "--shell", "json"],
+        env=env, capture_output=True, text=True, timeout=120)
+    if mode == 0o755:
+        assert json.loads(found.stdout)["QNN_SDK_ROOT"] == str(sdk), found.stderr
+        assert "not used" not in found.stderr
+    else:
+        assert found.returncode == 1
+        assert f"is not used: {store} is writable by its group and others (mode 0777)" in found.stderr
+    # Mounted read-write, the same store is another user's.
+    rw = run_qnnctl("env", VERSION, env=env)
+    assert rw.returncode == 1
+    assert f"{store} belongs to user nobody" in rw.stderr
+
+
+def test_unsafe_path_on_paths_that_are_not_there(tmp_path: Path) -> None:
+    from qnnctl.stores import unsafe_path
+
+    assert unsafe_path(tmp_path / "no" / "such") is None
+    (tmp_path / "file").write_text("")
+    assert unsafe_path(tmp_path / "file" / "below") is None
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    found = unsafe_path(loop / "x")
+    assert found is not None
+    assert found.why == "leads through more than 40 symbolic links"
+
+
 # -- links --------------------------------------------------------------------------------------
 
 
