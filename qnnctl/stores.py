@@ -217,12 +217,32 @@ def store_problem(store: Path) -> Unsafe | None:
 
 
 def sdk_problem(root: Path) -> Unsafe | None:
-    """Why an SDK folder is not used: another user could change it, or the folders that go on
-    LD_LIBRARY_PATH and PATH."""
+    """Why an SDK folder is not used: another user could change it, the folders that go on
+    LD_LIBRARY_PATH and PATH, or what is in them (a link there is followed to where it leads)."""
     from qnnctl.sdk import HOST_BIN_DIR, HOST_LIB_DIR
 
-    for folder in (root, root / HOST_LIB_DIR, root / HOST_BIN_DIR):
-        problem = unsafe_path(folder)
+    problem = unsafe_path(root)
+    for folder in (root / HOST_LIB_DIR, root / HOST_BIN_DIR):
+        problem = problem or unsafe_path(folder) or _unsafe_entries(folder)
+    return problem
+
+
+def _unsafe_entries(folder: Path) -> Unsafe | None:
+    """The first file in `folder` (checked already) that another user could change."""
+    uid = os.geteuid()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return None  # not there, or not readable: nothing is loaded from it
+    for entry in sorted(entries, key=lambda e: e.name):
+        path = Path(entry.path)
+        try:
+            if entry.is_symlink():
+                problem = unsafe_path(path, uid)
+            else:
+                problem = _unsafe_folder(path, entry.stat(follow_symlinks=False), uid, last=True)
+        except OSError:
+            continue  # gone meanwhile
         if problem is not None:
             return problem
     return None

@@ -518,6 +518,21 @@ def _hostile_store(how: str, tmp_path: Path) -> tuple[str, Path, str]:
     if how == "library folder 0777":
         (sdk / "lib" / "x86_64-linux-clang").chmod(0o777)
         return named, sdk / "lib" / "x86_64-linux-clang", "is writable by its group and others (mode 0777)"
+    if how == "a library of nobody's":
+        library = sdk / "lib" / "x86_64-linux-clang" / "libQnnCpu.so"
+        os.chown(library, _nobody(), -1)
+        return named, library, f"belongs to user nobody (uid {_nobody()})"
+    if how == "a tool writable by others":
+        tool = sdk / "bin" / "x86_64-linux-clang" / "qnn-net-run"
+        tool.chmod(0o777)
+        return named, tool, "is writable by its group and others (mode 0777)"
+    if how == "a library linked into a writable folder":
+        (tmp_path / "open").mkdir()
+        (tmp_path / "open").chmod(0o777)
+        library = sdk / "lib" / "x86_64-linux-clang" / "libQnnCpu.so"
+        shutil.move(library, tmp_path / "open" / library.name)
+        library.symlink_to(tmp_path / "open" / library.name)
+        return named, tmp_path / "open", "is writable by its group and others (mode 0777)"
     if how == "a parent writable by others":
         (tmp_path / "shared").chmod(0o777)
         return named, tmp_path / "shared", "is writable by its group and others (mode 0777)"
@@ -550,7 +565,8 @@ def _hostile_store(how: str, tmp_path: Path) -> tuple[str, Path, str]:
 
 @_as_root
 @pytest.mark.parametrize("how", ["store 0777", "store 1777", "store 0775", "SDK folder of nobody", "SDK folder 0777",
-                                 "library folder 0777", "a parent writable by others",
+                                 "library folder 0777", "a library of nobody's", "a tool writable by others",
+                                 "a library linked into a writable folder", "a parent writable by others",
                                  "a link of nobody's in a sticky folder", "a link into a writable folder",
                                  "a link to a link of nobody's"])
 def test_a_store_another_user_could_change_is_not_used(how: str, tmp_path: Path, cache_dir: Path,
