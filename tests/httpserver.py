@@ -73,6 +73,12 @@ class Fault:
         return cls("backwards_range", (by, body))
 
     @classmethod
+    def short_range(cls, nbytes: int) -> Fault:
+        """Answer a Range request with 206 and only its first `nbytes`, with a Content-Range
+        that says so."""
+        return cls("short_range", nbytes)
+
+    @classmethod
     def html(cls) -> Fault:
         """A login page served with 200."""
         return cls("html")
@@ -362,6 +368,8 @@ class FaultServer:
             (start, end), = spans
             if fault is not None and fault.kind == "misplaced_range":
                 start = min(max(0, start + int(fault.arg)), end)
+            if fault is not None and fault.kind == "short_range":
+                end = min(end, start + int(fault.arg))
             status = 206
         if spans is None and fault is not None and fault.kind == "unasked_206":
             status = 206

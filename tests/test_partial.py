@@ -405,6 +405,47 @@ def test_an_answer_that_moves_nothing_forward_is_a_failed_attempt(server: FaultS
     assert held == [(tail_start, len(archive_bytes))]  # nothing of the body was taken
 
 
+def test_answers_that_trickle_a_byte_at_a_time_end_it(server: FaultServer, archive_bytes: bytes,
+                                                       tmp_path: Path) -> None:
+    """Each moves forward, so none is a failed attempt; but a range of a few MB at one byte an
+    answer, with no back-off, would take millions of requests."""
+    server.add(PATH, archive_bytes)
+    server.fail(PATH, Fault.none(), *[Fault.short_range(1)] * 40)
+    remote, tail_start, tail = probe([server.url(PATH)])
+    sparse = SparseFile.open(tmp_path, "v.zip", remote, tail_start, tail)
+    sleeps: list[float] = []
+    try:
+        with pytest.raises(DownloadError) as caught:
+            Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(1000, 1_001_000)], "host")
+        held = sparse.held()
+    finally:
+        sparse.close()
+    assert caught.value.exit_code == 3
+    assert str(caught.value) == (f"download of {remote.shown} failed after 30 attempts: 30 answers brought less than "
+                                 "64 KiB each (30 of bytes 1000-1000999 in all)")
+    assert len(server.requests_for(PATH)) == 1 + 30
+    assert held[0] == (1000, 1030)
+    assert sleeps == []
+
+
+def test_a_server_that_serves_ranges_in_short_pieces_is_followed_to_the_end(server: FaultServer,
+                                                                           archive_bytes: bytes,
+                                                                           tmp_path: Path) -> None:
+    """Less than asked each time, but a block or more: every answer is taken, however many."""
+    server.add(PATH, archive_bytes)
+    server.fail(PATH, Fault.none(), *[Fault.short_range(64 << 10)] * 40)
+    remote, tail_start, tail = probe([server.url(PATH)])
+    sparse = SparseFile.open(tmp_path, "v.zip", remote, tail_start, tail)
+    sleeps: list[float] = []
+    try:
+        Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(0, 40 * (64 << 10) + 10)], "host")
+        assert sparse.read_at(0, 40 * (64 << 10) + 10) == archive_bytes[:40 * (64 << 10) + 10]
+    finally:
+        sparse.close()
+    assert len(server.requests_for(PATH)) == 1 + 41
+    assert sleeps == []
+
+
 def test_an_empty_answer_now_and_then_is_retried_and_the_install_goes_on(parts_mirror: FaultServer,
                                                                          cache_dir: Path) -> None:
     parts_mirror.fail(PATH, Fault.none(), Fault.backwards_range(0))
