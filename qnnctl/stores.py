@@ -176,12 +176,13 @@ def unsafe_path(path: Path, uid: int | None = None) -> Unsafe | None:
 
 
 def _unsafe_folder(path: Path, st: os.stat_result, uid: int, last: bool) -> Unsafe | None:
-    read_only = _read_only(path)
     trusted = st.st_uid in (0, uid)
-    if not trusted and not read_only:
+    others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if trusted and not others:
+        return None  # the common case, without asking the file system about its mount
+    if not trusted and not _read_only(path):
         return Unsafe(path, f"belongs to {_owner(st.st_uid)}",
                       f"make it root's (or yours): `sudo chown root {_quoted(path)}`")
-    others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if others and (last or not (st.st_mode & stat.S_ISVTX and trusted)):
         who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if others & bit)
         return Unsafe(path, f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})",
@@ -235,12 +236,14 @@ def _unsafe_entries(folder: Path) -> Unsafe | None:
     except OSError:
         return None  # not there, or not readable: nothing is loaded from it
     for entry in sorted(entries, key=lambda e: e.name):
-        path = Path(entry.path)
         try:
             if entry.is_symlink():
-                problem = unsafe_path(path, uid)
+                problem = unsafe_path(Path(entry.path), uid)
             else:
-                problem = _unsafe_folder(path, entry.stat(follow_symlinks=False), uid, last=True)
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid in (0, uid) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    continue
+                problem = _unsafe_folder(Path(entry.path), st, uid, last=True)
         except OSError:
             continue  # gone meanwhile
         if problem is not None:
