@@ -31,6 +31,7 @@ from qnnctl.sdk import (
     Sdk,
     Selection,
     caller_lib_dir,
+    changed_link_error,
     read_sdk_version,
     resolve_installed,
     select_sdk,
@@ -990,6 +991,11 @@ def check_stores(ctx: Context) -> Outcome:
     for link in dangling:
         problems.append(f"SDK {link.version} is linked to {link.root}, which is gone (or is no SDK root): not used")
         hints.append(f"`qnnctl link NEWPATH` links its new place; `qnnctl uninstall {link.version}` drops the link")
+    for link in links:
+        changed = None if link.dangling else changed_link_error(link.version, link.root, link.build_id)
+        if changed is not None:
+            problems.append(changed.message)
+            hints.append(changed.hint or "")
     for root, problem in unsafe_store_sdks(ctx.environ):
         unsafe.append(f"SDK folder {root} is not used: {problem.folder} {problem.why}")
         hints.append(problem.fix)

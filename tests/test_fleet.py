@@ -771,6 +771,11 @@ def _refused_where_used(version: str, cache_dir: Path, server: FaultServer, *sai
     assert selection["status"] == "fail"
     for words in said:
         assert words in f"{selection['detail']} {selection['hint']}"
+    if "linked" in said[0]:
+        stores = _checks(run_qnnctl("doctor", "--json", "--offline"))["stores"]
+        assert stores["status"] == "warn"
+        for words in said:
+            assert words in f"{stores['detail']} {stores['hint']}"
     assert server.requests == []
     _nothing_installed(cache_dir, version)
 
