@@ -3,7 +3,9 @@
 A store (`QNNCTL_STORES=/mnt/qairt:/opt/qcom/aistack/qairt`) is a folder of `<version>/` SDK
 roots: an NFS export, a baked container image, the folder Qualcomm's own installer fills. It
 may be mounted read-only, so nothing here writes, locks or stages anything in it. An SDK there
-without a manifest is identified by the build id its libraries carry (qnnctl.identity).
+without a manifest is identified by the build id its libraries carry (qnnctl.identity). Its
+libraries and tools run as the user, so a store or an SDK in it that another user could change
+is not used (`unsafe_path`, as ssh checks `authorized_keys`).
 
 A link is a record in qnnctl's own cache, `links/<version>.json`, naming an SDK folder that
 someone else unpacked (`qnnctl link PATH`). The record is qnnctl's; the folder is not, and a
