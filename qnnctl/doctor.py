@@ -848,10 +848,18 @@ def check_network(ctx: Context) -> Outcome:
     import requests
 
     from qnnctl.download import make_session
+    from qnnctl.install import check_url
     from qnnctl.retry import describe
     from qnnctl.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
 
     mirror = ctx.environ.get("QNNCTL_MIRROR") or None
+    if mirror is not None:
+        try:
+            # As install would refuse it, before a request: the parser's words would quote a
+            # misplaced password.
+            check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+        except QnnctlError as exc:
+            return fail(exc.message, exc.hint)
     try:
         target: Target | None = ctx.target()
     except Exception:

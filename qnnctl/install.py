@@ -333,7 +333,7 @@ def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
     or an unknown scheme into a failed download (exit 3) after the lock and the cache: both
     are mistakes in what was typed, told before anything starts.
     """
-    from qnnctl.urls import redact
+    from qnnctl.urls import at_in_path, redact
 
     shown = redact(url)
     schemes = "https or http" + (" (or a file: URL)" if allow_file else "")
@@ -341,6 +341,10 @@ def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
         # urlparse drops a newline or tab silently; the URL shown or logged would then break lines.
         raise UsageError(f"{what} {shown!r} holds a control character (a newline or tab)",
                          hint="remove it: a URL is one line of printable text")
+    if at_in_path(url):
+        raise UsageError(f"{what} {shown} holds an \"@\" after a \"/\" or \"\\\": a password with either in it is read "
+                         "as a host and a path, and would be sent to that host",
+                         hint="write a \"/\" in a password as %2F, a \"\\\" as %5C, and an \"@\" in a path as %40")
     try:
         parts = urlparse(url)
         parts.port  # noqa: B018 - a port that is no number raises here, not in the download
