@@ -22,6 +22,7 @@ import pytest
 from filelock import FileLock
 
 from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.lockfile import read_lock
 from qnnctl.sdk import find_installed
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
@@ -206,6 +207,39 @@ def test_lock_check_doctor_and_install_against_a_lock_that_disagrees(mirror: Fau
     reused = run_qnnctl("install")
     assert reused.returncode == 4, reused.stderr
     assert reused.stdout == ""
+
+
+@pytest.mark.parametrize("body", [
+    "urls = " + "[" * 5000 + "]" * 5000,  # the parser recurses once a level
+    "urls = [" + "{ a = [" * 2500 + "1" + "] }" * 2500 + "]",
+    "urls = [\"" + "[" * 5000 + "\"]\n# " + "x" * (1 << 20),  # brackets in a string count for nothing; size does
+])
+def test_a_lock_too_deep_or_too_big_is_refused_naming_it(body: str, mirror: FaultServer, cache_dir: Path) -> None:
+    """A qnnctl.lock in a folder above the project, built to exhaust the parser: every command
+    that reads it refuses with exit 1 and the file's name, never a traceback."""
+    (Path.cwd() / "project").mkdir()
+    lock = Path.cwd() / "qnnctl.lock"
+    lock.write_text(f'schema = 1\n\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"0" * 64}"\n{body}\n')
+    project = Path.cwd() / "project"
+    for args in (("lock", "--check"), ("install", VERSION), ("install", "--locked")):
+        result = run_qnnctl(*args, cwd=project)
+        assert result.returncode == 1, result.stderr
+        assert str(lock) in result.stderr
+        assert "Traceback" not in result.stderr
+        assert "RecursionError" not in result.stderr
+    check = _checks(run_qnnctl("doctor", "--json", "--offline", cwd=project))["lock"]
+    assert check["status"] == "fail", check
+    assert str(lock) in check["detail"]
+    assert mirror.requests == []
+    _nothing_installed(cache_dir)
+
+
+def test_brackets_in_a_locks_strings_and_comments_nest_nothing(tmp_path: Path) -> None:
+    deep = "[{" * 20
+    lock = tmp_path / "qnnctl.lock"
+    lock.write_text(f'schema = 1  # {deep}\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"0" * 64}"\n'
+                    f'urls = ["{deep}\\"{deep}", \'{deep}\\\', """{deep}\n{deep}""", \'\'\'{deep}\'\'\']\n')
+    assert read_lock(lock).urls == (f'{deep}"{deep}', f"{deep}\\", f"{deep}\n{deep}", deep)
 
 
 def test_install_locked_without_a_lock_fails_before_anything(mirror: FaultServer, cache_dir: Path) -> None:
