@@ -442,6 +442,39 @@ def test_device_list_shows_each_device_with_its_soc_and_generation(phones: Phone
                                   "soc_model": None, "htp_arch": None}
 
 
+EVIL = "Evil\x1b]0;PWNED-TITLE\x07RED"  # sets a terminal's title when printed as it is
+EVIL_SHOWN = "Evil\\x1b]0;PWNED-TITLE\\x07RED"
+
+
+def test_what_a_device_says_is_shown_with_control_characters_escaped(sdk: Path, phones: Phones) -> None:
+    """A device whose model, manufacturer, SoC, shell environment and file names carry terminal
+    escapes, and a second one whose serial does: nothing of it reaches the terminal raw."""
+    root = phones.add("R5CT1", soc="SM8750", model=EVIL,
+                      env={"ADSP_LIBRARY_PATH": f"{DEST};/dsp/x\x1b[31my"})
+    (root / "vendor" / "lib64" / f"libQnn{EVIL}.so").write_bytes(fake_library("libQnnHtp.so", BUILD_2_47))
+    runs = [run_qnnctl("device", "list"), run_qnnctl("device", "list", "--json"),
+            run_qnnctl("doctor", "--sdk", str(sdk), "--offline", "--device"),
+            run_qnnctl("doctor", "--sdk", str(sdk), "--offline", "--device", "--json")]
+    phones.add(f"S\x1b[2J{EVIL}", soc=f"SM8750{EVIL}", props={"ro.soc.manufacturer": EVIL})
+    runs += [run_qnnctl("device", "list", "--json"), push("--sdk", str(sdk)),
+             run_qnnctl("doctor", "--sdk", str(sdk), "--offline", "--device", "--json")]
+    for proc in runs:
+        for raw in ("\x1b", "\x07", "\\u001b", "\\u0007"):  # nor escaped by JSON alone: jq -r would print it
+            assert raw not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    listed, listed_json, doctor, doctor_json, two, several, other = runs
+    assert listed.stdout.splitlines() == [f"R5CT1\tdevice\t{EVIL_SHOWN}\tSM8750\tV79"]
+    assert json.loads(listed_json.stdout)["devices"][0]["model"] == EVIL_SHOWN
+    assert f"R5CT1 ({EVIL_SHOWN}, Android 15, SoC SM8750)" in doctor.stdout
+    found = {c["id"]: c for c in json.loads(doctor_json.stdout)["checks"]}
+    assert found["device.connection"]["detail"].startswith(f"R5CT1 ({EVIL_SHOWN}, ")
+    assert f"/vendor/lib64/libQnn{EVIL_SHOWN}.so" in found["device.preinstalled"]["detail"]
+    assert f"ADSP_LIBRARY_PATH='{DEST};/dsp/x\\x1b[31my': " in found["device.adsp_library_path"]["detail"]
+    assert [d["serial"] for d in json.loads(two.stdout)["devices"]] == ["R5CT1", f"S\\x1b[2J{EVIL_SHOWN}"]
+    assert several.returncode == 2
+    assert f"S\\x1b[2J{EVIL_SHOWN} (device)" in several.stderr
+    assert other.returncode == 1
+
+
 # -- env and run -----------------------------------------------------------------------------------
 
 
