@@ -281,6 +281,27 @@ def test_push_puts_the_set_there_then_skips_what_is_the_same(sdk: Path, phones: 
     assert pushed(phones, "R5CT1") == dict(sorted(want.items()))
 
 
+def test_names_with_backslashes_newlines_and_spaces_round_trip(sdk: Path, phones: Phones, tmp_path: Path) -> None:
+    """GNU sha256sum writes `\\<digest>  /data/a\\\\b` for a name holding a backslash: read by
+    name, every file of such a --dest was "missing" after it arrived."""
+    phones.add("R5CT1", soc="SM8750P")
+    dest = "/data/local/tmp/a\\b c\\n"
+    extra = tmp_path / "run\\ner\nx y"
+    extra.write_text("#!/bin/sh\necho run\n")
+    proc = push("--sdk", str(sdk), "--dest", dest, str(extra))
+    assert proc.returncode == 0, proc.stderr
+    assert pushed(phones, "R5CT1", dest) == dict(sorted({**expected_set(sdk, 79), extra.name: extra.read_bytes()}
+                                                        .items()))
+    phones.clear_calls()
+    again = push("--sdk", str(sdk), "--dest", dest, str(extra), "--json")
+    assert again.returncode == 0, again.stderr
+    assert phones.pushes() == []  # each digest was read back as the device's
+    assert {f["action"] for f in json.loads(again.stdout)["files"]} == {"skipped"}
+    phones.path("R5CT1", f"{dest}/{extra.name}").write_bytes(b"changed")
+    assert push("--sdk", str(sdk), "--dest", dest, str(extra)).returncode == 0
+    assert phones.pushes() == [extra.name]
+
+
 def test_a_push_that_dies_half_way_leaves_the_set_in_place_and_resumes(tmp_path: Path, sdk: Path,
                                                                        phones: Phones) -> None:
     phones.add("R5CT1", soc="SM8750")

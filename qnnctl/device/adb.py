@@ -246,19 +246,22 @@ class Device:
             return {}
         from qnnctl.shell import quote_posix
 
-        # Missing files only make sha256sum complain and exit 1; the others are still listed.
-        proc = self.shell("sha256sum " + " ".join(quote_posix(p) for p in paths) + " 2>/dev/null", check=False)
-        if proc.returncode not in (0, 1):
+        # Each file is hashed from stdin, in the order asked: its name is never read back. GNU
+        # sha256sum escapes a name holding a backslash or a newline (a backslash before the
+        # line, then "\\" and "\n" in the name) and toybox may not: no one reading fits both.
+        quoted = " ".join(quote_posix(p) for p in paths)
+        proc = self.shell(f'for f in {quoted}; do {{ sha256sum < "$f"; }} 2>/dev/null || echo -; done',
+                          check=False)
+        if proc.returncode != 0:
             raise DeviceError(f"{self.serial}: sha256sum failed: {_adb_message(proc)}",
                               hint="check the device (`adb devices`), then run the same command again")
-        wanted = set(paths)
-        found: dict[str, str] = {}
-        for line in proc.stdout.splitlines():
-            digest, _, path = line.strip().partition(" ")
-            path = path.lstrip(" *")
-            if path in wanted and re.fullmatch(r"[0-9a-f]{64}", digest):
-                found[path] = digest
-        return found
+        answers = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+        if len(answers) != len(paths):
+            raise DeviceError(f"{self.serial}: sha256sum gave {len(answers)} answers for {len(paths)} files",
+                              hint="check the device (`adb shell sha256sum < /system/bin/sh`), then run the "
+                              "same command again")
+        return {path: digest for path, digest in zip(paths, answers, strict=True)
+                if re.fullmatch(r"[0-9a-f]{64}", digest)}
 
     def push(self, local: Path, remote: str) -> None:
         # No timeout: a large library over a slow cable takes its time.
