@@ -171,3 +171,23 @@ def test_no_message_shows_a_password_holding_any_character(char: str, server: Fa
         # Read as host "user" and path "/Zk9@host/": refused before anything is sent there.
         assert "holds an \"@\" after a \"/\" or" in results[0].stderr
         assert results[0].returncode == results[1].returncode == 2
+
+
+def test_an_install_with_a_password_of_every_character_a_url_can_carry_records_none(mirror: FaultServer,
+                                                                                    cache_dir: Path) -> None:
+    """Every character that leaves the URL readable (the last "@" ends the userinfo, as urllib3
+    reads it), in one password that the mirror gets: not in the output, the log or the manifest."""
+    left, right = "PwLeftQx7", "PwRightZk9"  # longer: the SDK's random payload is read too
+    secret = f"{left}@!$&'()*+,;=~:-._%25{right}"
+    host = mirror.base.removeprefix("http://")
+    env = dict(os.environ, QNNCTL_MIRROR=f"http://user:{secret}@{host}")
+    result = run_qnnctl("-v", "install", env=env)
+    assert result.returncode == 0, result.stderr
+    auth = "Basic " + base64.b64encode(f"user:{secret.replace('%25', '%')}".encode()).decode()
+    assert any(r.headers.get("Authorization") == auth for r in mirror.requests_for(PATH))
+    for part in (left, right):
+        assert part not in result.stdout + result.stderr
+        for path in _files_below(cache_dir):
+            assert part.encode() not in path.read_bytes(), path
+    manifest = json.loads((cache_dir / "sdks" / VERSION / ".qnnctl.json").read_text())
+    assert manifest["source"] == f"http://***@{host}{PATH}"
