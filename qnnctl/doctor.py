@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError, UsageError
+from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, QnnctlError, UsageError
 from qnnctl.holds import HOLDS_FOLDER, describe_holders, held_by
 from qnnctl.host import glibc_version
 from qnnctl.probe import HTP_BACKEND_ID, Loaded, probe
@@ -33,6 +33,7 @@ from qnnctl.sdk import (
     Sdk,
     Selection,
     caller_lib_dir,
+    changed_link_error,
     missing_layout,
     pin_conflict,
     read_sdk_version,
@@ -369,7 +370,7 @@ def check_selection(ctx: Context) -> Outcome:
         return ok(f"{why}; checking LD_LIBRARY_PATH as it is ({where})")
     try:
         sdk = ctx.target().sdk
-    except NotInstalledError as exc:
+    except (NotInstalledError, IntegrityError) as exc:
         return fail(f"{why}; {exc.message}", exc.hint)
     if sdk is None:  # pragma: no cover - only a caller-managed selection has no SDK
         return ok(why)
@@ -950,9 +951,17 @@ def check_network(ctx: Context) -> Outcome:
 
     from qnnctl.download import make_session
     from qnnctl.retry import describe
+    from qnnctl.urls import check_url
     from qnnctl.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
 
     mirror = ctx.environ.get("QNNCTL_MIRROR") or None
+    if mirror is not None:
+        try:
+            # As install would refuse it, before a request: the parser's words would quote a
+            # misplaced password.
+            check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+        except QnnctlError as exc:
+            return fail(exc.message, exc.hint)
     try:
         target: Target | None = ctx.target()
     except Exception:
@@ -1061,7 +1070,7 @@ def check_lock(ctx: Context) -> Outcome:
 
 def check_stores(ctx: Context) -> Outcome:
     """The read-only stores of QNNCTL_STORES and the links of `qnnctl link`."""
-    from qnnctl.stores import STORES_VARIABLE, all_links, store_dirs, store_sdks
+    from qnnctl.stores import STORES_VARIABLE, all_links, store_dirs, store_problem, store_sdks, unsafe_store_sdks
 
     stores = store_dirs(ctx.environ)
     links = all_links(ctx.cache())
@@ -1074,8 +1083,13 @@ def check_stores(ctx: Context) -> Outcome:
     parts: list[str] = []
     problems: list[str] = []
     hints: list[str] = []
+    unsafe: list[str] = []  # a failure, not a warning: what another user could change
     for store in stores:
-        if not os.path.isdir(store):
+        problem = store_problem(store)
+        if problem is not None:
+            unsafe.append(f"store {store} is not used: {problem.folder} {problem.why}")
+            hints.append(f"{problem.fix}, or take the store out of {STORES_VARIABLE}")
+        elif not os.path.isdir(store):
             problems.append(f"store {store} is not there (or is no folder you may enter)")
             hints.append(f"mount it, or take it out of {STORES_VARIABLE}")
         elif not os.access(store, os.R_OK | os.X_OK):
@@ -1095,6 +1109,17 @@ def check_stores(ctx: Context) -> Outcome:
     for link in dangling:
         problems.append(f"SDK {link.version} is linked to {link.root}, which is gone (or is no SDK root): not used")
         hints.append(f"`qnnctl link NEWPATH` links its new place; `qnnctl uninstall {link.version}` drops the link")
+    for link in links:
+        changed = None if link.dangling else changed_link_error(link.version, link.root, link.build_id)
+        if changed is not None:
+            problems.append(changed.message)
+            hints.append(changed.hint or "")
+    for root, problem in unsafe_store_sdks(ctx.environ):
+        unsafe.append(f"SDK folder {root} is not used: {problem.folder} {problem.why}")
+        hints.append(problem.fix)
+    if unsafe:
+        return fail("; ".join(unsafe + problems + parts) + "; another user could put code there that runs as you",
+                    "; ".join(dict.fromkeys(hints)))
     if problems:
         return warn("; ".join(problems + parts), "; ".join(dict.fromkeys(hints)))
     return ok("; ".join(parts))

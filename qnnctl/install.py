@@ -531,10 +531,12 @@ def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) ->
 
 def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None, wait: bool = False) -> Path:
     """Remove an SDK from qnnctl's cache (never from anywhere else); for a linked SDK, the link
-    only (`qnnctl link`: the folder is left as it is). What was removed: the SDK's folder, else
-    the link's record. An SDK a running process holds is left in place (HeldError naming it),
-    or with `wait`, removed once it is free."""
-    from qnnctl.stores import all_links, find_in_stores, remove_link
+    only (`qnnctl link`: the folder is left as it is). A version both in the cache and linked
+    loses its cache copy, the one in use, and the link stays and is used from then on (as
+    `qnnctl link` said it would be); a second uninstall drops the link. What was removed: the
+    SDK's folder, else the link's record. An SDK a running process holds is left in place
+    (HeldError naming it), or with `wait`, removed once it is free."""
+    from qnnctl.stores import all_links, find_in_stores, read_link, remove_link
 
     spec = as_typed(spec)
     if not is_version_prefix(spec):
@@ -551,11 +553,14 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
             exc.args = (exc.message,)
             exc.hint = "remove it from the store itself, or take the store out of QNNCTL_STORES"
         raise
-    link = remove_link(cache, version)  # a record that cannot be read goes too: it links nothing
-    if link is not None:
-        log.info("removed the link of SDK %s to %s; the folder is left as it is", version, link.root)
-        if version not in ours:
+    if version not in ours:
+        link = remove_link(cache, version)
+        if link is not None:
+            log.info("removed the link of SDK %s to %s; the folder is left as it is", version, link.root)
             return link.record
+    link = read_link(cache, version)
+    if link is None:
+        remove_link(cache, version)  # a record that cannot be read goes with the SDK: it links nothing
     with version_lock(cache, version):
         target = cache.sdk_dir(version)
         if not (target / MANIFEST_NAME).is_file():
@@ -571,6 +576,10 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
             os.replace(target, trash)
         remove_tree(trash)
     log.info("removed SDK %s (%s) from %s", version, size_text(size), target)
+    if link is not None:
+        used = "which is gone" if link.dangling else "which is used from now on"
+        log.info("SDK %s stays linked to %s, %s; `qnnctl uninstall %s` again drops the link",
+                 version, link.root, used, version)
     return target
 
 

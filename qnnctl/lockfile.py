@@ -88,15 +88,56 @@ def _toml_loads(text: str) -> dict[str, Any]:
     return loaded
 
 
+# What a lock may be: `qnnctl lock` writes a few hundred bytes, two levels deep. The TOML
+# parser recurses once per "[" or "{", and a lock comes with a project that anyone may have
+# written: a bigger or deeper one is refused before it is parsed.
+_LOCK_MAX_BYTES = 1 << 20
+_LOCK_MAX_DEPTH = 16
+
+
+def _toml_depth(text: str) -> int:
+    """How deep arrays and inline tables nest in TOML `text` (strings and comments skipped)."""
+    depth = deepest = i = 0
+    while i < len(text):
+        c = text[i]
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        elif c == "#":
+            i = text.find("\n", i)
+            if i < 0:
+                break
+        elif c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            j = i + len(quote)
+            while j < len(text) and not text.startswith(quote, j):
+                j += 2 if c == '"' and text[j] == "\\" else 1  # only basic strings escape
+            i = j + len(quote) - 1
+        i += 1
+    return deepest
+
+
 def read_lock(path: Path) -> LockedSdk:
     """The lock at `path`; LockError (exit 1) naming the file when it is not one."""
     hint = f"fix it, or write it again with `qnnctl lock` (in {path.parent})"
     try:
-        data = _toml_loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:
+            raw = f.read(_LOCK_MAX_BYTES + 1)
+        if len(raw) > _LOCK_MAX_BYTES:
+            raise LockError(f"{path} is larger than a lock can be ({_LOCK_MAX_BYTES} bytes)", hint=hint)
+        text = raw.decode("utf-8")
+        if _toml_depth(text) > _LOCK_MAX_DEPTH:
+            raise LockError(f"{path} nests arrays or tables deeper than a lock can ({_LOCK_MAX_DEPTH} levels)",
+                            hint=hint)
+        data = _toml_loads(text)
     except (OSError, UnicodeDecodeError) as exc:
         raise LockError(f"cannot read the lock {path}: {exc}", hint=hint) from None
     except ValueError as exc:  # tomllib.TOMLDecodeError
         raise LockError(f"{path} is not TOML: {exc}", hint=hint) from None
+    except RecursionError:  # what the depth check missed: still the file's fault, not qnnctl's
+        raise LockError(f"{path} nests too deep to be read", hint=hint) from None
     schema = data.get("schema")
     if schema not in READ_SCHEMAS:
         raise LockError(f"{path} has schema {schema!r}; this qnnctl reads schemas "

@@ -516,17 +516,26 @@ class Fetcher:
         """Fetch [start, end) into the sparse file, asking again from where a body broke off."""
         from urllib3.exceptions import MaxRetryError
 
-        from qnnctl.download import MAX_TOTAL_ATTEMPTS, Downloader
+        from qnnctl.download import MAX_TOTAL_ATTEMPTS, NET_CHUNK, Downloader
         from qnnctl.retry import attempts_made
 
         remote = self.sparse.remote
         policy = client.policy.start(remote.shown)
         attempts = 0
+        first = start
+        trickles = 0  # answers that ended short of the range with less than a block each
         while start < end and not self._stop.is_set():
             attempts += 1
             before = start
             try:
                 start = self._request(client, start, end, policy)
+                if start < end and start - before < NET_CHUNK and not self._stop.is_set():
+                    # A byte an answer moves forward, and no back-off: a hang by another name.
+                    trickles += 1
+                    if trickles >= MAX_TOTAL_ATTEMPTS:
+                        raise Downloader._gave_up(
+                            remote.shown, attempts, f"{trickles} answers brought less than {NET_CHUNK >> 10} KiB "
+                            f"each ({start - first} of bytes {first}-{end - 1} in all)")
             except _Broke as broke:
                 start = broke.reached
                 if start > before:
@@ -573,6 +582,12 @@ class Fetcher:
                     raise ArchiveChanged(f"{remote.shown} is now {span[2]} bytes long, not {remote.size}")
                 raise RangesIgnored(f"{remote.shown} answered bytes {start}-{end - 1} with "
                                     f"{response.headers.get('Content-Range')!r}")
+            if span[1] <= start:
+                # Empty or backwards (`bytes S-(S-1)/SIZE`): asked again at once, it would be asked
+                # for ever. A failed attempt instead, which the retry budget ends.
+                raise _Broke(spent, BodyBroke(f"{remote.shown} answered bytes {start}-{end - 1} with "
+                                              f"{response.headers.get('Content-Range')!r}, which holds none "
+                                              "of them"), start)
             position = start
             try:
                 for block in response.iter_content(NET_CHUNK):

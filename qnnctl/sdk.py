@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from qnnctl.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import DamagedSdkError, InvalidSdkError, NotInstalledError, UsageError
+from qnnctl.errors import DamagedSdkError, IntegrityError, InvalidSdkError, NotInstalledError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.versions import DEFAULT_VERSION, is_full_version, resolve_version, version_in
 
@@ -492,15 +492,61 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
 
     link = find_linked(version, cache)
     if link is not None:
+        # The folder is not qnnctl's: what it holds now is checked each time it is used.
+        refused = changed_link_error(link.version, link.root, link.build_id)
+        if refused is not None:
+            raise refused
         return Sdk(root=link.root, version=version, origin=LINK_ORIGIN)
     stored = find_in_stores(version, environ)
     if stored is not None:
         return Sdk(root=stored.root, version=version, origin=store_origin(stored.store))
     for candidate in executorch_cache_dirs(version, environ):
-        # ExecuTorch writes no completion marker, so its layout is the only evidence.
+        # ExecuTorch writes no completion marker, so its layout is the only evidence, and its
+        # folder's name only a label: the libraries say which build it holds.
         if not missing_layout(candidate):
+            build = read_build_id(candidate)
+            if build is not None and not is_build_of(build, version):
+                raise IntegrityError(
+                    f"ExecuTorch's cache folder {candidate} is named for SDK {version}, but its libraries are "
+                    f"build {build} (SDK {_version_of(build)}); it is not used",
+                    hint=f"remove that folder (ExecuTorch fetches the SDK again when it needs it), then "
+                         f"`qnnctl install {version}`",
+                )
             return Sdk(root=candidate, version=version, origin="ExecuTorch cache")
     return None
+
+
+def _version_of(build: str) -> str:
+    from qnnctl.identity import version_of_build
+
+    return version_of_build(build)
+
+
+def is_build_of(build: str, version: str) -> bool:
+    """Whether the build id `build` (`2.37.0.250724101010`) is one of SDK `version`: the whole
+    version, not a prefix of it (`2.37.0.25072` is no version of that build)."""
+    return _version_of(build) == version
+
+
+def changed_link_error(version: str, root: Path, recorded: str | None) -> IntegrityError | None:
+    """The error for a linked folder whose libraries are no longer the build `qnnctl link`
+    recorded (or, when it recorded none, not a build of `version`); None when they agree."""
+    build = read_build_id(root)
+    if recorded is not None:
+        if build == recorded:
+            return None
+        now = f"build {build} (SDK {_version_of(build)})" if build is not None else "a build that carries no id"
+        said = f"its libraries are now {now}, not build {recorded} as when it was linked"
+    else:
+        if build is None or is_build_of(build, version):
+            return None
+        said = f"its libraries are build {build} (SDK {_version_of(build)}), not one of SDK {version}"
+    return IntegrityError(
+        f"SDK {version} is linked to {root}, but {said}; it is not used",
+        hint=f"link the folder again as what it holds (`qnnctl link {root}`), drop the link (`qnnctl uninstall "
+             f"{version}`), or install a copy into qnnctl's cache, which comes first: `qnnctl install {version} "
+             "--force`",
+    )
 
 
 def selection_origin(selection: Selection) -> str:

@@ -3,7 +3,9 @@
 A store (`QNNCTL_STORES=/mnt/qairt:/opt/qcom/aistack/qairt`) is a folder of `<version>/` SDK
 roots: an NFS export, a baked container image, the folder Qualcomm's own installer fills. It
 may be mounted read-only, so nothing here writes, locks or stages anything in it. An SDK there
-without a manifest is identified by the build id its libraries carry (qnnctl.identity).
+without a manifest is identified by the build id its libraries carry (qnnctl.identity). Its
+libraries and tools run as the user, so a store or an SDK in it that another user could change
+is not used (`unsafe_path`, as ssh checks `authorized_keys`).
 
 A link is a record in qnnctl's own cache, `links/<version>.json`, naming an SDK folder that
 someone else unpacked (`qnnctl link PATH`). The record is qnnctl's; the folder is not, and a
@@ -13,6 +15,7 @@ folder that has gone is reported, never followed.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -80,11 +83,12 @@ def _entries(store: Path) -> list[Path]:
 
 
 def store_sdks(environ: Mapping[str, str]) -> Iterator[StoreSdk]:
-    """Every SDK in every store, stores in QNNCTL_STORES's order, entries by name."""
-    for store in store_dirs(environ):
+    """Every SDK in every store, stores in QNNCTL_STORES's order, entries by name; a store or
+    an SDK that another user could change is skipped, with a warning (see `unsafe_path`)."""
+    for store in usable_stores(environ):
         for entry in _entries(store):
             version = _identify(entry)
-            if version is not None:
+            if version is not None and _safe_sdk(store, entry):
                 yield StoreSdk(store, entry, version)
 
 
@@ -92,21 +96,200 @@ def find_in_stores(version: str, environ: Mapping[str, str]) -> StoreSdk | None:
     """The first store SDK that is `version`, as its libraries say.
 
     `<store>/<version>/` is looked at first, then the other entries (`latest/`): a folder is the
-    version its libraries say, whatever its name, as `list` shows it.
+    version its libraries say, whatever its name, as `list` shows it. A store or an SDK that
+    another user could change is skipped, with a warning.
     """
-    for store in store_dirs(environ):
+    for store in usable_stores(environ):
         direct = store / version
         # os.path.isdir: a store this user may not enter is no error, only no SDK.
         if os.path.isdir(direct):
             found = _identify(direct)
-            if found == version:
+            if found == version and _safe_sdk(store, direct):
                 return StoreSdk(store, direct, version)
-            if found is not None:
+            if found is not None and found != version:
                 _log().debug("%s is SDK %s by its libraries, not %s; skipped", direct, found, version)
         for entry in _entries(store):
-            if entry.name != version and _identify(entry) == version:
+            if entry.name != version and _identify(entry) == version and _safe_sdk(store, entry):
                 return StoreSdk(store, entry, version)
     return None
+
+
+# -- who could change a store ------------------------------------------------------------------
+
+# As the kernel's MAXSYMLINKS: more links than this on one path is a loop.
+_MAX_LINKS = 40
+
+
+class Unsafe(NamedTuple):
+    """Why another user could change what a path names: the folder (or link) at fault, what is
+    wrong with it, and the command that fixes it."""
+
+    folder: Path
+    why: str
+    fix: str
+
+
+def unsafe_path(path: Path, uid: int | None = None) -> Unsafe | None:
+    """Why a user other than `uid` (default: this process's) and root could change what `path`
+    names, or None when none could: as ssh checks `authorized_keys`.
+
+    Every folder from `/` down, each symbolic link followed where it leads, must belong to root
+    or the user and be writable by neither group nor others. A folder above `path` may be
+    sticky instead (`/tmp`, root's, mode 1777): others can add entries there but neither rename
+    nor remove the user's. On a read-only mount the owner is not asked (the uids of an NFS server
+    or of an image's builder mean nothing here), but the mode is: the same bytes may be written
+    where the mount comes from. A path that is not there is None: nothing can be used from it.
+    """
+    uid = os.geteuid() if uid is None else uid
+    # Not normalised: `..` after a link is the parent of where the link leads, as the kernel has it.
+    pending = list(reversed((Path.cwd() / path).parts[1:]))
+    here = Path("/")
+    try:
+        problem = _unsafe_folder(here, os.lstat(here), uid, last=not pending)
+        links = 0
+        while problem is None and pending:
+            name = pending.pop()
+            if name == "..":
+                here = here.parent  # `here` is resolved: `..` is its real parent, as the kernel takes it
+                continue
+            candidate = here / name
+            st = os.lstat(candidate)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    return Unsafe(candidate, "leads through more than 40 symbolic links", "point it at a folder")
+                if st.st_uid not in (0, uid) and not _read_only(here):
+                    # A link in a sticky folder (`/tmp/store`) can be pointed elsewhere by its owner.
+                    return Unsafe(candidate, f"is a symbolic link that belongs to {_owner(st.st_uid)}",
+                                  "replace it with a link of your own: "
+                                  f"`ln -sfn {_quoted(Path(os.readlink(candidate)))} {_quoted(candidate)}`")
+                target = Path(os.readlink(candidate))
+                if target.is_absolute():
+                    here = Path("/")
+                pending.extend(reversed([part for part in target.parts if part not in ("/", ".")]))
+                continue
+            here = candidate
+            problem = _unsafe_folder(here, st, uid, last=not pending)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None  # nothing can be used from there
+    except OSError as exc:
+        return Unsafe(here, f"cannot be checked ({exc.strerror})", "check its permissions")
+    return problem
+
+
+def _unsafe_folder(path: Path, st: os.stat_result, uid: int, last: bool) -> Unsafe | None:
+    trusted = st.st_uid in (0, uid)
+    others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if trusted and not others:
+        return None  # the common case, without asking the file system about its mount
+    if not trusted and not _read_only(path):
+        return Unsafe(path, f"belongs to {_owner(st.st_uid)}",
+                      f"make it root's (or yours): `sudo chown root {_quoted(path)}`")
+    if others and (last or not (st.st_mode & stat.S_ISVTX and trusted)):
+        who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if others & bit)
+        return Unsafe(path, f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})",
+                      f"`chmod go-w {_quoted(path)}`")
+    return None
+
+
+def _quoted(path: Path) -> str:
+    import shlex  # only for a message: `qnnctl env` checks stores at every shell's start
+
+    return shlex.quote(str(path))
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def store_problem(store: Path) -> Unsafe | None:
+    """Why `store` is not used: another user could change it (or a folder above it)."""
+    return unsafe_path(store)
+
+
+def sdk_problem(root: Path) -> Unsafe | None:
+    """Why an SDK folder is not used: another user could change it, the folders that go on
+    LD_LIBRARY_PATH and PATH, or what is in them (a link there is followed to where it leads)."""
+    from qnnctl.sdk import HOST_BIN_DIR, HOST_LIB_DIR
+
+    problem = unsafe_path(root)
+    for folder in (root / HOST_LIB_DIR, root / HOST_BIN_DIR):
+        problem = problem or unsafe_path(folder) or _unsafe_entries(folder)
+    return problem
+
+
+def _unsafe_entries(folder: Path) -> Unsafe | None:
+    """The first file in `folder` (checked already) that another user could change."""
+    uid = os.geteuid()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return None  # not there, or not readable: nothing is loaded from it
+    for entry in sorted(entries, key=lambda e: e.name):
+        try:
+            if entry.is_symlink():
+                problem = unsafe_path(Path(entry.path), uid)
+            else:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid in (0, uid) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    continue
+                problem = _unsafe_folder(Path(entry.path), st, uid, last=True)
+        except OSError:
+            continue  # gone meanwhile
+        if problem is not None:
+            return problem
+    return None
+
+
+_warned: set[tuple[Path, Path]] = set()
+
+
+def _refuse(what: str, where: Path, problem: Unsafe) -> None:
+    """Say once per process why `what` is not used."""
+    if (where, problem.folder) in _warned:
+        return
+    _warned.add((where, problem.folder))
+    _log().warning("%s is not used: %s %s, so another user could put code there that runs as you; fix it "
+                   "with %s, or take the store out of %s", what, problem.folder, problem.why, problem.fix,
+                   STORES_VARIABLE)
+
+
+def usable_stores(environ: Mapping[str, str]) -> list[Path]:
+    """The stores of QNNCTL_STORES that no other user could change."""
+    usable = []
+    for store in store_dirs(environ):
+        problem = store_problem(store)
+        if problem is None:
+            usable.append(store)
+        else:
+            _refuse(f"the store {store}", store, problem)
+    return usable
+
+
+def unsafe_store_sdks(environ: Mapping[str, str]) -> list[tuple[Path, Unsafe]]:
+    """The SDK folders of the usable stores that are not used, and why."""
+    return [(entry, problem) for store in store_dirs(environ) if store_problem(store) is None
+            for entry in _entries(store)
+            if _identify(entry) is not None and (problem := sdk_problem(entry)) is not None]
+
+
+def _safe_sdk(store: Path, root: Path) -> bool:
+    problem = sdk_problem(root)
+    if problem is not None:
+        _refuse(f"SDK folder {root} of the store {store}", root, problem)
+    return problem is None
 
 
 def in_a_store(path: Path, environ: Mapping[str, str]) -> Path | None:

@@ -29,15 +29,19 @@ def redact(url: str) -> str:
     Never raises: a URL that does not parse is masked by the same rules, on its text.
     """
     scheme, sep, rest = url.partition("://")
-    if sep:
-        # The authority runs to the first "/" here, not to "?" or "#" as RFC 3986 has it:
-        # a password with an unescaped "#" or "?" must not leak as the "host".
-        authority, slash, path = rest.partition("/")
-        if "@" in authority:
-            authority = MASK + "@" + authority.rpartition("@")[2]
-        rest = authority + slash + path
-    else:
+    if not sep:
         scheme, rest = "", url
+    before, at, after = rest.rpartition("@")
+    if at:
+        # The userinfo ends at the last "@", wherever it is: a password typed as it is may hold
+        # "/", "?", "#" and "@" (base64 holds "/"), and no parser agrees on where it stops (a
+        # browser ends the authority at the first "/", urllib3 too). A path or query holding an
+        # "@" hides more than it need: never less.
+        if any(c in before for c in "?#"):
+            # The "@" may be in a query or a fragment, whose later values stay hidden.
+            items, hashmark, fragment = after.partition("#")
+            return scheme + sep + MASK + at + _mask_values(items) + hashmark + _mask_values(fragment)
+        rest = MASK + at + after
     rest, hashmark, fragment = rest.partition("#")
     rest, qmark, query = rest.partition("?")
     return (scheme + sep + rest + qmark + _mask_values(query)
@@ -50,7 +54,8 @@ def redact_text(text: str) -> str:
 
 
 def _looks_like_url(word: str) -> bool:
-    return "://" in word or "?" in word or "#" in word
+    # An "@" too: urllib3 names the request target of `http://u:pa/ss@host/` as "/ss@host/".
+    return "://" in word or "?" in word or "#" in word or "@" in word
 
 
 def _mask_values(items: str) -> str:
@@ -80,6 +85,10 @@ def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
         # urlparse drops a newline or tab silently; the URL shown or logged would then break lines.
         raise UsageError(f"{what} {shown!r} holds a control character (a newline or tab)",
                          hint="remove it: a URL is one line of printable text")
+    if at_in_path(url):
+        raise UsageError(f"{what} {shown} holds an \"@\" after a \"/\" or \"\\\": a password with either in it is read "
+                         "as a host and a path, and would be sent to that host",
+                         hint="write a \"/\" in a password as %2F, a \"\\\" as %5C, and an \"@\" in a path as %40")
     try:
         parts = urlparse(url)
         parts.port  # noqa: B018 - a port that is no number raises here, not in the download
@@ -100,3 +109,16 @@ def check_url(url: str, what: str, allow_file: bool = True) -> Path | None:
     if not parts.hostname:
         raise UsageError(f"{what} {shown} names no host", hint="URLs look like https://host/path/v2.37.0.250724.zip")
     return None
+
+
+def at_in_path(url: str) -> bool:
+    """Whether an "@" follows the first "/" (or "\\") after `url`'s scheme, before its query: a
+    password typed with a "/" in it (`http://user:pa/ss@host/`), which every parser reads as a host
+    `user` and a path `/ss@host/`, sending the rest of the password to a host it was not for."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() == "file":  # a file's path may hold an "@"
+        return False
+    # urllib3 ends the authority at a "\" too, as browsers do for http and https.
+    before_query = re.split(r"[?#]", rest, maxsplit=1)[0]
+    _, *path = re.split(r"[/\\]", before_query, maxsplit=1)
+    return "@" in "".join(path)

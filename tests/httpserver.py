@@ -67,6 +67,18 @@ class Fault:
         return cls("misplaced_range", shift)
 
     @classmethod
+    def backwards_range(cls, by: int, body: bytes = b"") -> Fault:
+        """Answer a Range request with 206, a Content-Range that ends `by` bytes before it starts
+        (0: `bytes S-(S-1)/SIZE`, empty) and `body`: an answer that moves nothing forward."""
+        return cls("backwards_range", (by, body))
+
+    @classmethod
+    def short_range(cls, nbytes: int) -> Fault:
+        """Answer a Range request with 206 and only its first `nbytes`, with a Content-Range
+        that says so."""
+        return cls("short_range", nbytes)
+
+    @classmethod
     def html(cls) -> Fault:
         """A login page served with 200."""
         return cls("html")
@@ -337,6 +349,18 @@ class FaultServer:
             self._record(self._begin(path), path, 416, (), 0)  # before the client can see it
             self._send_empty(h, 416, {"Content-Range": f"bytes */{len(data)}"})
             return
+        if spans and fault is not None and fault.kind == "backwards_range":
+            by, body = fault.arg
+            first = spans[0][0]
+            self._record(self._begin(path), path, 206, (), len(body))
+            h.send_response(206)
+            h.send_header("Content-Type", ctype)
+            h.send_header("Content-Length", str(len(body)))
+            h.send_header("Content-Range", f"bytes {first}-{first - 1 - by}/{len(data)}")
+            h.end_headers()
+            if not head:
+                h.wfile.write(body)
+            return
         if spans is not None and len(spans) > 1:
             self._send_multipart(h, path, data, spans, ctype, etag, head)
             return
@@ -344,6 +368,8 @@ class FaultServer:
             (start, end), = spans
             if fault is not None and fault.kind == "misplaced_range":
                 start = min(max(0, start + int(fault.arg)), end)
+            if fault is not None and fault.kind == "short_range":
+                end = min(end, start + int(fault.arg))
             status = 206
         if spans is None and fault is not None and fault.kind == "unasked_206":
             status = 206

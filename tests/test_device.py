@@ -319,6 +319,27 @@ def test_push_puts_the_set_there_then_skips_what_is_the_same(sdk: Path, phones: 
     assert pushed(phones, "R5CT1") == dict(sorted(want.items()))
 
 
+def test_names_with_backslashes_newlines_and_spaces_round_trip(sdk: Path, phones: Phones, tmp_path: Path) -> None:
+    """GNU sha256sum writes `\\<digest>  /data/a\\\\b` for a name holding a backslash: read by
+    name, every file of such a --dest was "missing" after it arrived."""
+    phones.add("R5CT1", soc="SM8750P")
+    dest = "/data/local/tmp/a\\b c\\n"
+    extra = tmp_path / "run\\ner\nx y"
+    extra.write_text("#!/bin/sh\necho run\n")
+    proc = push("--sdk", str(sdk), "--dest", dest, str(extra))
+    assert proc.returncode == 0, proc.stderr
+    assert pushed(phones, "R5CT1", dest) == dict(sorted({**expected_set(sdk, 79), extra.name: extra.read_bytes()}
+                                                        .items()))
+    phones.clear_calls()
+    again = push("--sdk", str(sdk), "--dest", dest, str(extra), "--json")
+    assert again.returncode == 0, again.stderr
+    assert phones.pushes() == []  # each digest was read back as the device's
+    assert {f["action"] for f in json.loads(again.stdout)["files"]} == {"skipped"}
+    phones.path("R5CT1", f"{dest}/{extra.name}").write_bytes(b"changed")
+    assert push("--sdk", str(sdk), "--dest", dest, str(extra)).returncode == 0
+    assert phones.pushes() == [extra.name]
+
+
 def test_a_push_that_dies_half_way_leaves_the_set_in_place_and_resumes(tmp_path: Path, sdk: Path,
                                                                        phones: Phones) -> None:
     phones.add("R5CT1", soc="SM8750")
@@ -485,6 +506,39 @@ def test_device_list_shows_each_device_with_its_soc_and_generation(phones: Phone
     assert data["devices"][1]["soc"] == "Tensor G4"
     assert data["devices"][3] == {"serial": "LOCKED", "state": "unauthorized", "model": None, "soc": None,
                                   "soc_model": None, "htp_arch": None}
+
+
+EVIL = "Evil\x1b]0;PWNED-TITLE\x07RED"  # sets a terminal's title when printed as it is
+EVIL_SHOWN = "Evil\\x1b]0;PWNED-TITLE\\x07RED"
+
+
+def test_what_a_device_says_is_shown_with_control_characters_escaped(sdk: Path, phones: Phones) -> None:
+    """A device whose model, manufacturer, SoC, shell environment and file names carry terminal
+    escapes, and a second one whose serial does: nothing of it reaches the terminal raw."""
+    root = phones.add("R5CT1", soc="SM8750", model=EVIL,
+                      env={"ADSP_LIBRARY_PATH": f"{DEST};/dsp/x\x1b[31my"})
+    (root / "vendor" / "lib64" / f"libQnn{EVIL}.so").write_bytes(fake_library("libQnnHtp.so", BUILD_2_47))
+    runs = [run_qnnctl("device", "list"), run_qnnctl("device", "list", "--json"),
+            run_qnnctl("doctor", "--sdk", str(sdk), "--offline", "--device"),
+            run_qnnctl("doctor", "--sdk", str(sdk), "--offline", "--device", "--json")]
+    phones.add(f"S\x1b[2J{EVIL}", soc=f"SM8750{EVIL}", props={"ro.soc.manufacturer": EVIL})
+    runs += [run_qnnctl("device", "list", "--json"), push("--sdk", str(sdk)),
+             run_qnnctl("doctor", "--sdk", str(sdk), "--offline", "--device", "--json")]
+    for proc in runs:
+        for raw in ("\x1b", "\x07", "\\u001b", "\\u0007"):  # nor escaped by JSON alone: jq -r would print it
+            assert raw not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    listed, listed_json, doctor, doctor_json, two, several, other = runs
+    assert listed.stdout.splitlines() == [f"R5CT1\tdevice\t{EVIL_SHOWN}\tSM8750\tV79"]
+    assert json.loads(listed_json.stdout)["devices"][0]["model"] == EVIL_SHOWN
+    assert f"R5CT1 ({EVIL_SHOWN}, Android 15, SoC SM8750)" in doctor.stdout
+    found = {c["id"]: c for c in json.loads(doctor_json.stdout)["checks"]}
+    assert found["device.connection"]["detail"].startswith(f"R5CT1 ({EVIL_SHOWN}, ")
+    assert f"/vendor/lib64/libQnn{EVIL_SHOWN}.so" in found["device.preinstalled"]["detail"]
+    assert f"ADSP_LIBRARY_PATH='{DEST};/dsp/x\\x1b[31my': " in found["device.adsp_library_path"]["detail"]
+    assert [d["serial"] for d in json.loads(two.stdout)["devices"]] == ["R5CT1", f"S\\x1b[2J{EVIL_SHOWN}"]
+    assert several.returncode == 2
+    assert f"S\\x1b[2J{EVIL_SHOWN} (device)" in several.stderr
+    assert other.returncode == 1
 
 
 # -- env and run -----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from filelock import FileLock
 
 from qnnctl.archive import zip_digests
 from qnnctl.cache import Cache, read_manifest, tree_size
+from qnnctl.lockfile import read_lock
 from qnnctl.sdk import find_installed
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
@@ -215,6 +216,39 @@ def test_lock_check_doctor_and_install_against_a_lock_that_disagrees(mirror: Fau
     reused = run_qnnctl("install")
     assert reused.returncode == 4, reused.stderr
     assert reused.stdout == ""
+
+
+@pytest.mark.parametrize("body", [
+    "urls = " + "[" * 5000 + "]" * 5000,  # the parser recurses once a level
+    "urls = [" + "{ a = [" * 2500 + "1" + "] }" * 2500 + "]",
+    "urls = [\"" + "[" * 5000 + "\"]\n# " + "x" * (1 << 20),  # brackets in a string count for nothing; size does
+])
+def test_a_lock_too_deep_or_too_big_is_refused_naming_it(body: str, mirror: FaultServer, cache_dir: Path) -> None:
+    """A qnnctl.lock in a folder above the project, built to exhaust the parser: every command
+    that reads it refuses with exit 1 and the file's name, never a traceback."""
+    (Path.cwd() / "project").mkdir()
+    lock = Path.cwd() / "qnnctl.lock"
+    lock.write_text(f'schema = 1\n\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"0" * 64}"\n{body}\n')
+    project = Path.cwd() / "project"
+    for args in (("lock", "--check"), ("install", VERSION), ("install", "--locked")):
+        result = run_qnnctl(*args, cwd=project)
+        assert result.returncode == 1, result.stderr
+        assert str(lock) in result.stderr
+        assert "Traceback" not in result.stderr
+        assert "RecursionError" not in result.stderr
+    check = _checks(run_qnnctl("doctor", "--json", "--offline", cwd=project))["lock"]
+    assert check["status"] == "fail", check
+    assert str(lock) in check["detail"]
+    assert mirror.requests == []
+    _nothing_installed(cache_dir)
+
+
+def test_brackets_in_a_locks_strings_and_comments_nest_nothing(tmp_path: Path) -> None:
+    deep = "[{" * 20
+    lock = tmp_path / "qnnctl.lock"
+    lock.write_text(f'schema = 1  # {deep}\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"0" * 64}"\n'
+                    f'urls = ["{deep}\\"{deep}", \'{deep}\\\', """{deep}\n{deep}""", \'\'\'{deep}\'\'\']\n')
+    assert read_lock(lock).urls == (f'{deep}"{deep}', f"{deep}\\", f"{deep}\n{deep}", deep)
 
 
 def test_install_locked_without_a_lock_fails_before_anything(mirror: FaultServer, cache_dir: Path) -> None:
@@ -512,6 +546,178 @@ def test_a_store_folder_named_for_one_version_whose_libraries_are_another_is_not
     assert found.origin == f"store {store}"
 
 
+# -- stores another user could change -----------------------------------------------------------
+
+_as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's takes root")
+
+
+def _nobody() -> int:
+    import pwd
+
+    return pwd.getpwnam("nobody").pw_uid
+
+
+def _hostile_store(how: str, tmp_path: Path) -> tuple[str, Path, str]:
+    """A store holding SDK VERSION, made unsafe in the way `how` names: (QNNCTL_STORES, the
+    folder or link at fault, what is wrong with it)."""
+    store = tmp_path / "shared" / "store"
+    sdk = build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    for folder in (tmp_path / "shared", store):
+        folder.chmod(0o755)
+    named = str(store)
+    if how == "store 0777":
+        store.chmod(0o777)
+        return named, store, "is writable by its group and others (mode 0777)"
+    if how == "store 1777":
+        store.chmod(0o1777)
+        return named, store, "is writable by its group and others (mode 1777)"
+    if how == "store 0775":
+        store.chmod(0o775)
+        return named, store, "is writable by its group (mode 0775)"
+    if how == "SDK folder of nobody":
+        os.chown(sdk, _nobody(), -1)
+        return named, sdk, f"belongs to user nobody (uid {_nobody()})"
+    if how == "SDK folder 0777":
+        sdk.chmod(0o777)
+        return named, sdk, "is writable by its group and others (mode 0777)"
+    if how == "library folder 0777":
+        (sdk / "lib" / "x86_64-linux-clang").chmod(0o777)
+        return named, sdk / "lib" / "x86_64-linux-clang", "is writable by its group and others (mode 0777)"
+    if how == "a library of nobody's":
+        library = sdk / "lib" / "x86_64-linux-clang" / "libQnnCpu.so"
+        os.chown(library, _nobody(), -1)
+        return named, library, f"belongs to user nobody (uid {_nobody()})"
+    if how == "a tool writable by others":
+        tool = sdk / "bin" / "x86_64-linux-clang" / "qnn-net-run"
+        tool.chmod(0o777)
+        return named, tool, "is writable by its group and others (mode 0777)"
+    if how == "a library linked into a writable folder":
+        (tmp_path / "open").mkdir()
+        (tmp_path / "open").chmod(0o777)
+        library = sdk / "lib" / "x86_64-linux-clang" / "libQnnCpu.so"
+        shutil.move(library, tmp_path / "open" / library.name)
+        library.symlink_to(tmp_path / "open" / library.name)
+        return named, tmp_path / "open", "is writable by its group and others (mode 0777)"
+    if how == "a parent writable by others":
+        (tmp_path / "shared").chmod(0o777)
+        return named, tmp_path / "shared", "is writable by its group and others (mode 0777)"
+    if how == "a link of nobody's in a sticky folder":
+        public = tmp_path / "public"
+        public.mkdir(mode=0o1777)
+        public.chmod(0o1777)
+        link = public / "store"
+        link.symlink_to(store)
+        os.lchown(link, _nobody(), -1)
+        return str(link), link, f"is a symbolic link that belongs to user nobody (uid {_nobody()})"
+    if how == "a link into a writable folder":
+        (tmp_path / "shared").chmod(0o777)
+        (tmp_path / "mine").mkdir(mode=0o755)
+        link = tmp_path / "mine" / "store"
+        link.symlink_to("../shared/store")  # relative, through `..`
+        return str(link), tmp_path / "shared", "is writable by its group and others (mode 0777)"
+    if how == "a link to a link of nobody's":
+        public = tmp_path / "public"
+        public.mkdir(mode=0o1777)
+        public.chmod(0o1777)
+        (public / "store").symlink_to(store)
+        os.lchown(public / "store", _nobody(), -1)
+        (tmp_path / "mine").mkdir(mode=0o755)
+        (tmp_path / "mine" / "store").symlink_to(public / "store")
+        return str(tmp_path / "mine" / "store"), public / "store", \
+            f"is a symbolic link that belongs to user nobody (uid {_nobody()})"
+    raise AssertionError(how)
+
+
+@_as_root
+@pytest.mark.parametrize("how", ["store 0777", "store 1777", "store 0775", "SDK folder of nobody", "SDK folder 0777",
+                                 "library folder 0777", "a library of nobody's", "a tool writable by others",
+                                 "a library linked into a writable folder", "a parent writable by others",
+                                 "a link of nobody's in a sticky folder", "a link into a writable folder",
+                                 "a link to a link of nobody's"])
+def test_a_store_another_user_could_change_is_not_used(how: str, tmp_path: Path, cache_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    stores, culprit, why = _hostile_store(how, tmp_path)
+    monkeypatch.setenv("QNNCTL_STORES", stores)
+    older = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    said = f"is not used: {culprit} {why}, so another user could put code there that runs as you"
+    env = run_qnnctl("env", VERSION)
+    assert (env.returncode, env.stdout) == (1, ""), env.stderr
+    assert said in env.stderr
+    assert "QNNCTL_STORES" in env.stderr
+    # Not the newest SDK on disk either: the older one of qnnctl's cache is.
+    newest = run_qnnctl("env", "--shell", "json")
+    assert json.loads(newest.stdout)["QNN_SDK_ROOT"] == str(older), newest.stderr
+    assert newest.stderr.count(said) == 1, newest.stderr  # said once, however often the stores are read
+    assert [row["version"] for row in json.loads(run_qnnctl("list", "--json").stdout)["sdks"]] == [OTHER_VERSION]
+    doctor = run_qnnctl("doctor", "--sdk", OTHER_VERSION, "--json", "--offline")
+    assert doctor.returncode == 1
+    check = _checks(doctor)["stores"]
+    assert check["status"] == "fail"
+    assert f"{culprit} {why}" in check["detail"]
+    assert ("chmod go-w" if "writable" in why else "ln -sfn" if "link" in why else "chown root") in check["hint"]
+
+
+@_as_root
+def test_a_store_below_a_sticky_folder_of_roots_is_used(tmp_path: Path, cache_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like /tmp: others may add entries there, but neither rename nor remove the store."""
+    public = tmp_path / "public"
+    public.mkdir()
+    public.chmod(0o1777)
+    store = public / "store"
+    build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    store.chmod(0o755)
+    monkeypatch.setenv("QNNCTL_STORES", str(store))
+    env = run_qnnctl("env", VERSION, "--shell", "json")
+    assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(store / VERSION), env.stderr
+    assert "not used" not in env.stderr
+    assert _checks(run_qnnctl("doctor", "--json", "--offline"))["stores"]["status"] == "ok"
+
+
+@_as_root
+@pytest.mark.parametrize("mode", [0o755, 0o777], ids=["0755", "0777"])
+def test_on_a_read_only_mount_the_owner_is_not_asked_but_the_mode_is(mode: int, tmp_path: Path,
+                                                                      cache_dir: Path) -> None:
+    """An NFS export or an image's files may belong to a uid of another machine; a folder
+    writable by others there may be written where the mount comes from."""
+    if not _can_bind_mount_read_only():
+        pytest.skip("no read-only bind mount here (unshare --mount)")
+    store = tmp_path / "store"
+    sdk = build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    for folder in (store, sdk):
+        os.chown(folder, _nobody(), -1)
+    store.chmod(mode)
+    env = dict(os.environ, QNNCTL_STORES=str(store))
+    found = subprocess.run(
+        [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"', "sh", str(store),
+         sys.executable, "-m", "qnnctl", "env", VERSION, "--shell", "json"],
+        env=env, capture_output=True, text=True, timeout=120)
+    if mode == 0o755:
+        assert json.loads(found.stdout)["QNN_SDK_ROOT"] == str(sdk), found.stderr
+        assert "not used" not in found.stderr
+    else:
+        assert found.returncode == 1
+        assert f"is not used: {store} is writable by its group and others (mode 0777)" in found.stderr
+    # Mounted read-write, the same store is another user's.
+    rw = run_qnnctl("env", VERSION, env=env)
+    assert rw.returncode == 1
+    assert f"{store} belongs to user nobody" in rw.stderr
+
+
+def test_unsafe_path_on_paths_that_are_not_there(tmp_path: Path) -> None:
+    from qnnctl.stores import unsafe_path
+
+    assert unsafe_path(tmp_path / "no" / "such") is None
+    (tmp_path / "file").write_text("")
+    assert unsafe_path(tmp_path / "file" / "below") is None
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    found = unsafe_path(loop / "x")
+    assert found is not None
+    assert found.why == "leads through more than 40 symbolic links"
+
+
 # -- links --------------------------------------------------------------------------------------
 
 
@@ -580,6 +786,30 @@ def test_uninstall_removes_only_the_link(tmp_path: Path, cache_dir: Path) -> Non
     assert run_qnnctl("env", VERSION).returncode == 1
 
 
+def test_uninstall_of_a_version_in_the_cache_and_linked_removes_the_copy_then_the_link(tmp_path: Path,
+                                                                                       cache_dir: Path) -> None:
+    """As `link` says: the link is used once the cache's copy is uninstalled."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    linked = run_qnnctl("link", str(folder))
+    assert linked.returncode == 0, linked.stderr
+    assert "the link is used once that copy is uninstalled" in linked.stderr
+    before = _snapshot(folder)
+    first = run_qnnctl("uninstall", VERSION)
+    assert first.returncode == 0, first.stderr
+    assert not root.exists()
+    assert (cache_dir / "links" / f"{VERSION}.json").is_file()
+    assert (f"SDK {VERSION} stays linked to {folder}, which is used from now on; `qnnctl uninstall {VERSION}` "
+            "again drops the link") in first.stderr
+    assert json.loads(run_qnnctl("env", VERSION, "--shell", "json").stdout)["QNN_SDK_ROOT"] == str(folder)
+    second = run_qnnctl("uninstall", VERSION)
+    assert second.returncode == 0, second.stderr
+    assert "the folder is left as it is" in second.stderr
+    assert not (cache_dir / "links" / f"{VERSION}.json").exists()
+    assert _snapshot(folder) == before
+    assert run_qnnctl("env", VERSION).returncode == 1
+
+
 def test_uninstall_takes_an_unreadable_link_record_with_the_sdk(cache_dir: Path) -> None:
     """A record of the version that cannot be read links nothing: it is not left behind."""
     root = install_tree_into_cache(cache_dir, VERSION)
@@ -622,6 +852,89 @@ def test_link_of_a_folder_above_the_sdk_points_at_the_sdk_below(tmp_path: Path, 
     assert "unset it" not in nothing_below.stderr
     assert nothing_below.stderr.endswith("an archive is installed with `qnnctl install --file ARCHIVE`\n")
     assert not (cache_dir / "links").exists()
+
+
+def _refused_where_used(version: str, cache_dir: Path, server: FaultServer, *said: str) -> None:
+    """install, env, lower and doctor refuse `version` (exit 4, doctor 1), each saying all of `said`;
+    nothing is fetched or installed."""
+    for args in (("install", version), ("env", version), ("lower", "--sdk", version, "--", "true")):
+        result = run_qnnctl(*args)
+        assert (result.returncode, result.stdout) == (4, ""), (args, result.stderr)
+        for words in said:
+            assert words in result.stderr, (args, result.stderr)
+    doctor = run_qnnctl("doctor", "--sdk", version, "--json", "--offline")
+    assert doctor.returncode == 1
+    selection = _checks(doctor)["sdk.selection"]
+    assert selection["status"] == "fail"
+    for words in said:
+        assert words in f"{selection['detail']} {selection['hint']}"
+    if "linked" in said[0]:
+        stores = _checks(run_qnnctl("doctor", "--json", "--offline"))["stores"]
+        assert stores["status"] == "warn"
+        for words in said:
+            assert words in f"{stores['detail']} {stores['hint']}"
+    assert server.requests == []
+    _nothing_installed(cache_dir, version)
+
+
+@pytest.mark.parametrize("now", ["v2.51.0.260929181845", "v2.37.0.250724101011", None],
+                         ids=["another version", "another build of it", "no build id"])
+def test_a_linked_folder_that_now_holds_another_build_is_refused_where_used(
+        now: str | None, mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=BUILD))
+    assert run_qnnctl("link", str(folder)).returncode == 0
+    shutil.rmtree(folder)
+    build_sdk_tree(folder, SdkSpec(build_id=now))  # sdk.yaml and the folder's name still say VERSION
+    now_said = f"build {now[1:]}" if now else "a build that carries no id"
+    _refused_where_used(VERSION, cache_dir, mirror, f"SDK {VERSION} is linked to {folder}, but its libraries "
+                        f"are now {now_said}", f"not build {BUILD[1:]} as when it was linked", f"qnnctl link {folder}")
+    # Linked again as what it holds, it is used.
+    if now is not None:
+        assert run_qnnctl("link", str(folder), "--version", now[1:14]).returncode == 0
+        env = run_qnnctl("env", now[1:14], "--shell", "json")
+        assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(folder), env.stderr
+
+
+def test_a_link_through_a_symlink_that_is_pointed_elsewhere_is_refused(mirror: FaultServer, tmp_path: Path,
+                                                                      cache_dir: Path) -> None:
+    build_sdk_tree(tmp_path / "a" / VERSION, SdkSpec(build_id=BUILD))
+    build_sdk_tree(tmp_path / "b" / VERSION, SdkSpec(build_id="v2.51.0.260929181845"))
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "a" / VERSION)
+    assert run_qnnctl("link", str(current)).returncode == 0
+    assert json.loads(run_qnnctl("env", VERSION, "--shell", "json").stdout)["QNN_SDK_ROOT"] == str(current)
+    current.unlink()
+    current.symlink_to(tmp_path / "b" / VERSION)
+    _refused_where_used(VERSION, cache_dir, mirror, "build 2.51.0.260929181845", f"not build {BUILD[1:]}")
+
+
+def test_a_link_recorded_without_a_build_id_is_refused_once_its_libraries_name_another_version(
+        mirror: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    folder = build_sdk_tree(tmp_path / "unpacked", SdkSpec(build_id=None))
+    assert run_qnnctl("link", str(folder), "--version", VERSION).returncode == 0
+    assert run_qnnctl("env", VERSION).returncode == 0
+    shutil.rmtree(folder)
+    build_sdk_tree(folder, SdkSpec(build_id=f"v{VERSION}101010"))  # a build of the same version: fine
+    assert run_qnnctl("env", VERSION).returncode == 0
+    shutil.rmtree(folder)
+    # A build whose version ends as the one linked does.
+    build = f"1{VERSION}101010"
+    build_sdk_tree(folder, SdkSpec(build_id=f"v{build}"))
+    _refused_where_used(VERSION, cache_dir, mirror, f"its libraries are build {build}",
+                        f"not one of SDK {VERSION}")
+
+
+def test_an_executorch_cache_folder_holding_another_build_is_refused_where_used(mirror: FaultServer,
+                                                                               cache_dir: Path) -> None:
+    old = "2.34.0.250424"
+    folder = Path(os.environ["XDG_CACHE_HOME"]) / "executorch" / "qnn" / f"sdk-{old}"
+    build_sdk_tree(folder, SdkSpec(version=old, build_id=BUILD))
+    _refused_where_used(old, cache_dir, mirror, f"ExecuTorch's cache folder {folder} is named for SDK {old}, "
+                        f"but its libraries are build {BUILD[1:]} (SDK {VERSION})")
+    shutil.rmtree(folder)
+    build_sdk_tree(folder, SdkSpec(version=old, build_id=f"v{old}093000"))
+    env = run_qnnctl("env", old, "--shell", "json")
+    assert json.loads(env.stdout)["QNN_SDK_ROOT"] == str(folder), env.stderr
 
 
 def test_link_refuses_a_version_its_libraries_contradict(tmp_path: Path, cache_dir: Path) -> None:

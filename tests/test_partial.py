@@ -32,6 +32,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from qnnctl.cache import MANIFEST_NAME, read_manifest
+from qnnctl.errors import DownloadError
+from qnnctl.ranged import Fetcher, SparseFile, probe
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
@@ -409,6 +411,81 @@ def test_a_dropped_range_is_asked_for_again(parts_mirror: FaultServer, archive_b
     resumed = [start for start in starts if host[0] < start < host[1]]
     assert resumed, ranges
     assert parts_mirror.bytes_served(PATH) <= host_compressed(archive_bytes) * 1.05
+
+
+@pytest.mark.parametrize(("by", "body"), [(0, b""), (500, b"x" * 300)], ids=["empty", "backwards"])
+def test_an_answer_that_moves_nothing_forward_is_a_failed_attempt(server: FaultServer, archive_bytes: bytes,
+                                                                  tmp_path: Path, by: int, body: bytes) -> None:
+    """206 with `Content-Range: bytes S-(S-1)/SIZE` (or one that ends before it starts) and
+    nothing useful after it, to every request: the retry budget ends it, with the cause."""
+    server.add(PATH, archive_bytes)
+    server.fail(PATH, Fault.none(), *[Fault.backwards_range(by, body)] * 40)
+    remote, tail_start, tail = probe([server.url(PATH)])
+    sparse = SparseFile.open(tmp_path, "v.zip", remote, tail_start, tail)
+    sleeps: list[float] = []
+    try:
+        with pytest.raises(DownloadError) as caught:
+            Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(1000, 5000)], "host")
+        held = sparse.held()
+    finally:
+        sparse.close()
+    assert caught.value.exit_code == 3
+    assert str(caught.value) == (
+        f"download of {remote.shown} failed after 6 attempts: {remote.shown} answered bytes 1000-4999 with "
+        f"'bytes 1000-{999 - by}/{len(archive_bytes)}', which holds none of them")
+    assert sleeps == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert len(server.requests_for(PATH)) == 1 + 6
+    assert held == [(tail_start, len(archive_bytes))]  # nothing of the body was taken
+
+
+def test_answers_that_trickle_a_byte_at_a_time_end_it(server: FaultServer, archive_bytes: bytes,
+                                                       tmp_path: Path) -> None:
+    """Each moves forward, so none is a failed attempt; but a range of a few MB at one byte an
+    answer, with no back-off, would take millions of requests."""
+    server.add(PATH, archive_bytes)
+    server.fail(PATH, Fault.none(), *[Fault.short_range(1)] * 40)
+    remote, tail_start, tail = probe([server.url(PATH)])
+    sparse = SparseFile.open(tmp_path, "v.zip", remote, tail_start, tail)
+    sleeps: list[float] = []
+    try:
+        with pytest.raises(DownloadError) as caught:
+            Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(1000, 1_001_000)], "host")
+        held = sparse.held()
+    finally:
+        sparse.close()
+    assert caught.value.exit_code == 3
+    assert str(caught.value) == (f"download of {remote.shown} failed after 30 attempts: 30 answers brought less than "
+                                 "64 KiB each (30 of bytes 1000-1000999 in all)")
+    assert len(server.requests_for(PATH)) == 1 + 30
+    assert held[0] == (1000, 1030)
+    assert sleeps == []
+
+
+def test_a_server_that_serves_ranges_in_short_pieces_is_followed_to_the_end(server: FaultServer,
+                                                                           archive_bytes: bytes,
+                                                                           tmp_path: Path) -> None:
+    """Less than asked each time, but a block or more: every answer is taken, however many."""
+    server.add(PATH, archive_bytes)
+    server.fail(PATH, Fault.none(), *[Fault.short_range(64 << 10)] * 40)
+    remote, tail_start, tail = probe([server.url(PATH)])
+    sparse = SparseFile.open(tmp_path, "v.zip", remote, tail_start, tail)
+    sleeps: list[float] = []
+    try:
+        Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(0, 40 * (64 << 10) + 10)], "host")
+        assert sparse.read_at(0, 40 * (64 << 10) + 10) == archive_bytes[:40 * (64 << 10) + 10]
+    finally:
+        sparse.close()
+    assert len(server.requests_for(PATH)) == 1 + 41
+    assert sleeps == []
+
+
+def test_an_empty_answer_now_and_then_is_retried_and_the_install_goes_on(parts_mirror: FaultServer,
+                                                                         cache_dir: Path) -> None:
+    parts_mirror.fail(PATH, Fault.none(), Fault.backwards_range(0))
+    result = run_qnnctl("install", VERSION, "--components", "host")
+    assert result.returncode == 0, result.stderr
+    assert "which holds none of them; retrying in 1.0s (attempt 2 of 6)" in result.stderr
+    assert files_in(Path(result.stdout.strip())) == HOST_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
 
 
 def test_a_server_that_ignores_ranges(parts_mirror: FaultServer, archive_bytes: bytes, cache_dir: Path) -> None:

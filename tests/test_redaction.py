@@ -119,3 +119,75 @@ def test_no_secret_is_printed_or_stored(mirror: FaultServer, cache_dir: Path, tm
     manifest = json.loads((cache_dir / "sdks" / VERSION / ".qnnctl.json").read_text())
     assert manifest["source"] == mirror.url(PATH) + "?X-Amz-Signature=***&token=***#***"
     assert any("from http://***@" in text for text in written)  # doctor's "installed ... from"
+
+
+# Every printable character but letters and digits, a few beyond ASCII, and base64's own.
+HOSTILE = sorted({c for c in map(chr, range(0x20, 0x7F)) if not c.isalnum()} | set("é€"))
+LEFT, RIGHT = "Qx7", "Zk9"  # the two halves of a password, around one hostile character
+
+
+@pytest.mark.parametrize("char", HOSTILE)
+def test_a_password_holding_any_character_is_hidden(char: str) -> None:
+    secret = f"{LEFT}{char}{RIGHT}"
+    b64 = base64.b64encode(b"\xfb\xff\xbf" + secret.encode()).decode()  # "+/" and "=" in a token
+    for url in (f"http://user:{secret}@host/All/?t=1", f"https://{secret}@host:8080/x.zip#f",
+                f"http://user:{secret}/{secret}@host/", f"https://{b64}@host/All/", f"user:{secret}@host/x"):
+        shown = redact(url)
+        for part in (LEFT, RIGHT, b64[:4], b64[4:]):
+            assert part not in shown, (url, shown)
+        assert redact(shown) == shown
+    # urllib3 names what it asked for by its request target: for `http://u:Qx7/Zk9@host/` the
+    # target is "/Zk9@host/...", in words that redact_text sees.
+    said = redact_text(f"HTTPConnectionPool(host='u', port=80): Max retries exceeded with url: /{RIGHT}@host/v.zip")
+    assert RIGHT not in said
+
+
+@pytest.mark.parametrize("url", ["https://host/pkg@1.0/v.zip?t=1", "https://host/v.zip?mail=a@b&token=abc#k=v"])
+def test_an_at_after_the_authority_hides_more_never_less(url: str) -> None:
+    shown = redact(url)
+    for hidden in ("abc", "1.0/v.zip?t=1", "k=v"):
+        assert hidden not in shown, shown
+
+
+@pytest.mark.parametrize("char", ["/", "?", "#", "@", " ", "\\", ":", "%", "'", "\"", "[", "]", "+", "=", ";"])
+def test_no_message_shows_a_password_holding_any_character(char: str, server: FaultServer, cache_dir: Path,
+                                                           tmp_path: Path) -> None:
+    """QNNCTL_MIRROR and --url with a password as typed, hostile character and all, through
+    the URL check, the download's failures, `-v`'s log and what is left in the cache."""
+    secret = f"{LEFT}{char}{RIGHT}"
+    host = server.base.removeprefix("http://")
+    mirrored = dict(os.environ, QNNCTL_MIRROR=f"http://user:{secret}@{host}/none/")
+    results = [run_qnnctl("-v", "install", VERSION, env=mirrored),
+               run_qnnctl("-v", "install", "--url", f"http://user:{secret}@{host}/none/{NAME}"),
+               run_qnnctl("doctor", "--json", env=mirrored)]
+    for result in results:
+        assert result.returncode in (1, 2, 3), result.stderr
+        for part in (LEFT, RIGHT):
+            assert part not in result.stdout + result.stderr, result.stderr
+    for path in _files_below(cache_dir, tmp_path / "home"):
+        for part in (LEFT, RIGHT):
+            assert part.encode() not in path.read_bytes(), path
+    if char in "/\\":
+        # Read as host "user" and path "/Zk9@host/": refused before anything is sent there.
+        assert "holds an \"@\" after a \"/\" or" in results[0].stderr
+        assert results[0].returncode == results[1].returncode == 2
+
+
+def test_an_install_with_a_password_of_every_character_a_url_can_carry_records_none(mirror: FaultServer,
+                                                                                    cache_dir: Path) -> None:
+    """Every character that leaves the URL readable (the last "@" ends the userinfo, as urllib3
+    reads it), in one password that the mirror gets: not in the output, the log or the manifest."""
+    left, right = "PwLeftQx7", "PwRightZk9"  # longer: the SDK's random payload is read too
+    secret = f"{left}@!$&'()*+,;=~:-._%25{right}"
+    host = mirror.base.removeprefix("http://")
+    env = dict(os.environ, QNNCTL_MIRROR=f"http://user:{secret}@{host}")
+    result = run_qnnctl("-v", "install", env=env)
+    assert result.returncode == 0, result.stderr
+    auth = "Basic " + base64.b64encode(f"user:{secret.replace('%25', '%')}".encode()).decode()
+    assert any(r.headers.get("Authorization") == auth for r in mirror.requests_for(PATH))
+    for part in (left, right):
+        assert part not in result.stdout + result.stderr
+        for path in _files_below(cache_dir):
+            assert part.encode() not in path.read_bytes(), path
+    manifest = json.loads((cache_dir / "sdks" / VERSION / ".qnnctl.json").read_text())
+    assert manifest["source"] == f"http://***@{host}{PATH}"

@@ -46,6 +46,14 @@ _STATES = {
 }
 
 
+def printable(text: str) -> str:
+    """Text a device gave, fit for a terminal, a log and JSON alike: control characters (and
+    any other character that is not printable) escaped, `Evil\\x1b]0;T\\x07` rather than a new
+    window title. A device's name, properties, file names and adb's words about it pass here on
+    their way in, so that nothing it says reaches a terminal as it is."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 class AdbNotFoundError(QnnctlError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"adb is not installed or not found: {detail}", hint=ADB_HINT)
@@ -99,7 +107,8 @@ def parse_devices(text: str) -> list[Listed]:
         line = line.strip()
         if not line or line.startswith("*") or line.startswith("List of devices"):
             continue
-        parts = line.split()
+        # A serial with a control character in it is then one that adb does not know: no loss.
+        parts = [printable(part) for part in line.split()]
         serial, rest = parts[0], parts[1:]
         if not rest:
             continue
@@ -118,20 +127,20 @@ def parse_props(text: str) -> dict[str, str]:
     for line in text.splitlines():
         match = _PROP.match(line.strip())
         if match:
-            props[match.group(1)] = match.group(2)
+            props[printable(match.group(1))] = printable(match.group(2))
     return props
 
 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return printable(lines[-1]) if lines else ""
 
 
 def _adb_message(proc: subprocess.CompletedProcess[str]) -> str:
     """adb's own words for a failure: its first error line, else its last line."""
     lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith(("error:", "adb: error:", "adb:"))]
-    return (errors or lines or [f"exit status {proc.returncode}"])[0]
+    return printable((errors or lines or [f"exit status {proc.returncode}"])[0])
 
 
 class Adb:
@@ -237,19 +246,22 @@ class Device:
             return {}
         from qnnctl.shell import quote_posix
 
-        # Missing files only make sha256sum complain and exit 1; the others are still listed.
-        proc = self.shell("sha256sum " + " ".join(quote_posix(p) for p in paths) + " 2>/dev/null", check=False)
-        if proc.returncode not in (0, 1):
+        # Each file is hashed from stdin, in the order asked: its name is never read back. GNU
+        # sha256sum escapes a name holding a backslash or a newline (a backslash before the
+        # line, then "\\" and "\n" in the name) and toybox may not: no one reading fits both.
+        quoted = " ".join(quote_posix(p) for p in paths)
+        proc = self.shell(f'for f in {quoted}; do {{ sha256sum < "$f"; }} 2>/dev/null || echo -; done',
+                          check=False)
+        if proc.returncode != 0:
             raise DeviceError(f"{self.serial}: sha256sum failed: {_adb_message(proc)}",
                               hint="check the device (`adb devices`), then run the same command again")
-        wanted = set(paths)
-        found: dict[str, str] = {}
-        for line in proc.stdout.splitlines():
-            digest, _, path = line.strip().partition(" ")
-            path = path.lstrip(" *")
-            if path in wanted and re.fullmatch(r"[0-9a-f]{64}", digest):
-                found[path] = digest
-        return found
+        answers = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+        if len(answers) != len(paths):
+            raise DeviceError(f"{self.serial}: sha256sum gave {len(answers)} answers for {len(paths)} files",
+                              hint="check the device (`adb shell sha256sum < /system/bin/sh`), then run the "
+                              "same command again")
+        return {path: digest for path, digest in zip(paths, answers, strict=True)
+                if re.fullmatch(r"[0-9a-f]{64}", digest)}
 
     def push(self, local: Path, remote: str) -> None:
         # No timeout: a large library over a slow cable takes its time.

@@ -158,7 +158,7 @@ def check_libraries(ctx: Context) -> Outcome:
 
 def check_preinstalled(ctx: Context) -> Outcome:
     """A phone's own libQnn* of another build load first unless the pushed folder comes first."""
-    from qnnctl.device.adb import DeviceError
+    from qnnctl.device.adb import DeviceError, printable
     from qnnctl.sdk import read_build_id
     from qnnctl.shell import quote_posix
 
@@ -166,7 +166,9 @@ def check_preinstalled(ctx: Context) -> Outcome:
     folders = " ".join(quote_posix(d) for d in PREINSTALLED)
     listing = device.shell(f'for d in {folders}; do for f in "$d"/libQnn*.so; do [ -f "$f" ] && echo "$f"; '
                            "done; done; true", check=False)
-    found = [line.strip() for line in listing.stdout.splitlines() if line.strip().startswith("/")]
+    # Escaped on the way in, as all a device says: a name with a control character is then
+    # one the device does not have, and shows as unreadable.
+    found = [printable(line.strip()) for line in listing.stdout.splitlines() if line.strip().startswith("/")]
     if not found:
         return ok("no libQnn* in " + ", ".join(PREINSTALLED))
     try:
@@ -195,22 +197,24 @@ def check_preinstalled(ctx: Context) -> Outcome:
 
 def check_adsp_path(ctx: Context) -> Outcome:
     """The device shell's ADSP_LIBRARY_PATH, if set: `;`-separated folders that exist."""
+    from qnnctl.device.adb import printable
     from qnnctl.shell import quote_posix
 
     device = _require_device(ctx)
-    value = device.shell('printf "%s" "$ADSP_LIBRARY_PATH"', check=False).stdout.strip()
+    # Escaped once, here: shown in quotes, not by repr, which would escape the escapes again.
+    value = printable(device.shell('printf "%s" "$ADSP_LIBRARY_PATH"', check=False).stdout.strip())
     if not value:
         return ok("not set in the device's shell; `qnnctl device run` sets it for the command it runs")
     entries = [e for e in value.split(";") if e]
     colon = [e for e in entries if ":" in e]
     if colon:
-        return fail(f"ADSP_LIBRARY_PATH={value!r} separates folders with ':', so the DSP reads "
-                    f"{colon[0]!r} as one folder name; it takes ';'",
+        return fail(f"ADSP_LIBRARY_PATH='{value}' separates folders with ':', so the DSP reads "
+                    f"'{colon[0]}' as one folder name; it takes ';'",
                     hint="separate its folders with ';' and quote it: as `qnnctl device env` prints")
     relative = [e for e in entries if not e.startswith("/")]
     listing = device.shell("for d in " + " ".join(quote_posix(e) for e in entries) +
                            '; do [ -d "$d" ] && echo "$d"; done; true', check=False)
-    existing = {line.strip() for line in listing.stdout.splitlines()}
+    existing = {printable(line.strip()) for line in listing.stdout.splitlines()}
     gone = [e for e in entries if e not in existing and e not in relative]
     problems = []
     if relative:
@@ -225,10 +229,10 @@ def check_adsp_path(ctx: Context) -> Outcome:
         problems.append(f"it does not start with {dest}, so a skel in {entries[0]} loads before the pushed one")
     missing_defaults = [d for d in DSP_DEFAULTS if d not in entries]
     if problems:
-        return warn(f"ADSP_LIBRARY_PATH={value!r}: " + "; ".join(problems),
+        return warn(f"ADSP_LIBRARY_PATH='{value}': " + "; ".join(problems),
                     hint="export what `qnnctl device env` prints, or run through `qnnctl device run`")
     more = f" (without {', '.join(missing_defaults)})" if missing_defaults else ""
-    return ok(f"ADSP_LIBRARY_PATH={value!r}: {plural(len(entries), 'folder')}, ';'-separated{more}")
+    return ok(f"ADSP_LIBRARY_PATH='{value}': {plural(len(entries), 'folder')}, ';'-separated{more}")
 
 
 def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:
