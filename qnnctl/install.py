@@ -100,9 +100,9 @@ def install(
     """Resolve the SDK `request` names, installing it into the cache when it is missing."""
     sha256 = _validate_sha256(request.sha256)
     if request.locked and request.check_lock:
-        from qnnctl.lockfile import require_lock
+        from qnnctl.lockfile import read_lock, require_lock
 
-        require_lock(cwd)  # before anything is read or fetched
+        read_lock(require_lock(cwd))  # there, and a lock: before anything is read or fetched
     if request.url is not None and request.file is not None:
         raise UsageError("--url and --file cannot be used together")
     if request.url is not None:
