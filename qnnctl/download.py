@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from qnnctl.cache import require_free_space
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.urls import redact
+from qnnctl.words import human_size
 
 if TYPE_CHECKING:
     import requests
@@ -119,12 +120,12 @@ def _closing_line(label: str, total: int | None, initial: int, done: int, elapse
     """What a download says when its bar or lines end: its size and time, else how far it got."""
     if total is not None and done < total:
         # Interrupted or dropped: say how far it got, not something that reads like success.
-        return f"{label}: stopped at {_human(done)} of {_human(total)}"
+        return f"{label}: stopped at {human_size(done)} of {human_size(total)}"
     if initial:
         # The time is this run's, so the size must be too: a resumed download received only the rest.
-        return (f"{label}: {_human(done - initial)} in {elapsed:.1f}s (resumed at {_human(initial)}; "
-                f"{_human(done)} in all)")
-    return f"{label}: {_human(done)} in {elapsed:.1f}s"
+        return (f"{label}: {human_size(done - initial)} in {elapsed:.1f}s (resumed at {human_size(initial)}; "
+                f"{human_size(done)} in all)")
+    return f"{label}: {human_size(done)} in {elapsed:.1f}s"
 
 
 class PlainProgress:
@@ -156,9 +157,9 @@ class PlainProgress:
             if now - self.said >= PLAIN_INTERVAL and (self.total is None or self.done < self.total):
                 self.said = now
                 if self.total:
-                    log.info("%s: %3d%% of %s", self.label, self.done * 100 // self.total, _human(self.total))
+                    log.info("%s: %3d%% of %s", self.label, self.done * 100 // self.total, human_size(self.total))
                 else:
-                    log.info("%s: %s", self.label, _human(self.done))
+                    log.info("%s: %s", self.label, human_size(self.done))
             self._advance_mark()
 
     def close(self) -> None:
@@ -197,15 +198,6 @@ def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
         desc=label, file=sys.stderr, leave=False, bar_format=sized if total is not None else None,
     )
     return bar
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{n} B"
 
 
 class Retry(Exception):
@@ -426,7 +418,7 @@ class Downloader:
                 url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
             )
         except requests.RequestException as exc:
-            raise _request_failed(shown, exc) from None
+            raise request_failed(shown, exc) from None
         with response:
             # What urllib3 spent on this request, for the next one.
             spent: Policy = getattr(response.raw, "retries", None) or policy
@@ -471,7 +463,7 @@ class Downloader:
                     log.info("the server sent the whole file; starting over")
             meta.update(
                 url=shown,
-                etag=response.headers.get("ETag") if _strong(response.headers.get("ETag")) else None,
+                etag=response.headers.get("ETag") if strong_etag(response.headers.get("ETag")) else None,
                 last_modified=response.headers.get("Last-Modified"),
                 total=offset + body_length if body_length is not None else None,
             )
@@ -543,7 +535,7 @@ class _Broke(Exception):
         self.error = error
 
 
-def _request_failed(shown: str, exc: BaseException) -> DownloadError:
+def request_failed(shown: str, exc: BaseException) -> DownloadError:
     """A request that got no answer: retried as long as the policy allows, or not at all
     when retrying cannot help."""
     from qnnctl.retry import attempts_made, describe, unknown_host, untrusted_certificate
@@ -578,10 +570,10 @@ def _request_failed(shown: str, exc: BaseException) -> DownloadError:
 
 
 def _of(done: int, total: int | None) -> str:
-    return _human(done) if total is None else f"{_human(done)} of {_human(total)}"
+    return human_size(done) if total is None else f"{human_size(done)} of {human_size(total)}"
 
 
-def _strong(etag: str | None) -> bool:
+def strong_etag(etag: str | None) -> bool:
     return bool(etag) and not str(etag).startswith("W/")
 
 

@@ -42,7 +42,7 @@ from qnnctl.components import (
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk import Sdk
-from qnnctl.words import plural
+from qnnctl.words import human_size, plural
 
 if TYPE_CHECKING:
     from qnnctl.download import ProgressFactory
@@ -266,7 +266,7 @@ class RangedInstall:
         from qnnctl.zipindex import NeedMore, end_records
 
         remote, tail_start, tail = probe(self.urls)
-        log.info("reading the central directory of %s (%s)", remote.shown, _human(remote.size))
+        log.info("reading the central directory of %s (%s)", remote.shown, human_size(remote.size))
         self.sparse = sparse = SparseFile.open(self.cache.downloads, self.name, remote, tail_start, tail)
         fetcher = Fetcher(sparse)
         want = len(tail)
@@ -308,7 +308,7 @@ class RangedInstall:
         wanted = sum(end - start for start, end in sparse.missing(ranges))
         adding = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
         log.info("fetching %s of %s: %s of the archive's %s", plural(len(spans), "file"),
-                 ", ".join(adding or components), _human(wanted), _human(sparse.remote.size))
+                 ", ".join(adding or components), human_size(wanted), human_size(sparse.remote.size))
         from qnnctl.cache import require_free_space
 
         require_free_space(self.cache.downloads, wanted, "download the archive's parts")
@@ -331,7 +331,7 @@ class RangedInstall:
                 log.debug("fetching stopped: %s", exc)
             raise
         fetcher.finish()
-        log.debug("received %s in this run", _human(fetcher.received))
+        log.debug("received %s in this run", human_size(fetcher.received))
         return extracted.root, extracted.top, extracted.files, extracted.size, extracted.version
 
     def _plan(self, components: Collection[str], old: Sdk | None
@@ -453,10 +453,6 @@ def check_same_archive(old: Sdk, digest: str, shown: str) -> None:
         )
 
 
-def _human(n: int) -> str:
-    from qnnctl.download import _human as human
-
-    return human(n)
 
 
 def ranged_failure(exc: BaseException, shown: str) -> DownloadError:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError
 from qnnctl.urls import redact
+from qnnctl.words import human_size
 
 if TYPE_CHECKING:
     import requests
@@ -107,8 +108,8 @@ class SparseFile:
             tail_end = tail_start + len(tail)
             overlap = [(max(s, tail_start), min(e, tail_end)) for s, e in held if s < tail_end and e > tail_start]
             if all(sparse.read_at(s, e - s) == tail[s - tail_start:e - tail_start] for s, e in overlap):
-                log.info("resuming: %s of %s held from an earlier run", _human(sparse.held_bytes()),
-                         _human(remote.size))
+                log.info("resuming: %s of %s held from an earlier run", human_size(sparse.held_bytes()),
+                         human_size(remote.size))
                 sparse.write(tail_start, tail)
                 return sparse
             sparse.close()
@@ -309,13 +310,13 @@ class _Client:
     def get(self, url: str, shown: str, headers: dict[str, str], policy: Policy) -> requests.Response:
         import requests
 
-        from qnnctl.download import CONNECT_TIMEOUT, READ_TIMEOUT, _request_failed
+        from qnnctl.download import CONNECT_TIMEOUT, READ_TIMEOUT, request_failed
 
         self.adapter.max_retries = policy
         try:
             return self.session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
         except requests.RequestException as exc:
-            raise _request_failed(shown, exc) from None
+            raise request_failed(shown, exc) from None
 
     def close(self) -> None:
         self.session.close()
@@ -384,7 +385,7 @@ def probe(urls: Sequence[str], sleep: Callable[[float], None] = time.sleep,
 
 
 def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, bytes]:
-    from qnnctl.download import _strong
+    from qnnctl.download import strong_etag
 
     policy = client.policy.start(shown)
     response = client.get(url, shown, {"Range": f"bytes=-{TAIL}"}, policy)
@@ -402,7 +403,7 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
                                 f"{response.headers.get('Content-Range')!r}")
         start, _, size = span
         etag = response.headers.get("ETag")
-        remote = Remote(url, shown, size, etag if _strong(etag) else None, response.headers.get("Last-Modified"))
+        remote = Remote(url, shown, size, etag if strong_etag(etag) else None, response.headers.get("Last-Modified"))
         try:
             tail = response.content
         except Exception as exc:  # a body that broke off: the caller asks again
@@ -450,7 +451,7 @@ class Fetcher:
         total = sum(end - start for start, end in wanted)
         if not wanted:
             return
-        log.debug("%d requests for %s", len(wanted), _human(total))
+        log.debug("%d requests for %s", len(wanted), human_size(total))
         if self.progress is not None:
             self._bar = _LockedProgress(self.progress(label, total, 0))
         self._queue = list(reversed(wanted))
@@ -554,7 +555,7 @@ class Fetcher:
         """One request for [start, end); returns where it got to (`end` when complete)."""
         import requests
 
-        from qnnctl.download import NET_CHUNK, _strong
+        from qnnctl.download import NET_CHUNK, strong_etag
         from qnnctl.retry import BodyBroke, describe
 
         remote = self.sparse.remote
@@ -573,7 +574,7 @@ class Fetcher:
             if status == 416:
                 raise ArchiveChanged(f"{remote.shown} refused bytes {start}-{end - 1} of its {remote.size} (HTTP 416)")
             if status == 200:
-                if _strong(etag) and etag != remote.etag:
+                if strong_etag(etag) and etag != remote.etag:
                     raise ArchiveChanged(f"{remote.shown} has a new ETag ({etag}, was {remote.etag})")
                 raise RangesIgnored(f"{remote.shown} answered a ranged request with the whole file (HTTP 200)")
             span = _content_range(response.headers.get("Content-Range"))
@@ -634,7 +635,3 @@ class _LockedProgress:
             self.inner.close()
 
 
-def _human(n: int) -> str:
-    from qnnctl.download import _human as human
-
-    return human(n)

@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 
+def human_size(n: int) -> str:
+    """A size as progress lines say it: bytes below 1 KiB, else KiB, MiB or GiB with one decimal."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"
+
+
 def size_text(n: int) -> str:
     """A size in MiB, the one way `list` and `uninstall` say it: whole MiB from 10 MiB on
     (`241 MiB`), one decimal below (`1.3 MiB`)."""

@@ -642,9 +642,9 @@ AGAIN = ("run the same command again to resume; check the network, HTTPS_PROXY a
 
 
 def _failed(exc: BaseException) -> DownloadError:
-    from qnnctl.download import _request_failed
+    from qnnctl.download import request_failed
 
-    return _request_failed(SHOWN, exc)
+    return request_failed(SHOWN, exc)
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:
@@ -879,9 +879,9 @@ def test_plain_progress_closes_with_this_runs_size_and_time(caplog: pytest.LogCa
 
 
 def test_sizes_are_said_in_binary_units_up_to_gib() -> None:
-    from qnnctl.download import _human
+    from qnnctl.words import human_size
 
-    assert [_human(n) for n in (0, 1023, 1024, (1 << 20) - 1, 1 << 20, 3 << 30, 5000 << 30)] == [
+    assert [human_size(n) for n in (0, 1023, 1024, (1 << 20) - 1, 1 << 20, 3 << 30, 5000 << 30)] == [
         "0 B", "1023 B", "1.0 KiB", "1024.0 KiB", "1.0 MiB", "3.0 GiB", "5000.0 GiB"]
 
 
@@ -971,10 +971,10 @@ def test_a_body_that_starts_as_a_page_is_html(first: bytes, html: bool) -> None:
 
 
 def test_only_a_strong_etag_is_kept_to_resume_by() -> None:
-    from qnnctl.download import _strong
+    from qnnctl.download import strong_etag
 
     # A weak one (RFC 9110: "W/", case-sensitive) names no exact bytes: If-Range cannot use it.
-    assert [_strong(tag) for tag in (None, "", 'W/"5-abc"', '"5-abc"', 'w/"5-abc"')] == [
+    assert [strong_etag(tag) for tag in (None, "", 'W/"5-abc"', '"5-abc"', 'w/"5-abc"')] == [
         False, False, False, True, True]
 
 
