@@ -86,7 +86,7 @@ def test_an_installed_release_newer_than_the_table_is_named_by_prefix(cache_dir:
     # A prefix that nothing installed matches: the hint names what is installed, then the table.
     proc = run_qnnctl("env", "2.99")
     assert proc.returncode == 2
-    assert f"installed: {NEWER}, {STORED}; known releases: " in proc.stderr
+    assert f"installed: {NEWER}, {STORED} | known releases: " in proc.stderr
 
 
 def test_a_prefix_names_what_the_mirror_lists(server: FaultServer, tmp_path: Path, cache_dir: Path,
