@@ -30,6 +30,7 @@ from qnnctl.commit import commit, identify, require_version, used_up, work_id
 from qnnctl.components import (
     ALL,
     HOST,
+    OTHER,
     Member,
     available,
     canonical,
@@ -525,16 +526,17 @@ def install_components(version: str, urls: list[str], name: str, components: Col
             if old is not None:
                 check_same_archive(old, digest, remote.shown)  # before any member is fetched
             root, _, files, size, found = job.install(components, old)
-            check(expected, observed_tree(root, files, remote.shown, directory=digest))
+            seen = observed_tree(root, files, remote.shown, directory=digest)
+            check(expected, seen)
             found, build = identify(root, found, version, remote.shown)
             require_version(found, version, remote.shown)
-            written = tree_digests(root, files, skip={MANIFEST_NAME})
+            written = dict(seen.components or {})
             if old is not None:
                 merge_old(old.root, root)
                 files = merged_files(old, files)
                 before = (read_manifest(old.root) or {}).get("unpacked_size")
                 size += before if isinstance(before, int) else 0
-            parts = Parts(canonical([*components, *(c for c in written if c != "other")]), True, digest)
+            parts = Parts(canonical([*components, *(c for c in written if c != OTHER)]), True, digest)
             sdk = commit(root, version, remote.shown, None, remote.size, files, size, cache,
                          force or old is not None, work, build,
                          extra={**parts.manifest_fields(), "component_sha256": merged_digests(old, written)})
@@ -597,7 +599,7 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
             found, build = identify(extracted.root, extracted.version, version, fetched.url)
             require_version(found, version, fetched.url)
             written = dict(seen.components or {})
-            parts = parts._replace(components=canonical([*parts.components, *(c for c in written if c != "other")]))
+            parts = parts._replace(components=canonical([*parts.components, *(c for c in written if c != OTHER)]))
             sdk = commit(extracted.root, version, fetched.url, fetched.sha256, fetched.size, extracted.files,
                          extracted.size, cache, force, work, build,
                          extra={**parts.manifest_fields(), "component_sha256": written})
