@@ -55,8 +55,8 @@ def fake_sdk(root: Path, version: str) -> None:
 
 def prepare(base: Path) -> tuple[dict[str, str], Path]:
     """The environment and working folder for the runs, with the selected SDK installed."""
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import select_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import select_sdk
 
     # platformdirs reads os.environ itself, so this process gets the same setting.
     os.environ["XDG_CACHE_HOME"] = str(base / "xdg-cache")

@@ -1,7 +1,7 @@
 """What holding the SDK costs `qnnctl lower` before the pipeline starts.
 
 `qnnctl lower` holds the SDK of qnnctl's cache it runs the pipeline with (a shared flock on
-`holds/<version>.hold`, qnnctl/holds.py), so that no uninstall or reinstall removes it under
+`holds/<version>.hold`, qnnctl/sdk/holds.py), so that no uninstall or reinstall removes it under
 the pipeline. This measures, in one process and side by side:
 
 - `plan_lower` (everything `lower` does before its exec: choosing the SDK, its environment,
@@ -53,10 +53,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=20, help="runs of the whole command")
     args = parser.parse_args()
 
-    from qnnctl import lower
-    from qnnctl.cache import Cache
-    from qnnctl.holds import hold_sdk
-    from qnnctl.lower import COMMAND, LowerOptions, Target, plan_lower
+    from qnnctl.run import lower
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.holds import hold_sdk
+    from qnnctl.run.lower import COMMAND, LowerOptions, Target, plan_lower
 
     version = "2.37.0.250724"
     with tempfile.TemporaryDirectory(prefix="qnnctl-bench-hold-") as tmp:

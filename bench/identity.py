@@ -1,4 +1,4 @@
-"""How long reading an SDK's build id takes: qnnctl.identity.build_id on real libraries.
+"""How long reading an SDK's build id takes: qnnctl.sdk.identity.build_id on real libraries.
 
     python bench/identity.py [LIBRARY...]     # default: the genuine QAIRT libraries of the tests
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qnnctl.identity import build_id
+from qnnctl.sdk.identity import build_id
 
 
 def genuine_libraries(folder: Path) -> list[Path]:

@@ -3,7 +3,7 @@ or the one that could replace it, side by side in one session.
 
     python bench/readers.py                   # 15 rounds of every pair
     python bench/readers.py --rounds 25 --only lower,install
-    python bench/readers.py --old-packages REV   # also qnnctl/packages.py as of git REV
+    python bench/readers.py --old-packages REV   # also qnnctl/host/packages.py as of git REV
 
 Pairs (the variant is swapped in by a small launcher before qnnctl's CLI starts):
 - deb: `qnnctl install --runtime --runtime-from` the libc++ trio's and libc6's real .debs
@@ -29,24 +29,24 @@ import sys
 
 def _child(variant: str, args: list[str]) -> None:
     if variant == "pyelftools":
-        import qnnctl.elf
+        import qnnctl.host.elf
 
         def needed(path: object) -> tuple[str, ...]:
-            return qnnctl.elf.read_elf(path).needed  # type: ignore[arg-type]
+            return qnnctl.host.elf.read_elf(path).needed  # type: ignore[arg-type]
 
-        qnnctl.elf.needed_libraries = needed
+        qnnctl.host.elf.needed_libraries = needed
     elif variant == "rpmfile":
-        import qnnctl.packages
+        import qnnctl.host.packages
 
-        qnnctl.packages.rpm_members = _rpmfile_members  # type: ignore[assignment]
+        qnnctl.host.packages.rpm_members = _rpmfile_members  # type: ignore[assignment]
     elif variant.startswith("old:"):
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("qnnctl.packages", variant[4:])
+        spec = importlib.util.spec_from_file_location("qnnctl.host.packages", variant[4:])
         if spec is None or spec.loader is None:
             raise SystemExit(f"cannot load {variant[4:]}")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["qnnctl.packages"] = module
+        sys.modules["qnnctl.host.packages"] = module
         spec.loader.exec_module(module)
     from qnnctl.cli import main
 
@@ -60,7 +60,7 @@ def _rpmfile_members(path: object) -> object:
 
     import rpmfile
 
-    from qnnctl.packages import FILE, SYMLINK, Member, member_name
+    from qnnctl.host.packages import FILE, SYMLINK, Member, member_name
 
     with open(path, "rb") as handle:  # type: ignore[call-overload]
         rpm = rpmfile.RPMFile(fileobj=handle)
@@ -174,7 +174,7 @@ def main() -> None:
         if "deb" in only:
             if options.old_packages:
                 old = work / "packages_old.py"
-                old.write_bytes(subprocess.run(["git", "show", f"{options.old_packages}:qnnctl/packages.py"],
+                old.write_bytes(subprocess.run(["git", "show", f"{options.old_packages}:qnnctl/host/packages.py"],
                                                cwd=REPO, capture_output=True, check=True).stdout)
                 pairs.append(Pair("deb", ["install", "--runtime", *trio, "--runtime-from", str(debs["libc6"])],
                                   ("current", f"old:{old}"), True))

@@ -13,13 +13,13 @@ __version__ = "0.1.0"
 __all__ = ["Sdk", "__version__", "disable_mkldnn_on_amd", "setup_sdk"]
 
 if TYPE_CHECKING:
-    from qnnctl.api import disable_mkldnn_on_amd, setup_sdk
-    from qnnctl.sdk import Sdk
+    from qnnctl.run.api import disable_mkldnn_on_amd, setup_sdk
+    from qnnctl.sdk.select import Sdk
 
 _LAZY = {
-    "setup_sdk": "qnnctl.api",
-    "disable_mkldnn_on_amd": "qnnctl.api",
-    "Sdk": "qnnctl.sdk",
+    "setup_sdk": "qnnctl.run.api",
+    "disable_mkldnn_on_amd": "qnnctl.run.api",
+    "Sdk": "qnnctl.sdk.select",
 }
 
 

@@ -20,7 +20,7 @@ from qnnctl.words import columns, plural
 if TYPE_CHECKING:
     import logging
 
-    from qnnctl.holds import HeldError
+    from qnnctl.sdk.holds import HeldError
 
 
 class _Logger:
@@ -41,7 +41,7 @@ _LAZY_LOGGING = ("env",)
 _pending_verbosity: dict[str, int] = {}
 # This invocation's -v and -q so far, given before the command's name and after it.
 _verbosity = {"verbose": 0, "quiet": 0}
-# The same names as qnnctl.shell.SHELLS, kept here so that parsing imports nothing more.
+# The same names as qnnctl.shell.exports.SHELLS, kept here so that parsing imports nothing more.
 SHELL_CHOICES = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
 
 
@@ -135,7 +135,7 @@ _said_relative_cache: list[str] = []
 
 
 def _cache() -> Any:
-    from qnnctl.cache import Cache
+    from qnnctl.sdk.cache import Cache
 
     cache = Cache.from_env(os.environ)
     configured = os.environ.get("QNNCTL_CACHE_DIR", "")
@@ -166,7 +166,7 @@ def complete_installed(ctx: click.Context, param: click.Parameter, incomplete: s
 
 def complete_known(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """Installed versions first, then every known release."""
-    from qnnctl.versions import KNOWN_VERSIONS
+    from qnnctl.sdk.versions import KNOWN_VERSIONS
 
     installed = complete_installed(ctx, param, incomplete)
     return installed + [v for v in reversed(KNOWN_VERSIONS) if v.startswith(incomplete) and v not in installed]
@@ -267,7 +267,7 @@ def cli(verbose: int, quiet: int) -> None:
 
 
 def _complete_components(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    from qnnctl.components import complete
+    from qnnctl.sdk.components import complete
 
     return list(complete(ctx, param, incomplete))
 
@@ -299,20 +299,20 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     SDK found on disk) must match it (exit 4). An installed SDK that a running process uses is
     never replaced (exit 1, naming the process; --wait waits for it to end).
     """
-    from qnnctl.holds import wait_for_holders
-    from qnnctl.install import InstallRequest
-    from qnnctl.install import install as do_install
-    from qnnctl.shell import check_cache_path
+    from qnnctl.sdk.holds import wait_for_holders
+    from qnnctl.install.pipeline import InstallRequest
+    from qnnctl.install.pipeline import install as do_install
+    from qnnctl.shell.exports import check_cache_path
 
     check_cache_path(str(_cache().root))
     parts = None
     if components is not None:
-        from qnnctl.components import parse_components
+        from qnnctl.sdk.components import parse_components
 
         parts = parse_components(components)
     sources: tuple[Path, ...] = ()
     if runtime_from:
-        from qnnctl.runtime import check_sources
+        from qnnctl.host.runtime import check_sources
 
         sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
@@ -321,7 +321,7 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     terminal = _stderr_is_terminal()
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=terminal)
     if runtime or runtime_from:
-        from qnnctl.runtime import RuntimeRequest, stage_runtime
+        from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 
         stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=sources), os.environ)
     elif result.sdk is not None:
@@ -350,7 +350,7 @@ def _found_where(origin: str) -> str:
 
 def _say_next_step(sdk: Any) -> None:
     """For a person at a terminal: how to use the SDK just installed (scripts read stdout only)."""
-    from qnnctl.sdk import select_sdk
+    from qnnctl.sdk.select import select_sdk
 
     if os.environ.get("QNN_SDK_ROOT") == str(sdk.root):
         return  # this shell is set up for it already
@@ -371,7 +371,7 @@ def _stage_missing_trio(sdk: Any) -> None:
     Installed or found on disk alike: an SDK that cannot load here is no success, and a CI
     step that goes on would only fail later, further from the cause.
     """
-    from qnnctl.environment import ensure_loadable
+    from qnnctl.run.environment import ensure_loadable
 
     try:
         ensure_loadable(sdk, os.environ, _cache())
@@ -396,9 +396,9 @@ def _stage_missing_trio(sdk: Any) -> None:
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
-    from qnnctl.environment import plan_env
+    from qnnctl.run.environment import plan_env
     from qnnctl.errors import NotInstalledError, UsageError
-    from qnnctl.shell import detect_shell, render
+    from qnnctl.shell.exports import detect_shell, render
 
     if "logging" in sys.modules:
         _setup_logging()  # something on env's path logs: give it the usual stderr handler
@@ -418,7 +418,7 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     try:
         plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
     except NotInstalledError as exc:
-        from qnnctl.sdk import pin_conflict
+        from qnnctl.sdk.select import pin_conflict
 
         conflict = pin_conflict(os.environ, Path.cwd(), _cache()) if spec is None else None
         if conflict is not None:
@@ -443,7 +443,7 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(as_json: bool) -> None:
     """List installed SDKs."""
-    from qnnctl.listing import installed_sdks, render_table, selected_here
+    from qnnctl.sdk.listing import installed_sdks, render_table, selected_here
 
     rows = installed_sdks(_cache(), os.environ)
     if as_json:
@@ -474,7 +474,7 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
     Resolved in the environment `qnnctl lower` starts a pipeline with: libraries as the dynamic
     loader finds them (LD_LIBRARY_PATH, its cache, its default folders), tools on PATH.
     """
-    from qnnctl.which import which as find
+    from qnnctl.run.which import which as find
 
     answer = find(name, spec, os.environ, Path.cwd(), _cache())
     if spec is None:
@@ -507,7 +507,7 @@ def inspect(file: Path, spec: str | None, as_json: bool) -> None:
     With an installed SDK (the one qnnctl selects, or --sdk), its own libQnnSystem.so reads the
     binary, and the exit code is 1 when that SDK cannot load it (a binary built by a newer QAIRT).
     """
-    from qnnctl.inspect import inspect_file, render
+    from qnnctl.run.inspect import inspect_file, render
 
     report = inspect_file(file, spec, os.environ, Path.cwd(), _cache())
     if as_json:
@@ -524,7 +524,7 @@ def inspect(file: Path, spec: str | None, as_json: bool) -> None:
 
 def _say_pin_conflict(more: str = "") -> None:
     """Warn when this shell's SDK (from `qnnctl env`) is not the one the project pins."""
-    from qnnctl.sdk import pin_conflict
+    from qnnctl.sdk.select import pin_conflict
 
     conflict = pin_conflict(os.environ, Path.cwd(), _cache())
     if conflict is not None:
@@ -546,7 +546,7 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
     reported.
     """
     from qnnctl.errors import UsageError
-    from qnnctl.holds import HeldError
+    from qnnctl.sdk.holds import HeldError
 
     if keep and everything:
         raise UsageError("--except and --all cannot be used together")
@@ -558,7 +558,7 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
     if not (keep or everything):
         if not versions:
             raise UsageError("give the VERSION to remove", hint="or `qnnctl uninstall --except VERSION...` / `--all`")
-        from qnnctl.install import uninstall as do_uninstall
+        from qnnctl.install.pipeline import uninstall as do_uninstall
 
         held: list[HeldError] = []
         for version in versions:
@@ -569,7 +569,7 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
                 continue
         _left_in_place(held)
         return
-    from qnnctl.prune import mib, prune
+    from qnnctl.install.prune import mib, prune
 
     pruned = prune(versions, everything, _cache(), os.environ, wait=wait)
     for version, root in pruned.busy:
@@ -604,7 +604,7 @@ def link(path: Path, version: str | None) -> None:
     """Record the SDK folder PATH (unpacked by hand or by Qualcomm's installer) in qnnctl's
     cache; print its root. qnnctl never changes or deletes the folder: `qnnctl uninstall
     VERSION` removes only the link."""
-    from qnnctl.stores import link_sdk
+    from qnnctl.sdk.stores import link_sdk
 
     made, previous = link_sdk(path, version, _cache(), os.environ)
     if previous is not None and previous.root != made.root:
@@ -624,7 +624,7 @@ def lock(version: str | None, check: bool) -> None:
     The values are taken on first use, from a download or the manifest of the installed SDK.
     """
     if check:
-        from qnnctl.locking import check_lock
+        from qnnctl.fleet.locking import check_lock
 
         if version is None:  # said first: it may be why the check fails
             _say_pin_conflict("without this shell's SDK (as in CI), `qnnctl lock --check` checks the lock "
@@ -633,7 +633,7 @@ def lock(version: str | None, check: bool) -> None:
         state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
         log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
         return
-    from qnnctl.locking import make_lock
+    from qnnctl.fleet.locking import make_lock
 
     written = make_lock(version, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal())
     log.info("trust on first use: %s%s Check them once against a copy you trust, then commit %s",
@@ -642,7 +642,7 @@ def lock(version: str | None, check: bool) -> None:
     if replaced is not None and (replaced.version, replaced.sha256) != (written.lock.version, written.lock.sha256):
         log.warning("replaced the lock of SDK %s (sha256 %s) with SDK %s (sha256 %s)", replaced.version,
                     replaced.sha256, written.lock.version, written.lock.sha256)
-    from qnnctl.sdk import find_pin
+    from qnnctl.sdk.select import find_pin
 
     pin = find_pin(Path.cwd())
     if pin is None:
@@ -659,7 +659,7 @@ def mirror(folder: Path, versions: tuple[str, ...]) -> None:
     here), from the cache's downloads or fetched once, and record each one's sha256, size and
     build id in DIR/index.json; print each archive's path. Serve DIR with any static web server
     or object store, and point QNNCTL_MIRROR at it."""
-    from qnnctl.mirror import make_mirror
+    from qnnctl.fleet.mirror import make_mirror
 
     for done in make_mirror(folder, versions, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal()):
         click.echo(str(done.path))
@@ -669,8 +669,8 @@ def mirror(folder: Path, versions: tuple[str, ...]) -> None:
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
     """Pin VERSION for this project: write .qnn-version here; print its path."""
-    from qnnctl.pin import pinned_notes, write_pin
-    from qnnctl.sdk import version_pools
+    from qnnctl.sdk.pin import pinned_notes, write_pin
+    from qnnctl.sdk.select import version_pools
 
     path, pinned = write_pin(Path.cwd(), version, version_pools(_cache(), os.environ, mirror=True))
     for note in pinned_notes(pinned, os.environ, Path.cwd(), _cache()):
@@ -686,7 +686,7 @@ def cache() -> None:
 @cache.command()
 def clean() -> None:
     """Remove partial downloads and folders left by interrupted installs."""
-    from qnnctl.install import clean_cache
+    from qnnctl.install.pipeline import clean_cache
 
     cleaned = clean_cache(_cache())
     for path in cleaned.removed:
@@ -714,7 +714,7 @@ def clean() -> None:
 def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None,
            models: tuple[Path, ...]) -> None:
     """Check the host, the SDK and the environment; exit 1 when a check fails."""
-    from qnnctl.doctor import diagnose, exit_code, render_json, render_table, render_text
+    from qnnctl.doctor.checks import diagnose, exit_code, render_json, render_table, render_text
 
     results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device,
                        models=models)
@@ -870,10 +870,10 @@ def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool,
     The pipeline's exit code, signals and standard streams are its own; qnnctl prints nothing
     once it starts.
     """
-    from qnnctl.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
+    from qnnctl.run.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
 
     if not no_install:
-        from qnnctl.shell import check_cache_path
+        from qnnctl.shell.exports import check_cache_path
 
         check_cache_path(str(_cache().root))
     options = LowerOptions(spec=spec, python=python, install=not no_install, keep_mkldnn=keep_mkldnn,
@@ -928,7 +928,7 @@ def _run(argv: list[str] | None) -> NoReturn:
 
             traceback.print_exc()
         else:
-            from qnnctl.urls import redact_text
+            from qnnctl.net.urls import redact_text
 
             # Whatever raised it may have put a URL with a token in its message.
             _error(f"{type(exc).__name__}: {redact_text(str(exc))} (run with -v or QNNCTL_DEBUG=1 for the "

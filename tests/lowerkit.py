@@ -106,7 +106,7 @@ def make_foreign_venv(dest: Path, torch_from: Path | None) -> Path:
 
 
 def host_is_amd() -> bool:
-    """Whether this host's CPU is AMD's, read from the kernel rather than through qnnctl.host (the
+    """Whether this host's CPU is AMD's, read from the kernel rather than through qnnctl.host.machine (the
     code under test): the first `vendor_id` line of /proc/cpuinfo."""
     for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
         key, _, value = line.partition(":")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import qnnctl
-from qnnctl import api
+from qnnctl.run import api
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
-from qnnctl.sdk import Sdk
+from qnnctl.sdk.select import Sdk
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import (
     OTHER_VERSION,
@@ -326,7 +326,7 @@ def test_a_cache_no_path_list_can_hold_is_refused_before_any_download(
 
 
 def _host_has_trio() -> bool:
-    from qnnctl.runtime import TRIO, missing_host_libraries
+    from qnnctl.host.runtime import TRIO, missing_host_libraries
 
     return not missing_host_libraries(TRIO, [])
 
@@ -338,7 +338,7 @@ def test_a_host_without_libcxx_gets_the_trio_staged_and_loaded_first(
     then the SDK's libraries, which find libc++.so.1 by its soname."""
     if _host_has_trio():
         pytest.skip("this host has libc++.so.1 and friends, so nothing is staged")
-    from qnnctl.cache import Cache
+    from qnnctl.sdk.cache import Cache
     from tests.test_runtime import llvm_archive
 
     data, _ = llvm_archive(tmp_path, big=1 << 20)
@@ -365,8 +365,8 @@ def test_a_host_without_libcxx_gets_the_trio_staged_and_loaded_first(
 
 def test_a_staged_trio_is_not_loaded_for_an_sdk_that_ships_its_own(cache_dir: Path, tmp_path: Path) -> None:
     """An SDK before 2.23 ships the trio: a trio staged in the cache for another SDK stays out."""
-    from qnnctl.cache import Cache
-    from qnnctl.runtime import RuntimeRequest, stage_runtime
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.host.runtime import RuntimeRequest, stage_runtime
     from tests.test_runtime import stub_trio
 
     stub_trio(tmp_path / "given")

@@ -23,9 +23,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
-import qnnctl.archive
-from qnnctl.archive import COPY_BUFFER, digest_matches, extract, work_folder
-from qnnctl.cache import space_margin
+import qnnctl.install.archive
+from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract, work_folder
+from qnnctl.sdk.cache import space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
@@ -109,14 +109,14 @@ def test_zip_member_names_are_read_as_their_flag_says(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("cores", "threads"), [(1, 2), (4, 4), (64, 8)])
 def test_extraction_threads_follow_the_cores_this_process_may_run_on(monkeypatch: pytest.MonkeyPatch,
                                                                      cores: int, threads: int) -> None:
-    from qnnctl import archive
+    from qnnctl.install import archive
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert archive.extraction_threads() == threads
 
 
 def test_extraction_threads_count_the_cores_where_no_affinity_tells(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qnnctl import archive
+    from qnnctl.install import archive
 
     def unknown(pid: int) -> set[int]:
         raise OSError(errno.ENOSYS, "sched_getaffinity is not available")
@@ -255,7 +255,7 @@ def test_an_extraction_that_follows_a_fetch_takes_the_members_in_the_archives_or
     archive = build_archive(tmp_path, "zip")
     with zipfile.ZipFile(archive, "a") as zf:
         zf.writestr(f"{TOP}/0-last-in-the-archive.txt", b"last\n")
-    monkeypatch.setattr("qnnctl.archive.extraction_threads", lambda: 1)
+    monkeypatch.setattr("qnnctl.install.archive.extraction_threads", lambda: 1)
     offsets: list[int] = []
     extract(archive, _work(tmp_path), ready=lambda info: offsets.append(info.header_offset), kind="zip")
     assert len(offsets) > 2
@@ -329,7 +329,7 @@ def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path) -> Non
 def test_an_archives_kind_comes_from_its_magic_bytes(tmp_path: Path, mode: str) -> None:
     """A zip (an empty one is only its end record), a plain tar (`ustar` at byte 257), and a tar
     compressed with gzip, xz or bzip2; named .bin, so nothing comes from the name."""
-    from qnnctl.archive import archive_kind
+    from qnnctl.install.archive import archive_kind
 
     path = tmp_path / "archive.bin"
     if mode.startswith("zip"):
@@ -349,7 +349,7 @@ def test_an_archives_kind_comes_from_its_magic_bytes(tmp_path: Path, mode: str) 
 def test_a_file_that_is_no_archive_is_refused_with_what_to_do(tmp_path: Path, head: bytes) -> None:
     """An error page saved under the archive's name, an empty file, or the first bytes of a
     kind cut short: refused whole, with what to do."""
-    from qnnctl.archive import archive_kind
+    from qnnctl.install.archive import archive_kind
 
     path = tmp_path / "v2.37.0.250724.zip"
     path.write_bytes(head)
@@ -361,7 +361,7 @@ def test_a_file_that_is_no_archive_is_refused_with_what_to_do(tmp_path: Path, he
 
 def test_an_archives_kind_is_read_from_its_first_bytes_alone(tmp_path: Path) -> None:
     """A 1-2 GB archive: what kind it is comes from its start, not from reading it whole."""
-    from qnnctl.archive import archive_kind
+    from qnnctl.install.archive import archive_kind
 
     path = tmp_path / "sdk.bin"
     with open(path, "wb") as handle:
@@ -500,7 +500,7 @@ def test_a_zip_member_that_cannot_be_read_is_named(tmp_path: Path, member: str,
 def test_a_large_zip_member_is_read_a_block_at_a_time(tmp_path: Path) -> None:
     """Only a small member's data is read along with its local header: a large one's is read
     block by block, never whole."""
-    from qnnctl.archive import _member_data
+    from qnnctl.install.archive import _member_data
 
     archive = tmp_path / "large.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
@@ -531,7 +531,7 @@ def _deflated_with_empty_blocks(first: bytes, then: bytes) -> bytes:
 
 
 def _member(stream: bytes, size: int, crc: int) -> Any:
-    from qnnctl.archive import _MemberData
+    from qnnctl.install.archive import _MemberData
 
     return _MemberData(lambda offset, n: stream[offset:offset + n], 0, len(stream), size, crc,
                        zipfile.ZIP_DEFLATED, "m.bin", b"")
@@ -687,7 +687,7 @@ def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: P
 def test_the_umask_is_read_in_a_process_with_a_name_not_in_ascii() -> None:
     """/proc/self/status begins with the process's name, as bytes: a program run as `./модель`
     is named in UTF-8. The fields after it are still read."""
-    script = ("import ctypes, os; import qnnctl.archive as archive; os.umask(0o027); "
+    script = ("import ctypes, os; import qnnctl.install.archive as archive; os.umask(0o027); "
               "ctypes.CDLL(None).prctl(15, 'модель'.encode(), 0, 0, 0); "  # PR_SET_NAME
               "print(open('/proc/self/status', 'rb').readline(), archive._proc_status('Umask'))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
@@ -700,8 +700,8 @@ def test_a_umask_the_system_does_not_tell_makes_every_mode_exact(tmp_path: Path,
                                                                  umask_field: str | None) -> None:
     """A kernel before 4.7 has no Umask in /proc/self/status: with the umask not known, every
     file is chmod to its mode, never left to a guess."""
-    real_status = qnnctl.archive._proc_status
-    monkeypatch.setattr(qnnctl.archive, "_proc_status",
+    real_status = qnnctl.install.archive._proc_status
+    monkeypatch.setattr(qnnctl.install.archive, "_proc_status",
                         lambda field: umask_field if field == "Umask" else real_status(field))
     archive = build_archive(tmp_path, "tar.gz")
     with chmods_under_umask(monkeypatch, 0o022) as changed:
@@ -1292,7 +1292,7 @@ def test_a_member_name_too_long_for_the_file_system_is_an_integrity_error(tmp_pa
 def test_a_tree_put_together_from_two_installs_is_refused_for_a_link_that_leads_outside(tmp_path: Path) -> None:
     """check_links_inside, which a partial install runs on the SDK it made from the installed
     one and the archive's new members: every link, of a file or a folder, must stay inside."""
-    from qnnctl.archive import check_links_inside
+    from qnnctl.install.archive import check_links_inside
 
     root = tmp_path / "sdk"
     (root / "lib" / "sub").mkdir(parents=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from qnnctl import bootstrap
+from qnnctl.run import bootstrap
 
 OWN_FILE = os.path.abspath(bootstrap.__file__)
 OWN_FOLDER = os.path.dirname(os.path.realpath(bootstrap.__file__))

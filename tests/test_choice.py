@@ -51,7 +51,7 @@ def test_sha256_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultS
     # --file of another archive of an installed version: with --sha256 (the file's), the
     # installed SDK must come from it too, and the hint installs that file.
     archive = build_archive(tmp_path, "zip", SdkSpec(extra_files={"docs/other.txt": b"another build"}))
-    from qnnctl.download import file_sha256
+    from qnnctl.net.download import file_sha256
 
     digest = file_sha256(archive)
     proc = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", digest)
@@ -199,11 +199,11 @@ def test_which_refuses_a_name_no_file_system_takes(cache_dir: Path) -> None:
 def test_setup_sdk_interrupted_while_staging_leaves_the_variables_as_they_were(cache_dir: Path) -> None:
     install_tree_into_cache(cache_dir, VERSION)
     script = f"""
-import os, qnnctl, qnnctl.environment
+import os, qnnctl, qnnctl.run.environment
 def interrupted(*args):
     os.environ["LD_LIBRARY_PATH"] = "/half/done"
     raise KeyboardInterrupt
-qnnctl.environment.ensure_loadable = interrupted
+qnnctl.run.environment.ensure_loadable = interrupted
 try:
     qnnctl.setup_sdk({VERSION!r})
 except KeyboardInterrupt:
@@ -240,8 +240,8 @@ def test_install_without_a_version_reuses_the_newest_sdk_installed(mirror: Fault
 def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, said: str, reason: str) -> None:
     """`qnnctl install` with no VERSION in `env` reuses the SDK at `root`, saying where it was
     found, and install() returns it with the step of the selection that chose it."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
 
     install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the one to reuse
     proc = run_qnnctl("install", env=env)
@@ -255,7 +255,7 @@ def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, said: s
 
 def test_install_in_a_shell_set_up_by_env_reuses_its_sdk(mirror: FaultServer, cache_dir: Path) -> None:
     """The SDK `qnnctl env` set this shell up for, not the newest installed."""
-    from qnnctl.sdk import BY_SHELL
+    from qnnctl.sdk.select import BY_SHELL
 
     root = install_tree_into_cache(cache_dir, VERSION)
     _reused_by_install(cache_dir, shell_for(VERSION), root,
@@ -265,7 +265,7 @@ def test_install_in_a_shell_set_up_by_env_reuses_its_sdk(mirror: FaultServer, ca
 
 def test_install_with_the_users_sdk_root_reuses_it(mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     """A QNN_SDK_ROOT of the user's, outside the cache: reused as it is, nothing fetched."""
-    from qnnctl.sdk import BY_ENV
+    from qnnctl.sdk.select import BY_ENV
 
     root = tmp_path / "users-sdk"
     build_sdk_tree(root, SdkSpec(version=VERSION))

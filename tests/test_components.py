@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from qnnctl.components import (
+from qnnctl.sdk.components import (
     Member,
     available,
     canonical,
@@ -30,9 +30,9 @@ from qnnctl.components import (
     with_link_targets,
 )
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.pin import read_pin_components, write_pin
-from qnnctl.ranged import Remote, SparseFile, _read_record, plan
-from qnnctl.zipindex import NeedMore, end_records, extents
+from qnnctl.sdk.pin import read_pin_components, write_pin
+from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
+from qnnctl.install.zipindex import NeedMore, end_records, extents
 from tests.httpserver import FaultServer, parse_ranges
 from tests.sdkfactory import VERSION
 
@@ -233,9 +233,9 @@ def test_threads_writing_at_once_keep_one_record(tmp_path: Path, monkeypatch: py
     its temporary file, so one writes it at a time."""
     import threading
 
-    import qnnctl.ranged
+    import qnnctl.net.ranged
 
-    monkeypatch.setattr(qnnctl.ranged, "SAVE_EVERY", 1)  # every write saves the record
+    monkeypatch.setattr(qnnctl.net.ranged, "SAVE_EVERY", 1)  # every write saves the record
     remote = Remote("http://h/v.zip", "http://h/v.zip", 1 << 20, None, None)
     sparse = SparseFile.open(tmp_path, "v.zip", remote, (1 << 20) - 10, b"0" * 10)
     failures: list[BaseException] = []

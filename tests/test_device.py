@@ -19,7 +19,7 @@ import pytest
 
 from qnnctl.device import socs
 from qnnctl.device.adb import AdbNotFoundError, find_adb, parse_devices, parse_props
-from qnnctl.device.checks import DEVICE_CHECKS
+from qnnctl.doctor.device import DEVICE_CHECKS
 from qnnctl.device.plan import (
     DEVICE_BASE,
     MissingDeviceFilesError,
@@ -31,8 +31,8 @@ from qnnctl.device.plan import (
     render_device_env,
     resolve_soc,
 )
-from qnnctl.doctor import Context, Result, run_checks
-from qnnctl.sdk import Sdk
+from qnnctl.doctor.checks import Context, Result, run_checks
+from qnnctl.sdk.select import Sdk
 from tests.conftest import require_tool, run_qnnctl
 from tests.modelkit import context_binary, epcontext_model
 from tests.phones import BUILD_2_47, BUILD_2_51, Phones, add_device_side, fake_library, standin

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from qnnctl.device import socs
-from qnnctl.device.checks import DEVICE_CHECKS
-from qnnctl.doctor import Context, Result, run_checks
-from qnnctl.identity import build_id
+from qnnctl.doctor.device import DEVICE_CHECKS
+from qnnctl.doctor.checks import Context, Result, run_checks
+from qnnctl.sdk.identity import build_id
 from tests import genuine
 from tests.conftest import run_qnnctl
 from tests.phones import Phones, standin

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl import host
-from qnnctl.cache import Cache
-from qnnctl.doctor import (
+from qnnctl.host import machine as host
+from qnnctl.sdk.cache import Cache
+from qnnctl.doctor.checks import (
     CHECKS,
     FAIL,
     OK,
@@ -39,10 +39,10 @@ from qnnctl.doctor import (
     render_text,
     run_checks,
 )
-from qnnctl.environment import environment_for
+from qnnctl.run.environment import environment_for
 from qnnctl.errors import QnnctlError
-from qnnctl.sdk import HOST_BIN_DIR, HOST_LIB_DIR, Sdk, Selection
-from qnnctl.shell import apply
+from qnnctl.sdk.select import HOST_BIN_DIR, HOST_LIB_DIR, Sdk, Selection
+from qnnctl.shell.exports import apply
 from tests.conftest import read_terminal, require_tool, run_qnnctl
 from tests.httpserver import FaultServer, self_signed_certificate
 from tests.sdkfactory import (
@@ -93,7 +93,7 @@ def link_against_missing(lib_dir: Path, target: str, soname: str) -> None:
 
 
 def host_has(soname: str) -> bool:
-    from qnnctl.elf import DEFAULT_DIRS
+    from qnnctl.host.elf import DEFAULT_DIRS
 
     return soname in host.read_ld_cache() or any(Path(d, soname).exists() for d in DEFAULT_DIRS)
 
@@ -337,7 +337,7 @@ def test_executorch_is_compared_with_the_libraries_build(tmp_path: Path, monkeyp
 
 
 def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.install.pipeline import InstallRequest, install
 
     archive = build_archive(tmp_path, "zip")
     installed = install(InstallRequest(file=archive), Cache(cache_dir), dict(os.environ), Path.cwd())
@@ -372,9 +372,9 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
     and --verify says which it compared."""
     import zlib
 
-    from qnnctl.archive import crc32_digest
-    from qnnctl.cache import MANIFEST_NAME, read_manifest
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.install.archive import crc32_digest
+    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
+    from qnnctl.install.pipeline import InstallRequest, install
     from tests.forge import keep_crc32
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
@@ -408,8 +408,8 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
 
 
 def test_a_manifest_naming_another_version_warns(tmp_path: Path, cache_dir: Path) -> None:
-    from qnnctl.cache import MANIFEST_NAME, read_manifest
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
+    from qnnctl.install.pipeline import InstallRequest, install
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
                         dict(os.environ), Path.cwd())
@@ -651,7 +651,7 @@ def test_text_table_and_json_come_from_the_same_results() -> None:
 
 def test_the_summary_counts_in_words() -> None:
     """`1 warning`, `2 warnings`: no `warning(s)`."""
-    from qnnctl.doctor import summary
+    from qnnctl.doctor.checks import summary
 
     def of(*statuses: str) -> str:
         return summary([Result(f"c{i}", s, "") for i, s in enumerate(statuses)])

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from qnnctl import __version__
-from qnnctl.cache import read_manifest, space_margin
-from qnnctl.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
+from qnnctl.sdk.cache import read_manifest, space_margin
+from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.errors import DiskSpaceError, DownloadError
 from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import Certificate, Fault, FaultServer, self_signed_certificate
@@ -609,8 +609,8 @@ def test_a_resumed_download_on_a_terminal_says_it_resumed(mirror: FaultServer, c
 def test_the_free_space_margin_scales_with_the_archive(server: FaultServer, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A 61 KB SDK installs on a disk with 20 MB free (a fixed 64 MiB margin refused it)."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
     from tests.sdkfactory import build_archive
 
     (tmp_path / "a").mkdir()
@@ -642,7 +642,7 @@ AGAIN = ("run the same command again to resume; check the network, HTTPS_PROXY a
 
 
 def _failed(exc: BaseException) -> DownloadError:
-    from qnnctl.download import request_failed
+    from qnnctl.net.download import request_failed
 
     return request_failed(SHOWN, exc)
 
@@ -655,7 +655,7 @@ def _chained(outer: BaseException, inner: BaseException) -> BaseException:
 def test_each_kind_of_failed_request_has_its_own_words() -> None:
     import requests
 
-    from qnnctl.retry import GaveUp, describe
+    from qnnctl.net.retry import GaveUp, describe
 
     untrusted = _chained(requests.exceptions.SSLError("ssl"),
                          ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"))
@@ -692,11 +692,11 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
     closing line says it."""
     import logging
 
-    from qnnctl.download import PLAIN_INTERVAL, PlainProgress
+    from qnnctl.net.download import PLAIN_INTERVAL, PlainProgress
 
     clock = _Clock(1000.0)
-    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    monkeypatch.setattr("qnnctl.net.download.time.monotonic", clock)
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 1000, 0)
         for _ in range(20):
             clock.now += PLAIN_INTERVAL / 2
@@ -705,7 +705,7 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [*(f"v.zip: {p:3d}% of 1000 B" for p in range(10, 100, 10)), "v.zip: 1000 B in 30.0s"]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 999, 0)
         clock.now += PLAIN_INTERVAL
         bar.update(99)  # exactly at the first mark (a tenth, rounded down): said
@@ -714,7 +714,7 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
         bar.update(899)
     assert [r.getMessage() for r in caplog.records] == ["v.zip:   9% of 999 B"]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         unknown = PlainProgress("v.zip", None, 0)
         clock.now += PLAIN_INTERVAL
         unknown.update((256 << 20) - 1)
@@ -727,11 +727,11 @@ def test_plain_progress_of_a_quick_download_says_only_how_it_ended(caplog: pytes
     """Ten tenths within PLAIN_INTERVAL: no line on the way; one every PLAIN_INTERVAL at most."""
     import logging
 
-    from qnnctl.download import PLAIN_INTERVAL, PlainProgress
+    from qnnctl.net.download import PLAIN_INTERVAL, PlainProgress
 
     clock = _Clock(1000.0)
-    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    monkeypatch.setattr("qnnctl.net.download.time.monotonic", clock)
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 1000, 0)
         for _ in range(10):
             clock.now += PLAIN_INTERVAL / 25
@@ -739,7 +739,7 @@ def test_plain_progress_of_a_quick_download_says_only_how_it_ended(caplog: pytes
         bar.close()
     assert [r.getMessage() for r in caplog.records] == ["v.zip: 1000 B in 1.2s"]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 1000, 0)
         for _ in range(10):
             clock.now += PLAIN_INTERVAL * 0.4
@@ -756,13 +756,13 @@ def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch,
     import io
     import logging
 
-    from qnnctl.download import terminal_progress
+    from qnnctl.net.download import terminal_progress
 
     clock = _Clock(1000.0)
-    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
+    monkeypatch.setattr("qnnctl.net.download.time.monotonic", clock)
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar: Any = terminal_progress("v.zip", 4 << 20, 1 << 20)
         assert [r.getMessage() for r in caplog.records] == ["v.zip: resuming at 1.0 MiB of 4.0 MiB"]
         try:
@@ -781,7 +781,7 @@ def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_small_pieces_of_the_downloader(tmp_path: Path) -> None:
-    from qnnctl.download import (
+    from qnnctl.net.download import (
         BACKOFF_MAX,
         Retry,
         _Broke,
@@ -791,7 +791,7 @@ def test_small_pieces_of_the_downloader(tmp_path: Path) -> None:
         file_sha256,
         retryable_status,
     )
-    from qnnctl.retry import BodyBroke
+    from qnnctl.net.retry import BodyBroke
 
     assert _of(1536, None) == "1.5 KiB"
     assert _of(1536, 3 << 20) == "1.5 KiB of 3.0 MiB"
@@ -825,12 +825,12 @@ def test_plain_progress_steps_by_one_byte_for_a_tiny_file(caplog: pytest.LogCapt
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from qnnctl.download import PlainProgress
+    from qnnctl.net.download import PlainProgress
 
     # A tenth of 5 bytes rounds down to 0: every byte is a step, none is skipped.
     clock = _Clock(1000.0)
-    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
-    with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+    monkeypatch.setattr("qnnctl.net.download.time.monotonic", clock)
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 5, 0)
         for _ in range(5):
             clock.now += 3.0
@@ -852,14 +852,14 @@ def test_plain_progress_closes_with_this_runs_size_and_time(caplog: pytest.LogCa
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from qnnctl.download import PlainProgress
+    from qnnctl.net.download import PlainProgress
 
     clock = _Clock(1000.0)
-    monkeypatch.setattr("qnnctl.download.time.monotonic", clock)
+    monkeypatch.setattr("qnnctl.net.download.time.monotonic", clock)
 
     def closing(total: int | None, initial: int, received: int, seconds: float) -> str:
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="qnnctl.download"):
+        with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
             bar = PlainProgress("v.zip", total, initial)
             bar.update(received)
             clock.now += seconds
@@ -965,13 +965,13 @@ def test_a_sha256_mismatch_names_both_digests_in_lower_case(server: FaultServer,
     (b"", False),
 ])
 def test_a_body_that_starts_as_a_page_is_html(first: bytes, html: bool) -> None:
-    from qnnctl.download import _is_html
+    from qnnctl.net.download import _is_html
 
     assert _is_html(first) is html
 
 
 def test_only_a_strong_etag_is_kept_to_resume_by() -> None:
-    from qnnctl.download import strong_etag
+    from qnnctl.net.download import strong_etag
 
     # A weak one (RFC 9110: "W/", case-sensitive) names no exact bytes: If-Range cannot use it.
     assert [strong_etag(tag) for tag in (None, "", 'W/"5-abc"', '"5-abc"', 'w/"5-abc"')] == [
@@ -1161,7 +1161,7 @@ def test_a_disk_that_fills_up_part_way_keeps_the_partial_file(server: FaultServe
 def test_a_server_that_does_not_answer_in_time_is_asked_again(server: FaultServer, served: bytes, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr("qnnctl.download.READ_TIMEOUT", 0.3)
+    monkeypatch.setattr("qnnctl.net.download.READ_TIMEOUT", 0.3)
     server.fail(PATH, Fault.stall(3.0))
     sleeps = Sleeps()
     fetched = _downloader(tmp_path, sleeps).fetch([server.url(PATH)], NAME)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.elf import (
+from qnnctl.host.elf import (
     VIA_CACHE,
     VIA_DEFAULT,
     VIA_LD_LIBRARY_PATH,
@@ -28,7 +28,7 @@ from qnnctl.elf import (
     read_elf,
 )
 from qnnctl.errors import IntegrityError
-from qnnctl.host import glibc_version, parse_ld_cache, parse_ldconfig_output, read_ld_cache
+from qnnctl.host.machine import glibc_version, parse_ld_cache, parse_ldconfig_output, read_ld_cache
 from tests.conftest import require_tool
 from tests.sdkfactory import compile_shared, for_another_machine
 
@@ -550,7 +550,7 @@ def test_read_elf_of_a_library_without_a_soname(tmp_path: Path) -> None:
 ], ids=["64-little", "32-big", "bad-class", "bad-order"])
 def test_elf_identity_reads_class_order_and_machine(tmp_path: Path, head: bytes,
                                                     identity: tuple[int, bool, int] | None) -> None:
-    from qnnctl.elf import elf_identity
+    from qnnctl.host.elf import elf_identity
 
     little = head[1] == 1
     data = b"\x7fELF" + head + b"\x01" + bytes(9) + (3).to_bytes(2, "little" if little else "big") + \
@@ -560,7 +560,7 @@ def test_elf_identity_reads_class_order_and_machine(tmp_path: Path, head: bytes,
 
 
 def test_elf_identity_of_what_is_not_an_elf_header(tmp_path: Path) -> None:
-    from qnnctl.elf import elf_identity
+    from qnnctl.host.elf import elf_identity
 
     real = _library(tmp_path / "libreal.so")
     identity = elf_identity(real)
@@ -573,7 +573,7 @@ def test_elf_identity_of_what_is_not_an_elf_header(tmp_path: Path) -> None:
 
 
 def test_split_search_path_separators_and_origin() -> None:
-    from qnnctl.elf import split_search_path
+    from qnnctl.host.elf import split_search_path
 
     assert split_search_path("/opt/X11:/b") == ("/opt/X11", "/b")
     assert split_search_path("$ORIGIN/x:") == ("$ORIGIN/x", "")  # no origin given: left as it is
@@ -581,7 +581,7 @@ def test_split_search_path_separators_and_origin() -> None:
 
 
 def test_names_with_a_slash_and_relative_folders_are_found_from_the_working_folder(tmp_path: Path) -> None:
-    from qnnctl.elf import VIA_PATH, Found
+    from qnnctl.host.elf import VIA_PATH, Found
 
     lib = _library(tmp_path / "sub" / "libx.so")
     info = read_elf(lib)
@@ -609,7 +609,7 @@ def test_the_working_folder_is_the_processs_by_default(tmp_path: Path, monkeypat
 
 
 def test_every_rule_names_what_it_found(tmp_path: Path) -> None:
-    from qnnctl.elf import Found
+    from qnnctl.host.elf import Found
 
     dep = _library(tmp_path / "deps" / "libdep.so")
     info = read_elf(_library(tmp_path / "lib" / "libtop.so", needs=(dep,),
@@ -653,7 +653,7 @@ def test_the_closure_reads_each_library_once_and_keeps_going(tmp_path: Path) -> 
 
 
 def test_the_highest_glibc_is_the_first_library_needing_it(tmp_path: Path) -> None:
-    from qnnctl.elf import Closure, ElfIdentity, ElfInfo
+    from qnnctl.host.elf import Closure, ElfIdentity, ElfInfo
 
     identity = ElfIdentity(64, True, EM_X86_64)
 

@@ -205,7 +205,7 @@ def test_env_is_a_pure_read(args: list[str], cache_dir: Path, tmp_path: Path) ->
     probe = run_probe("env", *args, "--shell", "json", env=_env())
     assert probe.returncode == (1 if args == [MISSING] else 0), probe.stderr
     assert probe.started == []
-    assert not [m for m in probe.modules if m.startswith(("filelock", "qnnctl.install", "qnnctl.download"))]
+    assert not [m for m in probe.modules if m.startswith(("filelock", "qnnctl.install.pipeline", "qnnctl.net.download"))]
     assert _snapshot(tmp_path) == before
 
 
@@ -254,7 +254,7 @@ def test_a_mistyped_version_is_no_path(cache_dir: Path) -> None:
 def test_env_after_replacing_an_empty_root_hands_the_sdk_back_to_the_caller(cache_dir: Path) -> None:
     """QNN_SDK_ROOT="" (the caller manages the SDK), then `qnnctl env VERSION` took over: a
     plain `qnnctl env` chooses afresh, finds the caller's choice, and undoes qnnctl's exports."""
-    from qnnctl.shell import apply
+    from qnnctl.shell.exports import apply
 
     install_tree_into_cache(cache_dir, VERSION)
     caller = {**os.environ, "QNN_SDK_ROOT": "", "LD_LIBRARY_PATH": "/opt/caller/lib"}

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from qnnctl.archive import zip_digests
-from qnnctl.cache import Cache, read_manifest, tree_size
-from qnnctl.lockfile import read_lock
-from qnnctl.sdk import find_installed
+from qnnctl.install.archive import zip_digests
+from qnnctl.sdk.cache import Cache, read_manifest, tree_size
+from qnnctl.fleet.lockfile import read_lock
+from qnnctl.sdk.select import find_installed
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
@@ -129,7 +129,7 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     assert data["sdk"]["build_id"] == BUILD[1:]
     assert data["sdk"]["urls"] == [f"http://***@{server.base.removeprefix('http://')}/qairt{PATH}"]
     # The archive's central directory, which installs of some components check (install --components).
-    from qnnctl.zipindex import central_directory_sha256, end_records
+    from qnnctl.install.zipindex import central_directory_sha256, end_records
 
     records = end_records(good, len(good))
     assert data["sdk"]["central_directory_sha256"] == central_directory_sha256(
@@ -315,7 +315,7 @@ def test_install_file_is_checked_against_the_lock(cache_dir: Path, tmp_path: Pat
 def test_an_install_without_the_lock_check_takes_a_file_the_lock_would_refuse(cache_dir: Path,
                                                                              tmp_path: Path) -> None:
     """`check_lock` off (how `qnnctl lock` installs what it is about to pin): no lock is consulted."""
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.install.pipeline import InstallRequest, install
 
     _install_and_lock(tmp_path)
     assert run_qnnctl("uninstall", VERSION).returncode == 0
@@ -706,7 +706,7 @@ def test_on_a_read_only_mount_the_owner_is_not_asked_but_the_mode_is(mode: int, 
 
 
 def test_unsafe_path_on_paths_that_are_not_there(tmp_path: Path) -> None:
-    from qnnctl.stores import unsafe_path
+    from qnnctl.sdk.stores import unsafe_path
 
     assert unsafe_path(tmp_path / "no" / "such") is None
     (tmp_path / "file").write_text("")
@@ -1191,7 +1191,7 @@ def test_uninstall_says_each_size_as_list_shows_it(cache_dir: Path) -> None:
 
 def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    from qnnctl.mirrorindex import mirror_entry
+    from qnnctl.fleet.mirrorindex import mirror_entry
 
     url = f"{server.base}/index.json"
     server.add("/index.json", b"{}", "application/json")

@@ -137,7 +137,7 @@ def llvm(server: FaultServer, no_apt: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def host_has_libcxx() -> bool:
     """True where the host has libc++ itself: then nothing is staged, and the staging tests
     cannot show anything (a skip on a workstation; in CI, where they must run, a failure)."""
-    from qnnctl.runtime import TRIO, missing_host_libraries
+    from qnnctl.host.runtime import TRIO, missing_host_libraries
 
     present = not missing_host_libraries(TRIO, [])
     if present and IN_CI:
@@ -343,7 +343,7 @@ def test_the_build_id_names_an_archive_that_names_no_version(archive: Path, llvm
 
 @pytest.mark.parametrize("archive", WHEELS, indirect=True)
 def test_build_id_read_from_the_genuine_libraries_quickly(archive: Path, tmp_path: Path) -> None:
-    from qnnctl.identity import build_id
+    from qnnctl.sdk.identity import build_id
 
     wheel = next(w for w in genuine.WHEELS if w.qairt == qairt(archive))
     root = genuine.build_sdk_tree(wheel, tmp_path / "sdk")

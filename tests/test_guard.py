@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.api import FORCE_VENDOR_VARIABLE
+from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from tests.lowerkit import (
     TORCH_PROBE,
     host_is_amd,
@@ -244,7 +244,7 @@ def test_the_site_folder_is_harmless_in_any_interpreter_the_pipeline_starts(name
     """A pipeline may start any Python (a tool of the system's, an older virtualenv): each reads
     qnnctl's sitecustomize. It hands over and leaves sys.path alone in all of them, and guards
     the Python 3 ones (a stand-in torch: these interpreters have no real one)."""
-    from qnnctl.lower import site_folder
+    from qnnctl.run.lower import site_folder
 
     python = other_python(name)
     fake = tmp_path / "fake"
@@ -390,7 +390,7 @@ def test_api_keeps_a_broken_cpuinfo_a_real_error(tmp_path: Path) -> None:
 
 
 def test_api_reads_the_vendor_from_the_mapping_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qnnctl.api import amd_guard_needed
+    from qnnctl.run.api import amd_guard_needed
 
     monkeypatch.setenv(FORCE_VENDOR_VARIABLE, INTEL)
     assert amd_guard_needed({FORCE_VENDOR_VARIABLE: AMD}) is True

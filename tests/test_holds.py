@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.cache import Cache, read_manifest
+from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.errors import QnnctlError
-from qnnctl.holds import held_by, hold_sdk
+from qnnctl.sdk.holds import held_by, hold_sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache

@@ -1,4 +1,4 @@
-"""The build id in an SDK's libraries (qnnctl.identity), and the known ExecuTorch pairings."""
+"""The build id in an SDK's libraries (qnnctl.sdk.identity), and the known ExecuTorch pairings."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.compat import known_pairing
-from qnnctl.identity import build_id, sdk_build_ids, version_of_build
+from qnnctl.sdk.compat import known_pairing
+from qnnctl.sdk.identity import build_id, sdk_build_ids, version_of_build
 from tests.sdkfactory import compile_shared
 
 BUILD = "2.51.0.260929181845"
@@ -74,7 +74,7 @@ def test_doctor_fails_an_sdk_whose_libraries_are_of_two_builds(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from qnnctl.doctor import FAIL, diagnose
+    from qnnctl.doctor.checks import FAIL, diagnose
     from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree
 
     monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")

@@ -31,19 +31,19 @@ DENIED_CALLS: dict[str, str] = {
     # setup, installs, downloads
     "qnnctl.setup_sdk": "sets the SDK up",
     "qnnctl.disable_mkldnn_on_amd": "changes a torch setting",
-    "qnnctl.api.setup_sdk": "sets the SDK up",
-    "qnnctl.api.disable_mkldnn_on_amd": "changes a torch setting",
-    "qnnctl.api.preload": "loads the SDK's libraries",
-    "qnnctl.api.preload_runtime": "loads the staged runtime",
-    "qnnctl.environment.ensure_loadable": "stages the host runtime",
-    "qnnctl.install.install": "installs an SDK",
-    "qnnctl.install.uninstall": "removes an SDK",
-    "qnnctl.install.clean_cache": "removes files",
-    "qnnctl.download.*": "downloads",
-    "qnnctl.lower.plan_lower": "resolves and installs an SDK",
-    "qnnctl.environment.resolve_sdk": "resolves and installs an SDK",
-    "qnnctl.lower.exec_plan": "replaces the process",
-    "qnnctl.host.cpu_vendor": "starts py-cpuinfo's subprocess",
+    "qnnctl.run.api.setup_sdk": "sets the SDK up",
+    "qnnctl.run.api.disable_mkldnn_on_amd": "changes a torch setting",
+    "qnnctl.run.api.preload": "loads the SDK's libraries",
+    "qnnctl.run.api.preload_runtime": "loads the staged runtime",
+    "qnnctl.run.environment.ensure_loadable": "stages the host runtime",
+    "qnnctl.install.pipeline.install": "installs an SDK",
+    "qnnctl.install.pipeline.uninstall": "removes an SDK",
+    "qnnctl.install.pipeline.clean_cache": "removes files",
+    "qnnctl.net.download.*": "downloads",
+    "qnnctl.run.lower.plan_lower": "resolves and installs an SDK",
+    "qnnctl.run.environment.resolve_sdk": "resolves and installs an SDK",
+    "qnnctl.run.lower.exec_plan": "replaces the process",
+    "qnnctl.host.machine.cpu_vendor": "starts py-cpuinfo's subprocess",
     "cpuinfo.*": "starts a subprocess",
     # subprocesses
     "subprocess.*": "starts a subprocess",
@@ -363,7 +363,7 @@ def project_sources() -> tuple[dict[str, str], set[str]]:
 
 def test_no_module_does_anything_on_import() -> None:
     sources, packages = project_sources()
-    assert {"qnnctl", "qnnctl.api", "qnnctl.bootstrap", "qnnctl.lower", "qnnctl.cli"} <= set(sources)
+    assert {"qnnctl", "qnnctl.run.api", "qnnctl.run.bootstrap", "qnnctl.run.lower", "qnnctl.cli"} <= set(sources)
     walker = ImportTimeWalker.from_sources(sources, packages)
     findings = [str(f) for name in sorted(sources) for f in walker.check(name)]
     assert findings == []
@@ -399,9 +399,9 @@ CAUGHT = {
     "torch flag": "import torch\ntorch.backends.mkldnn.enabled = False\n",
     "torch setattr": "import torch\nsetattr(torch.backends.mkldnn, 'enabled', False)\n",
     "native library": "import ctypes\nctypes.CDLL('libQnnHtp.so')\n",
-    "cpu vendor": "from qnnctl.host import cpu_vendor\nVENDOR = cpu_vendor()\n",
+    "cpu vendor": "from qnnctl.host.machine import cpu_vendor\nVENDOR = cpu_vendor()\n",
     "setup": "import qnnctl\nqnnctl.setup_sdk()\n",
-    "setup alias": "from qnnctl.api import setup_sdk as s\ns()\n",
+    "setup alias": "from qnnctl.run.api import setup_sdk as s\ns()\n",
     "relative import": "from .api import setup_sdk\nsetup_sdk()\n",
     "decorator": (
         "import subprocess\ndef deco(x):\n    return lambda f: f\n@deco(subprocess.run(['x']))\ndef f():\n    pass\n"
@@ -410,7 +410,7 @@ CAUGHT = {
     "keyword-only default": "import os\ndef f(*, v=os.environ.pop('A')):\n    pass\n",
     "lambda default": "import os\nf = lambda x=os.system('a'): x\n",
     "annotation": "import os\ndef f(x: os.system('a')):\n    pass\n",
-    "base class": "from qnnctl.api import setup_sdk\nclass C(setup_sdk().__class__):\n    pass\n",
+    "base class": "from qnnctl.run.api import setup_sdk\nclass C(setup_sdk().__class__):\n    pass\n",
     "metaclass": "import subprocess\nclass C(metaclass=subprocess.check_output(['x'])):\n    pass\n",
     "class body": "import os\nclass C:\n    os.environ['A'] = '1'\n",
     "nested class body": "import os\nclass C:\n    class D:\n        X = os.popen('x')\n",
@@ -508,7 +508,7 @@ def test_importing_every_module_in_a_fresh_interpreter_does_nothing() -> None:
                             timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert {"qnnctl.api", "qnnctl.bootstrap", "qnnctl.lower", "qnnctl.cli"} <= set(report["modules"])
+    assert {"qnnctl.run.api", "qnnctl.run.bootstrap", "qnnctl.run.lower", "qnnctl.cli"} <= set(report["modules"])
     assert report["failed"] == []
     assert report["changed"] == []
     assert report["torch"] is False

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import qnnctl
-import qnnctl.commit
-from qnnctl.cache import MANIFEST_NAME, read_manifest
+import qnnctl.install.commit
+from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, manifest_digest
@@ -104,9 +104,9 @@ def test_fresh_install(mirror: FaultServer, cache_dir: Path) -> None:
 
 def test_an_empty_sdk_root_leaves_the_sdk_to_the_caller(mirror: FaultServer, cache_dir: Path) -> None:
     """QNN_SDK_ROOT exported but empty: install fetches nothing, prints no root and says why."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, InstallResult, install
-    from qnnctl.sdk import BY_CALLER
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, InstallResult, install
+    from qnnctl.sdk.select import BY_CALLER
 
     env = {**os.environ, "QNN_SDK_ROOT": ""}
     result = run_qnnctl("install", env=env)
@@ -150,9 +150,9 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServ
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from filelock import FileLock
 
-    import qnnctl.install as installing
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import BY_ARGUMENT, Selection
+    import qnnctl.install.pipeline as installing
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
     from tests.sdkfactory import install_tree_into_cache
 
     with FileLock(str(cache_dir / "locks" / f"{VERSION}.lock")).acquire(timeout=5):
@@ -169,7 +169,7 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServ
         looks.append(version)
         return None if len(looks) == 1 else find_installed(version, *args)
 
-    from qnnctl.sdk import find_installed
+    from qnnctl.sdk.select import find_installed
 
     monkeypatch.setattr(installing, "find_installed", late)
     again = installing.install(installing.InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
@@ -187,9 +187,9 @@ def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> Non
     assert second.stdout == first.stdout
     # Found before any lock is taken: no "another qnnctl installed it meanwhile".
     assert second.stderr == f"qnnctl: SDK {VERSION} is already installed in qnnctl's cache\n"
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
-    from qnnctl.sdk import BY_ARGUMENT, Selection
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
     again = install(InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
     assert (again.action, again.selection) == ("reused", Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION))
@@ -240,7 +240,7 @@ class Renames:
         self.sdks = sdks
         self.into_sdks: list[tuple[Path, dict[str, object] | None, bool]] = []
         self.real = os.replace
-        self.real_exchange = qnnctl.commit.exchange
+        self.real_exchange = qnnctl.install.commit.exchange
 
     def __call__(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         source, target = Path(src), Path(dst)
@@ -262,15 +262,15 @@ def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_d
                                                     monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """The manifest is what makes a folder of sdks/ an installed SDK: it must be complete in the
     work folder when that folder is renamed into sdks/, never written there afterwards."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
 
     cache = Cache(cache_dir)
     if how == "force":
         install(InstallRequest(), cache, dict(os.environ), Path.cwd())
     renames = Renames(cache_dir / "sdks")
     monkeypatch.setattr(os, "replace", renames)
-    monkeypatch.setattr(qnnctl.commit, "exchange", renames.exchange)
+    monkeypatch.setattr(qnnctl.install.commit, "exchange", renames.exchange)
     if how == "file":
         (tmp_path / "a").mkdir()
         request = InstallRequest(file=build_archive(tmp_path / "a", "zip"))
@@ -298,9 +298,9 @@ def test_install_from_url(server: FaultServer, tmp_path: Path, cache_dir: Path) 
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
     manifest = _assert_complete_sdk(Path(result.stdout.strip()))
     assert manifest["source"] == url
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
-    from qnnctl.sdk import BY_ARGUMENT, Selection
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
     again = install(InstallRequest(url=url), Cache(cache_dir), dict(os.environ), Path.cwd())
     assert (again.action, again.selection) == ("reused", Selection(BY_ARGUMENT, f"named by {url}", version=VERSION))
@@ -637,9 +637,9 @@ def test_install_file_with_its_sha256_of_a_version_installed_from_another_archiv
 def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
     """What the library's caller is told of the choice and the SDK: installed, reused by the version given
     without reading the archive, and reused after reading it."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
-    from qnnctl.sdk import BY_ARGUMENT, Sdk, Selection
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.select import BY_ARGUMENT, Sdk, Selection
 
     archive = build_archive(tmp_path, "zip")
     chosen = Selection(BY_ARGUMENT, f"from {archive}", version=VERSION)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.api import FORCE_VENDOR_VARIABLE
-from qnnctl.bootstrap import GUARD_VARIABLE
-from qnnctl.cache import Cache
-from qnnctl.lower import (
+from qnnctl.run.api import FORCE_VENDOR_VARIABLE
+from qnnctl.run.bootstrap import GUARD_VARIABLE
+from qnnctl.sdk.cache import Cache
+from qnnctl.run.lower import (
     COMMAND,
     MODULE,
     SCRIPT,
@@ -34,8 +34,8 @@ from qnnctl.lower import (
     site_folder,
     under_loader,
 )
-from qnnctl.runtime import LOADER_GUARD
-from qnnctl.shell import quote_posix
+from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.shell.exports import quote_posix
 from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer
 from tests.lowerkit import PROBE, direct, last_json, lower, other_python, write
@@ -568,9 +568,9 @@ def test_staged_loader_wraps_the_command_once(sdk: Path, monkeypatch: pytest.Mon
     if not host_loader.exists():
         pytest.skip("no x86-64 glibc loader at the usual path")
     staged = StagedLoader(host_loader, (lib_dir(sdk),))
-    import qnnctl.lower
+    import qnnctl.run.lower
 
-    monkeypatch.setattr(qnnctl.lower, "staged_loader", lambda sdk, cache: staged)
+    monkeypatch.setattr(qnnctl.run.lower, "staged_loader", lambda sdk, cache: staged)
     write(Path("probe.py"), PROBE)
     environ = dict(os.environ)
     plan = plan_lower(Target(SCRIPT, "probe.py", ("a",)), LowerOptions(python=PY), environ, Path.cwd(),

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import pytest
 
-from qnnctl.cache import read_manifest
+from qnnctl.sdk.cache import read_manifest
 from tests.conftest import IN_CI, run_qnnctl
 from tests.sdkfactory import VERSION, SdkSpec, build_archive
 

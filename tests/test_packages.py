@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
-from qnnctl.packages import (
+from qnnctl.host.packages import (
     Collected,
     ar_members,
     collect,

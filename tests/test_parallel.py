@@ -24,7 +24,7 @@ from tests.test_archive import PAYLOAD_SPEC, garble_deflate
 
 PRELUDE = """
 import errno, json, os, sys, threading, time
-from qnnctl.archive import in_processes
+from qnnctl.install.archive import in_processes
 """
 
 
@@ -33,7 +33,7 @@ from qnnctl.archive import in_processes
 EXTRACT = """
 import logging, threading
 from pathlib import Path
-from qnnctl.archive import extract
+from qnnctl.install.archive import extract
 from qnnctl.errors import IntegrityError
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
 if sys.argv[3] == "True":
@@ -174,7 +174,7 @@ def test_threads_run_jobs_at_once_in_named_daemon_threads() -> None:
     """`threads` threads, this one included: it starts `threads - 1` helpers, named (as a stack
     dump shows them) and daemons (a Ctrl-C that ends this one is not kept waiting for them)."""
     out = _ok("""
-        from qnnctl.archive import in_threads
+        from qnnctl.install.archive import in_threads
         started = []
         start = threading.Thread.start
         def counted(thread):
@@ -423,7 +423,7 @@ def test_interrupting_the_threads_while_this_one_waits_for_a_helper_raises_it_on
     marks = tmp_path / "marks"
     marks.mkdir()
     proc = _start("""
-        from qnnctl.archive import in_threads
+        from qnnctl.install.archive import in_threads
         folder = sys.argv[1]
         helper_busy = threading.Event()
         def jobs():
@@ -552,7 +552,7 @@ def test_files_get_the_archives_modes_exactly(tmp_path: Path, umask: int | str) 
     out = _ok("""
         import json
         from pathlib import Path
-        from qnnctl.archive import extract
+        from qnnctl.install.archive import extract
         os.umask(int(sys.argv[2], 8))
         root = extract(Path(sys.argv[1]), Path(sys.argv[3]) / "x").root
         print(json.dumps({str(p.relative_to(root)): p.stat().st_mode & 0o777

@@ -31,9 +31,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from qnnctl.cache import MANIFEST_NAME, read_manifest
+from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.errors import DownloadError
-from qnnctl.ranged import Fetcher, SparseFile, probe
+from qnnctl.net.ranged import Fetcher, SparseFile, probe
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
@@ -178,9 +178,9 @@ def test_the_library_is_told_what_each_install_of_components_did(parts_mirror: F
     """install() of some components: installed when fetched by parts, installed again when
     components are added, reused once all are there; then the whole archive, downloaded and
     installed, then reused; each chosen by the version given."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
-    from qnnctl.sdk import BY_ARGUMENT, Sdk, Selection
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.select import BY_ARGUMENT, Sdk, Selection
 
     chosen = Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
     sdk = Sdk(cache_dir / "sdks" / VERSION, VERSION, "qnnctl cache")
@@ -794,7 +794,7 @@ def _names_in(archive: Path) -> set[PurePosixPath]:
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
 def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Path, fmt: str) -> None:
-    from qnnctl.archive import extract
+    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
 
     archive = build_archive(tmp_path, fmt, SdkSpec())
@@ -819,7 +819,7 @@ def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, f
 
 def _refusal_without(archive: Path, left_out: str, out: Path) -> str:
     """What extract says, refusing to extract `archive` without the members named `left_out`."""
-    from qnnctl.archive import extract
+    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
 
     chosen = {n for n in _names_in(archive) if n.name != left_out}
@@ -846,7 +846,7 @@ def test_a_link_through_a_folder_entry_to_a_member_left_out_is_refused(tmp_path:
 
 def test_a_member_from_another_system_is_extracted_when_chosen(tmp_path: Path) -> None:
     """No Unix mode (the archive was made elsewhere): a plain file, chosen as any other."""
-    from qnnctl.archive import extract
+    from qnnctl.install.archive import extract
     from tests.test_archive import TOP, _rezipped
 
     info = zipfile.ZipInfo(f"{TOP}/share/from-windows.txt", date_time=(2025, 7, 24, 0, 0, 0))
@@ -858,7 +858,7 @@ def test_a_member_from_another_system_is_extracted_when_chosen(tmp_path: Path) -
 
 def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_is_made(tmp_path: Path) -> None:
     """A tar's hard link is a second name for a member's data: without that member there is nothing to name."""
-    from qnnctl.archive import extract
+    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
     from tests.test_archive import TOP, Member, hostile_archive
 
@@ -877,7 +877,7 @@ def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
 def test_a_device_file_is_refused_even_where_the_components_chosen_leave_it_out(tmp_path: Path, fmt: str) -> None:
-    from qnnctl.archive import extract
+    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
     from tests.test_archive import TOP, Member, hostile_archive
 
@@ -894,7 +894,7 @@ def test_links_that_lead_outside_once_two_installs_are_put_together_are_refused(
     """Each tree's links lead inside it; together, one redirects another: lib/up -> b/.. of the
     SDK installed, through lib/b -> .. of the components added, leads out of the SDK."""
     from qnnctl.errors import IntegrityError
-    from qnnctl.partial import merge_old
+    from qnnctl.install.partial import merge_old
 
     old, new = tmp_path / "old", tmp_path / "new"
     (old / "lib").mkdir(parents=True)
@@ -1183,8 +1183,8 @@ def test_no_step_of_adding_components_leaves_the_sdk_missing(parts_mirror: Fault
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rename the commit makes is followed by a look at the SDK: it is there each time, so
     a kill between any two steps leaves the old SDK or the new one, never none."""
-    from qnnctl.cache import Cache
-    from qnnctl.install import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.install.pipeline import InstallRequest, install
 
     assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
     sdk = cache_dir / "sdks" / VERSION

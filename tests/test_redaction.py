@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.urls import redact, redact_text
+from qnnctl.net.urls import redact, redact_text
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.cache import Cache
+from qnnctl.sdk.cache import Cache
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
-from qnnctl.host import glibc_version as host_glibc
-from qnnctl.lower import reexec_command
-from qnnctl.runtime import (
+from qnnctl.host.machine import glibc_version as host_glibc
+from qnnctl.run.lower import reexec_command
+from qnnctl.host.runtime import (
     LOADER,
     LOADER_GUARD,
     LOCK_KEY,
@@ -38,7 +38,7 @@ from qnnctl.runtime import (
     staged_lib_dirs,
     staged_loader,
 )
-from qnnctl.sdk import Sdk
+from qnnctl.sdk.select import Sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, compile_shared, for_another_machine, install_tree_into_cache
@@ -250,8 +250,8 @@ def test_apt_concurrent_installs_stage_once(cache_dir: Path, sdk: Sdk, debs: dic
 
 STREAM_CHILD = """
 import os, resource, sys
-from qnnctl.cache import Cache
-from qnnctl.runtime import RuntimeRequest, stage_runtime
+from qnnctl.sdk.cache import Cache
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 request = RuntimeRequest(force=True, use_apt=False, llvm_url=sys.argv[1])
@@ -614,8 +614,8 @@ def test_bad_deb_exits_4_on_the_command_line(make: object, tmp_path: Path, cache
 
 LOADER_CHILD = """
 import json, os, sys
-from qnnctl.cache import Cache
-from qnnctl.lower import reexec_command
+from qnnctl.sdk.cache import Cache
+from qnnctl.run.lower import reexec_command
 maps = [line.split()[-1] for line in open("/proc/self/maps") if "libc.so.6" in line or "ld-linux" in line]
 again = reexec_command(Cache.from_env(os.environ), None, [sys.executable], os.environ)
 print(json.dumps({"argv": sys.argv[1:], "probe": os.environ.get("QNN_PROBE"), "maps": sorted(set(maps)),
@@ -684,7 +684,7 @@ def test_apt_loader_from_the_hosts_libc6_deb(cache: Cache, sdk: Sdk, debs: dict[
 
 def test_apt_loader_from_an_rpm(cache: Cache, sdk: Sdk, debs: dict[str, Path], tmp_path: Path) -> None:
     """An RPM laid out like an EL8 glibc: real files named libc-2.NN.so behind soname links."""
-    from qnnctl.packages import collect, deb_members
+    from qnnctl.host.packages import collect, deb_members
 
     found = collect(deb_members(debs["libc6"]), lambda n: n.startswith("lib/x86_64-linux-gnu/"),
                     tmp_path / "libc6", "libc6")

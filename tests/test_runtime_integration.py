@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.cache import Cache
-from qnnctl.lower import StagedLoader, under_loader
-from qnnctl.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, TRIO, RuntimeRequest, stage_runtime
-from qnnctl.sdk import HOST_LIB_DIR, Sdk
-from qnnctl.shell import apply
+from qnnctl.sdk.cache import Cache
+from qnnctl.run.lower import StagedLoader, under_loader
+from qnnctl.host.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, TRIO, RuntimeRequest, stage_runtime
+from qnnctl.sdk.select import HOST_LIB_DIR, Sdk
+from qnnctl.shell.exports import apply
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.lowerkit import write

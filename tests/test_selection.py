@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import UnsupportedHostError, UsageError
-from qnnctl.host import require_supported_host
-from qnnctl.sdk import BY_PIN, Sdk, Selection, executorch_expected_version
+from qnnctl.host.machine import require_supported_host
+from qnnctl.sdk.select import BY_PIN, Sdk, Selection, executorch_expected_version
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
@@ -163,7 +163,7 @@ def test_a_spec_written_as_a_path_is_a_path_though_nothing_is_there(spec: str, w
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Whether a spec is a version or a path is read from how it is written, not from the disk:
     a folder that has gone is reported missing, not as a version no one wrote."""
-    from qnnctl.sdk import BY_ARGUMENT, select_sdk
+    from qnnctl.sdk.select import BY_ARGUMENT, select_sdk
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -176,7 +176,7 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
     """A library caller that passes a folder other than the process's own gets paths read from
     that folder: the spec's (written as a path, a bare folder name, a version-like path that is
     there) and QNN_SDK_ROOT's."""
-    from qnnctl.sdk import BY_ARGUMENT, BY_ENV, select_sdk
+    from qnnctl.sdk.select import BY_ARGUMENT, BY_ENV, select_sdk
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     for folder in ("vendor", "v2", "2.37/sdk"):
@@ -197,8 +197,8 @@ def test_relative_paths_are_read_from_the_folder_the_caller_names(tmp_path: Path
 
 
 def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import BY_CALLER, resolve_installed, select_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import BY_CALLER, resolve_installed, select_sdk
 
     chosen = select_sdk(None, {"QNN_SDK_ROOT": ""}, tmp_path)
     assert chosen == Selection(BY_CALLER, "QNN_SDK_ROOT is exported but empty: the caller manages the SDK")
@@ -210,7 +210,7 @@ def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path
 def test_a_file_named_as_an_sdk_root_lacks_the_whole_layout(tmp_path: Path) -> None:
     """The error says the path is a file, and lists, as for any root, what is missing."""
     from qnnctl.errors import InvalidSdkError
-    from qnnctl.sdk import missing_layout, sdk_from_root
+    from qnnctl.sdk.select import missing_layout, sdk_from_root
 
     archive = tmp_path / "qairt.zip"
     archive.write_bytes(b"PK\x05\x06" + bytes(18))
@@ -424,7 +424,7 @@ def _only_on_sys_path(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("layout", ["package", "namespace", "module", "none"])
 def test_executorch_is_found_on_sys_path_without_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               layout: str) -> None:
-    from qnnctl.sdk import executorch_package_dir
+    from qnnctl.sdk.select import executorch_package_dir
 
     site = tmp_path / "site-packages"
     site.mkdir()
@@ -452,7 +452,7 @@ def test_executorch_on_sys_path_is_the_one_asked(tmp_path: Path, monkeypatch: py
 
 
 def test_the_choice_of_executorchs_version_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qnnctl.sdk import BY_EXECUTORCH, select_sdk
+    from qnnctl.sdk.select import BY_EXECUTORCH, select_sdk
 
     site = tmp_path / "site-packages"
     _scripts(site, f'QNN_VERSION = "{OTHER_VERSION}"\n'.encode())
@@ -464,8 +464,8 @@ def test_the_choice_of_executorchs_version_says_so(tmp_path: Path, monkeypatch: 
 
 
 def test_without_a_cache_nothing_installed_is_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qnnctl.sdk import BY_DEFAULT, select_sdk
-    from qnnctl.versions import DEFAULT_VERSION
+    from qnnctl.sdk.select import BY_DEFAULT, select_sdk
+    from qnnctl.sdk.versions import DEFAULT_VERSION
 
     _only_on_sys_path(tmp_path / "no-executorch-here", monkeypatch)
     assert select_sdk(None, {}, tmp_path, cache=None) == Selection(
@@ -647,14 +647,14 @@ def _pin(text: str) -> Path:
 @pytest.mark.parametrize("text", ["2.37.0.250724 # the one # ExecuTorch 1.5 pins\n",
                                   "# a comment\n\n  2.37.0.250724  \n2.34.0.250424\n"])
 def test_a_pin_is_read_to_its_first_version(text: str) -> None:
-    from qnnctl.sdk import read_pin
+    from qnnctl.sdk.select import read_pin
 
     assert read_pin(_pin(text)) == VERSION
 
 
 def test_a_pin_that_names_no_version_says_so() -> None:
     from qnnctl.errors import UsageError
-    from qnnctl.sdk import read_pin
+    from qnnctl.sdk.select import read_pin
 
     pin = _pin("# nothing yet\n")
     with pytest.raises(UsageError) as caught:
@@ -668,7 +668,7 @@ def test_a_pin_that_names_no_version_says_so() -> None:
 ], ids=["not-a-version", "not-text"])
 def test_a_bad_pin_is_named_with_the_fix(content: bytes, message: str) -> None:
     from qnnctl.errors import UsageError
-    from qnnctl.sdk import read_pin
+    from qnnctl.sdk.select import read_pin
 
     pin = Path.cwd() / ".qnn-version"
     pin.write_bytes(content)
@@ -679,7 +679,7 @@ def test_a_bad_pin_is_named_with_the_fix(content: bytes, message: str) -> None:
 
 
 def test_the_callers_libraries_are_the_folder_with_libqnnhtp(tmp_path: Path) -> None:
-    from qnnctl.sdk import caller_lib_dir
+    from qnnctl.sdk.select import caller_lib_dir
 
     system_only = tmp_path / "system-only"
     system_only.mkdir()
@@ -700,8 +700,8 @@ def test_the_callers_libraries_are_the_folder_with_libqnnhtp(tmp_path: Path) -> 
 @pytest.mark.parametrize("where", ["cache", "elsewhere", "unnamed"])
 def test_a_shells_sdk_that_has_gone_is_named(tmp_path: Path, where: str) -> None:
     """Only an SDK of qnnctl's cache is put back where it was by `qnnctl install VERSION`."""
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import shell_sdk_gone
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import shell_sdk_gone
 
     cache = Cache(tmp_path / "cache")
     root = {"cache": cache.sdks / VERSION, "elsewhere": tmp_path / "opt" / VERSION,
@@ -715,8 +715,8 @@ def test_a_shells_sdk_that_has_gone_is_named(tmp_path: Path, where: str) -> None
 
 
 def test_the_newest_installed_counts_executorchs_cache_and_no_damaged_sdk(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import newest_installed
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import newest_installed
 
     cache = Cache(cache_dir)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
@@ -735,7 +735,7 @@ def test_the_newest_installed_counts_executorchs_cache_and_no_damaged_sdk(cache_
 
 
 def test_executorchs_cache_is_where_its_downloader_puts_it() -> None:
-    from qnnctl.sdk import executorch_cache_dirs
+    from qnnctl.sdk.select import executorch_cache_dirs
 
     assert executorch_cache_dirs(VERSION, {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"}) == [
         Path(f"/xdg/executorch/qnn/sdk-{VERSION}")]
@@ -756,8 +756,8 @@ def test_a_choice_is_described_by_its_version_its_folder_or_the_caller() -> None
 
 
 def test_the_newest_installed_is_the_highest_version_not_the_last_in_text_order(cache_dir: Path) -> None:
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import newest_installed
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import newest_installed
 
     install_tree_into_cache(cache_dir, "2.9.0.230207")
     install_tree_into_cache(cache_dir, "2.10.0.230425")  # "2.10" < "2.9" as text
@@ -765,9 +765,9 @@ def test_the_newest_installed_is_the_highest_version_not_the_last_in_text_order(
 
 
 def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import newest_installed
-    from qnnctl.stores import link_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import newest_installed
+    from qnnctl.sdk.stores import link_sdk
 
     cache = Cache(cache_dir)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
@@ -776,8 +776,8 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
     link_sdk(gone, None, cache, dict(os.environ))
     link_sdk(kept, None, cache, dict(os.environ))
     assert newest_installed(cache, dict(os.environ)) == "2.51.0.260929"
-    from qnnctl.sdk import find_installed
-    from qnnctl.stores import LINK_ORIGIN
+    from qnnctl.sdk.select import find_installed
+    from qnnctl.sdk.stores import LINK_ORIGIN
 
     assert find_installed("2.45.0.260326", cache, dict(os.environ)) == Sdk(kept, "2.45.0.260326", LINK_ORIGIN)
     import shutil
@@ -786,7 +786,7 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
     assert newest_installed(cache, dict(os.environ)) == "2.45.0.260326"
     # Asked for by its version, the SDK linked to a folder that has gone is named as such.
     from qnnctl.errors import NotInstalledError
-    from qnnctl.sdk import resolve_installed
+    from qnnctl.sdk.select import resolve_installed
 
     with pytest.raises(NotInstalledError) as caught:
         resolve_installed(Selection(BY_PIN, "pinned", version="2.51.0.260929"), cache, dict(os.environ))
@@ -795,16 +795,16 @@ def test_a_dangling_link_is_not_the_newest_installed(cache_dir: Path, tmp_path: 
 
 
 def test_an_sdk_in_a_store_is_found_and_a_link_comes_first(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import find_installed
-    from qnnctl.stores import link_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import find_installed
+    from qnnctl.sdk.stores import link_sdk
 
     cache, version = Cache(cache_dir), "2.45.0.260326"
     store = tmp_path / "store"
     stored = build_sdk_tree(store / version, SdkSpec(version=version))
     environ = {**os.environ, "QNNCTL_STORES": str(store)}
     assert find_installed(version, cache, environ) == Sdk(stored, version, f"store {store}")
-    from qnnctl.environment import resolve_sdk
+    from qnnctl.run.environment import resolve_sdk
 
     assert resolve_sdk(version, environ, Path.cwd(), cache, allow_install=False)[1] == Sdk(stored, version,
                                                                                          f"store {store}")
@@ -814,9 +814,9 @@ def test_an_sdk_in_a_store_is_found_and_a_link_comes_first(cache_dir: Path, tmp_
 
 
 def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.cache import Cache
-    from qnnctl.sdk import find_installed, newest_installed
-    from qnnctl.stores import link_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import find_installed, newest_installed
+    from qnnctl.sdk.stores import link_sdk
 
     cache = Cache(cache_dir)
     install_tree_into_cache(cache_dir, OTHER_VERSION)
@@ -833,7 +833,7 @@ def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Pat
     assert sdk == Sdk(root=cache_dir / "sdks" / OTHER_VERSION, version=OTHER_VERSION, origin="qnnctl cache")
     assert notes == []
     # As a real run that may not install resolves it.
-    from qnnctl.environment import resolve_sdk
+    from qnnctl.run.environment import resolve_sdk
 
     chosen, found = resolve_sdk(None, dict(os.environ), Path.cwd(), cache, allow_install=False)
     assert (chosen.detail, found) == (selection.detail, sdk)
@@ -844,8 +844,8 @@ def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Pat
 
 def _dry_run(spec: str | None = None, allow_install: bool = True, **environ: str) -> tuple[Selection, Sdk | None,
                                                                                            list[str]]:
-    from qnnctl.cache import Cache
-    from qnnctl.environment import resolve_for_dry_run
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.run.environment import resolve_for_dry_run
 
     cache = Cache(Path(os.environ["QNNCTL_CACHE_DIR"]))
     return resolve_for_dry_run(spec, {**os.environ, **environ}, Path.cwd(), cache, allow_install)
@@ -860,8 +860,8 @@ def test_a_dry_run_of_an_sdk_that_is_not_installed(cache_dir: Path) -> None:
     assert notes == [f"SDK {VERSION} is not installed (given as {VERSION}): without --dry-run, qnnctl would "
                      f"first download it from {url} and install it into {root}"]
     # Unless told otherwise, a dry run plans for a run that may install.
-    from qnnctl.cache import Cache
-    from qnnctl.environment import resolve_for_dry_run
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.run.environment import resolve_for_dry_run
 
     assert resolve_for_dry_run(VERSION, os.environ, Path.cwd(), Cache(cache_dir))[2] == notes
 
@@ -912,7 +912,7 @@ def test_a_dry_run_that_may_not_install_raises_not_installed(cache_dir: Path) ->
 
 
 def test_a_dry_run_of_an_installed_sdk_has_nothing_to_say(cache_dir: Path) -> None:
-    from qnnctl.sdk import BY_ARGUMENT
+    from qnnctl.sdk.select import BY_ARGUMENT
 
     root = install_tree_into_cache(cache_dir, VERSION)
     selection, sdk, notes = _dry_run(VERSION)
@@ -957,8 +957,8 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
 def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them(cache_dir: Path) -> None:
     """env never downloads: it exports what is there, and names the components the pin asks
     for that the SDK lacks, with the command that adds them."""
-    from qnnctl.cache import Cache
-    from qnnctl.environment import plan_env
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.run.environment import plan_env
 
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android,docs\n")
@@ -977,8 +977,8 @@ def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them
 def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_names(cache_dir: Path) -> None:
     """As `which` and `lower` resolve when they may not install: the pin's components are
     checked by default, and the error names the SDK, its folder, what is missing, and the command."""
-    from qnnctl.cache import Cache
-    from qnnctl.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.run.environment import resolve_sdk
     from qnnctl.errors import MissingComponentError
 
     root = _partial(cache_dir, ["host"])
@@ -994,9 +994,9 @@ def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_
 
 
 def test_a_look_up_that_may_not_install_refuses_an_sdk_without_the_pinned_components(cache_dir: Path) -> None:
-    from qnnctl.cache import Cache
+    from qnnctl.sdk.cache import Cache
     from qnnctl.errors import MissingComponentError
-    from qnnctl.which import which
+    from qnnctl.run.which import which
 
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android\n")
@@ -1012,7 +1012,7 @@ def test_a_look_up_that_may_not_install_refuses_an_sdk_without_the_pinned_compon
 
 
 def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.runtime import missing_host_libraries
+    from qnnctl.host.runtime import missing_host_libraries
 
     if missing_host_libraries(["libc++.so.1", "libc++abi.so.1"], []) != ["libc++.so.1", "libc++abi.so.1"]:
         pytest.skip("this host has libc++.so.1 or libc++abi.so.1")
@@ -1037,8 +1037,8 @@ def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: P
 def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServer, cache_dir: Path,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     """`qnnctl lower` on a terminal passes terminal=True: the install's download draws a bar."""
-    from qnnctl.cache import Cache
-    from qnnctl.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.run.environment import resolve_sdk
 
     _, sdk = resolve_sdk(VERSION, dict(os.environ), Path.cwd(), Cache(cache_dir), terminal=True)
     assert sdk is not None
@@ -1049,7 +1049,7 @@ def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServe
 
 
 def test_an_sdk_named_by_path_says_where_the_path_came_from() -> None:
-    from qnnctl.sdk import BY_ARGUMENT, BY_ENV, BY_SHELL, selection_origin
+    from qnnctl.sdk.select import BY_ARGUMENT, BY_ENV, BY_SHELL, selection_origin
 
     root = Path("/opt/qairt/2.37.0.250724")
     assert selection_origin(Selection(BY_ENV, "from QNN_SDK_ROOT", root=root)) == "QNN_SDK_ROOT"
@@ -1059,7 +1059,7 @@ def test_an_sdk_named_by_path_says_where_the_path_came_from() -> None:
 
 def test_an_sdk_named_by_path_is_the_version_its_libraries_were_built_as(tmp_path: Path) -> None:
     """sdk.yaml and the folder's name say 2.37; the libraries carry the build of 2.51: they win."""
-    from qnnctl.sdk import sdk_from_root
+    from qnnctl.sdk.select import sdk_from_root
 
     root = build_sdk_tree(tmp_path / VERSION, SdkSpec(version=VERSION, build_id="v2.51.0.260929181845"))
     assert sdk_from_root(root, "--sdk") == Sdk(root=root, version="2.51.0.260929", origin="--sdk")
@@ -1067,7 +1067,7 @@ def test_an_sdk_named_by_path_is_the_version_its_libraries_were_built_as(tmp_pat
 
 @pytest.mark.parametrize("spec", ["", "  "])
 def test_an_empty_spec_is_refused(tmp_path: Path, spec: str) -> None:
-    from qnnctl.sdk import select_sdk
+    from qnnctl.sdk.select import select_sdk
 
     with pytest.raises(UsageError) as caught:
         select_sdk(spec, {}, tmp_path)
@@ -1076,7 +1076,7 @@ def test_an_empty_spec_is_refused(tmp_path: Path, spec: str) -> None:
 
 def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
     from qnnctl.errors import UsageError
-    from qnnctl.sdk import sdk_from_root
+    from qnnctl.sdk.select import sdk_from_root
 
     with pytest.raises(UsageError) as caught:
         sdk_from_root(Path("  "), "QNN_SDK_ROOT")
@@ -1084,7 +1084,7 @@ def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
 
 
 def test_an_sdk_named_by_path_with_no_version_anywhere_is_of_version_unknown(tmp_path: Path) -> None:
-    from qnnctl.sdk import sdk_from_root
+    from qnnctl.sdk.select import sdk_from_root
 
     root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     assert sdk_from_root(root, "QNN_SDK_ROOT") == Sdk(root=root, version="unknown", origin="QNN_SDK_ROOT")
@@ -1092,7 +1092,7 @@ def test_an_sdk_named_by_path_with_no_version_anywhere_is_of_version_unknown(tmp
 
 def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path: Path) -> None:
     """A vendor's comment in another encoding: the version line is read all the same."""
-    from qnnctl.sdk import version_claims
+    from qnnctl.sdk.select import version_claims
 
     root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     (root / "sdk.yaml").write_bytes(b"# \xe9dition Qualcomm\nversion: " + VERSION.encode() + b"\n")
@@ -1101,7 +1101,7 @@ def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path:
 
 def test_a_folder_that_is_no_sdk_root_is_refused_with_where_it_was_named(tmp_path: Path) -> None:
     from qnnctl.errors import InvalidSdkError
-    from qnnctl.sdk import sdk_from_root
+    from qnnctl.sdk.select import sdk_from_root
 
     (tmp_path / "QNN_README.txt").write_text("")
     with pytest.raises(InvalidSdkError) as caught:
@@ -1115,7 +1115,7 @@ def test_what_names_an_sdks_version_besides_its_libraries_in_the_order_trusted(t
     """sdk.yaml, the folder's name, the manifest, the name of the archive the manifest names."""
     import json
 
-    from qnnctl.sdk import version_claims
+    from qnnctl.sdk.select import version_claims
 
     root = build_sdk_tree(tmp_path / "2.31.0.250130", SdkSpec(version=VERSION))
     # The mirror's layout: the file's name is read, not the folder it is in.

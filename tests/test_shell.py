@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import UsageError
-from qnnctl.shell import (
+from qnnctl.shell.exports import (
     MARKER,
     apply,
     check_cache_path,
@@ -433,7 +433,7 @@ class Named:
 def test_a_process_name_with_parentheses_spaces_and_bad_bytes() -> None:
     """/proc/PID/stat puts the name between parentheses, and a name may hold ')' and ' ' and
     bytes that are not UTF-8: the parent pid is read after the last ')', and nothing raises."""
-    from qnnctl.shell import _parent_pid
+    from qnnctl.shell.exports import _parent_pid
 
     with Named(b"a) b) \xff\xfe") as child:
         assert _parent_pid(child.pid) == os.getpid()
@@ -639,7 +639,7 @@ def test_apply_unsets_what_is_not_there_too() -> None:
 
 def test_the_marker_is_compact_json() -> None:
     """Exported into every process' environment: no space that JSON does not need."""
-    from qnnctl.shell import Marker
+    from qnnctl.shell.exports import Marker
 
     marker = Marker("/s d", True, {"PATH": ["/s d/bin"]}, ["LD_LIBRARY_PATH"], "/é")
     assert marker.dumps() == ('{"added":{"PATH":["/s d/bin"]},"owns_root":true,"previous_root":"/é",'
@@ -678,7 +678,7 @@ def test_detect_shell_prefers_the_parent_and_falls_back_to_shell_variable() -> N
     ("/usr/bin/zsh/", "zsh"), ("bashX", None), ("Xbash", None), ("--fish", "fish"),
 ])
 def test_shell_names(name: str, shell: str | None) -> None:
-    from qnnctl.shell import _shell_name
+    from qnnctl.shell.exports import _shell_name
 
     assert _shell_name(name) == shell
 
@@ -740,7 +740,7 @@ def test_a_root_exported_since_is_neither_put_back_nor_unset(before: str | None)
 
 
 def test_the_record_speaks_for_the_shell_only_while_the_root_is_qnnctls() -> None:
-    from qnnctl.sdk import BY_ENV, BY_SHELL, select_sdk, shell_sdk_root, user_environ
+    from qnnctl.sdk.select import BY_ENV, BY_SHELL, select_sdk, shell_sdk_root, user_environ
 
     user = {"PATH": "/usr/bin", "QNN_SDK_ROOT": "/replaced"}
     after = _env("/sdk", user)
@@ -781,7 +781,7 @@ def test_a_library_folder_no_path_list_can_hold(entry: str, message: str, hint: 
 
 
 def test_a_marker_made_with_defaults() -> None:
-    from qnnctl.shell import Marker
+    from qnnctl.shell.exports import Marker
 
     assert Marker("/r", False).dumps() == ('{"added":{},"owns_root":false,"previous_root":null,"root":"/r",'
                                            '"was_unset":[]}')
@@ -816,7 +816,7 @@ def test_a_path_list_with_nothing_to_add_stays_unset() -> None:
 
 
 def test_a_marker_naming_only_its_root_is_read_with_the_defaults() -> None:
-    from qnnctl.shell import Marker, read_marker
+    from qnnctl.shell.exports import Marker, read_marker
 
     marker = read_marker({MARKER: '{"root": "/r"}'})
     assert marker is not None

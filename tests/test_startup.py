@@ -97,7 +97,7 @@ def test_env_imports_nothing_heavy_and_starts_no_process(shell: str, cache_dir: 
     assert probe.stdout
     assert probe.started == []
     assert _heavy(probe.modules) == []
-    assert "qnnctl.environment" in probe.modules  # the probe saw the env path run
+    assert "qnnctl.run.environment" in probe.modules  # the probe saw the env path run
 
 
 def test_env_default_selection_and_unset_stay_light(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from qnnctl.errors import EXIT_USAGE, UsageError
-from qnnctl.versions import (
+from qnnctl.sdk.versions import (
     DEFAULT_BASE_URL,
     DEFAULT_VERSION,
     KNOWN_RELEASES,
@@ -150,7 +150,7 @@ def test_version_in() -> None:
 def test_the_hint_of_an_unknown_prefix_is_short() -> None:
     """The newest releases in full, the older ones as the prefixes that name them: not every
     version in one wall of text."""
-    from qnnctl.versions import known_releases, resolve_version
+    from qnnctl.sdk.versions import known_releases, resolve_version
 
     assert known_releases(("2.37.0.250724", "2.36.1.250708", "2.48.0.260626", "2.48.40.260702", "2.28.0.241029",
                            "2.28.2.241116"), shown=2) == "2.48.40.260702, 2.48.0.260626; older: 2.37, 2.36, 2.28"

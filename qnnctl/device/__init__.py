@@ -5,7 +5,7 @@
 - `plan`: which files of an SDK a device needs, and the device shell's environment;
 - `adb`: finding adb, the devices it sees, and the few commands qnnctl sends through it;
 - `push`: putting a plan on a device (skipping what is there, verifying what was sent);
-- `checks`: `qnnctl doctor --device`'s checks, behind doctor's own check interface.
+  (`qnnctl doctor --device`'s checks are doctor's: qnnctl.doctor.device).
 
 Importing any of them does nothing: no adb is run until a function is called.
 """

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from qnnctl.cache import Cache
+from qnnctl.sdk.cache import Cache
 from qnnctl.device.plan import Plan, check_dest, default_dest, plan_push, remote_command, resolve_soc
 from qnnctl.device.push import PushResult
 from qnnctl.errors import UsageError
-from qnnctl.sdk import Sdk
+from qnnctl.sdk.select import Sdk
 
 log = logging.getLogger("qnnctl.device")
 
@@ -51,7 +51,7 @@ def list_devices(environ: Mapping[str, str]) -> list[dict[str, Any]]:
 
 def device_sdk(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Sdk:
     """The installed SDK whose files a push takes, selected as every command selects it."""
-    from qnnctl.sdk import resolve_installed, select_sdk
+    from qnnctl.sdk.select import resolve_installed, select_sdk
 
     selection = select_sdk(spec, environ, cwd, cache)
     if selection.caller_managed:
@@ -66,7 +66,7 @@ def device_dest(dest: str | None, spec: str | None, environ: Mapping[str, str], 
     """`--dest`, else where `qnnctl device push` puts the selected SDK's files."""
     if dest is not None:
         return check_dest(dest)
-    from qnnctl.sdk import read_sdk_version, select_sdk
+    from qnnctl.sdk.select import read_sdk_version, select_sdk
 
     selection = select_sdk(spec, environ, cwd, cache)
     version = selection.version
@@ -141,7 +141,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache
     if not argv:
         raise UsageError("nothing to run", hint="qnnctl device run -- COMMAND [ARGS]...")
     from qnnctl.device.adb import Adb, DeviceError
-    from qnnctl.shell import quote_posix
+    from qnnctl.shell.exports import quote_posix
 
     folder = device_dest(dest, spec, environ, cwd, cache)
     device = Adb(environ).device(serial)

@@ -61,7 +61,7 @@ def runners_of(reach_path: str, lines_path: str, mutant: str) -> tuple[set[str],
     function (a test that calls it but ran none was traced in part: it is kept); None when any
     test that calls its function can tell it (a change to the signature, or a mutant reach.tsv
     does not know)."""
-    module = mutant.rpartition(".")[0]  # qnnctl.install.x_install__mutmut_5 -> qnnctl.install
+    module = mutant.rpartition(".")[0]  # qnnctl.install.pipeline.x_install__mutmut_5 -> qnnctl.install.pipeline
     where: tuple[str, set[str]] | None = None
     with open(reach_path, encoding="utf-8") as rows:
         for row in rows:

@@ -11,7 +11,7 @@ runs this file all the same, through the .pth file that `python -m tests.mutatio
 site-packages for the length of a run. When mutants run, it switches on the mutant of a
 module run by path (qnnctl's bootstrap) in the process that runs it as __main__.
 
-Then it hands over to the sitecustomize that would have run without it, as qnnctl/_site does.
+Then it hands over to the sitecustomize that would have run without it, as qnnctl/run/_site does.
 """
 
 from __future__ import annotations

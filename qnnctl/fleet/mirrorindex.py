@@ -1,0 +1,130 @@
+"""A mirror's index.json: what it says of each version, read from the mirror's URL.
+
+Below the install pipeline and the SDK model, which ask it what a mirror holds (a version's
+sha256, size, build id and component digests; the versions it lists); qnnctl.fleet.mirror, above
+them, writes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+from qnnctl.errors import DownloadError, IntegrityError
+from qnnctl.install.gate import Expected, is_sha256
+from qnnctl.net.urls import redact
+
+log = logging.getLogger("qnnctl.fleet.mirror")
+
+INDEX_NAME = "index.json"
+INDEX_SCHEMA = 1
+INDEX_TIMEOUT = (10.0, 30.0)  # connect, read: a small file
+
+
+class IndexEntry(NamedTuple):
+    """What a mirror's index.json says of one version."""
+
+    url: str  # of the index, redacted
+    sha256: str
+    size: int | None
+    build_id: str | None
+    components: dict[str, str] | None = None  # component -> digest (qnnctl.sdk.components)
+
+    def expected(self) -> Expected:
+        """What the gate (qnnctl.install.gate) holds the mirror's archive of this version to."""
+        return Expected(f"the mirror's {self.url}", "the index", "says",
+                        "the mirror's file changed after it was indexed; put the right archive back, or index it "
+                        "again with `qnnctl mirror DIR VERSION` where the mirror is kept",
+                        sha256=self.sha256, size=self.size, components=self.components)
+
+
+def index_url(base: str) -> str:
+    return f"{base.rstrip('/')}/{INDEX_NAME}"
+
+
+def parse_index(data: object, where: str) -> dict[str, dict[str, Any]]:
+    """The `versions` table of an index; ValueError when `data` is no mirror index."""
+    if not isinstance(data, dict) or data.get("schema") != INDEX_SCHEMA or not isinstance(data.get("versions"), dict):
+        raise ValueError(f"{where} is not a qnnctl mirror index (schema {INDEX_SCHEMA} with a `versions` table)")
+    return {str(k): v for k, v in data["versions"].items() if isinstance(v, dict)}
+
+
+def read_index(base: str) -> dict[str, dict[str, Any]] | None:
+    """The `versions` table of the index.json of the mirror at `base`; None when it has none
+    (404) or it cannot be read (a warning says so). A refused connection is DownloadError at
+    once: the mirror the user named is not there (a mistyped port, most often), and the
+    archive's own download would only meet the same refusal, retried for half a minute."""
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    from qnnctl.net.download import make_session, retry_policy
+    from qnnctl.net.retry import describe, refused
+
+    url = index_url(base)
+    shown = redact(url)
+    session = make_session()
+    # Retried as downloads are, but briefly: the archive's own download follows. A refused
+    # connection is tried once more only (a mirror restarting), after a second.
+    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2, connect=1).start(shown))  # retries name the URL
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    try:
+        with session:
+            response = session.get(url, timeout=INDEX_TIMEOUT)
+    except requests.RequestException as exc:
+        if refused(exc):
+            raise DownloadError(f"cannot reach the mirror: {shown}: {describe(exc)}",
+                                hint="check the host and port of QNNCTL_MIRROR; nothing was fetched") from None
+        log.warning("cannot read the mirror's %s (%s); the archive is not checked against it", shown, describe(exc))
+        return None
+    if response.status_code in (404, 410):
+        log.debug("the mirror has no %s", shown)
+        return None
+    if response.status_code != 200:
+        log.warning("the mirror answered HTTP %d for %s; the archive is not checked against it",
+                    response.status_code, shown)
+        return None
+    try:
+        return parse_index(response.json(), shown)
+    except ValueError as exc:
+        log.warning("%s; the archive is not checked against it", exc)
+        return None
+
+
+def mirror_entry(base: str, version: str, versions: dict[str, dict[str, Any]] | None = None) -> IndexEntry | None:
+    """What the mirror at `base` says of `version` in its index.json (`versions`, when read
+    already); None when it has no index (404), the index names no such version, or it cannot
+    be read (a warning says so)."""
+
+    shown = redact(index_url(base))
+    versions = read_index(base) if versions is None else versions
+    if versions is None:
+        return None
+    entry = versions.get(version)
+    if entry is None:
+        log.warning("the mirror's %s has no entry for SDK %s; the archive is not checked against it", shown, version)
+        return None
+    sha256 = entry.get("sha256")
+    if not is_sha256(sha256):
+        raise IntegrityError(f"the mirror's {shown} gives SDK {version} the sha256 {sha256!r}, which is no digest",
+                             hint="write the index again with `qnnctl mirror DIR VERSION`")
+    size, build, digests = entry.get("size"), entry.get("build_id"), entry.get("components")
+    if digests is not None and (not isinstance(digests, dict) or not all(map(is_sha256, digests.values()))):
+        raise IntegrityError(f"the mirror's {shown} gives SDK {version} components that are no digests",
+                             hint="write the index again with `qnnctl mirror DIR VERSION`")
+    return IndexEntry(shown, str(sha256), size if isinstance(size, int) else None,
+                      build if isinstance(build, str) else None,
+                      {str(k): str(v) for k, v in digests.items()} if digests else None)
+
+
+def indexed_versions(base: str) -> list[str] | None:
+    """The versions the index.json of the mirror at `base` lists, oldest first; None when it
+    has no index, or it cannot be read."""
+    from qnnctl.sdk.versions import is_full_version, parse_version
+
+    versions = read_index(base)
+    if versions is None:
+        return None
+    return sorted((v for v in versions if is_full_version(v)), key=parse_version)
+
+

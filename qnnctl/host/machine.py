@@ -1,0 +1,176 @@
+"""Facts about the machine qnnctl runs on."""
+
+from __future__ import annotations
+
+import platform
+import threading
+
+from qnnctl.errors import UnsupportedHostError
+
+SUPPORTED_HOST = "Linux x86_64"
+_X86_64 = {"x86_64", "amd64"}
+
+
+def is_supported_host(system: str, machine: str) -> bool:
+    return system == "Linux" and machine.lower() in _X86_64
+
+
+def require_supported_host(system: str | None = None, machine: str | None = None) -> None:
+    """Raise UnsupportedHostError unless the host (or the given pair) is Linux x86_64."""
+    system = platform.system() if system is None else system
+    machine = platform.machine() if machine is None else machine
+    if not is_supported_host(system, machine):
+        raise UnsupportedHostError(system, machine)
+
+
+# -- CPU vendor ------------------------------------------------------------------------
+
+_vendor_lock = threading.Lock()
+_vendor: list[str | None] = []  # filled once per process: [vendor or None]
+
+
+def read_cpu_vendor(info: dict[str, object]) -> str | None:
+    """The vendor from a py-cpuinfo result; releases disagree on the key, so read both."""
+    for key in ("vendor_id_raw", "vendor_id"):
+        value = info.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def cpu_vendor() -> str | None:
+    """The CPU vendor string (e.g. "AuthenticAMD"), read once per process.
+
+    py-cpuinfo caches nothing and starts a subprocess on every call, hence the cache.
+    Raises ModuleNotFoundError when py-cpuinfo is not installed.
+    """
+    if _vendor:
+        return _vendor[0]
+    with _vendor_lock:
+        if not _vendor:
+            import cpuinfo
+
+            _vendor.append(read_cpu_vendor(dict(cpuinfo.get_cpu_info())))
+    return _vendor[0]
+
+
+def is_amd(vendor: str | None) -> bool:
+    return vendor is not None and "amd" in vendor.lower()
+
+
+# -- C library and dynamic loader ----------------------------------------------------------
+
+LD_SO_CACHE = "/etc/ld.so.cache"
+_CACHE_MAGIC_NEW = b"glibc-ld.so.cache1.1"
+_CACHE_MAGIC_OLD = b"ld.so-1.7.0"
+_CACHE_HEADER_NEW = 48  # magic+version, nlibs, len_strings, flags, pad, extension, unused[3]
+_CACHE_ENTRY_NEW = 24  # flags, key, value, osversion, hwcap
+_CACHE_ENTRY_OLD = 12  # flags, key, value
+
+
+def parse_dotted_version(text: str) -> tuple[int, ...] | None:
+    """(2, 36) from "2.36", (2, 2, 5) from "2.2.5"; None when `text` does not start with one."""
+    import re
+
+    match = re.match(r"\s*(\d+(?:\.\d+)*)", text)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def glibc_version() -> tuple[int, ...] | None:
+    """The version of the glibc this process runs on; None when the C library is not glibc."""
+    import ctypes
+
+    try:
+        # The C library is already mapped into every process; this loads nothing new.
+        func = ctypes.CDLL(None).gnu_get_libc_version
+    except (OSError, AttributeError):
+        return None
+    func.restype = ctypes.c_char_p
+    func.argtypes = []
+    raw = func()
+    return parse_dotted_version(raw.decode("ascii", "replace")) if isinstance(raw, bytes) else None
+
+
+def parse_ld_cache(data: bytes) -> dict[str, list[str]] | None:
+    """soname -> paths from the bytes of an ld.so.cache, in the cache's order.
+
+    None when the data is in no format known here (the caller then asks `ldconfig -p`).
+    Entries of every architecture are kept: the caller checks each candidate's ELF header,
+    as the loader does.
+    """
+    import struct
+
+    start = data.find(_CACHE_MAGIC_NEW)
+    if start < 0 or (start and not data.startswith(_CACHE_MAGIC_OLD)):
+        return None
+    if len(data) < start + _CACHE_HEADER_NEW:
+        return None
+    flags = data[start + 28]
+    # glibc records the byte order it wrote in: 2 little, 3 big; 0 means "the host's".
+    order = {2: "<", 3: ">"}.get(flags, "=")
+    nlibs, _len_strings = struct.unpack_from(order + "II", data, start + 20)
+    table = start + _CACHE_HEADER_NEW
+    if len(data) < table + nlibs * _CACHE_ENTRY_NEW:
+        return None
+
+    def string(offset: int) -> str:
+        # Offsets count from the start of the new-format header.
+        begin = start + offset
+        end = data.find(b"\0", begin)
+        return data[begin:end if end >= 0 else len(data)].decode("utf-8", "surrogateescape")
+
+    entries: dict[str, list[str]] = {}
+    for index in range(nlibs):
+        _flags, key, value = struct.unpack_from(order + "iII", data, table + index * _CACHE_ENTRY_NEW)
+        if start + max(key, value) >= len(data):
+            return None
+        entries.setdefault(string(key), []).append(string(value))
+    return entries
+
+
+def parse_ldconfig_output(text: str) -> dict[str, list[str]]:
+    """soname -> paths from the output of `ldconfig -p`."""
+    import re
+
+    line_re = re.compile(r"^\s+(\S+) \(([^)]*)\) => (.+)$")
+    entries: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = line_re.match(line)
+        if match:
+            entries.setdefault(match.group(1), []).append(match.group(3).strip())
+    return entries
+
+
+def read_ld_cache(path: str = LD_SO_CACHE) -> dict[str, list[str]]:
+    """The dynamic loader's cache of library locations (what `ldconfig -p` lists).
+
+    Parsed from the file when its format is the current one, else read from `ldconfig -p`;
+    empty when neither works (musl, or a container without a cache).
+    """
+    import logging
+
+    log = logging.getLogger("qnnctl.host.machine")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return {}
+    parsed = parse_ld_cache(data)
+    if parsed is not None:
+        return parsed
+    import os.path
+    import shutil
+    import subprocess
+
+    candidates = (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig")
+    ldconfig = next((p for p in candidates if p and os.path.isfile(p)), None)
+    if ldconfig is None:
+        log.debug("%s is in an unknown format and ldconfig is not installed", path)
+        return {}
+    try:
+        result = subprocess.run([ldconfig, "-C", path, "-p"], capture_output=True, text=True,
+                                timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.debug("ldconfig -p failed: %s", exc)
+        return {}
+    return parse_ldconfig_output(result.stdout)

@@ -1,0 +1,672 @@
+"""The packages host libraries come in: .deb, RPM and tar, read through maintained libraries.
+
+python-debian's DebFile finds a .deb's parts and Deb822 reads its control file; arpy reads
+the `ar` table under it, rpmfile an RPM's lead and headers; tarfile reads every tar. What
+stays here is what they lack: bounds they do not check, zstd in-process, and the cpio
+payload of an RPM with its hard links (see rpm_members).
+
+Every reader yields the package's members one at a time, in archive order, as `Member`s;
+`collect()` keeps only the members a caller asks for. Nothing is written by member name:
+wanted files land under numbered names in a folder of the caller's choosing, and links are
+kept as data and followed inside the package (`Collected.resolve`), never on disk.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import importlib
+import io
+import logging
+import lzma
+import os
+import posixpath
+import stat
+import struct
+import tarfile
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+
+if TYPE_CHECKING:
+    from debian.debfile import DebFile
+
+log = logging.getLogger("qnnctl.host.packages")
+
+COPY_BUFFER = 1 << 20
+AR_MAGIC = b"!<arch>\n"
+RPM_LEAD_MAGIC = b"\xed\xab\xee\xdb"
+RPM_HEADER_MAGIC = b"\x8e\xad\xe8\x01"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+BZIP2_MAGIC = b"BZh"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZMA_ALONE_MAGIC = b"\x5d\x00\x00"
+CPIO_NEWC = (b"070701", b"070702")
+MAX_LINK_HOPS = 40
+# Errors the standard decompressors and tarfile raise on damaged input.
+CORRUPT = (tarfile.TarError, EOFError, lzma.LZMAError, zlib.error, gzip.BadGzipFile, struct.error)
+
+FILE = "file"
+SYMLINK = "symlink"
+HARDLINK = "hardlink"
+DIRECTORY = "dir"
+OTHER = "other"
+
+
+def corrupt(source: str, detail: object) -> IntegrityError:
+    return IntegrityError(
+        f"{source} is corrupt or truncated: {detail}",
+        hint="download it again or get it from a trusted source; nothing was staged",
+    )
+
+
+@dataclass
+class Member:
+    """One entry of a package. `data` is readable only until the next member is asked for."""
+
+    name: str  # normalized: no leading "./" or "/"
+    kind: str  # FILE, SYMLINK, HARDLINK, DIRECTORY or OTHER
+    size: int = 0
+    mode: int = 0o644
+    linkname: str = ""  # symlink target as stored; for a hard link, the member it repeats
+    data: IO[bytes] | None = None
+
+
+def member_name(name: str) -> str:
+    """A member path without "./", a leading "/" or "." components."""
+    name = posixpath.normpath("/" + name.replace("\x00", "")).lstrip("/")
+    return "" if name == "." else name
+
+
+# -- readers over part of a stream -------------------------------------------------------
+
+
+class _Bounded(io.RawIOBase):
+    """At most `size` bytes of a forward-only stream; `skip()` consumes what is left."""
+
+    def __init__(self, stream: IO[bytes], size: int) -> None:
+        self.stream = stream
+        self.remaining = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.remaining <= 0:
+            return 0
+        view = memoryview(buffer).cast("B")
+        data = self.stream.read(min(len(view), self.remaining))
+        if not data:
+            raise EOFError(f"stream ended with {self.remaining} bytes of a member still to come")
+        view[: len(data)] = data
+        self.remaining -= len(data)
+        return len(data)
+
+    def skip(self) -> None:
+        while self.remaining > 0:
+            if not self.read(min(self.remaining, COPY_BUFFER)):
+                break
+
+
+class HashingReader(io.RawIOBase):
+    """Passes a stream through, counting and hashing every byte read from it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.stream.read(len(view))
+        if not data:
+            return 0
+        view[: len(data)] = data
+        self.sha256.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def drain(self) -> None:
+        while self.read(COPY_BUFFER):
+            pass
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
+    """Exactly n bytes (decompressors may return fewer per call), or EOFError."""
+    chunks = []
+    wanted = n
+    while wanted > 0:
+        data = stream.read(wanted)
+        if not data:
+            raise EOFError(f"stream ended {wanted} bytes early")
+        chunks.append(data)
+        wanted -= len(data)
+    return b"".join(chunks)
+
+
+def _buffered(raw: io.RawIOBase) -> IO[bytes]:
+    return io.BufferedReader(raw, COPY_BUFFER)
+
+
+# -- compression -------------------------------------------------------------------------
+
+
+def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
+    """A decompressing reader over zstd data, from whichever zstd module can be imported."""
+    try:
+        stdlib = importlib.import_module("compression.zstd")  # Python 3.14 and later
+    except ImportError:
+        pass
+    else:
+        return _buffered(_DecoderErrors(stdlib.ZstdFile(stream), stdlib.ZstdError, source, "zstd"))
+    try:
+        zstandard = importlib.import_module("zstandard")
+    except ImportError:
+        raise QnnctlError(
+            f"{source} is compressed with zstd, and Python here has no zstd module",
+            hint="install one (`pip install zstandard`) or use Python 3.14 or later, then run again",
+        ) from None
+    reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
+    return _buffered(_DecoderErrors(reader, zstandard.ZstdError, source, "zstd"))
+
+
+class _DecoderErrors(io.RawIOBase):
+    """Turns a decompressor's own error class into IntegrityError naming the package."""
+
+    def __init__(self, reader: Any, error: type[Exception], source: str, label: str) -> None:
+        self.reader = reader
+        self.error = error
+        self.source = source
+        self.label = label
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        try:
+            data = self.reader.read(len(view))
+        except self.error as exc:
+            # bz2 reports damaged data as a bare OSError; one with an errno, or a subclass
+            # (a broken connection), comes from the stream under it.
+            if isinstance(exc, OSError) and (type(exc) is not OSError or exc.errno is not None):
+                raise
+            raise corrupt(self.source, f"{self.label}: {exc}") from None
+        view[: len(data)] = data
+        return len(data)
+
+
+def decompressed(stream: IO[bytes], head: bytes, source: str) -> IO[bytes]:
+    """`stream` decompressed according to its first bytes (`head`, already peeked)."""
+    if head.startswith(XZ_MAGIC):
+        return lzma.LZMAFile(stream, format=lzma.FORMAT_XZ)
+    if head.startswith(ZSTD_MAGIC):
+        return zstd_reader(stream, source)
+    if head.startswith(GZIP_MAGIC):
+        return cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))
+    if head.startswith(BZIP2_MAGIC):
+        return _buffered(_DecoderErrors(bz2.BZ2File(stream), OSError, source, "bzip2"))
+    if head.startswith(LZMA_ALONE_MAGIC):
+        return lzma.LZMAFile(stream, format=lzma.FORMAT_ALONE)
+    return stream
+
+
+def _peek(stream: IO[bytes], n: int = 8) -> bytes:
+    peek = getattr(stream, "peek", None)
+    if peek is None:  # pragma: no cover - every stream here is buffered
+        raise TypeError("a buffered stream is needed")
+    return bytes(peek(n)[:n])
+
+
+# -- tar ---------------------------------------------------------------------------------
+
+
+def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
+    """The members of a tar stream (plain or compressed), read once, in order."""
+    stream = _buffered(_Passthrough(stream)) if not hasattr(stream, "peek") else stream
+    plain = decompressed(stream, _peek(stream, 8), source)
+    with tarfile.open(fileobj=plain, mode="r|") as tf:
+        for info in tf:
+            name = member_name(info.name)
+            if info.isreg():
+                yield Member(name, FILE, info.size, stat.S_IMODE(info.mode), "", tf.extractfile(info))
+            elif info.issym():
+                yield Member(name, SYMLINK, 0, 0o777, info.linkname)
+            elif info.islnk():
+                yield Member(name, HARDLINK, 0, stat.S_IMODE(info.mode), member_name(info.linkname))
+            elif info.isdir():
+                yield Member(name, DIRECTORY, 0, stat.S_IMODE(info.mode))
+            else:
+                yield Member(name, OTHER)
+
+
+class _Passthrough(io.RawIOBase):
+    """Any object with read() as a raw stream, so it can be buffered and peeked."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.stream.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+# -- ar and .deb -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArMember:
+    name: str
+    offset: int
+    size: int
+
+
+def ar_members(handle: IO[bytes], source: str) -> list[ArMember]:
+    """The table of an `ar` archive (the container of a .deb), read by arpy.
+
+    Every size is checked before the next header is asked for: arpy, like python-debian's
+    ArFile, steps back on a negative size and reads the same header for ever.
+    """
+    import arpy
+
+    handle.seek(0, os.SEEK_END)
+    total = handle.tell()
+    handle.seek(0)
+    if handle.read(8) != AR_MAGIC:
+        raise UsageError(f"{source} is not an ar archive (.deb)")
+    handle.seek(0)
+    members: list[ArMember] = []
+    try:
+        archive = arpy.Archive(fileobj=handle)
+        while (header := archive.read_next_header()) is not None:
+            if header.name is None:  # a GNU symbol or name table: no member of its own
+                continue
+            name = header.name.decode("utf-8", errors="surrogateescape")
+            if header.size < 0 or header.file_offset + header.size > total:
+                raise corrupt(source, f"ar member {name!r} runs past the end of the file")
+            members.append(ArMember(name, header.file_offset, header.size))
+    except arpy.ArchiveFormatError as exc:
+        raise corrupt(source, f"bad ar member header: {exc}") from None
+    return members
+
+
+def _open_deb(handle: IO[bytes], source: str) -> DebFile:
+    """A python-debian DebFile over `handle`, once arpy has found every member inside the file."""
+    from debian.arfile import ArError
+    from debian.debfile import INFO_PART, DebFile
+
+    members = ar_members(handle, source)
+    if not members or members[0].name != INFO_PART:
+        raise corrupt(source, f"the first member is not {INFO_PART}")
+    handle.seek(0)
+    try:
+        deb = DebFile(fileobj=cast(Any, handle))
+    except (ArError, ValueError) as exc:  # DebError is an ArError: a missing or doubled part
+        raise corrupt(source, exc) from None
+    except OSError as exc:
+        if exc.errno is not None:  # the disk, not the package
+            raise
+        raise corrupt(source, exc) from None  # ArFile's "Incorrect file magic" and the like
+    if not deb.version.startswith(b"2."):
+        raise UsageError(f"{source}: unsupported .deb format version")
+    return deb
+
+
+def _deb_part(deb: DebFile, prefix: str, source: str) -> Iterator[Member]:
+    """The members of the control.tar.* or data.tar.* that DebFile found.
+
+    The tar is read here, streamed, rather than through DebPart.tgz(): that runs `unzstd`
+    and holds its whole output in memory for a .zst part (what Ubuntu's dpkg writes).
+    """
+    from debian.debfile import PART_EXTS
+
+    names = {prefix, *(f"{prefix}.{ext}" for ext in PART_EXTS)}
+    name = next(n for n in deb.getnames() if n in names)  # DebFile checked there is one
+    yield from tar_members(cast(IO[bytes], deb.getmember(name)), source)
+
+
+@dataclass(frozen=True)
+class DebInfo:
+    package: str
+    version: str
+    architecture: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def parse_control(text: str) -> dict[str, str]:
+    """The fields of the first Debian control paragraph (python-debian's Deb822);
+    continuation lines join their field, one per line, without their indent."""
+    from debian.deb822 import Deb822
+
+    paragraph = Deb822(text.splitlines())
+    return {str(key): "\n".join(line.strip() for line in value.splitlines()) for key, value in paragraph.items()}
+
+
+def deb_info(path: Path) -> DebInfo:
+    """Package, Version and Architecture from a .deb's control file."""
+    source = path.name
+    with open(path, "rb") as handle:
+        deb = _open_deb(handle, source)
+        try:
+            for entry in _deb_part(deb, "control.tar", source):
+                if entry.name == "control" and entry.kind == FILE and entry.data is not None:
+                    text = entry.data.read(1 << 20).decode("utf-8", errors="replace")
+                    fields = parse_control(text)
+                    return DebInfo(fields.get("Package", ""), fields.get("Version", ""),
+                                   fields.get("Architecture", ""), fields)
+        except CORRUPT as exc:
+            raise corrupt(source, exc) from None
+    raise corrupt(source, "control.tar holds no control file")
+
+
+def deb_members(path: Path) -> Iterator[Member]:
+    """The members of a .deb's data.tar.*, streamed from the file."""
+    source = path.name
+    with open(path, "rb") as handle:
+        yield from _deb_part(_open_deb(handle, source), "data.tar", source)
+
+
+# -- RPM ---------------------------------------------------------------------------------
+
+PGPHASHALGO_SHA256 = 8
+# What rpmfile's header reader raises on damaged input; `assert` on the magic among them
+# (and under `python -O` not even that, hence the magic checks in rpm_info).
+_RPM_DAMAGE = (struct.error, ValueError, TypeError, AssertionError)
+
+
+@dataclass(frozen=True)
+class RpmInfo:
+    name: str
+    version: str
+    release: str
+    arch: str
+    compressor: str
+    payload_offset: int
+    payload_sha256: str | None  # of the compressed payload, when the header records one
+
+
+class _PastTheEnd(Exception):
+    pass
+
+
+class _Exact:
+    """A file whose reads return all that is asked or raise _PastTheEnd: rpmfile takes a
+    short read for the data it wanted, and sizes come from the file."""
+
+    def __init__(self, handle: IO[bytes], total: int) -> None:
+        self.handle = handle
+        self.total = total
+
+    def read(self, size: int) -> bytes:
+        if size < 0 or self.handle.tell() + size > self.total:
+            raise _PastTheEnd
+        return self.handle.read(size)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+
+def _text(value: Any) -> str:
+    """One header value as text: rpmfile gives bytes, a list of them, or ints."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+def rpm_info(handle: IO[bytes], source: str) -> RpmInfo:
+    """Lead, signature and header (rpmfile reads the tags); leave `handle` at the payload."""
+    from rpmfile.errors import RPMError
+    from rpmfile.headers import get_headers
+
+    handle.seek(0, os.SEEK_END)
+    total = handle.tell()
+    handle.seek(0)
+    lead = handle.read(100)
+    if len(lead) < 96 or lead[:4] != RPM_LEAD_MAGIC:
+        raise UsageError(f"{source} is not an RPM package")
+    if lead[4] < 3:
+        raise UsageError(f"{source}: RPM format {lead[4]} is too old to read")
+    if lead[96:] != RPM_HEADER_MAGIC[: len(lead) - 96]:
+        raise corrupt(source, "bad RPM header magic")
+    handle.seek(0)
+    try:
+        (start, end), tags = get_headers(_Exact(handle, total))
+    except _PastTheEnd:
+        raise corrupt(source, "the RPM header runs past the end of the file") from None
+    except (RPMError, *_RPM_DAMAGE) as exc:
+        raise corrupt(source, f"bad RPM header: {exc or type(exc).__name__}") from None
+    handle.seek(start)
+    raw = handle.read(end - start)
+    if not raw.startswith(RPM_HEADER_MAGIC):
+        raise corrupt(source, "bad RPM header magic")
+    header_sha256 = _text(tags.get("sha256"))  # from the signature
+    if header_sha256 and hashlib.sha256(raw).hexdigest() != header_sha256.lower():
+        raise corrupt(source, "the RPM header does not match its sha256 in the signature")
+    payload_format = _text(tags.get("archive_format")) or "cpio"
+    if payload_format != "cpio":
+        raise UsageError(f"{source}: RPM payload format {payload_format!r} is not supported")
+    digest = _text(tags.get("payloaddigest"))
+    algo = _text(tags.get("payloaddigestalgo"))
+    handle.seek(end)
+    return RpmInfo(
+        name=_text(tags.get("name")),
+        version=_text(tags.get("version")),
+        release=_text(tags.get("release")),
+        arch=_text(tags.get("arch")),
+        compressor=_text(tags.get("archive_compression")) or "gzip",
+        payload_offset=end,
+        payload_sha256=digest.lower() if digest and algo == str(PGPHASHALGO_SHA256) else None,
+    )
+
+
+def rpm_members(path: Path) -> Iterator[Member]:
+    """The files of an RPM's cpio payload (xz, zstd, gzip, bzip2 or none), streamed.
+
+    The payload is read here, not through rpmfile.RPMFile: its index of the cpio keeps
+    neither inode nor link count (a payload's hard links are lost), takes a payload
+    compressed with "none" or "lzma" for gzip, and holds a zstd one whole in memory.
+    """
+    # rpmfile's reader decompresses an xz payload twice: 44% more CPU on `install --runtime` (bench/README.md).
+    source = path.name
+    with open(path, "rb") as handle:
+        info = rpm_info(handle, source)
+        hashing = HashingReader(handle)
+        raw = _buffered(hashing)
+        head = _peek(raw, 8)
+        if info.compressor == "zstd" and not head.startswith(ZSTD_MAGIC):
+            raise corrupt(source, "the payload is not zstd data as the header says")
+        payload = decompressed(raw, head, source)
+        yield from cpio_members(payload, source)
+        hashing.drain()
+        if info.payload_sha256 is not None and hashing.sha256.hexdigest() != info.payload_sha256:
+            raise corrupt(source, "the RPM payload does not match its sha256 in the header")
+
+
+# -- cpio (newc) -------------------------------------------------------------------------
+
+
+def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
+    """The members of a cpio "newc" stream (the RPM payload format), in order."""
+    position = 0
+    # newc stores a hard-linked file's data once, with its last name; earlier names are empty.
+    pending_links: dict[tuple[int, int, int], list[str]] = {}
+    while True:
+        header = _read_exact(stream, 110)
+        position += 110
+        magic = header[:6]
+        if magic == b"07070X":
+            raise UsageError(f"{source}: the payload uses RPM's large-file cpio format, not supported")
+        if magic not in CPIO_NEWC:
+            raise corrupt(source, f"bad cpio header at payload byte {position - 110}")
+        try:
+            values = [int(header[6 + 8 * i : 14 + 8 * i], 16) for i in range(13)]
+        except ValueError:
+            raise corrupt(source, f"bad cpio header at payload byte {position - 110}") from None
+        ino, mode, _uid, _gid, nlink, _mtime, size, devmajor, devminor = values[:9]
+        name_size = values[11]
+        raw_name = _read_exact(stream, name_size)
+        position += name_size
+        pad = (-position) % 4
+        _read_exact(stream, pad)
+        position += pad
+        name = raw_name.rstrip(b"\x00").decode("utf-8", errors="surrogateescape")
+        if name == "TRAILER!!!":
+            return
+        data = _Bounded(stream, size)
+        kind = stat.S_IFMT(mode)
+        member_key = (devmajor, devminor, ino)
+        clean = member_name(name)
+        if kind == stat.S_IFREG:
+            if size == 0 and nlink > 1:
+                pending_links.setdefault(member_key, []).append(clean)
+            else:
+                yield Member(clean, FILE, size, stat.S_IMODE(mode), "", _buffered(data))
+                for other in pending_links.pop(member_key, []):
+                    yield Member(other, HARDLINK, 0, stat.S_IMODE(mode), clean)
+        elif kind == stat.S_IFLNK:
+            target = _read_exact(_buffered(data), size).decode("utf-8", errors="surrogateescape") if size else ""
+            yield Member(clean, SYMLINK, 0, 0o777, target)
+        elif kind == stat.S_IFDIR:
+            yield Member(clean, DIRECTORY, 0, stat.S_IMODE(mode))
+        else:
+            yield Member(clean, OTHER)
+        data.skip()
+        position += size
+        pad = (-position) % 4
+        _read_exact(stream, pad)
+        position += pad
+
+
+# -- one entry point for every kind of package -------------------------------------------
+
+
+def package_kind(path: Path) -> str:
+    """"deb", "rpm" or "tar", from the file's first bytes."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    if head.startswith(AR_MAGIC):
+        return "deb"
+    if head.startswith(RPM_LEAD_MAGIC):
+        return "rpm"
+    if head.startswith((XZ_MAGIC, GZIP_MAGIC, BZIP2_MAGIC, ZSTD_MAGIC)) or head[257:262] == b"ustar":
+        return "tar"
+    raise UsageError(
+        f"{path} is not a .deb, .rpm or tar archive",
+        hint="give a package file (.deb, .rpm, .tar.xz) or a folder holding the libraries",
+    )
+
+
+def package_members(path: Path) -> Iterator[Member]:
+    """The members of a .deb (its data.tar), an RPM (its payload) or a tar archive."""
+    kind = package_kind(path)
+    if kind == "deb":
+        yield from deb_members(path)
+    elif kind == "rpm":
+        yield from rpm_members(path)
+    else:
+        with open(path, "rb") as handle:
+            yield from tar_members(_buffered(_Passthrough(handle)), path.name)
+
+
+# -- keeping what is wanted --------------------------------------------------------------
+
+
+@dataclass
+class CollectedFile:
+    path: Path  # where the bytes were written
+    sha256: str
+    size: int
+    mode: int
+
+
+@dataclass
+class Collected:
+    """The wanted members of one package: files on disk, links as data."""
+
+    files: dict[str, CollectedFile] = field(default_factory=dict)
+    symlinks: dict[str, str] = field(default_factory=dict)
+    hardlinks: dict[str, str] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return [*self.files, *self.symlinks, *self.hardlinks]
+
+    def resolve(self, name: str) -> str | None:
+        """The file member `name` leads to through the package's own links, or None."""
+        resolved: list[str] = []
+        queue = deque(part for part in name.split("/"))
+        hops = 0
+        while queue:
+            part = queue.popleft()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            candidate = "/".join([*resolved, part])
+            target = self.symlinks.get(candidate)
+            if target is not None:
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    return None
+                if target.startswith("/"):
+                    resolved = []
+                queue.extendleft(reversed(target.split("/")))
+                continue
+            resolved.append(part)
+        final = "/".join(resolved)
+        final = self.hardlinks.get(final, final)
+        return final if final in self.files else None
+
+
+def collect(members: Iterable[Member], wanted: Callable[[str], bool], dest: Path, source: str) -> Collected:
+    """Write the wanted regular files under `dest` (numbered names); keep every link as data.
+
+    Every link is kept, wanted or not, so a wanted name can be followed through folders
+    that are themselves links.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    found = Collected()
+    try:
+        for member in members:
+            if member.kind == SYMLINK:
+                found.symlinks[member.name] = member.linkname
+            elif member.kind == HARDLINK and wanted(member.name):
+                found.hardlinks[member.name] = member.linkname
+            elif member.kind == FILE and member.data is not None and wanted(member.name):
+                found.files[member.name] = _write(member, dest / str(len(found.files)))
+    except CORRUPT as exc:
+        raise corrupt(source, exc) from None
+    return found
+
+
+def _write(member: Member, target: Path) -> CollectedFile:
+    if member.data is None:  # pragma: no cover - callers pass files with data
+        raise ValueError(member.name)
+    digest = hashlib.sha256()
+    size = 0
+    with open(target, "wb") as out:
+        while block := member.data.read(COPY_BUFFER):
+            digest.update(block)
+            out.write(block)
+            size += len(block)
+    if size != member.size:
+        raise EOFError(f"{member.name}: {size} of {member.size} bytes")
+    return CollectedFile(target, digest.hexdigest(), size, member.mode)

@@ -1,0 +1,141 @@
+"""The one gate: what an SDK on its way in must match, checked in one place.
+
+Whatever the way in (a whole download, Range requests, a server that ignores them, an archive
+on disk, components added to an SDK installed with fewer, an SDK found on disk), what arrives
+is described by what was observed of it (`Observed`: the whole archive's sha256 when all of it
+was read, the digests of the components written, the central directory's sha256) and compared
+here with everything expected of it (`Expected`: `--sha256`, the project's lock, the mirror's
+index, the archive the components already installed came from).
+
+CRC-32s detect accidents, not adversaries: what a lock or an index vouches for is compared by
+sha256, of the whole archive or of each component's members (see qnnctl.sdk.components). An
+expectation that this way in cannot check is a refusal (exit 4, nothing installed) that says
+what would let it check; never "installed, unchecked".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import NamedTuple
+
+from qnnctl.errors import IntegrityError
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_sha256(value: object) -> bool:
+    """A sha256 digest as qnnctl writes them: 64 lowercase hex digits."""
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+class Expected(NamedTuple):
+    """What one source expects of an SDK's archive."""
+
+    source: str  # who expects it, as a message names it: a lock's path, the mirror's index, --sha256
+    name: str  # the same, short: "the lock", "the index", "--sha256"
+    says: str  # how it says it: "pins", "says", "expects"
+    hint: str  # what to do when it does not match
+    sha256: str | None = None  # of the whole archive
+    size: int | None = None
+    components: Mapping[str, str] | None = None  # component -> digest of its members
+    central_directory_sha256: str | None = None
+    # Only "the archive the components installed came from" is vouched for by its central
+    # directory alone: that check is against a changed archive, not against an adversary, who
+    # could have served the first components as well. A lock or an index never is.
+    by_directory: bool = False
+
+
+class Observed(NamedTuple):
+    """What was seen of the bytes that arrived."""
+
+    shown: str  # where they came from (a URL, redacted, or a path)
+    sha256: str | None = None  # of the whole archive, when all of it was read
+    size: int | None = None
+    components: Mapping[str, str] | None = None  # digests of the components written, as computed
+    central_directory_sha256: str | None = None
+
+
+def given_sha256(sha256: str | None) -> Expected | None:
+    """What `--sha256` expects, if it was given."""
+    if sha256 is None:
+        return None
+    return Expected("--sha256", "--sha256", "expects", "check the --sha256 value, or the archive's source",
+                    sha256=sha256)
+
+
+def agree(expected: Sequence[Expected]) -> None:
+    """Before anything is fetched: the sources that pin the archive's sha256 pin the same one."""
+    named = [e for e in expected if e.sha256 is not None]
+    for other in named[1:]:
+        if other.sha256 != named[0].sha256:
+            raise IntegrityError(
+                f"{named[0].source} expects sha256 {named[0].sha256}, but {other.source} expects {other.sha256}; "
+                "nothing was fetched",
+                hint="find out which is right; `qnnctl lock VERSION` writes the lock again, "
+                "`qnnctl mirror DIR VERSION` the mirror's index",
+            )
+
+
+def why_whole(expected: Sequence[Expected], components: Collection[str]) -> str | None:
+    """Why an install of `components` by parts could not be checked against `expected`, so
+    that the whole archive must be fetched (and checked whole); None when it can be."""
+    for e in expected:
+        if e.by_directory:
+            continue
+        if e.sha256 is not None and e.components is None:
+            return f"{e.source} {e.says} the whole archive's sha256 and no component's"
+        missing = [c for c in components if e.components is not None and c not in e.components]
+        if missing:
+            return f"{e.source} {e.says} no digest of {', '.join(missing)}"
+    return None
+
+
+def check(expected: Sequence[Expected], observed: Observed) -> None:
+    """IntegrityError (exit 4) unless what was observed matches every expectation."""
+    for e in expected:
+        _check_one(e, observed)
+
+
+def _check_one(e: Expected, o: Observed) -> None:
+    if e.sha256 is not None and o.sha256 is not None:
+        _same(e, o, "its sha256", e.sha256, o.sha256)
+        if e.size is not None and o.size is not None:
+            _same(e, o, "its size", str(e.size), str(o.size))
+        return
+    checked = False
+    if e.components is not None and o.components is not None:
+        for name, digest in sorted(o.components.items()):
+            wanted = e.components.get(name)
+            if wanted is None:
+                raise _cannot(e, o, f"it has no digest of the component {name}")
+            _same(e, o, f"the digest of its component {name}", wanted, digest)
+        checked = bool(o.components)
+    if e.central_directory_sha256 is not None and o.central_directory_sha256 is not None:
+        _same(e, o, "its central directory's sha256", e.central_directory_sha256, o.central_directory_sha256)
+        checked = checked or e.by_directory
+    if not checked:
+        raise _cannot(e, o, _what_is_missing(e, o))
+
+
+def _what_is_missing(e: Expected, o: Observed) -> str:
+    if e.sha256 is not None and e.components is None:
+        return f"it {e.says} only the whole archive's sha256, and only part of the archive was read"
+    if e.components is not None and o.components is None:
+        return "it pins components' digests, and none were computed on this way in"
+    return "nothing it pins was observed on this way in"
+
+
+def _same(e: Expected, o: Observed, what: str, wanted: str, got: str) -> None:
+    if wanted != got:
+        raise IntegrityError(
+            f"the archive from {o.shown} does not match {e.source}: {what} is {got}, {e.name} {e.says} {wanted}; "
+            "nothing was installed",
+            hint=e.hint,
+        )
+
+
+def _cannot(e: Expected, o: Observed, why: str) -> IntegrityError:
+    return IntegrityError(
+        f"the archive from {o.shown} cannot be checked against {e.source}: {why}; nothing was installed",
+        hint=e.hint,
+    )

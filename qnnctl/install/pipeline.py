@@ -1,0 +1,645 @@
+"""Installing an SDK: check, lock, check again, build aside, rename into place."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote, urlparse
+
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, remove_tree, unpacked_size
+from qnnctl.install.commit import (
+    FILE_LOCK,
+    commit,
+    directory_digest,
+    download_name,
+    identify,
+    remove_stale_work,
+    require_version,
+    used_up,
+    version_lock,
+    work_id,
+)
+from qnnctl.sdk.components import tree_digests
+from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
+from qnnctl.install.gate import Observed, agree, check, given_sha256
+from qnnctl.host.machine import require_supported_host
+from qnnctl.paths import user_path
+from qnnctl.sdk.select import (
+    BY_ARGUMENT,
+    BY_CALLER,
+    BY_DEFAULT,
+    BY_ENV,
+    BY_PIN,
+    BY_SHELL,
+    Sdk,
+    Selection,
+    find_installed,
+    missing_layout,
+    sdk_from_root,
+    select_sdk,
+)
+from qnnctl.net.urls import check_url, redact
+from qnnctl.sdk.versions import (
+    archive_urls,
+    as_typed,
+    is_full_version,
+    is_version_prefix,
+    matches_prefix,
+    resolve_version,
+    version_in,
+)
+from qnnctl.words import size_text
+
+if TYPE_CHECKING:
+    from qnnctl.install.archive import Extracted, Streamed
+
+log = logging.getLogger("qnnctl.install.pipeline")
+
+# NamedTuples rather than frozen dataclasses: a cache hit imports this module, and each
+# frozen dataclass costs about a millisecond to build.
+class InstallRequest(NamedTuple):
+    spec: str | None = None  # VERSION (or prefix) as given
+    url: str | None = None
+    file: Path | None = None
+    sha256: str | None = None
+    force: bool = False
+    locked: bool = False  # --locked: the project's qnnctl.lock must exist and pin this version
+    check_lock: bool = True  # off only for `qnnctl lock`, which writes the lock anew
+    # --components (qnnctl.sdk.components.parse_components): None when not asked, which reuses any
+    # install of the version and installs the whole archive (or what the pin names) otherwise.
+    components: tuple[str, ...] | None = None
+
+
+class InstallResult(NamedTuple):
+    """The SDK in use, or None when the caller manages it (empty QNN_SDK_ROOT)."""
+
+    sdk: Sdk | None
+    action: str  # "installed", "reused" or "caller"
+    selection: Selection | None = None
+
+
+def _validate_sha256(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise UsageError(f"--sha256 {value!r} is not a sha256 digest (64 hex digits)")
+    return value
+
+
+def install(
+    request: InstallRequest,
+    cache: Cache,
+    environ: Mapping[str, str],
+    cwd: Path,
+    terminal: bool = False,
+) -> InstallResult:
+    """Resolve the SDK `request` names, installing it into the cache when it is missing."""
+    sha256 = _validate_sha256(request.sha256)
+    if request.locked and request.check_lock:
+        from qnnctl.fleet.lockfile import read_lock, require_lock
+
+        read_lock(require_lock(cwd))  # there, and a lock: before anything is read or fetched
+    if request.url is not None and request.file is not None:
+        raise UsageError("--url and --file cannot be used together")
+    if request.url is not None:
+        local = check_url(request.url, "--url")
+        if local is not None:
+            request = request._replace(url=None, file=local)
+    if request.file is not None:
+        require_supported_host()
+        return _install_file(request.file, request.spec, sha256, request.force, cache,
+                             (cwd, request.locked) if request.check_lock else None, request.components)
+
+    if request.spec is None and request.url is None:
+        selection = select_sdk(None, environ, cwd, cache, mirror=True)
+        if selection.reason == BY_CALLER:
+            log.debug("chose %s", selection.describe())
+            return InstallResult(None, "caller", selection)
+        if selection.reason == BY_SHELL and selection.root is not None:
+            # The SDK this shell was set up for: the one to reuse, or to (re)install by its version
+            # when it is one of qnnctl's cache (said again below, as that version); one elsewhere
+            # is never reinstalled unasked.
+            log.debug("chose %s", selection.describe())
+            selection = _shell_selection(selection, selection.root, cache, request.force)
+            if selection.root is not None:
+                sdk = sdk_from_root(selection.root, "qnnctl env")
+                return _reused(InstallResult(sdk, "reused", selection), request, cwd)
+        elif selection.reason == BY_ENV and selection.root is not None:
+            if request.force:
+                raise _force_with_sdk_root(selection.root, cache)
+            log.debug("chose %s", selection.describe())
+            return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
+                           request, cwd)
+    elif request.spec is not None:
+        selection = select_sdk(request.spec, environ, cwd, cache, mirror=True)
+        if selection.root is not None:
+            raise UsageError(
+                f"{request.spec!r} is a path; install takes a VERSION",
+                hint="use `qnnctl install --file ARCHIVE` for an archive on disk",
+            )
+    else:
+        url = request.url or ""
+        found = version_in(unquote(urlparse(url).path.rsplit("/", 1)[-1]))
+        if found is None:
+            raise UsageError(
+                f"cannot tell the SDK version from {redact(url)}",
+                hint="give it too: `qnnctl install VERSION --url URL`",
+            )
+        selection = Selection("argument", f"named by {redact(url)}", version=found)
+    require_supported_host()
+    index_read: tuple[dict[str, Any] | None] | None = None  # (the mirror's index), once it has been read
+    if request.spec is None and request.url is None:
+        selection, index_read = _as_the_mirror_holds(selection, cache, environ)
+    version = selection.version
+    log.debug("chose %s", selection.describe())
+    if version is None:  # pragma: no cover - every branch above that gets here sets it
+        raise UsageError("no SDK version was selected")
+
+    components = _components_for(request, selection, cwd)
+    if not request.force:
+        found_sdk = find_installed(version, cache, environ)
+        if found_sdk is not None and _has_components(found_sdk, components):
+            if sha256 is not None:
+                check_installed_sha256(found_sdk, sha256)
+            return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
+
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    if mirror is not None and not request.url:
+        check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+    urls = [request.url] if request.url else archive_urls(version, mirror)
+    name = download_name(urls[0], version)
+    from qnnctl.fleet.lockfile import expected_for_download
+    from qnnctl.sdk.stores import dangling_link_error
+
+    locked = expected_for_download(version, cwd, request.locked) if request.check_lock else None
+    dangling = dangling_link_error(version, cache)
+    if dangling is not None:
+        log.warning("%s; installing a copy into qnnctl's cache", dangling.message)
+    cache.ensure()
+    with version_lock(cache, version):
+        found_sdk = None if request.force else find_installed(version, cache, environ)
+        if found_sdk is not None and _has_components(found_sdk, components):
+            log.debug("another qnnctl installed %s meanwhile", version)
+            if sha256 is not None:
+                check_installed_sha256(found_sdk, sha256)
+            return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
+        remove_stale_work(cache, version)
+        if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
+            _free_to_replace(cache, version)  # before a download that could not be installed
+        from qnnctl.install.archive import ZipStream, work_folder
+        from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
+        from qnnctl.fleet.mirrorindex import mirror_entry
+
+        # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
+        # agree before anything is fetched, and what arrives passes the gate against each.
+        if mirror is None or request.url:
+            indexed = None
+        elif index_read is not None:  # read already: not asked for again
+            indexed = mirror_entry(mirror, version, index_read[0]) if index_read[0] is not None else None
+        else:
+            indexed = mirror_entry(mirror, version)
+        expected = [e for e in (given_sha256(sha256), locked.expected() if locked else None,
+                                indexed.expected() if indexed else None) if e is not None]
+        agree(expected)
+        # Some components: fetched by parts, or added to those of an SDK installed with fewer.
+        extend = found_sdk if found_sdk is not None and found_sdk.origin == "qnnctl cache" else None
+        if components is not None and (extend is not None or components != ("all",)):
+            from qnnctl.install.partial import install_components
+
+            sdk = install_components(version, urls, name, components, expected, cache, request.force, terminal,
+                                     extend, sha256)
+            return InstallResult(sdk, "installed", selection)
+
+        downloader = Downloader(
+            make_session(), cache.downloads, terminal_progress if terminal else PlainProgress
+        )
+        log.info("downloading SDK %s from %s", version, redact(urls[0]))
+        with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
+            # A zip's members are extracted from the partial file while the rest arrives;
+            # the archive's digest and its central directory are still checked before use.
+            stream = ZipStream(work / "x")
+            try:
+                fetched = downloader.fetch(urls, name, sha256, sink=stream)
+            except BaseException:
+                stream.close(abandon=True)
+                raise
+            streamed = stream.close()
+            with used_up(fetched.path, cache.downloads / f"{name}.json"):
+                check(expected, Observed(fetched.url, fetched.sha256, fetched.size))
+                # fetched.url is redacted: the manifest keeps no password or token.
+                sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
+                             request.force, work, streamed)
+    return InstallResult(sdk, "installed", selection)
+
+
+def _components_for(request: InstallRequest, selection: Selection, cwd: Path) -> tuple[str, ...] | None:
+    """The components asked for: --components, else the pin's second line (for the pinned
+    version), else the project's qnnctl.lock (for the version it locks); None when nobody asked."""
+    if request.components is not None:
+        return request.components
+    if selection.reason == BY_PIN:
+        from qnnctl.sdk.pin import read_pin_components
+        from qnnctl.sdk.select import find_pin
+
+        pin = find_pin(cwd)
+        pinned = read_pin_components(pin) if pin is not None else None
+        if pinned is not None:
+            return pinned
+    if request.check_lock:
+        from qnnctl.fleet.lockfile import find_lock, read_lock
+
+        path = find_lock(cwd)
+        lock = read_lock(path) if path is not None else None
+        if lock is not None and lock.components and lock.version == selection.version:
+            from qnnctl.sdk.components import parse_components
+
+            return parse_components(lock.components, where=f"{path} (sdk.components)")
+    return None
+
+
+def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
+    """Whether an installed SDK holds the components asked for (any SDK, when none were)."""
+    if components is None:
+        return True
+    from qnnctl.sdk.cache import read_manifest
+    from qnnctl.sdk.components import covers, installed_components
+
+    return covers(installed_components(read_manifest(sdk.root)), components)
+
+
+def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[str, str],
+                         ) -> tuple[Selection, tuple[dict[str, Any] | None] | None]:
+    """A bare `qnnctl install` behind a mirror whose index.json lacks the version chosen, which
+    is not installed: qnnctl's default becomes the newest version the mirror holds (a mirror
+    is where a site keeps the SDKs it means to use); a version the project asked for (a pin,
+    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds. Also
+    returns the index, when it was read: (its versions, or None when the mirror has none)."""
+    mirror = environ.get("QNNCTL_MIRROR") or None
+    version = selection.version
+    if mirror is None or version is None or find_installed(version, cache, environ) is not None:
+        return selection, None
+    from qnnctl.fleet.mirrorindex import index_url, read_index
+    from qnnctl.sdk.versions import parse_version
+
+    check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
+    index = read_index(mirror)
+    if index is None or version in index:
+        return selection, (index,)
+    held = sorted(filter(is_full_version, index), key=parse_version)
+    shown = redact(index_url(mirror))
+    if selection.reason == BY_DEFAULT and held:
+        log.info("the mirror's %s lists no SDK %s, qnnctl's default; installing the newest SDK it holds, %s "
+                 "(`qnnctl install VERSION` installs another, `qnnctl use VERSION` pins one for this project)",
+                 shown, version, held[-1])
+        return Selection(BY_DEFAULT, f"the newest SDK that QNNCTL_MIRROR holds ({shown} lists no {version}, "
+                         "qnnctl's default)", version=held[-1]), (index,)
+    newest = held[-1] if held else "VERSION"
+    raise DownloadError(
+        f"the mirror's {shown} lists no SDK {version} ({selection.reason}: {selection.detail}); it holds "
+        f"{', '.join(held) if held else 'none'}; nothing was fetched",
+        hint=f"add SDK {version} to the mirror (`qnnctl mirror DIR {version}` where it is kept), or use one it "
+        f"holds: `qnnctl install {newest}`" + (f" and pin it with `qnnctl use {newest}`"
+                                               if selection.reason == BY_PIN else ""),
+    )
+
+
+def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool) -> Selection:
+    """What `install` does for the SDK the shell was set up for: reuse it (a root), or (a version)
+    reinstall it, or install it again once it is gone, when it is one of qnnctl's cache."""
+    from qnnctl.sdk.select import shell_sdk_gone
+
+    version = cache.version_at(root)
+    if version is not None and (force or missing_layout(root)):
+        return Selection(BY_SHELL, selection.detail, version=version)
+    if missing_layout(root):
+        raise shell_sdk_gone(root, cache)
+    if force:
+        raise UsageError(
+            f"this shell was set up by `qnnctl env` for {root}, {_place(root, cache)}; --force "
+            "reinstalls an SDK of qnnctl's cache by VERSION",
+            hint="give the VERSION to reinstall (`qnnctl install --force VERSION`)",
+        )
+    return selection
+
+
+def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> InstallResult:
+    """An SDK found on disk, checked against --sha256 and the project's qnnctl.lock first
+    (exit 4 on a mismatch)."""
+    sha256 = _validate_sha256(request.sha256)
+    if sha256 is not None and result.sdk is not None:
+        check_installed_sha256(result.sdk, sha256)
+    if request.check_lock and result.sdk is not None:
+        from qnnctl.fleet.lockfile import check_reused
+
+        check_reused(result.sdk, cwd, request.locked)
+    return result
+
+
+def _force_with_sdk_root(root: Path, cache: Cache) -> UsageError:
+    """`install --force` without a VERSION while the user's QNN_SDK_ROOT chooses the SDK."""
+    version = cache.version_at(root)
+    if version is not None:
+        # Often `export QNN_SDK_ROOT=$(qnnctl install)`: an SDK of qnnctl's own, but one that the
+        # user exported, and a user's QNN_SDK_ROOT is never reinstalled unasked.
+        return UsageError(
+            f"QNN_SDK_ROOT names SDK {version} in qnnctl's cache ({root}); --force without a VERSION "
+            "does not reinstall the SDK that QNN_SDK_ROOT names",
+            hint=f"run `qnnctl install --force {version}` to reinstall it",
+        )
+    return UsageError(
+        f"QNN_SDK_ROOT names {root}, {_place(root, cache)}; --force reinstalls an SDK of qnnctl's cache by VERSION",
+        hint="give the VERSION to reinstall (`qnnctl install --force VERSION`), or unset QNN_SDK_ROOT",
+    )
+
+
+def _place(root: Path, cache: Cache) -> str:
+    """Where a folder that is not one of the cache's SDKs is (links resolved), for a message."""
+    return "inside qnnctl's cache, not one of its SDKs" if root.resolve().is_relative_to(cache.root.resolve()) \
+        else "outside qnnctl's cache"
+
+
+def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -> None:
+    """An installed SDK asked for with --sha256: the archive it came from must have had it.
+    `archive`: the one given with --file, which the command in the hint installs."""
+    from qnnctl.sdk.cache import read_manifest
+
+    recorded = (read_manifest(sdk.root) or {}).get("sha256")
+    source = f" --file {archive}" if archive is not None else ""
+    if not isinstance(recorded, str):
+        raise IntegrityError(
+            f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) has no recorded sha256, so it cannot be "
+            f"checked against {sha256}",
+            hint=f"install a checked copy into qnnctl's cache: `qnnctl install {sdk.version} --force{source} "
+            f"--sha256 {sha256}`",
+        )
+    if recorded != sha256:
+        raise IntegrityError(
+            f"SDK {sdk.version} is installed from an archive whose sha256 is {recorded}, not {sha256}",
+            hint=f"check the --sha256 value; to replace the SDK with the archive that has it: "
+            f"`qnnctl install {sdk.version} --force{source} --sha256 {sha256}`",
+        )
+
+
+def _free_to_replace(cache: Cache, version: str) -> None:
+    """An SDK about to be replaced that a running process holds: said now (or waited for with
+    --wait), not after the download; the replace checks again."""
+    from qnnctl.sdk.holds import exclusive, wait_for_holders
+
+    with exclusive(cache, version, cache.sdk_dir(version), "replaced", wait_for_holders.get()):
+        pass
+
+
+def _build(
+    archive: Path,
+    version: str,
+    source: str,
+    sha256: str,
+    size: int,
+    cache: Cache,
+    force: bool,
+    work: Path,
+    streamed: Streamed | None,
+) -> Sdk:
+    """Extract, validate, write the manifest, rename into sdks/. Caller holds the lock."""
+    from qnnctl.install.archive import extract
+
+    extracted = extract(archive, work / "x", streamed)
+    found, build = identify(extracted.root, extracted.version, version, source)
+    require_version(found, version, source)
+    return commit(extracted.root, version, source, sha256, size, extracted.files,
+                  extracted.size, cache, force, work, build, _whole_fields(archive, extracted))
+
+
+def _whole_fields(archive: Path, extracted: Extracted) -> dict[str, object]:
+    """What the manifest of an SDK extracted from the whole archive records beyond the usual:
+    the digest of each of its components (what a lock made from it pins), and its archive's
+    central directory's sha256."""
+    return {**(directory_digest(archive) or {}),
+            "component_sha256": tree_digests(extracted.root, extracted.files, skip={MANIFEST_NAME})}
+
+
+def _install_file(
+    archive: Path, spec: str | None, sha256: str | None, force: bool, cache: Cache,
+    lock_check: tuple[Path, bool] | None = None, components: tuple[str, ...] | None = None,
+) -> InstallResult:
+    """`lock_check` is (the working folder, --locked) when the project's lock applies;
+    `components` (all when None) are the only ones extracted, beside those installed already."""
+    from qnnctl.install.archive import extract, work_folder
+    from qnnctl.net.download import file_sha256
+
+    archive = user_path(archive).resolve()
+    if not archive.is_file():
+        raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
+    digest = file_sha256(archive)
+    check([e for e in (given_sha256(sha256),) if e is not None], Observed(str(archive), digest))
+    wanted = resolve_version(spec) if spec else None
+    if wanted is not None and not force:
+        # Named and already installed: no need to read a 1-2 GB archive to find that out.
+        existing = cache.sdk_dir(wanted)
+        if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
+                _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
+            return _file_locked(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
+                                              Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
+                                              archive, digest, sha256), lock_check)
+    cache.ensure()
+    with version_lock(cache, FILE_LOCK, "installing from a file"):
+        remove_stale_work(cache, FILE_LOCK)
+        with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work:
+            parts = None
+            if components is not None and components != ("all",):
+                from qnnctl.install.partial import extract_components
+
+                extracted, parts = extract_components(archive, components, work / "x")
+            else:
+                extracted = extract(archive, work / "x")
+            found, build = identify(extracted.root, extracted.version, wanted, str(archive))
+            if wanted is not None and found is not None and found != wanted:
+                raise IntegrityError(
+                    f"{archive} holds SDK {found}, not {wanted}",
+                    hint=f"run `qnnctl install --file {archive}` to install it as {found}",
+                )
+            version = wanted or found
+            if version is None or not is_full_version(version):
+                raise UsageError(
+                    f"cannot tell the SDK version of {archive}",
+                    hint=f"give it: `qnnctl install VERSION --file {archive}`",
+                )
+            selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
+            if lock_check is not None:
+                from qnnctl.fleet.lockfile import expected_for_download
+
+                locked = expected_for_download(version, *lock_check)
+                if locked is not None:
+                    check([locked.expected()], Observed(str(archive), digest, archive.stat().st_size))
+            with version_lock(cache, version):
+                existing = cache.sdk_dir(version)
+                installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
+                old = Sdk(existing, version, "qnnctl cache") if installed else None
+                if not force and old is not None and _has_components(old, components):
+                    return _file_locked(_same_archive(InstallResult(old, "reused", selection), archive, digest,
+                                                      sha256), lock_check)
+                files, unpacked, extra = extracted.files, extracted.size, _whole_fields(archive, extracted)
+                if parts is not None:
+                    written = extra["component_sha256"]
+                    if not force and old is not None:
+                        from qnnctl.install.partial import merged_digests, with_installed
+
+                        parts, files, unpacked = with_installed(old, extracted, parts, str(archive))
+                        written = merged_digests(old, written)  # type: ignore[arg-type]
+                    extra = {**parts.manifest_fields(), "component_sha256": written}
+                sdk = commit(extracted.root, version, archive.as_uri(), digest,
+                              archive.stat().st_size, files, unpacked, cache,
+                              force or old is not None, work, build, extra)
+    return InstallResult(sdk, "installed", selection)
+
+
+def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str | None) -> InstallResult:
+    """`install --file` of a version installed already: from this archive, or say so.
+
+    With --sha256 (the file's digest, checked already) the installed SDK must come from an
+    archive with that digest too (exit 4); without it, a warning says how to replace it.
+    """
+    from qnnctl.sdk.cache import read_manifest
+
+    sdk = result.sdk
+    recorded = (read_manifest(sdk.root) or {}).get("sha256") if sdk is not None else None
+    if sdk is None or recorded == digest:
+        return result
+    if not isinstance(recorded, str):
+        # Nothing to compare (an SDK fetched in parts, or found elsewhere): only --sha256 can ask.
+        if sha256 is not None:
+            check_installed_sha256(sdk, sha256, archive)
+        return result
+    if sha256 is not None:
+        check_installed_sha256(sdk, sha256, archive)
+    log.warning("SDK %s is installed already, from another archive than %s (sha256 %s, not %s); it is "
+                "left as it is: `qnnctl install %s --force --file %s` replaces it", sdk.version, archive,
+                recorded, digest, sdk.version, archive)
+    return result
+
+
+def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) -> InstallResult:
+    """An SDK that `install --file` found installed already, checked against the project's lock."""
+    if lock_check is None:
+        return result
+    return _reused(result, InstallRequest(locked=lock_check[1]), lock_check[0])
+
+
+def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None, wait: bool = False) -> Path:
+    """Remove an SDK from qnnctl's cache (never from anywhere else); for a linked SDK, the link
+    only (`qnnctl link`: the folder is left as it is). A version both in the cache and linked
+    loses its cache copy, the one in use, and the link stays and is used from then on (as
+    `qnnctl link` said it would be); a second uninstall drops the link. What was removed: the
+    SDK's folder, else the link's record. An SDK a running process holds is left in place
+    (HeldError naming it), or with `wait`, removed once it is free."""
+    from qnnctl.sdk.stores import all_links, find_in_stores, read_link, remove_link
+
+    spec = as_typed(spec)
+    if not is_version_prefix(spec):
+        resolve_version(spec)  # raises the standard "not an SDK version" error
+    ours = cache.installed_versions()
+    linked = [link.version for link in all_links(cache)]
+    try:
+        version = _installed_version(spec, sorted(set(ours) | set(linked), key=lambda v: tuple(map(int, v.split(".")))))
+    except NotInstalledError as exc:
+        stored = find_in_stores(exc.version, environ) if environ is not None and is_full_version(exc.version) else None
+        if stored is not None:
+            exc.message = (f"SDK {exc.version} is in the store {stored.store} ({stored.root}), which qnnctl never "
+                           "changes; it is not installed in qnnctl's cache")
+            exc.args = (exc.message,)
+            exc.hint = "remove it from the store itself, or take the store out of QNNCTL_STORES"
+        raise
+    if version not in ours:
+        link = remove_link(cache, version)
+        if link is not None:
+            log.info("removed the link of SDK %s to %s; the folder is left as it is", version, link.root)
+            return link.record
+    link = read_link(cache, version)
+    if link is None:
+        remove_link(cache, version)  # a record that cannot be read goes with the SDK: it links nothing
+    with version_lock(cache, version):
+        target = cache.sdk_dir(version)
+        if not (target / MANIFEST_NAME).is_file():
+            raise _not_installed(version)  # another qnnctl removed it meanwhile
+        trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
+        cache.tmp.mkdir(parents=True, exist_ok=True)
+        size = unpacked_size(target)
+        from qnnctl.sdk.holds import exclusive
+
+        # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held,
+        # and no hold starts while it moves.
+        with exclusive(cache, version, target, "removed", wait):
+            os.replace(target, trash)
+        remove_tree(trash)
+    log.info("removed SDK %s (%s) from %s", version, size_text(size), target)
+    if link is not None:
+        used = "which is gone" if link.dangling else "which is used from now on"
+        log.info("SDK %s stays linked to %s, %s; `qnnctl uninstall %s` again drops the link",
+                 version, link.root, used, version)
+    return target
+
+
+def _installed_version(spec: str, installed: list[str]) -> str:
+    """The one installed version that `spec` (a version or a prefix such as 2.37) names."""
+    if spec in installed:
+        return spec
+    matches = [v for v in installed if matches_prefix(v, spec)]
+    if len(matches) > 1:
+        raise UsageError(
+            f"{spec} matches more than one installed SDK: {', '.join(matches)}",
+            hint="give the full version",
+        )
+    if matches:
+        return matches[0]
+    try:
+        wanted = resolve_version(spec)
+    except UsageError:
+        wanted = spec
+    raise _not_installed(wanted)
+
+
+def _not_installed(version: str) -> NotInstalledError:
+    error = NotInstalledError(version)
+    error.message = f"SDK {version} is not installed in qnnctl's cache"
+    error.args = (error.message,)
+    error.hint = "`qnnctl list` shows what is installed"
+    return error
+
+
+class Cleaned(NamedTuple):
+    removed: list[Path]
+    busy: list[Path]
+
+
+def clean_cache(cache: Cache) -> Cleaned:
+    """Remove partial downloads and interrupted work folders that nobody is using."""
+    from filelock import FileLock, Timeout
+
+    removed: list[Path] = []
+    busy: list[Path] = []
+    cache.locks.mkdir(parents=True, exist_ok=True)
+    candidates: list[tuple[str, Path]] = []
+    for entry in cache.stale_tmp():
+        # Work folders are named <version>.<id> (or file.<id>): the lock is the version's.
+        candidates.append((version_in(entry.name) or entry.name.split(".", 1)[0], entry))
+    if cache.downloads.is_dir():
+        for entry in sorted(cache.downloads.iterdir()):
+            key = version_in(entry.name) or FILE_LOCK
+            candidates.append((key, entry))
+    for key, entry in candidates:
+        lock = FileLock(str(cache.lock_path(key)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            busy.append(entry)
+            continue
+        try:
+            remove_tree(entry)
+            removed.append(entry)
+        finally:
+            lock.release()
+    return Cleaned(removed, busy)

@@ -1,0 +1,637 @@
+"""Parts of a remote archive, fetched with HTTP Range requests into a sparse local file.
+
+Each byte range is written at its own offset of `downloads/<name>.sparse`, a file as long as
+the archive whose unfetched parts are holes, so that zipfile and qnnctl's extractor read the
+central directory and the chosen members from it as from the whole archive. A small record
+beside it (`<name>.sparse.json`, 0600 like the file) lists the ranges held: an interrupted
+install resumes with what it had, and asks with If-Range so that bytes of another version of
+the file are never mixed in.
+
+The requests go through qnnctl.net.download's session and retry policy (urllib3's Retry, each URL
+redacted in every message); a body that breaks off is asked for again from where it stopped.
+A few requests run at a time, each for at most `PIECE` bytes, in the order of the archive, so
+that the extractor can follow close behind. A server that answers a ranged request with the
+whole file (200) raises RangesIgnored: the caller downloads the archive whole instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qnnctl.errors import DownloadError
+from qnnctl.net.urls import redact
+from qnnctl.words import human_size
+
+if TYPE_CHECKING:
+    import requests
+
+    from qnnctl.net.download import ProgressFactory
+    from qnnctl.net.retry import Policy
+
+log = logging.getLogger("qnnctl.net.ranged")
+
+TAIL = 16 << 10  # asked for first: the end records, and often the whole central directory
+PIECE = 8 << 20  # the most one request asks for: several requests share a long range
+THREADS = 4  # requests at a time
+# Neighbouring ranges closer than MERGE_GAP are read as one, the gap with them, as long as the
+# gaps read add up to at most MERGE_SHARE of the bytes wanted: one request less costs a round
+# trip, a few kilobytes read for nothing cost less than that.
+MERGE_GAP = 256 << 10
+MERGE_SHARE = 0.02
+SAVE_EVERY = 4 << 20  # bytes between two updates of the record of ranges held
+RECORD_SCHEMA = 1
+SPARSE_SUFFIX = ".sparse"
+RECORD_SUFFIX = ".sparse.json"
+
+
+class RangesIgnored(Exception):
+    """The server sent the whole file (200) for a ranged request, or refused the range."""
+
+
+class ArchiveChanged(Exception):
+    """The file on the server is not the one the ranges held so far came from."""
+
+
+@dataclass(frozen=True)
+class Remote:
+    """The archive on the server: where, how long, and what identifies this version of it."""
+
+    url: str  # as given, secrets included: only for requests
+    shown: str  # redacted, for every message and record
+    size: int
+    etag: str | None
+    last_modified: str | None
+
+    @property
+    def validator(self) -> str | None:
+        """What If-Range sends: a strong ETag, else the Last-Modified date."""
+        return self.etag or self.last_modified
+
+
+# -- the sparse file -----------------------------------------------------------------------
+
+
+class SparseFile:
+    """The archive's bytes fetched so far, each at its offset, and the record of which."""
+
+    def __init__(self, path: Path, remote: Remote, held: list[tuple[int, int]]) -> None:
+        self.path = path
+        self.record = path.with_name(path.name.removesuffix(SPARSE_SUFFIX) + RECORD_SUFFIX)
+        self.remote = remote
+        self._starts = [start for start, _ in held]
+        self._ends = [end for _, end in held]
+        self._lock = threading.Lock()
+        self._saving = threading.Lock()  # one writer of the record at a time: they share its .tmp
+        self._unsaved = 0
+        self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+    @classmethod
+    def open(cls, folder: Path, name: str, remote: Remote, tail_start: int, tail: bytes) -> SparseFile:
+        """The sparse file for `remote`, resumed when its record says it holds bytes of the
+        same file (same URL, size and validator, and the same last bytes), else started anew."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}{SPARSE_SUFFIX}"
+        record = folder / f"{name}{RECORD_SUFFIX}"
+        held = _read_record(record, remote)
+        if held and path.is_file() and path.stat().st_size == remote.size:
+            sparse = cls(path, remote, held)
+            # The end of the file again, where it was held before: the same bytes, or another file.
+            tail_end = tail_start + len(tail)
+            overlap = [(max(s, tail_start), min(e, tail_end)) for s, e in held if s < tail_end and e > tail_start]
+            if all(sparse.read_at(s, e - s) == tail[s - tail_start:e - tail_start] for s, e in overlap):
+                log.info("resuming: %s of %s held from an earlier run", human_size(sparse.held_bytes()),
+                         human_size(remote.size))
+                sparse.write(tail_start, tail)
+                return sparse
+            sparse.close()
+        if record.exists() or path.exists():
+            log.info("the archive at %s has changed since the last run (or its parts were not recorded); "
+                     "fetching its parts afresh", remote.shown)
+        for stale in (path, record):
+            stale.unlink(missing_ok=True)
+        # Private, like the record: the bytes are the user's download.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, remote.size)  # holes: no disk blocks until written
+        finally:
+            os.close(fd)
+        sparse = cls(path, remote, [])
+        sparse.write(tail_start, tail)
+        sparse.save()
+        return sparse
+
+    def held(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return list(zip(self._starts, self._ends, strict=True))
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(end - start for start, end in zip(self._starts, self._ends, strict=True))
+
+    def covers(self, start: int, end: int) -> bool:
+        """Whether every byte of [start, end) is held."""
+        if start >= end:
+            return True
+        with self._lock:
+            i = bisect.bisect_right(self._starts, start) - 1
+            return i >= 0 and self._ends[i] >= end
+
+    def missing(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The parts of `ranges` not held yet."""
+        out: list[tuple[int, int]] = []
+        held = self.held()
+        for start, end in ranges:
+            i = max(bisect.bisect_right([s for s, _ in held], start) - 1, 0)
+            cursor = start
+            while cursor < end and i < len(held):
+                s, e = held[i]
+                if e <= cursor:
+                    i += 1
+                    continue
+                if s >= end:
+                    break
+                if s > cursor:
+                    out.append((cursor, s))
+                cursor = max(cursor, e)
+                i += 1
+            if cursor < end:
+                out.append((cursor, end))
+        return out
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Write `data` at `offset` and count it as held."""
+        view = memoryview(data)
+        position = offset
+        while view:
+            written = os.pwrite(self.fd, view, position)
+            view = view[written:]
+            position += written
+        save = False
+        with self._lock:
+            self._add(offset, offset + len(data))
+            self._unsaved += len(data)
+            save = self._unsaved >= SAVE_EVERY
+        if save:
+            self.save()
+
+    def _add(self, start: int, end: int) -> None:
+        if start >= end:
+            return
+        i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after start
+        j = bisect.bisect_right(self._starts, end)  # past the last range that starts at or before end
+        if i < j:
+            start = min(start, self._starts[i])
+            end = max(end, self._ends[j - 1])
+        self._starts[i:j] = [start]
+        self._ends[i:j] = [end]
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, offset)
+        if len(data) != size:  # pragma: no cover - the file is as long as the archive
+            raise DownloadError(f"{self.path} is shorter than the archive")
+        return data
+
+    def save(self) -> None:
+        """Record the ranges held; the bytes are on disk first, so the record never claims more."""
+        from qnnctl.sdk.cache import write_json_atomic
+
+        with self._saving:
+            with self._lock:
+                held = [[s, e] for s, e in zip(self._starts, self._ends, strict=True)]
+                self._unsaved = 0
+            os.fdatasync(self.fd)
+            remote = self.remote
+            write_json_atomic(self.record, {
+                "schema": RECORD_SCHEMA, "url": remote.shown, "size": remote.size, "etag": remote.etag,
+                "last_modified": remote.last_modified, "held": held,
+            }, mode=0o600)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def remove(self) -> None:
+        self.close()
+        for path in (self.path, self.record):
+            path.unlink(missing_ok=True)
+
+
+def _read_record(record: Path, remote: Remote) -> list[tuple[int, int]]:
+    """The ranges a record says are held, when it is for `remote`; else none."""
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("schema") != RECORD_SCHEMA:
+        return []
+    if (data.get("url"), data.get("size")) != (remote.shown, remote.size):
+        return []
+    if data.get("etag") != remote.etag or data.get("last_modified") != remote.last_modified:
+        return []
+    held = data.get("held")
+    if not isinstance(held, list):
+        return []
+    ranges: list[tuple[int, int]] = []
+    for item in held:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) for x in item)):
+            return []
+        start, end = item
+        if not 0 <= start < end <= remote.size or (ranges and start <= ranges[-1][1]):
+            return []
+        ranges.append((start, end))
+    return ranges
+
+
+# -- which ranges ----------------------------------------------------------------------------
+
+
+def plan(ranges: Iterable[tuple[int, int]], gap: int = MERGE_GAP, share: float = MERGE_SHARE,
+         piece: int = PIECE) -> list[tuple[int, int]]:
+    """The requests for `ranges`: overlapping ones joined, the smallest gaps under `gap` read
+    as long as all gaps read stay within `share` of the bytes wanted, then cut into pieces of
+    at most `piece` bytes, in the order of the file."""
+    merged: list[list[int]] = []
+    for start, end in sorted(r for r in ranges if r[0] < r[1]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    wanted = sum(end - start for start, end in merged)
+    gaps = sorted((merged[i + 1][0] - merged[i][1], i) for i in range(len(merged) - 1))
+    budget = share * wanted
+    bridged: set[int] = set()
+    for size, index in gaps:
+        if size >= gap or size > budget:
+            break
+        budget -= size
+        bridged.add(index)
+    joined: list[tuple[int, int]] = []
+    for index, (start, end) in enumerate(merged):
+        if index - 1 in bridged:
+            joined[-1] = (joined[-1][0], end)
+        else:
+            joined.append((start, end))
+    pieces: list[tuple[int, int]] = []
+    for start, end in joined:
+        count = max(1, -(-(end - start) // piece))
+        step = -(-(end - start) // count)  # pieces of about equal size
+        pieces.extend((s, min(s + step, end)) for s in range(start, end, step))
+    return pieces
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+class _Client:
+    """One thread's session, with the download retry policy mounted on it."""
+
+    def __init__(self, sleep: Callable[[float], None], backoff_base: float) -> None:
+        from requests.adapters import HTTPAdapter
+
+        from qnnctl.net.download import make_session, retry_policy
+
+        self.session = make_session()
+        self.policy = retry_policy(backoff_base, sleep)
+        self.adapter = HTTPAdapter(max_retries=self.policy)
+        self.session.mount("http://", self.adapter)
+        self.session.mount("https://", self.adapter)
+
+    def get(self, url: str, shown: str, headers: dict[str, str], policy: Policy) -> requests.Response:
+        import requests
+
+        from qnnctl.net.download import CONNECT_TIMEOUT, READ_TIMEOUT, request_failed
+
+        self.adapter.max_retries = policy
+        try:
+            return self.session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
+        except requests.RequestException as exc:
+            raise request_failed(shown, exc) from None
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _check_status(response: requests.Response, shown: str, policy: Policy) -> None:
+    """DownloadError for the answers that no range can come from (404 is the caller's)."""
+    from qnnctl.net.download import RETRY_STATUSES, Downloader
+
+    status = response.status_code
+    if status in RETRY_STATUSES:
+        spent: Policy = getattr(response.raw, "retries", None) or policy
+        raise Downloader._gave_up(shown, spent.attempts,
+                                  f"the last answer was HTTP {status} {response.reason or ''}".rstrip())
+    if "text/html" in response.headers.get("Content-Type", "").lower():
+        raise DownloadError(
+            f"{shown} answered with an HTML page, not an archive "
+            "(a login page, a proxy's error page, or a wrong URL)",
+            hint="open the URL in a browser, or download the archive by hand and run "
+            "`qnnctl install --file ARCHIVE`",
+        )
+    if status not in (200, 206, 404, 416):
+        raise DownloadError(f"HTTP {status} {response.reason or ''} from {shown}".rstrip(),
+                            hint="check the URL, the version, or your access to the mirror")
+
+
+def _content_range(value: str | None) -> tuple[int, int, int] | None:
+    """`bytes 100-199/1000` as (100, 200, 1000): the end is exclusive."""
+    if not value or not value.startswith("bytes "):
+        return None
+    span, _, total = value[6:].partition("/")
+    first, _, last = span.partition("-")
+    try:
+        return int(first), int(last) + 1, int(total)
+    except ValueError:
+        return None
+
+
+class NotFound(Exception):
+    """404 at this URL."""
+
+
+def probe(urls: Sequence[str], sleep: Callable[[float], None] = time.sleep,
+          backoff_base: float | None = None) -> tuple[Remote, int, bytes]:
+    """The first of `urls` that exists, its size and validators, and its last bytes (from the
+    offset returned). RangesIgnored when the server does not serve ranges."""
+    from qnnctl.net.download import BACKOFF_BASE
+
+    client = _Client(sleep, BACKOFF_BASE if backoff_base is None else backoff_base)
+    try:
+        missing = ""
+        for url in urls:
+            shown = redact(url)
+            try:
+                return _probe_one(client, url, shown)
+            except NotFound:
+                missing = shown
+                log.info("not found at %s", shown)
+        raise DownloadError(
+            f"the archive was not found (HTTP 404) at {missing}",
+            hint="check the version (a prefix such as `qnnctl install 2.37` picks the newest known "
+            "release), or set QNNCTL_MIRROR to a mirror that holds it",
+        )
+    finally:
+        client.close()
+
+
+def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, bytes]:
+    from qnnctl.net.download import strong_etag
+
+    policy = client.policy.start(shown)
+    response = client.get(url, shown, {"Range": f"bytes=-{TAIL}"}, policy)
+    with response:
+        if response.status_code == 404:
+            raise NotFound(url)
+        _check_status(response, shown, policy)
+        if response.status_code == 416:
+            raise RangesIgnored(f"{shown} refused a ranged request (HTTP 416)")
+        if response.status_code == 200:
+            raise RangesIgnored(f"{shown} answered a ranged request with the whole file (HTTP 200)")
+        span = _content_range(response.headers.get("Content-Range"))
+        if span is None or span[1] != span[2]:
+            raise RangesIgnored(f"{shown} answered a request for its end with "
+                                f"{response.headers.get('Content-Range')!r}")
+        start, _, size = span
+        etag = response.headers.get("ETag")
+        remote = Remote(url, shown, size, etag if strong_etag(etag) else None, response.headers.get("Last-Modified"))
+        try:
+            tail = response.content
+        except Exception as exc:  # a body that broke off: the caller asks again
+            from qnnctl.net.retry import describe
+
+            raise DownloadError(f"cannot read the end of {shown}: {describe(exc)}",
+                                hint="run the same command again") from None
+        if len(tail) != size - start:
+            raise DownloadError(f"the end of {shown} came short ({len(tail)} of {size - start} bytes)",
+                                hint="run the same command again")
+        return remote, start, tail
+
+
+class Fetcher:
+    """Fetches ranges of `sparse`'s archive in `threads` threads, in the order given.
+
+    `fetch()` waits for all of them; `start()` returns at once, and `wait()` then blocks until
+    a range is held, so that another thread can use each part as soon as it is there. The
+    first failure stops the others and is raised by `wait()` and `finish()`.
+    """
+
+    def __init__(self, sparse: SparseFile, progress: ProgressFactory | None = None, threads: int = THREADS,
+                 sleep: Callable[[float], None] = time.sleep, backoff_base: float | None = None) -> None:
+        from qnnctl.net.download import BACKOFF_BASE
+
+        self.sparse = sparse
+        self.progress = progress
+        self.threads = threads
+        self.sleep = sleep
+        self.backoff_base = BACKOFF_BASE if backoff_base is None else backoff_base
+        self._queue: list[tuple[int, int]] = []
+        self._changed = threading.Condition()
+        self._failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._workers_ended: list[threading.Event] = []  # one per worker thread, set as it ends
+        self._bar: Any = None
+        self.received = 0  # bytes this run received
+
+    def fetch(self, ranges: Sequence[tuple[int, int]], label: str) -> None:
+        self.start(ranges, label)
+        self.finish()
+
+    def start(self, ranges: Sequence[tuple[int, int]], label: str) -> None:
+        wanted = plan(self.sparse.missing(ranges))
+        total = sum(end - start for start, end in wanted)
+        if not wanted:
+            return
+        log.debug("%d requests for %s", len(wanted), human_size(total))
+        if self.progress is not None:
+            self._bar = _LockedProgress(self.progress(label, total, 0))
+        self._queue = list(reversed(wanted))
+        from qnnctl.threads import start_daemon
+
+        for i in range(min(self.threads, len(wanted))):
+            self._workers_ended.append(start_daemon(self._work, f"qnnctl-range-{i}"))
+
+    def wait(self, start: int, end: int) -> None:
+        """Block until [start, end) is held; raise the failure that stopped the fetching."""
+        with self._changed:
+            while not self.sparse.covers(start, end):
+                if self._failure is not None:
+                    raise self._failure
+                if all(ended.is_set() for ended in self._workers_ended):
+                    raise DownloadError(f"bytes {start}-{end - 1} of {self.sparse.remote.shown} were not fetched")
+                self._changed.wait(1.0)
+
+    def finish(self) -> None:
+        """Wait for every request; the first failure is raised here."""
+        from qnnctl.threads import wait_ended
+
+        interrupted = wait_ended(self._workers_ended, self.abandon)  # Ctrl-C: stop the others, still wait
+        self._workers_ended = []
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self.sparse.save()
+        if interrupted is not None:
+            raise interrupted
+        if self._failure is not None:
+            raise self._failure
+
+    def abandon(self) -> None:
+        """Stop taking requests; the ones running end at their next block."""
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- the threads ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        client = _Client(self.sleep, self.backoff_base)
+        try:
+            while not self._stop.is_set():
+                with self._changed:
+                    if not self._queue:
+                        return
+                    start, end = self._queue.pop()
+                self._range(client, start, end)
+        except BaseException as exc:  # raised again by wait() and finish()
+            with self._changed:
+                if self._failure is None:
+                    self._failure = exc
+                self._changed.notify_all()
+            self._stop.set()
+        finally:
+            client.close()
+            with self._changed:
+                self._changed.notify_all()
+
+    def _range(self, client: _Client, start: int, end: int) -> None:
+        """Fetch [start, end) into the sparse file, asking again from where a body broke off."""
+        from urllib3.exceptions import MaxRetryError
+
+        from qnnctl.net.download import MAX_TOTAL_ATTEMPTS, NET_CHUNK, Downloader
+        from qnnctl.net.retry import attempts_made
+
+        remote = self.sparse.remote
+        policy = client.policy.start(remote.shown)
+        attempts = 0
+        first = start
+        trickles = 0  # answers that ended short of the range with less than a block each
+        while start < end and not self._stop.is_set():
+            attempts += 1
+            before = start
+            try:
+                start = self._request(client, start, end, policy)
+                if start < end and start - before < NET_CHUNK and not self._stop.is_set():
+                    # A byte an answer moves forward, and no back-off: a hang by another name.
+                    trickles += 1
+                    if trickles >= MAX_TOTAL_ATTEMPTS:
+                        raise Downloader._gave_up(
+                            remote.shown, attempts, f"{trickles} answers brought less than {NET_CHUNK >> 10} KiB "
+                            f"each ({start - first} of bytes {first}-{end - 1} in all)")
+            except _Broke as broke:
+                start = broke.reached
+                if start > before:
+                    policy = client.policy.start(remote.shown)  # it moved on: the whole budget again
+                else:
+                    policy = broke.policy
+                if attempts >= MAX_TOTAL_ATTEMPTS:
+                    raise Downloader._gave_up(remote.shown, attempts, str(broke.error)) from None
+                try:
+                    policy = policy.increment("GET", remote.shown, error=broke.error)
+                except MaxRetryError as exc:
+                    raise Downloader._gave_up(remote.shown, attempts_made(exc), str(broke.error)) from None
+                policy.sleep()
+
+    def _request(self, client: _Client, start: int, end: int, policy: Policy) -> int:
+        """One request for [start, end); returns where it got to (`end` when complete)."""
+        import requests
+
+        from qnnctl.net.download import NET_CHUNK, strong_etag
+        from qnnctl.net.retry import BodyBroke, describe
+
+        remote = self.sparse.remote
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if remote.validator:
+            headers["If-Range"] = remote.validator
+        response = client.get(remote.url, remote.shown, headers, policy)
+        with response:
+            spent: Policy = getattr(response.raw, "retries", None) or policy
+            status = response.status_code
+            if status == 404:
+                raise DownloadError(f"{remote.shown} is no longer on the server (HTTP 404)",
+                                    hint="check the URL or mirror, then run the same command again")
+            _check_status(response, remote.shown, spent)
+            etag = response.headers.get("ETag")
+            if status == 416:
+                raise ArchiveChanged(f"{remote.shown} refused bytes {start}-{end - 1} of its {remote.size} (HTTP 416)")
+            if status == 200:
+                if strong_etag(etag) and etag != remote.etag:
+                    raise ArchiveChanged(f"{remote.shown} has a new ETag ({etag}, was {remote.etag})")
+                raise RangesIgnored(f"{remote.shown} answered a ranged request with the whole file (HTTP 200)")
+            span = _content_range(response.headers.get("Content-Range"))
+            if span is None or span[0] != start or span[1] > end or span[2] != remote.size:
+                if span is not None and span[2] != remote.size:
+                    raise ArchiveChanged(f"{remote.shown} is now {span[2]} bytes long, not {remote.size}")
+                raise RangesIgnored(f"{remote.shown} answered bytes {start}-{end - 1} with "
+                                    f"{response.headers.get('Content-Range')!r}")
+            if span[1] <= start:
+                # Empty or backwards (`bytes S-(S-1)/SIZE`): asked again at once, it would be asked
+                # for ever. A failed attempt instead, which the retry budget ends.
+                raise _Broke(spent, BodyBroke(f"{remote.shown} answered bytes {start}-{end - 1} with "
+                                              f"{response.headers.get('Content-Range')!r}, which holds none "
+                                              "of them"), start)
+            position = start
+            try:
+                for block in response.iter_content(NET_CHUNK):
+                    if self._stop.is_set():
+                        return position
+                    block = block[: span[1] - position]
+                    self.sparse.write(position, block)
+                    position += len(block)
+                    if self._bar is not None:
+                        self._bar.update(len(block))
+                    with self._changed:
+                        self.received += len(block)
+                        self._changed.notify_all()
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+                raise _Broke(spent, BodyBroke(f"a range of {remote.shown} stopped at {position - start} of "
+                                              f"{end - start} bytes: {describe(exc)}"), position) from None
+            if position < span[1]:
+                raise _Broke(spent, BodyBroke(f"a range of {remote.shown} ended early, at {position - start} of "
+                                              f"{span[1] - start} bytes"), position)
+            return position
+
+
+class _Broke(Exception):
+    def __init__(self, policy: Policy, error: Exception, reached: int) -> None:
+        super().__init__(str(error))
+        self.policy = policy
+        self.error = error
+        self.reached = reached
+
+
+class _LockedProgress:
+    """One progress display for every thread."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.lock = threading.Lock()
+
+    def update(self, n: int) -> None:
+        with self.lock:
+            self.inner.update(n)
+
+    def close(self) -> None:
+        with self.lock:
+            self.inner.close()
+
+

@@ -1,0 +1,238 @@
+"""The cache folder: its layout, SDK manifests, and what is installed in it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from qnnctl.errors import UsageError
+from qnnctl.paths import user_path
+
+MANIFEST_NAME = ".qnnctl.json"
+MANIFEST_SCHEMA = 1
+
+
+def cache_root(environ: Mapping[str, str]) -> Path:
+    """`$QNNCTL_CACHE_DIR`, else the platform's user cache folder for qnnctl."""
+    configured = environ.get("QNNCTL_CACHE_DIR")
+    if configured is not None:
+        if not configured.strip():
+            raise UsageError(
+                "QNNCTL_CACHE_DIR is set but empty",
+                hint="unset it to use the default cache, or set it to a folder",
+            )
+        # Absolute, so that exported paths survive a `cd`.
+        return user_path(configured).absolute()
+    if sys.platform == "linux":
+        # platformdirs' answer on Linux, without its import cost on every `qnnctl env`; a
+        # relative XDG_CACHE_HOME is ignored, as the XDG Base Directory specification says.
+        xdg = environ.get("XDG_CACHE_HOME", "").strip()
+        if os.path.isabs(xdg):
+            return Path(xdg) / "qnnctl"
+        home = environ.get("HOME")
+        if home is not None and not os.path.isabs(home):
+            # expanduser would make "" the root folder: a cache in /.cache/qnnctl.
+            what = "empty" if not home.strip() else f"relative ({home!r})"
+            raise UsageError(
+                f"HOME is {what}: the default cache, ~/.cache/qnnctl, would be "
+                f"{os.path.join(os.path.abspath(home or '/'), '.cache', 'qnnctl')}",
+                hint="set HOME to your home folder, or point QNNCTL_CACHE_DIR (or XDG_CACHE_HOME) at a folder",
+            )
+        return Path(os.path.expanduser("~/.cache")).absolute() / "qnnctl"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("qnnctl", appauthor=False))
+
+
+class Cache(NamedTuple):
+    """qnnctl's cache folder and its layout."""
+
+    root: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Cache:
+        return cls(cache_root(environ))
+
+    @property
+    def sdks(self) -> Path:
+        return self.root / "sdks"
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / "downloads"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def runtime(self) -> Path:
+        return self.root / "runtime"
+
+    def sdk_dir(self, version: str) -> Path:
+        return self.sdks / version
+
+    def version_at(self, path: Path) -> str | None:
+        """The version whose SDK folder of this cache `path` is (links resolved: sdks/VERSION);
+        None for any other folder."""
+        from qnnctl.sdk.versions import is_full_version
+
+        real = path.resolve()
+        return real.name if real.parent == self.sdks.resolve() and is_full_version(real.name) else None
+
+    def lock_path(self, version: str) -> Path:
+        return self.locks / f"{version}.lock"
+
+    def ensure(self) -> None:
+        for folder in (self.sdks, self.downloads, self.locks, self.tmp):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def installed_versions(self) -> list[str]:
+        """Versions with a complete SDK (one whose manifest exists), sorted.
+
+        A folder whose name is no version (a copy such as `2.37.0.250724.bak`) is not one.
+        """
+        if not self.sdks.is_dir():
+            return []
+        from qnnctl.sdk.versions import is_full_version
+
+        found = [
+            entry.name
+            for entry in self.sdks.iterdir()
+            if is_full_version(entry.name) and (entry / MANIFEST_NAME).is_file()
+        ]
+        return sorted(found, key=_sort_key)
+
+    def partial_downloads(self) -> list[Path]:
+        if not self.downloads.is_dir():
+            return []
+        return sorted(self.downloads.glob("*.part"))
+
+    def stray_download_records(self) -> list[Path]:
+        """downloads/*.json with neither a partial nor a finished download beside them."""
+        if not self.downloads.is_dir():
+            return []
+        return sorted(record for record in self.downloads.glob("*.json")
+                      if not (record.with_suffix("").exists() or record.with_suffix(".part").exists()))
+
+    def stale_tmp(self) -> list[Path]:
+        if not self.tmp.is_dir():
+            return []
+        return sorted(self.tmp.iterdir())
+
+
+def _sort_key(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return (-1,)
+
+
+def read_manifest(sdk_root: Path) -> dict[str, Any] | None:
+    """The manifest of an SDK folder, or None when there is none (or it cannot be read)."""
+    import json
+
+    try:
+        with open(sdk_root / MANIFEST_NAME, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int | None = None) -> None:
+    """Write JSON next to `path`, fsync it, and rename it into place.
+
+    `mode` (0o600 for a record only its owner should read) is set before any data is written;
+    without it the file gets the usual mode.
+    """
+    import json
+
+    partial = path.with_name(path.name + ".tmp")
+    if mode is not None:
+        # A .tmp left by a killed run may have another mode: start from a new file.
+        partial.unlink(missing_ok=True)
+        handle = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8")
+        os.fchmod(handle.fileno(), mode)  # the umask may have taken bits off; exact is the point
+    else:
+        handle = open(partial, "w", encoding="utf-8")
+    with handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# Room left over after a download or an extraction, so that the disk is never filled to the
+# brim: a tenth of what is written, at least 1 MiB and at most 64 MiB. A fixed 64 MiB refused
+# a 61 KB SDK on a disk with 20 MB free.
+SPACE_MARGIN = 64 << 20
+MIN_SPACE_MARGIN = 1 << 20
+
+
+def space_margin(needed: int) -> int:
+    """The room to leave free beyond writing `needed` bytes."""
+    return max(MIN_SPACE_MARGIN, min(SPACE_MARGIN, needed // 10))
+
+
+def require_free_space(folder: Path, needed: int, what: str) -> None:
+    """DiskSpaceError unless `folder`'s disk has `needed` bytes and a margin free."""
+    import shutil
+
+    from qnnctl.errors import DiskSpaceError
+
+    free = shutil.disk_usage(folder).free
+    wanted = needed + space_margin(needed)
+    if free < wanted:
+        raise DiskSpaceError(str(folder), wanted, free, what)
+
+
+def tree_size(root: Path) -> int:
+    total = 0
+    for entry in _walk(root):
+        total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def unpacked_size(root: Path) -> int:
+    """An SDK's size on disk: as its manifest records it, else summed (slower on NFS)."""
+    recorded = (read_manifest(root) or {}).get("unpacked_size")
+    return recorded if isinstance(recorded, int) else tree_size(root)
+
+
+def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        yield entry
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path))
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder (or file, or link) if it exists."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=False)

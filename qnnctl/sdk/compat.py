@@ -1,0 +1,88 @@
+"""Known ExecuTorch and QAIRT pairings: which work and which fail, each with its evidence.
+
+Knowledge of the outside world, kept as data: a row says which ExecuTorch releases and which
+QAIRT minor versions it covers, what happens, where that was seen and when. A newer finding is
+one more row; the first row that matches decides.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from qnnctl.sdk.versions import parse_version
+
+
+class Pairing(NamedTuple):
+    executorch: str  # a release, or a prefix of releases ("1.5" is 1.5.0, 1.5.1, ...)
+    qairt_from: tuple[int, int]  # (major, minor), inclusive
+    qairt_to: tuple[int, int] | None  # inclusive; None: every later release too
+    works: bool
+    consequence: str
+    evidence: str
+    seen: str  # when the evidence was taken
+
+
+KNOWN_PAIRINGS: tuple[Pairing, ...] = (
+    Pairing(
+        "1.5.1", (2, 47), None, False,
+        "it loads the libraries, then stops at QNN device creation with error 14001 (`Failed to "
+        "create device_handle for Backend ID 6, error=14001`): the HTP device config struct it was "
+        "built against changed layout",
+        "ExecuTorch 1.5.1 from PyPI lowering a model on QAIRT 2.47.0.260601114230 and "
+        "2.51.0.260929181845 host libraries (tests/test_genuine.py)",
+        "2026-12-01",
+    ),
+    Pairing(
+        "1.5", (2, 37), (2, 37), True,
+        "the QAIRT release it was built for",
+        "ExecuTorch 1.5's backends/qualcomm/scripts (qnn_config.sh, download_qnn_sdk.py) pin "
+        "2.37.0.250724",
+        "2026-12-01",
+    ),
+)
+
+
+def _release_matches(release: str, pattern: str) -> bool:
+    # A local tag (`1.5.1+cpu`) names the same release.
+    public = release.split("+", 1)[0]
+    return public.split(".")[: len(pattern.split("."))] == pattern.split(".")
+
+
+def known_pairing(executorch: str, qairt: str) -> Pairing | None:
+    """The first known pairing that covers ExecuTorch `executorch` with QAIRT `qairt`."""
+    minor = parse_version(qairt).major_minor
+    for row in KNOWN_PAIRINGS:
+        if not _release_matches(executorch, row.executorch):
+            continue
+        if minor >= row.qairt_from and (row.qairt_to is None or minor <= row.qairt_to):
+            return row
+    return None
+
+
+class EpRequirement(NamedTuple):
+    """What a release of ONNX Runtime's QNN execution provider (`onnxruntime-qnn`) needs of the
+    SDK whose libQnnHtp.so it is given as `backend_path`: the QNN core API version it checks."""
+
+    release: str  # a release, or a prefix of releases
+    core_api: tuple[int, int]  # the lowest QNN core API (major, minor) it accepts
+    qairt: str  # the QAIRT release that first offers that API
+    consequence: str
+    evidence: str
+    seen: str
+
+
+EP_REQUIREMENTS: tuple[EpRequirement, ...] = (
+    EpRequirement(
+        "2.7", (2, 40), "2.51",
+        "it stops at `Unable to find a valid interface` unless the provider option "
+        "`skip_qnn_version_check` is \"1\" (with it, it compiles and runs on 2.47's libraries)",
+        "onnxruntime-qnn 2.7.0 with onnxruntime 1.32.0 compiling a model with QAIRT 2.51.0.260929181845 "
+        "(core API 2.40.0) and 2.47.0.260601114230 (core API 2.36.0) host libraries (tests/test_genuine.py)",
+        "2026-12-04",
+    ),
+)
+
+
+def ep_requirement(release: str) -> EpRequirement | None:
+    """The first known requirement of onnxruntime-qnn `release`."""
+    return next((row for row in EP_REQUIREMENTS if _release_matches(release, row.release)), None)
