@@ -14,7 +14,7 @@ __all__ = ["Sdk", "__version__", "disable_mkldnn_on_amd", "setup_sdk"]
 
 if TYPE_CHECKING:
     from qnnctl.run.api import disable_mkldnn_on_amd, setup_sdk
-    from qnnctl.sdk.select import Sdk
+    from qnnctl.sdk.layout import Sdk
 
 _LAZY = {
     "setup_sdk": "qnnctl.run.api",

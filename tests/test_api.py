@@ -15,7 +15,7 @@ import pytest
 import qnnctl
 from qnnctl.run import api
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
-from qnnctl.sdk.select import Sdk
+from qnnctl.sdk.layout import Sdk
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import (
     OTHER_VERSION,

@@ -32,7 +32,7 @@ from qnnctl.device.plan import (
     resolve_soc,
 )
 from qnnctl.doctor.checks import Context, Result, run_checks
-from qnnctl.sdk.select import Sdk
+from qnnctl.sdk.layout import Sdk
 from tests.conftest import require_tool, run_qnnctl
 from tests.modelkit import context_binary, epcontext_model
 from tests.phones import BUILD_2_47, BUILD_2_51, Phones, add_device_side, fake_library, standin

@@ -41,7 +41,8 @@ from qnnctl.doctor.checks import (
 )
 from qnnctl.run.environment import environment_for
 from qnnctl.errors import QnnctlError
-from qnnctl.sdk.select import HOST_BIN_DIR, HOST_LIB_DIR, Sdk, Selection
+from qnnctl.sdk.select import Selection
+from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, Sdk
 from qnnctl.shell.exports import apply
 from tests.conftest import read_terminal, require_tool, run_qnnctl
 from tests.httpserver import FaultServer, self_signed_certificate

@@ -639,7 +639,8 @@ def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Pa
     without reading the archive, and reused after reading it."""
     from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
-    from qnnctl.sdk.select import BY_ARGUMENT, Sdk, Selection
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
+    from qnnctl.sdk.layout import Sdk
 
     archive = build_archive(tmp_path, "zip")
     chosen = Selection(BY_ARGUMENT, f"from {archive}", version=VERSION)

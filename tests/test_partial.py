@@ -180,7 +180,8 @@ def test_the_library_is_told_what_each_install_of_components_did(parts_mirror: F
     installed, then reused; each chosen by the version given."""
     from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
-    from qnnctl.sdk.select import BY_ARGUMENT, Sdk, Selection
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
+    from qnnctl.sdk.layout import Sdk
 
     chosen = Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
     sdk = Sdk(cache_dir / "sdks" / VERSION, VERSION, "qnnctl cache")

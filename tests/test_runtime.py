@@ -38,7 +38,7 @@ from qnnctl.host.runtime import (
     staged_lib_dirs,
     staged_loader,
 )
-from qnnctl.sdk.select import Sdk
+from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, compile_shared, for_another_machine, install_tree_into_cache

@@ -11,7 +11,8 @@ import pytest
 
 from qnnctl.errors import UnsupportedHostError, UsageError
 from qnnctl.host.machine import require_supported_host
-from qnnctl.sdk.select import BY_PIN, Sdk, Selection, executorch_expected_version
+from qnnctl.sdk.select import BY_PIN, Selection, executorch_expected_version
+from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
@@ -210,7 +211,7 @@ def test_an_sdk_left_to_the_caller_is_not_one_qnnctl_can_resolve(cache_dir: Path
 def test_a_file_named_as_an_sdk_root_lacks_the_whole_layout(tmp_path: Path) -> None:
     """The error says the path is a file, and lists, as for any root, what is missing."""
     from qnnctl.errors import InvalidSdkError
-    from qnnctl.sdk.select import missing_layout, sdk_from_root
+    from qnnctl.sdk.layout import missing_layout, sdk_from_root
 
     archive = tmp_path / "qairt.zip"
     archive.write_bytes(b"PK\x05\x06" + bytes(18))
@@ -1059,7 +1060,7 @@ def test_an_sdk_named_by_path_says_where_the_path_came_from() -> None:
 
 def test_an_sdk_named_by_path_is_the_version_its_libraries_were_built_as(tmp_path: Path) -> None:
     """sdk.yaml and the folder's name say 2.37; the libraries carry the build of 2.51: they win."""
-    from qnnctl.sdk.select import sdk_from_root
+    from qnnctl.sdk.layout import sdk_from_root
 
     root = build_sdk_tree(tmp_path / VERSION, SdkSpec(version=VERSION, build_id="v2.51.0.260929181845"))
     assert sdk_from_root(root, "--sdk") == Sdk(root=root, version="2.51.0.260929", origin="--sdk")
@@ -1076,7 +1077,7 @@ def test_an_empty_spec_is_refused(tmp_path: Path, spec: str) -> None:
 
 def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
     from qnnctl.errors import UsageError
-    from qnnctl.sdk.select import sdk_from_root
+    from qnnctl.sdk.layout import sdk_from_root
 
     with pytest.raises(UsageError) as caught:
         sdk_from_root(Path("  "), "QNN_SDK_ROOT")
@@ -1084,7 +1085,7 @@ def test_an_sdk_root_of_blanks_is_refused_as_empty(tmp_path: Path) -> None:
 
 
 def test_an_sdk_named_by_path_with_no_version_anywhere_is_of_version_unknown(tmp_path: Path) -> None:
-    from qnnctl.sdk.select import sdk_from_root
+    from qnnctl.sdk.layout import sdk_from_root
 
     root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     assert sdk_from_root(root, "QNN_SDK_ROOT") == Sdk(root=root, version="unknown", origin="QNN_SDK_ROOT")
@@ -1092,7 +1093,7 @@ def test_an_sdk_named_by_path_with_no_version_anywhere_is_of_version_unknown(tmp
 
 def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path: Path) -> None:
     """A vendor's comment in another encoding: the version line is read all the same."""
-    from qnnctl.sdk.select import version_claims
+    from qnnctl.sdk.layout import version_claims
 
     root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     (root / "sdk.yaml").write_bytes(b"# \xe9dition Qualcomm\nversion: " + VERSION.encode() + b"\n")
@@ -1101,7 +1102,7 @@ def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path:
 
 def test_a_folder_that_is_no_sdk_root_is_refused_with_where_it_was_named(tmp_path: Path) -> None:
     from qnnctl.errors import InvalidSdkError
-    from qnnctl.sdk.select import sdk_from_root
+    from qnnctl.sdk.layout import sdk_from_root
 
     (tmp_path / "QNN_README.txt").write_text("")
     with pytest.raises(InvalidSdkError) as caught:
@@ -1115,7 +1116,7 @@ def test_what_names_an_sdks_version_besides_its_libraries_in_the_order_trusted(t
     """sdk.yaml, the folder's name, the manifest, the name of the archive the manifest names."""
     import json
 
-    from qnnctl.sdk.select import version_claims
+    from qnnctl.sdk.layout import version_claims
 
     root = build_sdk_tree(tmp_path / "2.31.0.250130", SdkSpec(version=VERSION))
     # The mirror's layout: the file's name is read, not the folder it is in.

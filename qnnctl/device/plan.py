@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
-from qnnctl.sdk.select import Sdk
+from qnnctl.sdk.layout import Sdk
 
 ANDROID_LIB_DIR = "lib/aarch64-android"
 DEVICE_BASE = "/data/local/tmp/qnnctl"
@@ -291,7 +291,7 @@ def sdk_release(sdk: Sdk) -> tuple[int, int] | None:
 def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path] = ()) -> Plan:
     """The files of `sdk` that `soc` needs, plus `extras`, bound for `dest` on the device."""
     from qnnctl.sdk.identity import build_id
-    from qnnctl.sdk.select import read_build_id
+    from qnnctl.sdk.layout import read_build_id
 
     dest = check_dest(dest if dest is not None else default_dest(sdk.version))
     present, missing, optional = sdk_files(sdk, soc.arch)

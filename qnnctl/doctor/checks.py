@@ -23,24 +23,8 @@ from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, Qn
 from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
 from qnnctl.host.machine import glibc_version
 from qnnctl.run.probe import HTP_BACKEND_ID, Loaded, probe
-from qnnctl.sdk.select import (
-    BY_ENV,
-    BY_INSTALLED,
-    BY_SHELL,
-    HOST_BIN_DIR,
-    HOST_LIB_DIR,
-    REQUIRED_LIBS,
-    Sdk,
-    Selection,
-    caller_lib_dir,
-    changed_link_error,
-    missing_layout,
-    pin_conflict,
-    read_sdk_version,
-    resolve_installed,
-    select_sdk,
-    selection_origin,
-)
+from qnnctl.sdk.select import BY_ENV, BY_INSTALLED, BY_SHELL, Selection, caller_lib_dir, changed_link_error, pin_conflict, resolve_installed, select_sdk, selection_origin
+from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, REQUIRED_LIBS, Sdk, missing_layout, read_sdk_version
 from qnnctl.shell.exports import EnvValues, apply, split_path
 from qnnctl.net.urls import redact
 from qnnctl.words import plural
@@ -427,7 +411,7 @@ def check_layout(ctx: Context) -> Outcome:
 def check_version(ctx: Context) -> Outcome:
     """The build id the libraries carry is what loads; every other label must agree with it."""
     from qnnctl.sdk.identity import version_of_build
-    from qnnctl.sdk.select import read_build_id, version_claims
+    from qnnctl.sdk.layout import read_build_id, version_claims
 
     target = ctx.require_target()
     sdk = ctx.require_sdk()

@@ -114,7 +114,7 @@ def check_libraries(ctx: Context) -> Outcome:
     """The pushed set is complete and of one build, the host SDK's."""
     from qnnctl.device.push import file_sha256
     from qnnctl.sdk.identity import build_id, version_of_build
-    from qnnctl.sdk.select import read_build_id
+    from qnnctl.sdk.layout import read_build_id
 
     device = _require_device(ctx)
     soc = _require_soc(ctx)
@@ -159,7 +159,7 @@ def check_libraries(ctx: Context) -> Outcome:
 def check_preinstalled(ctx: Context) -> Outcome:
     """A phone's own libQnn* of another build load first unless the pushed folder comes first."""
     from qnnctl.device.adb import DeviceError, printable
-    from qnnctl.sdk.select import read_build_id
+    from qnnctl.sdk.layout import read_build_id
     from qnnctl.shell.exports import quote_posix
 
     device = _require_device(ctx)

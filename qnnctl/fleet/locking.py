@@ -29,7 +29,8 @@ from qnnctl.fleet.lockfile import (
     write_lock,
 )
 from qnnctl.fleet.mirror import fetch_archive
-from qnnctl.sdk.select import Sdk, find_installed, read_build_id, sdk_from_root, select_sdk, selection_origin
+from qnnctl.sdk.select import find_installed, select_sdk, selection_origin
+from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
 from qnnctl.net.urls import redact
 from qnnctl.sdk.versions import is_full_version
 

@@ -49,7 +49,7 @@ def archive_build_id(archive: Path, scratch: Path) -> str | None:
     import zipfile
 
     from qnnctl.sdk.identity import IDENTITY_LIBS, build_id
-    from qnnctl.sdk.select import HOST_LIB_DIR
+    from qnnctl.sdk.layout import HOST_LIB_DIR
 
     try:
         with zipfile.ZipFile(archive) as zf:
@@ -191,7 +191,8 @@ def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:
 
 def mirror_versions(specs: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
     """The versions `specs` name (prefixes resolved), or the one qnnctl resolves here."""
-    from qnnctl.sdk.select import read_sdk_version, resolve_spec, select_sdk
+    from qnnctl.sdk.select import resolve_spec, select_sdk
+    from qnnctl.sdk.layout import read_sdk_version
     from qnnctl.sdk.versions import is_full_version
 
     if specs:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, fsync_dir, read_manifest, remove_tree, write_json_atomic
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.paths import user_path
-from qnnctl.sdk.select import Sdk
+from qnnctl.sdk.layout import Sdk
 from qnnctl.net.urls import redact
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def sdk_glibc_requirement(sdk: Sdk) -> Version | None:
 def trio_needed(sdk: Sdk) -> list[str]:
     """The libc++ trio members that the SDK's required host libraries name in DT_NEEDED."""
     from qnnctl.host.elf import needed_libraries
-    from qnnctl.sdk.select import REQUIRED_LIBS
+    from qnnctl.sdk.layout import REQUIRED_LIBS
 
     needed: set[str] = set()
     for name in REQUIRED_LIBS:

@@ -26,7 +26,7 @@ from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, r
 from qnnctl.errors import IntegrityError
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.identity import version_of_build
-from qnnctl.sdk.select import Sdk, missing_layout, read_build_id, version_claims
+from qnnctl.sdk.layout import Sdk, missing_layout, read_build_id, version_claims
 from qnnctl.sdk.versions import archive_name
 from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
 

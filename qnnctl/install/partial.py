@@ -42,7 +42,7 @@ from qnnctl.sdk.components import (
 )
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.install.gate import Expected, Observed, check, why_whole
-from qnnctl.sdk.select import Sdk
+from qnnctl.sdk.layout import Sdk
 from qnnctl.words import human_size, plural
 
 if TYPE_CHECKING:

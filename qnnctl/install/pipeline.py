@@ -27,20 +27,8 @@ from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, Usag
 from qnnctl.install.gate import Observed, agree, check, given_sha256
 from qnnctl.host.machine import require_supported_host
 from qnnctl.paths import user_path
-from qnnctl.sdk.select import (
-    BY_ARGUMENT,
-    BY_CALLER,
-    BY_DEFAULT,
-    BY_ENV,
-    BY_PIN,
-    BY_SHELL,
-    Sdk,
-    Selection,
-    find_installed,
-    missing_layout,
-    sdk_from_root,
-    select_sdk,
-)
+from qnnctl.sdk.select import BY_ARGUMENT, BY_CALLER, BY_DEFAULT, BY_ENV, BY_PIN, BY_SHELL, Selection, find_installed, select_sdk
+from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
 from qnnctl.net.urls import check_url, redact
 from qnnctl.sdk.versions import (
     archive_urls,

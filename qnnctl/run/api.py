@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.sdk.select import HOST_LIB_DIR, Sdk
+from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
 
 if TYPE_CHECKING:
     from qnnctl.sdk.cache import Cache
@@ -148,7 +148,8 @@ def _set(name: str, value: str | None) -> None:
 
 def _caller_managed(environ: Mapping[str, str]) -> Sdk:
     """The SDK a caller put on LD_LIBRARY_PATH itself (QNN_SDK_ROOT exported but empty)."""
-    from qnnctl.sdk.select import caller_lib_dir, missing_layout, read_sdk_version
+    from qnnctl.sdk.select import caller_lib_dir
+    from qnnctl.sdk.layout import missing_layout, read_sdk_version
 
     lib_dir = caller_lib_dir(environ)
     if lib_dir is not None and lib_dir.parts[-2:] == tuple(HOST_LIB_DIR.split("/")):

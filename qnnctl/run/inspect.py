@@ -37,7 +37,8 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.run.environment import environment_for, resolve_sdk
 from qnnctl.errors import NotInstalledError, QnnctlError
 from qnnctl.run.probe import explain_load_error
-from qnnctl.sdk.select import BY_ENV, Sdk, read_build_id
+from qnnctl.sdk.select import BY_ENV
+from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.shell.exports import apply
 
 log = logging.getLogger("qnnctl.run.inspect")

@@ -29,7 +29,8 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.sdk.holds import hold_sdk
 from qnnctl.host.runtime import LOADER_GUARD
-from qnnctl.sdk.select import BY_ENV, Sdk
+from qnnctl.sdk.select import BY_ENV
+from qnnctl.sdk.layout import Sdk
 from qnnctl.shell.exports import EnvValues
 
 log = logging.getLogger("qnnctl.run.lower")

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from qnnctl.sdk.cache import Cache
 from qnnctl.errors import UsageError
-from qnnctl.sdk.select import Sdk, Selection
+from qnnctl.sdk.select import Selection
+from qnnctl.sdk.layout import Sdk
 
 LIBRARY = "library"
 TOOL = "tool"

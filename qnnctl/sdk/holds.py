@@ -24,8 +24,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import NamedTuple
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 from qnnctl.errors import QnnctlError
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 
 log = logging.getLogger("qnnctl.sdk.holds")
 

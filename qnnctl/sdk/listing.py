@@ -7,17 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qnnctl.sdk.cache import Cache, read_manifest, tree_size, unpacked_size
 from qnnctl.errors import QnnctlError
+from qnnctl.sdk.cache import Cache, read_manifest, tree_size, unpacked_size
 from qnnctl.sdk.holds import held_by
-from qnnctl.sdk.select import (
-    executorch_cache_dirs,
-    find_installed,
-    missing_layout,
-    read_build_id,
-    read_sdk_version,
-    select_sdk,
-)
+from qnnctl.sdk.layout import missing_layout, read_build_id, read_sdk_version
+from qnnctl.sdk.select import executorch_cache_dirs, find_installed, select_sdk
 from qnnctl.sdk.stores import LINK_ORIGIN, all_links, store_origin, store_sdks
 from qnnctl.words import columns, size_text
 

@@ -11,8 +11,8 @@ import os
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
-from qnnctl.sdk.cache import Cache
 from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.select import PIN_FILE
 from qnnctl.sdk.versions import resolve_version
 

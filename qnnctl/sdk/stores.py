@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from qnnctl.sdk.cache import Cache, write_json_atomic
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path
+from qnnctl.sdk.cache import Cache, write_json_atomic
 from qnnctl.sdk.versions import is_full_version
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class StoreSdk(NamedTuple):
 
 
 def _identify(root: Path) -> str | None:
-    from qnnctl.sdk.select import missing_layout, read_sdk_version
+    from qnnctl.sdk.layout import missing_layout, read_sdk_version
 
     if missing_layout(root):
         return None
@@ -222,7 +222,7 @@ def store_problem(store: Path) -> Unsafe | None:
 def sdk_problem(root: Path) -> Unsafe | None:
     """Why an SDK folder is not used: another user could change it, the folders that go on
     LD_LIBRARY_PATH and PATH, or what is in them (a link there is followed to where it leads)."""
-    from qnnctl.sdk.select import HOST_BIN_DIR, HOST_LIB_DIR
+    from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR
 
     problem = unsafe_path(root)
     for folder in (root / HOST_LIB_DIR, root / HOST_BIN_DIR):
@@ -324,7 +324,7 @@ class Link(NamedTuple):
     @property
     def dangling(self) -> bool:
         """The folder has gone (or no longer has the SDK's layout): reported, never followed."""
-        from qnnctl.sdk.select import missing_layout
+        from qnnctl.sdk.layout import missing_layout
 
         return bool(missing_layout(self.root))
 
@@ -393,7 +393,7 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
     Returns the new link and the one it replaced, if any. The folder is only read.
     """
     from qnnctl.sdk.identity import version_of_build
-    from qnnctl.sdk.select import missing_layout, not_an_sdk_root, read_build_id, version_claims
+    from qnnctl.sdk.layout import missing_layout, not_an_sdk_root, read_build_id, version_claims
     from qnnctl.sdk.versions import resolve_version
 
     root = user_path(path).absolute()
