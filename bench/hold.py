@@ -54,9 +54,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from qnnctl.run import lower
+    from qnnctl.run.lower import COMMAND, LowerOptions, Target, plan_lower
     from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.holds import hold_sdk
-    from qnnctl.run.lower import COMMAND, LowerOptions, Target, plan_lower
 
     version = "2.37.0.250724"
     with tempfile.TemporaryDirectory(prefix="qnnctl-bench-hold-") as tmp:

@@ -299,9 +299,9 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     SDK found on disk) must match it (exit 4). An installed SDK that a running process uses is
     never replaced (exit 1, naming the process; --wait waits for it to end).
     """
-    from qnnctl.sdk.holds import wait_for_holders
     from qnnctl.install.pipeline import InstallRequest
     from qnnctl.install.pipeline import install as do_install
+    from qnnctl.sdk.holds import wait_for_holders
     from qnnctl.shell.exports import check_cache_path
 
     check_cache_path(str(_cache().root))
@@ -396,8 +396,8 @@ def _stage_missing_trio(sdk: Any) -> None:
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
-    from qnnctl.run.environment import plan_env
     from qnnctl.errors import NotInstalledError, UsageError
+    from qnnctl.run.environment import plan_env
     from qnnctl.shell.exports import detect_shell, render
 
     if "logging" in sys.modules:

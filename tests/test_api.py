@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import qnnctl
-from qnnctl.run import api
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
+from qnnctl.run import api
 from qnnctl.sdk.layout import Sdk
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import (
@@ -365,8 +365,8 @@ def test_a_host_without_libcxx_gets_the_trio_staged_and_loaded_first(
 
 def test_a_staged_trio_is_not_loaded_for_an_sdk_that_ships_its_own(cache_dir: Path, tmp_path: Path) -> None:
     """An SDK before 2.23 ships the trio: a trio staged in the cache for another SDK stays out."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+    from qnnctl.sdk.cache import Cache
     from tests.test_runtime import stub_trio
 
     stub_trio(tmp_path / "given")

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple, TypeVar
 import pytest
 
 import qnnctl.install.archive
-from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract, work_folder
-from qnnctl.sdk.cache import space_margin
 from qnnctl.errors import DiskSpaceError, IntegrityError
+from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract, work_folder
+from qnnctl.paths import space_margin
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
     VERSION,

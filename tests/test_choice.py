@@ -240,8 +240,8 @@ def test_install_without_a_version_reuses_the_newest_sdk_installed(mirror: Fault
 def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, said: str, reason: str) -> None:
     """`qnnctl install` with no VERSION in `env` reuses the SDK at `root`, saying where it was
     found, and install() returns it with the step of the selection that chose it."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
 
     install_tree_into_cache(cache_dir, "2.40.0.251030")  # newer, and not the one to reuse
     proc = run_qnnctl("install", env=env)

@@ -16,6 +16,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.install.zipindex import NeedMore, end_records, extents
+from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
 from qnnctl.sdk.components import (
     Member,
     available,
@@ -29,10 +32,7 @@ from qnnctl.sdk.components import (
     unresolved_links,
     with_link_targets,
 )
-from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.sdk.pin import read_pin_components, write_pin
-from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
-from qnnctl.install.zipindex import NeedMore, end_records, extents
 from tests.httpserver import FaultServer, parse_ranges
 from tests.sdkfactory import VERSION
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from qnnctl.device import socs
-from qnnctl.doctor.device import DEVICE_CHECKS
 from qnnctl.doctor.checks import Context, Result, run_checks
+from qnnctl.doctor.device import DEVICE_CHECKS
 from qnnctl.sdk.identity import build_id
 from tests import genuine
 from tests.conftest import run_qnnctl

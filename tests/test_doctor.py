@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.host import machine as host
-from qnnctl.sdk.cache import Cache
 from qnnctl.doctor.checks import (
     CHECKS,
     FAIL,
@@ -39,10 +37,12 @@ from qnnctl.doctor.checks import (
     render_text,
     run_checks,
 )
-from qnnctl.run.environment import environment_for
 from qnnctl.errors import QnnctlError
-from qnnctl.sdk.select import Selection
+from qnnctl.host import machine as host
+from qnnctl.run.environment import environment_for
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, Sdk
+from qnnctl.sdk.select import Selection
 from qnnctl.shell.exports import apply
 from tests.conftest import read_terminal, require_tool, run_qnnctl
 from tests.httpserver import FaultServer, self_signed_certificate
@@ -374,8 +374,8 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
     import zlib
 
     from qnnctl.install.archive import crc32_digest
-    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from tests.forge import keep_crc32
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
@@ -409,8 +409,8 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
 
 
 def test_a_manifest_naming_another_version_warns(tmp_path: Path, cache_dir: Path) -> None:
-    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
                         dict(os.environ), Path.cwd())

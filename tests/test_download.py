@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from qnnctl import __version__
-from qnnctl.sdk.cache import read_manifest, space_margin
-from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.errors import DiskSpaceError, DownloadError
+from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
+from qnnctl.paths import space_margin
+from qnnctl.sdk.cache import read_manifest
 from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import Certificate, Fault, FaultServer, self_signed_certificate
 from tests.sdkfactory import VERSION, build_archive
@@ -609,8 +610,8 @@ def test_a_resumed_download_on_a_terminal_says_it_resumed(mirror: FaultServer, c
 def test_the_free_space_margin_scales_with_the_archive(server: FaultServer, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A 61 KB SDK installs on a disk with 20 MB free (a fixed 64 MiB margin refused it)."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
     from tests.sdkfactory import build_archive
 
     (tmp_path / "a").mkdir()

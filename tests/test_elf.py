@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.errors import IntegrityError
 from qnnctl.host.elf import (
     VIA_CACHE,
     VIA_DEFAULT,
@@ -27,7 +28,6 @@ from qnnctl.host.elf import (
     needed_libraries,
     read_elf,
 )
-from qnnctl.errors import IntegrityError
 from qnnctl.host.machine import glibc_version, parse_ld_cache, parse_ldconfig_output, read_ld_cache
 from tests.conftest import require_tool
 from tests.sdkfactory import compile_shared, for_another_machine

@@ -205,7 +205,8 @@ def test_env_is_a_pure_read(args: list[str], cache_dir: Path, tmp_path: Path) ->
     probe = run_probe("env", *args, "--shell", "json", env=_env())
     assert probe.returncode == (1 if args == [MISSING] else 0), probe.stderr
     assert probe.started == []
-    assert not [m for m in probe.modules if m.startswith(("filelock", "qnnctl.install.pipeline", "qnnctl.net.download"))]
+    heavy = ("filelock", "qnnctl.install.pipeline", "qnnctl.net.download")
+    assert not [m for m in probe.modules if m.startswith(heavy)]
     assert _snapshot(tmp_path) == before
 
 

@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from qnnctl.install.archive import zip_digests
-from qnnctl.sdk.cache import Cache, read_manifest, tree_size
 from qnnctl.fleet.lockfile import read_lock
+from qnnctl.install.archive import zip_digests
+from qnnctl.paths import tree_size
+from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.select import find_installed
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer

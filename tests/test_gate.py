@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.sdk.cache import read_manifest
 from qnnctl.install.zipindex import central_directory_sha256, end_records
+from qnnctl.sdk.cache import read_manifest
 from tests.conftest import run_qnnctl
 from tests.forge import keep_crc32
 from tests.httpserver import FaultServer

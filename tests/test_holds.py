@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.errors import QnnctlError
+from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.holds import held_by, hold_sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from qnnctl.sdk.cache import Cache, tree_size
 from qnnctl.install.pipeline import clean_cache
+from qnnctl.paths import tree_size
+from qnnctl.sdk.cache import Cache
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
 

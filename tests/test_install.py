@@ -104,8 +104,8 @@ def test_fresh_install(mirror: FaultServer, cache_dir: Path) -> None:
 
 def test_an_empty_sdk_root_leaves_the_sdk_to_the_caller(mirror: FaultServer, cache_dir: Path) -> None:
     """QNN_SDK_ROOT exported but empty: install fetches nothing, prints no root and says why."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, InstallResult, install
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.select import BY_CALLER
 
     env = {**os.environ, "QNN_SDK_ROOT": ""}
@@ -187,8 +187,8 @@ def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> Non
     assert second.stdout == first.stdout
     # Found before any lock is taken: no "another qnnctl installed it meanwhile".
     assert second.stderr == f"qnnctl: SDK {VERSION} is already installed in qnnctl's cache\n"
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
     again = install(InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
@@ -262,8 +262,8 @@ def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_d
                                                     monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """The manifest is what makes a folder of sdks/ an installed SDK: it must be complete in the
     work folder when that folder is renamed into sdks/, never written there afterwards."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
 
     cache = Cache(cache_dir)
     if how == "force":
@@ -298,8 +298,8 @@ def test_install_from_url(server: FaultServer, tmp_path: Path, cache_dir: Path) 
     assert Path(result.stdout.strip()) == cache_dir / "sdks" / VERSION
     manifest = _assert_complete_sdk(Path(result.stdout.strip()))
     assert manifest["source"] == url
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
     again = install(InstallRequest(url=url), Cache(cache_dir), dict(os.environ), Path.cwd())
@@ -637,10 +637,10 @@ def test_install_file_with_its_sha256_of_a_version_installed_from_another_archiv
 def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Path, cache_dir: Path) -> None:
     """What the library's caller is told of the choice and the SDK: installed, reused by the version given
     without reading the archive, and reused after reading it."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
-    from qnnctl.sdk.select import BY_ARGUMENT, Selection
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.layout import Sdk
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
     archive = build_archive(tmp_path, "zip")
     chosen = Selection(BY_ARGUMENT, f"from {archive}", version=VERSION)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.host.runtime import LOADER_GUARD
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.bootstrap import GUARD_VARIABLE
-from qnnctl.sdk.cache import Cache
 from qnnctl.run.lower import (
     COMMAND,
     MODULE,
@@ -34,7 +34,7 @@ from qnnctl.run.lower import (
     site_folder,
     under_loader,
 )
-from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.sdk.cache import Cache
 from qnnctl.shell.exports import quote_posix
 from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer

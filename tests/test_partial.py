@@ -31,9 +31,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.errors import DownloadError
 from qnnctl.net.ranged import Fetcher, SparseFile, probe
+from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
@@ -178,10 +178,10 @@ def test_the_library_is_told_what_each_install_of_components_did(parts_mirror: F
     """install() of some components: installed when fetched by parts, installed again when
     components are added, reused once all are there; then the whole archive, downloaded and
     installed, then reused; each chosen by the version given."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
-    from qnnctl.sdk.select import BY_ARGUMENT, Selection
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.layout import Sdk
+    from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
     chosen = Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
     sdk = Sdk(cache_dir / "sdks" / VERSION, VERSION, "qnnctl cache")
@@ -795,8 +795,8 @@ def _names_in(archive: Path) -> set[PurePosixPath]:
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
 def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Path, fmt: str) -> None:
-    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
+    from qnnctl.install.archive import extract
 
     archive = build_archive(tmp_path, fmt, SdkSpec())
     chosen = {n for n in _names_in(archive) if not str(n).endswith("libQnnHtp.so") or "android" in str(n)}
@@ -820,8 +820,8 @@ def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, f
 
 def _refusal_without(archive: Path, left_out: str, out: Path) -> str:
     """What extract says, refusing to extract `archive` without the members named `left_out`."""
-    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
+    from qnnctl.install.archive import extract
 
     chosen = {n for n in _names_in(archive) if n.name != left_out}
     with pytest.raises(IntegrityError) as refused:
@@ -859,8 +859,8 @@ def test_a_member_from_another_system_is_extracted_when_chosen(tmp_path: Path) -
 
 def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_is_made(tmp_path: Path) -> None:
     """A tar's hard link is a second name for a member's data: without that member there is nothing to name."""
-    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
+    from qnnctl.install.archive import extract
     from tests.test_archive import TOP, Member, hostile_archive
 
     archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/docs/readme-copy", "hardlink",
@@ -878,8 +878,8 @@ def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
 def test_a_device_file_is_refused_even_where_the_components_chosen_leave_it_out(tmp_path: Path, fmt: str) -> None:
-    from qnnctl.install.archive import extract
     from qnnctl.errors import IntegrityError
+    from qnnctl.install.archive import extract
     from tests.test_archive import TOP, Member, hostile_archive
 
     archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/share/null", "chardev")])
@@ -1184,8 +1184,8 @@ def test_no_step_of_adding_components_leaves_the_sdk_missing(parts_mirror: Fault
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rename the commit makes is followed by a look at the SDK: it is there each time, so
     a kill between any two steps leaves the old SDK or the new one, never none."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
 
     assert run_qnnctl("install", VERSION, "--components", "host").returncode == 0
     sdk = cache_dir / "sdks" / VERSION

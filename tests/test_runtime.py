@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.sdk.cache import Cache
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.host.machine import glibc_version as host_glibc
-from qnnctl.run.lower import reexec_command
 from qnnctl.host.runtime import (
     LOADER,
     LOADER_GUARD,
@@ -38,6 +36,8 @@ from qnnctl.host.runtime import (
     staged_lib_dirs,
     staged_loader,
 )
+from qnnctl.run.lower import reexec_command
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.sdk.cache import Cache
-from qnnctl.run.lower import StagedLoader, under_loader
 from qnnctl.host.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, TRIO, RuntimeRequest, stage_runtime
+from qnnctl.run.lower import StagedLoader, under_loader
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
 from qnnctl.shell.exports import apply
 from tests.conftest import run_qnnctl

@@ -11,8 +11,8 @@ import pytest
 
 from qnnctl.errors import UnsupportedHostError, UsageError
 from qnnctl.host.machine import require_supported_host
-from qnnctl.sdk.select import BY_PIN, Selection, executorch_expected_version
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.select import BY_PIN, Selection, executorch_expected_version
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
@@ -845,8 +845,8 @@ def test_a_link_record_renamed_by_hand_is_no_link(cache_dir: Path, tmp_path: Pat
 
 def _dry_run(spec: str | None = None, allow_install: bool = True, **environ: str) -> tuple[Selection, Sdk | None,
                                                                                            list[str]]:
-    from qnnctl.sdk.cache import Cache
     from qnnctl.run.environment import resolve_for_dry_run
+    from qnnctl.sdk.cache import Cache
 
     cache = Cache(Path(os.environ["QNNCTL_CACHE_DIR"]))
     return resolve_for_dry_run(spec, {**os.environ, **environ}, Path.cwd(), cache, allow_install)
@@ -861,8 +861,8 @@ def test_a_dry_run_of_an_sdk_that_is_not_installed(cache_dir: Path) -> None:
     assert notes == [f"SDK {VERSION} is not installed (given as {VERSION}): without --dry-run, qnnctl would "
                      f"first download it from {url} and install it into {root}"]
     # Unless told otherwise, a dry run plans for a run that may install.
-    from qnnctl.sdk.cache import Cache
     from qnnctl.run.environment import resolve_for_dry_run
+    from qnnctl.sdk.cache import Cache
 
     assert resolve_for_dry_run(VERSION, os.environ, Path.cwd(), Cache(cache_dir))[2] == notes
 
@@ -958,8 +958,8 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
 def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them(cache_dir: Path) -> None:
     """env never downloads: it exports what is there, and names the components the pin asks
     for that the SDK lacks, with the command that adds them."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.run.environment import plan_env
+    from qnnctl.sdk.cache import Cache
 
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android,docs\n")
@@ -978,9 +978,9 @@ def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them
 def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_names(cache_dir: Path) -> None:
     """As `which` and `lower` resolve when they may not install: the pin's components are
     checked by default, and the error names the SDK, its folder, what is missing, and the command."""
-    from qnnctl.sdk.cache import Cache
-    from qnnctl.run.environment import resolve_sdk
     from qnnctl.errors import MissingComponentError
+    from qnnctl.run.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
 
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android\n")
@@ -995,9 +995,9 @@ def test_an_sdk_that_may_not_be_completed_is_refused_for_the_components_its_pin_
 
 
 def test_a_look_up_that_may_not_install_refuses_an_sdk_without_the_pinned_components(cache_dir: Path) -> None:
-    from qnnctl.sdk.cache import Cache
     from qnnctl.errors import MissingComponentError
     from qnnctl.run.which import which
+    from qnnctl.sdk.cache import Cache
 
     root = _partial(cache_dir, ["host"])
     pin = _pin(f"{VERSION}\nhost,android\n")
@@ -1038,8 +1038,8 @@ def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: P
 def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServer, cache_dir: Path,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     """`qnnctl lower` on a terminal passes terminal=True: the install's download draws a bar."""
-    from qnnctl.sdk.cache import Cache
     from qnnctl.run.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
 
     _, sdk = resolve_sdk(VERSION, dict(os.environ), Path.cwd(), Cache(cache_dir), terminal=True)
     assert sdk is not None

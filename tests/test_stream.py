@@ -30,10 +30,11 @@ import pytest
 
 import qnnctl.install.archive
 import qnnctl.net.download
-from qnnctl.install.archive import COPY_BUFFER, Streamed, ZipStream, extract
-from qnnctl.sdk.cache import Cache, space_margin
 from qnnctl.errors import IntegrityError
+from qnnctl.install.archive import COPY_BUFFER, Streamed, ZipStream, extract
 from qnnctl.install.pipeline import InstallRequest, InstallResult, install
+from qnnctl.paths import space_margin
+from qnnctl.sdk.cache import Cache
 from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest

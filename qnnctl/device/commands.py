@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from qnnctl.sdk.cache import Cache
 from qnnctl.device.plan import Plan, check_dest, default_dest, plan_push, remote_command, resolve_soc
 from qnnctl.device.push import PushResult
 from qnnctl.errors import UsageError
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
 
 log = logging.getLogger("qnnctl.device")
@@ -66,8 +66,8 @@ def device_dest(dest: str | None, spec: str | None, environ: Mapping[str, str], 
     """`--dest`, else where `qnnctl device push` puts the selected SDK's files."""
     if dest is not None:
         return check_dest(dest)
-    from qnnctl.sdk.select import select_sdk
     from qnnctl.sdk.layout import read_sdk_version
+    from qnnctl.sdk.select import select_sdk
 
     selection = select_sdk(spec, environ, cwd, cache)
     version = selection.version

@@ -18,15 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, QnnctlError, UsageError
-from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
 from qnnctl.host.machine import glibc_version
-from qnnctl.run.probe import HTP_BACKEND_ID, Loaded, probe
-from qnnctl.sdk.select import BY_ENV, BY_INSTALLED, BY_SHELL, Selection, caller_lib_dir, changed_link_error, pin_conflict, resolve_installed, select_sdk, selection_origin
-from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, REQUIRED_LIBS, Sdk, missing_layout, read_sdk_version
-from qnnctl.shell.exports import EnvValues, apply, split_path
 from qnnctl.net.urls import redact
+from qnnctl.run.probe import HTP_BACKEND_ID, Loaded, probe
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
+from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, REQUIRED_LIBS, Sdk, missing_layout, read_sdk_version
+from qnnctl.sdk.select import (
+    BY_ENV,
+    BY_INSTALLED,
+    BY_SHELL,
+    Selection,
+    caller_lib_dir,
+    changed_link_error,
+    pin_conflict,
+    resolve_installed,
+    select_sdk,
+    selection_origin,
+)
+from qnnctl.shell.exports import EnvValues, apply, split_path
 from qnnctl.words import plural
 
 if TYPE_CHECKING:
@@ -464,8 +475,8 @@ def _named(claims: Mapping[str, str]) -> str:
 
 
 def check_manifest(ctx: Context) -> Outcome:
-    from qnnctl.sdk.components import install_command
     from qnnctl.run.environment import pin_gap
+    from qnnctl.sdk.components import install_command
 
     target = ctx.require_target()
     sdk = ctx.require_sdk()
@@ -818,8 +829,8 @@ def check_onnxruntime(ctx: Context) -> Outcome:
 
 
 def check_cpu(ctx: Context) -> Outcome:
-    from qnnctl.run.api import FORCE_VENDOR_VARIABLE
     from qnnctl.host.machine import cpu_vendor, is_amd
+    from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 
     # The same answer the AMD guard of `qnnctl lower` will get.
     forced = ctx.environ.get(FORCE_VENDOR_VARIABLE) or None

@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
-from qnnctl.sdk.components import installed_components, tree_digests
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.install.gate import Expected, is_sha256
-from qnnctl.sdk.select import find_pin
+from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
+from qnnctl.sdk.components import installed_components, tree_digests
 from qnnctl.sdk.layout import Sdk, read_build_id
+from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
 
 log = logging.getLogger("qnnctl.fleet.lockfile")

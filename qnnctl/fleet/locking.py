@@ -13,11 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.components import tree_digests
 from qnnctl.errors import UsageError
-from qnnctl.install.gate import is_sha256
-from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.fleet.lockfile import (
     LOCK_FILE,
     LockedSdk,
@@ -29,9 +25,13 @@ from qnnctl.fleet.lockfile import (
     write_lock,
 )
 from qnnctl.fleet.mirror import fetch_archive
-from qnnctl.sdk.select import find_installed, select_sdk, selection_origin
-from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
+from qnnctl.install.gate import is_sha256
+from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import redact
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.components import tree_digests
+from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
+from qnnctl.sdk.select import find_installed, select_sdk, selection_origin
 from qnnctl.sdk.versions import is_full_version
 
 log = logging.getLogger("qnnctl.fleet.lockfile")

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, fsync_dir, read_manifest, remove_tree, write_json_atomic
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
-from qnnctl.paths import user_path
-from qnnctl.sdk.layout import Sdk
 from qnnctl.net.urls import redact
+from qnnctl.paths import fsync_dir, remove_tree, user_path, write_json_atomic
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.layout import Sdk
 
 if TYPE_CHECKING:
     from qnnctl.host.elf import ElfIdentity
@@ -580,8 +580,8 @@ def _wanted(name: str) -> bool:
 
 def _scan(source: Path, dest: Path, label: str | None = None) -> _Scan:
     """Read one source (file or folder), check its digest, keep the members that matter."""
-    from qnnctl.net.download import file_sha256
     from qnnctl.host.packages import collect, deb_info, package_kind, package_members, rpm_info
+    from qnnctl.net.download import file_sha256
 
     label = label or str(source)
     if source.is_dir():
@@ -619,8 +619,8 @@ def _scan(source: Path, dest: Path, label: str | None = None) -> _Scan:
 
 def _scan_folder(folder: Path, dest: Path) -> _Scan:
     """A folder given by the user: its libraries, links followed on disk (it is trusted)."""
-    from qnnctl.net.download import file_sha256
     from qnnctl.host.packages import Collected, CollectedFile
+    from qnnctl.net.download import file_sha256
 
     dest.mkdir(parents=True, exist_ok=True)
     collected = Collected()
@@ -712,8 +712,8 @@ def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
     import requests
     import urllib3
 
-    from qnnctl.net.download import CONNECT_TIMEOUT, READ_TIMEOUT, Retry, retry_after, retryable_status
     from qnnctl.host.packages import HashingReader, collect, tar_members
+    from qnnctl.net.download import CONNECT_TIMEOUT, READ_TIMEOUT, Retry, retry_after, retryable_status
     from qnnctl.net.retry import describe
 
     shown = redact(url)  # QNNCTL_LLVM_URL may name a mirror with a password or a token

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NamedTuple, NoReturn, Protocol, TypeVar
 
-from qnnctl.sdk.cache import require_free_space, space_margin
-from qnnctl.sdk.components import component_digests, member_line
 from qnnctl.errors import DiskSpaceError, IntegrityError
+from qnnctl.install.zipindex import MAX_TAIL, check_zip_file, member_kind, open_zip, zip64_sizes
+from qnnctl.paths import require_free_space, space_margin
+from qnnctl.sdk.components import component_digests, member_line
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.versions import version_in
-from qnnctl.install.zipindex import MAX_TAIL, check_zip_file, member_kind, open_zip, zip64_sizes
 
 log = logging.getLogger("qnnctl.install.archive")
 

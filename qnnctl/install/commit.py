@@ -21,14 +21,15 @@ from urllib.parse import unquote, urlparse
 from filelock import FileLock, Timeout
 
 from qnnctl import __version__
-from qnnctl.install.archive import archive_kind
-from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache, fsync_dir, remove_tree, write_json_atomic
 from qnnctl.errors import IntegrityError
+from qnnctl.install.archive import archive_kind
+from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
+from qnnctl.paths import fsync_dir, remove_tree, write_json_atomic
+from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import Sdk, missing_layout, read_build_id, version_claims
 from qnnctl.sdk.versions import archive_name
-from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
 
 log = logging.getLogger("qnnctl.install.pipeline")
 

@@ -25,8 +25,10 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.install.commit import commit, identify, require_version, used_up, work_id
+from qnnctl.install.gate import Expected, Observed, check, why_whole
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import (
     ALL,
     HOST,
@@ -40,15 +42,13 @@ from qnnctl.sdk.components import (
     tree_digests,
     with_link_targets,
 )
-from qnnctl.errors import DownloadError, IntegrityError, UsageError
-from qnnctl.install.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk.layout import Sdk
 from qnnctl.words import human_size, plural
 
 if TYPE_CHECKING:
+    from qnnctl.install.zipindex import EndRecords, Extent
     from qnnctl.net.download import ProgressFactory
     from qnnctl.net.ranged import SparseFile
-    from qnnctl.install.zipindex import EndRecords, Extent
 
 log = logging.getLogger("qnnctl.install.partial")
 
@@ -263,8 +263,8 @@ class RangedInstall:
         """The end of the archive and its central directory, into the sparse file.
 
         RangesIgnored when the server does not serve ranges."""
-        from qnnctl.net.ranged import Fetcher, SparseFile, probe
         from qnnctl.install.zipindex import NeedMore, end_records
+        from qnnctl.net.ranged import Fetcher, SparseFile, probe
 
         remote, tail_start, tail = probe(self.urls)
         log.info("reading the central directory of %s (%s)", remote.shown, human_size(remote.size))
@@ -296,8 +296,8 @@ class RangedInstall:
         work/x; returns the SDK root there, the archive's top folder, the files written with
         their digests, the bytes written and the libraries' version."""
         from qnnctl.install.archive import extract
-        from qnnctl.net.ranged import Fetcher
         from qnnctl.install.zipindex import check_local_header
+        from qnnctl.net.ranged import Fetcher
 
         sparse = self.sparse
         if sparse is None:  # pragma: no cover - open() comes first
@@ -310,7 +310,7 @@ class RangedInstall:
         adding = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
         log.info("fetching %s of %s: %s of the archive's %s", plural(len(spans), "file"),
                  ", ".join(adding or components), human_size(wanted), human_size(sparse.remote.size))
-        from qnnctl.sdk.cache import require_free_space
+        from qnnctl.paths import require_free_space
 
         require_free_space(self.cache.downloads, wanted, "download the archive's parts")
         fetcher = Fetcher(sparse, self.progress)
@@ -339,8 +339,8 @@ class RangedInstall:
               ) -> tuple[set[PurePosixPath], set[PurePosixPath], dict[int, Extent]]:
         """The members to extract (links followed, their bytes fetched), those `old` holds,
         and the byte range of every file entry to fetch, by its offset."""
-        from qnnctl.net.ranged import Fetcher
         from qnnctl.install.zipindex import check_local_header, extent_of, extents, open_zip, same_reading
+        from qnnctl.net.ranged import Fetcher
 
         sparse = self.sparse
         records = self.records

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, remove_tree, unpacked_size
+from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
+from qnnctl.host.machine import require_supported_host
 from qnnctl.install.commit import (
     FILE_LOCK,
     commit,
@@ -22,14 +23,23 @@ from qnnctl.install.commit import (
     version_lock,
     work_id,
 )
-from qnnctl.sdk.components import tree_digests
-from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.install.gate import Observed, agree, check, given_sha256
-from qnnctl.host.machine import require_supported_host
-from qnnctl.paths import user_path
-from qnnctl.sdk.select import BY_ARGUMENT, BY_CALLER, BY_DEFAULT, BY_ENV, BY_PIN, BY_SHELL, Selection, find_installed, select_sdk
-from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
 from qnnctl.net.urls import check_url, redact
+from qnnctl.paths import remove_tree, user_path
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
+from qnnctl.sdk.components import tree_digests
+from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
+from qnnctl.sdk.select import (
+    BY_ARGUMENT,
+    BY_CALLER,
+    BY_DEFAULT,
+    BY_ENV,
+    BY_PIN,
+    BY_SHELL,
+    Selection,
+    find_installed,
+    select_sdk,
+)
 from qnnctl.sdk.versions import (
     archive_urls,
     as_typed,
@@ -178,9 +188,9 @@ def install(
         remove_stale_work(cache, version)
         if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
             _free_to_replace(cache, version)  # before a download that could not be installed
+        from qnnctl.fleet.mirrorindex import mirror_entry
         from qnnctl.install.archive import ZipStream, work_folder
         from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
-        from qnnctl.fleet.mirrorindex import mirror_entry
 
         # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
         # agree before anything is fetched, and what arrives passes the gate against each.

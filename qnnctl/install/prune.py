@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, remove_tree, unpacked_size
 from qnnctl.errors import UsageError
+from qnnctl.paths import remove_tree
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
 from qnnctl.sdk.holds import HeldError, exclusive
 from qnnctl.sdk.versions import is_version_prefix, matches_prefix, resolve_version
 from qnnctl.words import size_text

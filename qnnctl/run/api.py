@@ -102,8 +102,8 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
 
 
 def _setup(spec: str | None) -> Sdk:
-    from qnnctl.sdk.cache import Cache
     from qnnctl.run.environment import ensure_loadable, environment_for, resolve_sdk
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.holds import hold_sdk
     from qnnctl.sdk.select import BY_ENV
 
@@ -148,8 +148,8 @@ def _set(name: str, value: str | None) -> None:
 
 def _caller_managed(environ: Mapping[str, str]) -> Sdk:
     """The SDK a caller put on LD_LIBRARY_PATH itself (QNN_SDK_ROOT exported but empty)."""
-    from qnnctl.sdk.select import caller_lib_dir
     from qnnctl.sdk.layout import missing_layout, read_sdk_version
+    from qnnctl.sdk.select import caller_lib_dir
 
     lib_dir = caller_lib_dir(environ)
     if lib_dir is not None and lib_dir.parts[-2:] == tuple(HOST_LIB_DIR.split("/")):

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command, installed_components, missing
-from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, resolve_installed, select_sdk
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, resolve_installed, select_sdk
 from qnnctl.shell.exports import EnvValues, sdk_environment, unset_environment
 
 log = logging.getLogger("qnnctl.run.environment")

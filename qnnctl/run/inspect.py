@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qnnctl.sdk.cache import Cache
-from qnnctl.run.environment import environment_for, resolve_sdk
 from qnnctl.errors import NotInstalledError, QnnctlError
+from qnnctl.run.environment import environment_for, resolve_sdk
 from qnnctl.run.probe import explain_load_error
-from qnnctl.sdk.select import BY_ENV
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk, read_build_id
+from qnnctl.sdk.select import BY_ENV
 from qnnctl.shell.exports import apply
 
 log = logging.getLogger("qnnctl.run.inspect")

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.host.runtime import LOADER_GUARD
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER
 from qnnctl.sdk.cache import Cache
-from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.sdk.holds import hold_sdk
-from qnnctl.host.runtime import LOADER_GUARD
-from qnnctl.sdk.select import BY_ENV
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.select import BY_ENV
 from qnnctl.shell.exports import EnvValues
 
 log = logging.getLogger("qnnctl.run.lower")
@@ -364,8 +364,8 @@ def plan_lower(
 
 def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
     """Stage libc++ and friends when the SDK needs them and the host lacks them."""
-    from qnnctl.run.environment import ensure_loadable
     from qnnctl.errors import QnnctlError
+    from qnnctl.run.environment import ensure_loadable
 
     try:
         ensure_loadable(sdk, environ, cache)

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qnnctl.sdk.cache import Cache
 from qnnctl.errors import UsageError
-from qnnctl.sdk.select import Selection
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.select import Selection
 
 LIBRARY = "library"
 TOOL = "tool"
@@ -59,8 +59,8 @@ def which(name: str, spec: str | None, environ: Mapping[str, str], cwd: Path, ca
     if not name or "/" in name or "\x00" in name or name in (".", "..") or len(os.fsencode(name)) > 255:
         raise UsageError(f"{name!r} is not a bare library or tool name",
                          hint="give a name such as libQnnHtp.so, libc++.so.1 or qnn-net-run")
-    from qnnctl.run.environment import environment_for, resolve_sdk, runtime_lib_dirs
     from qnnctl.host.runtime import LOADER_GUARD
+    from qnnctl.run.environment import environment_for, resolve_sdk, runtime_lib_dirs
     from qnnctl.sdk.select import BY_ENV
     from qnnctl.shell.exports import apply, split_path
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from qnnctl.errors import QnnctlError
-from qnnctl.sdk.cache import Cache, read_manifest, tree_size, unpacked_size
+from qnnctl.paths import tree_size
+from qnnctl.sdk.cache import Cache, read_manifest, unpacked_size
 from qnnctl.sdk.holds import held_by
 from qnnctl.sdk.layout import missing_layout, read_build_id, read_sdk_version
 from qnnctl.sdk.select import executorch_cache_dirs, find_installed, select_sdk
