@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from qnnctl.fleet.lockfile import read_lock
 from qnnctl.install.archive import zip_digests
 from qnnctl.paths import tree_size
 from qnnctl.sdk.cache import Cache, read_manifest
+from qnnctl.sdk.lockfile import read_lock
 from qnnctl.sdk.select import find_installed
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
@@ -1192,7 +1192,7 @@ def test_uninstall_says_each_size_as_list_shows_it(cache_dir: Path) -> None:
 
 def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    from qnnctl.fleet.mirrorindex import mirror_entry
+    from qnnctl.sdk.mirrorindex import mirror_entry
 
     url = f"{server.base}/index.json"
     server.add("/index.json", b"{}", "application/json")

@@ -1027,7 +1027,7 @@ def check_network(ctx: Context) -> Outcome:
 
 def check_lock(ctx: Context) -> Outcome:
     """The project's qnnctl.lock: present, matching the selected SDK, or stale."""
-    from qnnctl.fleet.lockfile import LOCK_FILE, compare, find_lock, read_lock, unchecked
+    from qnnctl.sdk.lockfile import LOCK_FILE, compare, find_lock, read_lock, unchecked
 
     path = find_lock(ctx.cwd)
     if path is None:

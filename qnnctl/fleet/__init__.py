@@ -1,3 +1,3 @@
-"""Teams pin, share and mirror SDKs: qnnctl.lock, a mirror's folder and index.json.
-Both hand what an SDK must be (install.gate.Expected) down to the install pipeline.
+"""Teams pin, share and mirror SDKs: `qnnctl lock` and `install --locked` (locking), a mirror's
+folder and its index.json (mirror), above the install pipeline they feed.
 """

@@ -1,7 +1,7 @@
 """`qnnctl lock` and `qnnctl lock --check`: the project's lock written from an SDK (installed
 first when it is not), and compared with what qnnctl resolves.
 
-Above the install pipeline, which it calls; qnnctl.fleet.lockfile, below it, reads locks and hands
+Above the install pipeline, which it calls; qnnctl.sdk.lockfile, below it, reads locks and hands
 what they pin down to the install's gate.
 """
 
@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
-from qnnctl.fleet.lockfile import (
+from qnnctl.fleet.mirror import fetch_archive
+from qnnctl.install.pipeline import InstallRequest, install
+from qnnctl.net.urls import redact
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.components import tree_digests
+from qnnctl.sdk.gate import is_sha256
+from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
+from qnnctl.sdk.lockfile import (
     LOCK_FILE,
     LockedSdk,
     LockError,
@@ -24,17 +31,10 @@ from qnnctl.fleet.lockfile import (
     read_lock,
     write_lock,
 )
-from qnnctl.fleet.mirror import fetch_archive
-from qnnctl.install.gate import is_sha256
-from qnnctl.install.pipeline import InstallRequest, install
-from qnnctl.net.urls import redact
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.components import tree_digests
-from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
 from qnnctl.sdk.select import find_installed, select_sdk, selection_origin
 from qnnctl.sdk.versions import is_full_version
 
-log = logging.getLogger("qnnctl.fleet.lockfile")
+log = logging.getLogger("qnnctl.sdk.lockfile")
 
 
 class Written(NamedTuple):

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.fleet.mirrorindex import INDEX_NAME, INDEX_SCHEMA, mirror_entry, parse_index
 from qnnctl.install.archive import zip_digests
-from qnnctl.install.gate import Observed, agree, check
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.gate import Observed, agree, check
+from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, mirror_entry, parse_index
 from qnnctl.sdk.versions import archive_name, archive_urls, version_in
 
 log = logging.getLogger("qnnctl.fleet.mirror")
@@ -121,10 +121,10 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
     """The archive of `version` in the cache's downloads: the one there already, else fetched
     (from QNNCTL_MIRROR when set), checked against the mirror's index.json and, with
     `check_lock`, the project's lock. Without `keep` it is hashed and removed again."""
-    from qnnctl.fleet.lockfile import expected_for_download
     from qnnctl.install.archive import work_folder
     from qnnctl.install.commit import download_name, version_lock, work_id
     from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
+    from qnnctl.sdk.lockfile import expected_for_download
 
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:

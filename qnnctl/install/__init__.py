@@ -1,3 +1,3 @@
-"""Getting an SDK, in stages: where the bytes come from (pipeline), what they must match
-(gate), safe extraction (archive, zipindex, partial), the atomic commit (commit), and pruning.
+"""Getting an SDK, in stages: where the bytes come from (pipeline, partial), what they must
+match (qnnctl.sdk.gate), safe extraction (archive, zipindex), the atomic commit (commit); pruning.
 """

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.install.commit import commit, identify, require_version, used_up, work_id
-from qnnctl.install.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import (
     ALL,
@@ -42,6 +41,7 @@ from qnnctl.sdk.components import (
     tree_digests,
     with_link_targets,
 )
+from qnnctl.sdk.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk.layout import Sdk
 from qnnctl.words import human_size, plural
 
@@ -497,7 +497,7 @@ def install_components(version: str, urls: list[str], name: str, components: Col
                        sha256: str | None = None) -> Sdk:
     """Install the members of SDK `version` that `components` need, into qnnctl's cache, with
     those of `old` (the same version, installed with fewer components) kept. What was written
-    passes the gate (qnnctl.install.gate) against `expected` (and, with `old`, the archive it came
+    passes the gate (qnnctl.sdk.gate) against `expected` (and, with `old`, the archive it came
     from) before it is renamed into place. `sha256`: --sha256, which the download checks too.
     The caller holds the version's lock and has removed stale work folders."""
     from qnnctl.install.archive import work_folder

@@ -23,11 +23,11 @@ from qnnctl.install.commit import (
     version_lock,
     work_id,
 )
-from qnnctl.install.gate import Observed, agree, check, given_sha256
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import remove_tree, user_path
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
 from qnnctl.sdk.components import tree_digests
+from qnnctl.sdk.gate import Observed, agree, check, given_sha256
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
 from qnnctl.sdk.select import (
     BY_ARGUMENT,
@@ -98,7 +98,7 @@ def install(
     """Resolve the SDK `request` names, installing it into the cache when it is missing."""
     sha256 = _validate_sha256(request.sha256)
     if request.locked and request.check_lock:
-        from qnnctl.fleet.lockfile import read_lock, require_lock
+        from qnnctl.sdk.lockfile import read_lock, require_lock
 
         read_lock(require_lock(cwd))  # there, and a lock: before anything is read or fetched
     if request.url is not None and request.file is not None:
@@ -170,7 +170,7 @@ def install(
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     urls = [request.url] if request.url else archive_urls(version, mirror)
     name = download_name(urls[0], version)
-    from qnnctl.fleet.lockfile import expected_for_download
+    from qnnctl.sdk.lockfile import expected_for_download
     from qnnctl.sdk.stores import dangling_link_error
 
     locked = expected_for_download(version, cwd, request.locked) if request.check_lock else None
@@ -188,9 +188,9 @@ def install(
         remove_stale_work(cache, version)
         if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
             _free_to_replace(cache, version)  # before a download that could not be installed
-        from qnnctl.fleet.mirrorindex import mirror_entry
         from qnnctl.install.archive import ZipStream, work_folder
         from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
+        from qnnctl.sdk.mirrorindex import mirror_entry
 
         # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
         # agree before anything is fetched, and what arrives passes the gate against each.
@@ -248,7 +248,7 @@ def _components_for(request: InstallRequest, selection: Selection, cwd: Path) ->
         if pinned is not None:
             return pinned
     if request.check_lock:
-        from qnnctl.fleet.lockfile import find_lock, read_lock
+        from qnnctl.sdk.lockfile import find_lock, read_lock
 
         path = find_lock(cwd)
         lock = read_lock(path) if path is not None else None
@@ -280,7 +280,7 @@ def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[st
     version = selection.version
     if mirror is None or version is None or find_installed(version, cache, environ) is not None:
         return selection, None
-    from qnnctl.fleet.mirrorindex import index_url, read_index
+    from qnnctl.sdk.mirrorindex import index_url, read_index
     from qnnctl.sdk.versions import parse_version
 
     check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
@@ -331,7 +331,7 @@ def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> Instal
     if sha256 is not None and result.sdk is not None:
         check_installed_sha256(result.sdk, sha256)
     if request.check_lock and result.sdk is not None:
-        from qnnctl.fleet.lockfile import check_reused
+        from qnnctl.sdk.lockfile import check_reused
 
         check_reused(result.sdk, cwd, request.locked)
     return result
@@ -468,7 +468,7 @@ def _install_file(
                 )
             selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
             if lock_check is not None:
-                from qnnctl.fleet.lockfile import expected_for_download
+                from qnnctl.sdk.lockfile import expected_for_download
 
                 locked = expected_for_download(version, *lock_check)
                 if locked is not None:

@@ -1,3 +1,3 @@
-"""Knowing an SDK: versions, build identity, the cache, stores and links, the pin, holds,
-components, and which SDK is selected for a folder and a shell. No downloads, no commands.
+"""Knowing an SDK: versions, build identity, layout, the cache, stores and links, the pin, holds,
+components, locks and mirror indexes, what an SDK must be (the gate), and which SDK is selected.
 """

@@ -73,7 +73,7 @@ def pinned_notes(version: str, environ: Mapping[str, str], cwd: Path, cache: Cac
     """What a newly written pin of `version` disagrees with: the SDKs on disk (it is not
     installed), the project's qnnctl.lock (it pins another), this shell (set up by `qnnctl
     env` for another SDK, which every command but `env` keeps using)."""
-    from qnnctl.fleet.lockfile import find_lock, read_lock
+    from qnnctl.sdk.lockfile import find_lock, read_lock
     from qnnctl.sdk.select import find_installed, pin_conflict
 
     notes = []

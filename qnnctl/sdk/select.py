@@ -185,8 +185,8 @@ def version_pools(cache: Cache | None, environ: Mapping[str, str],
         yield "installed", versions_on_disk(cache, environ, usable=True)
     base = environ.get("QNNCTL_MIRROR") if mirror else None
     if base:
-        from qnnctl.fleet.mirrorindex import index_url, indexed_versions
         from qnnctl.net.urls import redact
+        from qnnctl.sdk.mirrorindex import index_url, indexed_versions
 
         listed = indexed_versions(base)
         if listed:

@@ -11,8 +11,8 @@ import logging
 from typing import Any, NamedTuple
 
 from qnnctl.errors import DownloadError, IntegrityError
-from qnnctl.install.gate import Expected, is_sha256
 from qnnctl.net.urls import redact
+from qnnctl.sdk.gate import Expected, is_sha256
 
 log = logging.getLogger("qnnctl.fleet.mirror")
 
@@ -31,7 +31,7 @@ class IndexEntry(NamedTuple):
     components: dict[str, str] | None = None  # component -> digest (qnnctl.sdk.components)
 
     def expected(self) -> Expected:
-        """What the gate (qnnctl.install.gate) holds the mirror's archive of this version to."""
+        """What the gate (qnnctl.sdk.gate) holds the mirror's archive of this version to."""
         return Expected(f"the mirror's {self.url}", "the index", "says",
                         "the mirror's file changed after it was indexed; put the right archive back, or index it "
                         "again with `qnnctl mirror DIR VERSION` where the mirror is kept",

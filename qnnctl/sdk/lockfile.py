@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
-from qnnctl.install.gate import Expected, is_sha256
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.components import installed_components, tree_digests
+from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
 
-log = logging.getLogger("qnnctl.fleet.lockfile")
+log = logging.getLogger("qnnctl.sdk.lockfile")
 
 LOCK_FILE = "qnnctl.lock"
 LOCK_SCHEMA = 2  # 2: a digest per component; schema 1 (none) is still read
@@ -57,7 +57,7 @@ class LockedSdk(NamedTuple):
     component_sha256: Mapping[str, str] | None = None
 
     def expected(self) -> Expected:
-        """What the gate (qnnctl.install.gate) holds an archive of the locked version to."""
+        """What the gate (qnnctl.sdk.gate) holds an archive of the locked version to."""
         return Expected(str(self.path), "the lock", "pins",
                         "the archive or the mirror serving it changed; if the new archive is the one to trust, "
                         f"write the lock again with `qnnctl lock {self.version}`",
