@@ -119,7 +119,7 @@ def _content(chunk: Callable[[int, int], bytes], offset: int, size: int, noise: 
 
 def component_bytes(archive: Path) -> dict[str, tuple[int, int]]:
     """(compressed, unpacked) bytes of each component, by the rules qnnctl uses."""
-    from qnnctl.sdk.components import component_of
+    from qnnctl.sdk.members import component_of
 
     found: dict[str, list[int]] = {}
     with zipfile.ZipFile(archive) as zf:

@@ -1,6 +1,6 @@
 """`python -m qnnctl`."""
 
-from qnnctl.cli import main
+from qnnctl.launch import main
 
 if __name__ == "__main__":
     main()

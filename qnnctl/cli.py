@@ -15,6 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
+from qnnctl.shell.exports import SHELLS
 from qnnctl.words import columns, plural
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ _LAZY_LOGGING = ("env",)
 _pending_verbosity: dict[str, int] = {}
 # This invocation's -v and -q so far, given before the command's name and after it.
 _verbosity = {"verbose": 0, "quiet": 0}
-# The same names as qnnctl.shell.exports.SHELLS, kept here so that parsing imports nothing more.
-SHELL_CHOICES = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
 
 
 def _configure_logging(verbose: int, quiet: int, more: bool = False) -> None:
@@ -391,13 +390,13 @@ def _stage_missing_trio(sdk: Any) -> None:
 @cli.command(short_help="Print the shell exports for an installed SDK.")
 @click.argument("version", required=False, shell_complete=complete_installed)
 @click.option("--sdk", "sdk_path", type=click.Path(), help="Use the SDK at this path.")
-@click.option("--shell", "shell", type=click.Choice(SHELL_CHOICES),
+@click.option("--shell", "shell", type=click.Choice(SHELLS),
               help="Output syntax (default: the shell that runs qnnctl, else $SHELL, else sh).")
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
     from qnnctl.errors import NotInstalledError, UsageError
-    from qnnctl.run.environment import plan_env
+    from qnnctl.run.envplan import plan_env
     from qnnctl.shell.exports import detect_shell, render
 
     if "logging" in sys.modules:

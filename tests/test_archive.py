@@ -25,8 +25,8 @@ import pytest
 
 import qnnctl.install.archive
 from qnnctl.errors import DiskSpaceError, IntegrityError
+from qnnctl.files import space_margin
 from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract, work_folder
-from qnnctl.paths import space_margin
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
     VERSION,

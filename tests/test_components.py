@@ -19,19 +19,8 @@ import pytest
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install.zipindex import NeedMore, end_records, extents
 from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
-from qnnctl.sdk.components import (
-    Member,
-    available,
-    canonical,
-    choose,
-    component_of,
-    covers,
-    installed_components,
-    missing,
-    parse_components,
-    unresolved_links,
-    with_link_targets,
-)
+from qnnctl.sdk.components import canonical, covers, installed_components, missing, parse_components
+from qnnctl.sdk.members import Member, available, choose, component_of, unresolved_links, with_link_targets
 from qnnctl.sdk.pin import read_pin_components, write_pin
 from tests.httpserver import FaultServer, parse_ranges
 from tests.sdkfactory import VERSION

@@ -39,7 +39,7 @@ from qnnctl.doctor.checks import (
 )
 from qnnctl.errors import QnnctlError
 from qnnctl.host import machine as host
-from qnnctl.run.environment import environment_for
+from qnnctl.run.envplan import environment_for
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, Sdk
 from qnnctl.sdk.select import Selection

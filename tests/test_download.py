@@ -21,8 +21,8 @@ import pytest
 
 from qnnctl import __version__
 from qnnctl.errors import DiskSpaceError, DownloadError
+from qnnctl.files import space_margin
 from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
-from qnnctl.paths import space_margin
 from qnnctl.sdk.cache import read_manifest
 from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import Certificate, Fault, FaultServer, self_signed_certificate

@@ -958,7 +958,7 @@ def test_a_dry_run_names_the_components_a_pin_asks_for_and_the_sdk_lacks(cache_d
 def test_env_exports_an_sdk_that_lacks_pinned_components_and_says_what_adds_them(cache_dir: Path) -> None:
     """env never downloads: it exports what is there, and names the components the pin asks
     for that the SDK lacks, with the command that adds them."""
-    from qnnctl.run.environment import plan_env
+    from qnnctl.run.envplan import plan_env
     from qnnctl.sdk.cache import Cache
 
     root = _partial(cache_dir, ["host"])

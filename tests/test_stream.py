@@ -31,9 +31,9 @@ import pytest
 import qnnctl.install.archive
 import qnnctl.net.download
 from qnnctl.errors import IntegrityError
+from qnnctl.files import space_margin
 from qnnctl.install.archive import COPY_BUFFER, Streamed, ZipStream, extract
 from qnnctl.install.pipeline import InstallRequest, InstallResult, install
-from qnnctl.paths import space_margin
 from qnnctl.sdk.cache import Cache
 from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
 from tests.httpserver import Fault, FaultServer

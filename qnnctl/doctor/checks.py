@@ -197,7 +197,7 @@ class Context:
             target = self.target()
             if target.sdk is None:
                 return {}
-            from qnnctl.run.environment import environment_for
+            from qnnctl.run.envplan import environment_for
 
             owns_root = target.selection.reason != BY_ENV
             return environment_for(target.sdk, self.environ, self.cache(), owns_root)
@@ -475,7 +475,7 @@ def _named(claims: Mapping[str, str]) -> str:
 
 
 def check_manifest(ctx: Context) -> Outcome:
-    from qnnctl.run.environment import pin_gap
+    from qnnctl.run.envplan import pin_gap
     from qnnctl.sdk.components import install_command
 
     target = ctx.require_target()

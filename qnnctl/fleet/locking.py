@@ -18,7 +18,6 @@ from qnnctl.fleet.mirror import fetch_archive
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import redact
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.components import tree_digests
 from qnnctl.sdk.gate import is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
 from qnnctl.sdk.lockfile import (
@@ -31,6 +30,7 @@ from qnnctl.sdk.lockfile import (
     read_lock,
     write_lock,
 )
+from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import find_installed, select_sdk, selection_origin
 from qnnctl.sdk.versions import is_full_version
 

@@ -33,10 +33,10 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, NamedTuple, NoReturn, Protocol, TypeVar
 
 from qnnctl.errors import DiskSpaceError, IntegrityError
+from qnnctl.files import require_free_space, space_margin
 from qnnctl.install.zipindex import MAX_TAIL, check_zip_file, member_kind, open_zip, zip64_sizes
-from qnnctl.paths import require_free_space, space_margin
-from qnnctl.sdk.components import component_digests, member_line
 from qnnctl.sdk.layout import HOST_LIB_DIR
+from qnnctl.sdk.members import component_digests, member_line
 from qnnctl.sdk.versions import version_in
 
 log = logging.getLogger("qnnctl.install.archive")
@@ -598,7 +598,7 @@ class _Choice:
 
     def check_links(self, links: list[_Link]) -> None:
         """Refuse a chosen link that leads through or to a member left out."""
-        from qnnctl.sdk.components import Member, unresolved_links
+        from qnnctl.sdk.members import Member, unresolved_links
 
         members = {name: Member(name, kind) for name, kind in self.kinds.items()}
         targets = {link.name: link.target for link in links if not link.hard}

@@ -28,21 +28,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.install.commit import commit, identify, require_version, used_up, work_id
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.components import (
-    ALL,
-    HOST,
-    OTHER,
-    Member,
-    available,
-    canonical,
-    choose,
-    component_label,
-    installed_components,
-    tree_digests,
-    with_link_targets,
-)
+from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
 from qnnctl.sdk.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.members import Member, available, choose, component_label, tree_digests, with_link_targets
 from qnnctl.words import human_size, plural
 
 if TYPE_CHECKING:
@@ -310,7 +299,7 @@ class RangedInstall:
         adding = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
         log.info("fetching %s of %s: %s of the archive's %s", plural(len(spans), "file"),
                  ", ".join(adding or components), human_size(wanted), human_size(sparse.remote.size))
-        from qnnctl.paths import require_free_space
+        from qnnctl.files import require_free_space
 
         require_free_space(self.cache.downloads, wanted, "download the archive's parts")
         fetcher = Fetcher(sparse, self.progress)

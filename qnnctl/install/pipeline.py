@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
+from qnnctl.files import remove_tree
 from qnnctl.host.machine import require_supported_host
 from qnnctl.install.commit import (
     FILE_LOCK,
@@ -24,11 +25,11 @@ from qnnctl.install.commit import (
     work_id,
 )
 from qnnctl.net.urls import check_url, redact
-from qnnctl.paths import remove_tree, user_path
+from qnnctl.paths import user_path
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
-from qnnctl.sdk.components import tree_digests
 from qnnctl.sdk.gate import Observed, agree, check, given_sha256
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
+from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import (
     BY_ARGUMENT,
     BY_CALLER,

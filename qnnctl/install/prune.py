@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from qnnctl.errors import UsageError
-from qnnctl.paths import remove_tree
+from qnnctl.files import remove_tree
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
 from qnnctl.sdk.holds import HeldError, exclusive
 from qnnctl.sdk.versions import is_version_prefix, matches_prefix, resolve_version

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
+from qnnctl.files import require_free_space
 from qnnctl.net.urls import redact
-from qnnctl.paths import require_free_space
 from qnnctl.words import human_size
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ class Downloader:
         return data if isinstance(data, dict) else {}
 
     def _write_meta(self, meta_path: Path, data: dict[str, Any]) -> None:
-        from qnnctl.paths import write_json_atomic
+        from qnnctl.files import write_json_atomic
 
         # Private: the record names the URL (redacted, but a URL can hold more than that).
         write_json_atomic(meta_path, data, mode=0o600)

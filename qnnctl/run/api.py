@@ -102,7 +102,8 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
 
 
 def _setup(spec: str | None) -> Sdk:
-    from qnnctl.run.environment import ensure_loadable, environment_for, resolve_sdk
+    from qnnctl.run.environment import ensure_loadable, resolve_sdk
+    from qnnctl.run.envplan import environment_for
     from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.holds import hold_sdk
     from qnnctl.sdk.select import BY_ENV
@@ -189,7 +190,7 @@ RUNTIME_PRELOAD = ("libunwind.so.1", "libc++abi.so.1", "libc++.so.1")
 
 def preload_runtime(cache: Cache, sdk: Sdk) -> list[Path]:
     """Load the staged libc++ trio the SDK uses, if any, with RTLD_GLOBAL."""
-    from qnnctl.run.environment import runtime_lib_dirs
+    from qnnctl.run.envplan import runtime_lib_dirs
 
     loaded: list[Path] = []
     for folder in runtime_lib_dirs(cache, sdk):

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from qnnctl.errors import NotInstalledError, QnnctlError
-from qnnctl.run.environment import environment_for, resolve_sdk
+from qnnctl.run.environment import resolve_sdk
+from qnnctl.run.envplan import environment_for
 from qnnctl.run.probe import explain_load_error
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk, read_build_id

@@ -338,7 +338,7 @@ def plan_lower(
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
                  "the pipeline runs with the environment as it is")
     else:
-        from qnnctl.run.environment import environment_for
+        from qnnctl.run.envplan import environment_for
 
         changes.update(environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
         log.debug("SDK %s at %s (%s)", sdk.version, sdk.root, selection.detail)

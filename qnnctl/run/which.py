@@ -60,7 +60,8 @@ def which(name: str, spec: str | None, environ: Mapping[str, str], cwd: Path, ca
         raise UsageError(f"{name!r} is not a bare library or tool name",
                          hint="give a name such as libQnnHtp.so, libc++.so.1 or qnn-net-run")
     from qnnctl.host.runtime import LOADER_GUARD
-    from qnnctl.run.environment import environment_for, resolve_sdk, runtime_lib_dirs
+    from qnnctl.run.environment import resolve_sdk
+    from qnnctl.run.envplan import environment_for, runtime_lib_dirs
     from qnnctl.sdk.select import BY_ENV
     from qnnctl.shell.exports import apply, split_path
 

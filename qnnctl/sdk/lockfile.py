@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
-from qnnctl.sdk.components import installed_components, tree_digests
+from qnnctl.sdk.components import installed_components
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
+from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
 
