@@ -1,10 +1,12 @@
-"""Paths as users write them, and the size of a folder on disk."""
+"""Paths as users write them, JSON records written atomically and durably, the size of a folder."""
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def user_path(value: str | os.PathLike[str]) -> Path:
@@ -32,3 +34,32 @@ def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
             yield from _walk(Path(entry.path))
 
 
+def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int | None = None) -> None:
+    """Write JSON next to `path`, fsync it, and rename it into place.
+
+    `mode` (0o600 for a record only its owner should read) is set before any data is written;
+    without it the file gets the usual mode.
+    """
+    partial = path.with_name(path.name + ".tmp")
+    if mode is not None:
+        # A .tmp left by a killed run may have another mode: start from a new file.
+        partial.unlink(missing_ok=True)
+        handle = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8")
+        os.fchmod(handle.fileno(), mode)  # the umask may have taken bits off; exact is the point
+    else:
+        handle = open(partial, "w", encoding="utf-8")
+    with handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.files import write_json_atomic
 from qnnctl.install.archive import zip_digests
 from qnnctl.net.urls import check_url, redact
-from qnnctl.paths import user_path
+from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.gate import Observed, agree, check
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, mirror_entry, parse_index

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
-from qnnctl.files import fsync_dir, remove_tree, write_json_atomic
+from qnnctl.files import remove_tree
 from qnnctl.net.urls import redact
-from qnnctl.paths import user_path
+from qnnctl.paths import fsync_dir, user_path, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.layout import Sdk
 

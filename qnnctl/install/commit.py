@@ -22,9 +22,10 @@ from filelock import FileLock, Timeout
 
 from qnnctl import __version__
 from qnnctl.errors import IntegrityError
-from qnnctl.files import fsync_dir, remove_tree, write_json_atomic
+from qnnctl.files import remove_tree
 from qnnctl.install.archive import archive_kind
 from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
+from qnnctl.paths import fsync_dir, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.identity import version_of_build

@@ -315,7 +315,7 @@ class Downloader:
         return data if isinstance(data, dict) else {}
 
     def _write_meta(self, meta_path: Path, data: dict[str, Any]) -> None:
-        from qnnctl.files import write_json_atomic
+        from qnnctl.paths import write_json_atomic
 
         # Private: the record names the URL (redacted, but a URL can hold more than that).
         write_json_atomic(meta_path, data, mode=0o600)

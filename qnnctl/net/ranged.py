@@ -203,7 +203,7 @@ class SparseFile:
 
     def save(self) -> None:
         """Record the ranges held; the bytes are on disk first, so the record never claims more."""
-        from qnnctl.files import write_json_atomic
+        from qnnctl.paths import write_json_atomic
 
         with self._saving:
             with self._lock:

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
-from qnnctl.files import write_json_atomic
-from qnnctl.paths import user_path
+from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.versions import is_full_version
 
