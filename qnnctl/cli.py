@@ -15,7 +15,7 @@ import click
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
-from qnnctl.shell.exports import SHELLS
+from qnnctl.shell.render import SHELLS
 from qnnctl.words import columns, plural
 
 if TYPE_CHECKING:
@@ -397,7 +397,8 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
     from qnnctl.errors import NotInstalledError, UsageError
     from qnnctl.run.envplan import plan_env
-    from qnnctl.shell.exports import detect_shell, render
+    from qnnctl.shell.detect import detect_shell
+    from qnnctl.shell.render import render
 
     if "logging" in sys.modules:
         _setup_logging()  # something on env's path logs: give it the usual stderr handler

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from qnnctl.run.envplan import plan_env
 from qnnctl.sdk.cache import Cache
-from qnnctl.shell.exports import SHELLS, detect_shell, render
+from qnnctl.shell.detect import detect_shell
+from qnnctl.shell.render import SHELLS, render
 
 # What makes the full command line answer `env`: a debug trace asked for, completion, and a
 # relative cache folder (the full command line says where it is taken from).

@@ -35,7 +35,7 @@ from qnnctl.run.lower import (
     under_loader,
 )
 from qnnctl.sdk.cache import Cache
-from qnnctl.shell.exports import quote_posix
+from qnnctl.shell.render import quote_posix
 from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer
 from tests.lowerkit import PROBE, direct, last_json, lower, other_python, write

@@ -21,20 +21,9 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import UsageError
-from qnnctl.shell.exports import (
-    MARKER,
-    apply,
-    check_cache_path,
-    detect_shell,
-    process_shell,
-    quote_fish,
-    quote_nu,
-    quote_posix,
-    quote_powershell,
-    render,
-    sdk_environment,
-    unset_environment,
-)
+from qnnctl.shell.detect import detect_shell, process_shell
+from qnnctl.shell.exports import MARKER, apply, check_cache_path, sdk_environment, unset_environment
+from qnnctl.shell.render import quote_fish, quote_nu, quote_posix, quote_powershell, render
 from tests.conftest import require_tool
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
 
@@ -433,7 +422,7 @@ class Named:
 def test_a_process_name_with_parentheses_spaces_and_bad_bytes() -> None:
     """/proc/PID/stat puts the name between parentheses, and a name may hold ')' and ' ' and
     bytes that are not UTF-8: the parent pid is read after the last ')', and nothing raises."""
-    from qnnctl.shell.exports import _parent_pid
+    from qnnctl.shell.detect import _parent_pid
 
     with Named(b"a) b) \xff\xfe") as child:
         assert _parent_pid(child.pid) == os.getpid()
@@ -678,7 +667,7 @@ def test_detect_shell_prefers_the_parent_and_falls_back_to_shell_variable() -> N
     ("/usr/bin/zsh/", "zsh"), ("bashX", None), ("Xbash", None), ("--fish", "fish"),
 ])
 def test_shell_names(name: str, shell: str | None) -> None:
-    from qnnctl.shell.exports import _shell_name
+    from qnnctl.shell.detect import _shell_name
 
     assert _shell_name(name) == shell
 

@@ -244,7 +244,7 @@ class Device:
         """The sha256 of each of `paths` that exists on the device (missing ones are left out)."""
         if not paths:
             return {}
-        from qnnctl.shell.exports import quote_posix
+        from qnnctl.shell.render import quote_posix
 
         # Each file is hashed from stdin, in the order asked: its name is never read back. GNU
         # sha256sum escapes a name holding a backslash or a newline (a backslash before the
@@ -276,7 +276,7 @@ class Device:
 
     def read(self, path: str) -> bytes:
         """A file's bytes, unmangled (`adb exec-out cat`)."""
-        from qnnctl.shell.exports import quote_posix
+        from qnnctl.shell.render import quote_posix
 
         try:
             proc = subprocess.run([self.adb.path, *self._args("exec-out", "cat " + quote_posix(path))],

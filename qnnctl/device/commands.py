@@ -142,7 +142,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache
     if not argv:
         raise UsageError("nothing to run", hint="qnnctl device run -- COMMAND [ARGS]...")
     from qnnctl.device.adb import Adb, DeviceError
-    from qnnctl.shell.exports import quote_posix
+    from qnnctl.shell.render import quote_posix
 
     folder = device_dest(dest, spec, environ, cwd, cache)
     device = Adb(environ).device(serial)

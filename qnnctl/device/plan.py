@@ -248,14 +248,14 @@ def render_device_env(values: Mapping[str, str], shell: str) -> str:
         return json.dumps(dict(values), indent=2) + "\n"
     if shell != "sh":
         raise UsageError(f"unknown device shell {shell!r}", hint="use --shell sh or --shell json")
-    from qnnctl.shell.exports import quote_posix
+    from qnnctl.shell.render import quote_posix
 
     return "".join(f"export {name}={quote_posix(value)}\n" for name, value in values.items())
 
 
 def remote_command(dest: str, argv: Sequence[str]) -> str:
     """The line Android's sh runs for `qnnctl device run`: in `dest`, with the environment."""
-    from qnnctl.shell.exports import quote_posix
+    from qnnctl.shell.render import quote_posix
 
     exports = " ".join(f"{name}={quote_posix(value)}" for name, value in device_environment(dest).items())
     command = " ".join(quote_posix(word) for word in argv)

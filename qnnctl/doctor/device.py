@@ -160,7 +160,7 @@ def check_preinstalled(ctx: Context) -> Outcome:
     """A phone's own libQnn* of another build load first unless the pushed folder comes first."""
     from qnnctl.device.adb import DeviceError, printable
     from qnnctl.sdk.layout import read_build_id
-    from qnnctl.shell.exports import quote_posix
+    from qnnctl.shell.render import quote_posix
 
     device = _require_device(ctx)
     folders = " ".join(quote_posix(d) for d in PREINSTALLED)
@@ -198,7 +198,7 @@ def check_preinstalled(ctx: Context) -> Outcome:
 def check_adsp_path(ctx: Context) -> Outcome:
     """The device shell's ADSP_LIBRARY_PATH, if set: `;`-separated folders that exist."""
     from qnnctl.device.adb import printable
-    from qnnctl.shell.exports import quote_posix
+    from qnnctl.shell.render import quote_posix
 
     device = _require_device(ctx)
     # Escaped once, here: shown in quotes, not by repr, which would escape the escapes again.
@@ -240,7 +240,7 @@ def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:
     set's (what `qnnctl device run` puts first), else the phone's own; None when there is none."""
     from qnnctl.device.push import file_sha256
     from qnnctl.sdk.identity import build_id
-    from qnnctl.shell.exports import quote_posix
+    from qnnctl.shell.render import quote_posix
 
     device = _require_device(ctx)
     try:

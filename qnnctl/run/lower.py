@@ -496,7 +496,7 @@ def render_plan(plan: LowerPlan) -> str:
     """The plan as sh: the exports, then the command. `sh -c "$(qnnctl lower --dry-run ...)"` runs it."""
     import shlex
 
-    from qnnctl.shell.exports import render
+    from qnnctl.shell.render import render
 
     # Every line a comment, whatever a note holds: the plan is meant for `sh -c "$(...)"`.
     notes = "".join(f"# {line}\n" for note in plan.notes for line in note.splitlines() or [""])

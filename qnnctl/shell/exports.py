@@ -1,21 +1,19 @@
-"""Environment changes as data, and their rendering for each shell.
+"""Environment changes as data: the variables an SDK needs, their undoing, the shell's record.
 
 `sdk_environment` computes the final values of the variables qnnctl manages, starting
-from an environment that may already carry an earlier `qnnctl env`; `render` turns
-those values into text that a shell can eval without running code or splitting words.
+from an environment that may already carry an earlier `qnnctl env`; qnnctl.shell.render
+turns those values into text that a shell can eval without running code or splitting words.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 
 from qnnctl.errors import UsageError
 
 MARKER = "QNNCTL_SDK"
 PATH_VARS = ("LD_LIBRARY_PATH", "PATH")
-SHELLS = ("bash", "zsh", "sh", "fish", "powershell", "nu", "json", "dotenv")
 
 # An environment change: variable name -> its final value, or None to unset it.
 EnvValues = dict[str, "str | None"]
@@ -211,167 +209,3 @@ def apply(environ: Mapping[str, str], values: EnvValues) -> dict[str, str]:
         else:
             result[name] = value
     return result
-
-
-# -- rendering ---------------------------------------------------------------------------
-
-
-# Process names (as /proc shows them) of the shells whose syntax qnnctl writes. csh and tcsh
-# get sh syntax, as a $SHELL naming them always has: qnnctl has none of their own.
-_SHELL_NAMES = {
-    "bash": "bash", "zsh": "zsh", "fish": "fish", "sh": "sh", "dash": "sh", "ash": "sh",
-    "ksh": "sh", "mksh": "sh", "pdksh": "sh", "yash": "sh", "posh": "sh", "csh": "sh", "tcsh": "sh",
-    "pwsh": "powershell", "powershell": "powershell", "nu": "nu", "nushell": "nu",
-}
-# Programs that start a command as their child and wait for it: in `eval "$(timeout 9 qnnctl
-# env)"` the shell is the launcher's parent. (Launchers that exec, such as env or nice, leave
-# no process of their own behind.)
-_LAUNCHERS = frozenset({
-    "timeout", "time", "sudo", "doas", "flock", "setsid", "strace", "ltrace",
-    "uv", "uvx", "pipx", "poetry", "pdm", "hatch", "rye", "pixi", "conda", "mamba", "micromamba",
-})
-_MAX_HOPS = 4
-
-
-def _shell_name(name: str) -> str | None:
-    """One of SHELLS for a program name such as `bash`, `-zsh`, `ksh93` or `/usr/bin/fish`."""
-    base = name.rstrip("/").rsplit("/", 1)[-1].lstrip("-")
-    return _SHELL_NAMES.get(base) or _SHELL_NAMES.get(base.rstrip("0123456789.-"))
-
-
-def _process_names(pid: int) -> list[str]:
-    """The names process `pid` goes by: its `comm`, then its executable's file name."""
-    names = []
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
-            names.append(handle.read().strip())
-    except OSError:
-        pass
-    try:
-        # A shell upgraded while it runs reads "/usr/bin/bash (deleted)".
-        names.append(os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)"))
-    except OSError:
-        pass  # another user's process, or no /proc
-    return [name for name in names if name]
-
-
-def _parent_pid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-            # The second field, the name, may hold spaces and parentheses: read after the last ")".
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def process_shell(pid: int) -> str | None:
-    """The shell syntax for process `pid` when it is a shell, looking through launchers.
-
-    In `eval "$(qnnctl env)"` qnnctl's parent is the subshell that runs the command
-    substitution, a fork of the shell that will eval the output (or that shell itself, when it
-    execs its last command), so it bears that shell's name. None when `pid` is no shell that
-    can be told (a Python program, a terminal, no /proc).
-    """
-    for _ in range(_MAX_HOPS):
-        # 0: no parent known. PID 1 is looked at: in a container it is often the shell itself
-        # (`docker run IMAGE bash -c 'eval "$(qnnctl env)"'`); on a host, init is no shell.
-        if pid <= 0:
-            return None
-        names = _process_names(pid)
-        for name in names:
-            shell = _shell_name(name)
-            if shell is not None:
-                return shell
-        if not any(name.rsplit("/", 1)[-1] in _LAUNCHERS for name in names):
-            return None
-        pid = _parent_pid(pid)
-    return None
-
-
-def detect_shell(environ: Mapping[str, str], parent: int | None = None) -> str:
-    """The syntax for the shell that will read the output, as one of SHELLS.
-
-    The shell that runs qnnctl (process `parent`, when given) comes first: `$SHELL` is the
-    login shell, and `bash -c 'eval "$(qnnctl env)"'` typed in fish must get bash syntax.
-    Then the shell `$SHELL` names; then sh, whose syntax every POSIX shell reads.
-    """
-    if parent is not None:
-        found = process_shell(parent)
-        if found is not None:
-            return found
-    return _shell_name(environ.get("SHELL", "")) or "sh"
-
-
-def quote_posix(value: str) -> str:
-    """Single-quoted for sh/bash/zsh: nothing inside is special but the quote itself."""
-    return "'" + value.replace("'", "'\\''") + "'"
-
-
-def quote_fish(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-# PowerShell also ends a single-quoted string at the typographic single quotes; doubling
-# a quote character is how each of them is written literally inside one.
-_PS_QUOTES = ("'", "\u2018", "\u2019", "\u201a", "\u201b")
-
-
-def quote_powershell(value: str) -> str:
-    out = []
-    for char in value:
-        out.append(char * 2 if char in _PS_QUOTES else char)
-    return "'" + "".join(out) + "'"
-
-
-def quote_nu(value: str) -> str:
-    """Double-quoted for nu: no interpolation without a leading `$`; backslash escapes."""
-    out = []
-    for char in value:
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            # nu spells a code point \u{...}; JSON's \u0001 form is not nu syntax.
-            out.append(f"\\u{{{ord(char):x}}}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-def render(values: EnvValues, shell: str) -> str:
-    """Text for `shell` that sets (or unsets) each variable to exactly its value."""
-    for name, value in values.items():
-        if value is not None:
-            check_exportable(name, value)
-    if shell == "json":
-        return json.dumps(values, indent=2, ensure_ascii=False) + "\n"
-    lines: list[str] = []
-    for name, value in values.items():
-        lines.append(_render_one(name, value, shell))
-    return "".join(line + "\n" for line in lines if line)
-
-
-def _render_one(name: str, value: str | None, shell: str) -> str:
-    if shell in ("sh", "bash", "zsh"):
-        return f"unset {name}" if value is None else f"export {name}={quote_posix(value)}"
-    if shell == "fish":
-        if value is None:
-            return f"set -e {name}"
-        if name in PATH_VARS:
-            # fish keeps *PATH variables as lists and joins them with ':' on export.
-            return f"set -gx {name} " + " ".join(quote_fish(e) for e in value.split(":"))
-        return f"set -gx {name} {quote_fish(value)}"
-    if shell == "powershell":
-        if value is None:
-            return f"Remove-Item -Path Env:{name} -ErrorAction SilentlyContinue"
-        return f"$env:{name} = {quote_powershell(value)}"
-    if shell == "nu":
-        if value is None:
-            return f"hide-env --ignore-errors {name}"
-        if name == "PATH":
-            return f"$env.{name} = [{', '.join(quote_nu(e) for e in value.split(':'))}]"
-        return f"$env.{name} = {quote_nu(value)}"
-    if shell == "dotenv":
-        # docker --env-file and CI env files take the rest of the line literally; there is
-        # no way to unset a variable there, so an unset is left out.
-        return "" if value is None else f"{name}={value}"
-    raise UsageError(f"unknown shell {shell!r}", hint="choose one of: " + ", ".join(SHELLS))
