@@ -6,16 +6,51 @@ goes to stderr through logging.
 
 from __future__ import annotations
 
+import gc
+import json
+import logging
 import os
+import re
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from qnnctl import __version__
-from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, QnnctlError
-from qnnctl.shell.render import SHELLS
+from qnnctl.device.commands import SCHEMA, device_dest, list_devices, run
+from qnnctl.device.commands import push as do_push
+from qnnctl.device.plan import device_environment, render_device_env
+from qnnctl.device.plan import render_plan as render_push_plan
+from qnnctl.doctor.checks import diagnose, exit_code, render_json, render_table, render_text
+from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, NotInstalledError, QnnctlError, UsageError
+from qnnctl.fleet.locking import check_lock, make_lock
+from qnnctl.fleet.mirror import make_mirror
+from qnnctl.host.runtime import RuntimeRequest, check_sources, stage_runtime
+from qnnctl.install.pipeline import InstallRequest, clean_cache
+from qnnctl.install.pipeline import install as do_install
+from qnnctl.install.pipeline import uninstall as do_uninstall
+from qnnctl.install.prune import mib, prune
+from qnnctl.net.urls import redact_text
+from qnnctl.run.environment import ensure_loadable
+from qnnctl.run.envplan import plan_env
+from qnnctl.run.inspect import inspect_file
+from qnnctl.run.inspect import render as render_inspection
+from qnnctl.run.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
+from qnnctl.run.which import which as find
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.components import complete, parse_components
+from qnnctl.sdk.holds import HeldError, wait_for_holders
+from qnnctl.sdk.listing import installed_sdks, selected_here
+from qnnctl.sdk.listing import render_table as render_sdk_table
+from qnnctl.sdk.pin import pinned_notes, write_pin
+from qnnctl.sdk.select import find_pin, pin_conflict, select_sdk, version_pools
+from qnnctl.sdk.stores import link_sdk
+from qnnctl.sdk.versions import KNOWN_VERSIONS
+from qnnctl.shell.detect import detect_shell
+from qnnctl.shell.exports import check_cache_path
+from qnnctl.shell.render import SHELLS, render
 from qnnctl.words import columns, plural
 
 if TYPE_CHECKING:
@@ -58,8 +93,6 @@ def _configure_logging(verbose: int, quiet: int, more: bool = False) -> None:
 
 def _setup_logging() -> logging.Logger:
     """The "qnnctl" logger, with a stderr handler for this invocation's -v/-q in place."""
-    import logging
-
     root = logging.getLogger("qnnctl")
     if not _pending_verbosity:
         return root
@@ -111,8 +144,6 @@ def _error(message: str, hint: str | None = None, kind: str = "error") -> None:
 def _click_error(exc: click.ClickException) -> tuple[str, str | None]:
     """click's own errors (`No such command 'instal'.`) as qnnctl's: a message, and a hint with
     click's suggestion, the usage and where the help is."""
-    import re
-
     message = exc.format_message().strip()
     suggestion = ""
     found = re.search(r"\s*\(?(Did you mean [^()]*?)\)?$", message)
@@ -134,8 +165,6 @@ _said_relative_cache: list[str] = []
 
 
 def _cache() -> Any:
-    from qnnctl.sdk.cache import Cache
-
     cache = Cache.from_env(os.environ)
     configured = os.environ.get("QNNCTL_CACHE_DIR", "")
     if configured.strip() and not os.path.isabs(os.path.expanduser(configured)) and not _said_relative_cache:
@@ -149,8 +178,6 @@ def _cache() -> Any:
 
 
 def _stderr_is_terminal() -> bool:
-    import logging
-
     return sys.stderr.isatty() and bool(log.isEnabledFor(logging.INFO))
 
 
@@ -165,8 +192,6 @@ def complete_installed(ctx: click.Context, param: click.Parameter, incomplete: s
 
 def complete_known(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """Installed versions first, then every known release."""
-    from qnnctl.sdk.versions import KNOWN_VERSIONS
-
     installed = complete_installed(ctx, param, incomplete)
     return installed + [v for v in reversed(KNOWN_VERSIONS) if v.startswith(incomplete) and v not in installed]
 
@@ -266,8 +291,6 @@ def cli(verbose: int, quiet: int) -> None:
 
 
 def _complete_components(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    from qnnctl.sdk.components import complete
-
     return list(complete(ctx, param, incomplete))
 
 
@@ -298,21 +321,12 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     SDK found on disk) must match it (exit 4). An installed SDK that a running process uses is
     never replaced (exit 1, naming the process; --wait waits for it to end).
     """
-    from qnnctl.install.pipeline import InstallRequest
-    from qnnctl.install.pipeline import install as do_install
-    from qnnctl.sdk.holds import wait_for_holders
-    from qnnctl.shell.exports import check_cache_path
-
     check_cache_path(str(_cache().root))
     parts = None
     if components is not None:
-        from qnnctl.sdk.components import parse_components
-
         parts = parse_components(components)
     sources: tuple[Path, ...] = ()
     if runtime_from:
-        from qnnctl.host.runtime import check_sources
-
         sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
                              components=parts)
@@ -320,8 +334,6 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     terminal = _stderr_is_terminal()
     result = do_install(request, _cache(), os.environ, Path.cwd(), terminal=terminal)
     if runtime or runtime_from:
-        from qnnctl.host.runtime import RuntimeRequest, stage_runtime
-
         stage_runtime(_cache(), result.sdk, RuntimeRequest(sources=sources), os.environ)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
@@ -349,8 +361,6 @@ def _found_where(origin: str) -> str:
 
 def _say_next_step(sdk: Any) -> None:
     """For a person at a terminal: how to use the SDK just installed (scripts read stdout only)."""
-    from qnnctl.sdk.select import select_sdk
-
     if os.environ.get("QNN_SDK_ROOT") == str(sdk.root):
         return  # this shell is set up for it already
     try:
@@ -370,8 +380,6 @@ def _stage_missing_trio(sdk: Any) -> None:
     Installed or found on disk alike: an SDK that cannot load here is no success, and a CI
     step that goes on would only fail later, further from the cause.
     """
-    from qnnctl.run.environment import ensure_loadable
-
     try:
         ensure_loadable(sdk, os.environ, _cache())
     except QnnctlError as exc:
@@ -395,11 +403,6 @@ def _stage_missing_trio(sdk: Any) -> None:
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
-    from qnnctl.errors import NotInstalledError, UsageError
-    from qnnctl.run.envplan import plan_env
-    from qnnctl.shell.detect import detect_shell
-    from qnnctl.shell.render import render
-
     if "logging" in sys.modules:
         _setup_logging()  # something on env's path logs: give it the usual stderr handler
 
@@ -418,8 +421,6 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     try:
         plan = plan_env(spec, os.environ, Path.cwd(), _cache(), unset=unset)
     except NotInstalledError as exc:
-        from qnnctl.sdk.select import pin_conflict
-
         conflict = pin_conflict(os.environ, Path.cwd(), _cache()) if spec is None else None
         if conflict is not None:
             exc.hint = f"{conflict.said()}; {exc.hint}" if exc.hint else conflict.said()
@@ -443,19 +444,15 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(as_json: bool) -> None:
     """List installed SDKs."""
-    from qnnctl.sdk.listing import installed_sdks, render_table, selected_here
-
     rows = installed_sdks(_cache(), os.environ)
     if as_json:
-        import json
-
         click.echo(json.dumps({"schema": 1, "sdks": rows}, indent=2))
         return
     if not rows:
         log.info("no SDK installed; run `qnnctl install`")
         return
     selected = selected_here(_cache(), os.environ, Path.cwd())
-    lines, marked = render_table(rows, selected[0] if selected is not None else None)
+    lines, marked = render_sdk_table(rows, selected[0] if selected is not None else None)
     for line in lines:
         click.echo(line)
     if marked and selected is not None:
@@ -474,14 +471,10 @@ def which(name: str, spec: str | None, as_json: bool) -> None:
     Resolved in the environment `qnnctl lower` starts a pipeline with: libraries as the dynamic
     loader finds them (LD_LIBRARY_PATH, its cache, its default folders), tools on PATH.
     """
-    from qnnctl.run.which import which as find
-
     answer = find(name, spec, os.environ, Path.cwd(), _cache())
     if spec is None:
         _say_pin_conflict()
     if as_json:
-        import json
-
         click.echo(json.dumps({"schema": 1, **answer.as_dict()}, indent=2))
     elif answer.path is not None:
         click.echo(answer.path)
@@ -507,15 +500,11 @@ def inspect(file: Path, spec: str | None, as_json: bool) -> None:
     With an installed SDK (the one qnnctl selects, or --sdk), its own libQnnSystem.so reads the
     binary, and the exit code is 1 when that SDK cannot load it (a binary built by a newer QAIRT).
     """
-    from qnnctl.run.inspect import inspect_file, render
-
     report = inspect_file(file, spec, os.environ, Path.cwd(), _cache())
     if as_json:
-        import json
-
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
-        click.echo(render(report), nl=False)
+        click.echo(render_inspection(report), nl=False)
     if not report.ok and report.sdk is not None:
         raise QnnctlError(report.sdk.reason,
                           hint=f"run it with a runtime of QAIRT {report.binaries[0].qairt} or newer, "
@@ -524,8 +513,6 @@ def inspect(file: Path, spec: str | None, as_json: bool) -> None:
 
 def _say_pin_conflict(more: str = "") -> None:
     """Warn when this shell's SDK (from `qnnctl env`) is not the one the project pins."""
-    from qnnctl.sdk.select import pin_conflict
-
     conflict = pin_conflict(os.environ, Path.cwd(), _cache())
     if conflict is not None:
         log.warning("%s; %s%s", conflict.said(), conflict.switch(), f"; {more}" if more else "")
@@ -545,9 +532,6 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
     --except or --all, an SDK that a running install holds is left alone, and the space freed is
     reported.
     """
-    from qnnctl.errors import UsageError
-    from qnnctl.sdk.holds import HeldError
-
     if keep and everything:
         raise UsageError("--except and --all cannot be used together")
     if everything and versions:
@@ -558,8 +542,6 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
     if not (keep or everything):
         if not versions:
             raise UsageError("give the VERSION to remove", hint="or `qnnctl uninstall --except VERSION...` / `--all`")
-        from qnnctl.install.pipeline import uninstall as do_uninstall
-
         held: list[HeldError] = []
         for version in versions:
             try:
@@ -569,8 +551,6 @@ def uninstall(versions: tuple[str, ...], keep: bool, everything: bool, wait: boo
                 continue
         _left_in_place(held)
         return
-    from qnnctl.install.prune import mib, prune
-
     pruned = prune(versions, everything, _cache(), os.environ, wait=wait)
     for version, root in pruned.busy:
         log.warning("SDK %s (%s) is held by a running install; left alone", version, root)
@@ -604,8 +584,6 @@ def link(path: Path, version: str | None) -> None:
     """Record the SDK folder PATH (unpacked by hand or by Qualcomm's installer) in qnnctl's
     cache; print its root. qnnctl never changes or deletes the folder: `qnnctl uninstall
     VERSION` removes only the link."""
-    from qnnctl.sdk.stores import link_sdk
-
     made, previous = link_sdk(path, version, _cache(), os.environ)
     if previous is not None and previous.root != made.root:
         log.info("SDK %s was linked to %s; now to %s", made.version, previous.root, made.root)
@@ -624,8 +602,6 @@ def lock(version: str | None, check: bool) -> None:
     The values are taken on first use, from a download or the manifest of the installed SDK.
     """
     if check:
-        from qnnctl.fleet.locking import check_lock
-
         if version is None:  # said first: it may be why the check fails
             _say_pin_conflict("without this shell's SDK (as in CI), `qnnctl lock --check` checks the lock "
                               "against the pin")
@@ -633,8 +609,6 @@ def lock(version: str | None, check: bool) -> None:
         state = "installed, matching" if found.sdk is not None else "not installed yet; install checks it"
         log.info("%s matches: SDK %s (%s)", found.lock.path, found.version, state)
         return
-    from qnnctl.fleet.locking import make_lock
-
     written = make_lock(version, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal())
     log.info("trust on first use: %s%s Check them once against a copy you trust, then commit %s",
              written.trust[:1].lower(), written.trust[1:], written.path.name)
@@ -642,8 +616,6 @@ def lock(version: str | None, check: bool) -> None:
     if replaced is not None and (replaced.version, replaced.sha256) != (written.lock.version, written.lock.sha256):
         log.warning("replaced the lock of SDK %s (sha256 %s) with SDK %s (sha256 %s)", replaced.version,
                     replaced.sha256, written.lock.version, written.lock.sha256)
-    from qnnctl.sdk.select import find_pin
-
     pin = find_pin(Path.cwd())
     if pin is None:
         log.info("no .qnn-version pins SDK %s here; `qnnctl use %s` makes it the project's choice",
@@ -659,8 +631,6 @@ def mirror(folder: Path, versions: tuple[str, ...]) -> None:
     here), from the cache's downloads or fetched once, and record each one's sha256, size and
     build id in DIR/index.json; print each archive's path. Serve DIR with any static web server
     or object store, and point QNNCTL_MIRROR at it."""
-    from qnnctl.fleet.mirror import make_mirror
-
     for done in make_mirror(folder, versions, os.environ, Path.cwd(), _cache(), terminal=_stderr_is_terminal()):
         click.echo(str(done.path))
 
@@ -669,9 +639,6 @@ def mirror(folder: Path, versions: tuple[str, ...]) -> None:
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
     """Pin VERSION for this project: write .qnn-version here; print its path."""
-    from qnnctl.sdk.pin import pinned_notes, write_pin
-    from qnnctl.sdk.select import version_pools
-
     path, pinned = write_pin(Path.cwd(), version, version_pools(_cache(), os.environ, mirror=True))
     for note in pinned_notes(pinned, os.environ, Path.cwd(), _cache()):
         log.warning("%s", note)
@@ -686,8 +653,6 @@ def cache() -> None:
 @cache.command()
 def clean() -> None:
     """Remove partial downloads and folders left by interrupted installs."""
-    from qnnctl.install.pipeline import clean_cache
-
     cleaned = clean_cache(_cache())
     for path in cleaned.removed:
         log.info("removed %s", path)
@@ -714,8 +679,6 @@ def clean() -> None:
 def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None,
            models: tuple[Path, ...]) -> None:
     """Check the host, the SDK and the environment; exit 1 when a check fails."""
-    from qnnctl.doctor.checks import diagnose, exit_code, render_json, render_table, render_text
-
     results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device,
                        models=models)
     # The report is what was asked for, so it goes to stdout, as a table on a terminal.
@@ -740,12 +703,8 @@ def device() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def device_list(as_json: bool) -> None:
     """The devices adb sees: serial, state, model, SoC and HTP generation."""
-    from qnnctl.device.commands import SCHEMA, list_devices
-
     rows = list_devices(os.environ)
     if as_json:
-        import json
-
         click.echo(json.dumps({"schema": SCHEMA, "devices": rows}, indent=2))
         return
     if not rows:
@@ -776,20 +735,15 @@ def push(serial: str | None, soc: str | None, dest: str | None, spec: str | None
     device folder; print that folder. A file already there with the same sha256 is skipped,
     and every pushed file is checked on the device. With --dry-run and --soc, no device is used.
     """
-    from qnnctl.device.commands import push as do_push
-    from qnnctl.device.plan import render_plan
-
     outcome = do_push(spec, os.environ, Path.cwd(), _cache(), serial=serial, soc=soc, dest=dest,
                       extras=extra_files, dry_run=dry_run)
     if as_json:
-        import json
-
         click.echo(json.dumps(outcome.as_dict(), indent=2))
     elif dry_run:
         plan = outcome.plan
         log.info("plan for %s (HTP %s) from SDK %s: source, device path, size, build id; then the device "
                  "environment", plan.soc.model, plan.arch_name, plan.sdk.version)
-        click.echo(render_plan(plan), nl=False)
+        click.echo(render_push_plan(plan), nl=False)
     else:
         if outcome.result is not None:
             log.info("%s", outcome.result.summary())
@@ -804,9 +758,6 @@ def push(serial: str | None, soc: str | None, dest: str | None, spec: str | None
               help="Output syntax: Android's sh, or JSON.")
 def device_env(dest: str | None, spec: str | None, shell: str) -> None:
     """Print LD_LIBRARY_PATH and ADSP_LIBRARY_PATH (`;`-separated) for the device's shell."""
-    from qnnctl.device.commands import device_dest
-    from qnnctl.device.plan import device_environment, render_device_env
-
     folder = device_dest(dest, spec, os.environ, Path.cwd(), _cache())
     click.echo(render_device_env(device_environment(folder), shell), nl=False)
 
@@ -821,8 +772,6 @@ def device_env(dest: str | None, spec: str | None, shell: str) -> None:
 def device_run(serial: str | None, dest: str | None, spec: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND on the device, in the device folder, with the environment `qnnctl device env`
     prints. Its output streams as it comes, and its exit code is qnnctl's."""
-    from qnnctl.device.commands import run
-
     run(command, os.environ, Path.cwd(), _cache(), serial=serial, dest=dest, spec=spec)
 
 
@@ -870,11 +819,7 @@ def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool,
     The pipeline's exit code, signals and standard streams are its own; qnnctl prints nothing
     once it starts.
     """
-    from qnnctl.run.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
-
     if not no_install:
-        from qnnctl.shell.exports import check_cache_path
-
         check_cache_path(str(_cache().root))
     options = LowerOptions(spec=spec, python=python, install=not no_install, keep_mkldnn=keep_mkldnn,
                            dry_run=dry_run)
@@ -895,8 +840,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
     finally:
         # The process ends here: spare the collector its last pass over every object the
         # imports made (20-30 ms after an install); the memory goes back to the system anyway.
-        import gc
-
         gc.freeze()
 
 
@@ -921,15 +864,9 @@ def _run(argv: list[str] | None) -> NoReturn:
                "QNNCTL_CACHE_DIR at a folder you can write to")
         sys.exit(EXIT_FAILED)
     except Exception as exc:
-        import logging
-
         if os.environ.get("QNNCTL_DEBUG") or log.isEnabledFor(logging.DEBUG):
-            import traceback
-
             traceback.print_exc()
         else:
-            from qnnctl.net.urls import redact_text
-
             # Whatever raised it may have put a URL with a token in its message.
             _error(f"{type(exc).__name__}: {redact_text(str(exc))} (run with -v or QNNCTL_DEBUG=1 for the "
                    "traceback)", kind="unexpected error")

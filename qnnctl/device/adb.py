@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.paths import user_path
+from qnnctl.shell.render import quote_posix
 
 log = logging.getLogger("qnnctl.device.adb")
 
@@ -244,8 +246,6 @@ class Device:
         """The sha256 of each of `paths` that exists on the device (missing ones are left out)."""
         if not paths:
             return {}
-        from qnnctl.shell.render import quote_posix
-
         # Each file is hashed from stdin, in the order asked: its name is never read back. GNU
         # sha256sum escapes a name holding a backslash or a newline (a backslash before the
         # line, then "\\" and "\n" in the name) and toybox may not: no one reading fits both.
@@ -276,8 +276,6 @@ class Device:
 
     def read(self, path: str) -> bytes:
         """A file's bytes, unmangled (`adb exec-out cat`)."""
-        from qnnctl.shell.render import quote_posix
-
         try:
             proc = subprocess.run([self.adb.path, *self._args("exec-out", "cat " + quote_posix(path))],
                                   env=self.adb.environ, capture_output=True, stdin=subprocess.DEVNULL,
@@ -291,8 +289,6 @@ class Device:
 
     def exec_shell(self, command: str) -> NoReturn:
         """Become `adb -s SERIAL shell COMMAND`: its output streams, its exit status is ours."""
-        import sys
-
         argv = [self.adb.path, *self._args("shell", command)]
         log.debug("exec %s", " ".join(argv))
         sys.stdout.flush()

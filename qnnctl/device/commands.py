@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from qnnctl.device.adb import Adb, AdbNotFoundError, Device, DeviceError
 from qnnctl.device.plan import Plan, check_dest, default_dest, plan_push, remote_command, resolve_soc
-from qnnctl.device.push import PushResult
+from qnnctl.device.push import PushResult, push_plan
+from qnnctl.device.socs import arch, find_soc
 from qnnctl.errors import UsageError
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.layout import Sdk, read_sdk_version
+from qnnctl.sdk.select import resolve_installed, select_sdk
+from qnnctl.shell.render import quote_posix
 
 log = logging.getLogger("qnnctl.device")
 
@@ -25,9 +29,6 @@ SCHEMA = 1
 
 def list_devices(environ: Mapping[str, str]) -> list[dict[str, Any]]:
     """Every device adb sees: serial, state, model, the SoC it reports and its HTP generation."""
-    from qnnctl.device.adb import Adb, Device, DeviceError
-    from qnnctl.device.socs import arch, find_soc
-
     adb = Adb(environ)
     rows: list[dict[str, Any]] = []
     for listed in adb.devices():
@@ -51,8 +52,6 @@ def list_devices(environ: Mapping[str, str]) -> list[dict[str, Any]]:
 
 def device_sdk(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Sdk:
     """The installed SDK whose files a push takes, selected as every command selects it."""
-    from qnnctl.sdk.select import resolve_installed, select_sdk
-
     selection = select_sdk(spec, environ, cwd, cache)
     if selection.caller_managed:
         raise UsageError("QNN_SDK_ROOT is exported but empty (the caller manages the SDK), so qnnctl does "
@@ -66,9 +65,6 @@ def device_dest(dest: str | None, spec: str | None, environ: Mapping[str, str], 
     """`--dest`, else where `qnnctl device push` puts the selected SDK's files."""
     if dest is not None:
         return check_dest(dest)
-    from qnnctl.sdk.layout import read_sdk_version
-    from qnnctl.sdk.select import select_sdk
-
     selection = select_sdk(spec, environ, cwd, cache)
     version = selection.version
     if version is None and selection.root is not None:
@@ -113,9 +109,6 @@ def push(
         for note in plan.warnings:
             log.warning("%s", note)
         return PushOutcome(plan, None, None)
-    from qnnctl.device.adb import Adb, AdbNotFoundError
-    from qnnctl.device.push import push_plan
-
     try:
         device = Adb(environ).device(serial)
     except AdbNotFoundError as exc:
@@ -141,9 +134,6 @@ def run(argv: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache
     """Become `adb shell` running `argv` on the device in the pushed folder, with its environment."""
     if not argv:
         raise UsageError("nothing to run", hint="qnnctl device run -- COMMAND [ARGS]...")
-    from qnnctl.device.adb import Adb, DeviceError
-    from qnnctl.shell.render import quote_posix
-
     folder = device_dest(dest, spec, environ, cwd, cache)
     device = Adb(environ).device(serial)
     # Said here, with the fix; once adb runs the command, its own words are all there is.

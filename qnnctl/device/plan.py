@@ -26,7 +26,13 @@ from typing import Any, NamedTuple
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
-from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.cache import read_manifest
+from qnnctl.sdk.components import ALL, ANDROID, HEXAGON, install_command, installed_components
+from qnnctl.sdk.identity import build_id
+from qnnctl.sdk.layout import Sdk, read_build_id
+from qnnctl.sdk.select import reinstall_hint
+from qnnctl.sdk.versions import is_full_version, parse_version
+from qnnctl.shell.render import quote_posix
 
 ANDROID_LIB_DIR = "lib/aarch64-android"
 DEVICE_BASE = "/data/local/tmp/qnnctl"
@@ -163,9 +169,6 @@ class MissingDeviceFilesError(QnnctlError):
 def _device_files_hint(sdk: Sdk, number: int) -> str:
     """What brings a device's files: the components an SDK installed in parts lacks; for one
     installed whole, whose archive lacks them, another SDK (a reinstall would lack them too)."""
-    from qnnctl.sdk.cache import read_manifest
-    from qnnctl.sdk.components import ALL, ANDROID, HEXAGON, install_command, installed_components
-
     folders = f"{ANDROID_LIB_DIR}/ and {hexagon_dir(number)}/"
     if sdk.origin != "qnnctl cache":
         return _full_install_hint(sdk) + f"; a full SDK archive holds {folders}"
@@ -192,11 +195,7 @@ class MixedBuildError(QnnctlError):
 
 
 def _full_install_hint(sdk: Sdk) -> str:
-    from qnnctl.sdk.versions import is_full_version
-
     if sdk.origin == "qnnctl cache":
-        from qnnctl.sdk.select import reinstall_hint
-
         return reinstall_hint(sdk.root, sdk.version) + " from a full archive"
     version = sdk.version if is_full_version(sdk.version) else "VERSION"
     return f"install the full SDK: `qnnctl install {version}` (or `--file ARCHIVE`), then pass --sdk {version}"
@@ -248,15 +247,11 @@ def render_device_env(values: Mapping[str, str], shell: str) -> str:
         return json.dumps(dict(values), indent=2) + "\n"
     if shell != "sh":
         raise UsageError(f"unknown device shell {shell!r}", hint="use --shell sh or --shell json")
-    from qnnctl.shell.render import quote_posix
-
     return "".join(f"export {name}={quote_posix(value)}\n" for name, value in values.items())
 
 
 def remote_command(dest: str, argv: Sequence[str]) -> str:
     """The line Android's sh runs for `qnnctl device run`: in `dest`, with the environment."""
-    from qnnctl.shell.render import quote_posix
-
     exports = " ".join(f"{name}={quote_posix(value)}" for name, value in device_environment(dest).items())
     command = " ".join(quote_posix(word) for word in argv)
     # exec: the command's exit status is the shell's, which adb passes back.
@@ -281,8 +276,6 @@ def sdk_files(sdk: Sdk, number: int) -> tuple[list[tuple[Need, Path]], list[str]
 
 def sdk_release(sdk: Sdk) -> tuple[int, int] | None:
     """The SDK's (major, minor) release, from its version; None when unknown."""
-    from qnnctl.sdk.versions import is_full_version, parse_version
-
     if not is_full_version(sdk.version):
         return None
     return parse_version(sdk.version).major_minor
@@ -290,9 +283,6 @@ def sdk_release(sdk: Sdk) -> tuple[int, int] | None:
 
 def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path] = ()) -> Plan:
     """The files of `sdk` that `soc` needs, plus `extras`, bound for `dest` on the device."""
-    from qnnctl.sdk.identity import build_id
-    from qnnctl.sdk.layout import read_build_id
-
     dest = check_dest(dest if dest is not None else default_dest(sdk.version))
     present, missing, optional = sdk_files(sdk, soc.arch)
     if missing:

@@ -17,6 +17,7 @@ from typing import Any
 from qnnctl.device.adb import Device
 from qnnctl.device.plan import DeviceFile, Plan
 from qnnctl.errors import IntegrityError
+from qnnctl.shell.render import quote_posix
 from qnnctl.words import plural
 
 log = logging.getLogger("qnnctl.device.push")
@@ -71,8 +72,6 @@ def _mb(n: int) -> str:
 
 def push_plan(device: Device, plan: Plan) -> PushResult:
     """Push `plan` to `device`; return what was sent and what was already there."""
-    from qnnctl.shell.render import quote_posix
-
     local = {f.device_path: file_sha256(f.source) for f in plan.files}
     device.shell(f"mkdir -p {quote_posix(plan.dest)}")
     parts = {f.device_path: f.device_path + PART_SUFFIX for f in plan.files}
@@ -101,8 +100,6 @@ def push_plan(device: Device, plan: Plan) -> PushResult:
 
 def _verify(device: Device, expected: list[tuple[str, str, DeviceFile]]) -> None:
     """Every part file's sha256 on the device is the local file's; the bad ones are removed."""
-    from qnnctl.shell.render import quote_posix
-
     found = device.sha256([path for path, _, _ in expected])
     bad = [(path, digest, f) for path, digest, f in expected if found.get(path) != digest]
     if not bad:

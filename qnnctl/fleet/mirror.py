@@ -8,22 +8,32 @@ from a mirror that has one checks the archive against it (exit 4 on a mismatch).
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
 import shutil
+import stat
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.install.archive import zip_digests
+from qnnctl.install.archive import work_folder, zip_digests
+from qnnctl.install.commit import download_name, version_lock, work_id
+from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.gate import Observed, agree, check
+from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
+from qnnctl.sdk.layout import HOST_LIB_DIR, read_sdk_version
+from qnnctl.sdk.lockfile import expected_for_download
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, mirror_entry, parse_index
-from qnnctl.sdk.versions import archive_name, archive_urls, version_in
+from qnnctl.sdk.select import resolve_spec, select_sdk
+from qnnctl.sdk.versions import archive_name, archive_urls, is_full_version, version_in
 
 log = logging.getLogger("qnnctl.fleet.mirror")
 
@@ -45,12 +55,6 @@ class FetchedArchive(NamedTuple):
 def archive_build_id(archive: Path, scratch: Path) -> str | None:
     """The build id the host libraries inside a zip archive carry (see qnnctl.sdk.identity), read
     from one library copied into `scratch`; None when they carry none."""
-    import stat
-    import zipfile
-
-    from qnnctl.sdk.identity import IDENTITY_LIBS, build_id
-    from qnnctl.sdk.layout import HOST_LIB_DIR
-
     try:
         with zipfile.ZipFile(archive) as zf:
             members: dict[str, zipfile.ZipInfo] = {}
@@ -79,8 +83,6 @@ def archive_build_id(archive: Path, scratch: Path) -> str | None:
 
 
 def _true_version(build: str | None, version: str, shown: str) -> None:
-    from qnnctl.sdk.identity import version_of_build
-
     if build is not None and version_of_build(build) != version:
         raise IntegrityError(
             f"{shown} holds SDK {version_of_build(build)} (its libraries are build {build}), not {version}",
@@ -94,10 +96,6 @@ def _true_version(build: str | None, version: str, shown: str) -> None:
 def _finished_download(cache: Cache, version: str) -> tuple[Path, str, str] | None:
     """A complete archive of `version` already in the cache's downloads (a download that an
     install did not get to use): (path, its recorded sha256, checked again, the URL recorded)."""
-    import json
-
-    from qnnctl.net.download import file_sha256
-
     if not cache.downloads.is_dir():
         return None
     for record in sorted(cache.downloads.glob("*.json")):
@@ -121,11 +119,6 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
     """The archive of `version` in the cache's downloads: the one there already, else fetched
     (from QNNCTL_MIRROR when set), checked against the mirror's index.json and, with
     `check_lock`, the project's lock. Without `keep` it is hashed and removed again."""
-    from qnnctl.install.archive import work_folder
-    from qnnctl.install.commit import download_name, version_lock, work_id
-    from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
-    from qnnctl.sdk.lockfile import expected_for_download
-
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
@@ -177,8 +170,6 @@ class Mirrored(NamedTuple):
 
 
 def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:
-    import json
-
     path = folder / INDEX_NAME
     if not path.exists():
         return {}
@@ -191,10 +182,6 @@ def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:
 
 def mirror_versions(specs: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
     """The versions `specs` name (prefixes resolved), or the one qnnctl resolves here."""
-    from qnnctl.sdk.layout import read_sdk_version
-    from qnnctl.sdk.select import resolve_spec, select_sdk
-    from qnnctl.sdk.versions import is_full_version
-
     if specs:
         return list(dict.fromkeys(resolve_spec(spec, cache, environ, mirror=True) for spec in specs))
     selection = select_sdk(None, environ, cwd, cache)
@@ -208,8 +195,6 @@ def mirror_versions(specs: Sequence[str], environ: Mapping[str, str], cwd: Path,
 def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], cwd: Path, cache: Cache,
                 terminal: bool = False) -> list[Mirrored]:
     """Fill `folder` with `<version>/v<version>.zip` for each version and index them."""
-    from qnnctl.net.download import file_sha256
-
     folder = user_path(folder).absolute()
     versions = mirror_versions(specs, environ, cwd, cache)
     folder.mkdir(parents=True, exist_ok=True)
@@ -231,9 +216,6 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
                     f"{dest} has sha256 {digest}, but {folder / INDEX_NAME} says {entry.get('sha256')}",
                     hint=f"remove {dest} and run `qnnctl mirror {folder} {version}` again",
                 )
-            from qnnctl.install.archive import work_folder
-            from qnnctl.install.commit import work_id
-
             cache.ensure()
             with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
                 build = archive_build_id(dest, scratch)
@@ -264,8 +246,6 @@ def _move(source: Path, dest: Path) -> None:
         os.replace(source, dest)
         return
     except OSError as exc:
-        import errno
-
         if exc.errno != errno.EXDEV:
             raise
     partial = dest.with_name(dest.name + ".partial")

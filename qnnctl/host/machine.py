@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os.path
 import platform
+import re
+import shutil
+import struct
+import subprocess
 import threading
 
 from qnnctl.errors import UnsupportedHostError
@@ -70,16 +77,12 @@ _CACHE_ENTRY_OLD = 12  # flags, key, value
 
 def parse_dotted_version(text: str) -> tuple[int, ...] | None:
     """(2, 36) from "2.36", (2, 2, 5) from "2.2.5"; None when `text` does not start with one."""
-    import re
-
     match = re.match(r"\s*(\d+(?:\.\d+)*)", text)
     return tuple(int(part) for part in match.group(1).split(".")) if match else None
 
 
 def glibc_version() -> tuple[int, ...] | None:
     """The version of the glibc this process runs on; None when the C library is not glibc."""
-    import ctypes
-
     try:
         # The C library is already mapped into every process; this loads nothing new.
         func = ctypes.CDLL(None).gnu_get_libc_version
@@ -98,8 +101,6 @@ def parse_ld_cache(data: bytes) -> dict[str, list[str]] | None:
     Entries of every architecture are kept: the caller checks each candidate's ELF header,
     as the loader does.
     """
-    import struct
-
     start = data.find(_CACHE_MAGIC_NEW)
     if start < 0 or (start and not data.startswith(_CACHE_MAGIC_OLD)):
         return None
@@ -130,8 +131,6 @@ def parse_ld_cache(data: bytes) -> dict[str, list[str]] | None:
 
 def parse_ldconfig_output(text: str) -> dict[str, list[str]]:
     """soname -> paths from the output of `ldconfig -p`."""
-    import re
-
     line_re = re.compile(r"^\s+(\S+) \(([^)]*)\) => (.+)$")
     entries: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -147,8 +146,6 @@ def read_ld_cache(path: str = LD_SO_CACHE) -> dict[str, list[str]]:
     Parsed from the file when its format is the current one, else read from `ldconfig -p`;
     empty when neither works (musl, or a container without a cache).
     """
-    import logging
-
     log = logging.getLogger("qnnctl.host.machine")
     try:
         with open(path, "rb") as handle:
@@ -158,10 +155,6 @@ def read_ld_cache(path: str = LD_SO_CACHE) -> dict[str, list[str]]:
     parsed = parse_ld_cache(data)
     if parsed is not None:
         return parsed
-    import os.path
-    import shutil
-    import subprocess
-
     candidates = (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig")
     ldconfig = next((p for p in candidates if p and os.path.isfile(p)), None)
     if ldconfig is None:

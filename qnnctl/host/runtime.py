@@ -16,6 +16,7 @@ crashes every program); it is used only by starting a program under its own load
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -30,12 +31,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qnnctl import __version__
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.files import remove_tree
+from qnnctl.host.elf import (
+    ElfIdentity,
+    ElfInfo,
+    Resolver,
+    elf_identity,
+    glibc_of,
+    loader_stops_at,
+    needed_libraries,
+    read_elf,
+)
+from qnnctl.host.machine import glibc_version, parse_dotted_version, read_ld_cache
+from qnnctl.host.packages import (
+    Collected,
+    CollectedFile,
+    HashingReader,
+    collect,
+    deb_info,
+    package_kind,
+    package_members,
+    rpm_info,
+    tar_members,
+)
+from qnnctl.install.archive import work_folder
+from qnnctl.install.commit import remove_stale_work, version_lock
+from qnnctl.net.download import (
+    BACKOFF_MAX,
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    Retry,
+    backoff_delay,
+    file_sha256,
+    make_session,
+    retry_after,
+    retryable_status,
+)
+from qnnctl.net.retry import describe
 from qnnctl.net.urls import redact
 from qnnctl.paths import fsync_dir, user_path, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
 
 if TYPE_CHECKING:
     from qnnctl.host.elf import ElfIdentity
@@ -115,8 +153,6 @@ class Staged:
     @property
     def glibc_version(self) -> Version | None:
         """The version of a staged glibc, as its manifest records it."""
-        from qnnctl.host.machine import parse_dotted_version
-
         return parse_dotted_version(str(self.manifest.get("glibc_version", "")))
 
 
@@ -144,8 +180,6 @@ def current(cache: Cache, kind: str) -> Staged | None:
 
 def _sdk_identity() -> ElfIdentity:
     """What the SDK's host libraries are, and what they can load: 64-bit little-endian x86-64."""
-    from qnnctl.host.elf import ElfIdentity
-
     return ElfIdentity(64, True, _EM_X86_64)
 
 
@@ -160,8 +194,6 @@ def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:
     if staged is None:
         return []
     if sdk is not None:
-        from qnnctl.host.elf import loader_stops_at
-
         want = _sdk_identity()
         if all(loader_stops_at(sdk.lib_dir / name, want) for name in TRIO):
             return []
@@ -194,9 +226,6 @@ def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str])
     `lib_path` stands for LD_LIBRARY_PATH (the SDK's own folder); then the loader's cache and
     the default folders. The same resolver as doctor's library check.
     """
-    from qnnctl.host.elf import ElfInfo, Resolver
-    from qnnctl.host.machine import read_ld_cache
-
     resolver = Resolver(":".join(str(p) for p in lib_path) or None, read_ld_cache())
     # A stand-in for the SDK's libraries, with no RPATH of its own.
     needer = ElfInfo(path=Path("libQnnHtp.so"), identity=_sdk_identity(),
@@ -206,8 +235,6 @@ def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str])
 
 def glibc_needed_by(libraries: Iterable[Path]) -> Version | None:
     """The newest GLIBC_x.y symbol version any of `libraries` references."""
-    from qnnctl.host.elf import elf_identity, read_elf
-
     newest: Version | None = None
     for path in libraries:
         if elf_identity(path) is None:
@@ -226,8 +253,6 @@ def glibc_provided_by(libc: Path) -> Version | None:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerDefSection
-
-    from qnnctl.host.elf import glibc_of
 
     newest: Version | None = None
     try:
@@ -253,9 +278,6 @@ def sdk_glibc_requirement(sdk: Sdk) -> Version | None:
 
 def trio_needed(sdk: Sdk) -> list[str]:
     """The libc++ trio members that the SDK's required host libraries name in DT_NEEDED."""
-    from qnnctl.host.elf import needed_libraries
-    from qnnctl.sdk.layout import REQUIRED_LIBS
-
     needed: set[str] = set()
     for name in REQUIRED_LIBS:
         try:
@@ -281,8 +303,6 @@ def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeRe
 
 def glibc_shortfall(sdk: Sdk) -> tuple[Version, Version | None] | None:
     """(needed, host) when the SDK needs a newer glibc than this host's, else None."""
-    from qnnctl.host.machine import glibc_version
-
     needed = sdk_glibc_requirement(sdk)
     host = glibc_version()
     if needed is None or (host is not None and host >= needed):
@@ -295,8 +315,6 @@ def _dotted(version: Version | None) -> str:
 
 
 def _host_glibc_text() -> str:
-    from qnnctl.host.machine import glibc_version
-
     return _dotted(glibc_version())
 
 
@@ -364,9 +382,6 @@ def stage_runtime(
     committed: dict[str, Staged] = {}
     unused: dict[str, str] = {}  # source -> why it was not used
     if plan.trio or plan.glibc:
-        from qnnctl.install.archive import work_folder
-        from qnnctl.install.commit import remove_stale_work, version_lock
-
         cache.ensure()
         with version_lock(cache, LOCK_KEY, "staging the host runtime"):
             if not request.force:
@@ -533,8 +548,6 @@ def _check_source(path: Path) -> Path:
 
     Checked before anything else, so that a file is refused even when nothing is to be staged.
     """
-    from qnnctl.host.packages import package_kind
-
     path = user_path(path)
     if not path.exists():
         raise UsageError(f"--runtime-from {path}: no such file or folder")
@@ -581,9 +594,6 @@ def _wanted(name: str) -> bool:
 
 def _scan(source: Path, dest: Path, label: str | None = None) -> _Scan:
     """Read one source (file or folder), check its digest, keep the members that matter."""
-    from qnnctl.host.packages import collect, deb_info, package_kind, package_members, rpm_info
-    from qnnctl.net.download import file_sha256
-
     label = label or str(source)
     if source.is_dir():
         return _scan_folder(source, dest)
@@ -620,9 +630,6 @@ def _scan(source: Path, dest: Path, label: str | None = None) -> _Scan:
 
 def _scan_folder(folder: Path, dest: Path) -> _Scan:
     """A folder given by the user: its libraries, links followed on disk (it is trusted)."""
-    from qnnctl.host.packages import Collected, CollectedFile
-    from qnnctl.net.download import file_sha256
-
     dest.mkdir(parents=True, exist_ok=True)
     collected = Collected()
     records = []
@@ -686,8 +693,6 @@ def _apt_download(folder: Path) -> list[Path] | None:
 
 def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
     """Stream the release archive once, keeping only the trio; retry from the start."""
-    from qnnctl.net.download import BACKOFF_MAX, Retry, backoff_delay, make_session
-
     session = make_session()
     attempt = 0
     while True:
@@ -712,10 +717,6 @@ def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
 def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
     import requests
     import urllib3
-
-    from qnnctl.host.packages import HashingReader, collect, tar_members
-    from qnnctl.net.download import CONNECT_TIMEOUT, READ_TIMEOUT, Retry, retry_after, retryable_status
-    from qnnctl.net.retry import describe
 
     shown = redact(url)  # QNNCTL_LLVM_URL may name a mirror with a password or a token
     log.info("streaming %s (only the three libraries are kept)", shown)
@@ -822,8 +823,6 @@ def _build_trio(
     version = next((s.version for s in contributing if s.deb and s.deb.package == APT_PACKAGES[0]), None)
     version = version or next((s.version for s in contributing if s.version), None)
     if version is None:
-        import hashlib
-
         version = "local-" + hashlib.sha256("".join(sorted(files.values())).encode()).hexdigest()[:12]
     manifest = _manifest(LIBCXX, contributing, files)
     return tree, _safe_name(f"{LIBCXX}-{version}"), manifest
@@ -873,8 +872,6 @@ def _build_glibc(
 
 
 def _manifest(kind: str, scans: Sequence[_Scan], files: dict[str, str]) -> dict[str, Any]:
-    from qnnctl import __version__
-
     return {
         "schema": RUNTIME_SCHEMA,
         "kind": kind,

@@ -12,12 +12,17 @@ final tree is checked once more so that no combination of links can reach outsid
 
 from __future__ import annotations
 
+import bz2
+import ctypes
 import errno
+import gc
 import gzip
 import hashlib
+import importlib
 import logging
 import lzma
 import os
+import pickle
 import shutil
 import signal
 import stat
@@ -35,9 +40,11 @@ from typing import IO, Any, NamedTuple, NoReturn, Protocol, TypeVar
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import require_free_space, space_margin
 from qnnctl.install.zipindex import MAX_TAIL, check_zip_file, member_kind, open_zip, zip64_sizes
+from qnnctl.net.download import file_sha256
 from qnnctl.sdk.layout import HOST_LIB_DIR
-from qnnctl.sdk.members import component_digests, member_line
+from qnnctl.sdk.members import Member, component_digests, member_line, unresolved_links
 from qnnctl.sdk.versions import version_in
+from qnnctl.threads import start_daemon, wait_ended
 
 log = logging.getLogger("qnnctl.install.archive")
 
@@ -291,8 +298,6 @@ def in_threads(jobs: Iterable[_T], run: Callable[[_T, threading.Event], None], t
             errors.append(exc)
             stop.set()
 
-    from qnnctl.threads import start_daemon, wait_ended
-
     helpers = [start_daemon(worker, f"qnnctl-extract-{i}") for i in range(threads - 1)]
     worker()
     interrupted = wait_ended(helpers, stop.set)  # Ctrl-C while waiting: stop the others, still wait
@@ -375,8 +380,6 @@ class _Child:
     @classmethod
     def start(cls, share: list[_T], run: Callable[[_T, threading.Event], _R], children: list[_Child]) -> bool:
         """Fork a child for `share` and add it to `children`; False when the system refuses."""
-        import gc
-
         parent = os.getpid()
         collecting = gc.isenabled()
         with _sigint_blocked():
@@ -401,8 +404,6 @@ class _Child:
 
     def collect(self) -> dict[Any, Any]:
         """Wait for the child; its results, or its exception raised here."""
-        import pickle
-
         chunks = []
         while chunk := os.read(self.result, 1 << 16):
             chunks.append(chunk)
@@ -473,8 +474,6 @@ def _child(share: list[_T], run: Callable[[_T, threading.Event], _R], parent: in
 def _die_with(parent: int) -> None:
     """Have the kernel kill this (forked) process when its parent dies: a killed qnnctl
     leaves nothing writing into its work folder."""
-    import ctypes
-
     pr_set_pdeathsig = 1
     try:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
@@ -485,8 +484,6 @@ def _die_with(parent: int) -> None:
 
 
 def _send(fd: int, payload: tuple[str, Any]) -> None:
-    import pickle
-
     try:
         data = pickle.dumps(payload)
         if payload[0] == "error":
@@ -598,8 +595,6 @@ class _Choice:
 
     def check_links(self, links: list[_Link]) -> None:
         """Refuse a chosen link that leads through or to a member left out."""
-        from qnnctl.sdk.members import Member, unresolved_links
-
         members = {name: Member(name, kind) for name, kind in self.kinds.items()}
         targets = {link.name: link.target for link in links if not link.hard}
         for link in links:
@@ -812,8 +807,6 @@ class ZipStream:
                 self.work.mkdir(parents=True, exist_ok=True)
                 free = shutil.disk_usage(self.work).free
                 self._budget = free - (total - offset) - space_margin(total - offset)
-                from qnnctl.threads import start_daemon
-
                 self._thread_ended = start_daemon(self._run, "qnnctl-stream")
             elif offset < self._size or not self._same_file(part):
                 # The download starts over: bytes already read may change under us.
@@ -849,8 +842,6 @@ class ZipStream:
             self._changed.notify_all()
         if self._thread_ended is None:
             return None
-        from qnnctl.threads import wait_ended
-
         try:
             # Ctrl-C: stop the threads, still wait for them
             interrupted = wait_ended([self._thread_ended], lambda: self._fail("interrupted"))
@@ -995,8 +986,6 @@ class _MemberData:
         if method == zipfile.ZIP_DEFLATED:
             self.inflate = self.zlib.decompressobj(-zlib.MAX_WBITS)
         elif method == zipfile.ZIP_BZIP2:
-            import bz2
-
             self.inflate = bz2.BZ2Decompressor()
         self.pending = head
         self.size = 0
@@ -1104,8 +1093,6 @@ def digest_matches(path: Path, recorded: str) -> bool:
     """Whether the file at `path` still has the digest the manifest recorded for it: its
     sha256 (64 hex digits), or a CRC-32 in manifests of some earlier versions."""
     if ":" not in recorded:
-        from qnnctl.net.download import file_sha256
-
         return file_sha256(path) == recorded
     crc32 = _zlib().crc32
     crc = 0
@@ -1121,8 +1108,6 @@ _ZLIB: list[Any] = []
 def _zlib() -> Any:
     """zlib-ng when it is installed (it inflates about twice as fast), else zlib."""
     if not _ZLIB:
-        import importlib
-
         try:
             _ZLIB.append(importlib.import_module("zlib_ng.zlib_ng"))
         except ImportError:

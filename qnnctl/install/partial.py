@@ -20,13 +20,40 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tarfile
 import zipfile
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
+from qnnctl.files import require_free_space
+from qnnctl.install.archive import (
+    MAX_LINK_TARGET,
+    archive_kind,
+    check_links_inside,
+    extract,
+    member_path,
+    sdk_top,
+    unsafe,
+    work_folder,
+)
 from qnnctl.install.commit import commit, identify, require_version, used_up, work_id
+from qnnctl.install.zipindex import (
+    NeedMore,
+    central_directory_sha256,
+    check_local_header,
+    check_zip_file,
+    end_records,
+    extent_of,
+    extents,
+    member_kind,
+    open_zip,
+    read_file_at,
+    same_reading,
+)
+from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
+from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, SparseFile, probe
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
 from qnnctl.sdk.gate import Expected, Observed, check, why_whole
@@ -78,9 +105,6 @@ def zip_members(infos: Iterable[zipfile.ZipInfo], earlier: dict[PurePosixPath, l
     """Every member of a zip by its path (checked safe: IntegrityError for one that is not,
     or for a device file), and the entry the extractor takes for each (the last of a name);
     `earlier` gets the entries before it of a name given more than once."""
-    from qnnctl.install.archive import member_path, unsafe
-    from qnnctl.install.zipindex import member_kind
-
     members: dict[PurePosixPath, Member] = {}
     entries: dict[PurePosixPath, zipfile.ZipInfo] = {}
     for info in infos:
@@ -99,10 +123,6 @@ def zip_members(infos: Iterable[zipfile.ZipInfo], earlier: dict[PurePosixPath, l
 
 def tar_members(archive: Path) -> tuple[dict[PurePosixPath, Member], dict[PurePosixPath, str]]:
     """Every member of a tar, and the target of each symlink, in one pass over it."""
-    import tarfile
-
-    from qnnctl.install.archive import member_path, unsafe
-
     members: dict[PurePosixPath, Member] = {}
     targets: dict[PurePosixPath, str] = {}
     try:
@@ -133,8 +153,6 @@ def choose_members(members: dict[PurePosixPath, Member], components: Collection[
                    present: set[PurePosixPath], source: str) -> Choice:
     """The members `components` claim that are not installed already. UsageError when the
     archive has no member of a component asked for (a DSP generation it does not hold)."""
-    from qnnctl.install.archive import sdk_top
-
     top = sdk_top(members)
     if ALL not in components:
         found = set(available(members.values(), top))
@@ -173,8 +191,6 @@ def unknown_links(choice: Choice) -> list[PurePosixPath]:
 
 
 def read_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
-    from qnnctl.install.archive import MAX_LINK_TARGET, unsafe
-
     with zf.open(info) as source:
         raw = source.read(MAX_LINK_TARGET + 1)
     if len(raw) > MAX_LINK_TARGET:
@@ -204,16 +220,12 @@ def installed_members(root: Path, top: PurePosixPath) -> tuple[set[PurePosixPath
 
 def choose_in_file(archive: Path, components: Collection[str]) -> tuple[Choice, Parts]:
     """The members of the archive on disk that `components` need, and what to record."""
-    from qnnctl.install.archive import archive_kind
-
     if archive_kind(archive) != "zip":
         members, targets = tar_members(archive)
         choice = choose_members(members, components, set(), archive.name)
         choice.targets.update(targets)
         link_closure(choice)
         return choice, Parts(canonical(components), False, None)
-    from qnnctl.install.zipindex import central_directory_sha256, check_zip_file, open_zip, read_file_at
-
     records = check_zip_file(archive)
     try:
         with open_zip(archive) as zf:
@@ -252,9 +264,6 @@ class RangedInstall:
         """The end of the archive and its central directory, into the sparse file.
 
         RangesIgnored when the server does not serve ranges."""
-        from qnnctl.install.zipindex import NeedMore, end_records
-        from qnnctl.net.ranged import Fetcher, SparseFile, probe
-
         remote, tail_start, tail = probe(self.urls)
         log.info("reading the central directory of %s (%s)", remote.shown, human_size(remote.size))
         self.sparse = sparse = SparseFile.open(self.cache.downloads, self.name, remote, tail_start, tail)
@@ -273,8 +282,6 @@ class RangedInstall:
         self.records = records
 
     def central_directory_sha256(self) -> str:
-        from qnnctl.install.zipindex import central_directory_sha256
-
         if self.sparse is None or self.records is None:  # pragma: no cover - open() comes first
             raise RuntimeError("the archive is not open")
         return central_directory_sha256(self.sparse.read_at, self.records)
@@ -284,10 +291,6 @@ class RangedInstall:
         """Fetch and extract the members `components` need (beyond what `old` holds) into
         work/x; returns the SDK root there, the archive's top folder, the files written with
         their digests, the bytes written and the libraries' version."""
-        from qnnctl.install.archive import extract
-        from qnnctl.install.zipindex import check_local_header
-        from qnnctl.net.ranged import Fetcher
-
         sparse = self.sparse
         if sparse is None:  # pragma: no cover - open() comes first
             raise RuntimeError("the archive is not open")
@@ -299,8 +302,6 @@ class RangedInstall:
         adding = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
         log.info("fetching %s of %s: %s of the archive's %s", plural(len(spans), "file"),
                  ", ".join(adding or components), human_size(wanted), human_size(sparse.remote.size))
-        from qnnctl.files import require_free_space
-
         require_free_space(self.cache.downloads, wanted, "download the archive's parts")
         fetcher = Fetcher(sparse, self.progress)
 
@@ -328,9 +329,6 @@ class RangedInstall:
               ) -> tuple[set[PurePosixPath], set[PurePosixPath], dict[int, Extent]]:
         """The members to extract (links followed, their bytes fetched), those `old` holds,
         and the byte range of every file entry to fetch, by its offset."""
-        from qnnctl.install.zipindex import check_local_header, extent_of, extents, open_zip, same_reading
-        from qnnctl.net.ranged import Fetcher
-
         sparse = self.sparse
         records = self.records
         if sparse is None or records is None:  # pragma: no cover - open() comes first
@@ -345,8 +343,6 @@ class RangedInstall:
                 present: set[PurePosixPath] = set()
                 old_targets: dict[PurePosixPath, str] = {}
                 if old is not None:
-                    from qnnctl.install.archive import sdk_top
-
                     present, old_targets = installed_members(old.root, sdk_top(members))
                     # Folders the archive has no entry for (as many archivers write zips) are
                     # on disk, but no member: nothing to choose, follow or fetch.
@@ -387,8 +383,6 @@ class RangedInstall:
 def merge_old(old_root: Path, new_root: Path) -> None:
     """Put the files, links and folders of `old_root` into `new_root` where it has none: hard
     links for files (a copy where the file system refuses), the same modes for folders."""
-    from qnnctl.install.archive import check_links_inside, unsafe
-
     modes: list[tuple[Path, int]] = []
     for folder, dirs, names in os.walk(old_root):
         base = Path(folder)
@@ -456,8 +450,6 @@ def ranged_failure(exc: BaseException, shown: str) -> DownloadError:
 
 def extract_components(archive: Path, components: Collection[str], work: Path) -> tuple[Any, Parts]:
     """Extract what `components` need from an archive on disk into `work`."""
-    from qnnctl.install.archive import extract
-
     choice, parts = choose_in_file(archive, components)
     log.info("installing %s: %d of %d members", ", ".join(parts.components), len(choice.chosen),
              len(choice.members))
@@ -489,10 +481,6 @@ def install_components(version: str, urls: list[str], name: str, components: Col
     passes the gate (qnnctl.sdk.gate) against `expected` (and, with `old`, the archive it came
     from) before it is renamed into place. `sha256`: --sha256, which the download checks too.
     The caller holds the version's lock and has removed stale work folders."""
-    from qnnctl.install.archive import work_folder
-    from qnnctl.net.download import PlainProgress, terminal_progress
-    from qnnctl.net.ranged import ArchiveChanged, RangesIgnored
-
     components = wanted_components(components, old)
     fetching = [c for c in components if old is None or c not in installed_components(read_manifest(old.root))]
     progress: ProgressFactory = terminal_progress if terminal else PlainProgress
@@ -565,9 +553,6 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
                    progress: ProgressFactory) -> Sdk:
     """Download the whole archive, check it at the gate, then install only the members
     `components` need."""
-    from qnnctl.install.archive import work_folder
-    from qnnctl.net.download import Downloader, make_session
-
     downloader = Downloader(make_session(), cache.downloads, progress)
     with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
         fetched = downloader.fetch(urls, name, sha256)

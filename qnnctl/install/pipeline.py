@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.files import remove_tree
 from qnnctl.host.machine import require_supported_host
+from qnnctl.install.archive import ZipStream, extract, work_folder
 from qnnctl.install.commit import (
     FILE_LOCK,
     commit,
@@ -24,12 +25,19 @@ from qnnctl.install.commit import (
     version_lock,
     work_id,
 )
+from qnnctl.install.partial import extract_components, install_components, merged_digests, with_installed
+from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest, unpacked_size
+from qnnctl.sdk.components import covers, installed_components, parse_components
 from qnnctl.sdk.gate import Observed, agree, check, given_sha256
+from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
+from qnnctl.sdk.lockfile import check_reused, expected_for_download, find_lock, read_lock, require_lock
 from qnnctl.sdk.members import tree_digests
+from qnnctl.sdk.mirrorindex import index_url, mirror_entry, read_index
+from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import (
     BY_ARGUMENT,
     BY_CALLER,
@@ -39,14 +47,18 @@ from qnnctl.sdk.select import (
     BY_SHELL,
     Selection,
     find_installed,
+    find_pin,
     select_sdk,
+    shell_sdk_gone,
 )
+from qnnctl.sdk.stores import all_links, dangling_link_error, find_in_stores, read_link, remove_link
 from qnnctl.sdk.versions import (
     archive_urls,
     as_typed,
     is_full_version,
     is_version_prefix,
     matches_prefix,
+    parse_version,
     resolve_version,
     version_in,
 )
@@ -99,8 +111,6 @@ def install(
     """Resolve the SDK `request` names, installing it into the cache when it is missing."""
     sha256 = _validate_sha256(request.sha256)
     if request.locked and request.check_lock:
-        from qnnctl.sdk.lockfile import read_lock, require_lock
-
         read_lock(require_lock(cwd))  # there, and a lock: before anything is read or fetched
     if request.url is not None and request.file is not None:
         raise UsageError("--url and --file cannot be used together")
@@ -171,9 +181,6 @@ def install(
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     urls = [request.url] if request.url else archive_urls(version, mirror)
     name = download_name(urls[0], version)
-    from qnnctl.sdk.lockfile import expected_for_download
-    from qnnctl.sdk.stores import dangling_link_error
-
     locked = expected_for_download(version, cwd, request.locked) if request.check_lock else None
     dangling = dangling_link_error(version, cache)
     if dangling is not None:
@@ -189,10 +196,6 @@ def install(
         remove_stale_work(cache, version)
         if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
             _free_to_replace(cache, version)  # before a download that could not be installed
-        from qnnctl.install.archive import ZipStream, work_folder
-        from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
-        from qnnctl.sdk.mirrorindex import mirror_entry
-
         # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
         # agree before anything is fetched, and what arrives passes the gate against each.
         if mirror is None or request.url:
@@ -207,8 +210,6 @@ def install(
         # Some components: fetched by parts, or added to those of an SDK installed with fewer.
         extend = found_sdk if found_sdk is not None and found_sdk.origin == "qnnctl cache" else None
         if components is not None and (extend is not None or components != ("all",)):
-            from qnnctl.install.partial import install_components
-
             sdk = install_components(version, urls, name, components, expected, cache, request.force, terminal,
                                      extend, sha256)
             return InstallResult(sdk, "installed", selection)
@@ -241,21 +242,14 @@ def _components_for(request: InstallRequest, selection: Selection, cwd: Path) ->
     if request.components is not None:
         return request.components
     if selection.reason == BY_PIN:
-        from qnnctl.sdk.pin import read_pin_components
-        from qnnctl.sdk.select import find_pin
-
         pin = find_pin(cwd)
         pinned = read_pin_components(pin) if pin is not None else None
         if pinned is not None:
             return pinned
     if request.check_lock:
-        from qnnctl.sdk.lockfile import find_lock, read_lock
-
         path = find_lock(cwd)
         lock = read_lock(path) if path is not None else None
         if lock is not None and lock.components and lock.version == selection.version:
-            from qnnctl.sdk.components import parse_components
-
             return parse_components(lock.components, where=f"{path} (sdk.components)")
     return None
 
@@ -264,9 +258,6 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     """Whether an installed SDK holds the components asked for (any SDK, when none were)."""
     if components is None:
         return True
-    from qnnctl.sdk.cache import read_manifest
-    from qnnctl.sdk.components import covers, installed_components
-
     return covers(installed_components(read_manifest(sdk.root)), components)
 
 
@@ -281,9 +272,6 @@ def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[st
     version = selection.version
     if mirror is None or version is None or find_installed(version, cache, environ) is not None:
         return selection, None
-    from qnnctl.sdk.mirrorindex import index_url, read_index
-    from qnnctl.sdk.versions import parse_version
-
     check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     index = read_index(mirror)
     if index is None or version in index:
@@ -309,8 +297,6 @@ def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[st
 def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool) -> Selection:
     """What `install` does for the SDK the shell was set up for: reuse it (a root), or (a version)
     reinstall it, or install it again once it is gone, when it is one of qnnctl's cache."""
-    from qnnctl.sdk.select import shell_sdk_gone
-
     version = cache.version_at(root)
     if version is not None and (force or missing_layout(root)):
         return Selection(BY_SHELL, selection.detail, version=version)
@@ -332,8 +318,6 @@ def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> Instal
     if sha256 is not None and result.sdk is not None:
         check_installed_sha256(result.sdk, sha256)
     if request.check_lock and result.sdk is not None:
-        from qnnctl.sdk.lockfile import check_reused
-
         check_reused(result.sdk, cwd, request.locked)
     return result
 
@@ -364,8 +348,6 @@ def _place(root: Path, cache: Cache) -> str:
 def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -> None:
     """An installed SDK asked for with --sha256: the archive it came from must have had it.
     `archive`: the one given with --file, which the command in the hint installs."""
-    from qnnctl.sdk.cache import read_manifest
-
     recorded = (read_manifest(sdk.root) or {}).get("sha256")
     source = f" --file {archive}" if archive is not None else ""
     if not isinstance(recorded, str):
@@ -386,8 +368,6 @@ def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -
 def _free_to_replace(cache: Cache, version: str) -> None:
     """An SDK about to be replaced that a running process holds: said now (or waited for with
     --wait), not after the download; the replace checks again."""
-    from qnnctl.sdk.holds import exclusive, wait_for_holders
-
     with exclusive(cache, version, cache.sdk_dir(version), "replaced", wait_for_holders.get()):
         pass
 
@@ -404,8 +384,6 @@ def _build(
     streamed: Streamed | None,
 ) -> Sdk:
     """Extract, validate, write the manifest, rename into sdks/. Caller holds the lock."""
-    from qnnctl.install.archive import extract
-
     extracted = extract(archive, work / "x", streamed)
     found, build = identify(extracted.root, extracted.version, version, source)
     require_version(found, version, source)
@@ -427,9 +405,6 @@ def _install_file(
 ) -> InstallResult:
     """`lock_check` is (the working folder, --locked) when the project's lock applies;
     `components` (all when None) are the only ones extracted, beside those installed already."""
-    from qnnctl.install.archive import extract, work_folder
-    from qnnctl.net.download import file_sha256
-
     archive = user_path(archive).resolve()
     if not archive.is_file():
         raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
@@ -450,8 +425,6 @@ def _install_file(
         with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work:
             parts = None
             if components is not None and components != ("all",):
-                from qnnctl.install.partial import extract_components
-
                 extracted, parts = extract_components(archive, components, work / "x")
             else:
                 extracted = extract(archive, work / "x")
@@ -469,8 +442,6 @@ def _install_file(
                 )
             selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
             if lock_check is not None:
-                from qnnctl.sdk.lockfile import expected_for_download
-
                 locked = expected_for_download(version, *lock_check)
                 if locked is not None:
                     check([locked.expected()], Observed(str(archive), digest, archive.stat().st_size))
@@ -485,8 +456,6 @@ def _install_file(
                 if parts is not None:
                     written = extra["component_sha256"]
                     if not force and old is not None:
-                        from qnnctl.install.partial import merged_digests, with_installed
-
                         parts, files, unpacked = with_installed(old, extracted, parts, str(archive))
                         written = merged_digests(old, written)  # type: ignore[arg-type]
                     extra = {**parts.manifest_fields(), "component_sha256": written}
@@ -502,8 +471,6 @@ def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str
     With --sha256 (the file's digest, checked already) the installed SDK must come from an
     archive with that digest too (exit 4); without it, a warning says how to replace it.
     """
-    from qnnctl.sdk.cache import read_manifest
-
     sdk = result.sdk
     recorded = (read_manifest(sdk.root) or {}).get("sha256") if sdk is not None else None
     if sdk is None or recorded == digest:
@@ -535,8 +502,6 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
     `qnnctl link` said it would be); a second uninstall drops the link. What was removed: the
     SDK's folder, else the link's record. An SDK a running process holds is left in place
     (HeldError naming it), or with `wait`, removed once it is free."""
-    from qnnctl.sdk.stores import all_links, find_in_stores, read_link, remove_link
-
     spec = as_typed(spec)
     if not is_version_prefix(spec):
         resolve_version(spec)  # raises the standard "not an SDK version" error
@@ -567,8 +532,6 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
         trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
         cache.tmp.mkdir(parents=True, exist_ok=True)
         size = unpacked_size(target)
-        from qnnctl.sdk.holds import exclusive
-
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held,
         # and no hold starts while it moves.
         with exclusive(cache, version, target, "removed", wait):

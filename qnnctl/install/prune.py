@@ -15,8 +15,10 @@ from typing import NamedTuple
 
 from qnnctl.errors import UsageError
 from qnnctl.files import remove_tree
+from qnnctl.install.commit import work_id
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
 from qnnctl.sdk.holds import HeldError, exclusive
+from qnnctl.sdk.select import versions_on_disk
 from qnnctl.sdk.versions import is_version_prefix, matches_prefix, resolve_version
 from qnnctl.words import size_text
 
@@ -42,8 +44,6 @@ class Pruned(NamedTuple):
 
 def installed_anywhere(cache: Cache, environ: Mapping[str, str]) -> set[str]:
     """Every version on disk: qnnctl's cache, links, stores, ExecuTorch's cache."""
-    from qnnctl.sdk.select import versions_on_disk
-
     return versions_on_disk(cache, environ, usable=False)
 
 
@@ -69,8 +69,6 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
     """Remove every SDK of qnnctl's cache but those `specs` name (all of them with `everything`);
     one in use is left in place, or with `wait`, removed once it is free."""
     from filelock import FileLock, Timeout
-
-    from qnnctl.install.commit import work_id
 
     keep = set() if everything else kept_versions(specs, cache, environ)
     removed: list[Removed] = []

@@ -16,9 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from qnnctl import __version__
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
+from qnnctl.net.retry import (
+    BodyBroke,
+    Policy,
+    attempts_made,
+    describe,
+    quiet_urllib3_retries,
+    unknown_host,
+    untrusted_certificate,
+)
 from qnnctl.net.urls import redact
+from qnnctl.paths import write_json_atomic
 from qnnctl.words import human_size
 
 if TYPE_CHECKING:
@@ -52,8 +63,6 @@ def make_session(user_agent_version: str | None = None) -> requests.Session:
     """
     import requests
 
-    from qnnctl import __version__
-
     session = requests.Session()
     session.trust_env = True
     session.headers["User-Agent"] = f"qnnctl/{user_agent_version or __version__}"
@@ -66,8 +75,6 @@ def retry_policy(backoff_base: float = BACKOFF_BASE, sleep: Callable[[float], No
     """The retry policy of every download, declared: urllib3 applies it to each request (it
     retries a refused connection, a timeout and the statuses above by itself), and the
     downloader asks it again when a body breaks off."""
-    from qnnctl.net.retry import Policy, quiet_urllib3_retries
-
     quiet_urllib3_retries()
     policy = Policy(
         total=MAX_ATTEMPTS - 1,
@@ -315,15 +322,11 @@ class Downloader:
         return data if isinstance(data, dict) else {}
 
     def _write_meta(self, meta_path: Path, data: dict[str, Any]) -> None:
-        from qnnctl.paths import write_json_atomic
-
         # Private: the record names the URL (redacted, but a URL can hold more than that).
         write_json_atomic(meta_path, data, mode=0o600)
 
     def _fetch(self, url: str, name: str, expected_sha256: str | None, sink: Sink | None) -> Fetched:
         from urllib3.exceptions import MaxRetryError
-
-        from qnnctl.net.retry import attempts_made
 
         self.folder.mkdir(parents=True, exist_ok=True)
         final, part, meta_path = self._paths(name)
@@ -401,8 +404,6 @@ class Downloader:
         """One request, retried by urllib3 until it has an answer; returns (sha256, size) of
         the complete file, or raises _Broke (the body broke off) or _StartOver."""
         import requests
-
-        from qnnctl.net.retry import BodyBroke, describe
 
         offset = part.stat().st_size if part.exists() else 0
         headers = {}
@@ -538,8 +539,6 @@ class _Broke(Exception):
 def request_failed(shown: str, exc: BaseException) -> DownloadError:
     """A request that got no answer: retried as long as the policy allows, or not at all
     when retrying cannot help."""
-    from qnnctl.net.retry import attempts_made, describe, unknown_host, untrusted_certificate
-
     cause = describe(exc)
     attempts = attempts_made(exc)
     if untrusted_certificate(exc):

@@ -28,7 +28,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError
+from qnnctl.net.download import (
+    BACKOFF_BASE,
+    CONNECT_TIMEOUT,
+    MAX_TOTAL_ATTEMPTS,
+    NET_CHUNK,
+    READ_TIMEOUT,
+    RETRY_STATUSES,
+    Downloader,
+    make_session,
+    request_failed,
+    retry_policy,
+    strong_etag,
+)
+from qnnctl.net.retry import BodyBroke, attempts_made, describe
 from qnnctl.net.urls import redact
+from qnnctl.paths import write_json_atomic
+from qnnctl.threads import start_daemon, wait_ended
 from qnnctl.words import human_size
 
 if TYPE_CHECKING:
@@ -203,8 +219,6 @@ class SparseFile:
 
     def save(self) -> None:
         """Record the ranges held; the bytes are on disk first, so the record never claims more."""
-        from qnnctl.paths import write_json_atomic
-
         with self._saving:
             with self._lock:
                 held = [[s, e] for s, e in zip(self._starts, self._ends, strict=True)]
@@ -299,8 +313,6 @@ class _Client:
     def __init__(self, sleep: Callable[[float], None], backoff_base: float) -> None:
         from requests.adapters import HTTPAdapter
 
-        from qnnctl.net.download import make_session, retry_policy
-
         self.session = make_session()
         self.policy = retry_policy(backoff_base, sleep)
         self.adapter = HTTPAdapter(max_retries=self.policy)
@@ -309,8 +321,6 @@ class _Client:
 
     def get(self, url: str, shown: str, headers: dict[str, str], policy: Policy) -> requests.Response:
         import requests
-
-        from qnnctl.net.download import CONNECT_TIMEOUT, READ_TIMEOUT, request_failed
 
         self.adapter.max_retries = policy
         try:
@@ -324,8 +334,6 @@ class _Client:
 
 def _check_status(response: requests.Response, shown: str, policy: Policy) -> None:
     """DownloadError for the answers that no range can come from (404 is the caller's)."""
-    from qnnctl.net.download import RETRY_STATUSES, Downloader
-
     status = response.status_code
     if status in RETRY_STATUSES:
         spent: Policy = getattr(response.raw, "retries", None) or policy
@@ -363,8 +371,6 @@ def probe(urls: Sequence[str], sleep: Callable[[float], None] = time.sleep,
           backoff_base: float | None = None) -> tuple[Remote, int, bytes]:
     """The first of `urls` that exists, its size and validators, and its last bytes (from the
     offset returned). RangesIgnored when the server does not serve ranges."""
-    from qnnctl.net.download import BACKOFF_BASE
-
     client = _Client(sleep, BACKOFF_BASE if backoff_base is None else backoff_base)
     try:
         missing = ""
@@ -385,8 +391,6 @@ def probe(urls: Sequence[str], sleep: Callable[[float], None] = time.sleep,
 
 
 def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, bytes]:
-    from qnnctl.net.download import strong_etag
-
     policy = client.policy.start(shown)
     response = client.get(url, shown, {"Range": f"bytes=-{TAIL}"}, policy)
     with response:
@@ -407,8 +411,6 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
         try:
             tail = response.content
         except Exception as exc:  # a body that broke off: the caller asks again
-            from qnnctl.net.retry import describe
-
             raise DownloadError(f"cannot read the end of {shown}: {describe(exc)}",
                                 hint="run the same command again") from None
         if len(tail) != size - start:
@@ -427,8 +429,6 @@ class Fetcher:
 
     def __init__(self, sparse: SparseFile, progress: ProgressFactory | None = None, threads: int = THREADS,
                  sleep: Callable[[float], None] = time.sleep, backoff_base: float | None = None) -> None:
-        from qnnctl.net.download import BACKOFF_BASE
-
         self.sparse = sparse
         self.progress = progress
         self.threads = threads
@@ -455,8 +455,6 @@ class Fetcher:
         if self.progress is not None:
             self._bar = _LockedProgress(self.progress(label, total, 0))
         self._queue = list(reversed(wanted))
-        from qnnctl.threads import start_daemon
-
         for i in range(min(self.threads, len(wanted))):
             self._workers_ended.append(start_daemon(self._work, f"qnnctl-range-{i}"))
 
@@ -472,8 +470,6 @@ class Fetcher:
 
     def finish(self) -> None:
         """Wait for every request; the first failure is raised here."""
-        from qnnctl.threads import wait_ended
-
         interrupted = wait_ended(self._workers_ended, self.abandon)  # Ctrl-C: stop the others, still wait
         self._workers_ended = []
         if self._bar is not None:
@@ -517,9 +513,6 @@ class Fetcher:
         """Fetch [start, end) into the sparse file, asking again from where a body broke off."""
         from urllib3.exceptions import MaxRetryError
 
-        from qnnctl.net.download import MAX_TOTAL_ATTEMPTS, NET_CHUNK, Downloader
-        from qnnctl.net.retry import attempts_made
-
         remote = self.sparse.remote
         policy = client.policy.start(remote.shown)
         attempts = 0
@@ -554,9 +547,6 @@ class Fetcher:
     def _request(self, client: _Client, start: int, end: int, policy: Policy) -> int:
         """One request for [start, end); returns where it got to (`end` when complete)."""
         import requests
-
-        from qnnctl.net.download import NET_CHUNK, strong_etag
-        from qnnctl.net.retry import BodyBroke, describe
 
         remote = self.sparse.remote
         headers = {"Range": f"bytes={start}-{end - 1}"}

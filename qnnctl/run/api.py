@@ -8,6 +8,8 @@ Both are safe to call from any thread, any number of times.
 
 from __future__ import annotations
 
+import ctypes
+import importlib
 import logging
 import os
 import threading
@@ -16,7 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
+from qnnctl.host.machine import cpu_vendor, is_amd
+from qnnctl.run.environment import ensure_loadable, resolve_sdk
+from qnnctl.run.envplan import environment_for, runtime_lib_dirs
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.holds import hold_sdk
+from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk, missing_layout, read_sdk_version
+from qnnctl.sdk.select import BY_ENV, caller_lib_dir, select_sdk
+from qnnctl.shell.exports import check_cache_path
 
 if TYPE_CHECKING:
     from qnnctl.sdk.cache import Cache
@@ -86,9 +95,6 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
     """The SDK set up earlier, when `spec` names it too; libraries once loaded cannot be swapped."""
     if spec is None:
         return done
-    from qnnctl.sdk.cache import Cache
-    from qnnctl.sdk.select import select_sdk
-
     # A prefix names what it named when the SDK was set up: installed SDKs first.
     selection = select_sdk(spec, os.environ, Path.cwd(), Cache.from_env(os.environ))
     same = (selection.version == done.version if selection.version is not None
@@ -102,19 +108,11 @@ def _check_same(done: Sdk, spec: str | None) -> Sdk:
 
 
 def _setup(spec: str | None) -> Sdk:
-    from qnnctl.run.environment import ensure_loadable, resolve_sdk
-    from qnnctl.run.envplan import environment_for
-    from qnnctl.sdk.cache import Cache
-    from qnnctl.sdk.holds import hold_sdk
-    from qnnctl.sdk.select import BY_ENV
-
     environ = os.environ
     saved = {name: environ.get(name) for name in MANAGED}
     held: int | None = None
     try:
         cache = Cache.from_env(environ)
-        from qnnctl.shell.exports import check_cache_path
-
         check_cache_path(str(cache.root))  # before a download, not after: LD_LIBRARY_PATH cannot hold it
         selection, sdk = resolve_sdk(spec, environ, Path.cwd(), cache)
         if sdk is None:
@@ -149,9 +147,6 @@ def _set(name: str, value: str | None) -> None:
 
 def _caller_managed(environ: Mapping[str, str]) -> Sdk:
     """The SDK a caller put on LD_LIBRARY_PATH itself (QNN_SDK_ROOT exported but empty)."""
-    from qnnctl.sdk.layout import missing_layout, read_sdk_version
-    from qnnctl.sdk.select import caller_lib_dir
-
     lib_dir = caller_lib_dir(environ)
     if lib_dir is not None and lib_dir.parts[-2:] == tuple(HOST_LIB_DIR.split("/")):
         root = lib_dir.parent.parent
@@ -168,8 +163,6 @@ def _caller_managed(environ: Mapping[str, str]) -> Sdk:
 
 def preload(lib_dir: Path, names: Sequence[str] = PRELOAD) -> list[Path]:
     """Load the libraries of `names` that `lib_dir` holds, in that order, with RTLD_GLOBAL."""
-    import ctypes
-
     loaded = []
     for name in names:
         path = lib_dir / name
@@ -190,8 +183,6 @@ RUNTIME_PRELOAD = ("libunwind.so.1", "libc++abi.so.1", "libc++.so.1")
 
 def preload_runtime(cache: Cache, sdk: Sdk) -> list[Path]:
     """Load the staged libc++ trio the SDK uses, if any, with RTLD_GLOBAL."""
-    from qnnctl.run.envplan import runtime_lib_dirs
-
     loaded: list[Path] = []
     for folder in runtime_lib_dirs(cache, sdk):
         loaded += preload(Path(folder), RUNTIME_PRELOAD)
@@ -206,8 +197,6 @@ def amd_guard_needed(environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     vendor = environ.get(FORCE_VENDOR_VARIABLE) or None
     if vendor is None:
-        from qnnctl.host.machine import cpu_vendor
-
         try:
             vendor = cpu_vendor()
         except ModuleNotFoundError as exc:
@@ -215,8 +204,6 @@ def amd_guard_needed(environ: Mapping[str, str] | None = None) -> bool:
                 raise  # a module missing inside py-cpuinfo is a real bug; keep its traceback
             _warn_no_cpuinfo_once()
             return False
-    from qnnctl.host.machine import is_amd
-
     return is_amd(vendor)
 
 
@@ -238,8 +225,6 @@ def disable_mkldnn_on_amd() -> bool:
     """
     if not amd_guard_needed():
         return False
-    import importlib
-
     try:
         backends = importlib.import_module("torch.backends")
     except ModuleNotFoundError as exc:

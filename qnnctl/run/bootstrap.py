@@ -18,8 +18,17 @@ a fresh `__main__` module, the same `sys.argv`, `sys.path[0]` and `__file__`, an
 
 from __future__ import annotations
 
+import builtins
+import importlib.util
+import io
+import marshal
 import os
+import runpy
 import sys
+import types
+from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+from importlib.util import MAGIC_NUMBER
+from pkgutil import get_importer
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,9 +100,6 @@ def _leave_sys_path() -> bool:
 
 def _fresh_main() -> dict[str, object]:
     """A new `__main__` module, installed for good, as the interpreter makes for a pipeline run directly."""
-    import builtins
-    import types
-
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
@@ -102,28 +108,19 @@ def _fresh_main() -> dict[str, object]:
 
 def _run_script(path: str, args: list[str], add_path: bool) -> None:
     sys.argv = [path, *args]
-    from pkgutil import get_importer
-
     if get_importer(path) is not None:
         # A folder or a zip file with a __main__.py: the interpreter puts the path itself first
         # on sys.path (whatever its options) and runs __main__ from there as `python -m` would.
-        import runpy
-
         sys.path.insert(0, os.path.abspath(path) if sys.version_info >= (3, 9) else path)  # as 3.9 began to
         _fresh_main()
         runpy._run_module_as_main("__main__", False)  # type: ignore[attr-defined]
         return
     if add_path:
         sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
-    import io
-    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
-
     filename = os.path.abspath(path)
     with io.open_code(filename) as handle:
         source = handle.read()
     if _is_compiled(source):
-        import marshal
-
         # After the magic number, the flags and the source's stamp; the user's own compiled pipeline.
         code = marshal.loads(source[16:])  # noqa: S302
         loader: object = SourcelessFileLoader("__main__", filename)
@@ -138,14 +135,10 @@ def _run_script(path: str, args: list[str], add_path: bool) -> None:
 
 def _is_compiled(data: bytes) -> bool:
     """Compiled code of this interpreter's version, which it runs as such (by its magic number)."""
-    from importlib.util import MAGIC_NUMBER
-
     return data[: len(MAGIC_NUMBER)] == MAGIC_NUMBER
 
 
 def _run_module(name: str, args: list[str], add_path: bool) -> None:
-    import runpy
-
     sys.argv = ["-m", *args]
     if add_path:
         sys.path.insert(0, os.getcwd())
@@ -186,8 +179,6 @@ def arm_mkldnn_guard() -> None:
 
     Loaded, not imported: this interpreter may lack qnnctl, and ignores PYTHONPATH.
     """
-    import importlib.util
-
     path = os.path.join(os.path.dirname(os.path.realpath(__file__)), SITE_FOLDER, "sitecustomize.py")
     spec = importlib.util.spec_from_file_location("_qnnctl_mkldnn_guard", path)
     if spec is None or spec.loader is None:  # pragma: no cover - a .py path always has a loader

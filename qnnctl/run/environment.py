@@ -11,11 +11,16 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
+from qnnctl.host.runtime import ensure_trio, missing_host_libraries, staged_lib_dirs, trio_needed
+from qnnctl.install.pipeline import InstallRequest, install
+from qnnctl.net.urls import check_url, redact
 from qnnctl.run.envplan import PinGap, pin_gap
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import Selection, resolve_installed, select_sdk
+from qnnctl.sdk.versions import archive_urls
 
 log = logging.getLogger("qnnctl.run.environment")
 
@@ -41,8 +46,6 @@ def resolve_sdk(
         sdk = resolve_installed(selection, cache, environ)
         _pinned_missing(selection, sdk, cwd, refuse=True)
         return selection, sdk
-    from qnnctl.install.pipeline import InstallRequest, install
-
     result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
     return result.selection or selection, result.sdk
 
@@ -52,8 +55,6 @@ def resolve_for_dry_run(
 ) -> tuple[Selection, Sdk | None, list[str]]:
     """As `resolve_sdk`, but nothing is downloaded or installed: an SDK that is not installed is
     described where it would go, with notes saying what a real run would fetch and from where."""
-    from qnnctl.errors import DamagedSdkError, NotInstalledError
-
     selection = select_sdk(spec, environ, cwd, cache)
     log.debug("chose %s", selection.describe())
     if selection.caller_managed:
@@ -74,9 +75,6 @@ def resolve_for_dry_run(
                  f"(`{install_command(sdk.version, gap.lacking)}`)"] if gap is not None else []
         note = runtime_note(sdk, cache) if allow_install else None
         return selection, sdk, notes + ([note] if note else [])
-    from qnnctl.net.urls import check_url, redact
-    from qnnctl.sdk.versions import archive_urls
-
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)  # as the real run would, before anything
@@ -94,16 +92,12 @@ def _pinned_missing(selection: Selection, sdk: Sdk, cwd: Path, refuse: bool) -> 
     naming the command that adds it (for when nothing may be installed)."""
     gap = pin_gap(selection, read_manifest(sdk.root), cwd)
     if gap is not None and refuse:
-        from qnnctl.errors import MissingComponentError
-
         raise MissingComponentError(sdk.version, str(sdk.root), gap.lacking, f"the pin in {gap.pin}")
     return gap
 
 
 def runtime_note(sdk: Sdk, cache: Cache) -> str | None:
     """What `ensure_loadable` would stage for `sdk`, in words; None when nothing."""
-    from qnnctl.host.runtime import missing_host_libraries, staged_lib_dirs, trio_needed
-
     wanted = trio_needed(sdk)
     lacking = missing_host_libraries(wanted, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]) if wanted else []
     if not lacking:
@@ -117,8 +111,6 @@ def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
 
     Raises what staging raised; the caller decides whether that stops it.
     """
-    from qnnctl.host.runtime import ensure_trio
-
     ensure_trio(cache, sdk, environ)
 
 

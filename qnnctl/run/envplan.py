@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command, installed_components, missing
 from qnnctl.sdk.layout import Sdk
-from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, resolve_installed, select_sdk
+from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, find_pin, resolve_installed, select_sdk
 from qnnctl.shell.exports import EnvValues, sdk_environment, unset_environment
 
 
@@ -53,8 +53,6 @@ def pin_gap(selection: Selection, manifest: Mapping[str, Any] | None, cwd: Path)
     if selection.reason != BY_PIN:
         return None
     from qnnctl.sdk.pin import read_pin_components
-    from qnnctl.sdk.select import find_pin
-
     pin = find_pin(cwd)
     wanted = read_pin_components(pin) if pin is not None else None
     if pin is None or not wanted:

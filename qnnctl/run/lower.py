@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -25,13 +26,18 @@ from pathlib import Path
 from typing import NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.host.runtime import GLIBC, LOADER_GUARD, current, glibc_shortfall, loader_library_path
+from qnnctl.host.runtime import staged_loader as find_staged
+from qnnctl.run.api import amd_guard_needed
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER
+from qnnctl.run.environment import ensure_loadable, resolve_for_dry_run, resolve_sdk
+from qnnctl.run.envplan import environment_for
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.holds import hold_sdk
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import BY_ENV
-from qnnctl.shell.exports import EnvValues
+from qnnctl.shell.exports import EnvValues, apply
+from qnnctl.shell.render import render
 
 log = logging.getLogger("qnnctl.run.lower")
 
@@ -215,9 +221,6 @@ def staged_loader(sdk: Sdk, cache: Cache) -> StagedLoader | None:
     A loader is due only when the SDK's libraries need a newer glibc than the host has and a
     runtime with one is staged in the cache (`qnnctl install --runtime --runtime-from GLIBC`).
     """
-    from qnnctl.host.runtime import GLIBC, current, glibc_shortfall, loader_library_path
-    from qnnctl.host.runtime import staged_loader as find_staged
-
     shortfall = glibc_shortfall(sdk)
     if shortfall is None:
         return None
@@ -294,9 +297,6 @@ def reexec_command(
     None when no glibc is staged, or when `environ` says this process already runs under it
     (LOADER_GUARD): a re-exec happens at most once. The same wrapping as `qnnctl lower`'s.
     """
-    from qnnctl.host.runtime import loader_library_path
-    from qnnctl.host.runtime import staged_loader as find_staged
-
     if environ.get(LOADER_GUARD):
         return None
     staged = find_staged(cache)
@@ -322,8 +322,6 @@ def plan_lower(
         )
     if target.kind == SCRIPT and not (cwd / target.name).exists():
         raise UsageError(f"no such script: {target.name}")
-    from qnnctl.run.environment import resolve_for_dry_run, resolve_sdk
-
     notes: list[str] = []
     held: int | None = None
     if options.dry_run:
@@ -338,8 +336,6 @@ def plan_lower(
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
                  "the pipeline runs with the environment as it is")
     else:
-        from qnnctl.run.envplan import environment_for
-
         changes.update(environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
         log.debug("SDK %s at %s (%s)", sdk.version, sdk.root, selection.detail)
 
@@ -350,8 +346,6 @@ def plan_lower(
         argv = [python, *([] if target.kind == SCRIPT else ["-m"]), target.name, *target.args]
     argv, guard_changes = guard_plan(argv, _guard_wanted(options, environ), environ)
     changes.update(guard_changes)
-
-    from qnnctl.shell.exports import apply
 
     child = apply(environ, changes)
     loader = staged_loader(sdk, cache) if sdk is not None else None
@@ -364,9 +358,6 @@ def plan_lower(
 
 def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
     """Stage libc++ and friends when the SDK needs them and the host lacks them."""
-    from qnnctl.errors import QnnctlError
-    from qnnctl.run.environment import ensure_loadable
-
     try:
         ensure_loadable(sdk, environ, cache)
     except QnnctlError as exc:
@@ -487,17 +478,11 @@ def _guard_without_site(argv: list[str], option: str, shebang: str | None) -> li
 def _guard_wanted(options: LowerOptions, environ: Mapping[str, str]) -> bool:
     if options.keep_mkldnn:
         return False
-    from qnnctl.run.api import amd_guard_needed
-
     return amd_guard_needed(environ)
 
 
 def render_plan(plan: LowerPlan) -> str:
     """The plan as sh: the exports, then the command. `sh -c "$(qnnctl lower --dry-run ...)"` runs it."""
-    import shlex
-
-    from qnnctl.shell.render import render
-
     # Every line a comment, whatever a note holds: the plan is meant for `sh -c "$(...)"`.
     notes = "".join(f"# {line}\n" for note in plan.notes for line in note.splitlines() or [""])
     return notes + render(plan.changes, "sh") + shlex.join(plan.argv) + "\n"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -156,8 +158,6 @@ def explain_load_error(name: str, error: str) -> str:
 def probe(names: Sequence[str], environ: Mapping[str, str], timeout: float = PROBE_TIMEOUT) -> list[Loaded]:
     """dlopen each library by bare name in a fresh process that starts with `environ`,
     and list the interface providers each one offers."""
-    import subprocess
-
     with tempfile.TemporaryDirectory(prefix="qnnctl-probe-") as folder:
         report_path = os.path.join(folder, "report.json")
         try:
@@ -175,8 +175,6 @@ def probe(names: Sequence[str], environ: Mapping[str, str], timeout: float = PRO
         except (OSError, ValueError):
             report = {}
     if proc.returncode != 0 or not report:
-        import signal
-
         how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                else f"exited with {proc.returncode}")
         tail = proc.stderr.strip().splitlines()[-1:] or [""]

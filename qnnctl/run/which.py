@@ -14,9 +14,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
+from qnnctl.host.elf import ElfIdentity, ElfInfo, Resolver
+from qnnctl.host.machine import read_ld_cache
+from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.run.environment import resolve_sdk
+from qnnctl.run.envplan import environment_for, runtime_lib_dirs
+from qnnctl.run.lower import staged_loader
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
-from qnnctl.sdk.select import Selection
+from qnnctl.sdk.select import BY_ENV, Selection
+from qnnctl.shell.exports import apply, split_path
 
 LIBRARY = "library"
 TOOL = "tool"
@@ -59,12 +66,6 @@ def which(name: str, spec: str | None, environ: Mapping[str, str], cwd: Path, ca
     if not name or "/" in name or "\x00" in name or name in (".", "..") or len(os.fsencode(name)) > 255:
         raise UsageError(f"{name!r} is not a bare library or tool name",
                          hint="give a name such as libQnnHtp.so, libc++.so.1 or qnn-net-run")
-    from qnnctl.host.runtime import LOADER_GUARD
-    from qnnctl.run.environment import resolve_sdk
-    from qnnctl.run.envplan import environment_for, runtime_lib_dirs
-    from qnnctl.sdk.select import BY_ENV
-    from qnnctl.shell.exports import apply, split_path
-
     selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False)
     child = dict(environ)
     origins: dict[str, str] = {}
@@ -76,8 +77,6 @@ def which(name: str, spec: str | None, environ: Mapping[str, str], cwd: Path, ca
             origins[folder] = "qnnctl's staged runtime"
     if _is_library(name):
         if sdk is not None:
-            from qnnctl.run.lower import staged_loader
-
             loader = staged_loader(sdk, cache)
             if loader is not None and not environ.get(LOADER_GUARD):
                 # `qnnctl lower` starts the pipeline as `ld.so --library-path DIRS` (see
@@ -101,10 +100,6 @@ def _is_tool(path: Path) -> bool:
 
 def _library(name: str, selection: Selection, sdk: Sdk | None, child: Mapping[str, str],
              origins: Mapping[str, str], cwd: Path) -> Answer:
-    from qnnctl.host.elf import ElfIdentity, ElfInfo, Resolver
-    from qnnctl.host.machine import read_ld_cache
-    from qnnctl.shell.exports import split_path
-
     ld_cache = read_ld_cache()
     resolver = Resolver(child.get("LD_LIBRARY_PATH"), ld_cache, cwd=cwd)
     # A stand-in for the SDK's libraries: 64-bit little-endian x86-64, with no RPATH of its own.

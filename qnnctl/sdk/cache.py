@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
 from qnnctl.paths import tree_size, user_path
+from qnnctl.sdk.versions import is_full_version
 
 MANIFEST_NAME = ".qnnctl.json"
 MANIFEST_SCHEMA = 1
@@ -82,8 +84,6 @@ class Cache(NamedTuple):
     def version_at(self, path: Path) -> str | None:
         """The version whose SDK folder of this cache `path` is (links resolved: sdks/VERSION);
         None for any other folder."""
-        from qnnctl.sdk.versions import is_full_version
-
         real = path.resolve()
         return real.name if real.parent == self.sdks.resolve() and is_full_version(real.name) else None
 
@@ -101,8 +101,6 @@ class Cache(NamedTuple):
         """
         if not self.sdks.is_dir():
             return []
-        from qnnctl.sdk.versions import is_full_version
-
         found = [
             entry.name
             for entry in self.sdks.iterdir()
@@ -137,8 +135,6 @@ def _sort_key(version: str) -> tuple[int, ...]:
 
 def read_manifest(sdk_root: Path) -> dict[str, Any] | None:
     """The manifest of an SDK folder, or None when there is none (or it cannot be read)."""
-    import json
-
     try:
         with open(sdk_root / MANIFEST_NAME, encoding="utf-8") as handle:
             data = json.load(handle)

@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import InvalidSdkError, UsageError
 from qnnctl.paths import user_path
@@ -90,8 +91,6 @@ def version_claims(root: Path, manifest: Mapping[str, object] | None = None) -> 
             claims["the manifest"] = recorded
         source = manifest.get("source")
         if isinstance(source, str):
-            from urllib.parse import unquote, urlparse
-
             named = version_in(unquote(urlparse(source).path).rsplit("/", 1)[-1])
             if named:
                 claims["the archive's name"] = named

@@ -10,6 +10,7 @@ from typing import Any
 from qnnctl.errors import QnnctlError
 from qnnctl.paths import tree_size
 from qnnctl.sdk.cache import Cache, read_manifest, unpacked_size
+from qnnctl.sdk.components import installed_components
 from qnnctl.sdk.holds import held_by
 from qnnctl.sdk.layout import missing_layout, read_build_id, read_sdk_version
 from qnnctl.sdk.select import executorch_cache_dirs, find_installed, select_sdk
@@ -136,8 +137,6 @@ def render_table(rows: list[dict[str, Any]], selected: Path | None) -> tuple[lis
 def _add_components(row: dict[str, Any]) -> None:
     """The components the SDK holds (["all"] unless it was installed with some), and whether
     it was fetched in parts (no sha256 of the whole archive vouches for it)."""
-    from qnnctl.sdk.components import installed_components
-
     manifest = read_manifest(Path(row["root"])) or {}
     row["components"] = list(installed_components(manifest))
     row["partial"] = manifest.get("partial") is True

@@ -16,10 +16,12 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.components import installed_components
@@ -179,8 +181,6 @@ def _toml_string(value: str) -> str:
 
 def render_lock(lock: LockedSdk, trust: str) -> str:
     """The file's text: a comment that says where the values came from, then the values."""
-    from qnnctl import __version__
-
     comment = [
         "qnnctl.lock: the QAIRT SDK this project uses, pinned by its checksums.",
         f"Written by `qnnctl lock` (qnnctl {__version__}); commit it. `qnnctl install` checks every",
@@ -213,8 +213,6 @@ def render_lock(lock: LockedSdk, trust: str) -> str:
 
 
 def _wrap(lines: list[str], width: int = 96) -> list[str]:
-    import textwrap
-
     out: list[str] = []
     for line in lines:
         out.extend(textwrap.wrap(line, width, break_on_hyphens=False, break_long_words=False) or [""])

@@ -11,8 +11,11 @@ import logging
 from typing import Any, NamedTuple
 
 from qnnctl.errors import DownloadError, IntegrityError
+from qnnctl.net.download import make_session, retry_policy
+from qnnctl.net.retry import describe, refused
 from qnnctl.net.urls import redact
 from qnnctl.sdk.gate import Expected, is_sha256
+from qnnctl.sdk.versions import is_full_version, parse_version
 
 log = logging.getLogger("qnnctl.fleet.mirror")
 
@@ -56,9 +59,6 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
     archive's own download would only meet the same refusal, retried for half a minute."""
     import requests
     from requests.adapters import HTTPAdapter
-
-    from qnnctl.net.download import make_session, retry_policy
-    from qnnctl.net.retry import describe, refused
 
     url = index_url(base)
     shown = redact(url)
@@ -120,8 +120,6 @@ def mirror_entry(base: str, version: str, versions: dict[str, dict[str, Any]] | 
 def indexed_versions(base: str) -> list[str] | None:
     """The versions the index.json of the mirror at `base` lists, oldest first; None when it
     has no index, or it cannot be read."""
-    from qnnctl.sdk.versions import is_full_version, parse_version
-
     versions = read_index(base)
     if versions is None:
         return None

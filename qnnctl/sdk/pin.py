@@ -13,7 +13,9 @@ from pathlib import Path
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.select import PIN_FILE
+from qnnctl.sdk.components import parse_components
+from qnnctl.sdk.lockfile import find_lock, read_lock
+from qnnctl.sdk.select import PIN_FILE, find_installed, pin_conflict
 from qnnctl.sdk.versions import resolve_version
 
 
@@ -31,8 +33,6 @@ def _lines(path: Path) -> list[str]:
 def read_pin_components(path: Path) -> tuple[str, ...] | None:
     """The components a pin's second line names (`host,android` or `components: host,android`),
     or None when it names none; UsageError naming the file for a name that is no component."""
-    from qnnctl.sdk.components import parse_components
-
     lines = _lines(path)
     if len(lines) < 2:
         return None
@@ -73,9 +73,6 @@ def pinned_notes(version: str, environ: Mapping[str, str], cwd: Path, cache: Cac
     """What a newly written pin of `version` disagrees with: the SDKs on disk (it is not
     installed), the project's qnnctl.lock (it pins another), this shell (set up by `qnnctl
     env` for another SDK, which every command but `env` keeps using)."""
-    from qnnctl.sdk.lockfile import find_lock, read_lock
-    from qnnctl.sdk.select import find_installed, pin_conflict
-
     notes = []
     if find_installed(version, cache, environ) is None:
         notes.append(f"SDK {version} is not installed; `qnnctl install` installs it")

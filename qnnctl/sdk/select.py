@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DamagedSdkError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path
@@ -19,7 +21,17 @@ from qnnctl.sdk.layout import (
     read_sdk_version,
     sdk_from_root,
 )
-from qnnctl.sdk.versions import DEFAULT_VERSION, is_full_version, resolve_version, version_in
+from qnnctl.sdk.stores import (
+    LINK_ORIGIN,
+    all_links,
+    dangling_link_error,
+    find_in_stores,
+    find_linked,
+    store_origin,
+    store_sdks,
+)
+from qnnctl.sdk.versions import DEFAULT_VERSION, is_full_version, parse_version, resolve_version, version_in
+from qnnctl.shell.exports import apply, read_marker, unset_environment
 
 PIN_FILE = ".qnn-version"
 # The file of an installed ExecuTorch that names the SDK version it was built against.
@@ -76,8 +88,6 @@ def user_environ(environ: Mapping[str, str]) -> dict[str, str]:
     A QNN_SDK_ROOT that qnnctl exported is not the user's choice, but one that it replaced is;
     every command chooses its SDK from this view, so that they all agree.
     """
-    from qnnctl.shell.exports import apply, unset_environment
-
     return apply(environ, unset_environment(environ))
 
 
@@ -257,8 +267,6 @@ def shell_sdk_root(environ: Mapping[str, str]) -> str | None:
 
     Once the user exports a QNN_SDK_ROOT of their own, theirs is the choice, not the record.
     """
-    from qnnctl.shell.exports import read_marker
-
     marker = read_marker(environ)
     if marker is None or not marker.owns_root or environ.get("QNN_SDK_ROOT") != marker.root:
         return None
@@ -305,8 +313,6 @@ def pin_conflict(environ: Mapping[str, str], cwd: Path, cache: Cache | None = No
 def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
     """The newest version installed in qnnctl's cache, linked, in a store or in ExecuTorch's
     cache, complete ones only."""
-    from qnnctl.sdk.versions import parse_version
-
     versions = versions_on_disk(cache, environ, usable=True)
     return max((v for v in versions if is_full_version(v)), key=parse_version, default=None)
 
@@ -314,8 +320,6 @@ def newest_installed(cache: Cache, environ: Mapping[str, str]) -> str | None:
 def versions_on_disk(cache: Cache, environ: Mapping[str, str], usable: bool) -> set[str]:
     """The versions in qnnctl's cache, linked, in a store or in ExecuTorch's cache; with `usable`,
     only complete ones (no damaged cache SDK, no link whose folder has gone)."""
-    from qnnctl.sdk.stores import all_links, store_sdks
-
     # installed_versions() holds versions only: a stray folder such as `2.37.0.250724.bak` is none.
     versions = {v for v in cache.installed_versions()
                 if not usable or find_installed(v, cache, environ) is not None}
@@ -348,8 +352,6 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
     own = cache.sdk_dir(version)
     if (own / MANIFEST_NAME).is_file() and not missing_layout(own):
         return Sdk(root=own, version=version, origin="qnnctl cache")
-    from qnnctl.sdk.stores import LINK_ORIGIN, find_in_stores, find_linked, store_origin
-
     link = find_linked(version, cache)
     if link is not None:
         # The folder is not qnnctl's: what it holds now is checked each time it is used.
@@ -430,8 +432,6 @@ def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, 
             damaged = DamagedSdkError(selection.version, str(own), missing_layout(own))
             damaged.hint = reinstall_hint(own, selection.version)
             raise damaged
-        from qnnctl.sdk.stores import dangling_link_error
-
         raise dangling_link_error(selection.version, cache) or NotInstalledError(selection.version)
     return sdk
 
@@ -455,12 +455,8 @@ def reinstall_hint(root: Path, version: str) -> str:
     An SDK installed with `--file` is read again from that file, when it is still there: a
     plain `install --force` would download it from Qualcomm instead.
     """
-    from urllib.parse import unquote, urlparse
-
     source = (read_manifest(root) or {}).get("source")
     if isinstance(source, str) and source.startswith("file:"):
-        import shlex
-
         archive = Path(unquote(urlparse(source).path))
         if archive.is_file():
             return f"reinstall it: `qnnctl install --force --file {shlex.quote(str(archive))}`"

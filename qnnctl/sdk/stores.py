@@ -14,16 +14,29 @@ folder that has gone is reported, never followed.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from qnnctl import __version__
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.versions import is_full_version
+from qnnctl.sdk.layout import (
+    HOST_BIN_DIR,
+    HOST_LIB_DIR,
+    missing_layout,
+    not_an_sdk_root,
+    read_build_id,
+    read_sdk_version,
+    version_claims,
+)
+from qnnctl.sdk.versions import is_full_version, parse_version, resolve_version
 
 if TYPE_CHECKING:
     import logging
@@ -67,8 +80,6 @@ class StoreSdk(NamedTuple):
 
 
 def _identify(root: Path) -> str | None:
-    from qnnctl.sdk.layout import missing_layout, read_sdk_version
-
     if missing_layout(root):
         return None
     version = read_sdk_version(root)
@@ -193,8 +204,6 @@ def _unsafe_folder(path: Path, st: os.stat_result, uid: int, last: bool) -> Unsa
 
 
 def _quoted(path: Path) -> str:
-    import shlex  # only for a message: `qnnctl env` checks stores at every shell's start
-
     return shlex.quote(str(path))
 
 
@@ -222,8 +231,6 @@ def store_problem(store: Path) -> Unsafe | None:
 def sdk_problem(root: Path) -> Unsafe | None:
     """Why an SDK folder is not used: another user could change it, the folders that go on
     LD_LIBRARY_PATH and PATH, or what is in them (a link there is followed to where it leads)."""
-    from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR
-
     problem = unsafe_path(root)
     for folder in (root / HOST_LIB_DIR, root / HOST_BIN_DIR):
         problem = problem or unsafe_path(folder) or _unsafe_entries(folder)
@@ -324,8 +331,6 @@ class Link(NamedTuple):
     @property
     def dangling(self) -> bool:
         """The folder has gone (or no longer has the SDK's layout): reported, never followed."""
-        from qnnctl.sdk.layout import missing_layout
-
         return bool(missing_layout(self.root))
 
 
@@ -334,8 +339,6 @@ def read_link(cache: Cache, version: str) -> Link | None:
 
 
 def _read_record(record: Path) -> Link | None:
-    import json
-
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -360,8 +363,6 @@ def all_links(cache: Cache) -> list[Link]:
     folder = links_dir(cache)
     if not folder.is_dir():
         return []
-    from qnnctl.sdk.versions import parse_version
-
     links = [link for record in folder.glob("*.json") if (link := _read_record(record)) is not None]
     return sorted(links, key=lambda link: parse_version(link.version))
 
@@ -393,9 +394,6 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
     Returns the new link and the one it replaced, if any. The folder is only read.
     """
     from qnnctl.sdk.identity import version_of_build
-    from qnnctl.sdk.layout import missing_layout, not_an_sdk_root, read_build_id, version_claims
-    from qnnctl.sdk.versions import resolve_version
-
     root = user_path(path).absolute()
     missing = missing_layout(root)
     if missing:
@@ -430,10 +428,6 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
             "sdk.yaml nor the folder's name names one",
             hint=f"give it: `qnnctl link {root} --version VERSION`",
         )
-    import time
-
-    from qnnctl import __version__
-
     previous = read_link(cache, chosen)
     record = link_path(cache, chosen)
     record.parent.mkdir(parents=True, exist_ok=True)
