@@ -27,6 +27,6 @@ def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'qnnctl' has no attribute {name!r}")
-    import importlib
+    import importlib  # lazy: `import qnnctl` loads nothing until a public name is used
 
     return getattr(importlib.import_module(module_name), name)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+from click.shell_completion import CompletionItem, FishComplete, add_completion_class
 
 from qnnctl import __version__
 from qnnctl.device.commands import SCHEMA, device_dest, list_devices, run
@@ -25,7 +26,7 @@ from qnnctl.device.plan import device_environment, render_device_env
 from qnnctl.device.plan import render_plan as render_push_plan
 from qnnctl.doctor.checks import diagnose, exit_code, render_json, render_table, render_text
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, NotInstalledError, QnnctlError, UsageError
-from qnnctl.fleet.locking import check_lock, make_lock
+from qnnctl.fleet.locking import check_lock, make_lock, pinned_notes
 from qnnctl.fleet.mirror import make_mirror
 from qnnctl.host.runtime import RuntimeRequest, check_sources, stage_runtime
 from qnnctl.install.pipeline import InstallRequest, clean_cache
@@ -44,7 +45,7 @@ from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import HeldError, wait_for_holders
 from qnnctl.sdk.listing import installed_sdks, selected_here
 from qnnctl.sdk.listing import render_table as render_sdk_table
-from qnnctl.sdk.pin import pinned_notes, write_pin
+from qnnctl.sdk.pin import write_pin
 from qnnctl.sdk.select import find_pin, pin_conflict, select_sdk, version_pools
 from qnnctl.sdk.stores import link_sdk
 from qnnctl.sdk.versions import KNOWN_VERSIONS
@@ -198,8 +199,6 @@ def complete_known(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 def complete_pipeline(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """File names for SCRIPT.py and the pipeline's own arguments; nothing for `-m MODULE`."""
-    from click.shell_completion import CompletionItem
-
     words = ctx.params.get(param.name or "") or ()
     if words and words[-1] == "-m":
         return []
@@ -213,8 +212,6 @@ def _fix_fish_completion() -> None:
     click's fish script splits "plain,doctor<TAB>Check host, SDK and environment; ..." at every
     comma, which cuts descriptions (and file names) at their first one.
     """
-    from click.shell_completion import FishComplete, add_completion_class
-
     class Fish(FishComplete):
         source_template = FishComplete.source_template.replace(
             'string split "," $completion', 'string split -m 1 "," -- $completion')

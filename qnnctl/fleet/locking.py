@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qnnctl.errors import UsageError
+from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.fleet.mirror import fetch_archive
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import redact
@@ -31,7 +31,7 @@ from qnnctl.sdk.lockfile import (
     write_lock,
 )
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.select import find_installed, select_sdk, selection_origin
+from qnnctl.sdk.select import find_installed, pin_conflict, select_sdk, selection_origin
 from qnnctl.sdk.versions import is_full_version
 
 log = logging.getLogger("qnnctl.sdk.lockfile")
@@ -183,4 +183,22 @@ def check_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: C
     return found
 
 
-
+def pinned_notes(version: str, environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
+    """What a newly written pin of `version` disagrees with: the SDKs on disk (it is not
+    installed), the project's qnnctl.lock (it pins another), this shell (set up by `qnnctl
+    env` for another SDK, which every command but `env` keeps using)."""
+    notes = []
+    if find_installed(version, cache, environ) is None:
+        notes.append(f"SDK {version} is not installed; `qnnctl install` installs it")
+    lock_path = find_lock(cwd)
+    try:
+        lock = read_lock(lock_path) if lock_path is not None else None
+    except QnnctlError:
+        lock = None  # `qnnctl lock --check` and `doctor` say what is wrong with it
+    if lock_path is not None and lock is not None and lock.version != version:
+        notes.append(f"{lock_path} pins SDK {lock.version}, not {version}: `qnnctl lock --check` and `qnnctl "
+                     f"install --locked` fail until `qnnctl lock` writes it again for {version}")
+    conflict = pin_conflict(environ, cwd, cache)
+    if conflict is not None:
+        notes.append(f"{conflict.said()}; {conflict.switch()}")
+    return notes

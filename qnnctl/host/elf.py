@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection, DynamicSegment
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+
 from qnnctl.errors import IntegrityError
 from qnnctl.host.machine import parse_dotted_version
 
@@ -209,11 +214,6 @@ def read_elf(path: Path) -> ElfInfo:
 
     Raises IntegrityError when the file is not an ELF shared library that can be read.
     """
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.dynamic import DynamicSection, DynamicSegment
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.gnuversions import GNUVerNeedSection
-
     identity = elf_identity(path)
     if identity is None:
         raise _not_elf(path)

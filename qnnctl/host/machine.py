@@ -55,7 +55,7 @@ def cpu_vendor() -> str | None:
         return _vendor[0]
     with _vendor_lock:
         if not _vendor:
-            import cpuinfo
+            import cpuinfo  # lazy: py-cpuinfo probes the CPU; only a guard that must know the vendor asks
 
             _vendor.append(read_cpu_vendor(dict(cpuinfo.get_cpu_info())))
     return _vendor[0]

@@ -32,6 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+import arpy
+from debian.arfile import ArError
+from debian.deb822 import Deb822
+from debian.debfile import INFO_PART, PART_EXTS, DebFile
+from rpmfile.errors import RPMError
+from rpmfile.headers import get_headers
+
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
 
 if TYPE_CHECKING:
@@ -282,8 +289,6 @@ def ar_members(handle: IO[bytes], source: str) -> list[ArMember]:
     Every size is checked before the next header is asked for: arpy, like python-debian's
     ArFile, steps back on a negative size and reads the same header for ever.
     """
-    import arpy
-
     handle.seek(0, os.SEEK_END)
     total = handle.tell()
     handle.seek(0)
@@ -307,9 +312,6 @@ def ar_members(handle: IO[bytes], source: str) -> list[ArMember]:
 
 def _open_deb(handle: IO[bytes], source: str) -> DebFile:
     """A python-debian DebFile over `handle`, once arpy has found every member inside the file."""
-    from debian.arfile import ArError
-    from debian.debfile import INFO_PART, DebFile
-
     members = ar_members(handle, source)
     if not members or members[0].name != INFO_PART:
         raise corrupt(source, f"the first member is not {INFO_PART}")
@@ -333,8 +335,6 @@ def _deb_part(deb: DebFile, prefix: str, source: str) -> Iterator[Member]:
     The tar is read here, streamed, rather than through DebPart.tgz(): that runs `unzstd`
     and holds its whole output in memory for a .zst part (what Ubuntu's dpkg writes).
     """
-    from debian.debfile import PART_EXTS
-
     names = {prefix, *(f"{prefix}.{ext}" for ext in PART_EXTS)}
     name = next(n for n in deb.getnames() if n in names)  # DebFile checked there is one
     yield from tar_members(cast(IO[bytes], deb.getmember(name)), source)
@@ -351,8 +351,6 @@ class DebInfo:
 def parse_control(text: str) -> dict[str, str]:
     """The fields of the first Debian control paragraph (python-debian's Deb822);
     continuation lines join their field, one per line, without their indent."""
-    from debian.deb822 import Deb822
-
     paragraph = Deb822(text.splitlines())
     return {str(key): "\n".join(line.strip() for line in value.splitlines()) for key, value in paragraph.items()}
 
@@ -432,9 +430,6 @@ def _text(value: Any) -> str:
 
 def rpm_info(handle: IO[bytes], source: str) -> RpmInfo:
     """Lead, signature and header (rpmfile reads the tags); leave `handle` at the payload."""
-    from rpmfile.errors import RPMError
-    from rpmfile.headers import get_headers
-
     handle.seek(0, os.SEEK_END)
     total = handle.tell()
     handle.seek(0)

@@ -31,6 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import requests
+import urllib3
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerDefSection
+
 from qnnctl import __version__
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.files import remove_tree
@@ -250,10 +256,6 @@ def glibc_needed_by(libraries: Iterable[Path]) -> Version | None:
 
 def glibc_provided_by(libc: Path) -> Version | None:
     """The newest GLIBC_x.y symbol version a libc.so.6 defines."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.gnuversions import GNUVerDefSection
-
     newest: Version | None = None
     try:
         with open(libc, "rb") as handle:
@@ -715,9 +717,6 @@ def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
 
 
 def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
-    import requests
-    import urllib3
-
     shown = redact(url)  # QNNCTL_LLVM_URL may name a mirror with a password or a token
     log.info("streaming %s (only the three libraries are kept)", shown)
     try:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
+from filelock import FileLock, Timeout
+
 from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.files import remove_tree
 from qnnctl.host.machine import require_supported_host
@@ -579,8 +581,6 @@ class Cleaned(NamedTuple):
 
 def clean_cache(cache: Cache) -> Cleaned:
     """Remove partial downloads and interrupted work folders that nobody is using."""
-    from filelock import FileLock, Timeout
-
     removed: list[Path] = []
     busy: list[Path] = []
     cache.locks.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from filelock import FileLock, Timeout
+
 from qnnctl.errors import UsageError
 from qnnctl.files import remove_tree
 from qnnctl.install.commit import work_id
@@ -68,8 +70,6 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
           wait: bool = False) -> Pruned:
     """Remove every SDK of qnnctl's cache but those `specs` name (all of them with `everything`);
     one in use is left in place, or with `wait`, removed once it is free."""
-    from filelock import FileLock, Timeout
-
     keep = set() if everything else kept_versions(specs, cache, environ)
     removed: list[Removed] = []
     busy: list[tuple[str, Path]] = []

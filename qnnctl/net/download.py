@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import requests
+from requests.adapters import HTTPAdapter
+from tqdm import tqdm
+from urllib3.exceptions import MaxRetryError
+
 from qnnctl import __version__
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
@@ -61,8 +66,6 @@ def make_session(user_agent_version: str | None = None) -> requests.Session:
     requests takes proxies (HTTP(S)_PROXY, NO_PROXY) and the CA bundle
     (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) from the environment because trust_env is on.
     """
-    import requests
-
     session = requests.Session()
     session.trust_env = True
     session.headers["User-Agent"] = f"qnnctl/{user_agent_version or __version__}"
@@ -177,8 +180,6 @@ class PlainProgress:
 def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
     """A tqdm bar on stderr, for when stderr is a terminal, in the units of the lines (MiB, and
     MiB/s); it says first that it resumes, and when it closes, how it ended, as the lines do."""
-    from tqdm import tqdm
-
     if initial:
         log.info("%s: resuming at %s", label, _of(initial, total))
     started = time.monotonic()
@@ -278,8 +279,6 @@ class Downloader:
         sleep: Callable[[float], None] = time.sleep,
         backoff_base: float = BACKOFF_BASE,
     ) -> None:
-        from requests.adapters import HTTPAdapter
-
         self.session = session
         self.folder = folder
         self.progress = progress
@@ -326,8 +325,6 @@ class Downloader:
         write_json_atomic(meta_path, data, mode=0o600)
 
     def _fetch(self, url: str, name: str, expected_sha256: str | None, sink: Sink | None) -> Fetched:
-        from urllib3.exceptions import MaxRetryError
-
         self.folder.mkdir(parents=True, exist_ok=True)
         final, part, meta_path = self._paths(name)
         shown = redact(url)
@@ -403,8 +400,6 @@ class Downloader:
                  sink: Sink | None, policy: Policy) -> tuple[str, int]:
         """One request, retried by urllib3 until it has an answer; returns (sha256, size) of
         the complete file, or raises _Broke (the body broke off) or _StartOver."""
-        import requests
-
         offset = part.stat().st_size if part.exists() else 0
         headers = {}
         if offset:
@@ -552,8 +547,6 @@ def request_failed(shown: str, exc: BaseException) -> DownloadError:
             f"cannot download {shown}: {cause}",
             hint="check the host name in the URL (or QNNCTL_MIRROR); behind a proxy, set HTTPS_PROXY",
         )
-    import requests
-
     if not isinstance(exc, (requests.ConnectionError, requests.Timeout)):
         return DownloadError(
             f"request to {shown} failed: {cause}",

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import MaxRetryError
+
 from qnnctl.errors import DownloadError
 from qnnctl.net.download import (
     BACKOFF_BASE,
@@ -311,8 +315,6 @@ class _Client:
     """One thread's session, with the download retry policy mounted on it."""
 
     def __init__(self, sleep: Callable[[float], None], backoff_base: float) -> None:
-        from requests.adapters import HTTPAdapter
-
         self.session = make_session()
         self.policy = retry_policy(backoff_base, sleep)
         self.adapter = HTTPAdapter(max_retries=self.policy)
@@ -320,8 +322,6 @@ class _Client:
         self.session.mount("https://", self.adapter)
 
     def get(self, url: str, shown: str, headers: dict[str, str], policy: Policy) -> requests.Response:
-        import requests
-
         self.adapter.max_retries = policy
         try:
             return self.session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
@@ -511,8 +511,6 @@ class Fetcher:
 
     def _range(self, client: _Client, start: int, end: int) -> None:
         """Fetch [start, end) into the sparse file, asking again from where a body broke off."""
-        from urllib3.exceptions import MaxRetryError
-
         remote = self.sparse.remote
         policy = client.policy.start(remote.shown)
         attempts = 0
@@ -546,8 +544,6 @@ class Fetcher:
 
     def _request(self, client: _Client, start: int, end: int, policy: Policy) -> int:
         """One request for [start, end); returns where it got to (`end` when complete)."""
-        import requests
-
         remote = self.sparse.remote
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if remote.validator:

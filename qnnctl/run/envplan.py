@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command, installed_components, missing
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, find_pin, resolve_installed, select_sdk
 from qnnctl.shell.exports import EnvValues, sdk_environment, unset_environment
 
@@ -20,7 +21,7 @@ def runtime_lib_dirs(cache: Cache, sdk: Sdk) -> list[str]:
     """Staged host runtime folders (libc++ and friends) to put on LD_LIBRARY_PATH."""
     if not cache.runtime.is_dir():
         return []  # the usual case, answered without importing the runtime module
-    from qnnctl.host.runtime import staged_lib_dirs
+    from qnnctl.host.runtime import staged_lib_dirs  # lazy: reads ELF files; env needs it only when staged
 
     return [str(path) for path in staged_lib_dirs(cache, sdk)]
 
@@ -52,7 +53,6 @@ def pin_gap(selection: Selection, manifest: Mapping[str, Any] | None, cwd: Path)
     installed; None when the choice was not a pin's, or its pin names no components."""
     if selection.reason != BY_PIN:
         return None
-    from qnnctl.sdk.pin import read_pin_components
     pin = find_pin(cwd)
     wanted = read_pin_components(pin) if pin is not None else None
     if pin is None or not wanted:

@@ -44,7 +44,7 @@ def cache_root(environ: Mapping[str, str]) -> Path:
                 hint="set HOME to your home folder, or point QNNCTL_CACHE_DIR (or XDG_CACHE_HOME) at a folder",
             )
         return Path(os.path.expanduser("~/.cache")).absolute() / "qnnctl"
-    from platformdirs import user_cache_dir
+    from platformdirs import user_cache_dir  # lazy: off Linux only, where the answer above does not hold
 
     return Path(user_cache_dir("qnnctl", appauthor=False))
 

@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 from qnnctl.errors import InvalidSdkError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.sdk.cache import read_manifest
+from qnnctl.sdk.identity import sdk_build_id, version_of_build
 from qnnctl.sdk.versions import is_full_version, version_in
 
 HOST_LIB_DIR = "lib/x86_64-linux-clang"
@@ -55,8 +56,6 @@ def read_sdk_version(root: Path) -> str | None:
     else what `sdk.yaml`, the folder's name or the manifest says."""
     build = read_build_id(root)
     if build is not None:
-        from qnnctl.sdk.identity import version_of_build
-
         return version_of_build(build)
     claims = version_claims(root)
     return next(iter(claims.values()), None)
@@ -64,8 +63,6 @@ def read_sdk_version(root: Path) -> str | None:
 
 def read_build_id(root: Path) -> str | None:
     """The build id (`2.51.0.260929181845`) the SDK's host libraries carry, if any."""
-    from qnnctl.sdk.identity import sdk_build_id
-
     found = sdk_build_id(root / HOST_LIB_DIR)
     return found[0] if found else None
 

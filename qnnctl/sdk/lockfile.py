@@ -31,6 +31,11 @@ from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
 log = logging.getLogger("qnnctl.sdk.lockfile")
 
 LOCK_FILE = "qnnctl.lock"
@@ -84,10 +89,6 @@ def lock_destination(cwd: Path) -> Path:
 
 
 def _toml_loads(text: str) -> dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:
-        import tomli as tomllib
     loaded: dict[str, Any] = tomllib.loads(text)  # tomli (before 3.11) may have no stubs here
     return loaded
 

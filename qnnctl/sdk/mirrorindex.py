@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+import requests
+from requests.adapters import HTTPAdapter
+
 from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.net.download import make_session, retry_policy
 from qnnctl.net.retry import describe, refused
@@ -57,9 +60,6 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
     (404) or it cannot be read (a warning says so). A refused connection is DownloadError at
     once: the mirror the user named is not there (a mistyped port, most often), and the
     archive's own download would only meet the same refusal, retried for half a minute."""
-    import requests
-    from requests.adapters import HTTPAdapter
-
     url = index_url(base)
     shown = redact(url)
     session = make_session()

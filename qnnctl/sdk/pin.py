@@ -8,14 +8,12 @@ qnnctl.sdk.components), which `qnnctl install` then installs for the pinned vers
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.sdk.cache import Cache
+from qnnctl.errors import UsageError
 from qnnctl.sdk.components import parse_components
-from qnnctl.sdk.lockfile import find_lock, read_lock
-from qnnctl.sdk.select import PIN_FILE, find_installed, pin_conflict
+from qnnctl.sdk.select import PIN_FILE
 from qnnctl.sdk.versions import resolve_version
 
 
@@ -69,22 +67,3 @@ def write_pin(folder: Path, spec: str, pools: Iterable[tuple[str, Collection[str
     return path, version
 
 
-def pinned_notes(version: str, environ: Mapping[str, str], cwd: Path, cache: Cache) -> list[str]:
-    """What a newly written pin of `version` disagrees with: the SDKs on disk (it is not
-    installed), the project's qnnctl.lock (it pins another), this shell (set up by `qnnctl
-    env` for another SDK, which every command but `env` keeps using)."""
-    notes = []
-    if find_installed(version, cache, environ) is None:
-        notes.append(f"SDK {version} is not installed; `qnnctl install` installs it")
-    lock_path = find_lock(cwd)
-    try:
-        lock = read_lock(lock_path) if lock_path is not None else None
-    except QnnctlError:
-        lock = None  # `qnnctl lock --check` and `doctor` say what is wrong with it
-    if lock_path is not None and lock is not None and lock.version != version:
-        notes.append(f"{lock_path} pins SDK {lock.version}, not {version}: `qnnctl lock --check` and `qnnctl "
-                     f"install --locked` fail until `qnnctl lock` writes it again for {version}")
-    conflict = pin_conflict(environ, cwd, cache)
-    if conflict is not None:
-        notes.append(f"{conflict.said()}; {conflict.switch()}")
-    return notes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -13,6 +14,7 @@ from urllib.parse import unquote, urlparse
 from qnnctl.errors import DamagedSdkError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import (
     REQUIRED_LIBS,
     Sdk,
@@ -136,8 +138,6 @@ _ET_ANY_VERSION = re.compile(rb"""(?:qairt/|All/)(\d+\.\d+\.\d+\.\d{6})""")
 
 def executorch_package_dir() -> Path | None:
     """Where an installed ExecuTorch lives, found without importing it."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("executorch")
     except (ImportError, ValueError):
@@ -195,6 +195,7 @@ def version_pools(cache: Cache | None, environ: Mapping[str, str],
         yield "installed", versions_on_disk(cache, environ, usable=True)
     base = environ.get("QNNCTL_MIRROR") if mirror else None
     if base:
+        # lazy: a mirror's index is read with requests, which `qnnctl env` never needs
         from qnnctl.net.urls import redact
         from qnnctl.sdk.mirrorindex import index_url, indexed_versions
 
@@ -379,8 +380,6 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
 
 
 def _version_of(build: str) -> str:
-    from qnnctl.sdk.identity import version_of_build
-
     return version_of_build(build)
 
 

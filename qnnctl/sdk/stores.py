@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import stat
 import time
@@ -27,6 +28,7 @@ from qnnctl import __version__
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import (
     HOST_BIN_DIR,
     HOST_LIB_DIR,
@@ -43,8 +45,7 @@ if TYPE_CHECKING:
 
 
 def _log() -> logging.Logger:
-    # Imported on first use: `qnnctl env` runs in shell start-up files and logs nothing.
-    import logging
+    import logging  # lazy: `qnnctl env` runs in shell start-up files and logs nothing
 
     return logging.getLogger("qnnctl.sdk.stores")
 
@@ -215,8 +216,6 @@ def _read_only(path: Path) -> bool:
 
 
 def _owner(uid: int) -> str:
-    import pwd
-
     try:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -393,7 +392,6 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
 
     Returns the new link and the one it replaced, if any. The folder is only read.
     """
-    from qnnctl.sdk.identity import version_of_build
     root = user_path(path).absolute()
     missing = missing_layout(root)
     if missing:

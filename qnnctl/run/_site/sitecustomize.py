@@ -46,7 +46,7 @@ def _start():  # type: () -> None
     # meanwhile: Python 2 empties a module's globals once nothing refers to the module.
     this = sys.modules.pop(HANDOVER_NAME)  # noqa: F841
     try:
-        import importlib
+        import importlib  # lazy: this file runs in every process of the pipeline; it imports on need
 
         importlib.import_module(HANDOVER_NAME)
     finally:
@@ -73,7 +73,7 @@ def arm_mkldnn_guard():  # type: () -> None
 
 
 def _disable_mkldnn():  # type: () -> None
-    import importlib
+    import importlib  # lazy: only once torch is imported
 
     try:
         backends = importlib.import_module("torch.backends")
@@ -92,7 +92,7 @@ def _disable_mkldnn():  # type: () -> None
 
 
 def _warn(message):  # type: (str) -> None
-    import logging
+    import logging  # lazy: only when there is something to say
 
     logging.getLogger("qnnctl.guard").warning("qnnctl: warning: %s", message)
 
