@@ -38,11 +38,11 @@ def _env_arguments(args: list[str]) -> tuple[str | None, str | None, bool]:
     for arg in rest:
         if arg == "--unset" and not unset:
             unset = True
-        elif arg == "--shell" and shell is None:
+        elif arg == "--shell":
             shell = next(rest, None)
             if shell is None:
                 raise _NotHere
-        elif arg.startswith("--shell=") and shell is None:
+        elif arg.startswith("--shell="):
             shell = arg.partition("=")[2]
         elif not arg.startswith("-") and arg and version is None:
             version = arg

@@ -48,7 +48,7 @@ def _report():
 
 atexit.register(_report)
 sys.argv = ["qnnctl", *sys.argv[1:]]
-from qnnctl.cli import main
+from qnnctl.launch import main
 main()
 """
 
@@ -79,14 +79,15 @@ def run_probe(*args: str, env: dict[str, str] | None = None) -> Probe:
     return Probe(proc.returncode, proc.stdout, rest, report["modules"], report["started"])
 
 
-def _heavy(modules: list[str]) -> list[str]:
-    return [m for m in modules if m.split(".")[0] in HEAVY]
+def _lean(modules: list[str]) -> list[str]:
+    """What `qnnctl env`'s lean path may not import: the heavy libraries, click, the commands."""
+    return [m for m in modules if m.split(".")[0] in (*HEAVY, "click") or m == "qnnctl.cli"]
 
 
-def test_importing_the_cli_imports_nothing_heavy() -> None:
-    code = "import json, sys; import qnnctl.cli; print(json.dumps(sorted(sys.modules)))"
+def test_importing_the_entry_point_imports_nothing_heavy() -> None:
+    code = "import json, sys; import qnnctl.launch; print(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert _heavy(json.loads(proc.stdout)) == []
+    assert _lean(json.loads(proc.stdout)) == []
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash", "zsh", "fish", "powershell", "nu", "json", "dotenv"])
@@ -96,17 +97,89 @@ def test_env_imports_nothing_heavy_and_starts_no_process(shell: str, cache_dir: 
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout
     assert probe.started == []
-    assert _heavy(probe.modules) == []
-    assert "qnnctl.run.environment" in probe.modules  # the probe saw the env path run
+    assert _lean(probe.modules) == []
+    assert "qnnctl.run.envplan" in probe.modules  # the probe saw the env path run
 
 
 def test_env_default_selection_and_unset_stay_light(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The paths that read the default cache folder, the pin and ExecuTorch's files."""
     monkeypatch.delenv("QNNCTL_CACHE_DIR")
-    for args in (["env", "--shell", "json"], ["env", "--unset"], ["--help"]):
-        probe = run_probe(*args)
-        assert probe.started == []
-        assert _heavy(probe.modules) == [], args
+    probe = run_probe("env", "--unset")
+    assert probe.returncode == 0
+    assert probe.started == []
+    assert _lean(probe.modules) == []
+    # Nothing installed in the default cache: the error is the full command line's to report.
+    probe = run_probe("env", "--shell", "json")
+    assert probe.returncode == 1
+    assert "is not installed" in probe.stderr
+    assert probe.started == []
+    # Everything else is the full command line's, which imports what its commands need.
+    probe = run_probe("--help")
+    assert probe.returncode == 0
+    assert probe.started == []
+    assert "qnnctl.cli" in probe.modules
+
+
+_LEAN = "from qnnctl.launch import main; main()"
+_FULL = "from qnnctl.cli import main; main()"
+
+
+def _both(args: list[str], env: dict[str, str], cwd: Path) -> tuple[tuple[int, str, str], tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of `qnnctl ARGS` through the entry point and through the full
+    command line alone."""
+    answers = []
+    for code in (_LEAN, _FULL):
+        proc = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, capture_output=True,
+                              text=True, timeout=120)
+        answers.append((proc.returncode, proc.stdout, proc.stderr))
+    return answers[0], answers[1]
+
+
+@pytest.mark.parametrize("args", [
+    ["env", "--shell", "bash"],
+    ["env", "--shell=json"],
+    ["env", VERSION, "--shell", "fish"],
+    ["env", "--unset", "--shell", "zsh"],
+    ["env", "--unset", "--unset"],
+    ["env", "--shell", "fish", "--shell", "json"],
+    ["env"],
+    ["env", "2.37", "--shell", "nu"],
+    ["env", "9.9.9.999999"],
+    ["env", "--shell", "tcsh"],
+    ["env", "--shell"],
+    ["env", "--bogus"],
+    ["env", VERSION, "--unset"],
+    ["env", "--sdk", "nowhere"],
+    ["env", "-v", "--shell", "sh"],
+    ["env", "--help"],
+])
+def test_the_lean_env_prints_what_the_full_command_line_prints(args: list[str], cache_dir: Path,
+                                                              tmp_path: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    env = {**os.environ, "SHELL": "/bin/bash", "QNNCTL_SDK": "", "LD_LIBRARY_PATH": "/opt/lib"}
+    lean, full = _both(args, env, tmp_path)
+    assert lean == full
+
+
+def test_the_lean_env_hands_warnings_and_relative_caches_to_the_full_command_line(cache_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """A pin naming components the SDK lacks is a warning on stderr; a relative cache folder is
+    said on stderr too: both are the full command line's to print, and are printed alike."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "components": ["host"]}))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".qnn-version").write_text(f"{VERSION}\nhost,android\n")
+    env = {**os.environ, "SHELL": "/bin/bash"}
+    lean, full = _both(["env"], env, project)
+    assert lean == full
+    assert "android" in lean[2]
+    assert lean[1]
+    relative = os.path.relpath(cache_dir, project)
+    lean, full = _both(["env", "--shell", "json"], {**env, "QNNCTL_CACHE_DIR": relative}, project)
+    assert lean == full
+    assert "relative" in lean[2]
 
 
 def test_probe_sees_a_process_being_started() -> None:
