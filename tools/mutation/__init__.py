@@ -1,8 +1,8 @@
 """Mutation testing of qnnctl's safety modules, run by hand (see tests/README.md).
 
-    python -m tests.mutation shell              # one module, its own tests, one child process
-    python -m tests.mutation shell --retest     # after new tests: the survivors again
-    python -m tests.mutation --list             # the modules and the tests each one runs
+    python -m tools.mutation shell              # one module, its own tests, one child process
+    python -m tools.mutation shell --retest     # after new tests: the survivors again
+    python -m tools.mutation --list             # the modules and the tests each one runs
 
 Each module is mutated on its own, in a folder of its own under `mutants/` (ignored by git),
 with only the test files that exercise it; the mutants run under `nice`, one at a time by
