@@ -1,4 +1,4 @@
-"""Mutation testing of qnnctl's safety modules, run by hand (see tests/README.md).
+"""Mutation testing of qnnctl's safety modules, run by hand (see tools/mutation/README.md).
 
     python -m tools.mutation shell              # one module, its own tests, one child process
     python -m tools.mutation shell --retest     # after new tests: the survivors again

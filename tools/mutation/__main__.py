@@ -1,4 +1,4 @@
-"""python -m tools.mutation MODULE: mutmut on one module with its own tests (tests/README.md)."""
+"""python -m tools.mutation MODULE: mutmut on one module with its own tests (tools/mutation/README.md)."""
 
 from __future__ import annotations
 
@@ -95,9 +95,9 @@ def prepare(name: str, target: Target) -> Path:
 
 # The exported files that change nothing of which tests reach which function: the harness's own
 # bookkeeping (runs commit their records and equivalents), its tests, and the docs.
-NOT_REACH = ("tests/README.md", "tools/__init__.py", "tools/mutation/tests", "tools/mutation/__main__.py",
-             "tools/mutation/changes.py", "tools/mutation/ordered_run.py", "tools/mutation/record.py",
-             "tools/mutation/record", "tools/mutation/equivalent.txt")
+NOT_REACH = ("tests/README.md", "tools/__init__.py", "tools/mutation/README.md", "tools/mutation/tests",
+             "tools/mutation/__main__.py", "tools/mutation/changes.py", "tools/mutation/ordered_run.py",
+             "tools/mutation/record.py", "tools/mutation/record", "tools/mutation/equivalent.txt")
 
 
 def same_reach(known: str | None, commit: str) -> bool:

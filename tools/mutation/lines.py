@@ -1,5 +1,5 @@
 """Which lines of the mutated sources each test runs, so that a mutant is tested only by the
-tests that run the code it changes (tests/README.md, "Tests by line").
+tests that run the code it changes (tools/mutation/README.md, "Tests by line").
 
 mutmut knows which tests reach a *function*. `install.install` is reached by nearly every test
 of its module, and most of them run a few of its lines: a mutant of a line deep in it ran

@@ -41,7 +41,7 @@ CODE_BY_STATUS: dict[str, int | None] = {
     "segfault": -11,
     "not checked": None,
 }
-HEADER = "# mutmut's verdicts of the module's last run, and the test that killed each mutant (tests/README.md)"
+HEADER = "# mutmut's verdicts of the module's last run, and the test that killed each mutant (tools/mutation/README.md)"
 
 
 class Verdict(NamedTuple):
