@@ -79,7 +79,7 @@ def test_guard_follows_the_vendor(sdk: Path, vendor: str, keep: bool, enabled: b
 def test_guard_reaches_an_interpreter_without_qnnctl_or_cpuinfo(sdk: Path, foreign_python: Path) -> None:
     checks = textwrap.dedent("""\
         import importlib.util, os
-        # A mutation run (tests/mutation) puts its copy of qnnctl on every child's PYTHONPATH.
+        # A mutation run (tools/mutation) puts its copy of qnnctl on every child's PYTHONPATH.
         mutation_run = "MUTANT_UNDER_TEST" in os.environ
         assert importlib.util.find_spec("qnnctl") is None or mutation_run, "qnnctl is importable"
         assert importlib.util.find_spec("cpuinfo") is None, "py-cpuinfo is importable"

@@ -1,12 +1,12 @@
 """Which lines of the mutated sources each test runs, so that a mutant is tested only by the
-tests that run the code it changes (tests/README.md, "Tests by line").
+tests that run the code it changes (tools/mutation/README.md, "Tests by line").
 
 mutmut knows which tests reach a *function*. `install.install` is reached by nearly every test
 of its module, and most of them run a few of its lines: a mutant of a line deep in it ran
 dozens of tests that never get there before one that does, and a survivor ran them all. A test
 that never runs the lines a mutant changes runs the original code, and cannot kill it.
 
-`python -m tests.mutation MODULE --lines` runs the module's tests once on the original code
+`python -m tools.mutation MODULE --lines` runs the module's tests once on the original code
 with this file as a pytest plugin: each test, in its own process and in every Python child it
 starts with the tests' PYTHONPATH (through site/sitecustomize.py), appends each line of the
 module's sources it runs, once, to `lines.tsv`: `source, function, line, test`, tab-separated.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutation.plugin import load_site
+from tools.mutation.plugin import load_site
 
 # As site/sitecustomize.py reads them: the file each process appends its lines to, the sources
 # (`name=absolute path`, os.pathsep-separated), the running test's node id (its children inherit it).
@@ -41,7 +41,7 @@ def sources_variable(root: Path, sources: Iterable[str]) -> str:
     return os.pathsep.join(f"{source}={(root / source).resolve()}" for source in sources)
 
 
-# The pytest plugin (`-p tests.mutation.lines`), for the collecting run only.
+# The pytest plugin (`-p tools.mutation.lines`), for the collecting run only.
 
 def pytest_configure(config: pytest.Config) -> None:
     path = os.environ.get(LINES_VARIABLE)

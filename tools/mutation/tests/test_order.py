@@ -1,4 +1,4 @@
-"""tests/mutation/ordered_run.py: the order a mutation run gives each mutant's tests."""
+"""tools/mutation/ordered_run.py: the order a mutation run gives each mutant's tests."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutation.ordered_run import (
+from tools.mutation.ordered_run import (
     EQUIVALENT_VARIABLE,
     KILLERS_VARIABLE,
     SKIPPED,
     killers_first,
     without_equivalents,
 )
-from tests.mutation.plugin import KILLERS_VARIABLE as RECORDED_BY_THE_PLUGIN
+from tools.mutation.plugin import KILLERS_VARIABLE as RECORDED_BY_THE_PLUGIN
 
 DURATIONS = {"t_fast": 0.1, "t_other": 0.5, "t_mid": 1.0, "t_slow": 9.0}
 

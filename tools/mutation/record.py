@@ -1,4 +1,4 @@
-"""The verdicts of a module's last mutation run, kept in the repository (tests/mutation/record/).
+"""The verdicts of a module's last mutation run, kept in the repository (tools/mutation/record/).
 
 mutmut keeps its verdicts in `mutants/` beside the checkout, which a new machine does not have:
 without a record, each run there starts again from the first mutant and spends its time on
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tests.mutation.changes import function_of
+from tools.mutation.changes import function_of
 
 # mutmut's exit codes for the verdicts a record keeps, by the words it prints (mutmut.stats);
 # "not checked" (and an interrupted check) is kept as not checked.
@@ -41,7 +41,7 @@ CODE_BY_STATUS: dict[str, int | None] = {
     "segfault": -11,
     "not checked": None,
 }
-HEADER = "# mutmut's verdicts of the module's last run, and the test that killed each mutant (tests/README.md)"
+HEADER = "# mutmut's verdicts of the module's last run, and the test that killed each mutant (tools/mutation/README.md)"
 
 
 class Verdict(NamedTuple):

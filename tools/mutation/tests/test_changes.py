@@ -1,8 +1,8 @@
-"""tests/mutation/changes.py: equivalent.txt's entries stay tied to the change they judged."""
+"""tools/mutation/changes.py: equivalent.txt's entries stay tied to the change they judged."""
 
 from __future__ import annotations
 
-from tests.mutation.changes import Entry, changes_in, digest, judge, parse, stamp
+from tools.mutation.changes import Entry, changes_in, digest, judge, parse, stamp
 
 # A mutated file as mutmut lays it out: the original's copy, then each mutant, under its name.
 MUTATED = '''\

@@ -1,8 +1,8 @@
-"""Mutation testing of qnnctl's safety modules, run by hand (see tests/README.md).
+"""Mutation testing of qnnctl's safety modules, run by hand (see tools/mutation/README.md).
 
-    python -m tests.mutation shell              # one module, its own tests, one child process
-    python -m tests.mutation shell --retest     # after new tests: the survivors again
-    python -m tests.mutation --list             # the modules and the tests each one runs
+    python -m tools.mutation shell              # one module, its own tests, one child process
+    python -m tools.mutation shell --retest     # after new tests: the survivors again
+    python -m tools.mutation --list             # the modules and the tests each one runs
 
 Each module is mutated on its own, in a folder of its own under `mutants/` (ignored by git),
 with only the test files that exercise it; the mutants run under `nice`, one at a time by
@@ -22,9 +22,10 @@ class Target(NamedTuple):
 
 
 TARGETS: dict[str, Target] = {
-    "shell": Target(("qnnctl/shell/exports.py",), ("tests/test_shell.py", "tests/test_env_cli.py")),
+    "shell": Target(("qnnctl/shell/exports.py", "qnnctl/shell/render.py", "qnnctl/shell/detect.py"), ("tests/test_shell.py", "tests/test_env_cli.py")),
     # The selection module: which SDK, and the environment a process gets for it.
-    "selection": Target(("qnnctl/sdk/select.py", "qnnctl/run/environment.py"),
+    "selection": Target(("qnnctl/sdk/select.py", "qnnctl/sdk/layout.py", "qnnctl/run/environment.py",
+                                    "qnnctl/run/envplan.py"),
                         ("tests/test_selection.py", "tests/test_choice.py", "tests/test_env_cli.py",
                          "tests/test_shell.py", "tests/test_api.py", "tests/test_first_run.py")),
     "elf": Target(("qnnctl/host/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),

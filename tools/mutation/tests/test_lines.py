@@ -1,4 +1,4 @@
-"""tests/mutation/lines.py: a mutant is tested by the tests that run its change, and no others."""
+"""tools/mutation/lines.py: a mutant is tested by the tests that run its change, and no others."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutation import lines
-from tests.mutation.ordered_run import ANY, REACH_VARIABLE, killers_first, runners_of
-from tests.mutation.ordered_run import LINES_RAN_VARIABLE as LINES_RAN
-from tests.mutation.site import sitecustomize
-from tests.test_mutation_order import _order
+from tools.mutation import lines
+from tools.mutation.ordered_run import ANY, REACH_VARIABLE, killers_first, runners_of
+from tools.mutation.ordered_run import LINES_RAN_VARIABLE as LINES_RAN
+from tools.mutation.site import sitecustomize
+from tools.mutation.tests.test_order import _order
 
 ORIGINAL = '''\
 """A module."""

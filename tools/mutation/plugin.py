@@ -34,7 +34,7 @@ import pytest
 
 HITS_VARIABLE = "QNNCTL_MUTATION_HITS"
 HOOK_VARIABLE = "QNNCTL_MUTATION_HOOK"
-KILLERS_VARIABLE = "QNNCTL_MUTATION_KILLERS"  # set by tests/mutation/__main__.py
+KILLERS_VARIABLE = "QNNCTL_MUTATION_KILLERS"  # set by tools/mutation/__main__.py
 _SITE = Path(__file__).resolve().parent / "site"
 _MUTANTS = Path(__file__).resolve().parents[2]  # the copy mutmut runs in: <work>/mutants
 _ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
@@ -44,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Set afresh for each pytest run of the process: mutmut runs stats, the clean run and the
     # mutants one after another, forked from the same process.
     entries = [str(_MUTANTS), str(_SITE)]
-    os.environ[HOOK_VARIABLE] = str(_SITE / "sitecustomize.py")  # for the .pth file (tests/mutation/__main__.py)
+    os.environ[HOOK_VARIABLE] = str(_SITE / "sitecustomize.py")  # for the .pth file (tools/mutation/__main__.py)
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":
         handle, hits = tempfile.mkstemp(prefix="qnnctl-mutation-hits-")
         os.close(handle)

@@ -1,4 +1,4 @@
-"""mutmut's command line, run by path (tests/mutation/__main__.py), with the tests of each mutant
+"""mutmut's command line, run by path (tools/mutation/__main__.py), with the tests of each mutant
 in a better order: first those that killed other mutants of the same function, the most kills
 first, then the rest as mutmut orders them (fastest first).
 

@@ -1,4 +1,4 @@
-"""In the children of a mutation run's tests (tests/mutation/plugin.py): report calls to mutmut.
+"""In the children of a mutation run's tests (tools/mutation/plugin.py): report calls to mutmut.
 
 While mutmut counts which tests reach which function (MUTANT_UNDER_TEST=stats), each call of a
 mutated function goes through mutmut's `record_trampoline_hit`. In a child process that record
@@ -7,7 +7,7 @@ this folder on PYTHONPATH, replaces it before any mutated module imports it, wit
 appends each function's name, once per process, to the file QNNCTL_MUTATION_HITS names.
 
 A child that ignores PYTHONPATH (python -I, -E: how `qnnctl lower` starts qnnctl's bootstrap)
-runs this file all the same, through the .pth file that `python -m tests.mutation` puts in
+runs this file all the same, through the .pth file that `python -m tools.mutation` puts in
 site-packages for the length of a run. When mutants run, it switches on the mutant of a
 module run by path (qnnctl's bootstrap) in the process that runs it as __main__.
 
@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-HITS_VARIABLE = "QNNCTL_MUTATION_HITS"  # as tests/mutation/plugin.py sets it
+HITS_VARIABLE = "QNNCTL_MUTATION_HITS"  # as tools/mutation/plugin.py sets it
 STATS_VARIABLE = "QNNCTL_MUTATION_STATS"
-HOOK_NAME = "qnnctl_mutation_hook"  # the name the .pth file runs this file under (tests/mutation/__main__.py)
+HOOK_NAME = "qnnctl_mutation_hook"  # the name the .pth file runs this file under (tools/mutation/__main__.py)
 
 
 def _script_module() -> str | None:
@@ -36,7 +36,7 @@ def _script_module() -> str | None:
     """
     if not sys.argv or not sys.argv[0].endswith(".py"):
         return None
-    here = os.path.abspath(__file__)  # <mutants>/tests/mutation/site/sitecustomize.py
+    here = os.path.abspath(__file__)  # <mutants>/tools/mutation/site/sitecustomize.py
     mutants = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
     script = os.path.abspath(sys.argv[0])
     if not script.startswith(os.path.join(mutants, "qnnctl") + os.sep):
@@ -60,7 +60,7 @@ def _switch_on_in_main(module: str) -> None:
 def hit_recorder(path: str, script_module: str | None = None) -> Callable[..., None]:
     """mutmut's `record_trampoline_hit` for a process whose own record would die with it: it
     appends each function's name to the file at `path`, once per process (the plugin loads this
-    file for the processes its tests fork, see tests/mutation/plugin.py)."""
+    file for the processes its tests fork, see tools/mutation/plugin.py)."""
     seen: set[str] = set()
 
     def record_trampoline_hit(name: str, caller: str | None = None) -> None:
@@ -75,7 +75,7 @@ def hit_recorder(path: str, script_module: str | None = None) -> Callable[..., N
     return record_trampoline_hit
 
 
-LINES_VARIABLE = "QNNCTL_MUTATION_LINES"  # as tests/mutation/lines.py sets them
+LINES_VARIABLE = "QNNCTL_MUTATION_LINES"  # as tools/mutation/lines.py sets them
 SOURCES_VARIABLE = "QNNCTL_MUTATION_LINES_SOURCES"
 TEST_VARIABLE = "QNNCTL_MUTATION_LINES_TEST"
 
@@ -83,7 +83,7 @@ TEST_VARIABLE = "QNNCTL_MUTATION_LINES_TEST"
 def record_lines(path: str, sources: dict[str, str]) -> None:
     """Trace this process and the threads it starts: append each line of `sources` (absolute
     path -> the name to record) that runs, once per test, to the file at `path`, as soon as it
-    first runs, so that a worker ending with os._exit keeps what it ran (tests/mutation/lines.py)."""
+    first runs, so that a worker ending with os._exit keeps what it ran (tools/mutation/lines.py)."""
     import threading
 
     seen: set[tuple[str, str, int]] = set()

@@ -1,4 +1,4 @@
-"""python -m tests.mutation MODULE: mutmut on one module with its own tests (tests/README.md)."""
+"""python -m tools.mutation MODULE: mutmut on one module with its own tests (tools/mutation/README.md)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.mutation import TARGETS, Target, lines, record
-from tests.mutation.changes import judge, mutant_changes, mutated, parse, stamp
-from tests.mutation.ordered_run import EQUIVALENT_VARIABLE, LINES_RAN_VARIABLE, REACH_VARIABLE
-from tests.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
+from tools.mutation import TARGETS, Target, lines, record
+from tools.mutation.changes import judge, mutant_changes, mutated, parse, stamp
+from tools.mutation.ordered_run import EQUIVALENT_VARIABLE, LINES_RAN_VARIABLE, REACH_VARIABLE
+from tools.mutation.plugin import HOOK_VARIABLE, KILLERS_VARIABLE
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "mutants"
@@ -52,8 +52,14 @@ def pyproject_for(target: Target) -> str:
     return "\n".join([*kept, "[tool.mutmut]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]) + "\n"
 
 
+# What a run exports of the last commit: the code, its tests, and this tool, whose plugins the
+# tests load and whose ordered_run.py runs mutmut (mutmut copies tools/ beside its mutants:
+# `also_copy` in pyproject.toml).
+EXPORTED = ("qnnctl", "tests", "tools/__init__.py", "tools/mutation")
+
+
 def prepare(name: str, target: Target) -> Path:
-    """mutants/NAME: qnnctl/ and tests/ as the last commit has them, and the narrowed pyproject.
+    """mutants/NAME: EXPORTED as the last commit has them, and the narrowed pyproject.
 
     The commit, not the working tree: what is scored is code that others can check out again,
     without changes still in progress in it. mutmut keeps each mutant's verdict while the
@@ -63,12 +69,12 @@ def prepare(name: str, target: Target) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                             check=True).stdout.strip()
-    for part in ("qnnctl", "tests"):
+    for part in {path.partition("/")[0] for path in EXPORTED}:
         if (work / part).is_symlink() or (work / part).is_file():
             (work / part).unlink()
         elif (work / part).exists():
             shutil.rmtree(work / part)
-    archive = subprocess.run(["git", "archive", "--format=tar", commit, "qnnctl", "tests"], cwd=REPO,
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, *EXPORTED], cwd=REPO,
                              capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(work, filter="data")
@@ -87,23 +93,23 @@ def prepare(name: str, target: Target) -> Path:
     return work
 
 
-# Files of tests/ that change nothing of which tests reach which function: the harness's own
+# The exported files that change nothing of which tests reach which function: the harness's own
 # bookkeeping (runs commit their records and equivalents), its tests, and the docs.
-NOT_REACH = ("tests/README.md", "tests/test_mutation_*.py", "tests/mutation/__main__.py",
-             "tests/mutation/changes.py", "tests/mutation/ordered_run.py", "tests/mutation/record.py",
-             "tests/mutation/record", "tests/mutation/equivalent.txt")
+NOT_REACH = ("tests/README.md", "tools/__init__.py", "tools/mutation/README.md", "tools/mutation/tests",
+             "tools/mutation/__main__.py", "tools/mutation/changes.py", "tools/mutation/ordered_run.py",
+             "tools/mutation/record.py", "tools/mutation/record", "tools/mutation/equivalent.txt")
 
 
 def same_reach(known: str | None, commit: str) -> bool:
-    """Whether qnnctl/ and tests/ are the same at both commits, but for files that change no reach."""
+    """Whether EXPORTED is the same at both commits, but for files that change no reach."""
     return known is not None and (known == commit or subprocess.run(
-        ["git", "diff", "--quiet", known, commit, "--", "qnnctl", "tests", *(f":!{path}" for path in NOT_REACH)],
+        ["git", "diff", "--quiet", known, commit, "--", *EXPORTED, *(f":!{path}" for path in NOT_REACH)],
         cwd=REPO).returncode == 0)
 
 
 def forget_reach(work: Path, commit: str) -> None:
-    """Make mutmut learn afresh which tests reach which function when qnnctl/ or tests/ changed
-    since it learnt it.
+    """Make mutmut learn afresh which tests reach which function when the export changed since
+    it learnt it.
 
     mutmut keeps what it learnt and only adds what tests new to it reach: a function written
     since (or one an old test reaches now) would be tested by the new tests alone, and its
@@ -140,7 +146,7 @@ def collect_lines(work: Path, target: Target) -> int:
     environ.pop("MUTANT_UNDER_TEST", None)
     print(f"recording the lines of {' '.join(target.sources)} each test runs", file=sys.stderr)
     code = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "tests.mutation.lines", *target.tests], cwd=work, env=environ,
+                           "-p", "tools.mutation.lines", *target.tests], cwd=work, env=environ,
                           preexec_fn=_default_sigint).returncode
     if code not in (0, 1):  # 1: some tests failed, and what they ran is recorded all the same
         print(f"the tests did not run to their end (pytest's exit code {code}): no lines kept", file=sys.stderr)
@@ -218,7 +224,7 @@ def _default_sigint() -> None:
 
 # In an interpreter that ignores PYTHONPATH (python -I, -E: how `qnnctl lower` starts the
 # bootstrap), site still reads the .pth files of site-packages: this one runs the children's
-# sitecustomize there (tests/mutation/site), which PYTHONPATH brings to every other child.
+# sitecustomize there (tools/mutation/site), which PYTHONPATH brings to every other child.
 HOOK_PTH = "qnnctl-mutation-hook.pth"
 HOOK_LINE = (f"import os, sys; h = os.environ.get({HOOK_VARIABLE!r}); "
              "sys.flags.ignore_environment and h and exec(compile(open(h).read(), h, 'exec'), "
@@ -246,7 +252,7 @@ def run_mutmut_now(work: Path, args: list[str], minutes: float, by_line: bool = 
     command is interrupted, by a SIGINT to mutmut alone: it then ends the mutant it is testing
     (whose verdict is not recorded) and keeps every verdict it has."""
     # mutmut's own command line, with each mutant's tests ordered by the kills so far (ordered_run.py).
-    ordered_run = work / "tests" / "mutation" / "ordered_run.py"
+    ordered_run = work / "tools" / "mutation" / "ordered_run.py"
     environ = dict(os.environ, **{KILLERS_VARIABLE: str(work / "killers.tsv"),
                                   EQUIVALENT_VARIABLE: str(work / "equivalent.names")})
     if by_line:
@@ -317,7 +323,7 @@ def report(name: str, target: Target, work: Path, diffs: bool = False) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.mutation", description=__doc__)
     parser.add_argument("module", nargs="?", choices=sorted(TARGETS))
     parser.add_argument("--list", action="store_true", help="the modules, their sources and tests")
     parser.add_argument("--minutes", type=float, default=20.0, help="stop the run after this long (20)")
@@ -329,7 +335,7 @@ def main() -> int:
                         help="test the mutants equivalent.txt marks too (an entry's digest covers only the lines its "
                              "mutant changes: a check of the judgments after their functions changed)")
     parser.add_argument("--save", action="store_true",
-                        help="only write the last run's verdicts to tests/mutation/record/MODULE.tsv")
+                        help="only write the last run's verdicts to tools/mutation/record/MODULE.tsv")
     parser.add_argument("--stamp", action="store_true",
                         help="add to each equivalent.txt entry of the module without one the digest of its change")
     parser.add_argument("--diffs", action="store_true", help="show how each mutant left changes the source")
@@ -370,7 +376,7 @@ def main() -> int:
 
 
 def save_record(name: str, target: Target, work: Path) -> None:
-    """Keep the run's verdicts and killers in tests/mutation/record/NAME.tsv (record.py), for
+    """Keep the run's verdicts and killers in tools/mutation/record/NAME.tsv (record.py), for
     runs on other machines: commit it with the scores."""
     from mutmut import __version__
     from mutmut.stats import status_by_exit_code

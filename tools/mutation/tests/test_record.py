@@ -1,4 +1,4 @@
-"""tests/mutation/record.py: a mutation run's verdicts outlive the machine that made them."""
+"""tools/mutation/record.py: a mutation run's verdicts outlive the machine that made them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutation import record
+from tools.mutation import record
 
 # mutmut.stats' table, as far as these tests need it (mutmut is not installed in CI).
 STATUS_BY_EXIT_CODE = {1: "killed", 3: "killed", 0: "survived", 2: "check was interrupted by user", None: "not checked",
