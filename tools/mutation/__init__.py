@@ -22,7 +22,8 @@ class Target(NamedTuple):
 
 
 TARGETS: dict[str, Target] = {
-    "shell": Target(("qnnctl/shell/exports.py", "qnnctl/shell/render.py", "qnnctl/shell/detect.py"), ("tests/test_shell.py", "tests/test_env_cli.py")),
+    "shell": Target(("qnnctl/shell/exports.py", "qnnctl/shell/render.py", "qnnctl/shell/detect.py"),
+                    ("tests/test_shell.py", "tests/test_env_cli.py")),
     # The selection module: which SDK, and the environment a process gets for it.
     "selection": Target(("qnnctl/sdk/select.py", "qnnctl/sdk/layout.py", "qnnctl/run/environment.py",
                                     "qnnctl/run/envplan.py"),
