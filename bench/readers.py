@@ -95,8 +95,8 @@ from typing import NamedTuple  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.host.test_packages import build_rpm, cpio_newc  # noqa: E402
 from tests.sdkfactory import VERSION, build_archive, install_tree_into_cache  # noqa: E402
-from tests.test_packages import build_rpm, cpio_newc  # noqa: E402
 
 DEBS = ("libc++1-14", "libc++abi1-14", "libunwind-14", "libc6")
 

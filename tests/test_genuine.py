@@ -650,7 +650,7 @@ def test_the_walk_arounds_are_refused_on_the_genuine_archive(archive: Path, llvm
     from a whole install; a trojan of the same size put in its place with its CRC-32 kept, or
     a second directory hidden in the end record's comment, is refused by an install of the host
     component under --locked, and the trojan's constructor never runs."""
-    from tests.test_gate import crc_kept, stored, trojan_library, two_readings
+    from tests.sdk.test_gate import crc_kept, stored, trojan_library, two_readings
 
     version = qairt(archive)
     member = f"qairt/{version}/lib/x86_64-linux-clang/libQnnHtp.so"

@@ -23,26 +23,27 @@ class Target(NamedTuple):
 
 TARGETS: dict[str, Target] = {
     "shell": Target(("qnnctl/shell/exports.py", "qnnctl/shell/render.py", "qnnctl/shell/detect.py"),
-                    ("tests/test_shell.py", "tests/test_env_cli.py")),
+                    ("tests/shell/test_shell.py", "tests/shell/test_env_cli.py")),
     # The selection module: which SDK, and the environment a process gets for it.
     "selection": Target(("qnnctl/sdk/select.py", "qnnctl/sdk/layout.py", "qnnctl/run/environment.py",
                                     "qnnctl/run/envplan.py"),
-                        ("tests/test_selection.py", "tests/test_choice.py", "tests/test_env_cli.py",
-                         "tests/test_shell.py", "tests/test_api.py", "tests/test_first_run.py")),
-    "elf": Target(("qnnctl/host/elf.py",), ("tests/test_elf.py", "tests/test_doctor.py")),
-    "download": Target(("qnnctl/net/download.py",), ("tests/test_download.py",)),
+                        ("tests/sdk/test_selection.py", "tests/sdk/test_choice.py", "tests/shell/test_env_cli.py",
+                         "tests/shell/test_shell.py", "tests/run/test_api.py", "tests/test_first_run.py")),
+    "elf": Target(("qnnctl/host/elf.py",), ("tests/host/test_elf.py", "tests/doctor/test_doctor.py")),
+    "download": Target(("qnnctl/net/download.py",), ("tests/net/test_download.py",)),
     # The links and member filter of partial installs, and doctor --verify's digests, are archive's too.
     "archive": Target(("qnnctl/install/archive.py", "qnnctl/threads.py"),
-                      ("tests/test_archive.py", "tests/test_stream.py", "tests/test_parallel.py",
-                       "tests/test_partial.py", "tests/test_components.py", "tests/test_doctor.py")),
+                      ("tests/install/test_archive.py", "tests/install/test_stream.py",
+                       "tests/install/test_parallel.py", "tests/install/test_partial.py",
+                       "tests/sdk/test_components.py", "tests/doctor/test_doctor.py")),
     # install.py is the command's core: the resolution of what to install (test_choice), the
     # command line (test_cli), locks and stores (test_fleet), components, redaction and the
     # extraction while downloading (test_stream) reach it too.
     "install": Target(("qnnctl/install/pipeline.py",),
-                      ("tests/test_install.py", "tests/test_housekeeping.py", "tests/test_choice.py",
-                       "tests/test_cli.py", "tests/test_fleet.py", "tests/test_partial.py",
-                       "tests/test_redaction.py", "tests/test_stream.py", "tests/test_first_run.py")),
-    "api": Target(("qnnctl/run/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
+                      ("tests/install/test_install.py", "tests/install/test_housekeeping.py",
+                       "tests/sdk/test_choice.py", "tests/test_cli.py", "tests/fleet/test_fleet.py", "tests/install/test_partial.py",
+                       "tests/test_redaction.py", "tests/install/test_stream.py", "tests/test_first_run.py")),
+    "api": Target(("qnnctl/run/api.py",), ("tests/run/test_api.py", "tests/run/test_guard.py")),
     "bootstrap": Target(("qnnctl/run/bootstrap.py",),
-                        ("tests/test_bootstrap.py", "tests/test_lower.py", "tests/test_guard.py")),
+                        ("tests/run/test_bootstrap.py", "tests/run/test_lower.py", "tests/run/test_guard.py")),
 }

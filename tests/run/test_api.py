@@ -339,7 +339,7 @@ def test_a_host_without_libcxx_gets_the_trio_staged_and_loaded_first(
     if _host_has_trio():
         pytest.skip("this host has libc++.so.1 and friends, so nothing is staged")
     from qnnctl.sdk.cache import Cache
-    from tests.test_runtime import llvm_archive
+    from tests.host.test_runtime import llvm_archive
 
     data, _ = llvm_archive(tmp_path, big=1 << 20)
     monkeypatch.setenv("QNNCTL_LLVM_URL", server.add("/llvm.tar.xz", data, "application/x-xz"))
@@ -367,7 +367,7 @@ def test_a_staged_trio_is_not_loaded_for_an_sdk_that_ships_its_own(cache_dir: Pa
     """An SDK before 2.23 ships the trio: a trio staged in the cache for another SDK stays out."""
     from qnnctl.host.runtime import RuntimeRequest, stage_runtime
     from qnnctl.sdk.cache import Cache
-    from tests.test_runtime import stub_trio
+    from tests.host.test_runtime import stub_trio
 
     stub_trio(tmp_path / "given")
     staged = stage_runtime(Cache(cache_dir), None, RuntimeRequest(sources=(tmp_path / "given",), force=True,

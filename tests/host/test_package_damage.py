@@ -1,7 +1,7 @@
 """Damaged packages meet the libraries that read them: what arpy, python-debian and rpmfile
 raise on them becomes an IntegrityError, exit 4 on the command line, with nothing staged.
 
-The packages are built by tests/test_packages.py's byte-level builders and then damaged at
+The packages are built by tests/host/test_packages.py's byte-level builders and then damaged at
 one known place each.
 """
 
@@ -18,8 +18,8 @@ from qnnctl.errors import IntegrityError
 from qnnctl.host.packages import collect, deb_info, deb_members, package_members, rpm_info, rpm_members
 from qnnctl.host.runtime import TRIO, missing_host_libraries
 from tests.conftest import run_qnnctl
+from tests.host.test_packages import TREE, Entry, ar_archive, build_deb, build_rpm, rpm_tree, tar_bytes, wanted
 from tests.sdkfactory import VERSION, compile_shared, install_tree_into_cache
-from tests.test_packages import TREE, Entry, ar_archive, build_deb, build_rpm, rpm_tree, tar_bytes, wanted
 
 CONTROL = b"Package: libc++1-14\nVersion: 1:14.0.6-99\nArchitecture: amd64\n"
 

@@ -809,7 +809,7 @@ def test_the_extractor_refuses_a_choice_that_leaves_a_link_dangling(tmp_path: Pa
 def test_a_link_through_a_file_to_a_member_left_out_is_refused(tmp_path: Path, fmt: str) -> None:
     """docs/odd -> ../sdk.yaml/../QNN_README.txt: a path through a file is followed as far as the
     members go, and the member it names is needed as any link's target is."""
-    from tests.test_archive import TOP, Member, hostile_archive
+    from tests.install.test_archive import TOP, Member, hostile_archive
 
     archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/docs/odd", "symlink",
                                                      target="../sdk.yaml/../QNN_README.txt")])
@@ -832,8 +832,8 @@ def _refusal_without(archive: Path, left_out: str, out: Path) -> str:
 def test_a_link_through_a_folder_entry_to_a_member_left_out_is_refused(tmp_path: Path) -> None:
     """A folder entry is a folder on a link's way whatever mode it carries (this one, a link's):
     lib/extra.so -> ../extra/libExtra.so needs libExtra.so, left out."""
+    from tests.install.test_archive import TOP
     from tests.sdkfactory import add_zip_entry
-    from tests.test_archive import TOP
 
     archive = build_archive(tmp_path, "zip", SdkSpec())
     with zipfile.ZipFile(archive, "a") as zf:
@@ -848,7 +848,7 @@ def test_a_link_through_a_folder_entry_to_a_member_left_out_is_refused(tmp_path:
 def test_a_member_from_another_system_is_extracted_when_chosen(tmp_path: Path) -> None:
     """No Unix mode (the archive was made elsewhere): a plain file, chosen as any other."""
     from qnnctl.install.archive import extract
-    from tests.test_archive import TOP, _rezipped
+    from tests.install.test_archive import TOP, _rezipped
 
     info = zipfile.ZipInfo(f"{TOP}/share/from-windows.txt", date_time=(2025, 7, 24, 0, 0, 0))
     info.create_system, info.external_attr = 0, 0x20
@@ -861,7 +861,7 @@ def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_
     """A tar's hard link is a second name for a member's data: without that member there is nothing to name."""
     from qnnctl.errors import IntegrityError
     from qnnctl.install.archive import extract
-    from tests.test_archive import TOP, Member, hostile_archive
+    from tests.install.test_archive import TOP, Member, hostile_archive
 
     archive = hostile_archive(tmp_path, "tar.gz", [Member(f"{TOP}/docs/readme-copy", "hardlink",
                                                           target=f"{TOP}/QNN_README.txt")])
@@ -880,7 +880,7 @@ def test_a_hard_link_to_a_member_left_out_is_refused_and_one_to_a_member_chosen_
 def test_a_device_file_is_refused_even_where_the_components_chosen_leave_it_out(tmp_path: Path, fmt: str) -> None:
     from qnnctl.errors import IntegrityError
     from qnnctl.install.archive import extract
-    from tests.test_archive import TOP, Member, hostile_archive
+    from tests.install.test_archive import TOP, Member, hostile_archive
 
     archive = hostile_archive(tmp_path, fmt, [Member(f"{TOP}/share/null", "chardev")])
     chosen = {n for n in _names_in(archive) if n.name != "null"}

@@ -25,10 +25,10 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
 from qnnctl.shell.exports import apply
 from tests.conftest import run_qnnctl
+from tests.host.test_runtime import LLVM_TOP, llvm_archive, needs_host_without_trio, nothing_staged, stub_trio
 from tests.httpserver import FaultServer
 from tests.lowerkit import write
 from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, compile_shared, install_tree_into_cache
-from tests.test_runtime import LLVM_TOP, llvm_archive, needs_host_without_trio, nothing_staged, stub_trio
 
 PY = sys.executable
 LLVM_PATH = f"/llvmorg-14.0.0/{LLVM_TOP}.tar.xz"
@@ -83,7 +83,7 @@ def htp_needing_libcxx(stubs: Path, dest: Path) -> bytes:
 def htp_needing_glibc_2_99(lib_dir: Path, work: Path) -> Path:
     """Replace the SDK's libQnnHtp.so by one referencing GLIBC_2.99; the stub libc that defines it.
 
-    As tests/test_runtime.py's new_glibc_sdk does it.
+    As tests/host/test_runtime.py's new_glibc_sdk does it.
     """
     stub = work / "stub-libc"
     stub.mkdir(parents=True)

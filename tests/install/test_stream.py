@@ -37,9 +37,9 @@ from qnnctl.install.pipeline import InstallRequest, InstallResult, install
 from qnnctl.sdk.cache import Cache
 from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
+from tests.install.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_under_umask, hostile_archive
+from tests.install.test_install import _assert_complete_sdk, _cache_is_tidy
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest
-from tests.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_under_umask, hostile_archive
-from tests.test_install import _assert_complete_sdk, _cache_is_tidy
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 TOP = f"qairt/{VERSION}"

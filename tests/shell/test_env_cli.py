@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
-from tests.test_startup import run_probe
+from tests.shell.test_startup import run_probe
 
 LIB = "lib/x86_64-linux-clang"
 BIN = "bin/x86_64-linux-clang"

@@ -40,9 +40,9 @@ from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
+from tests.host.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, compile_shared, for_another_machine, install_tree_into_cache
-from tests.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc
 
 LLVM_TOP = "clang+llvm-14.0.0-x86_64-linux-gnu-ubuntu-18.04"
 TRIO_DEBS = ("libc++1-14", "libc++abi1-14", "libunwind-14")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import give_default_acl, with_default_sigint
+from tests.install.test_archive import PAYLOAD_SPEC, garble_deflate
 from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
-from tests.test_archive import PAYLOAD_SPEC, garble_deflate
 
 PRELUDE = """
 import errno, json, os, sys, threading, time
