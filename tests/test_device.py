@@ -19,7 +19,6 @@ import pytest
 
 from qnnctl.device import socs
 from qnnctl.device.adb import AdbNotFoundError, find_adb, parse_devices, parse_props
-from qnnctl.doctor.device import DEVICE_CHECKS
 from qnnctl.device.plan import (
     DEVICE_BASE,
     MissingDeviceFilesError,
@@ -31,7 +30,10 @@ from qnnctl.device.plan import (
     render_device_env,
     resolve_soc,
 )
-from qnnctl.doctor.checks import Context, Result, run_checks
+from qnnctl.doctor.checks import run_checks
+from qnnctl.doctor.context import Context
+from qnnctl.doctor.device import DEVICE_CHECKS
+from qnnctl.doctor.report import Result
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import require_tool, run_qnnctl
 from tests.modelkit import context_binary, epcontext_model

@@ -17,32 +17,28 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.host import machine as host
-from qnnctl.sdk.cache import Cache
-from qnnctl.doctor.checks import (
-    CHECKS,
+from qnnctl.doctor.checks import CHECKS, diagnose, glibc_verdict, missing_hint, run_checks
+from qnnctl.doctor.context import Context, Target
+from qnnctl.doctor.report import (
     FAIL,
     OK,
     SKIP,
     WARN,
-    Context,
     Outcome,
     Result,
     Skip,
-    Target,
-    diagnose,
     exit_code,
-    glibc_verdict,
-    missing_hint,
     render_json,
     render_table,
     render_text,
-    run_checks,
+    summary,
 )
-from qnnctl.run.environment import environment_for
 from qnnctl.errors import QnnctlError
-from qnnctl.sdk.select import Selection
+from qnnctl.host import machine as host
+from qnnctl.run.environment import environment_for
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, Sdk
+from qnnctl.sdk.select import Selection
 from qnnctl.shell.exports import apply
 from tests.conftest import read_terminal, require_tool, run_qnnctl
 from tests.httpserver import FaultServer, self_signed_certificate
@@ -374,8 +370,8 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
     import zlib
 
     from qnnctl.install.archive import crc32_digest
-    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from tests.forge import keep_crc32
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
@@ -409,8 +405,8 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
 
 
 def test_a_manifest_naming_another_version_warns(tmp_path: Path, cache_dir: Path) -> None:
-    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
                         dict(os.environ), Path.cwd())
@@ -652,7 +648,6 @@ def test_text_table_and_json_come_from_the_same_results() -> None:
 
 def test_the_summary_counts_in_words() -> None:
     """`1 warning`, `2 warnings`: no `warning(s)`."""
-    from qnnctl.doctor.checks import summary
 
     def of(*statuses: str) -> str:
         return summary([Result(f"c{i}", s, "") for i, s in enumerate(statuses)])

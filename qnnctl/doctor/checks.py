@@ -7,43 +7,47 @@ still run. One list of results feeds the JSON, the plain text and the table, so 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any
 
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.errors import IntegrityError, InvalidSdkError, NotInstalledError, QnnctlError, UsageError
-from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
-from qnnctl.host.machine import glibc_version
-from qnnctl.run.probe import HTP_BACKEND_ID, Loaded, probe
-from qnnctl.sdk.select import BY_ENV, BY_INSTALLED, BY_SHELL, Selection, caller_lib_dir, changed_link_error, pin_conflict, resolve_installed, select_sdk, selection_origin
-from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, REQUIRED_LIBS, Sdk, missing_layout, read_sdk_version
-from qnnctl.shell.exports import EnvValues, apply, split_path
+from qnnctl.doctor.context import (
+    Check,
+    Context,
+    Target,
+    env_command,
+    is_library_name,
+    reinstall_hint,
+)
+from qnnctl.doctor.report import (
+    FAIL,
+    SKIP,
+    STATUSES,
+    Outcome,
+    Result,
+    Skip,
+    abridged,
+    fail,
+    ok,
+    warn,
+)
+from qnnctl.errors import IntegrityError, NotInstalledError, QnnctlError, UsageError
 from qnnctl.net.urls import redact
+from qnnctl.run.probe import HTP_BACKEND_ID
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
+from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, REQUIRED_LIBS, missing_layout
+from qnnctl.sdk.select import BY_INSTALLED, BY_SHELL, changed_link_error, pin_conflict, select_sdk
+from qnnctl.shell.exports import split_path
 from qnnctl.words import plural
-
-if TYPE_CHECKING:
-    from qnnctl.host.elf import Closure
 
 log = logging.getLogger("qnnctl.doctor.checks")
 
-SCHEMA = 1
-OK = "ok"
-WARN = "warn"
-FAIL = "fail"
-SKIP = "skip"
-STATUSES = (OK, WARN, FAIL, SKIP)
-
-# What an install needs on disk: the archive and the unpacked SDK side by side.
-TYPICAL_ARCHIVE = 1_500 << 20
-TYPICAL_UNPACKED = 2_500 << 20
 NETWORK_TIMEOUT = 5.0
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
@@ -51,206 +55,6 @@ LIBCXX_HINT = (
     "run `qnnctl install --runtime` (stages them into qnnctl's cache, no root needed); or on "
     "Debian/Ubuntu: `sudo apt-get install libc++1-14 libc++abi1-14 libunwind-14`"
 )
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one check found: a status, one line of detail, and the command that fixes it."""
-
-    status: str
-    detail: str
-    hint: str | None = None
-
-
-@dataclass(frozen=True)
-class Result:
-    """An Outcome under the stable id of the check that produced it."""
-
-    id: str
-    status: str
-    detail: str
-    hint: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "status": self.status, "detail": self.detail, "hint": self.hint}
-
-
-class Skip(Exception):
-    """Raised by a check that has nothing to look at; becomes a `skip` result."""
-
-    def __init__(self, detail: str, hint: str | None = None) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.hint = hint
-
-
-def ok(detail: str, hint: str | None = None) -> Outcome:
-    return Outcome(OK, detail, hint)
-
-
-def warn(detail: str, hint: str | None = None) -> Outcome:
-    return Outcome(WARN, detail, hint)
-
-
-def fail(detail: str, hint: str | None = None) -> Outcome:
-    return Outcome(FAIL, detail, hint)
-
-
-@dataclass(frozen=True)
-class Target:
-    """The SDK doctor looks at, as `qnnctl env` and `qnnctl lower` would choose it.
-
-    `sdk` is None when the caller manages the SDK (QNN_SDK_ROOT exported but empty); the
-    host libraries are then the folder on LD_LIBRARY_PATH that holds libQnnHtp.so, if any.
-    """
-
-    selection: Selection
-    sdk: Sdk | None
-    lib_dir: Path | None
-
-
-_T = TypeVar("_T")
-
-
-@dataclass
-class Context:
-    """Everything a check may look at. Expensive facts are computed once, on first use."""
-
-    spec: str | None
-    environ: Mapping[str, str]
-    cwd: Path
-    offline: bool = False
-    verify: bool = False
-    # The device `--device` names for the device checks ("" for the only one adb sees).
-    device: str | None = None
-    # Lowered models to check against the device's runtime (`--model`).
-    models: tuple[Path, ...] = ()
-    # The host's facts; tests replace them to see a check's verdict on another host.
-    system: str = field(default_factory=platform.system)
-    machine: str = field(default_factory=platform.machine)
-    glibc_reader: Callable[[], tuple[int, ...] | None] = glibc_version
-    space_needed: int = TYPICAL_ARCHIVE + TYPICAL_UNPACKED
-    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    def _once(self, key: str, compute: Callable[[], _T]) -> _T:
-        """compute() once; a failure is remembered too, so each check sees the same one."""
-        if key not in self._memo:
-            try:
-                self._memo[key] = (True, compute())
-            except Exception as exc:
-                self._memo[key] = (False, exc)
-        done, value = self._memo[key]
-        if not done:
-            raise value
-        return cast(_T, value)
-
-    def cache(self) -> Cache:
-        return self._once("cache", lambda: Cache.from_env(self.environ))
-
-    def loaded(self) -> list[Loaded]:
-        """The SDK's libraries as a fresh process loads them (the load check, and the ONNX
-        Runtime check that reads the HTP provider's API version)."""
-        return self._once("loaded", lambda: probe(REQUIRED_LIBS, self.child_environ()))
-
-    def glibc(self) -> tuple[int, ...] | None:
-        """The host's glibc version; None when the C library is not glibc."""
-        return self._once("glibc", self.glibc_reader)
-
-    def target(self) -> Target:
-        return self._once("target", self._find_target)
-
-    def _find_target(self) -> Target:
-        selection = select_sdk(self.spec, self.environ, self.cwd, self.cache())
-        if selection.caller_managed:
-            return Target(selection, None, caller_lib_dir(self.environ))
-        sdk = locate(selection, self.cache(), self.environ)
-        return Target(selection, sdk, sdk.lib_dir)
-
-    def require_target(self) -> Target:
-        """The target, or a Skip pointing at sdk.selection, which reports why there is none."""
-        try:
-            return self.target()
-        except Exception:
-            raise Skip("no SDK to check (see sdk.selection)") from None
-
-    def require_sdk(self) -> Sdk:
-        target = self.require_target()
-        if target.sdk is None:
-            raise Skip("the caller manages the SDK (QNN_SDK_ROOT is exported but empty)")
-        return target.sdk
-
-    def env_values(self) -> EnvValues:
-        """The change `qnnctl env` would make for the target ({} for a caller-managed SDK)."""
-
-        def compute() -> EnvValues:
-            target = self.target()
-            if target.sdk is None:
-                return {}
-            from qnnctl.run.environment import environment_for
-
-            owns_root = target.selection.reason != BY_ENV
-            return environment_for(target.sdk, self.environ, self.cache(), owns_root)
-
-        return self._once("env_values", compute)
-
-    def child_environ(self) -> dict[str, str]:
-        """The environment a process started after `eval "$(qnnctl env)"` would have."""
-        return apply(self.environ, self.env_values())
-
-    def sdk_version(self) -> str | None:
-        """The target's version as read from disk (also for a caller-managed SDK)."""
-        target = self.require_target()
-        if target.sdk is not None:
-            return read_sdk_version(target.sdk.root)
-        if target.lib_dir is not None and target.lib_dir.name == Path(HOST_LIB_DIR).name:
-            return read_sdk_version(target.lib_dir.parent.parent)
-        return None
-
-    def scan(self) -> LibraryScan:
-        return self._once("scan", self._scan)
-
-    def _scan(self) -> LibraryScan:
-        target = self.require_target()
-        if target.lib_dir is None:
-            raise Skip(
-                "QNN_SDK_ROOT is empty and no folder on LD_LIBRARY_PATH holds libQnnHtp.so",
-                hint=f"add the SDK's {HOST_LIB_DIR} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT "
-                "and run `eval \"$(qnnctl env)\"`",
-            )
-        from qnnctl.host.elf import Resolver, Scanner
-        from qnnctl.host.machine import read_ld_cache
-
-        lib_dir = target.lib_dir
-        if not lib_dir.is_dir():
-            raise QnnctlError(f"{lib_dir} does not exist", hint=reinstall_hint(target))
-        resolver = Resolver(self.child_environ().get("LD_LIBRARY_PATH"), read_ld_cache(), cwd=self.cwd)
-        scanner = Scanner(resolver)
-        every = sorted(p for p in lib_dir.iterdir() if _is_library_name(p.name) and p.is_file())
-        # Several names can point at one file (libQnnHtp.so.2 -> libQnnHtp.so): read it once.
-        unique: dict[str, Path] = {}
-        for path in every:
-            unique.setdefault(os.path.realpath(path), path)
-        required = [lib_dir / name for name in REQUIRED_LIBS if (lib_dir / name).is_file()]
-        absent = [name for name in REQUIRED_LIBS if not (lib_dir / name).is_file()]
-        required_real = {os.path.realpath(p) for p in required}
-        others = [p for real, p in unique.items() if real not in required_real]
-        return LibraryScan(
-            lib_dir=lib_dir,
-            absent=absent,
-            required=scanner.closure(required),
-            others=scanner.closure(others),
-        )
-
-
-@dataclass(frozen=True)
-class LibraryScan:
-    """The SDK's host libraries and what they need: the ones every lowering loads, and the rest."""
-
-    lib_dir: Path
-    absent: list[str]
-    required: Closure
-    others: Closure
-
 
 def _is_program(path: Path) -> bool:
     """An ELF executable or a script: what must keep its exec bit (data files need not)."""
@@ -262,61 +66,6 @@ def _is_program(path: Path) -> bool:
     except OSError:
         return False
     return head == b"\x7fELF" or head.startswith(b"#!")
-
-
-def _is_library_name(name: str) -> bool:
-    return name.endswith(".so") or ".so." in name
-
-
-def locate(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:
-    """The selected SDK, as `qnnctl env` resolves it; also a damaged one, so doctor can say
-    what is wrong with it rather than only that it is unusable."""
-    try:
-        return resolve_installed(selection, cache, environ)
-    except InvalidSdkError:
-        root = selection.root
-        if root is None or not root.is_dir():
-            raise
-        return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin=selection_origin(selection))
-    except NotInstalledError:
-        version = selection.version or ""
-        own = cache.sdk_dir(version)
-        if version and (own / MANIFEST_NAME).is_file():
-            # Installed by qnnctl and damaged since.
-            return Sdk(root=own, version=version, origin="qnnctl cache")
-        raise
-
-
-def reinstall_hint(target: Target) -> str:
-    from qnnctl.sdk.select import reinstall_hint as hint_for
-
-    sdk = target.sdk
-    if sdk is not None and sdk.origin == "qnnctl cache":
-        return hint_for(sdk.root, sdk.version)
-    return "reinstall this SDK, or run `qnnctl install` and point QNN_SDK_ROOT (or --sdk) at the result"
-
-
-def env_command(spec: str | None, target: Target | None = None) -> str:
-    """The `qnnctl env` command that selects the same SDK doctor looked at.
-
-    Plain `qnnctl env` chooses afresh: when this shell's own record chose the SDK, the
-    command names it, or it would switch the shell to another one.
-    """
-    if spec is None and target is not None and target.selection.reason == BY_SHELL and target.sdk:
-        spec = str(target.sdk.root)
-    if spec is None:
-        return 'eval "$(qnnctl env)"'
-    if target is not None and target.selection.version is not None:
-        return f'eval "$(qnnctl env {target.selection.version})"'  # a prefix resolved already
-    chosen = select_sdk(spec, {}, Path.cwd())
-    if chosen.root is not None:
-        return f'eval "$(qnnctl env --sdk {shlex.quote(str(chosen.root))})"'
-    return f'eval "$(qnnctl env {chosen.version})"'
-
-
-def _some(items: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _gib(n: int) -> str:
@@ -380,19 +129,19 @@ def check_layout(ctx: Context) -> Outcome:
     lib_dir = sdk.lib_dir
     missing = [f"{HOST_LIB_DIR}/{n}" for n in REQUIRED_LIBS if not (lib_dir / n).is_file()]
     if missing:
-        problems.append("missing " + _some(missing))
+        problems.append("missing " + abridged(missing))
         fixes.append(reinstall_hint(target))
     tools = sorted(p for p in sdk.bin_dir.iterdir() if _is_program(p)) if sdk.bin_dir.is_dir() else []
     not_exec = [p for p in tools if not os.access(p, os.X_OK)]
     if not_exec:
-        problems.append("not executable: " + _some([p.name for p in not_exec]))
+        problems.append("not executable: " + abridged([p.name for p in not_exec]))
         fixes.append("chmod +x " + " ".join(shlex.quote(str(p)) for p in not_exec))
     if sdk.bin_dir.is_dir() and not tools:
         problems.append(f"no tools in {HOST_BIN_DIR}")
         fixes.append(reinstall_hint(target))
     if problems:
         return fail(f"{sdk.root}: " + "; ".join(problems), "; ".join(dict.fromkeys(fixes)))
-    libs = sum(1 for p in lib_dir.iterdir() if _is_library_name(p.name))
+    libs = sum(1 for p in lib_dir.iterdir() if is_library_name(p.name))
     has = [f"{libs} host libraries"]
     cannot: list[str] = []
     if tools:
@@ -464,8 +213,8 @@ def _named(claims: Mapping[str, str]) -> str:
 
 
 def check_manifest(ctx: Context) -> Outcome:
-    from qnnctl.sdk.components import install_command
     from qnnctl.run.environment import pin_gap
+    from qnnctl.sdk.components import install_command
 
     target = ctx.require_target()
     sdk = ctx.require_sdk()
@@ -533,9 +282,9 @@ def check_verify(ctx: Context) -> Outcome:
     if changed or missing:
         parts = []
         if changed:
-            parts.append(f"{len(changed)} changed ({_some(changed)})")
+            parts.append(f"{len(changed)} changed ({abridged(changed)})")
         if missing:
-            parts.append(f"{len(missing)} missing ({_some(missing)})")
+            parts.append(f"{len(missing)} missing ({abridged(missing)})")
         return fail("; ".join(parts) + f" of {len(files)} files ({_compared(files)})", reinstall_hint(target))
     return ok(f"all {len(files)} files match their digests ({_compared(files)})")
 
@@ -569,13 +318,13 @@ def check_libraries(ctx: Context) -> Outcome:
     problems: list[str] = []
     hints: list[str] = []
     if scan.absent:
-        problems.append(f"{_some(scan.absent)} not in {scan.lib_dir}")
+        problems.append(f"{abridged(scan.absent)} not in {scan.lib_dir}")
         hints.append(reinstall_hint(target))
     for path, why in scan.required.unreadable.items():
         problems.append(f"{path.name}: {why}")
         hints.append(reinstall_hint(target))
     for name, needers in sorted(scan.required.missing.items()):
-        problems.append(f"{name} not found (needed by {_some(sorted({p.name for p in needers}), 3)})")
+        problems.append(f"{name} not found (needed by {abridged(sorted({p.name for p in needers}), 3)})")
         hints.append(missing_hint(name, target))
     for name, why in sorted(scan.required.broken.items()):
         problems.append(f"{name}: {why}")
@@ -587,7 +336,7 @@ def check_libraries(ctx: Context) -> Outcome:
     for path, why in scan.others.unreadable.items():
         optional.append(f"{path.name}: {why}")
     for name, needers in sorted(scan.others.missing.items()):
-        optional.append(f"{name} not found (needed by {_some(sorted({p.name for p in needers}), 3)})")
+        optional.append(f"{name} not found (needed by {abridged(sorted({p.name for p in needers}), 3)})")
         optional_hints.append(missing_hint(name, target))
     for name, why in sorted(scan.others.broken.items()):
         optional.append(f"{name}: {why}")
@@ -723,7 +472,7 @@ def check_environment(ctx: Context) -> Outcome:
     have_path = split_path(ctx.environ.get("LD_LIBRARY_PATH"))
     lacking = [e for e in split_path(wanted.get("LD_LIBRARY_PATH")) if e not in have_path]
     if lacking:
-        wrong.append(f"LD_LIBRARY_PATH lacks {_some(lacking, 3)}")
+        wrong.append(f"LD_LIBRARY_PATH lacks {abridged(lacking, 3)}")
     if wrong:
         return warn(f"this shell is not set up for {target.sdk.root}: " + "; ".join(wrong),
                     hint=env_command(ctx.spec, target) + " (qnnctl lower sets it up by itself)")
@@ -818,8 +567,8 @@ def check_onnxruntime(ctx: Context) -> Outcome:
 
 
 def check_cpu(ctx: Context) -> Outcome:
-    from qnnctl.run.api import FORCE_VENDOR_VARIABLE
     from qnnctl.host.machine import cpu_vendor, is_amd
+    from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 
     # The same answer the AMD guard of `qnnctl lower` will get.
     forced = ctx.environ.get(FORCE_VENDOR_VARIABLE) or None
@@ -876,10 +625,10 @@ def check_cache(ctx: Context) -> Outcome:
         leftovers = []
         if partial:
             leftovers.append(f"{plural(len(partial), 'partial download')} ({size / (1 << 20):.0f} MiB: "
-                             f"{_some([p.name for p in partial], 3)})")
+                             f"{abridged([p.name for p in partial], 3)})")
         if records:
             leftovers.append(f"{plural(len(records), 'record')} of downloads that did not finish "
-                             f"({_some([p.name for p in records], 3)})")
+                             f"({abridged([p.name for p in records], 3)})")
         if stale:
             leftovers.append(f"{plural(len(stale), 'folder')} left by interrupted installs in {cache.tmp}")
         problems.append(", ".join(leftovers))
@@ -1083,12 +832,12 @@ def check_stores(ctx: Context) -> Outcome:
             versions = found.get(store, [])
             writable = os.access(store, os.W_OK)
             parts.append(f"store {store}: {plural(len(versions), 'SDK')}"
-                         + (f" ({_some(versions, 3)})" if versions else "")
+                         + (f" ({abridged(versions, 3)})" if versions else "")
                          + ("" if writable else ", read-only"))
     dangling = [link for link in links if link.dangling]
     if links:
         parts.append(f"{plural(len(links) - len(dangling), 'linked SDK')}"
-                     + (f" ({_some([f'{lk.version} at {lk.root}' for lk in links if not lk.dangling], 3)})"
+                     + (f" ({abridged([f'{lk.version} at {lk.root}' for lk in links if not lk.dangling], 3)})"
                         if len(links) > len(dangling) else ""))
     for link in dangling:
         problems.append(f"SDK {link.version} is linked to {link.root}, which is gone (or is no SDK root): not used")
@@ -1108,8 +857,6 @@ def check_stores(ctx: Context) -> Outcome:
         return warn("; ".join(problems + parts), "; ".join(dict.fromkeys(hints)))
     return ok("; ".join(parts))
 
-
-Check = Callable[[Context], Outcome]
 
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("host", check_host),
@@ -1193,72 +940,3 @@ def diagnose(
     ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device,
                   models=tuple(models))
     return run_checks(ctx, checks)
-
-
-# -- reports ---------------------------------------------------------------------------------
-
-
-def passed(results: Sequence[Result], strict: bool = False) -> bool:
-    bad = {FAIL, WARN} if strict else {FAIL}
-    return not any(r.status in bad for r in results)
-
-
-def exit_code(results: Sequence[Result], strict: bool = False) -> int:
-    from qnnctl.errors import EXIT_FAILED, EXIT_OK
-
-    return EXIT_OK if passed(results, strict) else EXIT_FAILED
-
-
-def summary(results: Sequence[Result]) -> str:
-    counts = {status: sum(1 for r in results if r.status == status) for status in STATUSES}
-    words = {OK: f"{counts[OK]} ok", WARN: plural(counts[WARN], "warning"), FAIL: f"{counts[FAIL]} failed",
-             SKIP: f"{counts[SKIP]} skipped"}
-    return ", ".join(words[s] for s in (FAIL, WARN, OK, SKIP) if counts[s])
-
-
-def render_json(results: Sequence[Result], strict: bool = False) -> str:
-    data = {"schema": SCHEMA, "ok": passed(results, strict), "checks": [r.as_dict() for r in results]}
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-
-
-def render_text(results: Sequence[Result]) -> str:
-    """Plain aligned columns, for logs and pipes; a hint goes on the line under its check, an ok
-    one's too (`qnnctl use VERSION` on an SDK chosen only because it is the newest installed)."""
-    width = max((len(r.id) for r in results), default=0)
-    indent = " " * (6 + width + 2)
-    lines = []
-    for r in results:
-        lines.append(f"{r.status:<6}{r.id:<{width}}  {r.detail}")
-        if r.hint:
-            lines.append(f"{indent}hint: {r.hint}")
-    lines.append(summary(results))
-    return "\n".join(lines) + "\n"
-
-
-_STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
-
-
-def render_table(results: Sequence[Result], width: int | None = None) -> str:
-    """The same rows as render_text, as a rich table with colours (for a terminal)."""
-    import io
-    import shutil
-
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    table.add_column("status", no_wrap=True)
-    table.add_column("check", no_wrap=True)
-    table.add_column("detail", overflow="fold")
-    for r in results:
-        detail = Text(r.detail)
-        if r.hint:
-            detail.append("\nhint: " + r.hint, style="cyan")
-        table.add_row(Text(r.status, style=_STYLES[r.status]), r.id, detail)
-    buffer = io.StringIO()
-    width = width or shutil.get_terminal_size().columns
-    console = Console(file=buffer, force_terminal=True, width=width, highlight=False, soft_wrap=False)
-    console.print(table)
-    console.print(summary(results))
-    return buffer.getvalue()

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from qnnctl.device.plan import DSP_DEFAULTS, default_dest, needs, sdk_files, sdk_release
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
-from qnnctl.doctor.checks import Context, Outcome, Skip, fail, ok, warn
+from qnnctl.doctor.context import Context
+from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.words import plural
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def _device(ctx: Context) -> Device:
 
         return Adb(ctx.environ).device(ctx.device or None)
 
-    return ctx._once("device", connect)
+    return ctx.once("device", connect)
 
 
 def _require_device(ctx: Context) -> Device:
