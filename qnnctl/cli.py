@@ -714,7 +714,7 @@ def clean() -> None:
 def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None,
            models: tuple[Path, ...]) -> None:
     """Check the host, the SDK and the environment; exit 1 when a check fails."""
-    from qnnctl.doctor.checks import diagnose
+    from qnnctl.doctor.diagnose import diagnose
     from qnnctl.doctor.report import exit_code, render_json, render_table, render_text
 
     results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device,

@@ -30,9 +30,9 @@ from qnnctl.device.plan import (
     render_device_env,
     resolve_soc,
 )
-from qnnctl.doctor.checks import run_checks
 from qnnctl.doctor.context import Context
 from qnnctl.doctor.device import DEVICE_CHECKS
+from qnnctl.doctor.diagnose import run_checks
 from qnnctl.doctor.report import Result
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import require_tool, run_qnnctl

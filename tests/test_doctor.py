@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.doctor.checks import CHECKS, diagnose, glibc_verdict, missing_hint, run_checks
 from qnnctl.doctor.context import Context, Target
+from qnnctl.doctor.diagnose import CHECKS, diagnose, run_checks
+from qnnctl.doctor.host import glibc_verdict, missing_hint
 from qnnctl.doctor.report import (
     FAIL,
     OK,
