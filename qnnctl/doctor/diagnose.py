@@ -9,25 +9,16 @@ module holds their order, and runs them.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from qnnctl.doctor.context import (
-    Check,
-    Context,
-)
+from qnnctl.doctor.context import Check, Context
 from qnnctl.doctor.device import DEVICE_CHECKS, MODEL_CHECK
 from qnnctl.doctor.fleet import check_lock, check_stores
 from qnnctl.doctor.host import check_cpu, check_environment, check_glibc, check_host, check_libraries, check_load
 from qnnctl.doctor.network import check_network
-from qnnctl.doctor.report import (
-    FAIL,
-    SKIP,
-    STATUSES,
-    Outcome,
-    Result,
-    Skip,
-)
+from qnnctl.doctor.report import FAIL, SKIP, STATUSES, Outcome, Result, Skip
 from qnnctl.doctor.sdk import (
     check_cache,
     check_executorch,
@@ -78,8 +69,6 @@ def run_check(check_id: str, check: Check, ctx: Context) -> Result:
     except QnnctlError as exc:
         outcome = Outcome(FAIL, exc.message, exc.hint)
     except Exception as exc:
-        import traceback
-
         log.debug("check %s raised:\n%s", check_id, traceback.format_exc().rstrip())
         outcome = Outcome(
             FAIL,

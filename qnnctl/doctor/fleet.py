@@ -7,27 +7,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from qnnctl.doctor.context import (
-    Context,
-    Target,
-)
-from qnnctl.doctor.report import (
-    Outcome,
-    Skip,
-    abridged,
-    fail,
-    ok,
-    warn,
-)
+from qnnctl.doctor.context import Context, Target
+from qnnctl.doctor.report import Outcome, Skip, abridged, fail, ok, warn
 from qnnctl.errors import NotInstalledError
+from qnnctl.fleet.lockfile import LOCK_FILE, compare, find_lock, read_lock, unchecked
 from qnnctl.sdk.select import changed_link_error, select_sdk
+from qnnctl.sdk.stores import (
+    STORES_VARIABLE,
+    all_links,
+    store_dirs,
+    store_problem,
+    store_sdks,
+    unsafe_store_sdks,
+)
 from qnnctl.words import plural
 
 
 def check_lock(ctx: Context) -> Outcome:
     """The project's qnnctl.lock: present, matching the selected SDK, or stale."""
-    from qnnctl.fleet.lockfile import LOCK_FILE, compare, find_lock, read_lock, unchecked
-
     path = find_lock(ctx.cwd)
     if path is None:
         raise Skip(f"no {LOCK_FILE} in {ctx.cwd} or above it",
@@ -64,8 +61,6 @@ def check_lock(ctx: Context) -> Outcome:
 
 def check_stores(ctx: Context) -> Outcome:
     """The read-only stores of QNNCTL_STORES and the links of `qnnctl link`."""
-    from qnnctl.sdk.stores import STORES_VARIABLE, all_links, store_dirs, store_problem, store_sdks, unsafe_store_sdks
-
     stores = store_dirs(ctx.environ)
     links = all_links(ctx.cache())
     if not stores and not links:

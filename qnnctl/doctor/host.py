@@ -8,20 +8,12 @@ import os
 import platform
 from pathlib import Path
 
-from qnnctl.doctor.context import (
-    Context,
-    Target,
-    env_command,
-    reinstall_hint,
-)
-from qnnctl.doctor.report import (
-    FAIL,
-    Outcome,
-    abridged,
-    fail,
-    ok,
-    warn,
-)
+from qnnctl.doctor.context import Context, Target, env_command, reinstall_hint
+from qnnctl.doctor.report import FAIL, Outcome, abridged, fail, ok, warn
+from qnnctl.host.elf import format_version
+from qnnctl.host.machine import SUPPORTED_HOST, cpu_vendor, is_amd, is_supported_host
+from qnnctl.host.runtime import GLIBC, current, staged_loader
+from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, REQUIRED_LIBS
@@ -35,9 +27,6 @@ LIBCXX_HINT = (
 
 
 def check_host(ctx: Context) -> Outcome:
-    from qnnctl.host.elf import format_version
-    from qnnctl.host.machine import SUPPORTED_HOST, is_supported_host
-
     python = platform.python_version()
     glibc = ctx.glibc()
     libc = f"glibc {format_version(glibc)}" if glibc else "not glibc"
@@ -103,8 +92,6 @@ def check_libraries(ctx: Context) -> Outcome:
 def glibc_verdict(highest: tuple[tuple[int, ...], Path] | None, host: tuple[int, ...] | None,
                   optional: tuple[tuple[int, ...], Path] | None = None) -> Outcome:
     """Compare the glibc the libraries need with the host's."""
-    from qnnctl.host.elf import format_version
-
     if host is None:
         return fail("the host's C library is not glibc",
                     hint="use a glibc-based distribution (Debian, Ubuntu, Fedora...)")
@@ -133,8 +120,6 @@ def check_glibc(ctx: Context) -> Outcome:
     staged = staged_glibc(ctx.cache())
     needed = scan.required.highest_glibc()
     if staged is not None and needed is not None and staged[1] >= needed[0]:
-        from qnnctl.host.elf import format_version
-
         return warn(f"{outcome.detail}; `qnnctl lower` runs pipelines under the staged glibc "
                     f"{format_version(staged[1])} ({staged[0]})",
                     hint="other programs still need `qnnctl lower` (or a newer host) to load the SDK")
@@ -147,8 +132,6 @@ def staged_glibc(cache: Cache) -> tuple[Path, tuple[int, ...]] | None:
     """(loader, glibc version) of a glibc staged with `install --runtime`, as `lower` sees it."""
     if not cache.runtime.is_dir():
         return None
-    from qnnctl.host.runtime import GLIBC, current, staged_loader
-
     found = staged_loader(cache)  # None too when the loader file has gone missing
     staged = current(cache, GLIBC)
     version = staged.glibc_version if staged is not None else None
@@ -231,9 +214,6 @@ def check_environment(ctx: Context) -> Outcome:
 
 
 def check_cpu(ctx: Context) -> Outcome:
-    from qnnctl.host.machine import cpu_vendor, is_amd
-    from qnnctl.run.api import FORCE_VENDOR_VARIABLE
-
     # The same answer the AMD guard of `qnnctl lower` will get.
     forced = ctx.environ.get(FORCE_VENDOR_VARIABLE) or None
     try:

@@ -4,20 +4,14 @@ through which proxy and CA bundle, as an install would reach it.
 
 from __future__ import annotations
 
-from qnnctl.doctor.context import (
-    Context,
-    Target,
-)
-from qnnctl.doctor.report import (
-    Outcome,
-    Skip,
-    fail,
-    ok,
-    warn,
-)
+from qnnctl.doctor.context import Context, Target
+from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.errors import QnnctlError
-from qnnctl.net.urls import redact
+from qnnctl.net.download import make_session
+from qnnctl.net.retry import describe
+from qnnctl.net.urls import check_url, redact
 from qnnctl.sdk.select import select_sdk
+from qnnctl.sdk.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
 
 NETWORK_TIMEOUT = 5.0
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -26,12 +20,8 @@ PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PRO
 def check_network(ctx: Context) -> Outcome:
     if ctx.offline:
         raise Skip("--offline")
+    # lazy: requests is imported only when the network is checked, not with --offline.
     import requests
-
-    from qnnctl.net.download import make_session
-    from qnnctl.net.retry import describe
-    from qnnctl.net.urls import check_url
-    from qnnctl.sdk.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
 
     mirror = ctx.environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:

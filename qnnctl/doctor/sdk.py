@@ -4,34 +4,45 @@ files (--verify), the ExecuTorch and ONNX Runtime installed to use it, and qnnct
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qnnctl.doctor.context import (
-    Context,
-    env_command,
-    is_library_name,
-    reinstall_hint,
-)
-from qnnctl.doctor.report import (
-    Outcome,
-    Skip,
-    abridged,
-    fail,
-    ok,
-    warn,
-)
+from qnnctl.doctor.context import Context, env_command, is_library_name, reinstall_hint
+from qnnctl.doctor.report import Outcome, Skip, abridged, fail, ok, warn
 from qnnctl.errors import IntegrityError, NotInstalledError
+from qnnctl.host.runtime import staged_runtimes
+from qnnctl.install.archive import digest_kind, digest_matches
 from qnnctl.net.urls import redact
+from qnnctl.run.environment import pin_gap
 from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.compat import ep_requirement, known_pairing
+from qnnctl.sdk.components import install_command, installed_components
 from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
-from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, REQUIRED_LIBS, missing_layout
-from qnnctl.sdk.select import BY_INSTALLED, BY_SHELL, pin_conflict, select_sdk
+from qnnctl.sdk.identity import sdk_build_ids, version_of_build
+from qnnctl.sdk.layout import (
+    HOST_BIN_DIR,
+    HOST_LIB_DIR,
+    REQUIRED_LIBS,
+    missing_layout,
+    read_build_id,
+    version_claims,
+)
+from qnnctl.sdk.select import (
+    BY_INSTALLED,
+    BY_SHELL,
+    executorch_expected_version,
+    executorch_package_dir,
+    pin_conflict,
+    select_sdk,
+)
+from qnnctl.sdk.versions import parse_version
 from qnnctl.words import plural
 
 
@@ -112,9 +123,6 @@ def _is_program(path: Path) -> bool:
 
 def check_version(ctx: Context) -> Outcome:
     """The build id the libraries carry is what loads; every other label must agree with it."""
-    from qnnctl.sdk.identity import version_of_build
-    from qnnctl.sdk.layout import read_build_id, version_claims
-
     target = ctx.require_target()
     sdk = ctx.require_sdk()
     build = read_build_id(sdk.root)
@@ -136,8 +144,6 @@ def check_version(ctx: Context) -> Outcome:
         if wanted is not None and wanted != version:
             return warn(f"{version} (from {source}), but it was selected as {wanted}", hint=reinstall_hint(target))
         return ok(f"{version} (from {source}; its libraries carry no build id)")
-    from qnnctl.sdk.identity import sdk_build_ids
-
     builds = sdk_build_ids(sdk.lib_dir)
     if len(set(builds.values())) > 1:
         return fail("its libraries are of more than one build: "
@@ -166,9 +172,6 @@ def _named(claims: Mapping[str, str]) -> str:
 
 
 def check_manifest(ctx: Context) -> Outcome:
-    from qnnctl.run.environment import pin_gap
-    from qnnctl.sdk.components import install_command
-
     target = ctx.require_target()
     sdk = ctx.require_sdk()
     path = sdk.root / MANIFEST_NAME
@@ -200,8 +203,6 @@ def check_manifest(ctx: Context) -> Outcome:
 
 def _parts_detail(manifest: Mapping[str, Any]) -> str:
     """Which components an SDK holds, and what vouches for one fetched in parts."""
-    from qnnctl.sdk.components import installed_components
-
     held = installed_components(manifest)
     detail = "" if held == ("all",) else f"; components {', '.join(held)} (not the whole archive)"
     if manifest.get("partial") is True:
@@ -213,8 +214,6 @@ def _parts_detail(manifest: Mapping[str, Any]) -> str:
 
 
 def check_verify(ctx: Context) -> Outcome:
-    from qnnctl.install.archive import digest_matches
-
     target = ctx.require_target()
     sdk = ctx.require_sdk()
     manifest = read_manifest(sdk.root)
@@ -245,8 +244,6 @@ def check_verify(ctx: Context) -> Outcome:
 def _compared(files: Mapping[str, object]) -> str:
     """What --verify compared: sha256s (manifests from this qnnctl on), or CRC-32s only, which
     an earlier qnnctl recorded and which tell damage from a forgery no better than the loader."""
-    from qnnctl.install.archive import digest_kind
-
     kinds = {digest_kind(d) for d in files.values() if isinstance(d, str)}
     if kinds == {"sha256"}:
         return "by sha256"
@@ -257,8 +254,6 @@ def _compared(files: Mapping[str, object]) -> str:
 
 def executorch_version(package_dir: Path) -> str | None:
     """The installed ExecuTorch's version, from its dist-info, without importing it."""
-    import importlib.metadata
-
     for dist in importlib.metadata.distributions(path=[str(package_dir.parent)]):
         if (dist.metadata["Name"] or "").lower() == "executorch":
             return str(dist.version)
@@ -269,9 +264,6 @@ def executorch_version(package_dir: Path) -> str | None:
 
 
 def check_executorch(ctx: Context) -> Outcome:
-    from qnnctl.sdk.select import executorch_expected_version, executorch_package_dir
-    from qnnctl.sdk.versions import parse_version
-
     package_dir = executorch_package_dir()
     if package_dir is None:
         raise Skip(f"ExecuTorch is not installed for {sys.executable}")
@@ -284,8 +276,6 @@ def check_executorch(ctx: Context) -> Outcome:
     if sdk_version is None:
         return warn(f"{name} expects SDK {expected}; the selected SDK's version is unknown",
                     hint=f"`qnnctl install {expected}`, then {env_command(expected)}")
-    from qnnctl.sdk.compat import known_pairing
-
     fix = (f"`qnnctl install {expected}`, then `qnnctl use {expected}` to pin it here "
            f"(or {env_command(expected)})")
     what = f"{name} expects SDK {expected}, the selected SDK is {sdk_version}"
@@ -303,8 +293,6 @@ def check_executorch(ctx: Context) -> Outcome:
 
 def onnxruntime_qnn_version() -> str | None:
     """The installed onnxruntime-qnn's version, from its dist-info, without importing it."""
-    import importlib.metadata
-
     try:
         return importlib.metadata.version("onnxruntime-qnn")
     except importlib.metadata.PackageNotFoundError:
@@ -312,8 +300,6 @@ def onnxruntime_qnn_version() -> str | None:
 
 
 def check_onnxruntime(ctx: Context) -> Outcome:
-    from qnnctl.sdk.compat import ep_requirement
-
     version = onnxruntime_qnn_version()
     if version is None:
         raise Skip(f"onnxruntime-qnn is not installed for {sys.executable}")
@@ -343,8 +329,6 @@ def check_onnxruntime(ctx: Context) -> Outcome:
 
 
 def check_cache(ctx: Context) -> Outcome:
-    import shutil
-
     cache = ctx.cache()
     root = cache.root
     existing = root
@@ -393,8 +377,6 @@ def check_cache(ctx: Context) -> Outcome:
         hints.append(f"let them end, then `qnnctl install --force {version}`")
     staged = ""
     if cache.runtime.is_dir():
-        from qnnctl.host.runtime import staged_runtimes
-
         names = [s.name for s in staged_runtimes(cache)]
         staged = f"; staged host runtime: {', '.join(names)} (used by env and lower)" if names else ""
     if problems:
