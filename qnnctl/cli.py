@@ -24,7 +24,8 @@ from qnnctl.device.commands import SCHEMA, device_dest, list_devices, run
 from qnnctl.device.commands import push as do_push
 from qnnctl.device.plan import device_environment, render_device_env
 from qnnctl.device.plan import render_plan as render_push_plan
-from qnnctl.doctor.checks import diagnose, exit_code, render_json, render_table, render_text
+from qnnctl.doctor.diagnose import diagnose
+from qnnctl.doctor.report import exit_code, render_json, render_table, render_text
 from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, NotInstalledError, QnnctlError, UsageError
 from qnnctl.fleet.locking import check_lock, make_lock, pinned_notes
 from qnnctl.fleet.mirror import make_mirror

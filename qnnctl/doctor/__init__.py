@@ -1,3 +1,3 @@
-"""`qnnctl doctor`: every reason the SDK will not load, with its fix, grouped by what the
-checks look at (the host, the SDK, the network, the lock and stores, the device).
+"""`qnnctl doctor`: every reason the SDK will not load, with its fix. Checks grouped by what they
+look at (host, sdk, network, fleet, device) share one context; diagnose runs them, report shows them.
 """

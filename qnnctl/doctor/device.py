@@ -7,16 +7,27 @@ SDK doctor selected. What the device says is read once and shared by the checks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import tempfile
+from pathlib import Path
 
-from qnnctl.device.plan import DSP_DEFAULTS, default_dest, needs, sdk_files, sdk_release
+from qnnctl.device.adb import Adb, Device, DeviceError, printable
+from qnnctl.device.plan import (
+    DSP_DEFAULTS,
+    MissingDeviceFilesError,
+    default_dest,
+    needs,
+    sdk_files,
+    sdk_release,
+)
+from qnnctl.device.push import file_sha256
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
-from qnnctl.doctor.checks import Context, Outcome, Skip, fail, ok, warn
+from qnnctl.doctor.context import Check, Context
+from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
+from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
+from qnnctl.sdk.identity import build_id, version_of_build
+from qnnctl.sdk.layout import read_build_id
+from qnnctl.shell.render import quote_posix
 from qnnctl.words import plural
-
-if TYPE_CHECKING:
-    from qnnctl.device.adb import Device
 
 # Where a phone keeps libraries of its own that load before the pushed ones unless the pushed
 # folder comes first (a vendor's older libQnnHtp.so, a skel on the DSP's default path).
@@ -25,11 +36,9 @@ PREINSTALLED = ("/vendor/lib64", "/odm/lib64", "/vendor/lib/rfsa/adsp")
 
 def _device(ctx: Context) -> Device:
     def connect() -> Device:
-        from qnnctl.device.adb import Adb
-
         return Adb(ctx.environ).device(ctx.device or None)
 
-    return ctx._once("device", connect)
+    return ctx.once("device", connect)
 
 
 def _require_device(ctx: Context) -> Device:
@@ -91,19 +100,12 @@ def check_soc(ctx: Context) -> Outcome:
         return fail(f"{named}; SDK {sdk.version} cannot serve it: {generation.name} needs QAIRT {since} or "
                     f"later ({generation.evidence})",
                     hint=f"`qnnctl install {since}` (or newer), then {_push_command(ctx)} with --sdk of it")
-    from qnnctl.device.plan import MissingDeviceFilesError
-
     error = MissingDeviceFilesError(sdk, soc, missing)
     return fail(f"{named}; {error.message}", hint=error.hint)
 
 
 def _device_build(device: Device, path: str) -> str | None:
     """The build id a file on the device carries, read from its own bytes."""
-    import tempfile
-    from pathlib import Path
-
-    from qnnctl.sdk.identity import build_id
-
     with tempfile.TemporaryDirectory() as folder:
         copy = Path(folder) / "lib.so"
         copy.write_bytes(device.read(path))
@@ -112,10 +114,6 @@ def _device_build(device: Device, path: str) -> str | None:
 
 def check_libraries(ctx: Context) -> Outcome:
     """The pushed set is complete and of one build, the host SDK's."""
-    from qnnctl.device.push import file_sha256
-    from qnnctl.sdk.identity import build_id, version_of_build
-    from qnnctl.sdk.layout import read_build_id
-
     device = _require_device(ctx)
     soc = _require_soc(ctx)
     sdk = ctx.require_sdk()
@@ -158,10 +156,6 @@ def check_libraries(ctx: Context) -> Outcome:
 
 def check_preinstalled(ctx: Context) -> Outcome:
     """A phone's own libQnn* of another build load first unless the pushed folder comes first."""
-    from qnnctl.device.adb import DeviceError, printable
-    from qnnctl.sdk.layout import read_build_id
-    from qnnctl.shell.render import quote_posix
-
     device = _require_device(ctx)
     folders = " ".join(quote_posix(d) for d in PREINSTALLED)
     listing = device.shell(f'for d in {folders}; do for f in "$d"/libQnn*.so; do [ -f "$f" ] && echo "$f"; '
@@ -197,9 +191,6 @@ def check_preinstalled(ctx: Context) -> Outcome:
 
 def check_adsp_path(ctx: Context) -> Outcome:
     """The device shell's ADSP_LIBRARY_PATH, if set: `;`-separated folders that exist."""
-    from qnnctl.device.adb import printable
-    from qnnctl.shell.render import quote_posix
-
     device = _require_device(ctx)
     # Escaped once, here: shown in quotes, not by repr, which would escape the escapes again.
     value = printable(device.shell('printf "%s" "$ADSP_LIBRARY_PATH"', check=False).stdout.strip())
@@ -238,10 +229,6 @@ def check_adsp_path(ctx: Context) -> Outcome:
 def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:
     """The libQnnHtp.so a program run on the device loads, in words, and its build: the pushed
     set's (what `qnnctl device run` puts first), else the phone's own; None when there is none."""
-    from qnnctl.device.push import file_sha256
-    from qnnctl.sdk.identity import build_id
-    from qnnctl.shell.render import quote_posix
-
     device = _require_device(ctx)
     try:
         dest: str | None = _dest(ctx)
@@ -265,8 +252,6 @@ def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:
 def check_model(ctx: Context) -> Outcome:
     """Each model `--model` names against the runtime the device will load it with: a context
     binary built by a newer QAIRT fails there with error 5000."""
-    from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
-
     runtime = _device_runtime(ctx)
     if runtime is None:
         raise Skip("no libQnnHtp.so on the device to load a model with (see device.libraries)")
@@ -291,9 +276,9 @@ def check_model(ctx: Context) -> Outcome:
 
 
 # Run when `doctor --device` is given `--model FILE`.
-MODEL_CHECK: tuple[str, Callable[[Context], Outcome]] = ("device.model", check_model)
+MODEL_CHECK: tuple[str, Check] = ("device.model", check_model)
 
-DEVICE_CHECKS: tuple[tuple[str, Callable[[Context], Outcome]], ...] = (
+DEVICE_CHECKS: tuple[tuple[str, Check], ...] = (
     ("device.connection", check_connection),
     ("device.soc", check_soc),
     ("device.libraries", check_libraries),

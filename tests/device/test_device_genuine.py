@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from qnnctl.device import socs
-from qnnctl.doctor.checks import Context, Result, run_checks
+from qnnctl.doctor.context import Context
 from qnnctl.doctor.device import DEVICE_CHECKS
+from qnnctl.doctor.diagnose import run_checks
+from qnnctl.doctor.report import Result
 from qnnctl.sdk.identity import build_id
 from tests import genuine
 from tests.conftest import run_qnnctl

@@ -17,25 +17,22 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.doctor.checks import (
-    CHECKS,
+from qnnctl.doctor.context import Context, Target
+from qnnctl.doctor.diagnose import CHECKS, diagnose, run_checks
+from qnnctl.doctor.host import glibc_verdict, missing_hint
+from qnnctl.doctor.report import (
     FAIL,
     OK,
     SKIP,
     WARN,
-    Context,
     Outcome,
     Result,
     Skip,
-    Target,
-    diagnose,
     exit_code,
-    glibc_verdict,
-    missing_hint,
     render_json,
     render_table,
     render_text,
-    run_checks,
+    summary,
 )
 from qnnctl.errors import QnnctlError
 from qnnctl.host import machine as host
@@ -652,7 +649,6 @@ def test_text_table_and_json_come_from_the_same_results() -> None:
 
 def test_the_summary_counts_in_words() -> None:
     """`1 warning`, `2 warnings`: no `warning(s)`."""
-    from qnnctl.doctor.checks import summary
 
     def of(*statuses: str) -> str:
         return summary([Result(f"c{i}", s, "") for i, s in enumerate(statuses)])

@@ -74,7 +74,8 @@ def test_doctor_fails_an_sdk_whose_libraries_are_of_two_builds(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from qnnctl.doctor.checks import FAIL, diagnose
+    from qnnctl.doctor.diagnose import diagnose
+    from qnnctl.doctor.report import FAIL
     from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree
 
     monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")

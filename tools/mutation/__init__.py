@@ -41,8 +41,9 @@ TARGETS: dict[str, Target] = {
     # extraction while downloading (test_stream) reach it too.
     "install": Target(("qnnctl/install/pipeline.py",),
                       ("tests/install/test_install.py", "tests/install/test_housekeeping.py",
-                       "tests/sdk/test_choice.py", "tests/test_cli.py", "tests/fleet/test_fleet.py", "tests/install/test_partial.py",
-                       "tests/test_redaction.py", "tests/install/test_stream.py", "tests/test_first_run.py")),
+                       "tests/sdk/test_choice.py", "tests/test_cli.py", "tests/fleet/test_fleet.py",
+                       "tests/install/test_partial.py", "tests/test_redaction.py", "tests/install/test_stream.py",
+                       "tests/test_first_run.py")),
     "api": Target(("qnnctl/run/api.py",), ("tests/run/test_api.py", "tests/run/test_guard.py")),
     "bootstrap": Target(("qnnctl/run/bootstrap.py",),
                         ("tests/run/test_bootstrap.py", "tests/run/test_lower.py", "tests/run/test_guard.py")),
