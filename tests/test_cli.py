@@ -257,13 +257,12 @@ def test_help_describes_the_levels() -> None:
 
 def test_an_unexpected_error_shows_no_secret_of_a_url_in_its_message(monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import qnnctl.sdk.listing
     from qnnctl import cli
 
     def boom(*args: object) -> None:
         raise RuntimeError("fetching https://user:S3cr3t@mirror.example/v.zip?token=SIGNED broke")
 
-    monkeypatch.setattr(qnnctl.sdk.listing, "installed_sdks", boom)
+    monkeypatch.setattr(cli, "installed_sdks", boom)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["list"])
     assert stopped.value.code == 1

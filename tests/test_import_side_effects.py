@@ -402,7 +402,7 @@ CAUGHT = {
     "cpu vendor": "from qnnctl.host.machine import cpu_vendor\nVENDOR = cpu_vendor()\n",
     "setup": "import qnnctl\nqnnctl.setup_sdk()\n",
     "setup alias": "from qnnctl.run.api import setup_sdk as s\ns()\n",
-    "relative import": "from .api import setup_sdk\nsetup_sdk()\n",
+    "relative import": "from .run.api import setup_sdk\nsetup_sdk()\n",
     "decorator": (
         "import subprocess\ndef deco(x):\n    return lambda f: f\n@deco(subprocess.run(['x']))\ndef f():\n    pass\n"
     ),
