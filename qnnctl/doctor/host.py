@@ -12,7 +12,7 @@ from qnnctl.doctor.context import Context, Target, env_command, reinstall_hint
 from qnnctl.doctor.report import FAIL, Outcome, abridged, fail, ok, warn
 from qnnctl.host.elf import format_version
 from qnnctl.host.machine import SUPPORTED_HOST, cpu_vendor, is_amd, is_supported_host
-from qnnctl.host.runtime import GLIBC, current, staged_loader
+from qnnctl.host.staged import GLIBC, current, staged_loader
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import Cache

@@ -4,6 +4,8 @@ through which proxy and CA bundle, as an install would reach it.
 
 from __future__ import annotations
 
+import requests
+
 from qnnctl.doctor.context import Context, Target
 from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.errors import QnnctlError
@@ -20,9 +22,6 @@ PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PRO
 def check_network(ctx: Context) -> Outcome:
     if ctx.offline:
         raise Skip("--offline")
-    # lazy: requests is imported only when the network is checked, not with --offline.
-    import requests
-
     mirror = ctx.environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:
         try:

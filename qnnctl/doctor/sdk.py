@@ -16,7 +16,7 @@ from typing import Any
 from qnnctl.doctor.context import Context, env_command, is_library_name, reinstall_hint
 from qnnctl.doctor.report import Outcome, Skip, abridged, fail, ok, warn
 from qnnctl.errors import IntegrityError, NotInstalledError
-from qnnctl.host.runtime import staged_runtimes
+from qnnctl.host.staged import staged_runtimes
 from qnnctl.install.archive import digest_kind, digest_matches
 from qnnctl.net.urls import redact
 from qnnctl.run.envplan import pin_gap

@@ -22,7 +22,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 
 from qnnctl.errors import IntegrityError
-from qnnctl.host.machine import parse_dotted_version
+from qnnctl.host.staged import ElfIdentity, elf_identity, loader_stops_at, parse_dotted_version
 
 # Where ld.so looks last. Debian and Ubuntu build it with their multiarch folders first.
 DEFAULT_DIRS: tuple[str, ...] = (
@@ -44,21 +44,11 @@ VIA_DEFAULT = "default folder"
 SYSTEM_VIAS = frozenset({VIA_CACHE, VIA_DEFAULT})
 
 _GLIBC_VERSION = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
-_ELF_MAGIC = b"\x7fELF"
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
 # Bounds for a damaged or hostile library: names (PATH_MAX) and how many are read.
 _MAX_NAME = 4096
 _MAX_NEEDED = 1024
-
-
-@dataclass(frozen=True)
-class ElfIdentity:
-    """What makes two ELF objects loadable into the same process: class, byte order, machine."""
-
-    bits: int
-    little_endian: bool
-    machine: int
 
 
 @dataclass(frozen=True)
@@ -76,20 +66,6 @@ class ElfInfo:
     @property
     def has_runpath(self) -> bool:
         return bool(self.runpath)
-
-
-def elf_identity(path: Path) -> ElfIdentity | None:
-    """The class, byte order and machine from an ELF header; None for anything else."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(20)
-    except OSError:
-        return None
-    if len(head) < 20 or not head.startswith(_ELF_MAGIC) or head[4] not in (1, 2) or head[5] not in (1, 2):
-        return None
-    little = head[5] == 1
-    machine = int.from_bytes(head[18:20], "little" if little else "big")
-    return ElfIdentity(bits=32 if head[4] == 1 else 64, little_endian=little, machine=machine)
 
 
 def _not_elf(path: Path) -> IntegrityError:
@@ -343,16 +319,6 @@ class Resolver:
             if hit is not None:
                 return _found(name, hit, VIA_DEFAULT)
         return Found(name, None, None)
-
-
-def loader_stops_at(path: Path, want: ElfIdentity) -> bool:
-    """Whether the loader, looking for a library of `want`'s kind, stops at `path`: an ELF
-    object of another class or machine it passes over, but any other file ends the search
-    (and the load, with an error)."""
-    if not path.is_file():
-        return False
-    identity = elf_identity(path)
-    return identity is None or identity == want
 
 
 def _found(name: str, path: Path, via: str) -> Found:

@@ -13,6 +13,7 @@ import subprocess
 import threading
 
 from qnnctl.errors import UnsupportedHostError
+from qnnctl.host.staged import parse_dotted_version
 
 SUPPORTED_HOST = "Linux x86_64"
 _X86_64 = {"x86_64", "amd64"}
@@ -73,12 +74,6 @@ _CACHE_MAGIC_OLD = b"ld.so-1.7.0"
 _CACHE_HEADER_NEW = 48  # magic+version, nlibs, len_strings, flags, pad, extension, unused[3]
 _CACHE_ENTRY_NEW = 24  # flags, key, value, osversion, hwcap
 _CACHE_ENTRY_OLD = 12  # flags, key, value
-
-
-def parse_dotted_version(text: str) -> tuple[int, ...] | None:
-    """(2, 36) from "2.36", (2, 2, 5) from "2.2.5"; None when `text` does not start with one."""
-    match = re.match(r"\s*(\d+(?:\.\d+)*)", text)
-    return tuple(int(part) for part in match.group(1).split(".")) if match else None
 
 
 def glibc_version() -> tuple[int, ...] | None:

@@ -40,17 +40,8 @@ from elftools.elf.gnuversions import GNUVerDefSection
 from qnnctl import __version__
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.files import remove_tree
-from qnnctl.host.elf import (
-    ElfIdentity,
-    ElfInfo,
-    Resolver,
-    elf_identity,
-    glibc_of,
-    loader_stops_at,
-    needed_libraries,
-    read_elf,
-)
-from qnnctl.host.machine import glibc_version, parse_dotted_version, read_ld_cache
+from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, needed_libraries, read_elf
+from qnnctl.host.machine import glibc_version, read_ld_cache
 from qnnctl.host.packages import (
     Collected,
     CollectedFile,
@@ -61,6 +52,17 @@ from qnnctl.host.packages import (
     package_members,
     rpm_info,
     tar_members,
+)
+from qnnctl.host.staged import (
+    GLIBC,
+    LIBCXX,
+    TRIO,
+    Staged,
+    Version,
+    _sdk_identity,
+    current,
+    elf_identity,
+    staged_lib_dirs,
 )
 from qnnctl.install.archive import work_folder
 from qnnctl.install.commit import remove_stale_work, version_lock
@@ -78,20 +80,16 @@ from qnnctl.net.download import (
 from qnnctl.net.retry import describe
 from qnnctl.net.urls import redact
 from qnnctl.paths import fsync_dir, user_path, write_json_atomic
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
 
 if TYPE_CHECKING:
-    from qnnctl.host.elf import ElfIdentity
     from qnnctl.host.packages import Collected, CollectedFile, DebInfo, RpmInfo
 
 log = logging.getLogger("qnnctl.host.runtime")
 
 RUNTIME_SCHEMA = 1
 LOCK_KEY = "runtime"
-LIBCXX = "libcxx"
-GLIBC = "glibc"
-TRIO = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
 APT_PACKAGES = ("libc++1-14", "libc++abi1-14", "libunwind-14")
 APT_TIMEOUT = 600.0
 LLVM_VERSION = "14.0.0"
@@ -121,106 +119,12 @@ PINNED_DEBS: dict[tuple[str, str, str], str] = {
 # Where glibc packages keep the x86_64 libraries ("" is the top of a folder given by path).
 GLIBC_DIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64", "usr/lib64", "lib",
               "usr/lib", "")
-_EM_X86_64 = 62
 _SONAME = re.compile(r"^(?:ld-linux-x86-64\.so\.2|lib[^/]+\.so(?:\.\d+)+)$")
 _LLVM_TOP = re.compile(r"clang\+llvm-(\d+\.\d+\.\d+)")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9.+_-]")
 
-Version = tuple[int, ...]
-
 
 # -- what is staged ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A complete staged runtime: `root/lib` holds the libraries, `root/.qnnctl.json` says what."""
-
-    root: Path
-    manifest: dict[str, Any]
-
-    @property
-    def kind(self) -> str:
-        return str(self.manifest.get("kind", ""))
-
-    @property
-    def name(self) -> str:
-        return self.root.name
-
-    @property
-    def lib_dir(self) -> Path:
-        return self.root / "lib"
-
-    @property
-    def loader(self) -> Path | None:
-        relative = self.manifest.get("loader")
-        return self.root / str(relative) if relative else None
-
-    @property
-    def glibc_version(self) -> Version | None:
-        """The version of a staged glibc, as its manifest records it."""
-        return parse_dotted_version(str(self.manifest.get("glibc_version", "")))
-
-
-def staged_runtimes(cache: Cache) -> list[Staged]:
-    """Every complete staged runtime, the most recently staged first."""
-    if not cache.runtime.is_dir():
-        return []
-    found = []
-    for entry in cache.runtime.iterdir():
-        manifest = read_manifest(entry)
-        if manifest is not None and manifest.get("kind") in (LIBCXX, GLIBC):
-            found.append(Staged(entry, manifest))
-    return sorted(found, key=_staged_order, reverse=True)
-
-
-def _staged_order(staged: Staged) -> tuple[int, str]:
-    when = staged.manifest.get("staged_ns")
-    return (when if isinstance(when, int) else 0, staged.name)
-
-
-def current(cache: Cache, kind: str) -> Staged | None:
-    """The runtime of `kind` in use: the one staged last."""
-    return next((s for s in staged_runtimes(cache) if s.kind == kind), None)
-
-
-def _sdk_identity() -> ElfIdentity:
-    """What the SDK's host libraries are, and what they can load: 64-bit little-endian x86-64."""
-    return ElfIdentity(64, True, _EM_X86_64)
-
-
-def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:
-    """Staged folders to put on LD_LIBRARY_PATH for `sdk`: the libc++ trio, never glibc.
-
-    Empty when nothing is staged, or when the SDK ships the trio itself (releases before 2.23):
-    the loader stops at the SDK's own files, found first. One it passes over (a library of
-    another machine) leaves the staged trio as the one its libraries load.
-    """
-    staged = current(cache, LIBCXX)
-    if staged is None:
-        return []
-    if sdk is not None:
-        want = _sdk_identity()
-        if all(loader_stops_at(sdk.lib_dir / name, want) for name in TRIO):
-            return []
-    return [staged.lib_dir]
-
-
-def staged_loader(cache: Cache) -> tuple[Path, Path] | None:
-    """(staged ld-linux-x86-64.so.2, the folder of its glibc), or None when none is staged."""
-    staged = current(cache, GLIBC)
-    if staged is None or staged.loader is None or not staged.loader.is_file():
-        return None
-    return staged.loader, staged.lib_dir
-
-
-def loader_library_path(cache: Cache, sdk: Sdk | None, glibc_lib: Path) -> list[str]:
-    """What the staged loader searches first: its glibc, the staged trio, the SDK's libraries."""
-    dirs: list[str] = []
-    for folder in (glibc_lib, *staged_lib_dirs(cache, sdk), *([sdk.lib_dir] if sdk else [])):
-        if str(folder) not in dirs:
-            dirs.append(str(folder))
-    return dirs
 
 
 # -- host facts --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from qnnctl.host.staged import staged_lib_dirs
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command, installed_components, missing
 from qnnctl.sdk.layout import Sdk
@@ -19,10 +20,6 @@ from qnnctl.shell.exports import EnvValues, sdk_environment, unset_environment
 
 def runtime_lib_dirs(cache: Cache, sdk: Sdk) -> list[str]:
     """Staged host runtime folders (libc++ and friends) to put on LD_LIBRARY_PATH."""
-    if not cache.runtime.is_dir():
-        return []  # the usual case, answered without importing the runtime module
-    from qnnctl.host.runtime import staged_lib_dirs  # lazy: reads ELF files; env needs it only when staged
-
     return [str(path) for path in staged_lib_dirs(cache, sdk)]
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.host.runtime import GLIBC, LOADER_GUARD, current, glibc_shortfall, loader_library_path
-from qnnctl.host.runtime import staged_loader as find_staged
+from qnnctl.host.runtime import LOADER_GUARD, glibc_shortfall
+from qnnctl.host.staged import GLIBC, current, loader_library_path
+from qnnctl.host.staged import staged_loader as find_staged
 from qnnctl.run.api import amd_guard_needed
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER
 from qnnctl.run.environment import ensure_loadable, resolve_for_dry_run, resolve_sdk

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
-from qnnctl.host.elf import ElfIdentity, ElfInfo, Resolver
+from qnnctl.host.elf import ElfInfo, Resolver
 from qnnctl.host.machine import read_ld_cache
 from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.host.staged import ElfIdentity
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.run.lower import staged_loader

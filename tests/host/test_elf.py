@@ -550,7 +550,7 @@ def test_read_elf_of_a_library_without_a_soname(tmp_path: Path) -> None:
 ], ids=["64-little", "32-big", "bad-class", "bad-order"])
 def test_elf_identity_reads_class_order_and_machine(tmp_path: Path, head: bytes,
                                                     identity: tuple[int, bool, int] | None) -> None:
-    from qnnctl.host.elf import elf_identity
+    from qnnctl.host.staged import elf_identity
 
     little = head[1] == 1
     data = b"\x7fELF" + head + b"\x01" + bytes(9) + (3).to_bytes(2, "little" if little else "big") + \
@@ -560,7 +560,7 @@ def test_elf_identity_reads_class_order_and_machine(tmp_path: Path, head: bytes,
 
 
 def test_elf_identity_of_what_is_not_an_elf_header(tmp_path: Path) -> None:
-    from qnnctl.host.elf import elf_identity
+    from qnnctl.host.staged import elf_identity
 
     real = _library(tmp_path / "libreal.so")
     identity = elf_identity(real)
@@ -653,7 +653,8 @@ def test_the_closure_reads_each_library_once_and_keeps_going(tmp_path: Path) -> 
 
 
 def test_the_highest_glibc_is_the_first_library_needing_it(tmp_path: Path) -> None:
-    from qnnctl.host.elf import Closure, ElfIdentity, ElfInfo
+    from qnnctl.host.elf import Closure, ElfInfo
+    from qnnctl.host.staged import ElfIdentity
 
     identity = ElfIdentity(64, True, EM_X86_64)
 

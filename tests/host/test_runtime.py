@@ -27,15 +27,13 @@ from qnnctl.host.runtime import (
     LOADER_GUARD,
     LOCK_KEY,
     PINNED_DEBS,
-    TRIO,
     RuntimeRequest,
     glibc_shortfall,
     missing_host_libraries,
     sdk_glibc_requirement,
     stage_runtime,
-    staged_lib_dirs,
-    staged_loader,
 )
+from qnnctl.host.staged import TRIO, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
