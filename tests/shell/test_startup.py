@@ -101,6 +101,20 @@ def test_env_imports_nothing_heavy_and_starts_no_process(shell: str, cache_dir: 
     assert "qnnctl.run.envplan" in probe.modules  # the probe saw the env path run
 
 
+def test_env_with_a_staged_runtime_stays_light(cache_dir: Path) -> None:
+    """On a host without libc++ the trio is staged: env puts it on LD_LIBRARY_PATH, reading the
+    staging record, without the module that stages it (ELF parsing, downloads)."""
+    install_tree_into_cache(cache_dir, VERSION)
+    staged = cache_dir / "runtime" / "libcxx-14.0.6"
+    (staged / "lib").mkdir(parents=True)
+    (staged / ".qnnctl.json").write_text(json.dumps({"kind": "libcxx", "staged_ns": 1}))
+    probe = run_probe("env", VERSION, "--shell", "json")
+    assert probe.returncode == 0, probe.stderr
+    assert str(staged / "lib") in json.loads(probe.stdout)["LD_LIBRARY_PATH"].split(":")
+    assert _lean(probe.modules) == []
+    assert "qnnctl.host.runtime" not in probe.modules
+
+
 def test_env_default_selection_and_unset_stay_light(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The paths that read the default cache folder, the pin and ExecuTorch's files."""
     monkeypatch.delenv("QNNCTL_CACHE_DIR")
