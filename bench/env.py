@@ -54,8 +54,9 @@ def fake_sdk(root: Path, version: str) -> None:
     (root / ".qnnctl.json").write_text(json.dumps({"schema": 1, "version": version, "files": {}}))
 
 
-def prepare(base: Path) -> tuple[dict[str, str], Path]:
-    """The environment and working folder for the runs, with the selected SDK installed."""
+def prepare(base: Path, staged: bool = False) -> tuple[dict[str, str], Path]:
+    """The environment and working folder for the runs, with the selected SDK installed (and,
+    with `staged`, a libc++ trio staged for it, as on a host that lacks one)."""
     from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.select import select_sdk
 
@@ -71,6 +72,10 @@ def prepare(base: Path) -> tuple[dict[str, str], Path]:
     if base not in sdk_dir.parents:
         raise SystemExit(f"the cache {sdk_dir} is outside the benchmark's folder; not touching it")
     fake_sdk(sdk_dir, selection.version)
+    if staged:
+        trio = Cache.from_env(env).runtime / "libcxx-14.0.6"
+        (trio / "lib").mkdir(parents=True)
+        (trio / ".qnnctl.json").write_text(json.dumps({"kind": "libcxx", "staged_ns": 1}))
     return env, work
 
 
@@ -89,6 +94,8 @@ def time_once(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=30, help="timed runs of each command (at least 20)")
+    parser.add_argument("--staged", action="store_true",
+                        help="with a libc++ trio staged, as on hosts that lack one (Debian 12, say)")
     args = parser.parse_args()
     if args.runs < 20:
         parser.error("--runs must be at least 20")
@@ -100,7 +107,7 @@ def main() -> int:
     }
     base = Path(tempfile.mkdtemp(prefix="qnnctl-bench-"))
     try:
-        env, work = prepare(base)
+        env, work = prepare(base, args.staged)
         check = subprocess.run(commands["qnnctl env --shell json"], env=env, cwd=work,
                                capture_output=True, text=True)
         if check.returncode != 0 or "QNN_SDK_ROOT" not in json.loads(check.stdout or "{}"):
@@ -120,7 +127,8 @@ def main() -> int:
         shutil.rmtree(base, ignore_errors=True)
 
     print(f"python {platform.python_version()}, click {dist_version('click')}, "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, {args.runs} runs each, interleaved")
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, {args.runs} runs each, interleaved"
+          f"{', a libc++ trio staged' if args.staged else ''}")
     ratio = report("wall", wall, names)[0]
     # CPU time is what the command costs; on a busy machine it varies less than wall time.
     report("cpu ", cpu, names)
