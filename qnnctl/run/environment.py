@@ -1,8 +1,8 @@
-"""Which SDK a process gets, and the environment it needs for it.
+"""Which SDK a process gets, installing it where the command may, and making the host able to load it.
 
-One place for `env`, `lower`, `doctor` and `setup_sdk()`: choose the SDK (installing it where
-the command may), make sure the host can load it (the staged libc++ trio), and compute the
-variables a process must start with.
+One place for `lower`, `doctor` and `setup_sdk()`: choose the SDK (installing what the pin names
+when the command may), make sure the host can load it (the staged libc++ trio); the variables a
+process must start with are qnnctl.run.envplan's, which `qnnctl env` reads alone.
 """
 
 from __future__ import annotations
