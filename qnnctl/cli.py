@@ -30,10 +30,10 @@ from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, NotInstalledError, QnnctlErro
 from qnnctl.fleet.locking import check_lock, make_lock, pinned_notes
 from qnnctl.fleet.mirror import make_mirror
 from qnnctl.host.runtime import RuntimeRequest, check_sources, stage_runtime
-from qnnctl.install.pipeline import InstallRequest, clean_cache
+from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
-from qnnctl.install.pipeline import uninstall as do_uninstall
-from qnnctl.install.prune import mib, prune
+from qnnctl.install.prune import clean_cache, mib, prune
+from qnnctl.install.prune import uninstall as do_uninstall
 from qnnctl.net.urls import redact_text
 from qnnctl.run.environment import ensure_loadable
 from qnnctl.run.envplan import plan_env

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from filelock import FileLock, Timeout
-
-from qnnctl.errors import DownloadError, IntegrityError, NotInstalledError, UsageError
-from qnnctl.files import remove_tree
+from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.host.machine import require_supported_host
 from qnnctl.install.archive import ZipStream, extract, work_folder
 from qnnctl.install.commit import (
@@ -31,7 +27,7 @@ from qnnctl.install.partial import extract_components, install_components, merge
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest, unpacked_size
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import covers, installed_components, parse_components
 from qnnctl.sdk.gate import Observed, agree, check, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
@@ -53,18 +49,14 @@ from qnnctl.sdk.select import (
     select_sdk,
     shell_sdk_gone,
 )
-from qnnctl.sdk.stores import all_links, dangling_link_error, find_in_stores, read_link, remove_link
+from qnnctl.sdk.stores import dangling_link_error
 from qnnctl.sdk.versions import (
     archive_urls,
-    as_typed,
     is_full_version,
-    is_version_prefix,
-    matches_prefix,
     parse_version,
     resolve_version,
     version_in,
 )
-from qnnctl.words import size_text
 
 if TYPE_CHECKING:
     from qnnctl.install.archive import Extracted, Streamed
@@ -497,111 +489,3 @@ def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) ->
     return _reused(result, InstallRequest(locked=lock_check[1]), lock_check[0])
 
 
-def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None, wait: bool = False) -> Path:
-    """Remove an SDK from qnnctl's cache (never from anywhere else); for a linked SDK, the link
-    only (`qnnctl link`: the folder is left as it is). A version both in the cache and linked
-    loses its cache copy, the one in use, and the link stays and is used from then on (as
-    `qnnctl link` said it would be); a second uninstall drops the link. What was removed: the
-    SDK's folder, else the link's record. An SDK a running process holds is left in place
-    (HeldError naming it), or with `wait`, removed once it is free."""
-    spec = as_typed(spec)
-    if not is_version_prefix(spec):
-        resolve_version(spec)  # raises the standard "not an SDK version" error
-    ours = cache.installed_versions()
-    linked = [link.version for link in all_links(cache)]
-    try:
-        version = _installed_version(spec, sorted(set(ours) | set(linked), key=lambda v: tuple(map(int, v.split(".")))))
-    except NotInstalledError as exc:
-        stored = find_in_stores(exc.version, environ) if environ is not None and is_full_version(exc.version) else None
-        if stored is not None:
-            exc.message = (f"SDK {exc.version} is in the store {stored.store} ({stored.root}), which qnnctl never "
-                           "changes; it is not installed in qnnctl's cache")
-            exc.args = (exc.message,)
-            exc.hint = "remove it from the store itself, or take the store out of QNNCTL_STORES"
-        raise
-    if version not in ours:
-        link = remove_link(cache, version)
-        if link is not None:
-            log.info("removed the link of SDK %s to %s; the folder is left as it is", version, link.root)
-            return link.record
-    link = read_link(cache, version)
-    if link is None:
-        remove_link(cache, version)  # a record that cannot be read goes with the SDK: it links nothing
-    with version_lock(cache, version):
-        target = cache.sdk_dir(version)
-        if not (target / MANIFEST_NAME).is_file():
-            raise _not_installed(version)  # another qnnctl removed it meanwhile
-        trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
-        cache.tmp.mkdir(parents=True, exist_ok=True)
-        size = unpacked_size(target)
-        # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held,
-        # and no hold starts while it moves.
-        with exclusive(cache, version, target, "removed", wait):
-            os.replace(target, trash)
-        remove_tree(trash)
-    log.info("removed SDK %s (%s) from %s", version, size_text(size), target)
-    if link is not None:
-        used = "which is gone" if link.dangling else "which is used from now on"
-        log.info("SDK %s stays linked to %s, %s; `qnnctl uninstall %s` again drops the link",
-                 version, link.root, used, version)
-    return target
-
-
-def _installed_version(spec: str, installed: list[str]) -> str:
-    """The one installed version that `spec` (a version or a prefix such as 2.37) names."""
-    if spec in installed:
-        return spec
-    matches = [v for v in installed if matches_prefix(v, spec)]
-    if len(matches) > 1:
-        raise UsageError(
-            f"{spec} matches more than one installed SDK: {', '.join(matches)}",
-            hint="give the full version",
-        )
-    if matches:
-        return matches[0]
-    try:
-        wanted = resolve_version(spec)
-    except UsageError:
-        wanted = spec
-    raise _not_installed(wanted)
-
-
-def _not_installed(version: str) -> NotInstalledError:
-    error = NotInstalledError(version)
-    error.message = f"SDK {version} is not installed in qnnctl's cache"
-    error.args = (error.message,)
-    error.hint = "`qnnctl list` shows what is installed"
-    return error
-
-
-class Cleaned(NamedTuple):
-    removed: list[Path]
-    busy: list[Path]
-
-
-def clean_cache(cache: Cache) -> Cleaned:
-    """Remove partial downloads and interrupted work folders that nobody is using."""
-    removed: list[Path] = []
-    busy: list[Path] = []
-    cache.locks.mkdir(parents=True, exist_ok=True)
-    candidates: list[tuple[str, Path]] = []
-    for entry in cache.stale_tmp():
-        # Work folders are named <version>.<id> (or file.<id>): the lock is the version's.
-        candidates.append((version_in(entry.name) or entry.name.split(".", 1)[0], entry))
-    if cache.downloads.is_dir():
-        for entry in sorted(cache.downloads.iterdir()):
-            key = version_in(entry.name) or FILE_LOCK
-            candidates.append((key, entry))
-    for key, entry in candidates:
-        lock = FileLock(str(cache.lock_path(key)))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            busy.append(entry)
-            continue
-        try:
-            remove_tree(entry)
-            removed.append(entry)
-        finally:
-            lock.release()
-    return Cleaned(removed, busy)

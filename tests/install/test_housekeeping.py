@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from qnnctl.install.pipeline import clean_cache
+from qnnctl.install.prune import clean_cache
 from qnnctl.paths import tree_size
 from qnnctl.sdk.cache import Cache
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
@@ -124,7 +124,7 @@ def test_uninstall_waits_for_an_install_of_the_same_version(cache_dir: Path) -> 
 def test_uninstall_from_the_library_without_an_environment_names_what_is_not_installed(cache_dir: Path) -> None:
     """Called with no environment, no store is looked at: the version is just not installed."""
     from qnnctl.errors import NotInstalledError
-    from qnnctl.install.pipeline import uninstall
+    from qnnctl.install.prune import uninstall
 
     install_tree_into_cache(cache_dir, OTHER_VERSION)
     with pytest.raises(NotInstalledError) as caught:
