@@ -63,11 +63,11 @@ def lean_env(args: list[str], environ: Mapping[str, str]) -> str | None:
     try:
         version, shell, unset = _env_arguments(args)
         plan = plan_env(version, environ, Path.cwd(), Cache.from_env(environ), unset=unset)
+        if plan.notes or (plan.selection is not None and plan.selection.caller_managed and not plan.values):
+            return None  # something to say on stderr: the full command line's logging says it
+        return render(plan.values, shell or detect_shell(environ, os.getppid()))
     except Exception:
         return None  # the full command line reports it, with its hint and exit code
-    if plan.notes or (plan.selection is not None and plan.selection.caller_managed and not plan.values):
-        return None  # something to say on stderr: the full command line's logging says it
-    return render(plan.values, shell or detect_shell(environ, os.getppid()))
 
 
 def main() -> None:

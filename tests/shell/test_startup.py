@@ -196,6 +196,18 @@ def test_the_lean_env_hands_warnings_and_relative_caches_to_the_full_command_lin
     assert "relative" in lean[2]
 
 
+def test_the_lean_env_hands_an_unexportable_path_to_the_full_command_line(tmp_path: Path) -> None:
+    """A cache whose path holds a newline cannot be exported: the full command line refuses it
+    with its message and exit code, through the entry point as well."""
+    cache = tmp_path / "ca\nche"
+    install_tree_into_cache(cache, VERSION)
+    env = {**os.environ, "QNNCTL_CACHE_DIR": str(cache), "SHELL": "/bin/bash"}
+    lean, full = _both(["env", "--shell", "bash"], env, tmp_path)
+    assert lean == full
+    assert lean[0] == 2
+    assert "Traceback" not in lean[2]
+
+
 def test_probe_sees_a_process_being_started() -> None:
     """The probe itself: a command that does start a process is caught."""
     proc = subprocess.run([sys.executable, "-c", _PROBE.replace("main()\n", "subprocess.run(['true'])\n")],
