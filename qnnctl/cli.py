@@ -26,7 +26,15 @@ from qnnctl.device.plan import device_environment, render_device_env
 from qnnctl.device.plan import render_plan as render_push_plan
 from qnnctl.doctor.diagnose import diagnose
 from qnnctl.doctor.report import exit_code, render_json, render_table, render_text
-from qnnctl.errors import EXIT_FAILED, EXIT_USAGE, NotInstalledError, QnnctlError, UsageError
+from qnnctl.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    INTERRUPTED,
+    NotInstalledError,
+    QnnctlError,
+    UsageError,
+)
 from qnnctl.fleet.locking import check_lock, make_lock, pinned_notes
 from qnnctl.fleet.mirror import make_mirror
 from qnnctl.host.runtime import RuntimeRequest, check_sources, stage_runtime
@@ -850,8 +858,8 @@ def _run(argv: list[str] | None) -> NoReturn:
         _error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("qnnctl: interrupted; run the same command again to resume", err=True)
-        sys.exit(130)
+        click.echo(f"qnnctl: {INTERRUPTED}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         _error(*_click_error(exc))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)

@@ -9,6 +9,9 @@ EXIT_USAGE = 2
 EXIT_DOWNLOAD = 3
 EXIT_INTEGRITY = 4
 EXIT_UNSUPPORTED_HOST = 5
+EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by SIGINT
+
+INTERRUPTED = "interrupted; run the same command again to resume"
 
 
 class QnnctlError(Exception):

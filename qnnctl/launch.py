@@ -15,14 +15,17 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from qnnctl.errors import EXIT_INTERRUPTED, INTERRUPTED
 from qnnctl.run.envplan import plan_env
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.stores import STORES_VARIABLE
 from qnnctl.shell.detect import detect_shell
 from qnnctl.shell.render import SHELLS, render
 
-# What makes the full command line answer `env`: a debug trace asked for, completion, and a
-# relative cache folder (the full command line says where it is taken from).
-_FULL_CLI_WHEN_SET = ("QNNCTL_DEBUG", "_QNNCTL_COMPLETE")
+# What makes the full command line answer `env`: a debug trace asked for, completion, and
+# shared stores, whose checks may warn (the full command line's logging says it). A relative
+# cache folder is the full command line's too, for the same reason.
+_FULL_CLI_WHEN_SET = ("QNNCTL_DEBUG", "_QNNCTL_COMPLETE", STORES_VARIABLE)
 
 
 class _NotHere(Exception):
@@ -73,11 +76,17 @@ def lean_env(args: list[str], environ: Mapping[str, str]) -> str | None:
 def main() -> None:
     """`qnnctl ...`: the lean `env`, else the full command line."""
     if sys.argv[1:2] == ["env"]:
-        text = lean_env(sys.argv[2:], os.environ)
-        if text is not None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return
+        try:
+            text = lean_env(sys.argv[2:], os.environ)
+            if text is not None and sys.stdout is not None:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                return
+        except KeyboardInterrupt:
+            sys.stderr.write(f"qnnctl: {INTERRUPTED}\n")
+            sys.exit(EXIT_INTERRUPTED)
+        except (OSError, UnicodeError):
+            pass  # stdout cannot take the text: the full command line says so, as it does
     # lazy: click, rich, requests and every command, which the lean `env` above never needs
     from qnnctl.cli import main as full_command_line
 

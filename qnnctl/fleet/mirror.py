@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.install.archive import work_folder, zip_digests
-from qnnctl.install.commit import download_name, version_lock, work_id
+from qnnctl.install.archive import zip_digests
+from qnnctl.install.commit import download_name
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
@@ -34,6 +34,7 @@ from qnnctl.sdk.lockfile import expected_for_download
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, mirror_entry, parse_index
 from qnnctl.sdk.select import resolve_spec, select_sdk
 from qnnctl.sdk.versions import archive_name, archive_urls, is_full_version, version_in
+from qnnctl.sdk.work import version_lock, work_folder, work_id
 
 log = logging.getLogger("qnnctl.fleet.mirror")
 

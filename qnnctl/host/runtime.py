@@ -64,8 +64,6 @@ from qnnctl.host.staged import (
     elf_identity,
     staged_lib_dirs,
 )
-from qnnctl.install.archive import work_folder
-from qnnctl.install.commit import remove_stale_work, version_lock
 from qnnctl.net.download import (
     BACKOFF_MAX,
     CONNECT_TIMEOUT,
@@ -82,6 +80,7 @@ from qnnctl.net.urls import redact
 from qnnctl.paths import fsync_dir, user_path, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
+from qnnctl.sdk.work import remove_stale_work, version_lock, work_folder
 
 if TYPE_CHECKING:
     from qnnctl.host.packages import Collected, CollectedFile, DebInfo, RpmInfo

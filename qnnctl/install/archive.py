@@ -1266,16 +1266,6 @@ def _apply_dir_modes(writer: _Writer) -> None:
         os.chmod(writer.work / name, (mode & 0o777) | 0o700)
 
 
-@contextmanager
-def work_folder(path: Path) -> Iterator[Path]:
-    """A fresh folder that is removed again however the block ends."""
-    path.mkdir(parents=True, exist_ok=False)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 # -- for installing some members only (qnnctl.install.partial) ---------------------------------------
 
 

@@ -18,8 +18,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from filelock import FileLock, Timeout
-
 from qnnctl import __version__
 from qnnctl.errors import IntegrityError
 from qnnctl.files import remove_tree
@@ -33,33 +31,6 @@ from qnnctl.sdk.layout import Sdk, missing_layout, read_build_id, version_claims
 from qnnctl.sdk.versions import archive_name
 
 log = logging.getLogger("qnnctl.install.pipeline")
-
-LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
-
-
-
-
-# Installs from files share one lock: an archive's version is known only once it is extracted.
-FILE_LOCK = "file"
-
-
-@contextmanager
-def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[None]:
-    """One installer per version (or key) at a time, across processes; `doing` is what the
-    holder does, in the notice of a wait (installing KEY unless said)."""
-    cache.locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache.lock_path(key)))
-    try:
-        lock.acquire(timeout=LOCK_WAIT_NOTICE)
-    except Timeout:
-        log.info("waiting for another qnnctl to finish %s", doing or f"installing {key}")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 
 
 @contextmanager
@@ -87,30 +58,12 @@ def require_version(found: str | None, version: str, source: str) -> None:
         )
 
 
-
-
 def download_name(url: str, version: str) -> str:
     base = unquote(urlparse(url).path.rsplit("/", 1)[-1])
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)
     if not safe or safe.startswith("."):
         safe = archive_name(version)
     return safe if version in safe else f"{version}-{safe}"
-
-
-def work_id() -> str:
-    return os.urandom(6).hex()
-
-
-def remove_stale_work(cache: Cache, key: str) -> None:
-    """Folders left in tmp/ by an install of `key` that was killed; we hold its lock."""
-    if not cache.tmp.is_dir():
-        return
-    for entry in cache.tmp.iterdir():
-        if entry.name.startswith(f"{key}."):
-            log.info("removing %s, left by an interrupted install", entry)
-            remove_tree(entry)
-
-
 
 
 def directory_digest(archive: Path) -> dict[str, object] | None:

@@ -36,9 +36,8 @@ from qnnctl.install.archive import (
     member_path,
     sdk_top,
     unsafe,
-    work_folder,
 )
-from qnnctl.install.commit import commit, identify, require_version, used_up, work_id
+from qnnctl.install.commit import commit, identify, require_version, used_up
 from qnnctl.install.zipindex import (
     NeedMore,
     central_directory_sha256,
@@ -59,6 +58,7 @@ from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_compone
 from qnnctl.sdk.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import Member, available, choose, component_label, tree_digests, with_link_targets
+from qnnctl.sdk.work import work_folder, work_id
 from qnnctl.words import human_size, plural
 
 if TYPE_CHECKING:

@@ -10,19 +10,8 @@ from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.host.machine import require_supported_host
-from qnnctl.install.archive import ZipStream, extract, work_folder
-from qnnctl.install.commit import (
-    FILE_LOCK,
-    commit,
-    directory_digest,
-    download_name,
-    identify,
-    remove_stale_work,
-    require_version,
-    used_up,
-    version_lock,
-    work_id,
-)
+from qnnctl.install.archive import ZipStream, extract
+from qnnctl.install.commit import commit, directory_digest, download_name, identify, require_version, used_up
 from qnnctl.install.partial import extract_components, install_components, merged_digests, with_installed
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
@@ -57,6 +46,7 @@ from qnnctl.sdk.versions import (
     resolve_version,
     version_in,
 )
+from qnnctl.sdk.work import FILE_LOCK, remove_stale_work, version_lock, work_folder, work_id
 
 if TYPE_CHECKING:
     from qnnctl.install.archive import Extracted, Streamed

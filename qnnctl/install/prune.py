@@ -18,11 +18,6 @@ from filelock import FileLock, Timeout
 
 from qnnctl.errors import NotInstalledError, UsageError
 from qnnctl.files import remove_tree
-from qnnctl.install.commit import (
-    FILE_LOCK,
-    version_lock,
-    work_id,
-)
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
 from qnnctl.sdk.holds import HeldError, exclusive
 from qnnctl.sdk.select import (
@@ -37,6 +32,7 @@ from qnnctl.sdk.versions import (
     resolve_version,
     version_in,
 )
+from qnnctl.sdk.work import FILE_LOCK, version_lock, work_id
 from qnnctl.words import size_text
 
 log = logging.getLogger("qnnctl.install.prune")

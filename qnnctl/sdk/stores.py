@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 
 def _log() -> logging.Logger:
-    import logging  # lazy: `qnnctl env` runs in shell start-up files and logs nothing
+    import logging  # lazy: only when there is something to say; `qnnctl env` imports this module
 
     return logging.getLogger("qnnctl.sdk.stores")
 

@@ -26,7 +26,8 @@ import pytest
 import qnnctl.install.archive
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import space_margin
-from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract, work_folder
+from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract
+from qnnctl.sdk.work import work_folder
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
     VERSION,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sdkfactory import VERSION, install_tree_into_cache
+from tests.sdkfactory import VERSION, build_sdk_tree, install_tree_into_cache
 
 HEAVY = ("requests", "rich", "tqdm", "cpuinfo", "elftools", "torch", "filelock", "urllib3")
 PROBE_TAG = "QNNCTL-PROBE "
@@ -206,6 +206,45 @@ def test_the_lean_env_hands_an_unexportable_path_to_the_full_command_line(tmp_pa
     assert lean == full
     assert lean[0] == 2
     assert "Traceback" not in lean[2]
+
+
+def test_the_lean_env_hands_store_warnings_to_the_full_command_line(cache_dir: Path, tmp_path: Path) -> None:
+    """A store anyone can write to is warned about: said once, in qnnctl's words, whichever path
+    answers. A linked SDK is exported alike too."""
+    install_tree_into_cache(cache_dir, VERSION)
+    store = tmp_path / "store"
+    build_sdk_tree(store / "2.38.0.250901")
+    store.chmod(0o777)
+    env = {**os.environ, "SHELL": "/bin/bash", "QNNCTL_STORES": str(store)}
+    lean, full = _both(["env", "--shell", "json"], env, tmp_path)
+    assert lean == full
+    assert lean[2].count("is not used") == 1
+    assert "qnnctl: warning:" in lean[2]
+    elsewhere = build_sdk_tree(tmp_path / "elsewhere" / VERSION)
+    env = {**os.environ, "SHELL": "/bin/bash"}
+    linked = subprocess.run([sys.executable, "-c", _FULL, "link", str(elsewhere)], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert linked.returncode == 0, linked.stderr
+    lean, full = _both(["env", VERSION, "--shell", "json"], env, tmp_path)
+    assert lean == full
+
+
+def test_the_lean_env_writes_what_stdout_takes_as_the_full_command_line_does(tmp_path: Path) -> None:
+    """An ASCII-only stdout and a path it cannot carry; a closed stdout: the same answer, never
+    a traceback."""
+    cache = tmp_path / "cach\u00e9"
+    install_tree_into_cache(cache, VERSION)
+    env = {**os.environ, "SHELL": "/bin/bash", "QNNCTL_CACHE_DIR": str(cache), "PYTHONIOENCODING": "ascii"}
+    lean, full = _both(["env", "--shell", "bash"], env, tmp_path)
+    assert lean == full
+    assert "Traceback" not in lean[2]
+    closed = []
+    for code in (_LEAN, _FULL):
+        proc = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, "-c", code, "env"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        closed.append((proc.returncode, proc.stderr))
+    assert closed[0] == closed[1]
+    assert "Traceback" not in closed[0][1]
 
 
 def test_probe_sees_a_process_being_started() -> None:

@@ -1,0 +1,66 @@
+"""Work in qnnctl's cache: one qnnctl at a time builds a version (its lock), in a folder of its own
+beside the cache (removed however the work ends), and what a killed run left is cleared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from qnnctl.files import remove_tree
+from qnnctl.sdk.cache import Cache
+
+log = logging.getLogger("qnnctl.sdk.work")
+
+LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
+
+
+# Installs from files share one lock: an archive's version is known only once it is extracted.
+FILE_LOCK = "file"
+
+
+@contextmanager
+def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[None]:
+    """One installer per version (or key) at a time, across processes; `doing` is what the
+    holder does, in the notice of a wait (installing KEY unless said)."""
+    cache.locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(cache.lock_path(key)))
+    try:
+        lock.acquire(timeout=LOCK_WAIT_NOTICE)
+    except Timeout:
+        log.info("waiting for another qnnctl to finish %s", doing or f"installing {key}")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def work_id() -> str:
+    return os.urandom(6).hex()
+
+
+def remove_stale_work(cache: Cache, key: str) -> None:
+    """Folders left in tmp/ by an install of `key` that was killed; we hold its lock."""
+    if not cache.tmp.is_dir():
+        return
+    for entry in cache.tmp.iterdir():
+        if entry.name.startswith(f"{key}."):
+            log.info("removing %s, left by an interrupted install", entry)
+            remove_tree(entry)
+
+
+@contextmanager
+def work_folder(path: Path) -> Iterator[Path]:
+    """A fresh folder that is removed again however the block ends."""
+    path.mkdir(parents=True, exist_ok=False)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
