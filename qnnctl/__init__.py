@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "setup_sdk": "qnnctl.run.api",
     "disable_mkldnn_on_amd": "qnnctl.run.api",
-    "Sdk": "qnnctl.sdk.select",
+    "Sdk": "qnnctl.sdk.layout",
 }
 
 

@@ -14,7 +14,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import click
 from click.shell_completion import CompletionItem, FishComplete, add_completion_class
@@ -63,26 +63,16 @@ from qnnctl.shell.exports import check_cache_path
 from qnnctl.shell.render import SHELLS, render
 from qnnctl.words import columns, plural
 
-if TYPE_CHECKING:
-    import logging
-
-    from qnnctl.sdk.holds import HeldError
-
 
 class _Logger:
-    """The "qnnctl" logger, imported and set up on first use.
-
-    `eval "$(qnnctl env)"` runs in shell start-up files; it has nothing to log on success,
-    so it does not pay for importing the logging module.
-    """
+    """The "qnnctl" logger, set up on first use with this invocation's -v/-q (or without them,
+    for what is said before the command line is parsed)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_setup_logging(), name)
 
 
 log = _Logger()
-# Commands that set logging up only once something on their path uses it.
-_LAZY_LOGGING = ("env",)
 # This invocation's -v/-q, until the logger is set up with them.
 _pending_verbosity: dict[str, int] = {}
 # This invocation's -v and -q so far, given before the command's name and after it.
@@ -96,9 +86,7 @@ def _configure_logging(verbose: int, quiet: int, more: bool = False) -> None:
     _verbosity["verbose"] += verbose
     _verbosity["quiet"] += quiet
     _pending_verbosity.update(_verbosity)
-    ctx = click.get_current_context(silent=True)
-    if ctx is None or not {ctx.invoked_subcommand, ctx.command.name} & set(_LAZY_LOGGING):
-        _setup_logging()
+    _setup_logging()
 
 
 def _setup_logging() -> logging.Logger:
@@ -409,9 +397,6 @@ def _stage_missing_trio(sdk: Any) -> None:
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
 def env(version: str | None, sdk_path: str | None, shell: str | None, unset: bool) -> None:
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
-    if "logging" in sys.modules:
-        _setup_logging()  # something on env's path logs: give it the usual stderr handler
-
     if sdk_path is not None and not sdk_path.strip():
         # Path("") is ".": taken as a path, an empty value would name the current folder.
         raise UsageError("--sdk is empty; it takes the path of an SDK root",

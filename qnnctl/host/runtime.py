@@ -59,9 +59,9 @@ from qnnctl.host.staged import (
     TRIO,
     Staged,
     Version,
-    _sdk_identity,
     current,
     elf_identity,
+    sdk_identity,
     staged_lib_dirs,
 )
 from qnnctl.net.download import (
@@ -137,7 +137,7 @@ def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str])
     """
     resolver = Resolver(":".join(str(p) for p in lib_path) or None, read_ld_cache())
     # A stand-in for the SDK's libraries, with no RPATH of its own.
-    needer = ElfInfo(path=Path("libQnnHtp.so"), identity=_sdk_identity(),
+    needer = ElfInfo(path=Path("libQnnHtp.so"), identity=sdk_identity(),
                      soname=None, needed=(), rpath=(), runpath=(), glibc=None)
     return [name for name in names if resolver.find(name, (needer,)).missing]
 

@@ -118,7 +118,7 @@ def current(cache: Cache, kind: str) -> Staged | None:
     return next((s for s in staged_runtimes(cache) if s.kind == kind), None)
 
 
-def _sdk_identity() -> ElfIdentity:
+def sdk_identity() -> ElfIdentity:
     """What the SDK's host libraries are, and what they can load: 64-bit little-endian x86-64."""
     return ElfIdentity(64, True, _EM_X86_64)
 
@@ -134,7 +134,7 @@ def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:
     if staged is None:
         return []
     if sdk is not None:
-        want = _sdk_identity()
+        want = sdk_identity()
         if all(loader_stops_at(sdk.lib_dir / name, want) for name in TRIO):
             return []
     return [staged.lib_dir]

@@ -78,7 +78,7 @@ def plan_env(
     """Choose the SDK (never installing it) and compute the exports for it.
 
     The choice is made as if an earlier `qnnctl env` had been undone (see
-    `sdk.user_environ`), the way every command makes it.
+    `qnnctl.sdk.select.user_environ`), the way every command makes it.
     """
     if unset:
         return EnvPlan(None, unset_environment(environ))

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DamagedSdkError, IntegrityError, NotInstalledError, UsageError
+from qnnctl.net.urls import redact
 from qnnctl.paths import user_path
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.identity import version_of_build
@@ -196,7 +197,6 @@ def version_pools(cache: Cache | None, environ: Mapping[str, str],
     base = environ.get("QNNCTL_MIRROR") if mirror else None
     if base:
         # lazy: a mirror's index is read with requests, which `qnnctl env` never needs
-        from qnnctl.net.urls import redact
         from qnnctl.sdk.mirrorindex import index_url, indexed_versions
 
         listed = indexed_versions(base)

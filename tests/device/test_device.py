@@ -3,7 +3,7 @@
 No phone is attached here: tests/standin_adb.py answers as adb and a device do, keeping each
 device's file system in a folder and running shell commands for real with /bin/sh (so exit
 codes and streaming are real). The SDKs are real layouts whose device libraries are small files
-carrying a build id as QAIRT's do (tests/test_device_genuine.py runs on Qualcomm's own).
+carrying a build id as QAIRT's do (tests/device/test_device_genuine.py runs on Qualcomm's own).
 """
 
 from __future__ import annotations

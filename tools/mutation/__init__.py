@@ -36,7 +36,7 @@ TARGETS: dict[str, Target] = {
                       ("tests/install/test_archive.py", "tests/install/test_stream.py",
                        "tests/install/test_parallel.py", "tests/install/test_partial.py",
                        "tests/sdk/test_components.py", "tests/doctor/test_doctor.py")),
-    # install.py is the command's core: the resolution of what to install (test_choice), the
+    # install/pipeline.py is the command's core: the resolution of what to install (test_choice), the
     # command line (test_cli), locks and stores (test_fleet), components, redaction and the
     # extraction while downloading (test_stream) reach it too.
     "install": Target(("qnnctl/install/pipeline.py",),
