@@ -5,7 +5,8 @@ SDK, chosen by the pin, the shell or the cache) is answered here from qnnctl.run
 the SDK model alone: no click, rich or requests, none of the commands. Whatever this path does
 not handle (another command, an option it does not know, --help, -v, an error to report, a
 warning to give) goes to the full command line, which answers it as if this path were not
-there. This is the one place where start-up time decides what is imported.
+there. Here start-up time decides which path a command takes; the rest of qnnctl imports
+at the top of each module.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _env_arguments(args: list[str]) -> tuple[str | None, str | None, bool]:
     unset = False
     rest = iter(args)
     for arg in rest:
-        if arg == "--unset" and not unset:
+        if arg == "--unset":
             unset = True
         elif arg == "--shell":
             shell = next(rest, None)
