@@ -1,0 +1,151 @@
+"""The layout docs/architecture.md describes, checked on the source: which way imports run.
+
+Read with `ast`, not by importing: every `import` and `from ... import` of a qnnctl module
+counts, those inside functions too, except under `if TYPE_CHECKING:` (never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+import qnnctl
+
+PACKAGE = Path(qnnctl.__file__).parent
+
+# Lowest first: a module may import from its own layer and those before it, never after it.
+LAYERS = (
+    ("qnnctl.errors", "qnnctl.words", "qnnctl.paths", "qnnctl.files", "qnnctl.threads", "qnnctl.net",
+     "qnnctl.shell"),
+    ("qnnctl.sdk",),
+    ("qnnctl.host",),
+    ("qnnctl.install",),
+    ("qnnctl.fleet", "qnnctl.run"),
+    ("qnnctl.device",),
+    ("qnnctl.doctor",),
+    ("qnnctl.cli", "qnnctl.launch"),
+    ("qnnctl.__main__",),
+)
+
+
+class Edge(NamedTuple):
+    source: str
+    target: str
+    names: tuple[str, ...]
+    line: int
+    in_function: bool
+    comment: str
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def edges(path: Path) -> list[Edge]:
+    """The qnnctl imports of one source file."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    never_run = {id(node) for top in tree.body
+                 if isinstance(top, ast.If) and "TYPE_CHECKING" in ast.unparse(top.test)
+                 for node in ast.walk(top)}
+    in_function = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for node in ast.walk(fn)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in never_run or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.ImportFrom):
+            targets = [(node.module or "", tuple(alias.name for alias in node.names))]
+        else:
+            targets = [(alias.name, ()) for alias in node.names]
+        for target, names in targets:
+            if target == "qnnctl" or target.startswith("qnnctl."):
+                comment = _comment(lines, node.lineno)
+                found.append(Edge(module_name(path), target, names, node.lineno, id(node) in in_function,
+                                  comment))
+    return found
+
+
+def _comment(lines: list[str], lineno: int) -> str:
+    """The comment on an import's line, or on the line above it."""
+    here = lines[lineno - 1].partition("#")[2]
+    above = lines[lineno - 2].strip() if lineno > 1 else ""
+    return (here or (above[1:] if above.startswith("#") else "")).strip()
+
+
+ALL = sorted(PACKAGE.rglob("*.py"))
+EDGES = [edge for path in ALL for edge in edges(path)]
+
+
+def layer(module: str) -> int | None:
+    for index, members in enumerate(LAYERS):
+        if any(module == member or module.startswith(member + ".") for member in members):
+            return index
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted({module_name(path) for path in ALL} - {"qnnctl"} - {
+        module_name(path) for path in ALL if layer(module_name(path)) is not None})
+    assert unplaced == []
+
+
+def test_imports_run_one_way() -> None:
+    upward = []
+    for e in EDGES:
+        source, target = layer(e.source), layer(e.target)
+        if e.target != "qnnctl" and source is not None and target is not None and target > source:
+            upward.append(f"{e.source}:{e.line} imports {e.target}")
+    assert upward == []
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else module
+
+
+def test_no_circles_between_modules_or_packages() -> None:
+    for key in (lambda m: m, _package):
+        graph: dict[str, set[str]] = {}
+        for e in EDGES:
+            if e.target != "qnnctl" and key(e.source) != key(e.target):
+                graph.setdefault(key(e.source), set()).add(key(e.target))
+        state: dict[str, int] = {}
+
+        def visit(node: str, trail: list[str]) -> None:
+            state[node] = 1
+            for nxt in sorted(graph.get(node, ())):
+                if state.get(nxt) == 1:
+                    pytest.fail("import circle: " + " -> ".join([*trail[trail.index(nxt):], nxt]))
+                if nxt not in state:
+                    visit(nxt, [*trail, nxt])
+            state[node] = 2
+
+        for start in sorted(graph):
+            if start not in state:
+                visit(start, [start])
+
+
+def test_no_private_name_crosses_modules() -> None:
+    private = [f"{e.source}:{e.line} {e.target}.{name}" for e in EDGES for name in e.names
+               if name.startswith("_") and name != "__version__"]
+    assert private == []
+
+
+def test_what_stays_inside_functions_says_why() -> None:
+    inside = [e for e in EDGES if e.in_function]
+    assert len(inside) <= 60
+    assert [f"{e.source}:{e.line}" for e in inside if not e.comment] == []
+
+
+def test_the_top_folder_stays_small_and_each_package_says_what_it_owns() -> None:
+    assert len([path for path in PACKAGE.glob("*.py")]) <= 12
+    for init in PACKAGE.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc, init
+        assert len(doc.strip().splitlines()) <= 2, init
