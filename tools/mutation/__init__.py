@@ -45,4 +45,6 @@ TARGETS: dict[str, Target] = {
     "api": Target(("qnnctl/run/api.py",), ("tests/test_api.py", "tests/test_guard.py")),
     "bootstrap": Target(("qnnctl/run/bootstrap.py",),
                         ("tests/test_bootstrap.py", "tests/test_lower.py", "tests/test_guard.py")),
+    # The one gate: its rules on their own, then every way in (test_gate), installs by parts (test_partial).
+    "gate": Target(("qnnctl/sdk/gate.py",), ("tests/test_gate.py", "tests/test_partial.py")),
 }
