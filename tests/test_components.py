@@ -5,18 +5,23 @@ loopback server's Range support they are tested against."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
+import re
 import stat
 import struct
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
 from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.install import zipindex
 from qnnctl.install.zipindex import NeedMore, end_records, extents
 from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
 from qnnctl.sdk.components import canonical, covers, installed_components, missing, parse_components
@@ -362,3 +367,354 @@ def test_struct_layout_of_a_zip64_end() -> None:
     locator = data.rfind(b"PK\x06\x07")
     assert records.tail_start == locator - 56
     assert struct.unpack_from("<Q", data, locator + 8)[0] == records.tail_start
+
+
+# -- one reading of a zip: its end records, its members' ranges, their local headers ---------------
+
+
+def _records_of(data: bytes) -> zipindex.EndRecords:
+    return end_records(data, len(data))
+
+
+def _refused_as(what: str) -> Any:
+    return pytest.raises(IntegrityError, match=f"^{re.escape('unsafe archive: ' + what)}$")
+
+
+def test_the_end_records_of_a_zip_are_read_from_its_tail() -> None:
+    data = _zip()
+    expected = zipindex.EndRecords(cd_start=370, cd_size=102, entries=2, tail_start=472, zip64=False)
+    assert len(data) == 494
+    assert end_records(data, len(data)) == expected
+    assert end_records(data[-22:], len(data)) == expected
+    commented = _zip(b"c" * 3000)
+    assert end_records(commented[-3022:], len(commented)) == expected
+    with pytest.raises(NeedMore) as more:
+        end_records(commented[-3021:], len(commented))
+    assert more.value.size == len(commented)
+    # A comment that ends in two zero bytes is read as a comment, not as a record without one.
+    zeros = _zip(b"PK\x05\x06" + b"\0" * 18)
+    with _refused_as("494 bytes before its first member, or between its central directory and its end records"):
+        end_records(zeros, len(zeros))  # the record in the comment, which is the last: no directory before it
+    assert end_records(_zip(b"\0\0"), 496) == expected
+
+
+def test_a_tail_without_an_end_record_asks_for_the_most_an_end_can_take() -> None:
+    size = zipindex.MAX_TAIL + 1000
+    assert zipindex.MAX_TAIL == 0xFFFF + 22 + 20 + 56
+    with pytest.raises(NeedMore) as more:
+        end_records(b"\0" * 1000, size)
+    assert more.value.size == zipindex.MAX_TAIL
+    with pytest.raises(NeedMore) as more:
+        end_records(b"\0" * (zipindex.MAX_TAIL - 1), size)
+    assert more.value.size == zipindex.MAX_TAIL
+    with _refused_as("no end of central directory record: not a zip archive, or cut short") as refused:
+        end_records(b"\0" * zipindex.MAX_TAIL, size)
+    assert refused.value.hint == "the archive was not installed; get it from a trusted source"
+    with _refused_as("no end of central directory record: not a zip archive, or cut short"):
+        end_records(b"PK\x05\x06" + b"\0" * 10, 14)  # a signature with no room for its record
+
+
+def test_a_second_end_record_in_the_comment_is_refused() -> None:
+    for comment in (b"PK\x05\x06", b"xxPK\x05\x06" + b"\0" * 20, b"PK\x05\x06" + b"\0" * 17):
+        data = _zip(comment)
+        with _refused_as("more than one end of central directory record (one inside the comment of another)"):
+            end_records(data, len(data))
+
+
+@pytest.mark.parametrize("field", [4, 6])
+def test_a_spanned_zip_is_refused(field: int) -> None:
+    data = bytearray(_zip())
+    struct.pack_into("<H", data, 472 + field, 1)
+    with _refused_as("a multi-part (spanned) archive"):
+        end_records(bytes(data), len(data))
+
+
+def test_a_directory_that_does_not_end_at_the_end_records_is_refused() -> None:
+    with _refused_as("4 bytes before its first member, or between its central directory and its end records"):
+        end_records(b"stub" + _zip(), 498)
+    data = bytearray(_zip())
+    struct.pack_into("<L", data, 472 + 16, 371)  # the directory said to start a byte later
+    with _refused_as("its central directory (102 bytes at 371) does not fit before its end records (at 472)"):
+        end_records(bytes(data), len(data))
+    struct.pack_into("<LL", data, 472 + 12, 473, 0)  # a directory longer than what precedes the record
+    with _refused_as("its central directory (473 bytes at 0) does not fit before its end records (at 472)"):
+        end_records(bytes(data), len(data))
+    struct.pack_into("<LL", data, 472 + 12, 472, 0)  # the whole file before the record: no member
+    assert end_records(bytes(data), len(data)) == zipindex.EndRecords(0, 472, 2, 472, False)
+
+
+def _zip64() -> bytes:
+    saved = zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT
+    setattr(zipfile, "ZIP64_LIMIT", 1 << 8)
+    setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 1)
+    try:
+        return _zip()
+    finally:
+        setattr(zipfile, "ZIP64_LIMIT", saved[0])
+        setattr(zipfile, "ZIP_FILECOUNT_LIMIT", saved[1])
+
+
+def test_the_zip64_end_records() -> None:
+    data = _zip64()
+    locator = data.rfind(b"PK\x06\x07")
+    record = locator - 56
+    (cd_size, cd_offset) = struct.unpack_from("<2Q", data, record + 40)
+    expected = zipindex.EndRecords(cd_offset, cd_size, 2, record, True)
+    assert cd_offset + cd_size == record
+    assert end_records(data, len(data)) == expected
+    # What the zip64 record says counts, not the end record's fields (all ones when they overflow).
+    overflowed = bytearray(data)
+    struct.pack_into("<2H2L", overflowed, len(data) - 22 + 8, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+    assert end_records(bytes(overflowed), len(data)) == expected
+    assert end_records(data[record:], len(data)) == expected
+    with pytest.raises(NeedMore) as more:
+        end_records(data[record + 1:], len(data))
+    assert more.value.size == len(data) - record
+    with pytest.raises(NeedMore) as more:
+        end_records(data[locator:], len(data))
+    assert more.value.size == len(data) - record
+    with _refused_as("a zip64 locator with no zip64 record before it"):
+        end_records(data[record + 1:], len(data) - record - 1)
+    moved = bytearray(data)
+    moved[record:record + 4] = b"PK\x06\x05"
+    with _refused_as("a zip64 locator whose record is not where it should be"):
+        end_records(bytes(moved), len(moved))
+    for field in (16, 20):
+        spanned = bytearray(data)
+        struct.pack_into("<L", spanned, record + field, 1)
+        with _refused_as("a multi-part (spanned) archive"):
+            end_records(bytes(spanned), len(spanned))
+
+
+def _info(name: str, offset: int, size: int, flags: int = 0) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.header_offset, info.compress_size, info.flag_bits = offset, size, flags
+    return info
+
+
+def test_each_member_runs_to_the_next() -> None:
+    first, second = _info("a", 0, 10), _info("bé", 100_000, 5, flags=0x800)
+    found = extents([second, first], 150_000)
+    assert list(found) == ["0:a", "100000:bé"]
+    # At most an extra field and a data descriptor past its header, name and data.
+    assert found["0:a"] == zipindex.Extent(first, 0, 41 + 0xFFFF + 24, 100_000)
+    assert found["100000:bé"] == zipindex.Extent(second, 100_000, 150_000, 150_000)
+    assert found["0:a"].size == 41 + 0xFFFF + 24
+    assert zipindex.extent_of(found, second).size == 50_000
+    assert extents([second, first], 200_000)["100000:bé"].end == 100_000 + 38 + 0xFFFF + 24
+    exact = extents([_info("a", 0, 10), _info("b", 41, 0)], 72)
+    assert [(e.start, e.end, e.limit) for e in exact.values()] == [(0, 41, 41), (41, 72, 72)]
+    assert extents([], 0) == {}
+
+
+def test_a_member_name_is_read_as_the_archive_stores_it() -> None:
+    assert zipindex.raw_name(_info("bé", 0, 0, flags=0x800)) == "bé".encode()
+    assert zipindex.raw_name(_info("bé", 0, 0)) == "bé".encode("cp437")
+
+
+def test_members_that_do_not_tile_the_archive_are_refused() -> None:
+    with _refused_as("3 bytes before its first member, 'a'"):
+        extents([_info("b", 50, 1), _info("a", 3, 1)], 100)
+    with _refused_as("7 bytes before its central directory, and no member"):
+        extents([], 7)
+    with _refused_as("'a' is in it twice"):
+        extents([_info("a", 0, 1), _info("a", 40, 1)], 100)
+    with _refused_as("'a' (11 bytes at 0) overlaps the next member (at 41)"):
+        extents([_info("a", 0, 11), _info("b", 41, 0)], 100)
+    with _refused_as("'b' (1 bytes at 41) runs past the start of the central directory (at 72)"):
+        extents([_info("a", 0, 10), _info("b", 41, 1)], 72)
+
+
+def _one_member(data: bytes = b"a" * 100, flags: int = 0, method: int = zipfile.ZIP_STORED,
+                descriptor: bytes = b"") -> tuple[bytes, zipindex.Extent]:
+    """A zip of one member `a.txt` written by hand, and its extent."""
+    crc = zlib.crc32(data)
+    sizes = (0, 0, 0) if flags & 0x08 else (crc, len(data), len(data))
+    local = (struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, flags, method, 0, 0, *sizes, 5, 0) + b"a.txt" + data
+             + descriptor)
+    central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, flags, method, 0, 0, crc, len(data), len(data),
+                          5, 0, 0, 0, 0, 0, 0) + b"a.txt"
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(central), len(local), 0)
+    archive = local + central + end
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        infos = zf.infolist()
+    return archive, extents(infos, len(local))["0:a.txt"]
+
+
+def _check(archive: bytes, extent: zipindex.Extent) -> None:
+    zipindex.check_local_header(lambda offset, size: archive[offset:offset + size], extent)
+
+
+def _disagreement(what: str) -> Any:
+    return _refused_as(f"'a.txt' has a local header that disagrees with the central directory: {what}")
+
+
+def test_a_local_header_that_says_what_the_directory_says_passes() -> None:
+    _check(*_one_member())
+    for size in (12, 16, 20, 24):
+        _check(*_one_member(flags=0x08, descriptor=b"d" * size))
+
+
+def test_a_local_header_must_name_its_member_by_its_bytes() -> None:
+    archive, extent = _one_member()
+    for other in (b"b.txt", b"a.TXT", b"a.tx"):
+        changed = archive[:30] + other.ljust(5, b"_") + archive[35:]
+        with _disagreement(f"its local header names it {other.ljust(5, b'_')!r}"):
+            _check(changed, extent)
+
+
+def test_a_local_header_that_disagrees_is_refused() -> None:
+    archive, extent = _one_member()
+
+    def local(offset: int, fmt: str, *values: int | bytes) -> bytes:
+        changed = bytearray(archive)
+        struct.pack_into(fmt, changed, offset, *values)
+        return bytes(changed)
+
+    with _disagreement("no local header where the directory says it starts"):
+        _check(local(0, "<4s", b"PK\x01\x02"), extent)
+    with _disagreement("compression method 8, not 0"):
+        _check(local(8, "<H", 8), extent)
+    for flags in (0x01, 0x20, 0x21):
+        with _disagreement("it is encrypted or patched data"):
+            _check(local(6, "<H", flags), extent)
+    with _disagreement("one of them says the sizes follow the data, the other not"):
+        _check(local(6, "<H", 0x08), extent)
+    with _disagreement("flags 0x0802, not 0x0000"):
+        _check(local(6, "<H", 0x802), extent)
+    with _disagreement("CRC-32 00000000, 100 bytes compressed, 100 bytes, where the directory has "
+                       f"{zlib.crc32(b'a' * 100):08x}, 100 and 100"):
+        _check(local(14, "<L", 0), extent)
+    with _disagreement(f"CRC-32 {zlib.crc32(b'a' * 100):08x}, 99 bytes compressed, 100 bytes, where the "
+                       f"directory has {zlib.crc32(b'a' * 100):08x}, 100 and 100"):
+        _check(local(18, "<L", 99), extent)
+    with _disagreement(f"CRC-32 {zlib.crc32(b'a' * 100):08x}, 100 bytes compressed, 101 bytes, where the "
+                       f"directory has {zlib.crc32(b'a' * 100):08x}, 100 and 100"):
+        _check(local(22, "<L", 101), extent)
+    with _disagreement("its data (100 bytes from 36) runs past its range (to 135)"):
+        _check(local(28, "<H", 1), extent)  # an extra field the data would follow
+
+
+def test_bytes_between_members_are_refused() -> None:
+    archive, extent = _one_member(descriptor=b"x")
+    with _refused_as("'a.txt' is followed by 1 bytes that are none of its own (before the next member at 136)"):
+        _check(archive, extent)
+    for size in (4, 13, 28):
+        archive, extent = _one_member(flags=0x08, descriptor=b"d" * size)
+        with _refused_as(f"'a.txt' is followed by {size} bytes that are none of its own (before the next member "
+                         f"at {135 + size})"):
+            _check(archive, extent)
+
+
+def test_zip64_sizes_in_a_local_header() -> None:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf, zf.open("a.txt", "w", force_zip64=True) as member:
+        member.write(b"a" * 100)
+    archive = out.getvalue()
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        infos = zf.infolist()
+    extent = extents(infos, _records_of(archive).cd_start)["0:a.txt"]
+    assert struct.unpack_from("<2L", archive, 18) == (0xFFFFFFFF, 0xFFFFFFFF)
+    _check(archive, extent)
+    changed = bytearray(archive)
+    struct.pack_into("<Q", changed, 30 + 5 + 4 + 8, 99)  # the compressed size, after the size
+    with _disagreement(f"CRC-32 {zlib.crc32(b'a' * 100):08x}, 99 bytes compressed, 100 bytes, where the "
+                       f"directory has {zlib.crc32(b'a' * 100):08x}, 100 and 100"):
+        _check(bytes(changed), extent)
+
+
+def test_the_sizes_a_zip64_extra_field_holds() -> None:
+    def field(kind: int, *values: int, pad: bytes = b"") -> bytes:
+        body = struct.pack(f"<{len(values)}Q", *values) + pad
+        return struct.pack("<HH", kind, len(body)) + body
+
+    full = 0xFFFFFFFF
+    assert zipindex.zip64_sizes(field(1, 7, 8), full, full) == (7, 8)
+    assert zipindex.zip64_sizes(field(0x5455, 1, pad=b"t") + field(1, 7, 8), full, full) == (7, 8)
+    assert zipindex.zip64_sizes(field(1, 7), full, 3) == (7, 3)
+    assert zipindex.zip64_sizes(field(1, 8), 2, full) == (2, 8)
+    assert zipindex.zip64_sizes(field(1, 7, 8, pad=b"xyz"), full, full) == (7, 8)
+    assert zipindex.zip64_sizes(field(1, 7, 8) + field(1, 1, 2), full, full) == (7, 8)  # the first counts
+    assert zipindex.zip64_sizes(field(0x5455, 1) + b"\1\0", full, full) == (full, full)  # none: as they are
+    assert zipindex.zip64_sizes(b"", 2, 3) == (2, 3)
+    with _refused_as("an extra field of 16 bytes where 8 are left"):
+        zipindex.zip64_sizes(field(1, 7, 8)[:12], full, full)
+    for usize, csize, values in ((full, full, (7,)), (full, 3, ()), (2, full, ())):
+        with _refused_as("a zip64 extra field shorter than the sizes it stands for"):
+            zipindex.zip64_sizes(field(1, *values, pad=b"1234567"), usize, csize)
+
+
+@pytest.mark.parametrize(("name", "system", "mode", "kind"), [
+    ("a/", 3, 0o40755, "dir"), ("a/", 0, 0, "dir"), ("a", 3, 0o40755, "dir"), ("a", 3, 0o120777, "link"),
+    ("a", 3, 0o100644, "file"), ("a", 3, 0, "file"), ("a", 3, 0o10644, "special"), ("a", 3, 0o20644, "special"),
+    ("a", 0, 0o120777, "file"), ("a", 0, 0o10644, "file")])
+def test_the_kind_of_a_member(name: str, system: int, mode: int, kind: str) -> None:
+    info = zipfile.ZipInfo(name)
+    info.create_system, info.external_attr = system, mode << 16
+    assert zipindex.member_kind(info) == kind
+
+
+def test_the_digest_of_a_central_directory() -> None:
+    data = _zip()
+    records = _records_of(data)
+    assert zipindex.central_directory_sha256(lambda offset, size: data[offset:offset + size], records) == \
+        hashlib.sha256(data[370:472]).hexdigest()
+    # Read a byte at a time, as a reader that gives less than asked would.
+    assert zipindex.central_directory_sha256(lambda offset, size: data[offset:offset + 1], records) == \
+        hashlib.sha256(data[370:472]).hexdigest()
+    big = zipindex.EndRecords(0, (1 << 20) + 10, 0, (1 << 20) + 10, False)
+    blob = bytes(range(256)) * 4097
+    assert zipindex.central_directory_sha256(lambda offset, size: blob[offset:offset + size], big) == \
+        hashlib.sha256(blob[:(1 << 20) + 10]).hexdigest()
+
+
+def test_a_zip_on_disk_read_one_way(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.zip"
+    path.write_bytes(_zip(b"c" * 20_000))  # its end past the first 16 KiB read
+    assert zipindex.file_end_records(path) == zipindex.EndRecords(370, 102, 2, 472, False)
+    assert zipindex.check_zip_file(path) == zipindex.EndRecords(370, 102, 2, 472, False)
+    assert zipindex.read_file_at(path)(370, 4) == b"PK\x01\x02"
+    with _refused_as("it is cut short at 20494"):
+        zipindex.read_file_at(path)(20490, 5)
+    path.write_bytes(b"not a zip" * 100)
+    with pytest.raises(IntegrityError) as refused:
+        zipindex.check_zip_file(path)
+    assert refused.value.message == ("sdk.zip is corrupt or truncated: no end of central directory record: not a "
+                                     "zip archive, or cut short")
+    assert refused.value.hint == "nothing was installed; download the archive again"
+
+
+def test_a_zip_on_disk_whose_members_disagree_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.zip"
+    archive, _ = _one_member()
+    path.write_bytes(archive[:30] + b"b.txt" + archive[35:])
+    with _disagreement("its local header names it b'b.txt'"):
+        zipindex.check_zip_file(path)
+    path.write_bytes(_one_member(descriptor=b"x")[0])
+    with _refused_as("'a.txt' is followed by 1 bytes that are none of its own (before the next member at 136)"):
+        zipindex.check_zip_file(path)
+
+
+def test_what_zipfile_cannot_read_is_an_unsafe_archive(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.zip"
+    archive, _ = _one_member()
+    named = archive.replace(b"a.txt", b"\xff.txt")
+    flagged = bytearray(named)
+    struct.pack_into("<H", flagged, 6, 0x800)
+    struct.pack_into("<H", flagged, 135 + 8, 0x800)
+    path.write_bytes(bytes(flagged))
+    with _refused_as("a member's name is flagged as UTF-8 but is not: b'\\xff.txt'"):
+        zipindex.open_zip(path)
+    path.write_bytes(_zip()[:370] + b"PK\x01\x03" + _zip()[374:])
+    with _refused_as("its central directory cannot be read: Bad magic number for central directory"):
+        zipindex.open_zip(path)
+
+
+def test_zipfile_must_read_the_directory_the_end_records_point_to() -> None:
+    data = _zip()
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert zipindex.same_reading(zf, _records_of(data)) == zf.infolist()
+        with _refused_as("two readings: its end records point to 3 members at 370, zipfile reads 2 at 370"):
+            zipindex.same_reading(zf, _records_of(data)._replace(entries=3))
+        with _refused_as("two readings: its end records point to 2 members at 369, zipfile reads 2 at 370"):
+            zipindex.same_reading(zf, _records_of(data)._replace(cd_start=369))
