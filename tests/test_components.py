@@ -24,8 +24,28 @@ from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install import zipindex
 from qnnctl.install.zipindex import NeedMore, end_records, extents
 from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
-from qnnctl.sdk.components import canonical, covers, installed_components, missing, parse_components
-from qnnctl.sdk.members import Member, available, choose, component_of, unresolved_links, with_link_targets
+from qnnctl.sdk.components import (
+    canonical,
+    complete,
+    covers,
+    install_command,
+    installed_components,
+    missing,
+    parse_components,
+)
+from qnnctl.sdk.members import (
+    Member,
+    available,
+    choose,
+    component_digests,
+    component_label,
+    component_of,
+    member_line,
+    resolve_in,
+    tree_digests,
+    unresolved_links,
+    with_link_targets,
+)
 from qnnctl.sdk.pin import read_pin_components, write_pin
 from tests.httpserver import FaultServer, parse_ranges
 from tests.sdkfactory import VERSION
@@ -718,3 +738,228 @@ def test_zipfile_must_read_the_directory_the_end_records_point_to() -> None:
             zipindex.same_reading(zf, _records_of(data)._replace(entries=3))
         with _refused_as("two readings: its end records point to 2 members at 369, zipfile reads 2 at 370"):
             zipindex.same_reading(zf, _records_of(data)._replace(cd_start=369))
+
+
+# -- the component names, and what an install holds ------------------------------------------------
+
+
+KNOWN = "host, android, hexagon-vNN (one per DSP generation, e.g. hexagon-v75), docs, all"
+
+
+def test_component_names_as_given() -> None:
+    assert parse_components(["docs", "Android\thexagon-v68"]) == ("host", "android", "hexagon-v68", "docs")
+    assert parse_components("host") == ("host",)
+    assert parse_components("docs all") == ("all",)
+    assert parse_components(["all"]) == ("all",)
+    with pytest.raises(UsageError) as refused:
+        parse_components([" ,", ""], where=".qnn-version, line 2")
+    assert (refused.value.message, refused.value.hint) == (".qnn-version, line 2 names no component",
+                                                           f"give some of: {KNOWN}")
+    assert refused.value.exit_code == 2
+
+
+def test_names_that_are_no_component_are_refused_with_a_guess() -> None:
+    def refusal(spec: str) -> tuple[str, str | None]:
+        with pytest.raises(UsageError) as refused:
+            parse_components(spec)
+        return refused.value.message, refused.value.hint
+
+    assert refusal("host,andriod") == ("--components: andriod is not a component",
+                                       f"did you mean android? the components are {KNOWN}")
+    assert refusal("radio,hexagon75,hvx-v69,andriod,andrid") == (
+        "--components: andrid, andriod, hexagon75, hvx-v69, radio are not components",
+        f"did you mean android, hexagon-v75, hexagon-v69? the components are {KNOWN}")
+    assert refusal("radio") == ("--components: radio is not a component", f"the components are {KNOWN}")
+    assert refusal("h_v073") == ("--components: h_v073 is not a component",
+                                 f"did you mean hexagon-v73? the components are {KNOWN}")
+    assert refusal("dcos") == ("--components: dcos is not a component",
+                               f"did you mean docs? the components are {KNOWN}")
+    assert refusal("hots") == ("--components: hots is not a component",
+                               f"did you mean host? the components are {KNOWN}")
+
+
+def test_components_in_the_order_people_read_them() -> None:
+    assert canonical([]) == ()
+    assert canonical(["other", "docs", "hexagon-v100", "hexagon-v68", "android", "host", "android", "zz", "aa"]) == \
+        ("host", "android", "hexagon-v68", "hexagon-v100", "docs", "aa", "other", "zz")
+    assert canonical(["hexagon-vx", "hexagon-v", "docs", "hexagon-v7"]) == \
+        ("hexagon-v7", "docs", "hexagon-v", "hexagon-vx")
+    assert canonical(["host", "all", "docs"]) == ("all",)
+
+
+def test_what_an_sdk_lacks_of_what_is_wanted() -> None:
+    assert covers(("host",), ())
+    assert covers(("all",), ("all",))
+    assert not covers(("host",), ("all",))
+    assert covers(("host", "android", "docs"), ["docs", "host"])
+    assert missing(("all",), ("all", "docs")) == ()
+    assert missing(("host", "docs"), ("docs", "host")) == ()
+    assert missing(("host", "docs"), ("docs", "all")) == ("all",)
+    assert missing(("host",), ["docs", "hexagon-v73", "docs"]) == ("hexagon-v73", "docs")
+
+
+@pytest.mark.parametrize(("manifest", "held"), [
+    (None, ("all",)), ({}, ("all",)), ({"components": []}, ("all",)), ({"components": "host"}, ("all",)),
+    ({"components": ["host", 1]}, ("all",)), ({"components": None}, ("all",)),
+    ({"components": ["docs", "host"]}, ("host", "docs")), ({"components": ["all", "host"]}, ("all",))])
+def test_the_components_an_sdk_holds_by_its_manifest(manifest: dict[str, object] | None,
+                                                      held: tuple[str, ...]) -> None:
+    assert installed_components(manifest) == held
+
+
+def test_the_command_that_adds_components() -> None:
+    assert install_command(VERSION, ["docs", "android", "host"]) == \
+        f"qnnctl install {VERSION} --components host,android,docs"
+
+
+def test_completion_of_component_names() -> None:
+    everything = ["host", "android", "hexagon-v68", "hexagon-v69", "hexagon-v73", "hexagon-v75", "hexagon-v79",
+                  "docs", "all"]
+    assert complete(None, None, "") == everything
+    assert complete(None, None, "a") == ["android", "all"]
+    assert complete(None, None, "host,") == ["host," + name for name in everything if name != "host"]
+    assert complete(None, None, "host,android,hexagon-v7") == [
+        "host,android,hexagon-v73", "host,android,hexagon-v75", "host,android,hexagon-v79"]
+    assert complete(None, None, "docs,h") == ["docs,host", "docs,hexagon-v68", "docs,hexagon-v69",
+                                              "docs,hexagon-v73", "docs,hexagon-v75", "docs,hexagon-v79"]
+    assert complete(None, None, "x") == []
+
+
+# -- the members of a component, and its digest ----------------------------------------------------
+
+
+def test_the_path_rules_read_whole_path_pieces() -> None:
+    assert component_of("NOTICE.txt") == "host"
+    assert component_of("bin/envsetup.sh") == "host"
+    assert component_of("bin/aarch64-oe-linux-gcc11.2/qnn-net-run") is None  # not bin/*
+    assert component_of("lib/libQnnHtp.so") is None  # lib/* is no rule
+    assert component_of("lib/hexagon-v08/unsigned/libQnnHtpV8Skel.so") == "hexagon-v08"
+    assert component_of("lib/hexagon-vx/unsigned/a.so") is None
+    assert component_of("lib/hexagon-v73") is None  # a file of that name: not below the folder
+    assert component_of("lib/hexagon-v73", is_dir=True) == "hexagon-v73"
+    assert component_of("docsx/a.html") is None
+    assert component_of("include", is_dir=True) == "host"
+
+
+def test_members_of_an_sdk_at_the_archive_root() -> None:
+    root = PurePosixPath()
+    tree = _members({"sdk.yaml": "file", "docs": "dir", "docs/a.html": "file", "lib": "dir",
+                     "lib/aarch64-android": "dir", "lib/aarch64-android/libQnnHtp.so": "file",
+                     "benchmarks/b.py": "file"})
+    assert available(tree.values(), root) == ("host", "android", "docs")
+    assert choose(tree.values(), root, ("docs",)) == {PurePosixPath("docs"), PurePosixPath("docs/a.html")}
+    assert choose(tree.values(), root, ("all",)) == set(tree)
+    assert available([Member(PurePosixPath("lib/aarch64-android"), "dir")], root) == ("android",)
+    assert available([Member(PurePosixPath("lib/aarch64-android"), "file")], root) == ()
+
+
+def test_members_outside_the_sdk_folder_are_chosen_by_no_component() -> None:
+    members = [Member(TOP, "dir"), Member(PurePosixPath("qairt"), "dir"), Member(PurePosixPath("qairt/x"), "file"),
+               Member(PurePosixPath("qairt/2.37.0.250724x/sdk.yaml"), "file"), Member(TOP / "sdk.yaml", "file"),
+               Member(TOP / "benchmarks/b.py", "file"), Member(TOP / "benchmarks", "dir")]
+    assert choose(members, TOP, ("all",)) == {TOP / "sdk.yaml", TOP / "benchmarks/b.py", TOP / "benchmarks"}
+    assert choose(members, TOP, ("host",)) == {TOP / "sdk.yaml"}
+    assert available(members, TOP) == ("host",)
+
+
+def test_the_folders_above_a_chosen_member_are_chosen_with_it() -> None:
+    deep = TOP / "lib/hexagon-v75/unsigned/a/b.so"
+    members = [Member(TOP / "lib", "dir"), Member(TOP / "lib/hexagon-v75", "dir"),
+               Member(TOP / "lib/hexagon-v75/unsigned/a", "dir"), Member(deep, "file"),
+               Member(TOP / "lib/hexagon-v75/unsigned/c.so", "file"), Member(TOP / "lib/other", "dir")]
+    assert choose(members, TOP, ("hexagon-v75",)) == {
+        TOP / "lib", TOP / "lib/hexagon-v75", TOP / "lib/hexagon-v75/unsigned/a", deep,
+        TOP / "lib/hexagon-v75/unsigned/c.so"}
+
+
+def test_where_a_link_leads_among_the_members() -> None:
+    tree = _members({"top": "dir", "top/lib": "dir", "top/lib/a.so": "file", "top/lib/b": "link", "top/lib/c": "link",
+                     "top/bin": "dir", "top/bin/tool": "link", "top/bin/abs": "link", "top/bin/deep": "link"})
+    lib, tool = PurePosixPath("top/lib"), PurePosixPath("top/bin/tool")
+    targets = {tool: "./../lib//b", lib / "b": "c", lib / "c": "a.so", PurePosixPath("top/bin/abs"): "../lib/d",
+               PurePosixPath("top/bin/deep"): "../../../x"}
+    assert resolve_in(tree, tool, targets) == (lib / "a.so", [lib, lib / "b", lib / "c", lib / "a.so"])
+    assert resolve_in(tree, PurePosixPath("top/bin/abs"), targets) == (lib / "d", [lib])  # d is no member
+    assert resolve_in(tree, PurePosixPath("top/bin/deep"), targets) == (None, [])  # above the archive
+    assert resolve_in(tree, PurePosixPath("top/lib/x"), targets) == (None, [PurePosixPath("top/lib/x")])
+    assert resolve_in(tree, lib / "b", {lib / "b": "/etc/passwd"}) == (None, [])
+    assert resolve_in(tree, lib / "b", {lib / "b": "c", lib / "c": "/usr/lib/a.so"}) == (None, [lib / "c"])
+    assert resolve_in(tree, lib / "b", {lib / "b": "c"}) == (None, [lib / "c"])  # c's target not known yet
+    assert resolve_in(tree, lib / "b", {lib / "b": "."}) == (lib, [])
+    assert resolve_in(tree, lib / "b", {lib / "b": ""}) == (lib, [])
+
+
+def test_a_chain_of_links_ends_after_forty_hops() -> None:
+    names = [f"l{i}" for i in range(42)]
+    tree = _members({**{name: "link" for name in names}, "end": "file"})
+    chain = {PurePosixPath(a): b for a, b in zip(names, [*names[1:], "end"])}
+    # l0 -> l1 -> ... -> l41 -> end: 41 links passed through from l0, one too many.
+    assert resolve_in(tree, PurePosixPath("l0"), chain) == (None, [PurePosixPath(n) for n in names[1:]])
+    assert resolve_in(tree, PurePosixPath("l1"), chain) == (
+        PurePosixPath("end"), [PurePosixPath(n) for n in names[2:]] + [PurePosixPath("end")])
+
+
+def test_a_link_to_a_folder_needs_what_the_folder_holds() -> None:
+    tree = _members({"a": "link", "d": "dir", "d/x": "file", "d/e/y": "file", "f": "file", "g": "link",
+                     "h/z": "file", "dx/w": "file"})
+    targets = {PurePosixPath("a"): "d", PurePosixPath("g"): "h"}
+    assert with_link_targets(tree, {PurePosixPath("a")}, targets) == {
+        PurePosixPath("d"), PurePosixPath("d/x"), PurePosixPath("d/e/y")}
+    assert with_link_targets(tree, {PurePosixPath("a"), PurePosixPath("d/x")}, targets) == {
+        PurePosixPath("d"), PurePosixPath("d/e/y")}
+    # A folder with no entry of its own, found by its members' names.
+    assert with_link_targets(tree, {PurePosixPath("g"), PurePosixPath("f")}, targets) == {PurePosixPath("h/z")}
+    assert with_link_targets(tree, {PurePosixPath("f")}, targets) == set()
+    assert unresolved_links(tree, {PurePosixPath("a"), PurePosixPath("g")}, targets) == [
+        (PurePosixPath("a"), PurePosixPath("d"))]
+
+
+def test_the_component_of_an_archive_member_in_words() -> None:
+    assert component_label(TOP / "lib/aarch64-android/libQnnHtp.so", TOP) == "android"
+    assert component_label(TOP / "lib/hexagon-v75", TOP, is_dir=True) == "hexagon-v75"
+    assert component_label(TOP / "benchmarks/b.py", TOP) == "all"
+    assert component_label(PurePosixPath("qairt/sdk.yaml"), TOP) == "all"
+    assert component_label(TOP, TOP, is_dir=True) == "all"
+    assert component_label(PurePosixPath("sdk.yaml"), PurePosixPath()) == "host"
+
+
+def _digest(*lines: str) -> str:
+    return hashlib.sha256("\n".join(sorted(lines)).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def test_a_component_digest_is_the_sha256_of_its_member_lines() -> None:
+    assert member_line("lib/é.so", "file", True, "", 3, "ab") == '["lib/é.so", "file", 493, "", 3, "ab"]'
+    assert member_line("a", "link", False, "b", 1, "") == '["a", "link", 420, "b", 1, ""]'
+    lines = [("sdk.yaml", "y"), ("docs/b", "b2"), ("docs/a", "a1"), ("benchmarks/x", "x"), ("bad\udcff", "z\udcff")]
+    assert component_digests(lines) == {"docs": _digest("a1", "b2"), "host": _digest("y", "z\udcff"),
+                                        "other": _digest("x")}
+    assert list(component_digests(lines)) == ["docs", "host", "other"]
+    assert component_digests([]) == {}
+
+
+def test_the_digests_of_an_sdk_folder(tmp_path: Path) -> None:
+    root = tmp_path / "sdk"
+    (root / "lib/aarch64-android").mkdir(parents=True)
+    (root / "docs").mkdir()
+    (root / "sdk.yaml").write_bytes(b"version: 1\n")
+    tool = root / "lib/aarch64-android/qnn-net-run"
+    tool.write_bytes(b"\x7fELF" * 300_000)  # past a block of the reads
+    tool.chmod(0o750)
+    (root / "lib/aarch64-android/libQnnHtp.so").symlink_to("qnn-net-run")
+    (root / "lib/aarch64-android/dangling").symlink_to("é" * 3)
+    (root / ".qnnctl.json").write_text("{}")
+    sha = hashlib.sha256
+    android = _digest(
+        member_line("lib/aarch64-android/qnn-net-run", "file", True, "", 1_200_000, sha(tool.read_bytes()).hexdigest()),
+        member_line("lib/aarch64-android/libQnnHtp.so", "link", False, "qnn-net-run", 11, ""),
+        member_line("lib/aarch64-android/dangling", "link", False, "é" * 3, 6, ""))
+    host = _digest(member_line("sdk.yaml", "file", False, "", 11, sha(b"version: 1\n").hexdigest()))
+    assert tree_digests(root, skip={".qnnctl.json"}) == {"android": android, "host": host}
+    assert tree_digests(root)["host"] == _digest(
+        member_line(".qnnctl.json", "file", False, "", 2, sha(b"{}").hexdigest()),
+        member_line("sdk.yaml", "file", False, "", 11, sha(b"version: 1\n").hexdigest()))
+    # A sha256 just computed while writing is taken as it is; anything else is read.
+    told = tree_digests(root, {"sdk.yaml": "f" * 64, "lib/aarch64-android/qnn-net-run": "short"},
+                        skip={".qnnctl.json"})
+    assert told == {"android": android,
+                    "host": _digest(member_line("sdk.yaml", "file", False, "", 11, "f" * 64))}
