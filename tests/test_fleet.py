@@ -1204,3 +1204,131 @@ def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer
         f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 3 of 3)",
         f"the mirror answered HTTP 503 for {url}; the archive is not checked against it",
     ]
+
+
+# -- a mirror's index.json, read on its own -----------------------------------------------------------
+
+
+def _index(versions: object, schema: object = 1) -> bytes:
+    return json.dumps({"schema": schema, "versions": versions}).encode()
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_mirror_index_entry_is_what_the_gate_holds_the_archive_to(server: FaultServer,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk.gate import Expected
+    from qnnctl.sdk.mirrorindex import IndexEntry, indexed_versions, mirror_entry, read_index
+
+    digest, other = "a" * 64, "b" * 64
+    server.add("/m/index.json", _index({
+        VERSION: {"sha256": digest, "size": 123, "build_id": BUILD, "components": {"host": other}},
+        OTHER_VERSION: {"sha256": other, "size": 12.5, "build_id": 7, "components": {}},
+        THIRD: {"sha256": other, "size": "12"},
+        "2.37": {"sha256": digest}, "2.4.0.1": "no table",
+    }), "application/json")
+    base = server.base.replace("://", "://user:secret@") + "/m/"
+    url = f"{server.base.replace('://', '://***@')}/m/index.json"
+    entry = mirror_entry(base, VERSION)
+    assert entry == IndexEntry(url, digest, 123, BUILD, {"host": other})
+    assert entry is not None
+    assert entry.expected() == Expected(
+        f"the mirror's {url}", "the index", "says",
+        "the mirror's file changed after it was indexed; put the right archive back, or index it again with "
+        "`qnnctl mirror DIR VERSION` where the mirror is kept", sha256=digest, size=123, components={"host": other})
+    assert mirror_entry(base, OTHER_VERSION) == IndexEntry(url, other, None, None, None)
+    assert mirror_entry(base, THIRD) == IndexEntry(url, other, None, None, None)
+    assert indexed_versions(server.base + "/m") == sorted([VERSION, OTHER_VERSION, THIRD], key=lambda v: [
+        int(p) for p in v.split(".")])
+    assert (indexed_versions(server.base + "/m") or [])[0] == THIRD
+    versions = read_index(server.base + "/m")
+    assert versions is not None
+    assert sorted(versions) == sorted(["2.37", OTHER_VERSION, THIRD, VERSION])
+    asked = len(server.requests_for("/m/index.json"))
+    assert mirror_entry(server.base + "/elsewhere", VERSION, versions) is not None  # read once is enough
+    assert len(server.requests_for("/m/index.json")) == asked
+    assert mirror_entry(server.base + "/m", "2.38.0.250901") is None
+    assert _warnings(caplog) == [f"the mirror's {server.base}/m/index.json has no entry for SDK 2.38.0.250901; the "
+                                 "archive is not checked against it"]
+
+
+@pytest.mark.parametrize(("entry", "said"), [
+    ({"sha256": "A" * 64}, f"gives SDK {VERSION} the sha256 '{'A' * 64}', which is no digest"),
+    ({"size": 1}, f"gives SDK {VERSION} the sha256 None, which is no digest"),
+    ({"sha256": "a" * 64, "components": ["host"]}, f"gives SDK {VERSION} components that are no digests"),
+    ({"sha256": "a" * 64, "components": {"host": "a" * 64, "docs": "x"}},
+     f"gives SDK {VERSION} components that are no digests"),
+])
+def test_a_mirror_index_that_pins_no_digest_is_refused(server: FaultServer, entry: dict[str, object],
+                                                       said: str) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.mirrorindex import mirror_entry
+
+    server.add("/index.json", _index({VERSION: entry}), "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        mirror_entry(server.base, VERSION)
+    assert refused.value.message == f"the mirror's {server.base}/index.json {said}"
+    assert refused.value.hint == "write the index again with `qnnctl mirror DIR VERSION`"
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (_index({}, schema=2), "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+    (json.dumps({"versions": {}}).encode(), "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+    (_index([VERSION]), "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+    (b"[1]", "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+])
+def test_a_file_that_is_no_mirror_index_is_not_used(server: FaultServer, caplog: pytest.LogCaptureFixture,
+                                                     body: bytes, said: str) -> None:
+    from qnnctl.sdk.mirrorindex import indexed_versions, mirror_entry, read_index
+
+    server.add("/index.json", body, "application/json")
+    assert read_index(server.base) is None
+    assert mirror_entry(server.base, VERSION) is None
+    assert indexed_versions(server.base) is None
+    assert _warnings(caplog) == [f"{server.base}/index.json {said}; the archive is not checked against it"] * 3
+
+
+def test_a_mirror_index_that_cannot_be_read_is_not_used(server: FaultServer,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk.mirrorindex import read_index
+
+    url = f"{server.base}/index.json"
+    assert read_index(server.base) is None  # none: said at debug level only
+    server.add("/index.json", b"{}", "application/json")
+    for status in (404, 410):
+        server.fail("/index.json", Fault.status(status))
+        assert read_index(server.base) is None
+    assert _warnings(caplog) == []
+    server.fail("/index.json", Fault.status(403))
+    assert read_index(server.base) is None
+    server.add("/index.json", b"{not json", "application/json")
+    assert read_index(server.base) is None
+    warned = _warnings(caplog)
+    assert warned[0] == f"the mirror answered HTTP 403 for {url}; the archive is not checked against it"
+    assert warned[1].startswith(f"{url} is not a qnnctl mirror index") or warned[1].endswith(
+        "; the archive is not checked against it")
+    assert len(warned) == 2
+    caplog.clear()
+    server.add("/index.json", b"{}" * 1000, "application/json")
+    server.fail("/index.json", *[Fault.drop_after(10)] * 3)
+    assert read_index(server.base) is None
+    assert _warnings(caplog)[-1].startswith(f"cannot read the mirror's {url} (")
+    assert _warnings(caplog)[-1].endswith("); the archive is not checked against it")
+
+
+def test_a_mirror_nobody_listens_at_is_an_error_at_once() -> None:
+    import socket
+
+    from qnnctl.errors import DownloadError
+    from qnnctl.sdk.mirrorindex import read_index
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(DownloadError) as refused:
+        read_index(f"http://127.0.0.1:{port}")
+    assert refused.value.message.startswith(f"cannot reach the mirror: http://127.0.0.1:{port}/index.json: ")
+    assert "refused" in refused.value.message
+    assert refused.value.hint == "check the host and port of QNNCTL_MIRROR; nothing was fetched"
