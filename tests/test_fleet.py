@@ -1620,3 +1620,23 @@ def test_an_sdk_found_on_disk_is_checked_against_the_projects_lock(tmp_path: Pat
     assert unchecked.value.message.startswith(f"--locked: SDK {VERSION} at {sdk.root} (--sdk) cannot be checked ")
     assert unchecked.value.hint == (f"write the lock again with `qnnctl lock {VERSION}` (it then pins each "
                                     f"component), or install a checked copy: `qnnctl install --force {VERSION}`")
+
+
+def test_a_store_folder_without_the_host_libraries_is_no_sdk(tmp_path: Path) -> None:
+    """A store folder that names its version (sdk.yaml, its name) but lacks a library the
+    layout needs is offered nowhere: not found, not listed among the store's SDKs."""
+    from qnnctl.sdk.stores import find_in_stores, store_sdks
+
+    store = tmp_path / "store"
+    for name in (VERSION, "latest"):
+        root = build_sdk_tree(store / name, SdkSpec())
+        (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    environ = {"QNNCTL_STORES": str(store), "HOME": str(tmp_path)}
+    assert find_in_stores(VERSION, environ) is None
+    assert list(store_sdks(environ)) == []
+    assert find_installed(VERSION, Cache(tmp_path / "cache"), environ) is None
+    build_sdk_tree(store / "whole", SdkSpec())
+    found = find_in_stores(VERSION, environ)
+    assert found is not None
+    assert found.root == store / "whole"
+    assert [sdk.root for sdk in store_sdks(environ)] == [store / "whole"]
