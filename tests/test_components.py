@@ -963,3 +963,13 @@ def test_the_digests_of_an_sdk_folder(tmp_path: Path) -> None:
                         skip={".qnnctl.json"})
     assert told == {"android": android,
                     "host": _digest(member_line("sdk.yaml", "file", False, "", 11, "f" * 64))}
+
+
+def test_a_zip64_extra_field_that_holds_no_size_or_claims_more_than_it_has() -> None:
+    full = 0xFFFFFFFF
+    with _refused_as("a zip64 extra field shorter than the sizes it stands for"):
+        zipindex.zip64_sizes(struct.pack("<HH", 1, 0), full, full)  # a header alone, of no length
+    assert zipindex.zip64_sizes(struct.pack("<HH", 0x5455, 0), full, 3) == (full, 3)
+    for kind in (1, 0x5455):
+        with _refused_as("an extra field of 36864 bytes where 8 are left"):
+            zipindex.zip64_sizes(struct.pack("<HH", kind, 0x9000) + b"\0" * 8, full, full)
