@@ -973,3 +973,17 @@ def test_a_zip64_extra_field_that_holds_no_size_or_claims_more_than_it_has() -> 
     for kind in (1, 0x5455):
         with _refused_as("an extra field of 36864 bytes where 8 are left"):
             zipindex.zip64_sizes(struct.pack("<HH", kind, 0x9000) + b"\0" * 8, full, full)
+
+
+def test_the_digest_of_a_central_directory_reads_only_the_directory() -> None:
+    data = _zip()
+    records = _records_of(data)
+    read: list[tuple[int, int]] = []
+
+    def read_at(offset: int, size: int) -> bytes:
+        assert 370 <= offset <= offset + size <= 472, (offset, size)  # within the directory
+        read.append((offset, size))
+        return data[offset:offset + min(size, 40)]  # less than asked, as a slow reader gives
+
+    assert zipindex.central_directory_sha256(read_at, records) == hashlib.sha256(data[370:472]).hexdigest()
+    assert read == [(370, 102), (410, 62), (450, 22)]
