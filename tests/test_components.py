@@ -987,3 +987,55 @@ def test_the_digest_of_a_central_directory_reads_only_the_directory() -> None:
 
     assert zipindex.central_directory_sha256(read_at, records) == hashlib.sha256(data[370:472]).hexdigest()
     assert read == [(370, 102), (410, 62), (450, 22)]
+
+
+def _zip_holding(data: bytes, comment: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("a.txt", data)
+        zf.comment = comment
+    return out.getvalue()
+
+
+def test_an_end_record_signature_in_a_member_or_after_the_record_is_not_the_record() -> None:
+    marker = b"PK\x05\x06" + b"\0" * 16 + b"\x01\x00"  # a record's signature whose comment would not end the file
+    plain = _zip_holding(b"PK\x05\x06" * 8, b"a comment")
+    size = len(plain)
+    assert end_records(plain, size) == zipindex.EndRecords(size - 22 - 9 - 51, 51, 1, size - 22 - 9, False)
+    for data in (_zip_holding(b"x", marker), _zip_holding(b"PK\x05\x06" * 8, marker)):
+        for tail in (data, data[-44:]):
+            with _refused_as("more than one end of central directory record (one inside the comment of another)"):
+                end_records(tail, len(data))
+
+
+def test_a_zip64_locator_with_no_room_for_its_record() -> None:
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, 0, 1)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0, 0, 0, 0, 0)
+    # 18 bytes before the locator: its record would start before the file.
+    with _refused_as("a zip64 locator with no zip64 record before it"):
+        end_records(locator + end, 18 + 42)
+    # The record at the file's first byte, before the tail read: asked for.
+    record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 0, 0, 0, 0)
+    empty = record + locator + end
+    with pytest.raises(NeedMore) as more:
+        end_records(locator + end, len(empty))
+    assert more.value.size == len(empty)
+    assert end_records(empty, len(empty)) == zipindex.EndRecords(0, 0, 0, 0, True)
+
+
+def test_each_of_several_members_runs_to_the_one_after_it() -> None:
+    found = extents([_info("c", 100, 1), _info("a", 0, 1), _info("b", 50, 1)], 150)
+    assert [(e.info.filename, e.start, e.end, e.limit) for e in found.values()] == [
+        ("a", 0, 50, 50), ("b", 50, 100, 100), ("c", 100, 150, 150)]
+
+
+def test_a_long_name_that_is_not_utf8_is_shown_in_part(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.zip"
+    name = b"\xff" * 100
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0x800, 0, 0, 0, 0, 0, 0, len(name), 0) + name
+    central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0x800, 0, 0, 0, 0, 0, 0, len(name), 0, 0, 0, 0, 0,
+                          0) + name
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(central), len(local), 0)
+    path.write_bytes(local + central + end)
+    with _refused_as(f"a member's name is flagged as UTF-8 but is not: {name[:80]!r}"):
+        zipindex.open_zip(path)
