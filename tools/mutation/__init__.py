@@ -51,4 +51,7 @@ TARGETS: dict[str, Target] = {
     # ways reach it too, through installs that take a minute for each mutant they do not kill; in a first
     # run they killed none that test_components did not.
     "zipindex": Target(("qnnctl/install/zipindex.py",), ("tests/test_components.py",)),
+    # The component rules, choosing members and their digests, by their own tests: test_partial's installs by
+    # parts reach them too, and would cost a minute for each mutant they do not kill (as test_gate for zipindex).
+    "components": Target(("qnnctl/sdk/components.py", "qnnctl/sdk/members.py"), ("tests/test_components.py",)),
 }
