@@ -1039,3 +1039,72 @@ def test_a_long_name_that_is_not_utf8_is_shown_in_part(tmp_path: Path) -> None:
     path.write_bytes(local + central + end)
     with _refused_as(f"a member's name is flagged as UTF-8 but is not: {name[:80]!r}"):
         zipindex.open_zip(path)
+
+
+def test_completion_leaves_out_every_name_given_already() -> None:
+    assert complete(None, None, "host,android,a") == ["host,android,all"]
+    assert complete(None, None, "docs,android,") == ["docs,android," + name for name in (
+        "host", "hexagon-v68", "hexagon-v69", "hexagon-v73", "hexagon-v75", "hexagon-v79", "all")]
+
+
+def test_an_sdk_covers_what_it_has_exactly() -> None:
+    assert covers(("host",), ("host",))
+    assert covers(("host", "docs"), ("docs", "host"))
+
+
+def test_the_rule_language() -> None:
+    """What RULES' patterns mean, for the next line written: `dir/` everything under dir,
+    `dir/*` the files directly in it, `*` the files at the root, `{gen}` a number."""
+    from qnnctl.sdk.members import _compile
+
+    prefix = _compile("lib/hexagon-v{gen}/")
+    found = prefix.match("lib/hexagon-v81/unsigned/libQnnHtpV81Skel.so")
+    assert found is not None
+    assert found.groupdict() == {"gen": "81"}
+    assert prefix.match("lib/hexagon-v81/") is not None
+    assert prefix.match("lib/hexagon-vx/a.so") is None
+    assert prefix.match("lib/hexagon-v81") is None
+    files = _compile("tools/*")
+    assert files.match("tools/run.sh") is not None
+    assert files.match("tools/sub/run.sh") is None
+    assert files.match("tools/") is None
+    root = _compile("*")
+    assert root.match("NOTICE") is not None
+    assert root.match("lib/a.so") is None
+    exact = _compile("bin/tool-v{gen}.sh")
+    assert exact.match("bin/tool-v2.sh") is not None
+    assert exact.match("bin/tool-v2.shx") is None
+    assert exact.match("bin/tool-v{gen}.sh") is None
+    assert _compile("a.b/").match("axb/c") is None  # the pattern's own characters are literal
+
+
+def test_choose_keeps_the_folders_above_a_member_whose_entries_the_archive_leaves_out() -> None:
+    members = [Member(TOP / "lib", "dir"), Member(TOP / "lib/python/qti/x.py", "file"),
+               Member(TOP / "sdk.yaml", "file"), Member(TOP / "sdk.yam", "dir"), Member(TOP / "lib/pytho", "dir")]
+    assert choose(members, TOP, ("host",)) == {TOP / "lib", TOP / "lib/python/qti/x.py", TOP / "sdk.yaml"}
+    root = PurePosixPath()
+    everything = [Member(PurePosixPath("."), "dir"), Member(PurePosixPath("sdk.yaml"), "file")]
+    assert choose(everything, root, ("all",)) == {PurePosixPath("sdk.yaml")}  # the archive's root is no member
+
+
+def test_a_link_through_a_linked_folder_keeps_the_rest_of_its_path() -> None:
+    tree = _members({"top/bin/tool": "link", "top/d": "link", "top/e": "dir", "top/e/x": "file"})
+    targets = {PurePosixPath("top/bin/tool"): "../d/x", PurePosixPath("top/d"): "e"}
+    assert resolve_in(tree, PurePosixPath("top/bin/tool"), targets) == (
+        PurePosixPath("top/e/x"), [PurePosixPath("top/d"), PurePosixPath("top/e"), PurePosixPath("top/e/x")])
+
+
+def test_the_digests_of_an_sdk_folder_take_every_file_and_only_the_execute_bits(tmp_path: Path) -> None:
+    root = tmp_path / "sdk"
+    root.mkdir()
+    names = [f"f{i:02}.txt" for i in range(40)]
+    for name in names[:20]:
+        (root / name).write_text(name)
+    (root / ".qnnctl.json").write_text("{}")  # skipped, wherever the folder lists it
+    for name in names[20:]:
+        (root / name).write_text(name)
+    (root / names[0]).chmod(0o602)  # writable by others: not executable
+    (root / names[1]).chmod(0o601)  # executable by others only: executable
+    sha = hashlib.sha256
+    lines = [member_line(name, "file", name == names[1], "", 7, sha(name.encode()).hexdigest()) for name in names]
+    assert tree_digests(root, skip={".qnnctl.json"}) == {"host": _digest(*lines)}
