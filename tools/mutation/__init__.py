@@ -54,4 +54,6 @@ TARGETS: dict[str, Target] = {
     # The component rules, choosing members and their digests, by their own tests: test_partial's installs by
     # parts reach them too, and would cost a minute for each mutant they do not kill (as test_gate for zipindex).
     "components": Target(("qnnctl/sdk/components.py", "qnnctl/sdk/members.py"), ("tests/test_components.py",)),
+    # uninstall --except/--all, by the library (test_housekeeping); test_fleet and test_holds run it end to end.
+    "prune": Target(("qnnctl/install/prune.py",), ("tests/test_housekeeping.py",)),
 }
