@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -390,3 +391,64 @@ def test_prune_says_sizes_as_list_does() -> None:
     from qnnctl.install.prune import mib
 
     assert (mib(252_300_000), mib(1_363_149)) == ("241 MiB", "1.3 MiB")
+
+
+def test_prune_goes_on_past_a_version_kept_busy_or_gone(cache_dir: Path) -> None:
+    from qnnctl.install.prune import prune
+
+    oldest, middle, newest = "2.31.0.250130", OTHER_VERSION, VERSION
+    for version in (oldest, middle, newest):
+        install_tree_into_cache(cache_dir, version)
+    cache = Cache(cache_dir)
+    assert [r.version for r in prune([oldest], False, cache, dict(os.environ)).removed] == [middle, newest]
+    for version in (middle, newest):
+        install_tree_into_cache(cache_dir, version)
+    installing = FileLock(str(cache.lock_path(oldest)))
+    with installing:
+        pruned = prune([], True, cache, dict(os.environ))
+    assert (pruned.busy, [r.version for r in pruned.removed]) == ([(oldest, cache.sdk_dir(oldest))], [middle, newest])
+
+    class Listed(Cache):
+        """A cache whose listing still names a version another qnnctl removed just after."""
+
+        def installed_versions(self) -> list[str]:
+            return ["2.30.0.250101", *super().installed_versions()]
+
+    assert [r.version for r in prune([], True, Listed(cache_dir), dict(os.environ)).removed] == [oldest]
+
+
+def test_prune_does_not_wait_for_an_install_but_waits_for_holders_when_asked(cache_dir: Path) -> None:
+    from qnnctl.install.prune import prune
+    from qnnctl.sdk.holds import hold
+
+    install_tree_into_cache(cache_dir, VERSION)
+    cache = Cache(cache_dir)
+    taken = threading.Event()
+
+    def install_for_a_moment() -> None:
+        with FileLock(str(cache.lock_path(VERSION))):
+            taken.set()
+            time.sleep(0.3)
+
+    worker = threading.Thread(target=install_for_a_moment)
+    worker.start()
+    assert taken.wait(10)
+    pruned = prune([], True, cache, dict(os.environ))
+    worker.join()
+    assert (pruned.busy, pruned.removed) == ([(VERSION, cache.sdk_dir(VERSION))], [])
+    fd = hold(cache, VERSION)
+    assert fd is not None
+    threading.Timer(0.3, os.close, (fd,)).start()
+    waited = prune([], True, cache, dict(os.environ), wait=True)
+    assert ([r.version for r in waited.removed], waited.held) == ([VERSION], [])
+
+
+def test_except_keeps_a_damaged_sdk_of_the_version_named(cache_dir: Path) -> None:
+    from qnnctl.install.prune import kept_versions, prune
+
+    damaged = install_tree_into_cache(cache_dir, VERSION)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    (damaged / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    cache = Cache(cache_dir)
+    assert kept_versions([VERSION], cache, dict(os.environ)) == {VERSION}
+    assert [r.version for r in prune([VERSION], False, cache, dict(os.environ)).removed] == [OTHER_VERSION]
