@@ -56,4 +56,6 @@ TARGETS: dict[str, Target] = {
     "components": Target(("qnnctl/sdk/components.py", "qnnctl/sdk/members.py"), ("tests/test_components.py",)),
     # uninstall --except/--all, by the library (test_housekeeping); test_fleet and test_holds run it end to end.
     "prune": Target(("qnnctl/install/prune.py",), ("tests/test_housekeeping.py",)),
+    # A push to the stand-in adb, in the tests' own process and through `qnnctl device push`.
+    "push": Target(("qnnctl/device/push.py",), ("tests/test_device.py",)),
 }
