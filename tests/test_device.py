@@ -924,3 +924,41 @@ def test_the_sha256_of_a_file_larger_than_a_read(tmp_path: Path) -> None:
     big = tmp_path / "big"
     big.write_bytes(bytes(range(256)) * 8193)
     assert file_sha256(big) == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_push_plan_says_what_it_does_with_each_file(sdk: Path, phones: Phones,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.device.push import push_plan
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    there, part = plan.files[0], plan.files[1]
+    for f, suffix in ((there, ""), (part, ".qnnctl-part")):
+        placed = phones.path("R5CT1", f.device_path + suffix)
+        placed.parent.mkdir(parents=True, exist_ok=True)
+        placed.write_bytes(f.source.read_bytes())
+    with caplog.at_level("INFO", logger="qnnctl.device.push"):
+        push_plan(_device("R5CT1"), plan)
+    assert caplog.messages == [
+        f"{there.name} is already on the device (same sha256)",
+        f"{part.name} arrived whole in an earlier push",
+        *[f"pushing {f.name} ({f.size} bytes)" for f in plan.files[2:]]]
+
+
+def test_a_damaged_part_that_cannot_be_removed_is_still_reported_as_damaged(sdk: Path, phones: Phones,
+                                                                            tmp_path: Path) -> None:
+    from qnnctl.device.push import push_plan
+    from qnnctl.errors import IntegrityError
+
+    tools = tmp_path / "device-bin"
+    tools.mkdir()
+    rm = tools / "rm"
+    rm.write_text("#!/bin/sh\necho 'rm: Read-only file system' >&2\nexit 1\n")
+    rm.chmod(0o755)
+    phones.add("R5CT1", soc="SM8650")
+    phones.set("R5CT1", push_corrupts={"name": "libQnnHtpV75Skel.so", "times": 1},
+               env={"PATH": f"{tools}:/usr/bin:/bin"})
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    with pytest.raises(IntegrityError, match=r"^what arrived on R5CT1 is not what was sent"):
+        push_plan(_device("R5CT1"), plan)
+    assert phones.path("R5CT1", f"{DEST}/libQnnHtpV75Skel.so.qnnctl-part").exists()  # left, as rm failed
