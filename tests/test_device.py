@@ -8,6 +8,7 @@ carrying a build id as QAIRT's do (tests/test_device_genuine.py runs on Qualcomm
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -962,3 +963,28 @@ def test_a_damaged_part_that_cannot_be_removed_is_still_reported_as_damaged(sdk:
     with pytest.raises(IntegrityError, match=r"^what arrived on R5CT1 is not what was sent"):
         push_plan(_device("R5CT1"), plan)
     assert phones.path("R5CT1", f"{DEST}/libQnnHtpV75Skel.so.qnnctl-part").exists()  # left, as rm failed
+
+
+def test_every_damaged_part_is_named_and_removed(sdk: Path, phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.device.adb import Device
+    from qnnctl.device.push import push_plan
+    from qnnctl.errors import IntegrityError
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    damaged = {plan.files[0].source, plan.files[2].source}
+    real_push = Device.push
+
+    def damaging(self: Device, local: Path, remote: str) -> None:
+        real_push(self, local, remote)
+        if local in damaged:
+            phones.path("R5CT1", remote).write_bytes(b"damaged")
+
+    monkeypatch.setattr(Device, "push", damaging)
+    with pytest.raises(IntegrityError) as refused:
+        push_plan(_device("R5CT1"), plan)
+    bad = hashlib.sha256(b"damaged").hexdigest()
+    shown = "; ".join(f"{f.name}: sha256 {bad} on the device, {hashlib.sha256(f.source.read_bytes()).hexdigest()} here"
+                      for f in (plan.files[0], plan.files[2]))
+    assert refused.value.message == f"what arrived on R5CT1 is not what was sent ({shown}); nothing was put in place"
+    assert sorted(pushed(phones, "R5CT1")) == sorted(f.name + ".qnnctl-part" for f in (plan.files[1], *plan.files[3:]))
