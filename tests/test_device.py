@@ -988,3 +988,9 @@ def test_every_damaged_part_is_named_and_removed(sdk: Path, phones: Phones, monk
                       for f in (plan.files[0], plan.files[2]))
     assert refused.value.message == f"what arrived on R5CT1 is not what was sent ({shown}); nothing was put in place"
     assert sorted(pushed(phones, "R5CT1")) == sorted(f.name + ".qnnctl-part" for f in (plan.files[1], *plan.files[3:]))
+
+
+def test_push_sizes_in_megabytes_are_rounded_from_millions_of_bytes() -> None:
+    from qnnctl.device.push import _mb
+
+    assert [_mb(n) for n in (1_050_000, 1_949_999, 12_345_678)] == ["1.1 MB", "1.9 MB", "12.3 MB"]
