@@ -58,4 +58,6 @@ TARGETS: dict[str, Target] = {
     "prune": Target(("qnnctl/install/prune.py",), ("tests/test_housekeeping.py",)),
     # A push to the stand-in adb, in the tests' own process and through `qnnctl device push`.
     "push": Target(("qnnctl/device/push.py",), ("tests/test_device.py",)),
+    # A mirror's index.json: read on its own and by installs from a mirror (test_fleet).
+    "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",), ("tests/test_fleet.py",)),
 }
