@@ -8,6 +8,7 @@ carrying a build id as QAIRT's do (tests/device/test_device_genuine.py runs on Q
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -810,3 +811,188 @@ def test_doctor_on_a_soc_it_does_not_know_or_cannot_serve(tmp_path: Path, phones
     assert lacking.status == "fail"
     assert "lacks what SM8850 (HTP V81) needs: lib/aarch64-android/libQnnSystem.so" in lacking.detail
 
+
+
+# -- push, as the library does it ------------------------------------------------------------------
+
+
+def _device(serial: str) -> Any:
+    from qnnctl.device.adb import Adb, Device
+
+    return Device(Adb(os.environ), serial)
+
+
+def test_push_plan_sends_verifies_and_moves_into_place(sdk: Path, phones: Phones) -> None:
+    from qnnctl.device.push import PUSHED, SKIPPED, file_sha256, push_plan
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    sizes = sum(f.size for f in plan.files)
+    result = push_plan(_device("R5CT1"), plan)
+    assert [(s.file, s.sha256, s.action) for s in result.sent] == [
+        (f, file_sha256(f.source), PUSHED) for f in plan.files]
+    assert pushed(phones, "R5CT1") == expected_set(sdk, 75)  # in place, no part file left
+    assert sizes == 834
+    assert result.summary() == f"5 files pushed (834 bytes), 0 already there, to R5CT1:{DEST}"
+    report = result.as_dict()
+    assert (report["serial"], report["dest"], report["soc"]) == ("R5CT1", DEST, "SM8650")
+    assert report["files"] == [{**f.as_dict(), "sha256": file_sha256(f.source), "action": "pushed"}
+                               for f in plan.files]
+
+    phones.clear_calls()
+    again = push_plan(_device("R5CT1"), plan)
+    assert [s.action for s in again.sent] == [SKIPPED] * 5
+    assert phones.pushes() == []
+    assert again.summary() == f"0 files pushed (0 bytes), 5 already there, to R5CT1:{DEST}"
+
+
+def test_push_plan_takes_a_part_that_arrived_whole_and_sends_one_that_did_not(sdk: Path, phones: Phones) -> None:
+    from qnnctl.device.push import PUSHED, push_plan
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    whole, cut = plan.files[0], plan.files[1]
+    for f, data in ((whole, whole.source.read_bytes()), (cut, cut.source.read_bytes()[:-1])):
+        part = phones.path("R5CT1", f.device_path + ".qnnctl-part")
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(data)
+    result = push_plan(_device("R5CT1"), plan)
+    assert {s.action for s in result.sent} == {PUSHED}
+    assert whole.name not in phones.pushes()
+    assert sorted(phones.pushes()) == sorted(f.name for f in plan.files[1:])
+    assert pushed(phones, "R5CT1") == expected_set(sdk, 75)
+
+
+def test_push_plan_refuses_what_arrived_damaged_naming_each_file(sdk: Path, phones: Phones) -> None:
+    import hashlib
+
+    from qnnctl.device.push import push_plan
+    from qnnctl.errors import IntegrityError
+
+    phones.add("R5CT1", soc="SM8650")
+    phones.set("R5CT1", push_corrupts={"name": "libQnnHtpV75Skel.so", "times": 1})
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    skel = next(f for f in plan.files if f.name == "libQnnHtpV75Skel.so")
+    part = phones.path("R5CT1", skel.device_path + ".qnnctl-part")
+    with pytest.raises(IntegrityError) as refused:
+        push_plan(_device("R5CT1"), plan)
+    assert not part.exists()  # the bad part removed, the good ones kept for the next push
+    assert refused.value.exit_code == 4
+    here = hashlib.sha256(skel.source.read_bytes()).hexdigest()
+    assert refused.value.message.startswith("what arrived on R5CT1 is not what was sent (libQnnHtpV75Skel.so: "
+                                            "sha256 ")
+    assert refused.value.message.endswith(f" on the device, {here} here); nothing was put in place")
+    assert refused.value.hint == ("run the same command again; if it fails again, check the device's free space "
+                                  "(`adb shell df /data/local/tmp`) and the cable")
+    assert pushed(phones, "R5CT1") == {name + ".qnnctl-part": data for name, data in expected_set(sdk, 75).items()
+                                       if name != "libQnnHtpV75Skel.so"}
+
+
+def test_push_plan_names_a_part_that_is_not_there_after_its_push(sdk: Path, phones: Phones,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.device.adb import Device
+    from qnnctl.device.push import push_plan
+    from qnnctl.errors import IntegrityError
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    first = plan.files[0]
+    real_push = Device.push
+
+    def lost(self: Device, local: Path, remote: str) -> None:
+        real_push(self, local, remote)
+        if local == first.source:
+            phones.path("R5CT1", remote).unlink()  # gone, as on a device that ran out of space
+
+    monkeypatch.setattr(Device, "push", lost)
+    with pytest.raises(IntegrityError) as refused:
+        push_plan(_device("R5CT1"), plan)
+    assert refused.value.message.startswith(f"what arrived on R5CT1 is not what was sent ({first.name}: sha256 "
+                                            "missing on the device, ")
+    assert refused.value.message.count(" here") == 1  # that file alone
+
+
+def test_push_sizes_in_words() -> None:
+    from qnnctl.device.push import _mb
+
+    assert [_mb(n) for n in (0, 999, 1000, 1499, 1500, 999_999, 1_000_000, 1_250_000)] == [
+        "0 bytes", "999 bytes", "1 kB", "1 kB", "2 kB", "1000 kB", "1.0 MB", "1.2 MB"]
+
+
+def test_the_sha256_of_a_file_larger_than_a_read(tmp_path: Path) -> None:
+    import hashlib
+
+    from qnnctl.device.push import file_sha256
+
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 8193)
+    assert file_sha256(big) == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_push_plan_says_what_it_does_with_each_file(sdk: Path, phones: Phones,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.device.push import push_plan
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    there, part = plan.files[0], plan.files[1]
+    for f, suffix in ((there, ""), (part, ".qnnctl-part")):
+        placed = phones.path("R5CT1", f.device_path + suffix)
+        placed.parent.mkdir(parents=True, exist_ok=True)
+        placed.write_bytes(f.source.read_bytes())
+    with caplog.at_level("INFO", logger="qnnctl.device.push"):
+        push_plan(_device("R5CT1"), plan)
+    assert caplog.messages == [
+        f"{there.name} is already on the device (same sha256)",
+        f"{part.name} arrived whole in an earlier push",
+        *[f"pushing {f.name} ({f.size} bytes)" for f in plan.files[2:]]]
+
+
+def test_a_damaged_part_that_cannot_be_removed_is_still_reported_as_damaged(sdk: Path, phones: Phones,
+                                                                            tmp_path: Path) -> None:
+    from qnnctl.device.push import push_plan
+    from qnnctl.errors import IntegrityError
+
+    tools = tmp_path / "device-bin"
+    tools.mkdir()
+    rm = tools / "rm"
+    rm.write_text("#!/bin/sh\necho 'rm: Read-only file system' >&2\nexit 1\n")
+    rm.chmod(0o755)
+    phones.add("R5CT1", soc="SM8650")
+    phones.set("R5CT1", push_corrupts={"name": "libQnnHtpV75Skel.so", "times": 1},
+               env={"PATH": f"{tools}:/usr/bin:/bin"})
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    with pytest.raises(IntegrityError, match=r"^what arrived on R5CT1 is not what was sent"):
+        push_plan(_device("R5CT1"), plan)
+    assert phones.path("R5CT1", f"{DEST}/libQnnHtpV75Skel.so.qnnctl-part").exists()  # left, as rm failed
+
+
+def test_every_damaged_part_is_named_and_removed(sdk: Path, phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.device.adb import Device
+    from qnnctl.device.push import push_plan
+    from qnnctl.errors import IntegrityError
+
+    phones.add("R5CT1", soc="SM8650")
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    damaged = {plan.files[0].source, plan.files[2].source}
+    real_push = Device.push
+
+    def damaging(self: Device, local: Path, remote: str) -> None:
+        real_push(self, local, remote)
+        if local in damaged:
+            phones.path("R5CT1", remote).write_bytes(b"damaged")
+
+    monkeypatch.setattr(Device, "push", damaging)
+    with pytest.raises(IntegrityError) as refused:
+        push_plan(_device("R5CT1"), plan)
+    bad = hashlib.sha256(b"damaged").hexdigest()
+    shown = "; ".join(f"{f.name}: sha256 {bad} on the device, {hashlib.sha256(f.source.read_bytes()).hexdigest()} here"
+                      for f in (plan.files[0], plan.files[2]))
+    assert refused.value.message == f"what arrived on R5CT1 is not what was sent ({shown}); nothing was put in place"
+    assert sorted(pushed(phones, "R5CT1")) == sorted(f.name + ".qnnctl-part" for f in (plan.files[1], *plan.files[3:]))
+
+
+def test_push_sizes_in_megabytes_are_rounded_from_millions_of_bytes() -> None:
+    from qnnctl.device.push import _mb
+
+    assert [_mb(n) for n in (1_050_000, 1_949_999, 12_345_678)] == ["1.1 MB", "1.9 MB", "12.3 MB"]

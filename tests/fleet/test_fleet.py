@@ -20,6 +20,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -1204,3 +1205,438 @@ def test_a_mirror_index_that_fails_is_retried_naming_its_url(server: FaultServer
         f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 3 of 3)",
         f"the mirror answered HTTP 503 for {url}; the archive is not checked against it",
     ]
+
+
+# -- a mirror's index.json, read on its own -----------------------------------------------------------
+
+
+def _index(versions: object, schema: object = 1) -> bytes:
+    return json.dumps({"schema": schema, "versions": versions}).encode()
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_mirror_index_entry_is_what_the_gate_holds_the_archive_to(server: FaultServer,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk.gate import Expected
+    from qnnctl.sdk.mirrorindex import IndexEntry, indexed_versions, mirror_entry, read_index
+
+    digest, other = "a" * 64, "b" * 64
+    server.add("/m/index.json", _index({
+        VERSION: {"sha256": digest, "size": 123, "build_id": BUILD, "components": {"host": other}},
+        OTHER_VERSION: {"sha256": other, "size": 12.5, "build_id": 7, "components": {}},
+        THIRD: {"sha256": other, "size": "12"},
+        "2.37": {"sha256": digest}, "2.4.0.1": "no table",
+    }), "application/json")
+    base = server.base.replace("://", "://user:secret@") + "/m/"
+    url = f"{server.base.replace('://', '://***@')}/m/index.json"
+    entry = mirror_entry(base, VERSION)
+    assert entry == IndexEntry(url, digest, 123, BUILD, {"host": other})
+    assert entry is not None
+    assert entry.expected() == Expected(
+        f"the mirror's {url}", "the index", "says",
+        "the mirror's file changed after it was indexed; put the right archive back, or index it again with "
+        "`qnnctl mirror DIR VERSION` where the mirror is kept", sha256=digest, size=123, components={"host": other})
+    assert mirror_entry(base, OTHER_VERSION) == IndexEntry(url, other, None, None, None)
+    assert mirror_entry(base, THIRD) == IndexEntry(url, other, None, None, None)
+    assert indexed_versions(server.base + "/m") == sorted([VERSION, OTHER_VERSION, THIRD], key=lambda v: [
+        int(p) for p in v.split(".")])
+    assert (indexed_versions(server.base + "/m") or [])[0] == THIRD
+    versions = read_index(server.base + "/m")
+    assert versions is not None
+    assert sorted(versions) == sorted(["2.37", OTHER_VERSION, THIRD, VERSION])
+    asked = len(server.requests_for("/m/index.json"))
+    assert mirror_entry(server.base + "/elsewhere", VERSION, versions) is not None  # read once is enough
+    assert len(server.requests_for("/m/index.json")) == asked
+    assert mirror_entry(server.base + "/m", "2.38.0.250901") is None
+    assert _warnings(caplog) == [f"the mirror's {server.base}/m/index.json has no entry for SDK 2.38.0.250901; the "
+                                 "archive is not checked against it"]
+
+
+@pytest.mark.parametrize(("entry", "said"), [
+    ({"sha256": "A" * 64}, f"gives SDK {VERSION} the sha256 '{'A' * 64}', which is no digest"),
+    ({"size": 1}, f"gives SDK {VERSION} the sha256 None, which is no digest"),
+    ({"sha256": "a" * 64, "components": ["host"]}, f"gives SDK {VERSION} components that are no digests"),
+    ({"sha256": "a" * 64, "components": {"host": "a" * 64, "docs": "x"}},
+     f"gives SDK {VERSION} components that are no digests"),
+])
+def test_a_mirror_index_that_pins_no_digest_is_refused(server: FaultServer, entry: dict[str, object],
+                                                       said: str) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.mirrorindex import mirror_entry
+
+    server.add("/index.json", _index({VERSION: entry}), "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        mirror_entry(server.base, VERSION)
+    assert refused.value.message == f"the mirror's {server.base}/index.json {said}"
+    assert refused.value.hint == "write the index again with `qnnctl mirror DIR VERSION`"
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (_index({}, schema=2), "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+    (json.dumps({"versions": {}}).encode(), "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+    (_index([VERSION]), "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+    (b"[1]", "is not a qnnctl mirror index (schema 1 with a `versions` table)"),
+])
+def test_a_file_that_is_no_mirror_index_is_not_used(server: FaultServer, caplog: pytest.LogCaptureFixture,
+                                                     body: bytes, said: str) -> None:
+    from qnnctl.sdk.mirrorindex import indexed_versions, mirror_entry, read_index
+
+    server.add("/index.json", body, "application/json")
+    assert read_index(server.base) is None
+    assert mirror_entry(server.base, VERSION) is None
+    assert indexed_versions(server.base) is None
+    assert _warnings(caplog) == [f"{server.base}/index.json {said}; the archive is not checked against it"] * 3
+
+
+def test_a_mirror_index_that_cannot_be_read_is_not_used(server: FaultServer,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk.mirrorindex import read_index
+
+    url = f"{server.base}/index.json"
+    assert read_index(server.base) is None  # none: said at debug level only
+    server.add("/index.json", b"{}", "application/json")
+    for status in (404, 410):
+        server.fail("/index.json", Fault.status(status))
+        assert read_index(server.base) is None
+    assert _warnings(caplog) == []
+    server.fail("/index.json", Fault.status(403))
+    assert read_index(server.base) is None
+    server.add("/index.json", b"{not json", "application/json")
+    assert read_index(server.base) is None
+    warned = _warnings(caplog)
+    assert warned[0] == f"the mirror answered HTTP 403 for {url}; the archive is not checked against it"
+    assert warned[1].startswith(f"{url} is not a qnnctl mirror index") or warned[1].endswith(
+        "; the archive is not checked against it")
+    assert len(warned) == 2
+    caplog.clear()
+    server.add("/index.json", b"{}" * 1000, "application/json")
+    server.fail("/index.json", *[Fault.drop_after(10)] * 3)
+    assert read_index(server.base) is None
+    assert _warnings(caplog)[-1].startswith(f"cannot read the mirror's {url} (")
+    assert _warnings(caplog)[-1].endswith("); the archive is not checked against it")
+
+
+def test_a_mirror_nobody_listens_at_is_an_error_at_once() -> None:
+    import socket
+
+    from qnnctl.errors import DownloadError
+    from qnnctl.sdk.mirrorindex import read_index
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(DownloadError) as refused:
+        read_index(f"http://127.0.0.1:{port}")
+    assert refused.value.message.startswith(f"cannot reach the mirror: http://127.0.0.1:{port}/index.json: ")
+    assert "refused" in refused.value.message
+    assert refused.value.hint == "check the host and port of QNNCTL_MIRROR; nothing was fetched"
+
+
+# -- qnnctl.lock, read, written and compared in the tests' own process -------------------------------
+
+
+def _lock(tmp_path: Path, **fields: Any) -> Path:
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    path = tmp_path / "qnnctl.lock"
+    write_lock(path, LockedSdk(path, VERSION, "a" * 64)._replace(**fields), "trusted")
+    return path
+
+
+def test_a_lock_is_written_as_it_is_read(tmp_path: Path) -> None:
+    from qnnctl import __version__
+    from qnnctl.sdk.lockfile import LockedSdk, read_lock, render_lock
+
+    full = LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64, 123, BUILD, ("https://m/a.zip", 'q"x'), "c" * 64,
+                     ("host", "android"), "2026-12-04T00:00:00Z", {"host": "d" * 64, "android": "e" * 64})
+    text = render_lock(full, "Its values came from a download of https://m/a.zip on 2026-12-04.")
+    assert text == (
+        "# qnnctl.lock: the QAIRT SDK this project uses, pinned by its checksums.\n"
+        f"# Written by `qnnctl lock` (qnnctl {__version__}); commit it. `qnnctl install` checks every\n"
+        "# archive of this version against it (a mismatch exits 4 and installs nothing), and\n"
+        "# `qnnctl lock --check` exits 1 when it and what qnnctl resolves disagree.\n"
+        "#\n"
+        "# Trust on first use: Qualcomm publishes no checksums for its archives. Its values came from a\n"
+        "# download of https://m/a.zip on 2026-12-04.\n"
+        "# Nothing else vouches for these values: check them once against a copy you trust.\n"
+        "\n"
+        "schema = 2\n"
+        "\n"
+        "[sdk]\n"
+        f'version = "{VERSION}"\n'
+        f'build_id = "{BUILD}"\n'
+        f'sha256 = "{"a" * 64}"\n'
+        "size = 123\n"
+        f'central_directory_sha256 = "{"c" * 64}"\n'
+        'components = ["host", "android"]\n'
+        'urls = ["https://m/a.zip", "q\\"x"]\n'
+        'locked_at = "2026-12-04T00:00:00Z"\n'
+        "\n"
+        "[sdk.component_sha256]\n"
+        f'"android" = "{"e" * 64}"\n'
+        f'"host" = "{"d" * 64}"\n')
+    folder = tmp_path / "project"
+    folder.mkdir()
+    path = _lock(folder, size=123, build_id=BUILD, urls=("https://m/a.zip", 'q"x'), central_directory_sha256="c" * 64,
+                 components=("host", "android"), locked_at="2026-12-04T00:00:00Z",
+                 component_sha256={"host": "d" * 64, "android": "e" * 64})
+    assert read_lock(path) == full._replace(path=path)
+    assert [p.name for p in folder.iterdir()] == ["qnnctl.lock"]  # written aside, then moved
+    bare = LockedSdk(path, VERSION, "a" * 64)
+    assert render_lock(bare, "t").endswith(f'\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"a" * 64}"\nurls = []\n')
+    _lock(folder)
+    assert read_lock(path) == bare
+
+
+def test_what_a_lock_holds_an_archive_to_includes_its_central_directory(tmp_path: Path) -> None:
+    from qnnctl.sdk.gate import Expected
+    from qnnctl.sdk.lockfile import read_lock
+
+    lock = read_lock(_lock(tmp_path, size=9, central_directory_sha256="c" * 64, component_sha256={"host": "d" * 64}))
+    assert lock.expected() == Expected(
+        str(tmp_path / "qnnctl.lock"), "the lock", "pins",
+        "the archive or the mirror serving it changed; if the new archive is the one to trust, write the lock again "
+        f"with `qnnctl lock {VERSION}`", sha256="a" * 64, size=9, components={"host": "d" * 64},
+        central_directory_sha256="c" * 64)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ("schema = 3\n[sdk]\n", "has schema 3; this qnnctl reads schemas 1, 2"),
+    ("[sdk]\n", "has schema None; this qnnctl reads schemas 1, 2"),
+    ("schema = 2\nsdk = 1\n", "has no [sdk] table"),
+    ("schema = 1\n[sdk]\nversion = \"2.37\"\n", ": sdk.version '2.37' is not an SDK version"),
+    (f"schema = 1\n[sdk]\nversion = 2\nsha256 = \"{'a' * 64}\"\n", ": sdk.version 2 is not an SDK version"),
+    (f"schema = 1\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'A' * 64}\"\n",
+     f": sdk.sha256 '{'A' * 64}' is not a sha256 digest (64 lowercase hex digits)"),
+    (f"schema = 2\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\ncomponent_sha256 = [\"x\"]\n",
+     ": sdk.component_sha256 must map each component to a sha256 digest"),
+    (f"schema = 2\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\n[sdk.component_sha256]\nhost = \"x\"\n",
+     ": sdk.component_sha256 must map each component to a sha256 digest"),
+])
+def test_a_lock_that_is_no_lock_is_refused_naming_it(tmp_path: Path, body: str, said: str) -> None:
+    from qnnctl.sdk.lockfile import LockError, read_lock
+
+    path = tmp_path / "qnnctl.lock"
+    path.write_text(body)
+    with pytest.raises(LockError) as refused:
+        read_lock(path)
+    assert refused.value.message == f"{path}{'' if said.startswith(':') else ' '}{said}"
+    assert refused.value.hint == f"fix it, or write it again with `qnnctl lock` (in {tmp_path})"
+    assert refused.value.exit_code == 1
+
+
+def test_a_lock_too_big_too_deep_unreadable_or_not_toml(tmp_path: Path) -> None:
+    from qnnctl.sdk.lockfile import LockError, read_lock
+
+    path = tmp_path / "qnnctl.lock"
+    valid = f"schema = 2\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\n"
+
+    def refusal(data: bytes) -> str:
+        path.write_bytes(data)
+        with pytest.raises(LockError) as refused:
+            read_lock(path)
+        return refused.value.message
+
+    path.write_text(valid + "#" * ((1 << 20) - len(valid)))  # as large as a lock can be
+    assert read_lock(path).version == VERSION
+    assert refusal(valid.encode() + b"#" * ((1 << 20) + 1 - len(valid))) == \
+        f"{path} is larger than a lock can be (1048576 bytes)"
+    path.write_text(valid + "x = " + "[" * 16 + "]" * 16 + "\n")
+    assert read_lock(path).version == VERSION
+    assert refusal((valid + "x = " + "[" * 17 + "]" * 17 + "\n").encode()) == \
+        f"{path} nests arrays or tables deeper than a lock can (16 levels)"
+    assert refusal(valid.encode() + b"x = \"\xff\"\n").startswith(f"cannot read the lock {path}: ")
+    assert refusal(valid.encode() + b"x = \n").startswith(f"{path} is not TOML: ")
+    path.unlink()
+    with pytest.raises(LockError, match=f"^cannot read the lock {re.escape(str(path))}: "):
+        read_lock(path)
+
+
+def test_what_counts_as_nesting_in_a_lock() -> None:
+    from qnnctl.sdk.lockfile import _toml_depth
+
+    assert _toml_depth("") == 0
+    assert _toml_depth("a = [[1], {b = [2]}]\nc = [3]") == 3
+    assert _toml_depth("a = [1]]]]\nb = [[2]]") == 2  # too many closing brackets count as none
+    assert _toml_depth('a = "[[[{"\nb = \'[[[\'\nc = """[[\n[[""" # [[[[\nd = [1]') == 1
+    assert _toml_depth('a = "\\"[[[" # ]\nb = [1]') == 1  # an escaped quote ends no string
+    assert _toml_depth("a = 'x\\' # [[\nb = [1]") == 1  # a literal string escapes nothing
+    assert _toml_depth("a = '''[[''' [\n") == 1
+    assert _toml_depth("# [[[[") == 0
+    assert _toml_depth("[a]\n# [[[[\n") == 1
+    assert _toml_depth('a = "[[[') == 0  # a string that never ends
+
+
+def test_a_lock_takes_what_it_can_read_of_the_optional_fields(tmp_path: Path) -> None:
+    from qnnctl.sdk.lockfile import read_lock
+
+    path = tmp_path / "qnnctl.lock"
+    path.write_text(f"schema = 1\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\nsize = true\n"
+                    "build_id = 7\nurls = [\"u\", 3]\ncentral_directory_sha256 = \"c\"\ncomponents = [\"host\", 1]\n"
+                    "locked_at = 5\n[sdk.component_sha256]\n")
+    lock = read_lock(path)
+    assert (lock.size, lock.build_id, lock.urls, lock.central_directory_sha256, lock.components, lock.locked_at,
+            lock.component_sha256) == (None, None, ("u",), None, ("host",), None, None)
+    path.write_text(f"schema = 1\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\nsize = 0\n"
+                    "urls = \"u\"\ncomponents = \"host\"\n")
+    lock = read_lock(path)
+    assert (lock.size, lock.urls, lock.components) == (0, (), None)
+
+
+def test_the_nearest_lock_and_where_a_new_one_goes(tmp_path: Path) -> None:
+    from qnnctl.sdk.lockfile import LockError, find_lock, lock_destination, require_lock
+
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert find_lock(deep) is None
+    assert lock_destination(deep) == deep / "qnnctl.lock"
+    with pytest.raises(LockError) as refused:
+        require_lock(deep)
+    assert (refused.value.message, refused.value.hint) == (
+        f"--locked: there is no qnnctl.lock in {deep} or any folder above it",
+        "write one with `qnnctl lock` (and commit it), or drop --locked")
+    (tmp_path / ".qnn-version").write_text(f"{VERSION}\n")
+    assert lock_destination(deep) == tmp_path / "qnnctl.lock"
+    (tmp_path / "qnnctl.lock").write_text("")
+    (deep / "qnnctl.lock").mkdir()  # a folder of that name is no lock
+    assert find_lock(deep) == tmp_path / "qnnctl.lock"
+    assert require_lock(deep) == tmp_path / "qnnctl.lock"
+    (tmp_path / "a" / "qnnctl.lock").write_text("")
+    assert find_lock(deep) == tmp_path / "a" / "qnnctl.lock"
+
+
+def _sdk_with(tmp_path: Path, build: str | None, manifest: dict[str, object] | None) -> object:
+    from qnnctl.sdk.layout import Sdk
+
+    root = build_sdk_tree(tmp_path / "sdk" / VERSION, SdkSpec(version=VERSION, build_id=build))
+    if manifest is not None:
+        (root / ".qnnctl.json").write_text(json.dumps(manifest))
+    return Sdk(root, VERSION, "--sdk")
+
+
+def test_an_sdk_is_compared_with_a_lock_by_its_archive_then_its_components_then_its_build(tmp_path: Path) -> None:
+    from qnnctl.sdk.layout import Sdk, read_build_id
+    from qnnctl.sdk.lockfile import LockedSdk, compare, disagreements
+    from qnnctl.sdk.members import tree_digests
+
+    sdk = _sdk_with(tmp_path, BUILD, {"sha256": "a" * 64})
+    assert isinstance(sdk, Sdk)
+    build = read_build_id(sdk.root)
+    assert build is not None
+    lock = LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64, build_id=build)
+    by_archive = "the sha256 of the archive it was installed from"
+    assert compare(lock, sdk) == ([], by_archive)
+    assert disagreements(lock, VERSION, sdk) == []
+    assert disagreements(lock, VERSION, None) == []
+    assert disagreements(lock, OTHER_VERSION, sdk) == [f"qnnctl.lock pins SDK {VERSION}, not {OTHER_VERSION}"]
+    other = lock._replace(sha256="b" * 64)
+    assert compare(other, sdk) == ([f"SDK {VERSION} at {sdk.root} (--sdk) was installed from an archive whose sha256 "
+                                    f"is {'a' * 64}; qnnctl.lock pins {'b' * 64}"], by_archive)
+    # Build ids are compared whole: one that starts with the other is another build.
+    for pinned in (build[:-2], build + "00", "v" + build):
+        assert compare(lock._replace(build_id=pinned), sdk) == (
+            [f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build "
+             f"{pinned}"], by_archive)
+    assert compare(lock._replace(build_id=None), sdk) == ([], by_archive)
+    # Installed by parts: the sha256 recorded is of no archive it holds all of; its components count.
+    digests = tree_digests(sdk.root, skip={".qnnctl.json"})
+    (sdk.root / ".qnnctl.json").write_text(json.dumps({"sha256": "a" * 64, "partial": True,
+                                                       "components": ["host"]}))
+    parts = lock._replace(sha256="b" * 64, component_sha256={"host": digests["host"], "android": "e" * 64})
+    assert compare(parts, sdk) == ([], "the digests of its components (host)")
+    assert compare(parts._replace(component_sha256={"android": "e" * 64}), sdk) == (
+        [f"the files of component host of SDK {VERSION} at {sdk.root} (--sdk) have digest {digests['host']}; "
+         "qnnctl.lock pins none"], "the digests of its components (host)")
+    (sdk.root / ".qnnctl.json").write_text(json.dumps({"components": ["host"], "component_sha256": {"host": "f" * 64}}))
+    assert compare(parts, sdk)[0] == [f"the files of component host of SDK {VERSION} at {sdk.root} (--sdk) have "
+                                      f"digest {'f' * 64}; qnnctl.lock pins {digests['host']}"]
+    # No manifest: every component its files hold, hashed as they are now.
+    (sdk.root / ".qnnctl.json").unlink()
+    names = ", ".join(sorted(digests))
+    assert compare(lock._replace(component_sha256=digests), sdk) == ([], f"the digests of its components ({names})")
+    assert compare(lock._replace(component_sha256={**digests, "docs": "e" * 64}), sdk) == (
+        [], f"the digests of its components ({names})")
+    assert compare(lock._replace(component_sha256={"host": digests["host"]}), sdk)[0] == [
+        f"the files of component {name} of SDK {VERSION} at {sdk.root} (--sdk) have digest {digests[name]}; "
+        "qnnctl.lock pins none" for name in sorted(digests) if name != "host"]
+    # Nothing to compare by: said, unless the builds already disagree.
+    assert compare(lock, sdk) == ([], None)
+    assert disagreements(lock, VERSION, sdk) == [
+        f"SDK {VERSION} at {sdk.root} (--sdk) cannot be checked against {lock.path}: it records no sha256 of the "
+        "archive it came from, and the lock pins no digest of its components (a lock of schema 1, written before "
+        "they existed)"]
+    assert disagreements(lock._replace(build_id=build + "0"), VERSION, sdk) == [
+        f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build {build}0"]
+
+
+def test_an_sdk_found_on_disk_is_checked_against_the_projects_lock(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.layout import Sdk
+    from qnnctl.sdk.lockfile import LockError, check_reused, expected_for_download
+
+    sdk = _sdk_with(tmp_path, None, {"sha256": "a" * 64})
+    assert isinstance(sdk, Sdk)
+    project = tmp_path / "project"
+    project.mkdir()
+    check_reused(sdk, project, False)  # no lock: nothing to check
+    assert expected_for_download(VERSION, project, False) is None
+    with pytest.raises(LockError, match=f"^--locked: there is no qnnctl.lock in {re.escape(str(project))} or any"):
+        check_reused(sdk, project, True)
+    path = _lock(project, version=OTHER_VERSION)
+    with caplog.at_level("INFO", logger="qnnctl.sdk.lockfile"):
+        check_reused(sdk, project, False)
+    assert caplog.messages[-1] == f"{path} pins SDK {OTHER_VERSION}; SDK {VERSION} is not checked against it"
+    with pytest.raises(LockError) as other:
+        expected_for_download(VERSION, project, True)
+    assert (other.value.message, other.value.hint) == (
+        f"--locked: {path} pins SDK {OTHER_VERSION}, not {VERSION}",
+        f"install {OTHER_VERSION} (`qnnctl use {OTHER_VERSION}` pins it for the project), or lock {VERSION} with "
+        f"`qnnctl lock {VERSION}`")
+    _lock(project, sha256="a" * 64)
+    check_reused(sdk, project, True)
+    locked = expected_for_download(VERSION, project, True)
+    assert locked is not None
+    assert locked.sha256 == "a" * 64
+    _lock(project, sha256="b" * 64)
+    with pytest.raises(IntegrityError) as refused:
+        check_reused(sdk, project, False)
+    assert refused.value.message == (f"SDK {VERSION} at {sdk.root} (--sdk) was installed from an archive whose "
+                                     f"sha256 is {'a' * 64}; qnnctl.lock pins {'b' * 64}")
+    assert refused.value.hint == (f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK "
+                                  f"in use is the one to trust, write the lock again: `qnnctl lock {VERSION}`")
+    (sdk.root / ".qnnctl.json").unlink()
+    caplog.clear()
+    check_reused(sdk, project, False)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"SDK {VERSION} at {sdk.root} (--sdk) cannot be checked against {project / 'qnnctl.lock'}: it records no "
+        "sha256 of the archive it came from, and the lock pins no digest of its components (a lock of schema 1, "
+        "written before they existed); used unchecked"]
+    with pytest.raises(IntegrityError) as unchecked:
+        check_reused(sdk, project, True)
+    assert unchecked.value.message.startswith(f"--locked: SDK {VERSION} at {sdk.root} (--sdk) cannot be checked ")
+    assert unchecked.value.hint == (f"write the lock again with `qnnctl lock {VERSION}` (it then pins each "
+                                    f"component), or install a checked copy: `qnnctl install --force {VERSION}`")
+
+
+def test_a_store_folder_without_the_host_libraries_is_no_sdk(tmp_path: Path) -> None:
+    """A store folder that names its version (sdk.yaml, its name) but lacks a library the
+    layout needs is offered nowhere: not found, not listed among the store's SDKs."""
+    from qnnctl.sdk.stores import find_in_stores, store_sdks
+
+    store = tmp_path / "store"
+    for name in (VERSION, "latest"):
+        root = build_sdk_tree(store / name, SdkSpec())
+        (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    environ = {"QNNCTL_STORES": str(store), "HOME": str(tmp_path)}
+    assert find_in_stores(VERSION, environ) is None
+    assert list(store_sdks(environ)) == []
+    assert find_installed(VERSION, Cache(tmp_path / "cache"), environ) is None
+    build_sdk_tree(store / "whole", SdkSpec())
+    found = find_in_stores(VERSION, environ)
+    assert found is not None
+    assert found.root == store / "whole"
+    assert [sdk.root for sdk in store_sdks(environ)] == [store / "whole"]

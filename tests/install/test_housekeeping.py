@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -295,3 +296,159 @@ def test_list_shows_the_build_id_the_libraries_carry(cache_dir: Path, tmp_path: 
     assert row["build_id"] == "2.37.0.250724101112"
     (_, line) = run_qnnctl("list", env=env).stdout.splitlines()
     assert f"{VERSION}  2.37.0.250724101112  " in line
+
+
+# -- uninstall --except and --all, as the library does them --------------------------------------
+
+
+def _sized(cache_dir: Path, version: str, size: int) -> Path:
+    root = install_tree_into_cache(cache_dir, version)
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "unpacked_size": size}))
+    return root
+
+
+def test_prune_removes_all_but_the_versions_kept(cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.install.prune import Removed, prune
+
+    third = "2.31.0.250130"
+    roots = {v: _sized(cache_dir, v, size) for v, size in ((VERSION, 5 << 20), (OTHER_VERSION, 3 << 20),
+                                                           (third, 1 << 20))}
+    environ = dict(os.environ)
+    cache = Cache(cache_dir)
+    with caplog.at_level("INFO", logger="qnnctl.install.prune"):
+        pruned = prune([f" {VERSION[:4]} "], False, cache, environ)
+    assert pruned.kept == [VERSION]
+    assert pruned.removed == [Removed(third, roots[third], 1 << 20), Removed(OTHER_VERSION, roots[OTHER_VERSION],
+                                                                              3 << 20)]
+    assert (pruned.busy, pruned.held, pruned.freed) == ([], [], 4 << 20)
+    assert caplog.messages == [f"removed SDK {third} (1.0 MiB) from {roots[third]}",
+                               f"removed SDK {OTHER_VERSION} (3.0 MiB) from {roots[OTHER_VERSION]}"]
+    assert cache.installed_versions() == [VERSION]
+    assert list((cache_dir / "tmp").iterdir()) == []  # moved aside there, then removed
+    for version in (VERSION, OTHER_VERSION, third):  # every version's lock released
+        FileLock(str(cache.lock_path(version))).acquire(timeout=0)
+    everything = prune([VERSION], True, cache, environ)
+    assert (everything.kept, everything.removed) == ([], [Removed(VERSION, roots[VERSION], 5 << 20)])
+    assert cache.installed_versions() == []
+    assert prune([], True, cache, environ) == ([], [], [], [])
+
+
+def test_prune_keeps_what_each_spec_names_and_refuses_a_spec_that_names_nothing(cache_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    from qnnctl.errors import UsageError
+    from qnnctl.install.prune import kept_versions, prune
+
+    for version in (VERSION, OTHER_VERSION, "2.37.1.250801"):
+        install_tree_into_cache(cache_dir, version)
+    cache = Cache(cache_dir)
+    environ = dict(os.environ)
+    assert kept_versions([VERSION, OTHER_VERSION], cache, environ) == {VERSION, OTHER_VERSION}
+    assert kept_versions(["2.37"], cache, environ) == {VERSION, "2.37.1.250801"}
+    assert kept_versions([], cache, environ) == set()
+    with pytest.raises(UsageError) as refused:
+        prune([VERSION, "2.38"], False, cache, environ)
+    assert (refused.value.message, refused.value.hint) == (
+        "--except 2.38: no SDK on disk is 2.38, so nothing was removed",
+        "`qnnctl list` shows the SDKs on disk; give the versions to keep")
+    with pytest.raises(UsageError, match="not an SDK version"):
+        kept_versions(["latest"], cache, environ)
+    assert len(cache.installed_versions()) == 3
+    # An SDK elsewhere on disk (ExecuTorch's cache) is a version to keep: the cache's copies of
+    # other versions go, that one stays where it is.
+    elsewhere = _executorch_sdk("2.31.0.250130")
+    assert kept_versions(["2.31"], cache, environ) == {"2.31.0.250130"}
+    assert [r.version for r in prune(["2.31"], False, cache, environ).removed] == \
+        [OTHER_VERSION, VERSION, "2.37.1.250801"]
+    assert elsewhere.is_dir()
+
+
+def test_prune_leaves_an_sdk_being_installed_or_in_use(cache_dir: Path) -> None:
+    from qnnctl.install.prune import prune
+    from qnnctl.sdk.holds import hold
+
+    busy_root = install_tree_into_cache(cache_dir, VERSION)
+    held_root = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    cache = Cache(cache_dir)
+    installing = FileLock(str(cache.lock_path(VERSION)))
+    installing.acquire()
+    fd = hold(cache, OTHER_VERSION)
+    assert fd is not None
+    try:
+        pruned = prune([], True, cache, dict(os.environ))
+    finally:
+        os.close(fd)
+        installing.release()
+    assert (pruned.removed, pruned.busy, pruned.kept) == ([], [(VERSION, busy_root)], [])
+    assert [(e.version, e.root) for e in pruned.held] == [(OTHER_VERSION, held_root)]
+    assert pruned.held[0].message.endswith("it was not removed")
+    assert cache.installed_versions() == [OTHER_VERSION, VERSION]
+    FileLock(str(cache.lock_path(OTHER_VERSION))).acquire(timeout=0)  # released though held
+    assert [r.version for r in prune([], True, cache, dict(os.environ)).removed] == [OTHER_VERSION, VERSION]
+
+
+def test_prune_says_sizes_as_list_does() -> None:
+    from qnnctl.install.prune import mib
+
+    assert (mib(252_300_000), mib(1_363_149)) == ("241 MiB", "1.3 MiB")
+
+
+def test_prune_goes_on_past_a_version_kept_busy_or_gone(cache_dir: Path) -> None:
+    from qnnctl.install.prune import prune
+
+    oldest, middle, newest = "2.31.0.250130", OTHER_VERSION, VERSION
+    for version in (oldest, middle, newest):
+        install_tree_into_cache(cache_dir, version)
+    cache = Cache(cache_dir)
+    assert [r.version for r in prune([oldest], False, cache, dict(os.environ)).removed] == [middle, newest]
+    for version in (middle, newest):
+        install_tree_into_cache(cache_dir, version)
+    installing = FileLock(str(cache.lock_path(oldest)))
+    with installing:
+        pruned = prune([], True, cache, dict(os.environ))
+    assert (pruned.busy, [r.version for r in pruned.removed]) == ([(oldest, cache.sdk_dir(oldest))], [middle, newest])
+
+    class Listed(Cache):
+        """A cache whose listing still names a version another qnnctl removed just after."""
+
+        def installed_versions(self) -> list[str]:
+            return ["2.30.0.250101", *super().installed_versions()]
+
+    assert [r.version for r in prune([], True, Listed(cache_dir), dict(os.environ)).removed] == [oldest]
+
+
+def test_prune_does_not_wait_for_an_install_but_waits_for_holders_when_asked(cache_dir: Path) -> None:
+    from qnnctl.install.prune import prune
+    from qnnctl.sdk.holds import hold
+
+    install_tree_into_cache(cache_dir, VERSION)
+    cache = Cache(cache_dir)
+    taken = threading.Event()
+
+    def install_for_a_moment() -> None:
+        with FileLock(str(cache.lock_path(VERSION))):
+            taken.set()
+            time.sleep(0.3)
+
+    worker = threading.Thread(target=install_for_a_moment)
+    worker.start()
+    assert taken.wait(10)
+    pruned = prune([], True, cache, dict(os.environ))
+    worker.join()
+    assert (pruned.busy, pruned.removed) == ([(VERSION, cache.sdk_dir(VERSION))], [])
+    fd = hold(cache, VERSION)
+    assert fd is not None
+    threading.Timer(0.3, os.close, (fd,)).start()
+    waited = prune([], True, cache, dict(os.environ), wait=True)
+    assert ([r.version for r in waited.removed], waited.held) == ([VERSION], [])
+
+
+def test_except_keeps_a_damaged_sdk_of_the_version_named(cache_dir: Path) -> None:
+    from qnnctl.install.prune import kept_versions, prune
+
+    damaged = install_tree_into_cache(cache_dir, VERSION)
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    (damaged / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    cache = Cache(cache_dir)
+    assert kept_versions([VERSION], cache, dict(os.environ)) == {VERSION}
+    assert [r.version for r in prune([VERSION], False, cache, dict(os.environ)).removed] == [OTHER_VERSION]

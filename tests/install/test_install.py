@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -834,3 +835,260 @@ def test_a_sha256_that_is_not_one_is_refused_before_anything_is_fetched(value: s
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     assert result.stderr == f"qnnctl: error: --sha256 {value!r} is not a sha256 digest (64 hex digits)\n"
     assert not (cache_dir / "sdks").exists()
+
+
+# -- the commit stage, in the tests' own process ------------------------------------------------------
+
+
+def test_a_download_is_named_for_its_url_and_version() -> None:
+    from qnnctl.install.commit import download_name
+    from qnnctl.sdk.versions import archive_name
+
+    assert download_name(f"https://h/a/v{VERSION}.zip?x=1", VERSION) == f"v{VERSION}.zip"
+    assert download_name("https://h/a/q%20a%2Fi%40rt.zip", VERSION) == f"{VERSION}-q_a_i_rt.zip"
+    assert download_name("https://h/a/.hidden.zip", VERSION) == archive_name(VERSION)
+    assert download_name("https://h/", VERSION) == archive_name(VERSION)
+    assert download_name("https://h/a/sdk-1_2.zip", VERSION) == f"{VERSION}-sdk-1_2.zip"
+
+
+def test_a_download_holding_another_version_is_refused() -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.install.commit import require_version
+
+    require_version(None, VERSION, "x")
+    require_version(VERSION, VERSION, "x")
+    with pytest.raises(IntegrityError) as refused:
+        require_version(OTHER_VERSION, VERSION, "https://h/a.zip")
+    assert (refused.value.message, refused.value.hint) == (
+        f"https://h/a.zip holds SDK {OTHER_VERSION}, not {VERSION}",
+        f"check the URL or QNNCTL_MIRROR; to install {OTHER_VERSION}, run `qnnctl install {OTHER_VERSION}` with a "
+        "source that serves it")
+
+
+def test_a_finished_download_is_kept_only_for_a_failure_that_is_not_its_own(tmp_path: Path) -> None:
+    from qnnctl.errors import DownloadError, IntegrityError
+    from qnnctl.install.commit import used_up
+
+    files = [tmp_path / "a.zip", tmp_path / "a.zip.json"]
+
+    def made() -> list[Path]:
+        for f in files:
+            f.write_text("x")
+        return files
+
+    with used_up(*made()):
+        pass
+    assert not any(f.exists() for f in files)
+    with pytest.raises(IntegrityError), used_up(*made()):
+        raise IntegrityError("bad")
+    assert not any(f.exists() for f in files)
+    with pytest.raises(DownloadError), used_up(*made()):
+        raise DownloadError("cut")
+    assert all(f.exists() for f in files)
+    files[1].unlink()
+    with used_up(*files):  # one of them gone already
+        pass
+    assert not files[0].exists()
+
+
+def test_what_a_killed_install_left_is_removed_by_the_next(tmp_path: Path) -> None:
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.work import remove_stale_work, work_id
+
+    cache = Cache(tmp_path / "cache")
+    remove_stale_work(cache, VERSION)  # no tmp/ yet
+    for name in (f"{VERSION}.{work_id()}", f"{VERSION}.x/deep", f"{VERSION}x", f"{OTHER_VERSION}.1", "file.1"):
+        (cache.tmp / name).mkdir(parents=True)
+    remove_stale_work(cache, VERSION)
+    assert {p.name for p in cache.tmp.iterdir()} == {f"{VERSION}x", f"{OTHER_VERSION}.1", "file.1"}
+    assert len(work_id()) == 12
+    assert work_id() != work_id()
+
+
+def test_the_version_lock_says_what_it_waits_for(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from filelock import FileLock, Timeout
+
+    from qnnctl.sdk import work
+    from qnnctl.sdk.cache import Cache
+
+    cache = Cache(tmp_path / "cache")
+
+    def held_elsewhere(key: str, seconds: float) -> threading.Event:
+        """The lock of `key` taken by another thread, released after `seconds`; set once taken."""
+        taken = threading.Event()
+
+        def hold() -> None:
+            with FileLock(str(cache.lock_path(key))):
+                taken.set()
+                time.sleep(seconds)
+
+        threading.Thread(target=hold, daemon=True).start()
+        assert taken.wait(10)
+        return taken
+
+    def try_lock(key: str) -> bool:
+        result: list[bool] = []
+
+        def attempt() -> None:
+            try:
+                FileLock(str(cache.lock_path(key))).acquire(timeout=0)
+            except Timeout:
+                result.append(False)
+            else:
+                result.append(True)
+
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        thread.join()
+        return result[0]
+
+    with work.version_lock(cache, VERSION):
+        assert not try_lock(VERSION)
+    assert try_lock(VERSION)  # released
+    monkeypatch.setattr(work, "LOCK_WAIT_NOTICE", 0.05)
+    held_elsewhere("file", 0.5)
+    with caplog.at_level("INFO", logger="qnnctl.sdk.work"), work.version_lock(cache, "file", "installing a file"):
+        pass
+    assert caplog.messages == ["waiting for another qnnctl to finish installing a file"]
+    caplog.clear()
+    held_elsewhere("file", 0.5)
+    with caplog.at_level("INFO", logger="qnnctl.sdk.work"), work.version_lock(cache, "file"):
+        pass
+    assert caplog.messages == ["waiting for another qnnctl to finish installing file"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="qnnctl.sdk.work"), work.version_lock(cache, "file"):
+        pass
+    assert caplog.messages == []
+
+
+def test_the_digest_of_a_zips_directory_goes_into_the_manifest(tmp_path: Path) -> None:
+    import zipfile
+
+    from qnnctl.install.commit import directory_digest
+
+    archive = build_archive(tmp_path, "zip", SdkSpec())
+    with zipfile.ZipFile(archive) as zf:
+        start = zf.start_dir
+    data = archive.read_bytes()
+    assert directory_digest(archive) == {
+        "central_directory_sha256": hashlib.sha256(data[start:len(data) - 22]).hexdigest()}
+    assert directory_digest(build_archive(tmp_path / "t", "tar.gz", SdkSpec())) is None
+
+
+def test_an_extracted_sdk_is_what_its_libraries_say(tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.install.commit import identify
+
+    build = f"v{VERSION}101010"
+    root = build_sdk_tree(tmp_path / "a", SdkSpec(build_id=build))
+    assert identify(root, VERSION, None, "a.zip") == (VERSION, f"{VERSION}101010")
+    assert identify(root, None, None, "a.zip") == (VERSION, f"{VERSION}101010")
+    with pytest.raises(IntegrityError) as refused:
+        identify(root, OTHER_VERSION, None, "a.zip")
+    assert refused.value.message == (f"a.zip says it is SDK {OTHER_VERSION} (its top folder), but its libraries are "
+                                     f"build {VERSION}101010: SDK {VERSION}")
+    assert refused.value.hint == (f"check where the archive came from; to install it as what its libraries are, "
+                                  f"name that version: `qnnctl install {VERSION} ...`; nothing was installed")
+    assert identify(root, OTHER_VERSION, VERSION, "a.zip") == (VERSION, f"{VERSION}101010")  # named by the user
+    with pytest.raises(IntegrityError, match=f"^a.zip says it is SDK {OTHER_VERSION} "):
+        identify(root, OTHER_VERSION, OTHER_VERSION, "a.zip")
+    (root / "sdk.yaml").write_text("version: 2.31.0.250130\n")
+    with pytest.raises(IntegrityError) as both:
+        identify(root, OTHER_VERSION, None, "a.zip")
+    assert both.value.message.startswith(f"a.zip says it is SDK 2.31.0.250130, {OTHER_VERSION} (its top folder and "
+                                         "its sdk.yaml), but")
+    with pytest.raises(IntegrityError, match=r"^a.zip says it is SDK 2.31.0.250130 \(its sdk.yaml\), but"):
+        identify(root, VERSION, None, "a.zip")
+    # Libraries without a build id: taken at the word of the top folder, then of sdk.yaml.
+    plain = build_sdk_tree(tmp_path / "b", SdkSpec())
+    assert identify(plain, OTHER_VERSION, None, "b.zip") == (OTHER_VERSION, None)
+    assert identify(plain, None, None, "b.zip") == (VERSION, None)
+    (plain / "sdk.yaml").unlink()
+    assert identify(plain, None, None, "b.zip") == (None, None)
+    assert identify(plain, "", None, "b.zip") == (None, None)
+
+
+def test_commit_writes_the_manifest_and_moves_the_sdk_into_place(tmp_path: Path, cache_dir: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.install.commit import commit
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.layout import Sdk
+
+    cache = Cache(cache_dir)
+    work = tmp_path / "w"
+    root = build_sdk_tree(work / "sdk", SdkSpec())
+    (root / MANIFEST_NAME).write_text('{"theirs": 1}')  # the archive's, not ours: not counted
+    installed = commit(root, VERSION, "https://h/a.zip", "a" * 64, 10, {"lib/a": "d", MANIFEST_NAME: "e"}, 100 + 13,
+                       cache, False, work, build="b1", extra={"partial": True})
+    destination = cache_dir / "sdks" / VERSION
+    assert installed == Sdk(destination, VERSION, "qnnctl cache")
+    assert not root.exists()
+    manifest = read_manifest(destination)
+    assert manifest is not None
+    installed_at = manifest.pop("installed_at")
+    assert datetime.strptime(installed_at, "%Y-%m-%dT%H:%M:%SZ")
+    assert manifest == {"schema": 1, "version": VERSION, "build_id": "b1", "source": "https://h/a.zip",
+                        "sha256": "a" * 64, "size": 10, "unpacked_size": 100, "file_count": 1,
+                        "files": {"lib/a": "d"}, "qnnctl_version": qnnctl.__version__, "partial": True}
+    # Complete at its place already, and no --force: kept as it is.
+    again = build_sdk_tree(work / "again", SdkSpec())
+    assert commit(again, VERSION, "s", None, 1, {}, 1, cache, False, work) == installed
+    assert again.exists()
+    assert read_manifest(destination) == {**manifest, "installed_at": installed_at}
+    # --force: the new folder takes its place, the old one goes to the work folder.
+    assert commit(again, VERSION, "s2", None, 1, {}, 1, cache, True, work) == installed
+    assert (read_manifest(destination) or {})["source"] == "s2"
+    assert (read_manifest(again) or {})["source"] == "https://h/a.zip"
+    # An incomplete SDK at its place is replaced without --force.
+    shutil.rmtree(destination / LIB)
+    third = build_sdk_tree(work / "third", SdkSpec())
+    commit(third, VERSION, "s3", None, 1, {}, 1, cache, False, work)
+    assert (read_manifest(destination) or {})["source"] == "s3"
+    broken = build_sdk_tree(work / "broken", SdkSpec())
+    (broken / LIB / "libQnnHtp.so").unlink()
+    with pytest.raises(IntegrityError) as refused:
+        commit(broken, VERSION, "s", None, 1, {}, 1, cache, True, work)
+    assert (refused.value.message, refused.value.hint) == (
+        f"the archive's SDK is incomplete: missing {LIB}/libQnnHtp.so",
+        "the archive may be truncated or not a QAIRT SDK for Linux; nothing was installed")
+
+
+def test_folders_are_exchanged_in_two_steps_where_the_kernel_cannot_in_one(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from qnnctl.install import commit
+
+    def folders() -> tuple[Path, Path]:
+        new, old = tmp_path / "new", tmp_path / "old"
+        for folder, text in ((new, "new"), (old, "old")):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            (folder / "x").write_text(text)
+        return new, old
+
+    commit.exchange(*folders())
+    assert ((tmp_path / "old/x").read_text(), (tmp_path / "new/x").read_text()) == ("new", "old")
+
+    class NoExchange:
+        def __init__(self, error: int) -> None:
+            self.error = error
+
+        def renameat2(self, *args: object) -> int:
+            ctypes.set_errno(self.error)
+            return -1
+
+    for error in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        monkeypatch.setattr(commit, "_libc", lambda error=error: NoExchange(error))
+        commit.exchange(*folders())
+        assert ((tmp_path / "old/x").read_text(), (tmp_path / "new/x").read_text()) == ("new", "old")
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".old")) == []
+    monkeypatch.setattr(commit, "_libc", lambda: NoExchange(errno.EACCES))
+    with pytest.raises(PermissionError) as failed:
+        commit.exchange(*folders())
+    assert failed.value.filename == str(tmp_path / "old")
+    assert (tmp_path / "old/x").read_text() == "old"
+    monkeypatch.setattr(commit, "_libc", lambda: None)
+    commit.exchange(*folders())
+    assert ((tmp_path / "old/x").read_text(), (tmp_path / "new/x").read_text()) == ("new", "old")

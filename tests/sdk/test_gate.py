@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.errors import IntegrityError
 from qnnctl.install.zipindex import central_directory_sha256, end_records
+from qnnctl.sdk import gate
 from qnnctl.sdk.cache import read_manifest
 from tests.conftest import run_qnnctl
 from tests.forge import keep_crc32
@@ -272,3 +274,144 @@ def test_an_honest_install_by_parts_and_components_added_later_are_checked(
     checked = run_qnnctl("lock", "--check")
     assert checked.returncode == 0, checked.stderr
     assert "matches" in checked.stderr
+
+
+# The gate's own rules, on the descriptions it compares: each way in above ends in these.
+
+A = "a" * 64
+B = "b" * 64
+LOCK = gate.Expected("project/qnnctl.lock", "the lock", "pins", "run `qnnctl lock` again", sha256=A, size=10,
+                     components={"host": "h" * 64, "android": "d" * 64}, central_directory_sha256="c" * 64)
+PARTS = gate.Expected("the archive host came from", "it", "says", "install the whole SDK again",
+                      central_directory_sha256="c" * 64, by_directory=True)
+
+
+def refusal(expected: list[gate.Expected], observed: gate.Observed) -> IntegrityError:
+    with pytest.raises(IntegrityError) as refused:
+        gate.check(expected, observed)
+    assert refused.value.exit_code == 4
+    return refused.value
+
+
+@pytest.mark.parametrize(("value", "digest"), [
+    (A, True), ("0123456789abcdef" * 4, True), (A[:63], False), (A + "a", False), ("A" * 64, False),
+    ("g" * 64, False), ("X" * 64, False), (b"a" * 64, False), (None, False), ("", False)])
+def test_a_sha256_is_64_lowercase_hex_digits(value: object, digest: bool) -> None:
+    assert gate.is_sha256(value) is digest
+
+
+def test_sha256_given_on_the_command_line_is_an_expectation() -> None:
+    assert gate.given_sha256(None) is None
+    assert gate.given_sha256(A) == gate.Expected(
+        "--sha256", "--sha256", "expects", "check the --sha256 value, or the archive's source", sha256=A)
+
+
+def test_sources_that_pin_two_sha256s_are_refused_before_anything_is_fetched() -> None:
+    given = gate.given_sha256(B)
+    assert given is not None
+    gate.agree([])
+    gate.agree([LOCK, PARTS, LOCK._replace(source="the index")])  # one sha256, and one source with none
+    with pytest.raises(IntegrityError) as refused:
+        gate.agree([PARTS, LOCK, given])
+    assert refused.value.exit_code == 4
+    assert refused.value.message == (f"project/qnnctl.lock expects sha256 {A}, but --sha256 expects {B}; "
+                                     "nothing was fetched")
+    assert refused.value.hint == ("find out which is right; `qnnctl lock VERSION` writes the lock again, "
+                                  "`qnnctl mirror DIR VERSION` the mirror's index")
+    with pytest.raises(IntegrityError, match=f"^project/qnnctl.lock expects sha256 {A}, but --sha256 expects {B};"):
+        gate.agree([LOCK, LOCK, given])
+
+
+def test_an_install_by_parts_is_whole_when_a_source_cannot_check_its_parts() -> None:
+    assert gate.why_whole([], ["host"]) is None
+    assert gate.why_whole([LOCK, PARTS], ["host", "android"]) is None
+    assert gate.why_whole([PARTS._replace(sha256=A)], ["host"]) is None  # the directory alone vouches for it
+    whole_only = gate.given_sha256(A)
+    assert whole_only is not None
+    assert gate.why_whole([LOCK, whole_only], ["host"]) == (
+        "--sha256 expects the whole archive's sha256 and no component's")
+    index = LOCK._replace(source="the mirror's index", says="says", components={"host": "h" * 64})
+    assert gate.why_whole([PARTS, index], ["host", "android", "docs"]) == (
+        "the mirror's index says no digest of android, docs")
+    assert gate.why_whole([index._replace(sha256=None)], ["docs"]) == "the mirror's index says no digest of docs"
+
+
+def test_the_whole_archive_is_checked_by_sha256_and_size() -> None:
+    gate.check([LOCK], gate.Observed("https://mirror/sdk.zip", sha256=A, size=10))
+    gate.check([LOCK._replace(size=None)], gate.Observed("https://mirror/sdk.zip", sha256=A, size=11))
+    gate.check([LOCK], gate.Observed("https://mirror/sdk.zip", sha256=A))
+    wrong = refusal([LOCK, PARTS], gate.Observed("https://mirror/sdk.zip", sha256=B, size=10))
+    assert wrong.message == (f"the archive from https://mirror/sdk.zip does not match project/qnnctl.lock: "
+                             f"its sha256 is {B}, the lock pins {A}; nothing was installed")
+    assert wrong.hint == "run `qnnctl lock` again"
+    longer = refusal([LOCK], gate.Observed("sdk.zip", sha256=A, size=11))
+    assert longer.message == ("the archive from sdk.zip does not match project/qnnctl.lock: its size is 11, "
+                              "the lock pins 10; nothing was installed")
+    # Read whole, the archive's sha256 is all that is checked: the components' digests then
+    # come from the same bytes.
+    gate.check([LOCK], gate.Observed("sdk.zip", sha256=A, size=10, components={"host": "x" * 64},
+                                     central_directory_sha256="x" * 64))
+
+
+def test_every_source_is_checked() -> None:
+    index = LOCK._replace(source="the mirror's index", name="the index", says="says", sha256=B)
+    wrong = refusal([LOCK, index], gate.Observed("sdk.zip", sha256=A, size=10))
+    assert wrong.message.startswith("the archive from sdk.zip does not match the mirror's index: its sha256 is ")
+
+
+def test_parts_are_checked_by_their_digests() -> None:
+    host = {"host": "h" * 64}
+    gate.check([LOCK], gate.Observed("sdk.zip", components=host))
+    gate.check([LOCK], gate.Observed("sdk.zip", components=host, central_directory_sha256="c" * 64))
+    gate.check([LOCK], gate.Observed("sdk.zip", components={"android": "d" * 64, "host": "h" * 64}))
+    changed = refusal([LOCK], gate.Observed("sdk.zip", components={"android": "d" * 64, "host": "e" * 64}))
+    assert changed.message == ("the archive from sdk.zip does not match project/qnnctl.lock: the digest of its "
+                               f"component host is {'e' * 64}, the lock pins {'h' * 64}; nothing was installed")
+    assert changed.hint == "run `qnnctl lock` again"
+    unknown = refusal([LOCK], gate.Observed("sdk.zip", components={"docs": "f" * 64, "host": "h" * 64}))
+    assert unknown.message == ("the archive from sdk.zip cannot be checked against project/qnnctl.lock: "
+                               "it has no digest of the component docs; nothing was installed")
+    assert unknown.hint == "run `qnnctl lock` again"
+    # The parts' digests match, and the directory they were read from is another one.
+    moved = refusal([LOCK], gate.Observed("sdk.zip", components=host, central_directory_sha256="9" * 64))
+    assert moved.message == ("the archive from sdk.zip does not match project/qnnctl.lock: its central "
+                             f"directory's sha256 is {'9' * 64}, the lock pins {'c' * 64}; nothing was installed")
+
+
+def test_a_lock_never_vouches_for_parts_by_their_directory_alone() -> None:
+    none_written = refusal([LOCK], gate.Observed("sdk.zip", components={}, central_directory_sha256="c" * 64))
+    assert none_written.message == ("the archive from sdk.zip cannot be checked against project/qnnctl.lock: "
+                                    "nothing it pins was observed on this way in; nothing was installed")
+    assert none_written.hint == "run `qnnctl lock` again"
+    directory_only = refusal([LOCK], gate.Observed("sdk.zip", central_directory_sha256="c" * 64))
+    assert directory_only.message == (
+        "the archive from sdk.zip cannot be checked against project/qnnctl.lock: it pins components' digests, "
+        "and none were computed on this way in; nothing was installed")
+
+
+def test_the_archive_components_came_from_vouches_by_its_directory() -> None:
+    gate.check([PARTS], gate.Observed("sdk.zip", central_directory_sha256="c" * 64))
+    gate.check([PARTS], gate.Observed("sdk.zip", components={}, central_directory_sha256="c" * 64))
+    changed = refusal([PARTS], gate.Observed("sdk.zip", central_directory_sha256="9" * 64))
+    assert changed.message == ("the archive from sdk.zip does not match the archive host came from: its central "
+                               f"directory's sha256 is {'9' * 64}, it says {'c' * 64}; nothing was installed")
+    assert changed.hint == "install the whole SDK again"
+    unread = refusal([PARTS], gate.Observed("sdk.zip", components={"host": "h" * 64}))
+    assert unread.message == ("the archive from sdk.zip cannot be checked against the archive host came from: "
+                              "nothing it pins was observed on this way in; nothing was installed")
+    assert unread.hint == "install the whole SDK again"
+
+
+def test_a_whole_archive_sha256_cannot_check_part_of_an_archive() -> None:
+    given = gate.given_sha256(A)
+    assert given is not None
+    parts = refusal([given], gate.Observed("https://mirror/sdk.zip", components={"host": "h" * 64},
+                                           central_directory_sha256="c" * 64))
+    assert parts.message == (
+        "the archive from https://mirror/sdk.zip cannot be checked against --sha256: it expects only the whole "
+        "archive's sha256, and only part of the archive was read; nothing was installed")
+    assert parts.hint == "check the --sha256 value, or the archive's source"
+    # A lock that pins components too says what else it lacked.
+    unread = refusal([LOCK._replace(central_directory_sha256=None)], gate.Observed("sdk.zip"))
+    assert unread.message.endswith(": it pins components' digests, and none were computed on this way in; "
+                                   "nothing was installed")

@@ -47,4 +47,19 @@ TARGETS: dict[str, Target] = {
     "api": Target(("qnnctl/run/api.py",), ("tests/run/test_api.py", "tests/run/test_guard.py")),
     "bootstrap": Target(("qnnctl/run/bootstrap.py",),
                         ("tests/run/test_bootstrap.py", "tests/run/test_lower.py", "tests/run/test_guard.py")),
+    # The one gate: its rules on their own, then every way in (test_gate), installs by parts (test_partial).
+    "gate": Target(("qnnctl/sdk/gate.py",), ("tests/sdk/test_gate.py", "tests/install/test_partial.py")),
+    # One reading of a zip, by its own tests (test_components). test_gate's archives built to be read two
+    # ways reach it too, through installs that take a minute for each mutant they do not kill; in a first
+    # run they killed none that test_components did not.
+    "zipindex": Target(("qnnctl/install/zipindex.py",), ("tests/sdk/test_components.py",)),
+    # The component rules, choosing members and their digests, by their own tests: test_partial's installs by
+    # parts reach them too, and would cost a minute for each mutant they do not kill (as test_gate for zipindex).
+    "components": Target(("qnnctl/sdk/components.py", "qnnctl/sdk/members.py"), ("tests/sdk/test_components.py",)),
+    # uninstall --except/--all, by the library (test_housekeeping); test_fleet and test_holds run it end to end.
+    "prune": Target(("qnnctl/install/prune.py",), ("tests/install/test_housekeeping.py",)),
+    # A push to the stand-in adb, in the tests' own process and through `qnnctl device push`.
+    "push": Target(("qnnctl/device/push.py",), ("tests/device/test_device.py",)),
+    # A mirror's index.json: read on its own and by installs from a mirror (test_fleet).
+    "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",), ("tests/fleet/test_fleet.py",)),
 }

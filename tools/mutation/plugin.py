@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tests a mutated bootstrap cannot pass are left out while it is mutated: it imports
     mutmut, which an interpreter without the tests' site-packages lacks, and mutmut's frames
     show in the tracebacks it leaves."""
-    bootstrap = _MUTANTS / "qnnctl" / "bootstrap.py"
+    bootstrap = _MUTANTS / "qnnctl" / "run" / "bootstrap.py"
     if "mutmut" not in bootstrap.read_text(encoding="utf-8"):
         return
     skip = pytest.mark.skip(reason="a mutated bootstrap cannot run in an interpreter without mutmut")
