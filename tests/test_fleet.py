@@ -1640,3 +1640,12 @@ def test_a_store_folder_without_the_host_libraries_is_no_sdk(tmp_path: Path) -> 
     assert found is not None
     assert found.root == store / "whole"
     assert [sdk.root for sdk in store_sdks(environ)] == [store / "whole"]
+
+
+def test_a_mirror_index_lists_its_versions_oldest_first_by_number(server: FaultServer) -> None:
+    from qnnctl.sdk.mirrorindex import indexed_versions
+
+    entry = {"sha256": "a" * 64}
+    server.add("/index.json", _index({"2.10.0.250101": entry, "2.9.0.250101": entry, "2.10.0.241231": entry}),
+               "application/json")
+    assert indexed_versions(server.base) == ["2.9.0.250101", "2.10.0.241231", "2.10.0.250101"]
