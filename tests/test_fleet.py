@@ -1649,3 +1649,22 @@ def test_a_mirror_index_lists_its_versions_oldest_first_by_number(server: FaultS
     server.add("/index.json", _index({"2.10.0.250101": entry, "2.9.0.250101": entry, "2.10.0.241231": entry}),
                "application/json")
     assert indexed_versions(server.base) == ["2.9.0.250101", "2.10.0.241231", "2.10.0.250101"]
+
+
+def test_a_refused_mirror_is_tried_once_more_only(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    from qnnctl.errors import DownloadError
+    from qnnctl.sdk.mirrorindex import index_url, read_index
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/index.json"
+    with pytest.raises(DownloadError):
+        read_index(f"http://127.0.0.1:{port}/")
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retries == [f"cannot reach {url}: the connection was refused ([Errno 111] Connection refused); retrying in "
+                       "1.0s (attempt 2 of 3)"]
+    assert index_url("https://h/MIRROR_X/") == "https://h/MIRROR_X/index.json"
+    assert index_url("https://h/m//") == "https://h/m/index.json"
