@@ -1668,3 +1668,34 @@ def test_a_refused_mirror_is_tried_once_more_only(caplog: pytest.LogCaptureFixtu
                        "1.0s (attempt 2 of 3)"]
     assert index_url("https://h/MIRROR_X/") == "https://h/MIRROR_X/index.json"
     assert index_url("https://h/m//") == "https://h/m/index.json"
+
+
+def test_an_https_mirror_index_is_retried_as_an_http_one_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk.mirrorindex import read_index
+    from tests.httpserver import self_signed_certificate
+
+    certificate = self_signed_certificate(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate.cert))
+    with FaultServer(tls=certificate) as server:
+        server.add("/index.json", _index({}), "application/json")
+        server.fail("/index.json", *[Fault.status(503, retry_after="0")] * 3)
+        assert server.base.startswith("https://")
+        assert read_index(server.base) is None
+    url = f"{server.base}/index.json"
+    assert _warnings(caplog) == [
+        f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 2 of 3)",
+        f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 3 of 3)",
+        f"the mirror answered HTTP 503 for {url}; the archive is not checked against it",
+    ]
+
+
+def test_a_mirror_index_that_does_not_come_is_given_up(server: FaultServer, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk import mirrorindex
+
+    monkeypatch.setattr(mirrorindex, "INDEX_TIMEOUT", (5.0, 0.2))  # as its 30 s, shortened
+    server.add("/index.json", _index({}), "application/json")
+    server.fail("/index.json", *[Fault.stall(3)] * 3)
+    assert mirrorindex.read_index(server.base) is None
+    assert _warnings(caplog)[-1].startswith(f"cannot read the mirror's {server.base}/index.json (")
