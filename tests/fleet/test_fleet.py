@@ -1640,3 +1640,62 @@ def test_a_store_folder_without_the_host_libraries_is_no_sdk(tmp_path: Path) -> 
     assert found is not None
     assert found.root == store / "whole"
     assert [sdk.root for sdk in store_sdks(environ)] == [store / "whole"]
+
+
+def test_a_mirror_index_lists_its_versions_oldest_first_by_number(server: FaultServer) -> None:
+    from qnnctl.sdk.mirrorindex import indexed_versions
+
+    entry = {"sha256": "a" * 64}
+    server.add("/index.json", _index({"2.10.0.250101": entry, "2.9.0.250101": entry, "2.10.0.241231": entry}),
+               "application/json")
+    assert indexed_versions(server.base) == ["2.9.0.250101", "2.10.0.241231", "2.10.0.250101"]
+
+
+def test_a_refused_mirror_is_tried_once_more_only(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    from qnnctl.errors import DownloadError
+    from qnnctl.sdk.mirrorindex import index_url, read_index
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/index.json"
+    with pytest.raises(DownloadError):
+        read_index(f"http://127.0.0.1:{port}/")
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retries == [f"cannot reach {url}: the connection was refused ([Errno 111] Connection refused); retrying in "
+                       "1.0s (attempt 2 of 3)"]
+    assert index_url("https://h/MIRROR_X/") == "https://h/MIRROR_X/index.json"
+    assert index_url("https://h/m//") == "https://h/m/index.json"
+
+
+def test_an_https_mirror_index_is_retried_as_an_http_one_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk.mirrorindex import read_index
+    from tests.httpserver import self_signed_certificate
+
+    certificate = self_signed_certificate(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate.cert))
+    with FaultServer(tls=certificate) as server:
+        server.add("/index.json", _index({}), "application/json")
+        server.fail("/index.json", *[Fault.status(503, retry_after="0")] * 3)
+        assert server.base.startswith("https://")
+        assert read_index(server.base) is None
+    url = f"{server.base}/index.json"
+    assert _warnings(caplog) == [
+        f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 2 of 3)",
+        f"{url} answered HTTP 503 Service Unavailable; retrying in 0.0s (attempt 3 of 3)",
+        f"the mirror answered HTTP 503 for {url}; the archive is not checked against it",
+    ]
+
+
+def test_a_mirror_index_that_does_not_come_is_given_up(server: FaultServer, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from qnnctl.sdk import mirrorindex
+
+    monkeypatch.setattr(mirrorindex, "INDEX_TIMEOUT", (5.0, 0.2))  # as its 30 s, shortened
+    server.add("/index.json", _index({}), "application/json")
+    server.fail("/index.json", *[Fault.stall(3)] * 3)
+    assert mirrorindex.read_index(server.base) is None
+    assert _warnings(caplog)[-1].startswith(f"cannot read the mirror's {server.base}/index.json (")
