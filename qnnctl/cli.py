@@ -49,7 +49,7 @@ from qnnctl.run.inspect import inspect_file
 from qnnctl.run.inspect import render as render_inspection
 from qnnctl.run.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
 from qnnctl.run.which import which as find
-from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.cache import Cache, relative_cache_dir
 from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import HeldError, wait_for_holders
 from qnnctl.sdk.listing import installed_sdks, selected_here
@@ -164,8 +164,8 @@ _said_relative_cache: list[str] = []
 
 def _cache() -> Any:
     cache = Cache.from_env(os.environ)
-    configured = os.environ.get("QNNCTL_CACHE_DIR", "")
-    if configured.strip() and not os.path.isabs(os.path.expanduser(configured)) and not _said_relative_cache:
+    configured = relative_cache_dir(os.environ)
+    if configured is not None and not _said_relative_cache:
         # Taken from the current folder (a CI job's `.cache/qnnctl` is one cache per checkout),
         # so that another folder finds another cache: said, not refused.
         _said_relative_cache.append(configured)

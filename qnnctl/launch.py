@@ -18,7 +18,7 @@ from pathlib import Path
 
 from qnnctl.errors import EXIT_INTERRUPTED, INTERRUPTED
 from qnnctl.run.envplan import plan_env
-from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.cache import Cache, relative_cache_dir
 from qnnctl.sdk.stores import STORES_VARIABLE
 from qnnctl.shell.detect import detect_shell
 from qnnctl.shell.render import SHELLS, render
@@ -61,8 +61,7 @@ def lean_env(args: list[str], environ: Mapping[str, str]) -> str | None:
     """What `qnnctl env ARGS` prints, when the lean path can answer it all; None otherwise."""
     if any(environ.get(name) for name in _FULL_CLI_WHEN_SET):
         return None
-    configured = environ.get("QNNCTL_CACHE_DIR", "")
-    if configured.strip() and not os.path.isabs(os.path.expanduser(configured)):
+    if relative_cache_dir(environ) is not None:
         return None
     try:
         version, shell, unset = _env_arguments(args)

@@ -49,6 +49,15 @@ def cache_root(environ: Mapping[str, str]) -> Path:
     return Path(user_cache_dir("qnnctl", appauthor=False))
 
 
+def relative_cache_dir(environ: Mapping[str, str]) -> str | None:
+    """QNNCTL_CACHE_DIR when it is relative (the cache is then taken from the current folder,
+    which the command line says), else None."""
+    configured = environ.get("QNNCTL_CACHE_DIR", "")
+    if configured.strip() and not os.path.isabs(os.path.expanduser(configured)):
+        return configured
+    return None
+
+
 class Cache(NamedTuple):
     """qnnctl's cache folder and its layout."""
 
