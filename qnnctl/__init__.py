@@ -6,13 +6,15 @@ subprocess. The public functions are loaded on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from qnnctl.records import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 __all__ = ["Sdk", "__version__", "disable_mkldnn_on_amd", "setup_sdk"]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from qnnctl.run.api import disable_mkldnn_on_amd, setup_sdk
     from qnnctl.sdk.layout import Sdk
 

@@ -6,7 +6,11 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+
+from qnnctl.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def user_path(value: str | os.PathLike[str]) -> Path:

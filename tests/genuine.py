@@ -178,10 +178,11 @@ def build_archive(wheel: Wheel, dest: Path, top: str | None = None, label: str |
     """A zip of the SDK as Qualcomm publishes it (one top folder `qairt/<version>/`); `top` and
     `label` (see build_sdk_tree) say otherwise, for archives that lie about what they hold."""
     top = f"qairt/{wheel.qairt}" if top is None else top
-    staging = dest.with_name(dest.name + ".staging")
+    # Named by process: test workers running side by side may build the same archive at once.
+    staging = dest.with_name(f"{dest.name}.staging-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     build_sdk_tree(wheel, staging / top if top else staging, label)
-    partial = dest.with_name(dest.name + ".part")
+    partial = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     # Deflate at level 1: the tests read these archives, their size matters little.
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for path in sorted(p for p in staging.rglob("*")):
@@ -241,7 +242,7 @@ def device_tree(wheel: Wheel) -> Path:
     built = CACHE / "built" / f"device-{wheel.qairt}-r{LAYOUT_REVISION}"
     if built.is_dir():
         return built
-    staging = built.with_name(built.name + ".staging")
+    staging = built.with_name(f"{built.name}.staging-{os.getpid()}")  # as in build_archive
     shutil.rmtree(staging, ignore_errors=True)
     places = device_file_places(wheel)
     with zipfile.ZipFile(source) as zf:
@@ -256,7 +257,12 @@ def device_tree(wheel: Wheel) -> Path:
     missing = sorted(set(places) - {p.name for p in staging.rglob("*.so")})
     if missing:
         raise RuntimeError(f"{wheel.file_name} lacks {missing}")
-    os.replace(staging, built)
+    try:
+        os.replace(staging, built)
+    except OSError:
+        if not built.is_dir():
+            raise
+        shutil.rmtree(staging)  # another worker's tree landed first: the same files
     return built
 
 

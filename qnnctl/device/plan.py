@@ -21,10 +21,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.errors import QnnctlError, UsageError
+from qnnctl.records import Record
 from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.components import ALL, ANDROID, HEXAGON, install_command, installed_components
@@ -52,7 +53,7 @@ def hexagon_dir(number: int) -> str:
     return f"lib/hexagon-v{number}/unsigned"
 
 
-class Need(NamedTuple):
+class Need(Record):
     """One SDK file a device needs: its path in the SDK, and whether the runtime fails without it."""
 
     rel: str

@@ -11,7 +11,8 @@ The SoC names are those QNN and ExecuTorch use (`SM8750`), which Android reports
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+
+from qnnctl.records import Record
 
 # Where the SoC rows come from.
 QC_SCHEMA = ("ExecuTorch backends/qualcomm/serialization/qc_schema.py, _soc_info_table "
@@ -19,7 +20,7 @@ QC_SCHEMA = ("ExecuTorch backends/qualcomm/serialization/qc_schema.py, _soc_info
 QC_SCHEMA_READ = "2026-12-01"
 
 
-class Arch(NamedTuple):
+class Arch(Record):
     """One HTP generation: `V79` is served by `lib/hexagon-v79/unsigned/libQnnHtpV79Skel.so`
     and `lib/aarch64-android/libQnnHtpV79Stub.so`."""
 
@@ -35,7 +36,7 @@ class Arch(NamedTuple):
         return f"V{self.number}"
 
 
-class Soc(NamedTuple):
+class Soc(Record):
     model: str  # as QNN names it: SM8750
     arch: int  # the HTP generation's number: 79
     source: str

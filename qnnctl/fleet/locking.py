@@ -11,12 +11,13 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.fleet.mirror import fetch_archive
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import redact
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.gate import is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
@@ -37,7 +38,7 @@ from qnnctl.sdk.versions import is_full_version
 log = logging.getLogger("qnnctl.sdk.lockfile")
 
 
-class Written(NamedTuple):
+class Written(Record):
     path: Path
     lock: LockedSdk
     trust: str
@@ -148,7 +149,7 @@ def _components_of(manifest: Mapping[str, Any] | None) -> tuple[str, ...] | None
     return tuple(str(c) for c in components) if isinstance(components, list) else None
 
 
-class Verdict(NamedTuple):
+class Verdict(Record):
     """The lock against what qnnctl resolves: `problems` empty when they agree."""
 
     lock: LockedSdk

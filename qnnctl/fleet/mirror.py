@@ -18,7 +18,7 @@ import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install.archive import zip_digests
@@ -26,6 +26,7 @@ from qnnctl.install.commit import download_name
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
+from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.gate import Observed, agree, check
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
@@ -38,7 +39,7 @@ from qnnctl.sdk.work import version_lock, work_folder, work_id
 
 log = logging.getLogger("qnnctl.fleet.mirror")
 
-class FetchedArchive(NamedTuple):
+class FetchedArchive(Record):
     path: Path
     url: str  # redacted
     sha256: str
@@ -161,7 +162,7 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
 # -- qnnctl mirror DIR [VERSION]... --------------------------------------------------------------
 
 
-class Mirrored(NamedTuple):
+class Mirrored(Record):
     version: str
     path: Path
     sha256: str

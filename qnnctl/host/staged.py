@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
 
+from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.layout import Sdk
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _ELF_MAGIC = b"\x7fELF"
 
 
-class ElfIdentity(NamedTuple):
+class ElfIdentity(Record):
     """What makes two ELF objects loadable into the same process: class, byte order, machine."""
 
     bits: int
@@ -67,7 +70,7 @@ _EM_X86_64 = 62
 Version = tuple[int, ...]
 
 
-class Staged(NamedTuple):
+class Staged(Record):
     """A complete staged runtime: `root/lib` holds the libraries, `root/.qnnctl.json` says what."""
 
     root: Path

@@ -35,12 +35,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, NamedTuple, NoReturn, Protocol, TypeVar
+from typing import IO, Any, NoReturn, Protocol, TypeVar
 
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import require_free_space, space_margin
 from qnnctl.install.zipindex import MAX_TAIL, check_zip_file, member_kind, open_zip, zip64_sizes
 from qnnctl.net.download import file_sha256
+from qnnctl.records import Record
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.members import Member, component_digests, member_line, unresolved_links
 from qnnctl.sdk.versions import version_in
@@ -66,7 +67,7 @@ _CORRUPT = (zipfile.BadZipFile, tarfile.TarError, EOFError, lzma.LZMAError, zlib
 _LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
 
 
-class Written(NamedTuple):
+class Written(Record):
     """What writing one file took: its CRC-32, its size and the sha256 of its content."""
 
     crc: int

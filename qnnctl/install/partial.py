@@ -24,7 +24,7 @@ import tarfile
 import zipfile
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import require_free_space
@@ -53,6 +53,7 @@ from qnnctl.install.zipindex import (
 )
 from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
 from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, SparseFile, probe
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
 from qnnctl.sdk.gate import Expected, Observed, check, why_whole
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("qnnctl.install.partial")
 
 
-class Choice(NamedTuple):
+class Choice(Record):
     """What to extract from an archive for the components asked for."""
 
     top: PurePosixPath  # the archive's SDK folder
@@ -79,7 +80,7 @@ class Choice(NamedTuple):
     targets: dict[PurePosixPath, str]  # link targets known so far
 
 
-class Parts(NamedTuple):
+class Parts(Record):
     """What an install of some components records in the manifest, beyond the usual."""
 
     components: tuple[str, ...]

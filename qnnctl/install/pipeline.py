@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
@@ -16,6 +16,7 @@ from qnnctl.install.partial import extract_components, install_components, merge
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import covers, installed_components, parse_components
 from qnnctl.sdk.gate import Observed, agree, check, given_sha256
@@ -53,9 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("qnnctl.install.pipeline")
 
-# NamedTuples rather than frozen dataclasses: a cache hit imports this module, and each
+# Records (named tuples) rather than frozen dataclasses: a cache hit imports this module, and each
 # frozen dataclass costs about a millisecond to build.
-class InstallRequest(NamedTuple):
+class InstallRequest(Record):
     spec: str | None = None  # VERSION (or prefix) as given
     url: str | None = None
     file: Path | None = None
@@ -68,7 +69,7 @@ class InstallRequest(NamedTuple):
     components: tuple[str, ...] | None = None
 
 
-class InstallResult(NamedTuple):
+class InstallResult(Record):
     """The SDK in use, or None when the caller manages it (empty QNN_SDK_ROOT)."""
 
     sdk: Sdk | None

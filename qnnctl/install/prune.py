@@ -12,12 +12,12 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from filelock import FileLock, Timeout
 
 from qnnctl.errors import NotInstalledError, UsageError
 from qnnctl.files import remove_tree
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, unpacked_size
 from qnnctl.sdk.holds import HeldError, exclusive
 from qnnctl.sdk.select import (
@@ -38,13 +38,13 @@ from qnnctl.words import size_text
 log = logging.getLogger("qnnctl.install.prune")
 
 
-class Removed(NamedTuple):
+class Removed(Record):
     version: str
     root: Path
     size: int  # bytes, as `qnnctl list` counts them
 
 
-class Pruned(NamedTuple):
+class Pruned(Record):
     removed: list[Removed]
     busy: list[tuple[str, Path]]  # held by a running install: left alone
     kept: list[str]  # versions of qnnctl's cache that --except kept
@@ -202,7 +202,7 @@ def _not_installed(version: str) -> NotInstalledError:
     return error
 
 
-class Cleaned(NamedTuple):
+class Cleaned(Record):
     removed: list[Path]
     busy: list[Path]
 

@@ -27,9 +27,9 @@ import struct
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
 
 from qnnctl.errors import IntegrityError
+from qnnctl.records import Record
 
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory record, 22 bytes and a comment
 _EOCD_SIG = b"PK\x05\x06"
@@ -54,7 +54,7 @@ _MAX_DESCRIPTOR = 24
 _DESCRIPTOR_SIZES = (12, 16, 20, 24)
 
 
-class EndRecords(NamedTuple):
+class EndRecords(Record):
     """Where the central directory is, as the end of the archive says."""
 
     cd_start: int  # where the central directory starts in the file
@@ -129,7 +129,7 @@ def end_records(tail: bytes, size: int) -> EndRecords:
     return EndRecords(cd_start, cd_size, entries, tail_start, zip64)
 
 
-class Extent(NamedTuple):
+class Extent(Record):
     """Where one member's bytes are: from its local header to at most the next member.
 
     A tuple, not a dataclass: there is one per member, 10,000 of them in a real release."""

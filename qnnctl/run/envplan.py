@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from qnnctl.host.staged import staged_lib_dirs
+from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command, installed_components, missing
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, find_pin, resolve_installed, select_sdk
 from qnnctl.shell.exports import EnvValues, sdk_environment, unset_environment
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def runtime_lib_dirs(cache: Cache, sdk: Sdk) -> list[str]:
@@ -34,7 +37,7 @@ def environment_for(sdk: Sdk, environ: Mapping[str, str], cache: Cache, owns_roo
     return sdk_environment(environ, str(sdk.root), lib_dirs, bin_dirs, owns_root)
 
 
-class PinGap(NamedTuple):
+class PinGap(Record):
     """The components a `.qnn-version` pin names (its second line) that the SDK it chose lacks."""
 
     pin: Path

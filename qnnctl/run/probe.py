@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from qnnctl.errors import QnnctlError
+from qnnctl.records import Record
 
 PROBE_TIMEOUT = 60.0
 # QnnCommon.h's QNN_BACKEND_ID_HTP.
@@ -94,7 +95,7 @@ with open(sys.argv[1], "w") as out:
 """
 
 
-class Provider(NamedTuple):
+class Provider(Record):
     """One interface provider a library offers, as its getProviders function lists it."""
 
     name: str
@@ -109,7 +110,7 @@ class Provider(NamedTuple):
         return f"{self.name} (backend {self.backend_id}, core API {self.core_api}, backend API {self.backend_api})"
 
 
-class Loaded(NamedTuple):
+class Loaded(Record):
     """What happened to one library in the child: loaded from `path`, or the loader's `error`."""
 
     name: str

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from qnnctl.errors import UsageError
 from qnnctl.host.elf import ElfInfo, Resolver
 from qnnctl.host.machine import read_ld_cache
 from qnnctl.host.runtime import LOADER_GUARD
 from qnnctl.host.staged import ElfIdentity
+from qnnctl.records import Record
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.run.lower import staged_loader
@@ -31,7 +32,7 @@ TOOL = "tool"
 _EM_X86_64 = 62
 
 
-class Candidate(NamedTuple):
+class Candidate(Record):
     """A folder searched, where it came from, and whether it holds NAME."""
 
     folder: str
@@ -39,7 +40,7 @@ class Candidate(NamedTuple):
     holds: bool
 
 
-class Answer(NamedTuple):
+class Answer(Record):
     name: str
     kind: str  # LIBRARY or TOOL
     path: str | None  # None: nothing provides it

@@ -7,11 +7,14 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from qnnctl.errors import UsageError
 from qnnctl.paths import tree_size, user_path
+from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.versions import is_full_version
+
+if TYPE_CHECKING:
+    from typing import Any
 
 MANIFEST_NAME = ".qnnctl.json"
 MANIFEST_SCHEMA = 1
@@ -58,7 +61,7 @@ def relative_cache_dir(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-class Cache(NamedTuple):
+class Cache(Record):
     """qnnctl's cache folder and its layout."""
 
     root: Path

@@ -7,12 +7,11 @@ one more row; the first row that matches decides.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from qnnctl.records import Record
 from qnnctl.sdk.versions import parse_version
 
 
-class Pairing(NamedTuple):
+class Pairing(Record):
     executorch: str  # a release, or a prefix of releases ("1.5" is 1.5.0, 1.5.1, ...)
     qairt_from: tuple[int, int]  # (major, minor), inclusive
     qairt_to: tuple[int, int] | None  # inclusive; None: every later release too
@@ -59,7 +58,7 @@ def known_pairing(executorch: str, qairt: str) -> Pairing | None:
     return None
 
 
-class EpRequirement(NamedTuple):
+class EpRequirement(Record):
     """What a release of ONNX Runtime's QNN execution provider (`onnxruntime-qnn`) needs of the
     SDK whose libQnnHtp.so it is given as `backend_path`: the QNN core API version it checks."""
 

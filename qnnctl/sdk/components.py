@@ -15,9 +15,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import PurePosixPath
-from typing import Any
 
 from qnnctl.errors import UsageError
+from qnnctl.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 ALL = "all"
 HOST = "host"

@@ -16,9 +16,9 @@ what would let it check; never "installed, unchecked".
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import NamedTuple
 
 from qnnctl.errors import IntegrityError
+from qnnctl.records import Record
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -28,7 +28,7 @@ def is_sha256(value: object) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
-class Expected(NamedTuple):
+class Expected(Record):
     """What one source expects of an SDK's archive."""
 
     source: str  # who expects it, as a message names it: a lock's path, the mirror's index, --sha256
@@ -45,7 +45,7 @@ class Expected(NamedTuple):
     by_directory: bool = False
 
 
-class Observed(NamedTuple):
+class Observed(Record):
     """What was seen of the bytes that arrived."""
 
     shown: str  # where they came from (a URL, redacted, or a path)

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import NamedTuple
 
 from qnnctl.errors import QnnctlError
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 
 log = logging.getLogger("qnnctl.sdk.holds")
@@ -38,7 +38,7 @@ wait_for_holders: ContextVar[bool] = ContextVar("wait_for_holders", default=Fals
 _COMMAND_WIDTH = 120  # a command line longer than this is cut, in messages
 
 
-class Holder(NamedTuple):
+class Holder(Record):
     """A process that holds an SDK: its PID and its command line (as `ps` shows it)."""
 
     pid: int

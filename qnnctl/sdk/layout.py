@@ -6,11 +6,11 @@ import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import InvalidSdkError, UsageError
 from qnnctl.paths import user_path
+from qnnctl.records import Record
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.identity import sdk_build_id, version_of_build
 from qnnctl.sdk.versions import is_full_version, version_in
@@ -20,7 +20,7 @@ HOST_BIN_DIR = "bin/x86_64-linux-clang"
 REQUIRED_LIBS = ("libQnnHtp.so", "libQnnSystem.so")
 
 
-class Sdk(NamedTuple):
+class Sdk(Record):
     """A usable SDK: its root folder, its version and where it was found."""
 
     root: Path

@@ -19,10 +19,11 @@ import sys
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.components import installed_components
 from qnnctl.sdk.gate import Expected, is_sha256
@@ -49,7 +50,7 @@ class LockError(QnnctlError):
     exit_code = EXIT_FAILED
 
 
-class LockedSdk(NamedTuple):
+class LockedSdk(Record):
     """What a lock file pins."""
 
     path: Path

@@ -13,8 +13,8 @@ import re
 import stat
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
 
+from qnnctl.records import Record
 from qnnctl.sdk.components import ALL, ANDROID, DOCS, HEXAGON, HOST, OTHER, canonical
 
 # (component, pattern) over a member's path below the SDK root. `dir/` claims everything under
@@ -64,7 +64,7 @@ def component_of(path: str, is_dir: bool = False) -> str | None:
     return None
 
 
-class Member(NamedTuple):
+class Member(Record):
     """One member of an archive, as far as choosing goes."""
 
     path: PurePosixPath  # in the archive, checked safe (no absolute path, no `..`)

@@ -8,7 +8,7 @@ them, writes it.
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -17,6 +17,7 @@ from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.net.download import make_session, retry_policy
 from qnnctl.net.retry import describe, refused
 from qnnctl.net.urls import redact
+from qnnctl.records import Record
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.versions import is_full_version, parse_version
 
@@ -27,7 +28,7 @@ INDEX_SCHEMA = 1
 INDEX_TIMEOUT = (10.0, 30.0)  # connect, read: a small file
 
 
-class IndexEntry(NamedTuple):
+class IndexEntry(Record):
     """What a mirror's index.json says of one version."""
 
     url: str  # of the index, redacted

@@ -8,12 +8,12 @@ import re
 import shlex
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DamagedSdkError, IntegrityError, NotInstalledError, UsageError
 from qnnctl.net.urls import redact
 from qnnctl.paths import user_path
+from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import (
@@ -51,7 +51,7 @@ BY_INSTALLED = "installed"
 BY_DEFAULT = "default"
 
 
-class Selection(NamedTuple):
+class Selection(Record):
     """Which SDK a command should use, and why.
 
     Exactly one of `version` and `root` is set, except for a caller-managed SDK
@@ -274,7 +274,7 @@ def shell_sdk_root(environ: Mapping[str, str]) -> str | None:
     return marker.root or None
 
 
-class PinConflict(NamedTuple):
+class PinConflict(Record):
     """This shell set up by `qnnctl env` for one SDK, and the project's pin naming another."""
 
     shell_root: Path

@@ -22,11 +22,11 @@ import stat
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnnctl import __version__
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import user_path, write_json_atomic
+from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import (
@@ -42,6 +42,7 @@ from qnnctl.sdk.versions import is_full_version, parse_version, resolve_version
 
 if TYPE_CHECKING:
     import logging
+    from typing import Any
 
 
 def _log() -> logging.Logger:
@@ -72,7 +73,7 @@ def store_dirs(environ: Mapping[str, str]) -> list[Path]:
     return found
 
 
-class StoreSdk(NamedTuple):
+class StoreSdk(Record):
     """An SDK root in a store, and the version its libraries (or labels) give it."""
 
     store: Path
@@ -132,7 +133,7 @@ def find_in_stores(version: str, environ: Mapping[str, str]) -> StoreSdk | None:
 _MAX_LINKS = 40
 
 
-class Unsafe(NamedTuple):
+class Unsafe(Record):
     """Why another user could change what a path names: the folder (or link) at fault, what is
     wrong with it, and the command that fixes it."""
 
@@ -318,7 +319,7 @@ def link_path(cache: Cache, version: str) -> Path:
     return links_dir(cache) / f"{version}.json"
 
 
-class Link(NamedTuple):
+class Link(Record):
     """A recorded SDK folder: what `qnnctl link` wrote into links/<version>.json."""
 
     version: str

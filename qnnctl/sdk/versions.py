@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Collection, Iterable
-from typing import NamedTuple
 
 from qnnctl.errors import UsageError
+from qnnctl.records import Record
 
 DEFAULT_VERSION = "2.37.0.250724"
 
 
-class Release(NamedTuple):
+class Release(Record):
     """A published QAIRT release and where it was seen."""
 
     version: str
@@ -69,7 +69,7 @@ _FULL = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d{6})$")
 _PREFIX = re.compile(r"^\d+(\.\d+){0,3}$")
 
 
-class Version(NamedTuple):
+class Version(Record):
     major: int
     minor: int
     patch: int
