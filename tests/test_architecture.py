@@ -26,6 +26,7 @@ LAYERS = (
     ("qnnctl.fleet", "qnnctl.run"),
     ("qnnctl.device",),
     ("qnnctl.doctor",),
+    ("qnnctl.commands",),
     ("qnnctl.cli", "qnnctl.launch"),
     ("qnnctl.__main__",),
 )

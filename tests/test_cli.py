@@ -258,11 +258,12 @@ def test_help_describes_the_levels() -> None:
 def test_an_unexpected_error_shows_no_secret_of_a_url_in_its_message(monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from qnnctl import cli
+    from qnnctl.commands import env
 
     def boom(*args: object) -> None:
         raise RuntimeError("fetching https://user:S3cr3t@mirror.example/v.zip?token=SIGNED broke")
 
-    monkeypatch.setattr(cli, "installed_sdks", boom)
+    monkeypatch.setattr(env, "installed_sdks", boom)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["list"])
     assert stopped.value.code == 1
@@ -387,3 +388,45 @@ def test_a_relative_cache_dir_is_said_once_and_taken_from_the_current_folder(tmp
     absolute = run_qnnctl("env", "--shell", "json",
                           env={**os.environ, "QNNCTL_CACHE_DIR": str(Path.cwd() / "rel" / "cache")})
     assert (absolute.returncode, absolute.stderr) == (0, "")
+
+
+def test_every_command_module_is_in_the_command_table() -> None:
+    """qnnctl.cli.COMMANDS is the one list of commands: each entry names a click command of that
+    name in qnnctl.commands, and each module there (but the shared one) defines some entry."""
+    import importlib
+
+    import click
+
+    from qnnctl import cli
+
+    for name, (module, attribute) in cli.COMMANDS.items():
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        assert command.name == name or (name, command.name) == ("list", "list")
+    folder = Path(cli.__file__).parent / "commands"
+    modules = {f"qnnctl.commands.{p.stem}" for p in folder.glob("*.py")} - {
+        "qnnctl.commands.__init__", "qnnctl.commands.common"}
+    assert modules == {module for module, _ in cli.COMMANDS.values()}
+
+
+@pytest.mark.parametrize(("argv", "loaded"), [
+    (["--version"], set()),
+    (["--help"], "all"),
+    (["list"], {"qnnctl.commands.env"}),
+    (["use", "--help"], {"qnnctl.commands.projects"}),
+    (["cache", "clean", "--help"], {"qnnctl.commands.housekeeping"}),
+])
+def test_a_command_loads_its_own_module_only(argv: list[str], loaded: set[str] | str) -> None:
+    """The command line imports a command's module when that command runs: `qnnctl list` pays
+    for neither requests nor the doctor's checks; --help lists (and so loads) every command."""
+    code = ("import json, sys\nfrom qnnctl.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
+            "    print(json.dumps(sorted(sys.modules)), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    modules = set(json.loads(proc.stderr.splitlines()[-1]))
+    commands = {m for m in modules if m.startswith("qnnctl.commands.")} - {"qnnctl.commands.common"}
+    from qnnctl import cli
+
+    assert commands == ({module for module, _ in cli.COMMANDS.values()} if loaded == "all" else loaded)
+    if argv in (["--version"], ["list"]):
+        assert not {"requests", "rich", "elftools", "qnnctl.doctor.diagnose"} & modules
