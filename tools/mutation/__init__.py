@@ -66,4 +66,12 @@ TARGETS: dict[str, Target] = {
     "commit": Target(("qnnctl/install/commit.py",), ("tests/install/test_install.py",)),
     # qnnctl.lock: read, written and compared in the tests' own process, and by `qnnctl lock` (test_fleet).
     "lockfile": Target(("qnnctl/sdk/lockfile.py",), ("tests/fleet/test_fleet.py",)),
+    # Shared stores and links: read in the tests' own process and by every command that selects (test_fleet).
+    "stores": Target(("qnnctl/sdk/stores.py",), ("tests/fleet/test_fleet.py", "tests/sdk/test_selection.py")),
+    # `qnnctl lock` and `lock --check`, and `qnnctl mirror`, through the command line (test_fleet).
+    "locking": Target(("qnnctl/fleet/locking.py",), ("tests/fleet/test_fleet.py",)),
+    "mirror": Target(("qnnctl/fleet/mirror.py",), ("tests/fleet/test_fleet.py", "tests/fleet/test_nginx.py")),
+    # Installs by parts, and the ranged reads under them, against the loopback server's faults.
+    "partial": Target(("qnnctl/install/partial.py",), ("tests/install/test_partial.py",)),
+    "ranged": Target(("qnnctl/net/ranged.py",), ("tests/install/test_partial.py", "tests/sdk/test_components.py")),
 }
