@@ -3,7 +3,7 @@ boundary that turns exceptions into a line on stderr and an exit code.
 
 The commands live in qnnctl.commands, one module for each command or a few related ones, each
 importing what it needs at its top. This group imports a command's module only when that command
-runs (or when `--help` or completion lists them all), so that `qnnctl use` does not pay for
+runs (or when `--help` or completion lists them all), so that `qnnctl list` does not pay for
 requests, ELF parsing and the doctor's checks: the one place where the command line is lazy.
 """
 
@@ -76,8 +76,10 @@ or `qnnctl install --file ARCHIVE`. `qnnctl COMMAND --help` tells more.
 class _Group(VerboseGroup):
     """qnnctl's top group: its commands loaded from COMMANDS on first use, its --help in sections."""
 
+    group_class = VerboseGroup  # a subgroup lists its own commands, as click does
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *self.commands})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:

@@ -32,6 +32,10 @@ else:
                 return super().__new__(mcls, name, bases, namespace)  # Record itself
             if bases != (Record,):
                 raise TypeError(f"{name}: a record derives from Record alone")
+            if "__annotations__" not in namespace and ("__annotate__" in namespace
+                                                       or "__annotate_func__" in namespace):
+                # Python 3.14 evaluates annotations lazily: fields are read as strings here.
+                raise TypeError(f"{name}: a record's module needs `from __future__ import annotations`")
             fields = list(namespace.get("__annotations__", {}))
             defaults = [namespace[field] for field in fields if field in namespace]
             if any(field in namespace for field in fields[: len(fields) - len(defaults)]):
@@ -45,6 +49,9 @@ else:
                 if key not in _NOT_COPIED and key not in fields:
                     setattr(record, key, value)
             return record
+
+        def __instancecheck__(cls, instance: object) -> bool:
+            raise TypeError("Record is no class of instances; test for the record's own class")
 
     class Record(metaclass=_RecordType):
         """The base of a record: `class Version(Record): major: int ...`."""

@@ -94,6 +94,11 @@ def test_a_record_refuses_what_typing_refuses() -> None:
             a: int
 
 
+def test_record_itself_is_not_a_class_of_instances() -> None:
+    with pytest.raises(TypeError, match="no class of instances"):
+        isinstance(Point(1), Record)
+
+
 def test_importing_records_leaves_typing_unimported() -> None:
     code = "import sys, qnnctl.records; print('typing' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -154,7 +154,7 @@ def _more_verbosity(ctx: click.Context, param: click.Parameter, value: int) -> N
 class VerboseGroup(click.Group):
     """A group whose commands take -v and -q after their name too: `qnnctl install -v`."""
 
-    group_class = type  # subgroups (`qnnctl cache`) are of this class as well
+    group_class: type[click.Group | type] | None = type  # subgroups (`qnnctl cache`) are of this class as well
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         for opts, help_text in ((("-v", "--verbose"), VERBOSE_HELP), (("-q", "--quiet"), QUIET_HELP)):
