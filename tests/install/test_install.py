@@ -1054,6 +1054,35 @@ def test_commit_writes_the_manifest_and_moves_the_sdk_into_place(tmp_path: Path,
         "the archive may be truncated or not a QAIRT SDK for Linux; nothing was installed")
 
 
+def test_folders_given_by_relative_paths_are_exchanged_in_one_step(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """renameat2 resolves relative paths against the current folder (AT_FDCWD), as os.replace does."""
+    from qnnctl.install import commit
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("new", "old"):
+        Path(name).mkdir()
+        Path(name, "x").write_text(name)
+    commit.exchange(Path("new"), Path("old"))
+    assert (Path("old/x").read_text(), Path("new/x").read_text()) == ("new", "old")
+
+
+def test_an_exchange_that_fails_says_why_and_moves_nothing(tmp_path: Path) -> None:
+    """A failure other than "not supported here" is the kernel's own, with its errno, and nothing
+    is moved aside (the two-step way would lose `new` to a missing `old`)."""
+    import errno
+
+    from qnnctl.install import commit
+
+    folder = tmp_path / "exchanged"
+    (folder / "new").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as failed:
+        commit.exchange(folder / "new", folder / "missing")
+    assert (failed.value.errno, failed.value.strerror, failed.value.filename) == (
+        errno.ENOENT, os.strerror(errno.ENOENT), str(folder / "missing"))
+    assert sorted(p.name for p in folder.iterdir()) == ["new"]
+
+
 def test_folders_are_exchanged_in_two_steps_where_the_kernel_cannot_in_one(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import errno

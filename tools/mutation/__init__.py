@@ -62,8 +62,9 @@ TARGETS: dict[str, Target] = {
     "push": Target(("qnnctl/device/push.py",), ("tests/device/test_device.py",)),
     # A mirror's index.json: read on its own and by installs from a mirror (test_fleet).
     "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",), ("tests/fleet/test_fleet.py",)),
-    # The commit stage, in the tests' own process and through every install (test_install).
-    "commit": Target(("qnnctl/install/commit.py",), ("tests/install/test_install.py",)),
+    # The commit stage, in the tests' own process and through every install (test_install); an SDK
+    # replaced while a pipeline uses it (test_holds).
+    "commit": Target(("qnnctl/install/commit.py",), ("tests/install/test_install.py", "tests/sdk/test_holds.py")),
     # qnnctl.lock: read, written and compared in the tests' own process, and by `qnnctl lock` (test_fleet).
     "lockfile": Target(("qnnctl/sdk/lockfile.py",), ("tests/fleet/test_fleet.py",)),
     # Shared stores and links: read in the tests' own process and by every command that selects (test_fleet).
