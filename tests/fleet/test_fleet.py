@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -1570,6 +1571,85 @@ def test_an_sdk_is_compared_with_a_lock_by_its_archive_then_its_components_then_
         "they existed)"]
     assert disagreements(lock._replace(build_id=build + "0"), VERSION, sdk) == [
         f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build {build}0"]
+
+
+def test_a_locks_depth_is_counted_outside_its_strings_and_comments(tmp_path: Path) -> None:
+    """read_lock refuses nesting deeper than 16 levels before tomllib (whose recursion a deep
+    file would exhaust) reads it, counting the brackets of arrays and tables only: not those
+    in comments or strings, literal, basic (with escapes) or multi-line."""
+    from qnnctl.sdk.lockfile import LockedSdk, LockError, read_lock, render_lock
+
+    base = render_lock(LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64), "From a test.")
+    deep = "[" * 17 + "]" * 17
+
+    def refused_for_depth(extra: str) -> bool:
+        path = tmp_path / "qnnctl.lock"
+        path.write_text(base + extra)
+        try:
+            read_lock(path)
+        except LockError as exc:
+            return "nests arrays or tables deeper" in exc.message
+        return False
+
+    assert refused_for_depth(f"deep = {deep}\n")
+    assert not refused_for_depth("deep = " + "[" * 16 + "]" * 16 + "\n")
+    assert refused_for_depth(f"# a comment [[\ndeep = {deep}\n")  # a comment ends at its line
+    assert refused_for_depth(f"X = {deep}\n")
+    assert not refused_for_depth("X" * 17 + " = 1\n")
+    assert refused_for_depth("deep = " + "[{X = " * 9 + "1" + "}]" * 9 + "\n")  # tables nest too
+    assert not refused_for_depth(f'note = """a quote " then {deep} in a multi-line string"""\n')
+    assert not refused_for_depth("note = '''a quote ' then " + deep + " in a literal one'''\n")
+    assert not refused_for_depth(f"note = 'a literal string, {deep}'\n")
+    assert refused_for_depth(f'escaped = "a backslash \\\\"\ndeep = {deep}\n')
+
+
+def test_a_locks_comment_is_wrapped_at_96_columns_without_breaking_words(tmp_path: Path) -> None:
+    from qnnctl.sdk.lockfile import LockedSdk, render_lock
+
+    url = "https://mirror.example/" + "x" * 100 + ".zip"
+    # The paragraph's first 70 characters, then a word that would end a line of 97.
+    # Then a compound word that does not fit the rest of its line, whose hyphens it is not broken at.
+    trust = "b" * 27 + " " + "c" * 50 + " well-known-and-long-hyphenated-compound word, and " + url + " as its source."
+    text = render_lock(LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64), trust)
+    comment = [line.removeprefix("#").removeprefix(" ") for line in text.splitlines() if line.startswith("#")]
+    assert comment[5] == "Trust on first use: Qualcomm publishes no checksums for its archives."
+    assert comment[6] == "b" * 27 + " " + "c" * 50
+    assert url in comment  # a long word on a line of its own, whole
+    assert any("well-known-and-long-hyphenated-compound" in line for line in comment)
+    assert all(len(line) <= 96 for line in comment if line != url)
+    end = next(i for i, line in enumerate(comment) if line.endswith("as its source."))
+    paragraph = comment[5:end + 1]
+    for line, following in itertools.pairwise(paragraph):
+        if line != url and following != url:
+            assert len(line) + 1 + len(following.split()[0]) > 96, (line, following)  # each line filled
+
+
+def test_a_lock_is_written_in_utf_8_whatever_the_locale(tmp_path: Path) -> None:
+    code = ("import sys\nfrom pathlib import Path\nfrom qnnctl.sdk.lockfile import LockedSdk, write_lock\n"
+            "write_lock(Path(sys.argv[1]), LockedSdk(Path(sys.argv[1]), sys.argv[2], 'a' * 64, "
+            "urls=('https://d\\u00e9p\\u00f4t.example/v.zip',)), 'Fetched from the d\\u00e9p\\u00f4t.')")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    path = tmp_path / "qnnctl.lock"
+    proc = subprocess.run([sys.executable, "-c", code, str(path), VERSION], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Fetched from the dépôt." in path.read_bytes().decode("utf-8")
+
+
+def test_each_way_an_sdk_disagrees_with_its_lock_is_said(tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.lockfile import check_reused
+
+    sdk = _sdk_with(tmp_path, BUILD, {"partial": True, "components": ["host", "docs"],
+                                      "component_sha256": {"host": "f" * 64}})
+    (tmp_path / "qnnctl.lock").write_text(f'schema = 2\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"a" * 64}"\n'
+                                          f'[sdk.component_sha256]\nhost = "{"b" * 64}"\ndocs = "{"c" * 64}"\n')
+    with pytest.raises(IntegrityError) as refused:
+        check_reused(sdk, tmp_path, False)  # type: ignore[arg-type]
+    where = f"of SDK {VERSION} at {sdk.root} (--sdk)"  # type: ignore[attr-defined]
+    assert refused.value.message == (
+        f"the files of component host {where} have digest {'f' * 64}; qnnctl.lock pins {'b' * 64}; "
+        f"the files of component docs {where} have digest none; qnnctl.lock pins {'c' * 64}")
 
 
 def test_an_sdk_found_on_disk_is_checked_against_the_projects_lock(tmp_path: Path,
