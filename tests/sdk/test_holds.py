@@ -281,6 +281,49 @@ def test_install_force_that_finds_a_pipeline_started_during_its_download_leaves_
     assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == [VERSION]
 
 
+def test_install_force_wait_waits_for_a_pipeline_started_during_its_download(
+        mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    """The check made once the new SDK is built waits too, under --wait, for a pipeline that began
+    to use the old one while it was downloaded; then replaces it."""
+    installed = run_qnnctl("install", VERSION)
+    assert installed.returncode == 0, installed.stderr
+    root = Path(installed.stdout.strip())
+    marker = root / "docs" / "left-by-the-first-install"
+    marker.write_text("")
+    opened = threading.Event()
+    mirror.fail(PATH, Fault.gate(opened))
+    forcing = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", "--force", "--wait", VERSION],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, forcing.kill)  # a qnnctl that neither says it waits nor ends
+    watchdog.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(mirror.requests_for(PATH)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(mirror.requests_for(PATH)) == 2, "the reinstall never started its download"
+        with pipeline(tmp_path) as running:
+            opened.set()
+            assert forcing.stderr is not None
+            said = ""
+            for said in iter(forcing.stderr.readline, ""):  # until it says it waits, or ends
+                if said.startswith("qnnctl: waiting for"):
+                    break
+            assert said.startswith(f"qnnctl: waiting for PID {running.pid} (sh -c "), said
+            assert marker.exists()
+            code, listed, err = running.finish()
+        out, rest = forcing.communicate(timeout=120)
+    finally:
+        watchdog.cancel()
+        opened.set()
+        if forcing.poll() is None:
+            forcing.kill()
+            forcing.communicate()
+    assert (code, listed) == (0, f"{root / HTP}\n"), err
+    assert forcing.returncode == 0, rest
+    assert out == f"{root}\n"
+    assert not marker.exists()  # replaced, once the pipeline had ended
+
+
 def test_install_force_wait_replaces_the_sdk_once_its_pipeline_has_ended(
         mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     installed = run_qnnctl("install", VERSION)
