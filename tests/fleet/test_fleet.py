@@ -1573,6 +1573,42 @@ def test_an_sdk_is_compared_with_a_lock_by_its_archive_then_its_components_then_
         f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build {build}0"]
 
 
+def test_each_lock_that_cannot_be_read_is_refused_with_how_to_mend_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.sdk import lockfile
+    from qnnctl.sdk.lockfile import LockError, expected_for_download, read_lock
+
+    path = tmp_path / "qnnctl.lock"
+    mend = f"fix it, or write it again with `qnnctl lock` (in {tmp_path})"
+
+    def refusal(content: bytes) -> tuple[str, str | None]:
+        path.write_bytes(content)
+        with pytest.raises(LockError) as refused:
+            read_lock(path)
+        return refused.value.message, refused.value.hint
+
+    assert refusal(b"#" * (1 << 20) + b"\n") == (f"{path} is larger than a lock can be ({1 << 20} bytes)", mend)
+    message, hint = refusal(b"schema = 2\n# \xff\n")
+    assert (message.startswith(f"cannot read the lock {path}: 'utf-8' codec can't decode"), hint) == (True, mend)
+    message, hint = refusal(b"schema = \n")
+    assert (message.startswith(f"{path} is not TOML: "), hint) == (True, mend)
+    assert refusal(b"deep = " + b"[" * 17 + b"]" * 17 + b"\n") == (
+        f"{path} nests arrays or tables deeper than a lock can (16 levels)", mend)
+
+    def too_deep(text: str) -> dict[str, object]:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(lockfile, "_toml_loads", too_deep)  # what the depth check would miss
+    assert refusal(b"schema = 2\n") == (f"{path} nests too deep to be read", mend)
+    monkeypatch.undo()
+    path.unlink()
+    with pytest.raises(LockError) as refused:
+        expected_for_download(VERSION, tmp_path / "elsewhere", True)
+    assert (refused.value.message, refused.value.hint) == (
+        f"--locked: there is no qnnctl.lock in {tmp_path / 'elsewhere'} or any folder above it",
+        "write one with `qnnctl lock` (and commit it), or drop --locked")
+
+
 def test_a_locks_depth_is_counted_outside_its_strings_and_comments(tmp_path: Path) -> None:
     """read_lock refuses nesting deeper than 16 levels before tomllib (whose recursion a deep
     file would exhaust) reads it, counting the brackets of arrays and tables only: not those
