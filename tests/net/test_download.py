@@ -290,7 +290,7 @@ def test_backoff_is_exponential_without_retry_after(server: FaultServer, served:
     ("7", 7.0),
     ("3600", 60.0),  # honoured, within a bound
     (email.utils.formatdate(time.time() - 60, usegmt=True), 0.0),
-])
+], ids=["seconds", "seconds-over-the-bound", "a-date-past"])  # a date in an id would differ between test workers
 def test_retry_after_is_honoured(server: FaultServer, served: bytes, tmp_path: Path,
                                  header: str, expected: float) -> None:
     server.fail(PATH, Fault.status(429, retry_after=header))
