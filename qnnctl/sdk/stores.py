@@ -299,15 +299,6 @@ def _safe_sdk(store: Path, root: Path) -> bool:
     return problem is None
 
 
-def in_a_store(path: Path, environ: Mapping[str, str]) -> Path | None:
-    """The store `path` lies in, if any (resolved, so a symlink into a store counts)."""
-    real = Path(os.path.realpath(path))
-    for store in store_dirs(environ):
-        if real.is_relative_to(os.path.realpath(store)):
-            return store
-    return None
-
-
 # -- links -------------------------------------------------------------------------------
 
 

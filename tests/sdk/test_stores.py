@@ -1,0 +1,156 @@
+"""Who could change a shared store, checked in the tests' own process: the owner and mode of each
+folder and file, the user it is asked for, and what the refusal says (test_fleet.py has the same
+stores through the command line)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from qnnctl.sdk.stores import Unsafe, sdk_problem, store_sdks, unsafe_path, usable_stores
+from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree
+
+BUILD = f"v{VERSION}101010"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's takes root")
+
+
+def _nobody() -> int:
+    return pwd.getpwnam("nobody").pw_uid
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder that every user can enter (pytest's own are root's, mode 0700), root's, 0755."""
+    folder = Path(tempfile.mkdtemp(prefix="qnnctl-stores-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def _store(shared: Path, *versions: str) -> Path:
+    store = shared / "store"
+    for version in versions:
+        build_sdk_tree(store / version, SdkSpec(version=version, build_id=f"v{version}101010"))
+    return store
+
+
+def _chown_tree(top: Path, uid: int) -> None:
+    for folder, _, files in os.walk(top):
+        os.chown(folder, uid, -1)
+        for name in files:
+            os.lchown(Path(folder) / name, uid, -1)
+
+
+def _as_user(uid: int, answer: Callable[[], Unsafe | None]) -> Unsafe | str | None:
+    """`answer()` in a child process that runs as `uid` (this process's modules, mutants included),
+    or the child's error as text."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        try:
+            os.setgid(pwd.getpwuid(uid).pw_gid)
+            os.setuid(uid)
+            found = answer()
+            text = "None" if found is None else "\t".join((str(found.folder), found.why, found.fix))
+        except BaseException as exc:  # the parent reports it
+            text = f"error: {exc!r}"
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    if text == "None":
+        return None
+    if text.startswith("error: "):
+        return text
+    folder, why, fix = text.split("\t")
+    return Unsafe(Path(folder), why, fix)
+
+
+def test_a_folder_of_the_users_own_is_safe_for_that_user_only(shared: Path) -> None:
+    store = _store(shared, VERSION)
+    _chown_tree(store, _nobody())
+    assert unsafe_path(store, uid=_nobody()) is None
+    found = unsafe_path(store)  # asked for this process's user, root
+    assert found == Unsafe(store, f"belongs to user nobody (uid {_nobody()})",
+                           f"make it root's (or yours): `sudo chown root {store}`")
+    assert unsafe_path(store, uid=0) == found
+
+
+def test_the_files_of_an_sdk_are_checked_for_the_user_who_runs_it(shared: Path) -> None:
+    """An SDK that nobody unpacked is nobody's to use: the check runs as the user, not as root."""
+    store = _store(shared, VERSION)
+    sdk = store / VERSION
+    _chown_tree(store, _nobody())
+    assert _as_user(_nobody(), lambda: sdk_problem(sdk)) is None
+    assert sdk_problem(sdk) == Unsafe(store, f"belongs to user nobody (uid {_nobody()})",  # the first above it
+                                      f"make it root's (or yours): `sudo chown root {store}`")
+    # Its own tool, made writable by others: that is what is wrong, not who owns it.
+    tool = sdk / "bin" / "x86_64-linux-clang" / "qnn-net-run"
+    tool.chmod(0o757)
+    assert _as_user(_nobody(), lambda: sdk_problem(sdk)) == Unsafe(
+        tool, "is writable by others (mode 0757)", f"`chmod go-w {tool}`")
+
+
+@pytest.mark.parametrize("uid", [1, 2], ids=["daemon", "bin"])
+def test_a_library_of_a_system_user_other_than_root_is_refused(uid: int, shared: Path) -> None:
+    store = _store(shared, VERSION)
+    library = store / VERSION / "lib" / "x86_64-linux-clang" / "libQnnCpu.so"
+    os.chown(library, uid, -1)
+    found = sdk_problem(store / VERSION)
+    assert found is not None
+    assert (found.folder, found.why) == (library, f"belongs to user {pwd.getpwuid(uid).pw_name} (uid {uid})")
+
+
+def test_a_sticky_library_writable_by_others_is_refused(shared: Path) -> None:
+    """The sticky bit spares a folder above (others cannot rename the user's entries there),
+    never a file that is loaded."""
+    store = _store(shared, VERSION)
+    library = store / VERSION / "lib" / "x86_64-linux-clang" / "libQnnHtp.so"
+    library.chmod(0o1777)
+    assert sdk_problem(store / VERSION) == Unsafe(
+        library, "is writable by its group and others (mode 1777)", f"`chmod go-w {library}`")
+
+
+def test_a_refusal_says_what_who_and_how_to_fix_it_once(shared: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = shared / "our store"  # a space: the fix quotes the path
+    build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD))
+    store.chmod(0o775)
+    environ = {"QNNCTL_STORES": str(store)}
+    with caplog.at_level(logging.WARNING, logger="qnnctl.sdk.stores"):
+        assert usable_stores(environ) == []
+        assert usable_stores(environ) == []
+    (record,) = caplog.records
+    assert record.name == "qnnctl.sdk.stores"
+    assert record.getMessage() == (
+        f"the store {store} is not used: {store} is writable by its group (mode 0775), so another user could "
+        f"put code there that runs as you; fix it with `chmod go-w '{store}'`, or take the store out of "
+        "QNNCTL_STORES")
+
+
+def test_each_sdk_refused_for_one_folder_is_named(shared: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two SDKs whose libraries lead into one writable folder: each is said to be unused."""
+    other = "2.38.0.250901"
+    store = _store(shared, VERSION, other)
+    (shared / "open").mkdir(mode=0o777)
+    (shared / "open").chmod(0o777)
+    for version in (VERSION, other):
+        library = store / version / "lib" / "x86_64-linux-clang" / "libQnnCpu.so"
+        shutil.move(library, shared / "open" / f"{version}.so")
+        library.symlink_to(shared / "open" / f"{version}.so")
+    with caplog.at_level(logging.WARNING, logger="qnnctl.sdk.stores"):
+        assert list(store_sdks({"QNNCTL_STORES": str(store)})) == []
+    said = [record.getMessage() for record in caplog.records]
+    assert [line.split(" is not used: ")[0] for line in said] == [
+        f"SDK folder {store / VERSION} of the store {store}", f"SDK folder {store / other} of the store {store}"]
+    assert all(f": {shared / 'open'} is writable by its group and others (mode 0777)," in line for line in said)
