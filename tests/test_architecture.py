@@ -144,6 +144,28 @@ def test_no_private_name_crosses_modules() -> None:
     assert private == []
 
 
+def test_the_install_pipeline_is_handed_what_to_expect() -> None:
+    """The lock and the mirror's index hand their expectations down (qnnctl.sdk.gate.Vouchers):
+    no module of the install pipeline imports them, nor anything that does; but for the SDK
+    model's choice of a version, which lists the versions a mirror holds (to resolve `2.37`)
+    and never what an archive must match."""
+    graph: dict[str, set[str]] = {}
+    for e in EDGES:
+        if (e.source, e.target) == ("qnnctl.sdk.select", "qnnctl.sdk.mirrorindex"):
+            assert set(e.names) <= {"index_url", "indexed_versions"}
+            continue
+        graph.setdefault(e.source, set()).add(e.target)
+    readers = ("qnnctl.sdk.lockfile", "qnnctl.sdk.mirrorindex", "qnnctl.sdk.vouchers")
+    for start in (m for m in graph if m.startswith("qnnctl.install")):
+        seen, todo = set(), [start]
+        while todo:
+            module = todo.pop()
+            assert module not in readers, f"{start} reaches {module}"
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph.get(module, ()))
+
+
 def test_what_stays_inside_functions_says_why() -> None:
     inside = [e for e in EDGES if e.in_function]
     assert len(inside) <= 60

@@ -17,6 +17,7 @@ from qnnctl.run.environment import ensure_loadable
 from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import wait_for_holders
 from qnnctl.sdk.select import select_sdk
+from qnnctl.sdk.vouchers import vouchers
 from qnnctl.shell.exports import check_cache_path
 
 
@@ -58,11 +59,11 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     sources: tuple[Path, ...] = ()
     if runtime_from:
         sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
-    request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, locked=locked,
-                             components=parts)
+    request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, components=parts)
     wait_for_holders.set(wait)
     terminal = stderr_is_terminal()
-    result = do_install(request, current_cache(), os.environ, Path.cwd(), terminal=terminal)
+    result = do_install(request, current_cache(), os.environ, Path.cwd(), vouchers(os.environ, Path.cwd(), locked),
+                        terminal=terminal)
     if runtime or runtime_from:
         stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources), os.environ)
     elif result.sdk is not None:

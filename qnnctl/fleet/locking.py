@@ -34,6 +34,7 @@ from qnnctl.sdk.lockfile import (
 from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import find_installed, pin_conflict, select_sdk, selection_origin
 from qnnctl.sdk.versions import is_full_version
+from qnnctl.sdk.vouchers import vouchers
 
 log = logging.getLogger("qnnctl.sdk.lockfile")
 
@@ -74,7 +75,8 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
     manifest = read_manifest(sdk.root) if sdk is not None else None
     if sdk is None:
         # The lock being written is not checked against the one it replaces.
-        result = install(InstallRequest(spec=version, check_lock=False), cache, environ, cwd, terminal=terminal)
+        result = install(InstallRequest(spec=version), cache, environ, cwd, vouchers(environ, cwd, lock=False),
+                         terminal=terminal)
         sdk = result.sdk
         manifest = read_manifest(sdk.root) if sdk is not None else None
         fresh = True

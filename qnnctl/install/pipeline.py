@@ -1,11 +1,15 @@
-"""Installing an SDK: check, lock, check again, build aside, rename into place."""
+"""Installing an SDK: check, lock, check again, build aside, rename into place.
+
+What the SDK must match is handed down by the caller (qnnctl.sdk.gate.Vouchers, built by
+qnnctl.sdk.vouchers from the project's lock and the mirror's index) with --sha256 beside it;
+this module reads neither a lock nor an index itself."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
@@ -18,13 +22,11 @@ from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.components import covers, installed_components, parse_components
-from qnnctl.sdk.gate import Observed, agree, check, given_sha256
+from qnnctl.sdk.components import covers, installed_components
+from qnnctl.sdk.gate import Index, Lock, Observed, Vouchers, agree, check, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
-from qnnctl.sdk.lockfile import check_reused, expected_for_download, find_lock, read_lock, require_lock
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.mirrorindex import index_url, mirror_entry, read_index
 from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import (
     BY_ARGUMENT,
@@ -62,8 +64,6 @@ class InstallRequest(Record):
     file: Path | None = None
     sha256: str | None = None
     force: bool = False
-    locked: bool = False  # --locked: the project's qnnctl.lock must exist and pin this version
-    check_lock: bool = True  # off only for `qnnctl lock`, which writes the lock anew
     # --components (qnnctl.sdk.components.parse_components): None when not asked, which reuses any
     # install of the version and installs the whole archive (or what the pin names) otherwise.
     components: tuple[str, ...] | None = None
@@ -91,12 +91,13 @@ def install(
     cache: Cache,
     environ: Mapping[str, str],
     cwd: Path,
+    vouchers: Vouchers,
     terminal: bool = False,
 ) -> InstallResult:
-    """Resolve the SDK `request` names, installing it into the cache when it is missing."""
+    """Resolve the SDK `request` names, installing it into the cache when it is missing; whatever
+    arrives, or is found on disk, must match what `vouchers` and --sha256 expect of it."""
     sha256 = _validate_sha256(request.sha256)
-    if request.locked and request.check_lock:
-        read_lock(require_lock(cwd))  # there, and a lock: before anything is read or fetched
+    lock = vouchers.lock
     if request.url is not None and request.file is not None:
         raise UsageError("--url and --file cannot be used together")
     if request.url is not None:
@@ -105,8 +106,7 @@ def install(
             request = request._replace(url=None, file=local)
     if request.file is not None:
         require_supported_host()
-        return _install_file(request.file, request.spec, sha256, request.force, cache,
-                             (cwd, request.locked) if request.check_lock else None, request.components)
+        return _install_file(request.file, request.spec, sha256, request.force, cache, lock, request.components)
 
     if request.spec is None and request.url is None:
         selection = select_sdk(None, environ, cwd, cache, mirror=True)
@@ -121,13 +121,13 @@ def install(
             selection = _shell_selection(selection, selection.root, cache, request.force)
             if selection.root is not None:
                 sdk = sdk_from_root(selection.root, "qnnctl env")
-                return _reused(InstallResult(sdk, "reused", selection), request, cwd)
+                return _reused(InstallResult(sdk, "reused", selection), sha256, lock)
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
             log.debug("chose %s", selection.describe())
             return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
-                           request, cwd)
+                           sha256, lock)
     elif request.spec is not None:
         selection = select_sdk(request.spec, environ, cwd, cache, mirror=True)
         if selection.root is not None:
@@ -145,28 +145,25 @@ def install(
             )
         selection = Selection("argument", f"named by {redact(url)}", version=found)
     require_supported_host()
-    index_read: tuple[dict[str, Any] | None] | None = None  # (the mirror's index), once it has been read
-    if request.spec is None and request.url is None:
-        selection, index_read = _as_the_mirror_holds(selection, cache, environ)
+    if request.spec is None and request.url is None and vouchers.mirror is not None:
+        selection = _as_the_mirror_holds(selection, vouchers.mirror, cache, environ)
     version = selection.version
     log.debug("chose %s", selection.describe())
     if version is None:  # pragma: no cover - every branch above that gets here sets it
         raise UsageError("no SDK version was selected")
 
-    components = _components_for(request, selection, cwd)
+    components = _components_for(request, selection, cwd, lock)
     if not request.force:
         found_sdk = find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
-            if sha256 is not None:
-                check_installed_sha256(found_sdk, sha256)
-            return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
+            return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock)
 
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None and not request.url:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     urls = [request.url] if request.url else archive_urls(version, mirror)
     name = download_name(urls[0], version)
-    locked = expected_for_download(version, cwd, request.locked) if request.check_lock else None
+    locked = lock.expected(version) if lock is not None else None
     dangling = dangling_link_error(version, cache)
     if dangling is not None:
         log.warning("%s; installing a copy into qnnctl's cache", dangling.message)
@@ -175,22 +172,15 @@ def install(
         found_sdk = None if request.force else find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
             log.debug("another qnnctl installed %s meanwhile", version)
-            if sha256 is not None:
-                check_installed_sha256(found_sdk, sha256)
-            return _reused(InstallResult(found_sdk, "reused", selection), request, cwd)
+            return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock)
         remove_stale_work(cache, version)
         if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
             _free_to_replace(cache, version)  # before a download that could not be installed
         # What the SDK must match: --sha256, the lock, the mirror's index.json; they must all
         # agree before anything is fetched, and what arrives passes the gate against each.
-        if mirror is None or request.url:
-            indexed = None
-        elif index_read is not None:  # read already: not asked for again
-            indexed = mirror_entry(mirror, version, index_read[0]) if index_read[0] is not None else None
-        else:
-            indexed = mirror_entry(mirror, version)
-        expected = [e for e in (given_sha256(sha256), locked.expected() if locked else None,
-                                indexed.expected() if indexed else None) if e is not None]
+        index = None if request.url else vouchers.mirror
+        indexed = index.expected(version) if index is not None else None
+        expected = [e for e in (given_sha256(sha256), locked, indexed) if e is not None]
         agree(expected)
         # Some components: fetched by parts, or added to those of an SDK installed with fewer.
         extend = found_sdk if found_sdk is not None and found_sdk.origin == "qnnctl cache" else None
@@ -221,7 +211,8 @@ def install(
     return InstallResult(sdk, "installed", selection)
 
 
-def _components_for(request: InstallRequest, selection: Selection, cwd: Path) -> tuple[str, ...] | None:
+def _components_for(request: InstallRequest, selection: Selection, cwd: Path,
+                    lock: Lock | None) -> tuple[str, ...] | None:
     """The components asked for: --components, else the pin's second line (for the pinned
     version), else the project's qnnctl.lock (for the version it locks); None when nobody asked."""
     if request.components is not None:
@@ -231,11 +222,8 @@ def _components_for(request: InstallRequest, selection: Selection, cwd: Path) ->
         pinned = read_pin_components(pin) if pin is not None else None
         if pinned is not None:
             return pinned
-    if request.check_lock:
-        path = find_lock(cwd)
-        lock = read_lock(path) if path is not None else None
-        if lock is not None and lock.components and lock.version == selection.version:
-            return parse_components(lock.components, where=f"{path} (sdk.components)")
+    if lock is not None and selection.version is not None:
+        return lock.components(selection.version)
     return None
 
 
@@ -246,29 +234,25 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     return covers(installed_components(read_manifest(sdk.root)), components)
 
 
-def _as_the_mirror_holds(selection: Selection, cache: Cache, environ: Mapping[str, str],
-                         ) -> tuple[Selection, tuple[dict[str, Any] | None] | None]:
+def _as_the_mirror_holds(selection: Selection, index: Index, cache: Cache, environ: Mapping[str, str]) -> Selection:
     """A bare `qnnctl install` behind a mirror whose index.json lacks the version chosen, which
     is not installed: qnnctl's default becomes the newest version the mirror holds (a mirror
     is where a site keeps the SDKs it means to use); a version the project asked for (a pin,
-    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds. Also
-    returns the index, when it was read: (its versions, or None when the mirror has none)."""
-    mirror = environ.get("QNNCTL_MIRROR") or None
+    ExecuTorch's) is refused before anything is fetched, naming what the mirror holds."""
     version = selection.version
-    if mirror is None or version is None or find_installed(version, cache, environ) is not None:
-        return selection, None
-    check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
-    index = read_index(mirror)
-    if index is None or version in index:
-        return selection, (index,)
-    held = sorted(filter(is_full_version, index), key=parse_version)
-    shown = redact(index_url(mirror))
+    if version is None or find_installed(version, cache, environ) is not None:
+        return selection
+    listed = index.versions()
+    if listed is None or version in listed:
+        return selection
+    held = sorted(filter(is_full_version, listed), key=parse_version)
+    shown = index.where
     if selection.reason == BY_DEFAULT and held:
         log.info("the mirror's %s lists no SDK %s, qnnctl's default; installing the newest SDK it holds, %s "
                  "(`qnnctl install VERSION` installs another, `qnnctl use VERSION` pins one for this project)",
                  shown, version, held[-1])
         return Selection(BY_DEFAULT, f"the newest SDK that QNNCTL_MIRROR holds ({shown} lists no {version}, "
-                         "qnnctl's default)", version=held[-1]), (index,)
+                         "qnnctl's default)", version=held[-1])
     newest = held[-1] if held else "VERSION"
     raise DownloadError(
         f"the mirror's {shown} lists no SDK {version} ({selection.reason}: {selection.detail}); it holds "
@@ -296,14 +280,13 @@ def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool
     return selection
 
 
-def _reused(result: InstallResult, request: InstallRequest, cwd: Path) -> InstallResult:
-    """An SDK found on disk, checked against --sha256 and the project's qnnctl.lock first
-    (exit 4 on a mismatch)."""
-    sha256 = _validate_sha256(request.sha256)
+def _reused(result: InstallResult, sha256: str | None, lock: Lock | None) -> InstallResult:
+    """An SDK found on disk, checked against --sha256 (checked as a digest already) and the
+    project's lock first (exit 4 on a mismatch)."""
     if sha256 is not None and result.sdk is not None:
         check_installed_sha256(result.sdk, sha256)
-    if request.check_lock and result.sdk is not None:
-        check_reused(result.sdk, cwd, request.locked)
+    if lock is not None and result.sdk is not None:
+        lock.check_found(result.sdk)
     return result
 
 
@@ -386,9 +369,9 @@ def _whole_fields(archive: Path, extracted: Extracted) -> dict[str, object]:
 
 def _install_file(
     archive: Path, spec: str | None, sha256: str | None, force: bool, cache: Cache,
-    lock_check: tuple[Path, bool] | None = None, components: tuple[str, ...] | None = None,
+    lock: Lock | None = None, components: tuple[str, ...] | None = None,
 ) -> InstallResult:
-    """`lock_check` is (the working folder, --locked) when the project's lock applies;
+    """`lock`: the project's, when it applies;
     `components` (all when None) are the only ones extracted, beside those installed already."""
     archive = user_path(archive).resolve()
     if not archive.is_file():
@@ -401,9 +384,9 @@ def _install_file(
         existing = cache.sdk_dir(wanted)
         if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
                 _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
-            return _file_locked(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
-                                              Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
-                                              archive, digest, sha256), lock_check)
+            return _reused(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
+                                         Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
+                                         archive, digest, sha256), None, lock)
     cache.ensure()
     with version_lock(cache, FILE_LOCK, "installing from a file"):
         remove_stale_work(cache, FILE_LOCK)
@@ -426,17 +409,16 @@ def _install_file(
                     hint=f"give it: `qnnctl install VERSION --file {archive}`",
                 )
             selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
-            if lock_check is not None:
-                locked = expected_for_download(version, *lock_check)
-                if locked is not None:
-                    check([locked.expected()], Observed(str(archive), digest, archive.stat().st_size))
+            locked = lock.expected(version) if lock is not None else None
+            if locked is not None:
+                check([locked], Observed(str(archive), digest, archive.stat().st_size))
             with version_lock(cache, version):
                 existing = cache.sdk_dir(version)
                 installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
                 old = Sdk(existing, version, "qnnctl cache") if installed else None
                 if not force and old is not None and _has_components(old, components):
-                    return _file_locked(_same_archive(InstallResult(old, "reused", selection), archive, digest,
-                                                      sha256), lock_check)
+                    return _reused(_same_archive(InstallResult(old, "reused", selection), archive, digest,
+                                                 sha256), None, lock)
                 files, unpacked, extra = extracted.files, extracted.size, _whole_fields(archive, extracted)
                 if parts is not None:
                     written = extra["component_sha256"]
@@ -471,12 +453,3 @@ def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str
                 "left as it is: `qnnctl install %s --force --file %s` replaces it", sdk.version, archive,
                 recorded, digest, sdk.version, archive)
     return result
-
-
-def _file_locked(result: InstallResult, lock_check: tuple[Path, bool] | None) -> InstallResult:
-    """An SDK that `install --file` found installed already, checked against the project's lock."""
-    if lock_check is None:
-        return result
-    return _reused(result, InstallRequest(locked=lock_check[1]), lock_check[0])
-
-

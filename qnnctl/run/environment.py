@@ -22,6 +22,7 @@ from qnnctl.sdk.components import install_command
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import Selection, resolve_installed, select_sdk
 from qnnctl.sdk.versions import archive_urls
+from qnnctl.sdk.vouchers import vouchers
 
 log = logging.getLogger("qnnctl.run.environment")
 
@@ -47,7 +48,7 @@ def resolve_sdk(
         sdk = resolve_installed(selection, cache, environ)
         _pinned_missing(selection, sdk, cwd, refuse=True)
         return selection, sdk
-    result = install(InstallRequest(spec=spec), cache, environ, cwd, terminal=terminal)
+    result = install(InstallRequest(spec=spec), cache, environ, cwd, vouchers(environ, cwd), terminal=terminal)
     return result.selection or selection, result.sdk
 
 

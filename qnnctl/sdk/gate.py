@@ -7,6 +7,10 @@ was read, the digests of the components written, the central directory's sha256)
 here with everything expected of it (`Expected`: `--sha256`, the project's lock, the mirror's
 index, the archive the components already installed came from).
 
+Who vouches for an SDK (the project's lock, the mirror's index) is handed down to the install
+pipeline by its callers as `Vouchers` (built by qnnctl.sdk.vouchers): the pipeline asks them
+what it needs through `Lock` and `Index`, and never reads a lock or an index itself.
+
 CRC-32s detect accidents, not adversaries: what a lock or an index vouches for is compared by
 sha256, of the whole archive or of each component's members (see qnnctl.sdk.components). An
 expectation that this way in cannot check is a refusal (exit 4, nothing installed) that says
@@ -16,9 +20,13 @@ what would let it check; never "installed, unchecked".
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
 from qnnctl.errors import IntegrityError
-from qnnctl.records import Record
+from qnnctl.records import TYPE_CHECKING, Record
+
+if TYPE_CHECKING:
+    from qnnctl.sdk.layout import Sdk
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -53,6 +61,50 @@ class Observed(Record):
     size: int | None = None
     components: Mapping[str, str] | None = None  # digests of the components written, as computed
     central_directory_sha256: str | None = None
+
+
+class Lock(Protocol):
+    """The project's qnnctl.lock, as the install pipeline asks it (qnnctl.sdk.lockfile.ProjectLock)."""
+
+    def expected(self, version: str) -> Expected | None:
+        """What an archive of `version` must match; None when the lock speaks of another version
+        (under --locked that is a refusal instead)."""
+        ...
+
+    def components(self, version: str) -> tuple[str, ...] | None:
+        """The components the lock names for `version`, if it names any."""
+        ...
+
+    def check_found(self, sdk: Sdk) -> None:
+        """An SDK found on disk: IntegrityError (exit 4) unless it matches, or, under --locked,
+        when it cannot be checked."""
+        ...
+
+
+class Index(Protocol):
+    """A mirror's index.json, as the install pipeline asks it (qnnctl.sdk.mirrorindex.MirrorIndex);
+    read once, when first asked."""
+
+    @property
+    def where(self) -> str:
+        """Its URL, redacted, as messages name it."""
+        ...
+
+    def versions(self) -> Collection[str] | None:
+        """The versions it lists; None when the mirror has no index, or it cannot be read."""
+        ...
+
+    def expected(self, version: str) -> Expected | None:
+        """What the mirror's archive of `version` must match; None when the index has nothing to say."""
+        ...
+
+
+class Vouchers(Record):
+    """Who, besides --sha256, says what an SDK must be. None: nobody (no lock is consulted while
+    `qnnctl lock` writes one; no mirror is set)."""
+
+    lock: Lock | None = None
+    mirror: Index | None = None
 
 
 def given_sha256(sha256: str | None) -> Expected | None:

@@ -25,7 +25,7 @@ from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
-from qnnctl.sdk.components import installed_components
+from qnnctl.sdk.components import installed_components, parse_components
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.members import tree_digests
@@ -341,6 +341,36 @@ def check_reused(sdk: Sdk, cwd: Path, required: bool) -> None:
 def expected_for_download(version: str, cwd: Path, required: bool) -> LockedSdk | None:
     """The lock an archive of `version` about to be installed must match, if any."""
     return _lock_for(version, cwd, required)
+
+
+class ProjectLock(Record):
+    """The project's lock, as the install pipeline asks it (qnnctl.sdk.gate.Lock): the nearest
+    qnnctl.lock at or above `cwd`, read when asked; `required` is --locked."""
+
+    cwd: Path
+    required: bool = False
+
+    def expected(self, version: str) -> Expected | None:
+        lock = expected_for_download(version, self.cwd, self.required)
+        return lock.expected() if lock is not None else None
+
+    def components(self, version: str) -> tuple[str, ...] | None:
+        path = find_lock(self.cwd)
+        lock = read_lock(path) if path is not None else None
+        if lock is None or not lock.components or lock.version != version:
+            return None
+        return parse_components(lock.components, where=f"{path} (sdk.components)")
+
+    def check_found(self, sdk: Sdk) -> None:
+        check_reused(sdk, self.cwd, self.required)
+
+
+def project_lock(cwd: Path, required: bool) -> ProjectLock:
+    """The project's lock for an install; under --locked (`required`) it must be there and read,
+    before anything is read or fetched (LockError otherwise)."""
+    if required:
+        read_lock(require_lock(cwd))
+    return ProjectLock(cwd, required)
 
 
 def require_lock(cwd: Path) -> Path:

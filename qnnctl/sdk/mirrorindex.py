@@ -1,8 +1,8 @@
 """A mirror's index.json: what it says of each version, read from the mirror's URL.
 
 Below the install pipeline and the SDK model, which ask it what a mirror holds (a version's
-sha256, size, build id and component digests; the versions it lists); qnnctl.fleet.mirror, above
-them, writes it.
+sha256, size, build id and component digests; the versions it lists): the pipeline through a
+`MirrorIndex` its caller hands down. qnnctl.fleet.mirror, above them, writes it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from requests.adapters import HTTPAdapter
 from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.net.download import make_session, retry_policy
 from qnnctl.net.retry import describe, refused
-from qnnctl.net.urls import redact
+from qnnctl.net.urls import check_url, redact
 from qnnctl.records import Record
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.versions import is_full_version, parse_version
@@ -127,3 +127,27 @@ def indexed_versions(base: str) -> list[str] | None:
     return sorted((v for v in versions if is_full_version(v)), key=parse_version)
 
 
+
+
+class MirrorIndex:
+    """The index.json of the mirror at `base`, as the install pipeline asks it (qnnctl.sdk.gate.Index):
+    read at most once, when first asked (QNNCTL_MIRROR is checked then, not before)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self._read: tuple[dict[str, dict[str, Any]] | None] | None = None
+
+    @property
+    def where(self) -> str:
+        return redact(index_url(self.base))
+
+    def versions(self) -> dict[str, dict[str, Any]] | None:
+        if self._read is None:
+            check_url(self.base, "QNNCTL_MIRROR", allow_file=False)
+            self._read = (read_index(self.base),)
+        return self._read[0]
+
+    def expected(self, version: str) -> Expected | None:
+        versions = self.versions()
+        entry = mirror_entry(self.base, version, versions) if versions is not None else None
+        return entry.expected() if entry is not None else None

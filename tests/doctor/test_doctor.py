@@ -40,6 +40,7 @@ from qnnctl.run.envplan import environment_for
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_BIN_DIR, HOST_LIB_DIR, Sdk
 from qnnctl.sdk.select import Selection
+from qnnctl.sdk.vouchers import vouchers
 from qnnctl.shell.exports import apply
 from tests.conftest import read_terminal, require_tool, run_qnnctl
 from tests.httpserver import FaultServer, self_signed_certificate
@@ -338,7 +339,8 @@ def test_manifest_and_verify(tmp_path: Path, cache_dir: Path) -> None:
     from qnnctl.install.pipeline import InstallRequest, install
 
     archive = build_archive(tmp_path, "zip")
-    installed = install(InstallRequest(file=archive), Cache(cache_dir), dict(os.environ), Path.cwd())
+    installed = install(InstallRequest(file=archive), Cache(cache_dir), dict(os.environ), Path.cwd(),
+                        vouchers(os.environ, Path.cwd()))
     assert installed.sdk is not None
     root = installed.sdk.root
     results = doctor(VERSION)
@@ -376,7 +378,7 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
     from tests.forge import keep_crc32
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
-                        dict(os.environ), Path.cwd())
+                        dict(os.environ), Path.cwd(), vouchers(os.environ, Path.cwd()))
     assert installed.sdk is not None
     root = installed.sdk.root
     manifest = read_manifest(root)
@@ -410,7 +412,7 @@ def test_a_manifest_naming_another_version_warns(tmp_path: Path, cache_dir: Path
     from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 
     installed = install(InstallRequest(file=build_archive(tmp_path, "zip")), Cache(cache_dir),
-                        dict(os.environ), Path.cwd())
+                        dict(os.environ), Path.cwd(), vouchers(os.environ, Path.cwd()))
     assert installed.sdk is not None
     root = installed.sdk.root
     manifest = read_manifest(root)

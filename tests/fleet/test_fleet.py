@@ -31,6 +31,7 @@ from qnnctl.paths import tree_size
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.lockfile import read_lock
 from qnnctl.sdk.select import find_installed
+from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
@@ -324,7 +325,8 @@ def test_an_install_without_the_lock_check_takes_a_file_the_lock_would_refuse(ca
     assert run_qnnctl("uninstall", VERSION).returncode == 0
     other = tmp_path / "other" / f"v{VERSION}.zip"
     data = _archive(other.parent, payload=b"another build")
-    result = install(InstallRequest(file=other, check_lock=False), Cache(cache_dir), dict(os.environ), Path.cwd())
+    result = install(InstallRequest(file=other), Cache(cache_dir), dict(os.environ), Path.cwd(),
+                     vouchers(os.environ, Path.cwd(), lock=False))
     assert result.action == "installed"
     assert result.sdk is not None
     manifest = read_manifest(result.sdk.root)

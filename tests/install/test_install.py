@@ -21,6 +21,7 @@ import pytest
 import qnnctl
 import qnnctl.install.commit
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
+from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, manifest_digest
@@ -114,7 +115,7 @@ def test_an_empty_sdk_root_leaves_the_sdk_to_the_caller(mirror: FaultServer, cac
     assert (result.returncode, result.stdout) == (0, ""), result.stderr
     assert result.stderr == ("qnnctl: QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; "
                              "nothing to install\n")
-    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
+    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd(), vouchers(env, Path.cwd()))
     assert found == InstallResult(None, "caller", found.selection)
     assert found.selection is not None
     assert found.selection.reason == BY_CALLER
@@ -173,7 +174,8 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServ
     from qnnctl.sdk.select import find_installed
 
     monkeypatch.setattr(installing, "find_installed", late)
-    again = installing.install(installing.InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
+    again = installing.install(installing.InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd(),
+                               vouchers(os.environ, Path.cwd()))
     assert (again.sdk is not None and again.sdk.root, again.action) == (root, "reused")
     assert again.selection == Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
     assert looks == [VERSION, VERSION]
@@ -192,7 +194,8 @@ def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> Non
     from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
-    again = install(InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd())
+    again = install(InstallRequest(spec=VERSION), Cache(cache_dir), dict(os.environ), Path.cwd(),
+                    vouchers(os.environ, Path.cwd()))
     assert (again.action, again.selection) == ("reused", Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION))
     # The first install asked for the archive and the mirror's index.json; the second for nothing.
     assert sorted(r.path for r in mirror.requests) == sorted([PATH, "/index.json"])
@@ -268,7 +271,7 @@ def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_d
 
     cache = Cache(cache_dir)
     if how == "force":
-        install(InstallRequest(), cache, dict(os.environ), Path.cwd())
+        install(InstallRequest(), cache, dict(os.environ), Path.cwd(), vouchers(os.environ, Path.cwd()))
     renames = Renames(cache_dir / "sdks")
     monkeypatch.setattr(os, "replace", renames)
     monkeypatch.setattr(qnnctl.install.commit, "exchange", renames.exchange)
@@ -277,7 +280,7 @@ def test_the_manifest_is_in_place_before_the_rename(mirror: FaultServer, cache_d
         request = InstallRequest(file=build_archive(tmp_path / "a", "zip"))
     else:
         request = InstallRequest(force=how == "force", spec=VERSION if how == "force" else None)
-    result = install(request, cache, dict(os.environ), Path.cwd())
+    result = install(request, cache, dict(os.environ), Path.cwd(), vouchers(os.environ, Path.cwd()))
     assert result.sdk is not None
     assert result.sdk.root == cache_dir / "sdks" / VERSION
     (target, manifest, whole), = renames.into_sdks
@@ -303,7 +306,8 @@ def test_install_from_url(server: FaultServer, tmp_path: Path, cache_dir: Path) 
     from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.select import BY_ARGUMENT, Selection
 
-    again = install(InstallRequest(url=url), Cache(cache_dir), dict(os.environ), Path.cwd())
+    again = install(InstallRequest(url=url), Cache(cache_dir), dict(os.environ), Path.cwd(),
+                    vouchers(os.environ, Path.cwd()))
     assert (again.action, again.selection) == ("reused", Selection(BY_ARGUMENT, f"named by {url}", version=VERSION))
 
 
@@ -649,7 +653,7 @@ def test_an_install_from_a_file_says_the_sdk_was_chosen_by_argument(tmp_path: Pa
     for request, action in ((InstallRequest(file=archive), "installed"),
                             (InstallRequest(file=archive, spec=VERSION), "reused"),
                             (InstallRequest(file=archive), "reused")):
-        result = install(request, Cache(cache_dir), dict(os.environ), tmp_path)
+        result = install(request, Cache(cache_dir), dict(os.environ), tmp_path, vouchers(os.environ, tmp_path))
         assert (result.action, result.selection, result.sdk) == (action, chosen, sdk)
 
 

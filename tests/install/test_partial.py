@@ -34,6 +34,7 @@ else:  # pragma: no cover
 from qnnctl.errors import DownloadError
 from qnnctl.net.ranged import Fetcher, SparseFile, probe
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
+from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
@@ -190,7 +191,7 @@ def test_the_library_is_told_what_each_install_of_components_did(parts_mirror: F
                             (InstallRequest(spec=VERSION, components=("host", "android")), "reused"),
                             (InstallRequest(spec=VERSION, force=True), "installed"),
                             (InstallRequest(spec=VERSION), "reused")):
-        result = install(request, Cache(cache_dir), dict(os.environ), tmp_path)
+        result = install(request, Cache(cache_dir), dict(os.environ), tmp_path, vouchers(os.environ, tmp_path))
         assert (result.action, result.selection, result.sdk) == (action, chosen, sdk), request
         if request.components == ("host", "android"):
             assert files_in(sdk.root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
@@ -1198,7 +1199,7 @@ def test_no_step_of_adding_components_leaves_the_sdk_missing(parts_mirror: Fault
 
     monkeypatch.setattr(os, "replace", looked)
     result = install(InstallRequest(spec=VERSION, components=("host", "android")), Cache(cache_dir),
-                     dict(os.environ), Path.cwd())
+                     dict(os.environ), Path.cwd(), vouchers(os.environ, Path.cwd()))
     assert result.action == "installed"
     assert all(seen), seen
     assert (sdk / "lib/aarch64-android/libQnnHtp.so").is_file()

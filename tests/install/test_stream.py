@@ -35,6 +35,7 @@ from qnnctl.files import space_margin
 from qnnctl.install.archive import COPY_BUFFER, Streamed, ZipStream, extract
 from qnnctl.install.pipeline import InstallRequest, InstallResult, install
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.install.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_under_umask, hostile_archive
@@ -92,7 +93,8 @@ def log() -> Iterator[Log]:
 
 
 def _install() -> InstallResult:
-    return install(InstallRequest(spec=VERSION), Cache.from_env(os.environ), os.environ, Path.cwd())
+    return install(InstallRequest(spec=VERSION), Cache.from_env(os.environ), os.environ, Path.cwd(),
+                   vouchers(os.environ, Path.cwd()))
 
 
 @contextlib.contextmanager

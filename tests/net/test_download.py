@@ -24,6 +24,7 @@ from qnnctl.errors import DiskSpaceError, DownloadError
 from qnnctl.files import space_margin
 from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.sdk.cache import read_manifest
+from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import Certificate, Fault, FaultServer, self_signed_certificate
 from tests.sdkfactory import VERSION, build_archive
@@ -621,7 +622,8 @@ def test_the_free_space_margin_scales_with_the_archive(server: FaultServer, tmp_
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=20 << 20))
     cache = Cache(tmp_path / "small-disk")
-    result = install(InstallRequest(url=server.url(PATH)), cache, dict(os.environ), tmp_path)
+    result = install(InstallRequest(url=server.url(PATH)), cache, dict(os.environ), tmp_path,
+                     vouchers(os.environ, tmp_path))
     assert result.action == "installed"
     assert space_margin(61_000) == 1 << 20
     assert space_margin(200 << 20) == 20 << 20

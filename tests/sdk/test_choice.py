@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
@@ -247,7 +248,7 @@ def _reused_by_install(cache_dir: Path, env: dict[str, str], root: Path, said: s
     proc = run_qnnctl("install", env=env)
     assert (proc.returncode, proc.stdout) == (0, f"{root}\n"), proc.stderr
     assert proc.stderr == f"qnnctl: SDK {VERSION} {said}\n"
-    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd())
+    found = install(InstallRequest(), Cache(cache_dir), env, Path.cwd(), vouchers(env, Path.cwd()))
     assert (found.sdk is not None and found.sdk.root, found.action) == (root, "reused")
     assert found.selection is not None
     assert found.selection.reason == reason
