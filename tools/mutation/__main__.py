@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib.util
 import io
 import json
 import os
@@ -349,6 +350,10 @@ def main() -> int:
             print(f"{name}: {' '.join(target.sources)}  <-  {' '.join(target.tests)}")
         return 0
     target = TARGETS[args.module]
+    if importlib.util.find_spec("mutmut") is None:
+        print("python -m tools.mutation: mutmut is not installed in this Python; install it with "
+              "`pip install -e '.[test,mutation]'`", file=sys.stderr)
+        return 2
     if args.report:  # the last run's folder as it is: its COMMIT is the one that run scored
         return report(args.module, target, WORK / args.module, args.diffs)
     if args.stamp:
