@@ -9,8 +9,10 @@ import os
 import pwd
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,32 +51,15 @@ def _chown_tree(top: Path, uid: int) -> None:
             os.lchown(Path(folder) / name, uid, -1)
 
 
-def _as_user(uid: int, answer: Callable[[], Unsafe | None]) -> Unsafe | str | None:
-    """`answer()` in a child process that runs as `uid` (this process's modules, mutants included),
-    or the child's error as text."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(read)
-        try:
-            os.setgid(pwd.getpwuid(uid).pw_gid)
-            os.setuid(uid)
-            found = answer()
-            text = "None" if found is None else "\t".join((str(found.folder), found.why, found.fix))
-        except BaseException as exc:  # the parent reports it
-            text = f"error: {exc!r}"
-        os.write(write, text.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        text = pipe.read().decode()
-    os.waitpid(pid, 0)
-    if text == "None":
-        return None
-    if text.startswith("error: "):
-        return text
-    folder, why, fix = text.split("\t")
-    return Unsafe(Path(folder), why, fix)
+@contextmanager
+def _as_user(uid: int) -> Iterator[None]:
+    """This process acts as `uid` (its effective uid, which every check and permission asks), then
+    as root again: in this process, so that whatever runs meanwhile is this process's code."""
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
 
 
 def test_a_folder_of_the_users_own_is_safe_for_that_user_only(shared: Path) -> None:
@@ -92,14 +77,16 @@ def test_the_files_of_an_sdk_are_checked_for_the_user_who_runs_it(shared: Path) 
     store = _store(shared, VERSION)
     sdk = store / VERSION
     _chown_tree(store, _nobody())
-    assert _as_user(_nobody(), lambda: sdk_problem(sdk)) is None
+    with _as_user(_nobody()):
+        assert sdk_problem(sdk) is None
     assert sdk_problem(sdk) == Unsafe(store, f"belongs to user nobody (uid {_nobody()})",  # the first above it
                                       f"make it root's (or yours): `sudo chown root {store}`")
     # Its own tool, made writable by others: that is what is wrong, not who owns it.
     tool = sdk / "bin" / "x86_64-linux-clang" / "qnn-net-run"
     tool.chmod(0o757)
-    assert _as_user(_nobody(), lambda: sdk_problem(sdk)) == Unsafe(
-        tool, "is writable by others (mode 0757)", f"`chmod go-w {tool}`")
+    with _as_user(_nobody()):
+        assert sdk_problem(sdk) == Unsafe(tool, "is writable by others (mode 0757)", f"`chmod go-w {tool}`")
+        assert unsafe_path(sdk) is None  # asked for this process's user, now nobody
 
 
 @pytest.mark.parametrize("uid", [1, 2], ids=["daemon", "bin"])
@@ -154,3 +141,46 @@ def test_each_sdk_refused_for_one_folder_is_named(shared: Path, caplog: pytest.L
     assert [line.split(" is not used: ")[0] for line in said] == [
         f"SDK folder {store / VERSION} of the store {store}", f"SDK folder {store / other} of the store {store}"]
     assert all(f": {shared / 'open'} is writable by its group and others (mode 0777)," in line for line in said)
+
+
+@pytest.mark.parametrize("links", [40, 41])
+def test_a_path_through_as_many_links_as_the_kernel_follows_is_checked_and_one_more_is_refused(
+        links: int, shared: Path) -> None:
+    """The kernel follows 40 symbolic links on one path (MAXSYMLINKS); the 41st is a loop to it."""
+    (shared / "real").mkdir(mode=0o755)
+    chain = shared / "chain"
+    chain.mkdir(mode=0o755)
+    for n in range(links):
+        (chain / f"l{n}").symlink_to(f"l{n + 1}" if n + 1 < links else "../real")
+    if links == 40:
+        assert os.path.isdir(chain / "l0")
+        assert unsafe_path(chain / "l0") is None
+    else:
+        with pytest.raises(OSError, match="Too many levels of symbolic links"):
+            os.stat(chain / "l0")
+        assert unsafe_path(chain / "l0") == Unsafe(chain / "l40", "leads through more than 40 symbolic links",
+                                                   "point it at a folder")
+
+
+def test_a_file_gone_while_the_folder_is_checked_is_skipped_and_the_rest_still_checked(
+        shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library removed between the folder's listing and its own check (an update in progress)
+    is nothing to load; the files after it are checked all the same."""
+    store = _store(shared, VERSION)
+    folder = store / VERSION / "lib" / "x86_64-linux-clang"
+    (folder / "a-gone.so").write_bytes(b"")
+    library = folder / "libQnnCpu.so"
+    os.chown(library, 1, -1)
+    listed = os.scandir
+
+    def listed_then_removed(path: Any) -> Any:
+        if not isinstance(path, (str, Path)) or Path(path) != folder:
+            return listed(path)
+        entries = list(listed(path))
+        (folder / "a-gone.so").unlink()
+        return entries
+
+    monkeypatch.setattr(os, "scandir", listed_then_removed)
+    found = sdk_problem(store / VERSION)
+    assert found is not None
+    assert found.folder == library
