@@ -68,8 +68,8 @@ TARGETS: dict[str, Target] = {
     # qnnctl.lock: read, written and compared in the tests' own process, and by `qnnctl lock` (test_fleet).
     "lockfile": Target(("qnnctl/sdk/lockfile.py",), ("tests/fleet/test_fleet.py",)),
     # Shared stores and links: read in the tests' own process and by every command that selects (test_fleet).
-    "stores": Target(("qnnctl/sdk/stores.py",), ("tests/sdk/test_stores.py", "tests/fleet/test_fleet.py",
-                                                  "tests/sdk/test_selection.py")),
+    "stores": Target(("qnnctl/sdk/stores.py",), ("tests/sdk/test_stores.py", "tests/sdk/test_links.py",
+                                                  "tests/fleet/test_fleet.py", "tests/sdk/test_selection.py")),
     # `qnnctl lock` and `lock --check`, and `qnnctl mirror`, through the command line (test_fleet).
     "locking": Target(("qnnctl/fleet/locking.py",), ("tests/fleet/test_fleet.py",)),
     "mirror": Target(("qnnctl/fleet/mirror.py",), ("tests/fleet/test_fleet.py", "tests/fleet/test_nginx.py")),
