@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import calendar
 import json
+import logging
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import qnnctl
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.stores import LINK_SCHEMA, Link, link_sdk, read_link
+from qnnctl.sdk.stores import LINK_SCHEMA, Link, dangling_link_error, link_sdk, read_link
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree
 
 BUILD = f"v{VERSION}101010"
@@ -44,6 +47,7 @@ def test_a_folder_is_linked_as_what_its_libraries_say_and_a_second_link_replaces
     record = json.loads(link.record.read_text(encoding="utf-8"))
     assert record["schema"] == LINK_SCHEMA
     assert (record["version"], record["root"], record["build_id"]) == (VERSION, str(first), BUILD[1:])
+    assert record["qnnctl_version"] == qnnctl.__version__
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["linked_at"]), record["linked_at"]
     stamped = calendar.timegm(time.strptime(record["linked_at"], "%Y-%m-%dT%H:%M:%SZ"))
     assert int(before) - 1 <= stamped <= time.time() + 1  # UTC, now
@@ -95,3 +99,31 @@ def test_a_folder_that_names_no_version_anywhere_needs_one(tmp_path: Path) -> No
         "folder's name names one", f"give it: `qnnctl link {folder} --version VERSION`")
     link, _ = link_sdk(folder, VERSION, Cache(tmp_path / "cache"), {})
     assert (link.version, link.build_id) == (VERSION, None)
+
+
+def test_a_version_also_in_the_cache_is_linked_and_said_to_wait_for_the_cache_copy(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache = Cache(tmp_path / "cache")
+    (build_sdk_tree(cache.sdks / VERSION, SdkSpec(build_id=BUILD)) / ".qnnctl.json").write_text("{}")
+    folder = build_sdk_tree(tmp_path / "qairt", SdkSpec(build_id=BUILD))
+    with caplog.at_level(logging.WARNING, logger="qnnctl.sdk.stores"):
+        link, _ = link_sdk(folder, None, cache, {})
+    assert link == read_link(cache, VERSION)
+    assert [record.getMessage() for record in caplog.records] == [
+        f"SDK {VERSION} is also in qnnctl's cache ({cache.sdks / VERSION}), which comes first; the link is used "
+        "once that copy is uninstalled"]
+
+
+def test_a_link_whose_folder_is_gone_is_an_error_that_says_what_to_do(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    folder = build_sdk_tree(tmp_path / "qairt", SdkSpec(build_id=BUILD))
+    link_sdk(folder, None, cache, {})
+    assert dangling_link_error(VERSION, cache) is None
+    shutil.rmtree(folder / "lib")
+    error = dangling_link_error(VERSION, cache)
+    assert error is not None
+    assert (error.version, error.message, error.hint, error.args) == (
+        VERSION, f"SDK {VERSION} is linked to {folder}, which is gone (or is no SDK root any more)",
+        f"link its new place with `qnnctl link PATH`, drop the link with `qnnctl uninstall {VERSION}`, or install "
+        f"a copy: `qnnctl install {VERSION}`", (error.message,))
+    assert dangling_link_error(OTHER_VERSION, cache) is None

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from qnnctl.sdk.stores import Unsafe, sdk_problem, store_sdks, unsafe_path, usable_stores
+from qnnctl.sdk.stores import StoreSdk, Unsafe, find_in_stores, sdk_problem, store_sdks, unsafe_path, usable_stores
 from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree
 
 BUILD = f"v{VERSION}101010"
@@ -184,3 +184,33 @@ def test_a_file_gone_while_the_folder_is_checked_is_skipped_and_the_rest_still_c
     found = sdk_problem(store / VERSION)
     assert found is not None
     assert found.folder == library
+
+
+def test_a_store_sdk_is_found_by_what_its_libraries_say_and_a_mislabelled_folder_is_said_to_be_skipped(
+        shared: Path, caplog: pytest.LogCaptureFixture) -> None:
+    other = "2.38.0.250901"
+    store = shared / "store"
+    build_sdk_tree(store / VERSION, SdkSpec(version=VERSION, build_id=f"v{other}101010"))  # named VERSION, is other
+    (store / "notes").mkdir()  # no SDK at all
+    build_sdk_tree(store / "latest", SdkSpec(version=VERSION, build_id=BUILD))
+    environ = {"QNNCTL_STORES": str(store)}
+    with caplog.at_level(logging.DEBUG, logger="qnnctl.sdk.stores"):
+        assert find_in_stores(VERSION, environ) == StoreSdk(store, store / "latest", VERSION)
+        assert find_in_stores(other, environ) == StoreSdk(store, store / VERSION, other)
+        assert find_in_stores("notes", environ) is None
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{store / VERSION} is SDK {other} by its libraries, not {VERSION}; skipped"]
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named-for-its-version", "named-otherwise"])
+def test_a_store_sdk_another_user_could_change_is_not_found_and_the_store_is_named(
+        named: bool, shared: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = shared / "store"
+    sdk = build_sdk_tree(store / (VERSION if named else "latest"), SdkSpec(build_id=BUILD))
+    sdk.chmod(0o777)
+    with caplog.at_level(logging.DEBUG, logger="qnnctl.sdk.stores"):
+        assert find_in_stores(VERSION, {"QNNCTL_STORES": str(store)}) is None
+    assert [record.getMessage() for record in caplog.records] == [
+        f"SDK folder {sdk} of the store {store} is not used: {sdk} is writable by its group and others (mode 0777), "
+        f"so another user could put code there that runs as you; fix it with `chmod go-w {sdk}`, or take the store "
+        "out of QNNCTL_STORES"]
