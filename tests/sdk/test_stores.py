@@ -193,8 +193,11 @@ def test_a_store_sdk_is_found_by_what_its_libraries_say_and_a_mislabelled_folder
     build_sdk_tree(store / VERSION, SdkSpec(version=VERSION, build_id=f"v{other}101010"))  # named VERSION, is other
     (store / "notes").mkdir()  # no SDK at all
     build_sdk_tree(store / "latest", SdkSpec(version=VERSION, build_id=BUILD))
+    third = "2.39.0.251001"
+    build_sdk_tree(store / third, SdkSpec(version=third, build_id=f"v{third}101010"))
     environ = {"QNNCTL_STORES": str(store)}
     with caplog.at_level(logging.DEBUG, logger="qnnctl.sdk.stores"):
+        assert find_in_stores(third, environ) == StoreSdk(store, store / third, third)
         assert find_in_stores(VERSION, environ) == StoreSdk(store, store / "latest", VERSION)
         assert find_in_stores(other, environ) == StoreSdk(store, store / VERSION, other)
         assert find_in_stores("notes", environ) is None
