@@ -127,3 +127,21 @@ def test_a_link_whose_folder_is_gone_is_an_error_that_says_what_to_do(tmp_path: 
         f"link its new place with `qnnctl link PATH`, drop the link with `qnnctl uninstall {VERSION}`, or install "
         f"a copy: `qnnctl install {VERSION}`", (error.message,))
     assert dangling_link_error(OTHER_VERSION, cache) is None
+
+
+@pytest.mark.parametrize("record", [
+    {"version": "2.37", "root": "/opt/qairt"},
+    {"version": 2.37, "root": "/opt/qairt"},
+    {"root": "/opt/qairt"},
+    {"version": VERSION, "root": 7},
+    {"version": VERSION},
+    [VERSION, "/opt/qairt"],
+], ids=["a prefix", "a number", "no version", "a root that is no path", "no root", "no table"])
+def test_a_record_that_names_no_full_version_and_folder_is_no_link(record: object, tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    path = cache.root / "links" / f"{VERSION}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record), encoding="utf-8")
+    assert read_link(cache, VERSION) is None
+    path.write_text(json.dumps({"version": VERSION, "root": "/opt/qairt"}), encoding="utf-8")
+    assert read_link(cache, VERSION) == Link(VERSION, Path("/opt/qairt"), None, path, None)
