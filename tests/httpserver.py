@@ -79,6 +79,19 @@ class Fault:
         return cls("short_range", nbytes)
 
     @classmethod
+    def overlong_range(cls, extra: bytes) -> Fault:
+        """Answer a Range request with 206 and the Content-Range asked for, but with `extra`
+        after the range in the body (and in its Content-Length): more than the range says."""
+        return cls("overlong_range", extra)
+
+    @classmethod
+    def truncated_range(cls, nbytes: int) -> Fault:
+        """Answer a Range request with 206 and the Content-Range asked for, but with only its
+        first `nbytes` in the body (and in its Content-Length): an answer that ends, cleanly,
+        short of what it says it holds."""
+        return cls("truncated_range", nbytes)
+
+    @classmethod
     def html(cls) -> Fault:
         """A login page served with 200."""
         return cls("html")
@@ -374,6 +387,10 @@ class FaultServer:
         if spans is None and fault is not None and fault.kind == "unasked_206":
             status = 206
         body = data[start:end]
+        if status == 206 and fault is not None and fault.kind == "overlong_range":
+            body += bytes(fault.arg)
+        if status == 206 and fault is not None and fault.kind == "truncated_range":
+            body = body[: int(fault.arg)]
         claimed = int(fault.arg) if fault is not None and fault.kind == "claim_length" else len(body)
         slot = -1 if head else self._begin(path)
         bare = fault is not None and fault.kind == "bare"

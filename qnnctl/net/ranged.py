@@ -347,7 +347,9 @@ def _check_status(response: requests.Response, shown: str, policy: Policy) -> No
             "`qnnctl install --file ARCHIVE`",
         )
     if status not in (200, 206, 404, 416):
-        raise DownloadError(f"HTTP {status} {response.reason or ''} from {shown}".rstrip(),
+        # A status without a reason phrase (an unregistered code) is said without one.
+        answer = f"HTTP {status} {response.reason or ''}".rstrip()
+        raise DownloadError(f"{answer} from {shown}",
                             hint="check the URL, the version, or your access to the mirror")
 
 
