@@ -16,7 +16,18 @@ from typing import Any
 
 import pytest
 
-from qnnctl.sdk.stores import StoreSdk, Unsafe, find_in_stores, sdk_problem, store_sdks, unsafe_path, usable_stores
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.stores import (
+    StoreSdk,
+    Unsafe,
+    all_links,
+    find_in_stores,
+    link_sdk,
+    sdk_problem,
+    store_sdks,
+    unsafe_path,
+    usable_stores,
+)
 from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree
 
 BUILD = f"v{VERSION}101010"
@@ -217,3 +228,40 @@ def test_a_store_sdk_another_user_could_change_is_not_found_and_the_store_is_nam
         f"SDK folder {sdk} of the store {store} is not used: {sdk} is writable by its group and others (mode 0777), "
         f"so another user could put code there that runs as you; fix it with `chmod go-w {sdk}`, or take the store "
         "out of QNNCTL_STORES"]
+
+
+def test_a_link_of_another_users_in_a_sticky_folder_is_refused_with_the_command_that_replaces_it(
+        shared: Path) -> None:
+    store = _store(shared, VERSION)
+    public = shared / "public"
+    public.mkdir()
+    public.chmod(0o1777)
+    link = public / "our store"
+    link.symlink_to(store)
+    os.lchown(link, 1, -1)
+    assert unsafe_path(link / VERSION) == Unsafe(
+        link, "is a symbolic link that belongs to user daemon (uid 1)",
+        f"replace it with a link of your own: `ln -sfn {store} '{link}'`")
+
+
+def test_a_link_of_roots_is_trusted_by_every_user(shared: Path) -> None:
+    store = _store(shared, VERSION)
+    _chown_tree(store, _nobody())
+    (shared / "mine").mkdir(mode=0o755)
+    (shared / "mine" / "store").symlink_to(store)  # root's, as this process is
+    with _as_user(_nobody()):
+        assert unsafe_path(shared / "mine" / "store" / VERSION) is None
+
+
+def test_a_path_the_file_system_cannot_look_up_is_named_with_why(shared: Path) -> None:
+    long = shared / ("x" * 300)
+    assert unsafe_path(long / "store") == Unsafe(shared, "cannot be checked (File name too long)",
+                                                 "check its permissions")
+
+
+def test_links_are_listed_by_version_not_by_name(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    versions = ["2.10.0.250101", "2.9.0.250101", "2.37.0.250724"]
+    for version in versions:
+        link_sdk(build_sdk_tree(tmp_path / version, SdkSpec(version=version)), None, cache, {})
+    assert [link.version for link in all_links(cache)] == ["2.9.0.250101", "2.10.0.250101", "2.37.0.250724"]
