@@ -143,5 +143,6 @@ def test_a_record_that_names_no_full_version_and_folder_is_no_link(record: objec
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record), encoding="utf-8")
     assert read_link(cache, VERSION) is None
-    path.write_text(json.dumps({"version": VERSION, "root": "/opt/qairt"}), encoding="utf-8")
-    assert read_link(cache, VERSION) == Link(VERSION, Path("/opt/qairt"), None, path, None)
+    path.write_text(json.dumps({"version": VERSION, "root": "/opt/qairt", "build_id": 7, "linked_at": 3}),
+                    encoding="utf-8")
+    assert read_link(cache, VERSION) == Link(VERSION, Path("/opt/qairt"), None, path, None)  # what is no text: none

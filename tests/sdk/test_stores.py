@@ -265,3 +265,16 @@ def test_links_are_listed_by_version_not_by_name(tmp_path: Path) -> None:
     for version in versions:
         link_sdk(build_sdk_tree(tmp_path / version, SdkSpec(version=version)), None, cache, {})
     assert [link.version for link in all_links(cache)] == ["2.9.0.250101", "2.10.0.250101", "2.37.0.250724"]
+
+
+def test_each_store_below_one_folder_others_could_change_is_named(shared: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    (shared / "open").mkdir()
+    (shared / "open").chmod(0o777)
+    stores = [shared / "open" / "a", shared / "open" / "b"]
+    for store in stores:
+        store.mkdir(mode=0o755)
+    with caplog.at_level(logging.WARNING, logger="qnnctl.sdk.stores"):
+        assert usable_stores({"QNNCTL_STORES": os.pathsep.join(map(str, stores))}) == []
+    assert [record.getMessage().split(" is not used: ")[0] for record in caplog.records] == [
+        f"the store {store}" for store in stores]
