@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -12,9 +13,12 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from qnnctl.install.prune import clean_cache
+from qnnctl.errors import NotInstalledError
+from qnnctl.install.prune import clean_cache, uninstall
 from qnnctl.paths import tree_size
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.holds import HeldError, hold
+from qnnctl.sdk.stores import link_sdk, read_link
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
 
@@ -452,3 +456,94 @@ def test_except_keeps_a_damaged_sdk_of_the_version_named(cache_dir: Path) -> Non
     cache = Cache(cache_dir)
     assert kept_versions([VERSION], cache, dict(os.environ)) == {VERSION}
     assert [r.version for r in prune([VERSION], False, cache, dict(os.environ)).removed] == [OTHER_VERSION]
+
+
+# -- uninstall, in the tests' own process --------------------------------------------------------
+
+
+def _linked(cache: Cache, tmp_path: Path, version: str = VERSION) -> Path:
+    folder = build_sdk_tree(tmp_path / "elsewhere" / version, SdkSpec(version=version))
+    link_sdk(folder, version, cache, {})
+    return folder
+
+
+def test_uninstall_of_a_linked_sdk_drops_the_link_only(cache_dir: Path, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    cache = Cache(cache_dir)
+    (cache_dir / "tmp").mkdir(parents=True)  # there already: it is reused
+    folder = _linked(cache, tmp_path)
+    with caplog.at_level(logging.INFO, logger="qnnctl.install.prune"):
+        assert uninstall(VERSION, cache) == cache_dir / "links" / f"{VERSION}.json"
+    assert read_link(cache, VERSION) is None
+    assert (folder / "lib").is_dir()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"removed the link of SDK {VERSION} to {folder}; the folder is left as it is"]
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["folder there", "folder gone"])
+def test_uninstall_of_an_sdk_also_linked_removes_the_cache_copy_and_says_the_link_stays(
+        gone: bool, cache_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache = Cache(cache_dir)
+    (cache_dir / "tmp").mkdir(parents=True)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    folder = _linked(cache, tmp_path)
+    if gone:
+        shutil.rmtree(folder)
+    with caplog.at_level(logging.INFO, logger="qnnctl.install.prune"):
+        assert uninstall(VERSION, cache) == root
+    assert not root.exists()
+    assert list((cache_dir / "tmp").iterdir()) == []
+    link = read_link(cache, VERSION)
+    assert link is not None
+    assert link.root == folder
+    said = [r.getMessage() for r in caplog.records]
+    assert said[-1] == (f"SDK {VERSION} stays linked to {folder}, "
+                        f"{'which is gone' if gone else 'which is used from now on'}; "
+                        f"`qnnctl uninstall {VERSION}` again drops the link")
+    assert uninstall(VERSION, cache) == link.record
+    assert read_link(cache, VERSION) is None
+
+
+def test_a_link_record_that_cannot_be_read_goes_with_the_sdk(cache_dir: Path) -> None:
+    cache = Cache(cache_dir)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    record = cache_dir / "links" / f"{VERSION}.json"
+    record.parent.mkdir()
+    record.write_text("{not json")
+    assert uninstall(VERSION, cache) == root
+    assert not record.exists()
+    assert not root.exists()
+
+
+def test_uninstall_of_an_sdk_in_a_store_says_where_it_is(cache_dir: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    build_sdk_tree(store / VERSION, SdkSpec(build_id=f"v{VERSION}101010"))
+    for folder in (tmp_path, store):
+        folder.chmod(0o755)
+    with pytest.raises(NotInstalledError) as caught:
+        uninstall(VERSION, Cache(cache_dir), {"QNNCTL_STORES": str(store)})
+    message = (f"SDK {VERSION} is in the store {store} ({store / VERSION}), which qnnctl never changes; it is not "
+               "installed in qnnctl's cache")
+    assert (caught.value.message, caught.value.args, caught.value.hint) == (
+        message, (message,), "remove it from the store itself, or take the store out of QNNCTL_STORES")
+    with pytest.raises(NotInstalledError) as plain:  # no environment given: no store is looked in
+        uninstall(VERSION, Cache(cache_dir))
+    assert plain.value.message == f"SDK {VERSION} is not installed in qnnctl's cache"
+
+
+def test_uninstall_of_an_sdk_this_process_holds_leaves_it_by_default(cache_dir: Path) -> None:
+    cache = Cache(cache_dir)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    fd = hold(cache, VERSION)
+    assert fd is not None
+    release = threading.Timer(2.0, os.close, (fd,))  # so that a wrong default of waiting would end
+    release.start()
+    try:
+        with pytest.raises(HeldError) as caught:
+            uninstall(VERSION, cache)
+    finally:
+        release.join()
+    assert (caught.value.version, caught.value.root) == (VERSION, root)
+    assert caught.value.message.endswith("; it was not removed")
+    assert root.is_dir()
+    assert uninstall(VERSION, cache, wait=True) == root
