@@ -546,4 +546,13 @@ def test_uninstall_of_an_sdk_this_process_holds_leaves_it_by_default(cache_dir: 
     assert (caught.value.version, caught.value.root) == (VERSION, root)
     assert caught.value.message.endswith("; it was not removed")
     assert root.is_dir()
-    assert uninstall(VERSION, cache, wait=True) == root
+    # With wait: removed once the holder lets go.
+    fd = hold(cache, VERSION)
+    assert fd is not None
+    release = threading.Timer(1.0, os.close, (fd,))
+    release.start()
+    try:
+        assert uninstall(VERSION, cache, wait=True) == root
+    finally:
+        release.join()
+    assert not root.exists()
