@@ -86,8 +86,12 @@ def pipeline(tmp_path: Path, version: str = VERSION, name: str = "pipeline") -> 
                 running.proc.communicate()
 
 
-def _in_use(pid: int, version: str, root: Path) -> str:
-    return f"qnnctl: error: SDK {version} ({root}) is in use by PID {pid} (sh -c "
+def _in_use(text: str, pid: int, version: str, root: Path, level: str = "error") -> bool:
+    """Whether a line of `text` says SDK `version` is in use, naming the pipeline's shell `pid`
+    among its holders (listed by PID: a `sleep` the shell runs holds the SDK too, and after the
+    PIDs wrap around it may come first)."""
+    return any(line.startswith(f"qnnctl: {level}: SDK {version} ({root}) is in use by PID ")
+               and f"PID {pid} (sh -c " in line for line in text.splitlines())
 
 
 def test_uninstall_leaves_the_sdk_of_a_running_pipeline_and_removes_it_once_it_ended(
@@ -96,7 +100,7 @@ def test_uninstall_leaves_the_sdk_of_a_running_pipeline_and_removes_it_once_it_e
     with pipeline(tmp_path) as running:
         refused = run_qnnctl("uninstall", VERSION)
         assert refused.returncode == 1, refused.stderr
-        assert refused.stderr.startswith(_in_use(running.pid, VERSION, root)), refused.stderr
+        assert _in_use(refused.stderr.splitlines()[0], running.pid, VERSION, root), refused.stderr
         assert f"; it was not removed\nqnnctl: hint: run it again once that process has ended, or `qnnctl " \
                f"uninstall --wait {VERSION}` to wait for it\n" in refused.stderr
         assert "removed" not in refused.stderr.split("; it was not removed")[1]
@@ -120,7 +124,8 @@ def test_list_shows_the_processes_that_use_an_sdk(cache_dir: Path, tmp_path: Pat
         running.finish()
     line = next(line for line in text.stdout.splitlines() if line[3:].startswith(VERSION))
     assert f"{root}  " in line
-    assert f"in use by PID {running.pid} (sh -c 'echo started > " in line
+    assert "in use by PID " in line  # the holders by PID: the shell, and perhaps a `sleep` it runs
+    assert f"PID {running.pid} (sh -c 'echo started > " in line
     other = next(line for line in text.stdout.splitlines() if line[3:].startswith(OTHER_VERSION))
     assert "in use" not in other
     pids = {holder["pid"]: holder["command"] for holder in rows[VERSION]["held_by"]}
@@ -160,7 +165,7 @@ def test_uninstall_except_removes_the_free_sdks_and_leaves_the_held_one(cache_di
     assert f"removed SDK {THIRD}" in pruned.stderr
     assert f"kept {VERSION}" in pruned.stderr
     assert "removed 1 SDK, freed" in pruned.stderr
-    assert _in_use(running.pid, OTHER_VERSION, roots[OTHER_VERSION]) in pruned.stderr
+    assert _in_use(pruned.stderr, running.pid, OTHER_VERSION, roots[OTHER_VERSION]), pruned.stderr
     assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == sorted([VERSION, OTHER_VERSION])
     assert (roots[OTHER_VERSION] / ".qnnctl.json").is_file()
 
@@ -174,10 +179,8 @@ def test_uninstall_of_several_names_each_sdk_in_use_and_removes_the_rest(cache_d
         second.finish()
     for result in (named, everything):
         assert result.returncode == 1, result.stderr
-        assert f"qnnctl: warning: SDK {VERSION} ({roots[VERSION]}) is in use by PID {first.pid} (sh -c " \
-            in result.stderr
-        assert f"qnnctl: warning: SDK {OTHER_VERSION} ({roots[OTHER_VERSION]}) is in use by PID {second.pid} " \
-            in result.stderr
+        assert _in_use(result.stderr, first.pid, VERSION, roots[VERSION], "warning"), result.stderr
+        assert _in_use(result.stderr, second.pid, OTHER_VERSION, roots[OTHER_VERSION], "warning"), result.stderr
     assert f"removed SDK {THIRD} (" in named.stderr
     assert everything.stderr.endswith(
         f"qnnctl: error: 2 SDKs in use were left in place: {OTHER_VERSION}, {VERSION}\nqnnctl: hint: run it again "
@@ -189,7 +192,9 @@ def test_uninstall_of_several_names_each_sdk_in_use_and_removes_the_rest(cache_d
 
 
 def _waiting(args: list[str], says: str) -> subprocess.Popen[str]:
-    """`qnnctl ARGS`, once it has said (its first line on stderr) that it waits."""
+    """`qnnctl ARGS`, once it has said (its first line on stderr) that it waits for `says`
+    among the holders (listed by PID: a `sleep` the held shell runs holds the SDK too, and after
+    the PIDs wrap around it may come first)."""
     proc = subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(60, proc.kill)  # a qnnctl that neither says it waits nor ends
@@ -197,7 +202,8 @@ def _waiting(args: list[str], says: str) -> subprocess.Popen[str]:
     try:
         assert proc.stderr is not None
         said = proc.stderr.readline()
-        assert said.startswith(says), said
+        assert said.startswith("qnnctl: waiting for "), said
+        assert says in said, said
     except BaseException:
         proc.kill()
         raise
@@ -213,7 +219,7 @@ def test_uninstall_wait_removes_the_sdk_once_its_pipeline_has_ended(cache_dir: P
     install_tree_into_cache(cache_dir, OTHER_VERSION)
     args = ["uninstall", "--wait", VERSION] if how == "one" else ["uninstall", "--wait", "--except", OTHER_VERSION]
     with pipeline(tmp_path) as running:
-        waiting = _waiting(args, f"qnnctl: waiting for PID {running.pid} (sh -c ")
+        waiting = _waiting(args, f"PID {running.pid} (sh -c ")
         assert waiting.poll() is None
         assert (root / ".qnnctl.json").is_file()
         code, out, err = running.finish()
@@ -237,7 +243,7 @@ def test_install_force_leaves_the_sdk_of_a_running_pipeline_without_downloading(
     assert forced.returncode == 1, forced.stderr
     assert forced.stderr.endswith("; it was not replaced\nqnnctl: hint: run it again once that process has ended, "
                                   "or the same `qnnctl install` with --wait to wait for it\n")
-    assert forced.stderr.startswith(_in_use(running.pid, VERSION, root))
+    assert _in_use(forced.stderr.splitlines()[0], running.pid, VERSION, root), forced.stderr
     assert forced.stdout == ""
     assert len(mirror.requests_for(PATH)) == 1  # the first install's: nothing fetched for nothing
     assert read_manifest(root) == before
@@ -274,7 +280,8 @@ def test_install_force_that_finds_a_pipeline_started_during_its_download_leaves_
             forcing.communicate()
     assert (code, listed) == (0, f"{root / HTP}\n"), said
     assert forcing.returncode == 1, err
-    assert f"SDK {VERSION} ({root}) is in use by PID {running.pid} (sh -c " in err
+    assert f"SDK {VERSION} ({root}) is in use by PID " in err
+    assert f"PID {running.pid} (sh -c " in err
     assert "it was not replaced" in err
     assert out == ""
     assert marker.exists()  # the same folder, not the new one
@@ -308,7 +315,8 @@ def test_install_force_wait_waits_for_a_pipeline_started_during_its_download(
             for said in iter(forcing.stderr.readline, ""):  # until it says it waits, or ends
                 if said.startswith("qnnctl: waiting for"):
                     break
-            assert said.startswith(f"qnnctl: waiting for PID {running.pid} (sh -c "), said
+            assert said.startswith("qnnctl: waiting for "), said
+            assert f"PID {running.pid} (sh -c " in said, said  # among the holders, by PID
             assert marker.exists()
             code, listed, err = running.finish()
         out, rest = forcing.communicate(timeout=120)
@@ -332,7 +340,7 @@ def test_install_force_wait_replaces_the_sdk_once_its_pipeline_has_ended(
     marker = root / "docs" / "left-by-the-first-install"
     marker.write_text("")
     with pipeline(tmp_path) as running:
-        waiting = _waiting(["install", "--force", "--wait", VERSION], f"qnnctl: waiting for PID {running.pid} (sh -c ")
+        waiting = _waiting(["install", "--force", "--wait", VERSION], f"PID {running.pid} (sh -c ")
         assert marker.exists()
         code, out, err = running.finish()
     assert (code, out) == (0, f"{root / HTP}\n"), err
@@ -405,7 +413,8 @@ def test_doctor_names_a_held_sdk_removed_under_its_pipeline(cache_dir: Path, tmp
         check = cache_check()
         running.finish()
     assert check["status"] == "warn"
-    assert f"SDK {VERSION} is in use by PID {running.pid} (sh -c " in check["detail"]
+    assert f"SDK {VERSION} is in use by PID " in check["detail"]
+    assert f"PID {running.pid} (sh -c " in check["detail"]
     assert f"but {root} is gone: removed by hand or by a qnnctl that did not know holds" in check["detail"]
     assert f"SDK {OTHER_VERSION} is in use by PID " in check["detail"]
     assert f"but {other} is missing {HTP}" in check["detail"]
@@ -422,11 +431,12 @@ def test_components_added_to_a_held_sdk_wait_for_its_pipeline(mirror: FaultServe
         added = run_qnnctl("install", VERSION, "--components", "host,docs")
         assert not (root / "docs").exists()
         waiting = _waiting(["install", VERSION, "--components", "host,docs", "--wait"],
-                           f"qnnctl: waiting for PID {running.pid} (sh -c ")
+                           f"PID {running.pid} (sh -c ")
         code, out, err = running.finish()
     assert (code, out) == (0, f"{root / HTP}\n"), err
     assert added.returncode == 1, added.stderr
-    assert f"SDK {VERSION} ({root}) is in use by PID {running.pid} (sh -c " in added.stderr
+    assert f"SDK {VERSION} ({root}) is in use by PID " in added.stderr
+    assert f"PID {running.pid} (sh -c " in added.stderr
     assert "it was not replaced" in added.stderr
     out, err = waiting.communicate(timeout=120)
     assert waiting.returncode == 0, err
