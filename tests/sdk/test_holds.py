@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -253,8 +254,17 @@ def test_install_force_leaves_the_sdk_of_a_running_pipeline_without_downloading(
     assert len(mirror.requests_for(PATH)) == 2
 
 
-def test_install_force_that_finds_a_pipeline_started_during_its_download_leaves_the_sdk(
-        mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+class _Reinstall(NamedTuple):
+    root: Path  # the SDK installed first
+    marker: Path  # a file only that install's folder holds
+    opened: threading.Event  # set: the held download goes on
+    forcing: subprocess.Popen[str]  # the reinstall, its download held open
+
+
+@contextmanager
+def _reinstall_held_in_its_download(mirror: FaultServer, *options: str) -> Iterator[_Reinstall]:
+    """SDK VERSION installed, then `qnnctl install --force OPTIONS VERSION` started, its download
+    held open by the server until `opened` is set; killed at the end if it is still running."""
     installed = run_qnnctl("install", VERSION)
     assert installed.returncode == 0, installed.stderr
     root = Path(installed.stdout.strip())
@@ -262,44 +272,7 @@ def test_install_force_that_finds_a_pipeline_started_during_its_download_leaves_
     marker.write_text("")
     opened = threading.Event()
     mirror.fail(PATH, Fault.gate(opened))
-    forcing = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", "--force", VERSION],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while len(mirror.requests_for(PATH)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(mirror.requests_for(PATH)) == 2, "the reinstall never started its download"
-        with pipeline(tmp_path) as running:
-            opened.set()
-            out, err = forcing.communicate(timeout=120)
-            code, listed, said = running.finish()
-    finally:
-        opened.set()
-        if forcing.poll() is None:
-            forcing.kill()
-            forcing.communicate()
-    assert (code, listed) == (0, f"{root / HTP}\n"), said
-    assert forcing.returncode == 1, err
-    assert f"SDK {VERSION} ({root}) is in use by PID " in err
-    assert f"PID {running.pid} (sh -c " in err
-    assert "it was not replaced" in err
-    assert out == ""
-    assert marker.exists()  # the same folder, not the new one
-    assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == [VERSION]
-
-
-def test_install_force_wait_waits_for_a_pipeline_started_during_its_download(
-        mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
-    """The check made once the new SDK is built waits too, under --wait, for a pipeline that began
-    to use the old one while it was downloaded; then replaces it."""
-    installed = run_qnnctl("install", VERSION)
-    assert installed.returncode == 0, installed.stderr
-    root = Path(installed.stdout.strip())
-    marker = root / "docs" / "left-by-the-first-install"
-    marker.write_text("")
-    opened = threading.Event()
-    mirror.fail(PATH, Fault.gate(opened))
-    forcing = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", "--force", "--wait", VERSION],
+    forcing = subprocess.Popen([sys.executable, "-m", "qnnctl", "install", "--force", *options, VERSION],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(120, forcing.kill)  # a qnnctl that neither says it waits nor ends
     watchdog.start()
@@ -308,8 +281,40 @@ def test_install_force_wait_waits_for_a_pipeline_started_during_its_download(
         while len(mirror.requests_for(PATH)) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(mirror.requests_for(PATH)) == 2, "the reinstall never started its download"
+        yield _Reinstall(root, marker, opened, forcing)
+    finally:
+        watchdog.cancel()
+        opened.set()
+        if forcing.poll() is None:
+            forcing.kill()
+            forcing.communicate()
+
+
+def test_install_force_that_finds_a_pipeline_started_during_its_download_leaves_the_sdk(
+        mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    with _reinstall_held_in_its_download(mirror) as reinstall, pipeline(tmp_path) as running:
+        reinstall.opened.set()
+        out, err = reinstall.forcing.communicate(timeout=120)
+        code, listed, said = running.finish()
+    root = reinstall.root
+    assert (code, listed) == (0, f"{root / HTP}\n"), said
+    assert reinstall.forcing.returncode == 1, err
+    assert f"SDK {VERSION} ({root}) is in use by PID " in err
+    assert f"PID {running.pid} (sh -c " in err
+    assert "it was not replaced" in err
+    assert out == ""
+    assert reinstall.marker.exists()  # the same folder, not the new one
+    assert sorted(p.name for p in (cache_dir / "sdks").iterdir()) == [VERSION]
+
+
+def test_install_force_wait_waits_for_a_pipeline_started_during_its_download(
+        mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    """The check made once the new SDK is built waits too, under --wait, for a pipeline that began
+    to use the old one while it was downloaded; then replaces it."""
+    with _reinstall_held_in_its_download(mirror, "--wait") as reinstall:
+        forcing = reinstall.forcing
         with pipeline(tmp_path) as running:
-            opened.set()
+            reinstall.opened.set()
             assert forcing.stderr is not None
             said = ""
             for said in iter(forcing.stderr.readline, ""):  # until it says it waits, or ends
@@ -317,19 +322,13 @@ def test_install_force_wait_waits_for_a_pipeline_started_during_its_download(
                     break
             assert said.startswith("qnnctl: waiting for "), said
             assert f"PID {running.pid} (sh -c " in said, said  # among the holders, by PID
-            assert marker.exists()
+            assert reinstall.marker.exists()
             code, listed, err = running.finish()
         out, rest = forcing.communicate(timeout=120)
-    finally:
-        watchdog.cancel()
-        opened.set()
-        if forcing.poll() is None:
-            forcing.kill()
-            forcing.communicate()
-    assert (code, listed) == (0, f"{root / HTP}\n"), err
+    assert (code, listed) == (0, f"{reinstall.root / HTP}\n"), err
     assert forcing.returncode == 0, rest
-    assert out == f"{root}\n"
-    assert not marker.exists()  # replaced, once the pipeline had ended
+    assert out == f"{reinstall.root}\n"
+    assert not reinstall.marker.exists()  # replaced, once the pipeline had ended
 
 
 def test_install_force_wait_replaces_the_sdk_once_its_pipeline_has_ended(
