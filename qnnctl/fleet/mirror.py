@@ -31,10 +31,10 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.gate import Observed, agree, check
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import HOST_LIB_DIR, read_sdk_version
-from qnnctl.sdk.lockfile import expected_for_download
-from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, mirror_entry, parse_index
+from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, parse_index
 from qnnctl.sdk.select import resolve_spec, select_sdk
 from qnnctl.sdk.versions import archive_name, archive_urls, is_full_version, version_in
+from qnnctl.sdk.vouchers import vouchers
 from qnnctl.sdk.work import version_lock, work_folder, work_id
 
 log = logging.getLogger("qnnctl.fleet.mirror")
@@ -121,15 +121,16 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
     """The archive of `version` in the cache's downloads: the one there already, else fetched
     (from QNNCTL_MIRROR when set), checked against the mirror's index.json and, with
     `check_lock`, the project's lock. Without `keep` it is hashed and removed again."""
-    mirror = environ.get("QNNCTL_MIRROR") or None
+    vouched = vouchers(environ, cwd or Path.cwd(), lock=check_lock)
+    mirror = vouched.mirror
     if mirror is not None:
-        check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
-    urls = archive_urls(version, mirror)
-    lock = expected_for_download(version, cwd or Path.cwd(), False) if check_lock else None
+        check_url(mirror.base, "QNNCTL_MIRROR", allow_file=False)
+    urls = archive_urls(version, mirror.base if mirror is not None else None)
+    locked = vouched.lock.expected(version) if vouched.lock is not None else None
     cache.ensure()
     with version_lock(cache, version):
-        entry = mirror_entry(mirror, version) if mirror is not None else None
-        expected = [e.expected() for e in (entry, lock) if e is not None]
+        indexed = mirror.expected(version) if mirror is not None else None
+        expected = [e for e in (indexed, locked) if e is not None]
         agree(expected)
         found = _finished_download(cache, version)
         if found is not None:

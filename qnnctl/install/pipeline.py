@@ -158,7 +158,9 @@ def install(
         if found_sdk is not None and _has_components(found_sdk, components):
             return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock)
 
-    mirror = environ.get("QNNCTL_MIRROR") or None
+    # The mirror the archive comes from is the one whose index vouches for it: one object, so the
+    # two can never be different mirrors.
+    mirror = vouchers.mirror.base if vouchers.mirror is not None else None
     if mirror is not None and not request.url:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)
     urls = [request.url] if request.url else archive_urls(version, mirror)

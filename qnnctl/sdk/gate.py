@@ -86,6 +86,11 @@ class Index(Protocol):
     read once, when first asked."""
 
     @property
+    def base(self) -> str:
+        """The mirror's base URL: where the archives it vouches for are fetched from."""
+        ...
+
+    @property
     def where(self) -> str:
         """Its URL, redacted, as messages name it."""
         ...

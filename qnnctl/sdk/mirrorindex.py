@@ -7,6 +7,7 @@ sha256, size, build id and component digests; the versions it lists): the pipeli
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -127,25 +128,24 @@ def indexed_versions(base: str) -> list[str] | None:
     return sorted((v for v in versions if is_full_version(v)), key=parse_version)
 
 
-
-
 class MirrorIndex:
     """The index.json of the mirror at `base`, as the install pipeline asks it (qnnctl.sdk.gate.Index):
     read at most once, when first asked (QNNCTL_MIRROR is checked then, not before)."""
 
     def __init__(self, base: str) -> None:
         self.base = base
-        self._read: tuple[dict[str, dict[str, Any]] | None] | None = None
 
     @property
     def where(self) -> str:
         return redact(index_url(self.base))
 
+    @functools.cached_property
+    def _versions(self) -> dict[str, dict[str, Any]] | None:
+        check_url(self.base, "QNNCTL_MIRROR", allow_file=False)
+        return read_index(self.base)
+
     def versions(self) -> dict[str, dict[str, Any]] | None:
-        if self._read is None:
-            check_url(self.base, "QNNCTL_MIRROR", allow_file=False)
-            self._read = (read_index(self.base),)
-        return self._read[0]
+        return self._versions
 
     def expected(self, version: str) -> Expected | None:
         versions = self.versions()
