@@ -11,6 +11,7 @@ own (not by qnnctl's code).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -643,14 +644,16 @@ def test_without_libcxx_the_lowering_fails_naming_it(archive: Path, llvm: str, s
 
 
 @pytest.mark.parametrize("archive", [pytest.param(genuine.QAIRT_2_51, id="qairt-2.51.0.260929")], indirect=True)
-@pytest.mark.parametrize("attack", ["crc-kept", "two-readings"])
+@pytest.mark.parametrize("attack", ["crc-kept", "two-readings", "range-ignored", "lock-without-parts"])
 def test_the_walk_arounds_are_refused_on_the_genuine_archive(archive: Path, llvm: str, server: FaultServer,
                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              attack: str) -> None:
     """The genuine 2.51 archive (its libQnnHtp.so stored, as an archiver may store it), locked
-    from a whole install; a trojan of the same size put in its place with its CRC-32 kept, or
-    a second directory hidden in the end record's comment, is refused by an install of the host
-    component under --locked, and the trojan's constructor never runs."""
+    from a whole install, then each way around the lock an install of the host component under
+    --locked was once open to: a trojan of the same size put in its place with its CRC-32 kept;
+    a second directory hidden in the end record's comment; a server that ignores Range, so the
+    whole archive is fetched; a lock that pins no component (schema 1). Each is refused, nothing
+    is installed, and the trojan's constructor never runs."""
     from tests.sdk.test_gate import crc_kept, stored, trojan_library, two_readings
 
     version = qairt(archive)
@@ -667,12 +670,24 @@ def test_the_walk_arounds_are_refused_on_the_genuine_archive(archive: Path, llvm
     made = run_qnnctl("lock", version)
     assert made.returncode == 0, made.stderr
     monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "victim"))
-    server.add(path, crc_kept(data, member, trojan) if attack == "crc-kept" else two_readings(data, trojan, member))
+    served = two_readings(data, trojan, member) if attack == "two-readings" else crc_kept(data, member, trojan)
+    server.add(path, served)
+    said = {"crc-kept": ["the digest of its component host is"],
+            "two-readings": ["more than one end of central directory record"],
+            "range-ignored": [f"its sha256 is {hashlib.sha256(served).hexdigest()}, the lock pins"],
+            "lock-without-parts": ["pins the whole archive's sha256 and no component's: downloading the whole archive",
+                                   f"its sha256 is {hashlib.sha256(served).hexdigest()}, the lock pins"]}[attack]
+    if attack == "range-ignored":
+        server.ignore_ranges = True
+    if attack == "lock-without-parts":
+        lock = Path.cwd() / "qnnctl.lock"
+        lines = [line for line in lock.read_text().splitlines() if not line.startswith("central_directory_sha256")]
+        lines = lines[:lines.index("[sdk.component_sha256]")]
+        lock.write_text("\n".join(lines).replace("schema = 2", "schema = 1") + "\n")
     refused = run_qnnctl("install", version, "--locked", "--components", "host")
     assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
-    said = ("the digest of its component host is" if attack == "crc-kept"
-            else "more than one end of central directory record")
-    assert said in refused.stderr
+    for words in said:
+        assert words in refused.stderr
     assert not (tmp_path / "victim" / "sdks" / version).exists()
     assert run_qnnctl("doctor", "--sdk", version, "--offline").returncode != 0
     assert not mark.exists()
