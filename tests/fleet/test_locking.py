@@ -210,10 +210,11 @@ def test_a_lock_of_an_installed_sdk_is_taken_from_its_manifest_and_replaces_the_
     assert capfd.readouterr() == ("", "")
 
 
-def test_a_manifest_that_says_neither_where_nor_when_is_said_so(cache: Cache, project: Path) -> None:
+def test_a_manifest_that_says_neither_where_nor_when_is_said_so(server: FaultServer, cache: Cache,
+                                                               project: Path) -> None:
     root = _in_cache(cache, {"sha256": "b" * 64, "size": 99}, build=None)
     (project / "qnnctl.lock").write_text("no lock\n")  # unreadable: replaced, and said to replace none
-    written = make_lock(VERSION, _environ(), project, cache)
+    written = make_lock(VERSION, _environ(server), project, cache)
     path = project / "qnnctl.lock"
     assert written == Written(path, LockedSdk(
         path=path, version=VERSION, sha256="b" * 64, size=99, build_id=None, urls=(), locked_at=written.lock.locked_at,
@@ -221,15 +222,18 @@ def test_a_manifest_that_says_neither_where_nor_when_is_said_so(cache: Cache, pr
         f"These values were recorded when SDK {VERSION} was installed from an unrecorded source "
         "(at an unrecorded time).", None)
     assert read_lock(path) == written.lock
+    assert server.requests == []
 
 
-def test_a_lock_without_a_pin_is_written_in_the_folder_it_is_made_in(cache: Cache, tmp_path: Path) -> None:
+def test_a_lock_without_a_pin_is_written_in_the_folder_it_is_made_in(server: FaultServer, cache: Cache,
+                                                                     tmp_path: Path) -> None:
     _in_cache(cache, {"sha256": "b" * 64, "size": 99})
     here = tmp_path / "elsewhere"
     here.mkdir()
-    written = make_lock(VERSION, _environ(), here, cache)
+    written = make_lock(VERSION, _environ(server), here, cache)
     assert (written.path, written.lock.path, written.replaced) == (here / "qnnctl.lock", here / "qnnctl.lock", None)
     assert read_lock(here / "qnnctl.lock") == written.lock
+    assert server.requests == []
 
 
 # -- qnnctl lock: an SDK installed first --------------------------------------------------------
