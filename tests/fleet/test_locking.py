@@ -356,22 +356,25 @@ def test_a_store_sdk_of_another_build_than_its_archive_is_locked_with_a_warning(
 # -- qnnctl lock: what it refuses ---------------------------------------------------------------
 
 
-def test_no_lock_is_written_for_an_sdk_the_caller_manages(cache: Cache, tmp_path: Path) -> None:
+def test_no_lock_is_written_for_an_sdk_the_caller_manages(server: FaultServer, cache: Cache, tmp_path: Path) -> None:
     with pytest.raises(UsageError) as caught:
-        make_lock(None, _environ(QNN_SDK_ROOT=""), tmp_path, cache)
+        make_lock(None, _environ(server, QNN_SDK_ROOT=""), tmp_path, cache)
     assert (caught.value.message, caught.value.hint) == (
         "QNN_SDK_ROOT is exported but empty: the caller manages the SDK, so there is none to lock",
         "give the version: `qnnctl lock VERSION`")
     assert not (tmp_path / "qnnctl.lock").exists()
+    assert server.requests == []
 
 
-def test_no_lock_is_written_for_an_sdk_whose_version_cannot_be_told(cache: Cache, tmp_path: Path) -> None:
+def test_no_lock_is_written_for_an_sdk_whose_version_cannot_be_told(server: FaultServer, cache: Cache,
+                                                                    tmp_path: Path) -> None:
     root = build_sdk_tree(tmp_path / "qairt", SdkSpec(sdk_yaml=False))
     with pytest.raises(UsageError) as caught:
-        make_lock(str(root), _environ(), tmp_path, cache)
+        make_lock(str(root), _environ(server), tmp_path, cache)
     assert (caught.value.message, caught.value.hint) == (f"cannot tell the version of the SDK at {root}",
                                                          "give the version: `qnnctl lock VERSION`")
     assert not (tmp_path / "qnnctl.lock").exists()
+    assert server.requests == []
 
 
 # -- qnnctl lock --check ------------------------------------------------------------------------
