@@ -12,6 +12,7 @@ import subprocess
 import sys
 import termios
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,3 +186,13 @@ def mirror(server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
     monkeypatch.setenv("QNNCTL_MIRROR", server.base)
     return server
+
+
+@pytest.fixture
+def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Local time five and a half hours ahead of UTC (a POSIX TZ string: no zone files needed)."""
+    monkeypatch.setenv("TZ", "IST-5:30")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

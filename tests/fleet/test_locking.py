@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +44,6 @@ OTHER_BUILD = f"v{OTHER_VERSION}101010"
 LATER_BUILD = f"v{VERSION}202020"  # another build of the same version
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 MANIFEST = ".qnnctl.json"
-
-
-@pytest.fixture
-def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Local time five and a half hours ahead of UTC (a POSIX TZ string: no zone files needed)."""
-    monkeypatch.setenv("TZ", "IST-5:30")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,6 @@ from qnnctl.sdk.stores import LINK_SCHEMA, Link, dangling_link_error, link_sdk, 
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree
 
 BUILD = f"v{VERSION}101010"
-
-
-@pytest.fixture
-def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Local time five and a half hours ahead of UTC (a POSIX TZ string: no zone files needed)."""
-    monkeypatch.setenv("TZ", "IST-5:30")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def test_a_folder_is_linked_as_what_its_libraries_say_and_a_second_link_replaces_the_first(
