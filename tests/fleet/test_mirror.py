@@ -82,6 +82,7 @@ def _zip(path: Path, *members: tuple[str, bytes, int]) -> Path:
 
 FILE = stat.S_IFREG | 0o644
 LINK = stat.S_IFLNK | 0o777
+FOLDER = stat.S_IFDIR | 0o755
 
 
 def _index(versions: dict[str, object]) -> bytes:
@@ -153,6 +154,9 @@ def test_only_the_host_librarys_folder_is_read_at_any_depth(tmp_path: Path) -> N
     assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so", b"libQnnHtp.so.2", LINK),
                     (f"b/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD
     assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so", b"libQnnHtp.so.2", LINK)) is None
+    # Nor is a folder named as it.
+    assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so/", b"", FOLDER),
+                    (f"b/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD
     assert _entries(scratch) == []
 
 
