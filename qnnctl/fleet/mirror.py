@@ -239,8 +239,6 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
         write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})
         done.append(Mirrored(version, dest, digest, size, build, action))
         log.info("SDK %s %s: %s", version, "indexed" if action == "indexed" else "added to the mirror", dest)
-    if not (folder / INDEX_NAME).exists():
-        write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})
     return done
 
 
