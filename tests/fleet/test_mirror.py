@@ -41,13 +41,22 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.lockfile import LockedSdk, write_lock
 from tests.httpserver import FaultServer
-from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree
+from tests.sdkfactory import (
+    OTHER_VERSION,
+    VERSION,
+    SdkSpec,
+    add_zip_entry,
+    build_archive,
+    build_sdk_tree,
+    install_tree_into_cache,
+)
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 OTHER_PATH = f"/{OTHER_VERSION}/v{OTHER_VERSION}.zip"
 BUILD = f"{VERSION}101010"  # as build_id() reads it from the libraries
 OTHER_BUILD = f"{OTHER_VERSION}101010"
 NEWER = "2.37.1.250807"  # a 2.37 that only the mirror's index lists
+INSTALLED = "2.37.2.250901"  # a 2.37 only installed
 INDEX_HINT = ("the mirror's file changed after it was indexed; put the right archive back, or index it again with "
               "`qnnctl mirror DIR VERSION` where the mirror is kept")
 LOCK_HINT = ("the archive or the mirror serving it changed; if the new archive is the one to trust, write the lock "
@@ -469,6 +478,16 @@ def test_the_versions_named_are_resolved_in_the_mirrors_index_and_said_once(serv
         NEWER, OTHER_VERSION, VERSION]
 
 
+def test_a_prefix_names_the_newest_sdk_installed_first(server: FaultServer, cache_dir: Path, cache: Cache,
+                                                      tmp_path: Path) -> None:
+    server.add("/index.json", _index({NEWER: {"sha256": "a" * 64}}), "application/json")
+    install_tree_into_cache(cache_dir, INSTALLED)
+    assert mirror_versions(["2.37", "2.34"], {"QNNCTL_MIRROR": server.base}, tmp_path, cache) == [
+        INSTALLED, OTHER_VERSION]
+    # Without a version, nor anything else to choose by, the newest SDK installed.
+    assert mirror_versions([], {}, tmp_path, cache) == [INSTALLED]
+
+
 def test_without_versions_the_one_resolved_here_is_mirrored(cache: Cache, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
@@ -514,8 +533,19 @@ def two_served(server: FaultServer, served: bytes, tmp_path: Path) -> tuple[byte
     return served, other
 
 
+@pytest.fixture
+def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The local time eleven hours behind UTC, so that a time said in local time is seen."""
+    monkeypatch.setenv("TZ", "XYZ+11")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("far_from_utc")
 def test_a_mirror_is_filled_indexed_and_kept(server: FaultServer, two_served: tuple[bytes, bytes], cache: Cache,
-                                             tmp_path: Path) -> None:
+                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data, other = two_served
     env = {"QNNCTL_MIRROR": server.base}
     before = time.time()
@@ -526,6 +556,7 @@ def test_a_mirror_is_filled_indexed_and_kept(server: FaultServer, two_served: tu
                     Mirrored(OTHER_VERSION, other_dest, _sha256(other), len(other), OTHER_BUILD, "added")]
     assert (dest.read_bytes(), other_dest.read_bytes()) == (data, other)
     assert _entries(cache.downloads) == []  # moved into the mirror, records and all
+    assert capsys.readouterr().err == ""  # no bar unless on a terminal
     index = _index_of(folder)
     for entry in index.values():
         _added_at(entry, before)
@@ -545,6 +576,7 @@ def test_a_mirror_is_filled_indexed_and_kept(server: FaultServer, two_served: tu
     assert (folder / "index.json").stat().st_mtime_ns == written.st_mtime_ns
 
 
+@pytest.mark.usefixtures("far_from_utc")
 def test_an_entry_without_components_digests_is_indexed_again(server: FaultServer, served: bytes, cache: Cache,
                                                                tmp_path: Path) -> None:
     env = {"QNNCTL_MIRROR": server.base}
@@ -604,6 +636,14 @@ def test_what_a_mirror_finished_is_indexed_when_a_later_version_fails(server: Fa
     assert list(_index_of(folder)) == [VERSION]
     assert (folder / VERSION / f"v{VERSION}.zip").read_bytes() == served
     assert not (folder / OTHER_VERSION).exists()
+
+
+def test_without_versions_a_mirror_takes_the_newest_sdk_installed(server: FaultServer,
+                                                                   two_served: tuple[bytes, bytes], cache_dir: Path,
+                                                                   cache: Cache, tmp_path: Path) -> None:
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    done = make_mirror(tmp_path / "mirror", [], {"QNNCTL_MIRROR": server.base}, tmp_path, cache)
+    assert [(d.version, d.action) for d in done] == [(OTHER_VERSION, "added")]
 
 
 def test_a_mirror_in_the_home_folder_and_on_a_terminal(server: FaultServer, served: bytes, cache: Cache,
