@@ -61,7 +61,8 @@ def archive_build_id(archive: Path, scratch: Path) -> str | None:
         with zipfile.ZipFile(archive) as zf:
             members: dict[str, zipfile.ZipInfo] = {}
             for info in zf.infolist():
-                parts = info.filename.rstrip("/").rsplit("/", 3)
+                # A folder's name ends with "/": its last part is "", no library's name.
+                parts = info.filename.rsplit("/", 3)
                 kind = stat.S_IFMT(info.external_attr >> 16)
                 if len(parts) >= 3 and "/".join(parts[-3:-1]) == HOST_LIB_DIR and kind != stat.S_IFLNK:
                     members.setdefault(parts[-1], info)
@@ -238,8 +239,6 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
         write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})
         done.append(Mirrored(version, dest, digest, size, build, action))
         log.info("SDK %s %s: %s", version, "indexed" if action == "indexed" else "added to the mirror", dest)
-    if not (folder / INDEX_NAME).exists():
-        write_json_atomic(folder / INDEX_NAME, {"schema": INDEX_SCHEMA, "versions": index})
     return done
 
 

@@ -1,0 +1,716 @@
+"""`qnnctl mirror` and the archive fetch `qnnctl lock` uses (qnnctl.fleet.mirror), called in the
+tests' own process: real cache folders, zip archives built here, the loopback server serving the
+archives and a mirror's index.json."""
+
+from __future__ import annotations
+
+import calendar
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+from qnnctl.fleet.mirror import (
+    FetchedArchive,
+    Mirrored,
+    _finished_download,
+    _move,
+    _true_version,
+    archive_build_id,
+    fetch_archive,
+    make_mirror,
+    mirror_versions,
+    read_local_index,
+)
+from qnnctl.install.archive import zip_digests
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.layout import HOST_LIB_DIR
+from qnnctl.sdk.lockfile import LockedSdk, write_lock
+from tests.httpserver import FaultServer
+from tests.sdkfactory import (
+    OTHER_VERSION,
+    VERSION,
+    SdkSpec,
+    add_zip_entry,
+    build_archive,
+    build_sdk_tree,
+    install_tree_into_cache,
+)
+
+PATH = f"/{VERSION}/v{VERSION}.zip"
+OTHER_PATH = f"/{OTHER_VERSION}/v{OTHER_VERSION}.zip"
+BUILD = f"{VERSION}101010"  # as build_id() reads it from the libraries
+OTHER_BUILD = f"{OTHER_VERSION}101010"
+NEWER = "2.37.1.250807"  # a 2.37 that only the mirror's index lists
+INSTALLED = "2.37.2.250901"  # a 2.37 only installed
+INDEX_HINT = ("the mirror's file changed after it was indexed; put the right archive back, or index it again with "
+              "`qnnctl mirror DIR VERSION` where the mirror is kept")
+LOCK_HINT = ("the archive or the mirror serving it changed; if the new archive is the one to trust, write the lock "
+             f"again with `qnnctl lock {VERSION}`")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _archive(folder: Path, version: str = VERSION, payload: bytes = b"first", built: bool = True) -> Path:
+    """A zip of a synthetic SDK of `version`, whose libraries carry its build (unless not `built`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = SdkSpec(version=version, build_id=f"v{version}101010" if built else None,
+                   extra_files={"docs/payload.bin": payload})
+    return build_archive(folder, "zip", spec)
+
+
+def _library(tmp_path: Path, name: str, build: str | None) -> bytes:
+    """The bytes of a real shared library `name` that carries `build` (`v2.37.0.250724101010`) or none."""
+    root = build_sdk_tree(tmp_path / "libraries" / f"{name}-{build}", SdkSpec(libs=(name,), build_id=build))
+    return (root / HOST_LIB_DIR / name).read_bytes()
+
+
+def _zip(path: Path, *members: tuple[str, bytes, int]) -> Path:
+    """A zip holding `members` (name, data, mode) in that order."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data, mode in members:
+            add_zip_entry(zf, name, data, mode)
+    return path
+
+
+FILE = stat.S_IFREG | 0o644
+LINK = stat.S_IFLNK | 0o777
+FOLDER = stat.S_IFDIR | 0o755
+
+
+def _index(versions: dict[str, object]) -> bytes:
+    return json.dumps({"schema": 1, "versions": versions}).encode()
+
+
+def _lock(folder: Path, sha256: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "qnnctl.lock"
+    write_lock(path, LockedSdk(path, VERSION, sha256), "trusted")
+    return path
+
+
+def _record(archive: Path, **fields: object) -> Path:
+    record = archive.with_name(archive.name + ".json")
+    record.write_text(json.dumps(fields), encoding="utf-8")
+    return record
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.fixture
+def cache(cache_dir: Path) -> Cache:
+    return Cache(cache_dir)
+
+
+@pytest.fixture
+def served(server: FaultServer, tmp_path: Path) -> bytes:
+    """The server holding an archive of VERSION at its place; the archive's bytes."""
+    data = _archive(tmp_path / "served").read_bytes()
+    server.add(PATH, data)
+    return data
+
+
+# -- an archive's build id ---------------------------------------------------------------------
+
+
+def test_an_archives_build_is_the_one_its_host_libraries_carry(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert archive_build_id(_archive(tmp_path / "built"), scratch) == BUILD
+    assert archive_build_id(_archive(tmp_path / "unbuilt", built=False), scratch) is None
+    assert archive_build_id(_archive(tmp_path / "other", OTHER_VERSION), scratch) == OTHER_BUILD
+    assert _entries(scratch) == []  # each library copied there is removed again
+
+
+def test_only_the_host_librarys_folder_is_read_at_any_depth(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    ours = _library(tmp_path, "libQnnHtp.so", f"v{BUILD}")
+    theirs = _library(tmp_path, "libQnnHtp.so", f"v{OTHER_BUILD}")
+
+    def build_of(*members: tuple[str, bytes, int]) -> str | None:
+        return archive_build_id(_zip(tmp_path / "a.zip", *members), scratch)
+
+    assert build_of((f"{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD  # no top folder
+    assert build_of((f"a/b/c/qairt/{VERSION}/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD
+    # Libraries of the same name elsewhere, listed first, are not the host's.
+    assert build_of((f"qairt/{VERSION}/lib/aarch64-android/libQnnHtp.so", theirs, FILE),
+                    (f"qairt/{VERSION}/bin/x86_64-linux-clang/libQnnHtp.so", theirs, FILE),
+                    (f"qairt/{VERSION}/{HOST_LIB_DIR}/sub/libQnnHtp.so", theirs, FILE),
+                    (f"qairt/{VERSION}/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD
+    # Of two copies of one library, the first is read.
+    assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so", theirs, FILE), (f"b/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) \
+        == OTHER_BUILD
+    # A symbolic link named as the library is not it: the library after it is read.
+    assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so", b"libQnnHtp.so.2", LINK),
+                    (f"b/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD
+    assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so", b"libQnnHtp.so.2", LINK)) is None
+    # Nor is a folder named as it.
+    assert build_of((f"a/{HOST_LIB_DIR}/libQnnHtp.so/", b"", FOLDER),
+                    (f"b/{HOST_LIB_DIR}/libQnnHtp.so", ours, FILE)) == BUILD
+    assert _entries(scratch) == []
+
+
+def test_the_libraries_are_read_most_telling_first_until_one_carries_a_build(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    lib = f"qairt/{VERSION}/{HOST_LIB_DIR}"
+    system = _library(tmp_path, "libQnnSystem.so", f"v{OTHER_BUILD}")
+    cpu = _library(tmp_path, "libQnnCpu.so", f"v{BUILD}")
+    # No libQnnHtp.so at all: libQnnSystem.so tells.
+    assert archive_build_id(_zip(tmp_path / "a.zip", (f"{lib}/libQnnCpu.so", cpu, FILE),
+                                 (f"{lib}/libQnnSystem.so", system, FILE)), scratch) == OTHER_BUILD
+    # A libQnnHtp.so that carries none: the next that carries one.
+    bare = _library(tmp_path, "libQnnHtp.so", None)
+    assert archive_build_id(_zip(tmp_path / "b.zip", (f"{lib}/libQnnHtp.so", bare, FILE),
+                                 (f"{lib}/libQnnCpu.so", cpu, FILE)), scratch) == BUILD
+    assert archive_build_id(_zip(tmp_path / "c.zip", (f"{lib}/libQnnHtp.so", bare, FILE)), scratch) is None
+    assert archive_build_id(_zip(tmp_path / "d.zip", ("README", b"no libraries", FILE)), scratch) is None
+    assert _entries(scratch) == []
+
+
+def test_an_archive_that_cannot_be_read_is_refused_naming_it(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    hint = "remove it and fetch it again"
+
+    def refusal(archive: Path, where: Path = scratch) -> tuple[str, str | None]:
+        with pytest.raises(IntegrityError) as refused:
+            archive_build_id(archive, where)
+        return refused.value.message, refused.value.hint
+
+    garbage = tmp_path / "garbage.zip"
+    garbage.write_bytes(b"no zip at all" * 100)
+    assert refusal(garbage) == (f"{garbage} is not a readable zip archive: File is not a zip file", hint)
+    missing = tmp_path / "missing.zip"
+    assert refusal(missing) == (
+        f"{missing} is not a readable zip archive: [Errno 2] No such file or directory: '{missing}'", hint)
+    built = _archive(tmp_path / "built")
+    gone = tmp_path / "gone"
+    assert refusal(built, gone) == (
+        f"{built} is not a readable zip archive: [Errno 2] No such file or directory: '{gone / 'libQnnHtp.so'}'",
+        hint)
+
+
+def test_an_archive_whose_libraries_name_another_version_is_refused() -> None:
+    _true_version(None, VERSION, "anywhere")  # no build: nothing to contradict the name
+    _true_version(BUILD, VERSION, "anywhere")
+    with pytest.raises(IntegrityError) as refused:
+        _true_version(OTHER_BUILD, VERSION, "https://m/x.zip")
+    assert (refused.value.message, refused.value.hint) == (
+        f"https://m/x.zip holds SDK {OTHER_VERSION} (its libraries are build {OTHER_BUILD}), not {VERSION}",
+        "check the source; a mirror must serve each version under its own name")
+
+
+# -- a download finished earlier ---------------------------------------------------------------
+
+
+def test_a_download_finished_earlier_is_found_by_its_record(cache: Cache) -> None:
+    assert _finished_download(cache, VERSION) is None  # no downloads folder yet
+    downloads = cache.downloads
+    downloads.mkdir(parents=True)
+    assert _finished_download(cache, VERSION) is None
+    data = b"an archive's bytes"
+    digest = _sha256(data)
+
+    def put(name: str, content: bytes = data) -> Path:
+        path = downloads / name
+        path.write_bytes(content)
+        return path
+
+    # Records that say nothing usable, sorted before the good one: each is passed over.
+    _record(put(f"a-{VERSION}.zip"), sha256=digest).write_text("not json")
+    _record(put(f"b-{VERSION}.zip"), sha256=digest).write_bytes(b'{"sha256": "\xff"}')
+    _record(put(f"c-{VERSION}.zip"), sha256=digest).write_text(json.dumps([digest]))
+    _record(put(f"d-{VERSION}.zip"), sha256=5)
+    _record(put(f"e-{VERSION}.zip"), sha256="0" * 64)  # the file is not the one recorded
+    put(f"f-{VERSION}.zip")
+    (downloads / f"f-{VERSION}.zip.json").mkdir()  # no record to read
+    _record(put(f"g-{VERSION}.tar.gz"), sha256=digest)  # not a zip
+    _record(put(f"h-{OTHER_VERSION}.zip"), sha256=digest)  # another version
+    _record(downloads / f"i-{VERSION}.zip", sha256=digest)  # its archive is gone
+    (downloads / f"j-{VERSION}.zip").mkdir()
+    _record(downloads / f"j-{VERSION}.zip", sha256=digest)  # its archive is no file
+    assert _finished_download(cache, VERSION) is None
+    # A record of an earlier qnnctl that holds a password in its URL: said redacted.
+    good = put(f"v{VERSION}.zip")
+    _record(good, sha256=digest, url=f"https://ci:s3cret@mirror.example{PATH}")
+    later = put(f"w-{VERSION}.zip")
+    _record(later, sha256=digest)
+    assert _finished_download(cache, VERSION) == (good, digest, f"https://***@mirror.example{PATH}")
+    assert _finished_download(cache, OTHER_VERSION) == (downloads / f"h-{OTHER_VERSION}.zip", digest,
+                                                        str(downloads / f"h-{OTHER_VERSION}.zip"))
+    # A record without a URL names the file itself.
+    good.unlink()
+    assert _finished_download(cache, VERSION) == (later, digest, str(later))
+
+
+def test_index_and_records_are_read_as_utf_8_whatever_the_locale(tmp_path: Path, cache: Cache) -> None:
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    (folder / "index.json").write_text(json.dumps({"schema": 1, "versions": {VERSION: {"note": "dépôt"}}},
+                                                  ensure_ascii=False), encoding="utf-8")
+    cache.downloads.mkdir(parents=True)
+    archive = cache.downloads / f"v{VERSION}.zip"
+    archive.write_bytes(b"bytes")
+    archive.with_name(archive.name + ".json").write_text(
+        json.dumps({"sha256": _sha256(b"bytes"), "url": "https://dépôt.example/a.zip"}, ensure_ascii=False),
+        encoding="utf-8")
+    code = ("import json, sys\nfrom pathlib import Path\n"
+            "from qnnctl.fleet.mirror import _finished_download, read_local_index\n"
+            "from qnnctl.sdk.cache import Cache\n"
+            "found = _finished_download(Cache(Path(sys.argv[2])), sys.argv[3])\n"
+            "print(json.dumps([read_local_index(Path(sys.argv[1])), found and [str(p) for p in found]]))\n")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    proc = subprocess.run([sys.executable, "-c", code, str(folder), str(cache.root), VERSION], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [{VERSION: {"note": "dépôt"}},
+                                       [str(archive), _sha256(b"bytes"), "https://dépôt.example/a.zip"]]
+
+
+# -- fetching one archive into the cache ---------------------------------------------------------
+
+
+def test_an_archive_is_fetched_from_the_mirror_and_described_whole(server: FaultServer, served: bytes,
+                                                                   cache: Cache, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    fetched = fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base + "/"}, cwd=tmp_path)
+    path = cache.downloads / f"v{VERSION}.zip"
+    assert fetched == FetchedArchive(path, server.base + PATH, _sha256(served), len(served), BUILD,
+                                     zip_digests(path))
+    assert set(fetched.components) >= {"host", "android"}
+    assert path.read_bytes() == served
+    assert json.loads(path.with_name(path.name + ".json").read_text())["sha256"] == _sha256(served)
+    assert [r.path for r in server.requests] == ["/index.json", PATH]  # the mirror has no index
+    assert _entries(cache.tmp) == []  # the folder the build was read in is gone
+    assert capsys.readouterr().err == ""  # no bar unless on a terminal
+    # Fetched again: the archive there already is used, with the URL it came from.
+    assert fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path) == fetched
+    assert len(server.requests_for(PATH)) == 1
+
+
+def test_on_a_terminal_a_bar_shows_and_without_keep_nothing_is_kept(server: FaultServer, served: bytes,
+                                                                    cache: Cache, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # A password in the mirror's URL is sent, and said redacted.
+    base = server.base.replace("http://", "http://ci:s3cret@")
+    fetched = fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": base}, terminal=True, keep=False, cwd=tmp_path)
+    path = cache.downloads / f"v{VERSION}.zip"
+    assert fetched == FetchedArchive(path, server.base.replace("http://", "http://***@") + PATH,
+                                     _sha256(served), len(served), BUILD, fetched.components)
+    assert fetched.components == zip_digests(_archive(tmp_path / "again"))
+    assert _entries(cache.downloads) == []
+    assert f"v{VERSION}.zip" in capsys.readouterr().err
+
+
+def test_the_archive_is_checked_against_the_mirrors_index(server: FaultServer, served: bytes, cache: Cache,
+                                                          tmp_path: Path) -> None:
+    url, where = server.base + PATH, f"{server.base}/index.json"
+    digest = _sha256(served)
+    env = {"QNNCTL_MIRROR": server.base}
+
+    def refusal() -> tuple[str, str | None]:
+        with pytest.raises(IntegrityError) as refused:
+            fetch_archive(VERSION, cache, env, cwd=tmp_path)
+        assert _entries(cache.downloads) == []  # the archive and its record are removed
+        return refused.value.message, refused.value.hint
+
+    server.add("/index.json", _index({VERSION: {"sha256": "1" * 64, "size": len(served)}}), "application/json")
+    assert refusal() == (f"the archive from {url} does not match the mirror's {where}: its sha256 is {digest}, the "
+                         f"index says {'1' * 64}; nothing was installed", INDEX_HINT)
+    server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(served) + 1}}), "application/json")
+    assert refusal() == (f"the archive from {url} does not match the mirror's {where}: its size is {len(served)}, "
+                         f"the index says {len(served) + 1}; nothing was installed", INDEX_HINT)
+    server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(served)}}), "application/json")
+    assert fetch_archive(VERSION, cache, env, cwd=tmp_path).sha256 == digest
+
+
+def test_an_archive_of_another_version_served_under_this_ones_name_is_refused(server: FaultServer, cache: Cache,
+                                                                              tmp_path: Path) -> None:
+    server.add(PATH, _archive(tmp_path / "other", OTHER_VERSION).read_bytes())
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert (refused.value.message, refused.value.hint) == (
+        f"{server.base}{PATH} holds SDK {OTHER_VERSION} (its libraries are build {OTHER_BUILD}), not {VERSION}",
+        "check the source; a mirror must serve each version under its own name")
+    assert _entries(cache.downloads) == []
+    assert _entries(cache.tmp) == []
+
+
+def test_the_archive_is_checked_against_the_projects_lock_unless_told_not_to(
+        server: FaultServer, served: bytes, cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lock = _lock(project, "a" * 64)
+    env = {"QNNCTL_MIRROR": server.base}
+    message = (f"the archive from {server.base}{PATH} does not match {lock}: its sha256 is {_sha256(served)}, "
+               f"the lock pins {'a' * 64}; nothing was installed")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, env, cwd=project / "src")  # the lock is found above
+    assert (refused.value.message, refused.value.hint) == (message, LOCK_HINT)
+    assert _entries(cache.downloads) == []
+    # Without a folder, the lock is looked for from the process's.
+    monkeypatch.chdir(project)
+    with pytest.raises(IntegrityError) as again:
+        fetch_archive(VERSION, cache, env)
+    assert again.value.message == message
+    assert fetch_archive(VERSION, cache, env, cwd=elsewhere).sha256 == _sha256(served)
+    # While `qnnctl lock` writes the lock, the one it replaces is not consulted.
+    assert fetch_archive(VERSION, cache, env, check_lock=False, cwd=project).sha256 == _sha256(served)
+
+
+def test_a_lock_and_an_index_that_disagree_fetch_nothing(server: FaultServer, served: bytes, cache: Cache,
+                                                         tmp_path: Path) -> None:
+    lock = _lock(tmp_path / "project", "a" * 64)
+    server.add("/index.json", _index({VERSION: {"sha256": "1" * 64}}), "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=lock.parent)
+    assert (refused.value.message, refused.value.hint) == (
+        f"the mirror's {server.base}/index.json expects sha256 {'1' * 64}, but {lock} expects {'a' * 64}; "
+        "nothing was fetched",
+        "find out which is right; `qnnctl lock VERSION` writes the lock again, `qnnctl mirror DIR VERSION` the "
+        "mirror's index")
+    assert server.requests_for(PATH) == []
+
+
+def test_a_download_finished_earlier_is_used_and_checked_as_a_fetched_one(cache: Cache, tmp_path: Path) -> None:
+    data = _archive(tmp_path / "a").read_bytes()
+    cache.downloads.mkdir(parents=True)
+    path = cache.downloads / f"v{VERSION}.zip"
+    path.write_bytes(data)
+    record = _record(path, sha256=_sha256(data), url=f"https://ci:s3cret@mirror.example{PATH}")
+    shown = f"https://***@mirror.example{PATH}"
+    # No mirror: Qualcomm's server would be asked, but nothing is fetched.
+    assert fetch_archive(VERSION, cache, {}, cwd=tmp_path) == FetchedArchive(
+        path, shown, _sha256(data), len(data), BUILD, zip_digests(path))
+    lock = _lock(tmp_path / "project", "a" * 64)
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {}, cwd=lock.parent)
+    assert refused.value.message == (f"the archive from {shown} does not match {lock}: its sha256 is "
+                                     f"{_sha256(data)}, the lock pins {'a' * 64}; nothing was installed")
+    assert not path.exists()
+    assert not record.exists()
+
+
+def test_a_mirror_that_is_a_file_url_is_refused_before_the_cache_is_touched(cache: Cache, tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": "file:///srv/mirror"}, cwd=tmp_path)
+    assert (refused.value.message, refused.value.hint) == (
+        "QNNCTL_MIRROR file:///srv/mirror: qnnctl downloads over https or http, not file:",
+        "an archive on disk is installed with `qnnctl install --file ARCHIVE`")
+    assert not cache.root.exists()
+
+
+def test_a_fetch_waits_for_another_install_of_the_version(server: FaultServer, served: bytes, cache: Cache,
+                                                          tmp_path: Path) -> None:
+    cache.ensure()
+    held = FileLock(str(cache.lock_path(VERSION)))
+    held.acquire()
+    results: list[FetchedArchive] = []
+    thread = threading.Thread(target=lambda: results.append(
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)))
+    try:
+        thread.start()
+        time.sleep(0.5)
+        assert server.requests == []  # not even the index: it is read under the lock
+        assert results == []
+    finally:
+        held.release()
+        thread.join(timeout=60)
+    assert [r.sha256 for r in results] == [_sha256(served)]
+
+
+# -- the mirror's own index.json -----------------------------------------------------------------
+
+
+def test_a_mirrors_own_index_is_read_or_refused_with_how_to_mend_it(tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    assert read_local_index(folder) == {}
+    path = folder / "index.json"
+    path.write_bytes(_index({VERSION: {"sha256": "a" * 64}, OTHER_VERSION: "no table"}))
+    assert read_local_index(folder) == {VERSION: {"sha256": "a" * 64}}
+    hint = f"move it out of the way; `qnnctl mirror {folder}` writes a new one"
+
+    def refusal() -> tuple[str, str | None]:
+        with pytest.raises(UsageError) as refused:
+            read_local_index(folder)
+        return refused.value.message, refused.value.hint
+
+    path.write_text("{")
+    assert refusal() == (f"cannot use {path}: Expecting property name enclosed in double quotes: line 1 column 2 "
+                         "(char 1)", hint)
+    path.write_text(json.dumps({"schema": 2, "versions": {}}))
+    assert refusal() == (f"cannot use {path}: {path} is not a qnnctl mirror index (schema 1 with a `versions` "
+                         "table)", hint)
+    path.unlink()
+    path.mkdir()
+    assert refusal() == (f"cannot use {path}: [Errno 21] Is a directory: '{path}'", hint)
+
+
+# -- which versions to mirror ----------------------------------------------------------------------
+
+
+def test_the_versions_named_are_resolved_in_the_mirrors_index_and_said_once(server: FaultServer, cache: Cache,
+                                                                           tmp_path: Path) -> None:
+    server.add("/index.json", _index({NEWER: {"sha256": "a" * 64}}), "application/json")
+    env = {"QNNCTL_MIRROR": server.base}
+    assert mirror_versions(["2.37", NEWER, "2.34", VERSION, "2.34.0"], env, tmp_path, cache) == [
+        NEWER, OTHER_VERSION, VERSION]
+
+
+def test_a_prefix_names_the_newest_sdk_installed_first(server: FaultServer, cache_dir: Path, cache: Cache,
+                                                      tmp_path: Path) -> None:
+    server.add("/index.json", _index({NEWER: {"sha256": "a" * 64}}), "application/json")
+    install_tree_into_cache(cache_dir, INSTALLED)
+    assert mirror_versions(["2.37", "2.34"], {"QNNCTL_MIRROR": server.base}, tmp_path, cache) == [
+        INSTALLED, OTHER_VERSION]
+    # Without a version, nor anything else to choose by, the newest SDK installed.
+    assert mirror_versions([], {}, tmp_path, cache) == [INSTALLED]
+
+
+def test_without_versions_the_one_resolved_here_is_mirrored(cache: Cache, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".qnn-version").write_text(f"{OTHER_VERSION}\n")
+    assert mirror_versions([], {}, project, cache) == [OTHER_VERSION]
+    root = build_sdk_tree(tmp_path / "sdk", SdkSpec(version="2.31.0.250130", build_id=f"v{OTHER_BUILD}"))
+    assert mirror_versions([], {"QNN_SDK_ROOT": str(root)}, tmp_path, cache) == [OTHER_VERSION]  # its libraries'
+
+
+@pytest.mark.parametrize("root", ["", "empty"])
+def test_without_versions_and_none_resolved_here_nothing_is_mirrored(root: str, cache: Cache,
+                                                                     tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError) as refused:
+        mirror_versions([], {"QNN_SDK_ROOT": str(tmp_path / root) if root else ""}, tmp_path, cache)
+    assert (refused.value.message, refused.value.hint) == (
+        "no SDK version to mirror was given, and qnnctl resolves none here",
+        "name them: `qnnctl mirror DIR VERSION...`")
+
+
+# -- qnnctl mirror DIR VERSION... ----------------------------------------------------------------
+
+
+def _index_of(folder: Path) -> dict[str, dict[str, object]]:
+    data = json.loads((folder / "index.json").read_text())
+    assert data["schema"] == 1
+    versions: dict[str, dict[str, object]] = data["versions"]
+    return versions
+
+
+def _added_at(entry: dict[str, object], before: float) -> None:
+    """`added_at` is a UTC time between `before` and now, to the second."""
+    stamp = entry.pop("added_at")
+    assert isinstance(stamp, str)
+    moment = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+    assert int(before) <= moment <= time.time(), stamp
+
+
+@pytest.fixture
+def two_served(server: FaultServer, served: bytes, tmp_path: Path) -> tuple[bytes, bytes]:
+    other = _archive(tmp_path / "served-other", OTHER_VERSION).read_bytes()
+    server.add(OTHER_PATH, other)
+    return served, other
+
+
+@pytest.fixture
+def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The local time eleven hours behind UTC, so that a time said in local time is seen."""
+    monkeypatch.setenv("TZ", "XYZ+11")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("far_from_utc")
+def test_a_mirror_is_filled_indexed_and_kept(server: FaultServer, two_served: tuple[bytes, bytes], cache: Cache,
+                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data, other = two_served
+    env = {"QNNCTL_MIRROR": server.base}
+    before = time.time()
+    done = make_mirror(Path("out/mirror"), ["2.37", OTHER_VERSION], env, tmp_path, cache)
+    folder = Path.cwd() / "out" / "mirror"
+    dest, other_dest = folder / VERSION / f"v{VERSION}.zip", folder / OTHER_VERSION / f"v{OTHER_VERSION}.zip"
+    assert done == [Mirrored(VERSION, dest, _sha256(data), len(data), BUILD, "added"),
+                    Mirrored(OTHER_VERSION, other_dest, _sha256(other), len(other), OTHER_BUILD, "added")]
+    assert (dest.read_bytes(), other_dest.read_bytes()) == (data, other)
+    assert _entries(cache.downloads) == []  # moved into the mirror, records and all
+    assert capsys.readouterr().err == ""  # no bar unless on a terminal
+    index = _index_of(folder)
+    for entry in index.values():
+        _added_at(entry, before)
+    assert index == {
+        VERSION: {"sha256": _sha256(data), "size": len(data), "build_id": BUILD, "path": f"{VERSION}/v{VERSION}.zip",
+                  "components": zip_digests(dest)},
+        OTHER_VERSION: {"sha256": _sha256(other), "size": len(other), "build_id": OTHER_BUILD,
+                        "path": f"{OTHER_VERSION}/v{OTHER_VERSION}.zip", "components": zip_digests(other_dest)},
+    }
+    # Again: each is there, as indexed; nothing is fetched, and the index is not written again.
+    written = (folder / "index.json").stat()
+    requests = len(server.requests)
+    again = make_mirror(folder, [VERSION, OTHER_VERSION], env, tmp_path, cache)
+    assert again == [d._replace(action="kept") for d in done]
+    assert len(server.requests) == requests  # full versions: not even the index is read
+    assert (folder / "index.json").stat().st_ino == written.st_ino
+    assert (folder / "index.json").stat().st_mtime_ns == written.st_mtime_ns
+
+
+@pytest.mark.usefixtures("far_from_utc")
+def test_an_entry_without_components_digests_is_indexed_again(server: FaultServer, served: bytes, cache: Cache,
+                                                               tmp_path: Path) -> None:
+    env = {"QNNCTL_MIRROR": server.base}
+    folder = tmp_path / "mirror"
+    make_mirror(folder, [VERSION], env, tmp_path, cache)
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    index = _index_of(folder)
+    entry = index[VERSION]
+    del entry["components"]
+    entry["build_id"] = "left as an earlier qnnctl wrote it"
+    (folder / "index.json").write_text(json.dumps({"schema": 1, "versions": index}))
+    before = time.time()
+    assert make_mirror(folder, [VERSION], env, tmp_path, cache) == [
+        Mirrored(VERSION, dest, _sha256(served), len(served), BUILD, "indexed")]
+    entry = _index_of(folder)[VERSION]
+    _added_at(entry, before)
+    assert entry == {"sha256": _sha256(served), "size": len(served), "build_id": BUILD,
+                     "path": f"{VERSION}/v{VERSION}.zip", "components": zip_digests(dest)}
+    assert len(server.requests_for(PATH)) == 1
+    assert _entries(cache.tmp) == []
+
+
+def test_an_archive_put_in_the_mirror_by_hand_is_indexed_if_it_is_the_version(server: FaultServer,
+                                                                              cache: Cache, tmp_path: Path) -> None:
+    env = {"QNNCTL_MIRROR": server.base}
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(_archive(tmp_path / "other", OTHER_VERSION), dest)
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], env, tmp_path, cache)
+    assert (refused.value.message, refused.value.hint) == (
+        f"{dest} holds SDK {OTHER_VERSION} (its libraries are build {OTHER_BUILD}), not {VERSION}",
+        "check the source; a mirror must serve each version under its own name")
+    assert not (folder / "index.json").exists()
+    data = _archive(tmp_path / "right").read_bytes()
+    dest.write_bytes(data)
+    assert make_mirror(folder, [VERSION], env, tmp_path, cache) == [
+        Mirrored(VERSION, dest, _sha256(data), len(data), BUILD, "indexed")]
+    assert _index_of(folder)[VERSION]["components"] == zip_digests(dest)
+    assert server.requests_for(PATH) == []
+    # Changed after it was indexed: refused, saying how to mend it.
+    dest.write_bytes(_archive(tmp_path / "changed", payload=b"changed").read_bytes())
+    with pytest.raises(IntegrityError) as changed:
+        make_mirror(folder, [VERSION], env, tmp_path, cache)
+    assert (changed.value.message, changed.value.hint) == (
+        f"{dest} has sha256 {_sha256(dest.read_bytes())}, but {folder / 'index.json'} says {_sha256(data)}",
+        f"remove {dest} and run `qnnctl mirror {folder} {VERSION}` again")
+
+
+def test_what_a_mirror_finished_is_indexed_when_a_later_version_fails(server: FaultServer, served: bytes,
+                                                                      cache: Cache, tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    (folder / VERSION).mkdir(parents=True)  # left empty by an earlier run
+    with pytest.raises(QnnctlError):
+        make_mirror(folder, [VERSION, OTHER_VERSION], {"QNNCTL_MIRROR": server.base}, tmp_path, cache)
+    assert list(_index_of(folder)) == [VERSION]
+    assert (folder / VERSION / f"v{VERSION}.zip").read_bytes() == served
+    assert not (folder / OTHER_VERSION).exists()
+
+
+def test_without_versions_a_mirror_takes_the_newest_sdk_installed(server: FaultServer,
+                                                                   two_served: tuple[bytes, bytes], cache_dir: Path,
+                                                                   cache: Cache, tmp_path: Path) -> None:
+    install_tree_into_cache(cache_dir, OTHER_VERSION)
+    done = make_mirror(tmp_path / "mirror", [], {"QNNCTL_MIRROR": server.base}, tmp_path, cache)
+    assert [(d.version, d.action) for d in done] == [(OTHER_VERSION, "added")]
+
+
+def test_a_mirror_in_the_home_folder_and_on_a_terminal(server: FaultServer, served: bytes, cache: Cache,
+                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    done = make_mirror(Path("~/mirror"), [VERSION], {"QNNCTL_MIRROR": server.base}, tmp_path, cache, terminal=True)
+    dest = Path(os.environ["HOME"]) / "mirror" / VERSION / f"v{VERSION}.zip"
+    assert [(d.path, d.action) for d in done] == [(dest, "added")]
+    assert dest.read_bytes() == served
+    assert f"v{VERSION}.zip" in capsys.readouterr().err
+
+
+def test_a_mirror_fetches_by_the_lock_and_the_pin_of_the_folder_it_is_given(server: FaultServer, served: bytes,
+                                                                            cache: Cache, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    lock = _lock(project, "a" * 64)
+    (project / ".qnn-version").write_text(f"{VERSION}\n")
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(tmp_path / "mirror", [], {"QNNCTL_MIRROR": server.base}, project, cache)
+    assert refused.value.message.endswith(f"does not match {lock}: its sha256 is {_sha256(served)}, the lock pins "
+                                          f"{'a' * 64}; nothing was installed")
+    assert len(server.requests_for(PATH)) == 1
+
+
+# -- moving an archive into the mirror ------------------------------------------------------------
+
+
+def test_an_archive_is_moved_by_a_rename_on_one_file_system(tmp_path: Path) -> None:
+    source, dest = tmp_path / "a.zip", tmp_path / "m" / "a.zip"
+    dest.parent.mkdir()
+    source.write_bytes(b"archive")
+    inode = source.stat().st_ino
+    _move(source, dest)
+    assert (dest.read_bytes(), dest.stat().st_ino, source.exists()) == (b"archive", inode, False)
+
+
+@pytest.fixture
+def other_file_system(tmp_path: Path) -> Iterator[Path]:
+    """A folder on another file system than `tmp_path` (/dev/shm, a tmpfs)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no writable file system other than the tests' own")
+    folder = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_an_archive_is_copied_across_file_systems_then_renamed(tmp_path: Path, other_file_system: Path) -> None:
+    source, dest = tmp_path / "a.zip", other_file_system / "a.zip"
+    source.write_bytes(b"archive")
+    with pytest.raises(OSError, match="cross-device") as across:
+        os.rename(source, dest)
+    assert across.value.errno == errno.EXDEV
+    (other_file_system / "a.zip.partial").write_bytes(b"left by an interrupted copy, longer than the archive")
+    _move(source, dest)
+    assert dest.read_bytes() == b"archive"
+    assert not source.exists()
+    assert _entries(other_file_system) == ["a.zip"]
+
+
+def test_a_move_that_fails_otherwise_is_said_as_it_failed(tmp_path: Path) -> None:
+    source, dest = tmp_path / "a.zip", tmp_path / "m" / "a.zip"
+    source.write_bytes(b"archive")
+    (dest / "inside").mkdir(parents=True)  # a folder where the archive goes
+    with pytest.raises(IsADirectoryError) as failed:
+        _move(source, dest)
+    assert failed.value.filename == str(source)
+    assert _entries(dest.parent) == ["a.zip"]  # no copy left beside it
+    assert source.read_bytes() == b"archive"
