@@ -100,6 +100,7 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
         fetched = fetch_archive(version, cache, environ, terminal=terminal, keep=False, check_lock=False)
         lock = LockedSdk(path=Path(), version=version, sha256=fetched.sha256, size=fetched.size,
                          build_id=fetched.build_id, urls=(fetched.url,), locked_at=stamp,
+                         central_directory_sha256=fetched.central_directory_sha256,
                          components=_components_of(manifest), component_sha256=fetched.components)
         trust = (f"These values were computed from the archive qnnctl downloaded now from {fetched.url} "
                  f"(the SDK in use, {where}, records none).")

@@ -23,6 +23,7 @@ from typing import Any
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install.archive import zip_digests
 from qnnctl.install.commit import download_name
+from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
@@ -46,6 +47,7 @@ class FetchedArchive(Record):
     size: int
     build_id: str | None
     components: dict[str, str]  # component -> digest, computed from the whole archive
+    central_directory_sha256: str  # what a lock pins for installs by parts, as from a manifest
 
 
 # -- index.json ----------------------------------------------------------------------------
@@ -150,11 +152,12 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
                 build = archive_build_id(path, scratch)
             _true_version(build, version, shown)
             digests = zip_digests(path)
+            directory = central_directory_sha256(read_file_at(path), file_end_records(path))
         except IntegrityError:
             path.unlink(missing_ok=True)
             record.unlink(missing_ok=True)
             raise
-        result = FetchedArchive(path, shown, digest, path.stat().st_size, build, digests)
+        result = FetchedArchive(path, shown, digest, path.stat().st_size, build, digests, directory)
         if not keep:
             path.unlink(missing_ok=True)
             record.unlink(missing_ok=True)

@@ -266,8 +266,9 @@ def test_an_install_for_a_lock_on_a_terminal_draws_its_bar(server: FaultServer, 
 
 def _fetched_lock(written: Written, served: Served, components: tuple[str, ...] | None = None) -> LockedSdk:
     return LockedSdk(path=written.path, version=VERSION, sha256=served.sha256, size=served.size,
-                     build_id=served.build_id, urls=(served.url,), central_directory_sha256=None,
-                     components=components, locked_at=written.lock.locked_at, component_sha256=served.components)
+                     build_id=served.build_id, urls=(served.url,),
+                     central_directory_sha256=served.central_directory_sha256, components=components,
+                     locked_at=written.lock.locked_at, component_sha256=served.components)
 
 
 def _fetched_trust(served: Served, where: str) -> str:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,15 @@ LOCK_HINT = ("the archive or the mirror serving it changed; if the new archive i
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _directory_sha256(data: bytes) -> str:
+    """The sha256 of a zip's central directory, found through its end record (the tests'
+    archives have no comment, so the record is the file's last 22 bytes)."""
+    end = data[-22:]
+    assert end[:4] == b"PK\x05\x06"
+    size, start = struct.unpack("<2L", end[12:20])
+    return _sha256(data[start:start + size])
 
 
 def _archive(folder: Path, version: str = VERSION, payload: bytes = b"first", built: bool = True) -> Path:
@@ -296,7 +306,7 @@ def test_an_archive_is_fetched_from_the_mirror_and_described_whole(server: Fault
     fetched = fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base + "/"}, cwd=tmp_path)
     path = cache.downloads / f"v{VERSION}.zip"
     assert fetched == FetchedArchive(path, server.base + PATH, _sha256(served), len(served), BUILD,
-                                     zip_digests(path))
+                                     zip_digests(path), _directory_sha256(served))
     assert set(fetched.components) >= {"host", "android"}
     assert path.read_bytes() == served
     assert json.loads(path.with_name(path.name + ".json").read_text())["sha256"] == _sha256(served)
@@ -316,7 +326,8 @@ def test_on_a_terminal_a_bar_shows_and_without_keep_nothing_is_kept(server: Faul
     fetched = fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": base}, terminal=True, keep=False, cwd=tmp_path)
     path = cache.downloads / f"v{VERSION}.zip"
     assert fetched == FetchedArchive(path, server.base.replace("http://", "http://***@") + PATH,
-                                     _sha256(served), len(served), BUILD, fetched.components)
+                                     _sha256(served), len(served), BUILD, fetched.components,
+                                     _directory_sha256(served))
     assert fetched.components == zip_digests(_archive(tmp_path / "again"))
     assert _entries(cache.downloads) == []
     assert f"v{VERSION}.zip" in capsys.readouterr().err
@@ -401,7 +412,7 @@ def test_a_download_finished_earlier_is_used_and_checked_as_a_fetched_one(cache:
     shown = f"https://***@mirror.example{PATH}"
     # No mirror: Qualcomm's server would be asked, but nothing is fetched.
     assert fetch_archive(VERSION, cache, {}, cwd=tmp_path) == FetchedArchive(
-        path, shown, _sha256(data), len(data), BUILD, zip_digests(path))
+        path, shown, _sha256(data), len(data), BUILD, zip_digests(path), _directory_sha256(data))
     lock = _lock(tmp_path / "project", "a" * 64)
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {}, cwd=lock.parent)
