@@ -94,30 +94,50 @@ def parse(line: str) -> Entry | None:
 
 def judge(entries: list[Entry], changes: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The mutants of `changes` that entries mark equivalent (name -> reason), and a notice for
-    each entry of those functions that no longer names the change it was written for."""
+    each entry of those functions that no longer names the change it was written for.
+
+    A line written twice in a function gives two mutants with one change: after a renumbering
+    the entries of that change take its mutants in order, one each, those named right first."""
     by_change: dict[tuple[str, str], list[str]] = {}
     for name, change in changes.items():
         by_change.setdefault((function_of(name), digest(change)), []).append(name)
     functions = {function_of(name) for name in changes}
+    ours = [entry for entry in entries if function_of(entry.name) in functions]
+
+    def mutants_of(entry: Entry) -> list[str]:
+        return sorted(by_change.get((function_of(entry.name), entry.digest or ""), []), key=_number)
+
+    judged = {entry.name: entry.name for entry in ours if entry.name in mutants_of(entry)}
+    taken = set(judged.values())
+    for entry in sorted(ours, key=lambda e: (function_of(e.name), _number(e.name))):
+        free = [name for name in mutants_of(entry) if name not in taken]
+        if entry.name not in judged and free:
+            judged[entry.name] = free[0]
+            taken.add(free[0])
     marked: dict[str, str] = {}
     notices: list[str] = []
-    for entry in entries:
-        if function_of(entry.name) not in functions:
-            continue
+    for entry in ours:
+        same = mutants_of(entry)
         if entry.digest is None:
             notices.append(f"{entry.name}: not stamped with its change (--stamp), not counted")
-            continue
-        same = by_change.get((function_of(entry.name), entry.digest), [])
-        if entry.name in same:
-            marked[entry.name] = entry.reason
+        elif entry.name in judged:
+            marked[judged[entry.name]] = entry.reason
+            if judged[entry.name] != entry.name:
+                notices.append(f"{entry.name}: its change is now {judged[entry.name]}'s (the function changed): "
+                               "rename the entry")
         elif same:
-            marked[same[0]] = entry.reason
-            notices.append(f"{entry.name}: its change is now {same[0]}'s (the function changed): rename the entry")
+            notices.append(f"{entry.name}: its change is judged by the entries of {', '.join(same)} already: "
+                           "remove the entry; not counted")
         else:
             now = changes.get(entry.name, "(no such mutant)").replace("\n", " | ")
             notices.append(f"{entry.name}: no mutant makes the change judged equivalent any more (this one now "
                            f"changes {now}): judge it again, then --stamp it; not counted")
     return marked, notices
+
+
+def _number(name: str) -> int:
+    """mutmut's number of a mutant: `m.x_f__mutmut_3` -> 3."""
+    return int(name.rpartition(SEPARATOR)[2])
 
 
 def stamp(text: str, changes: dict[str, str]) -> tuple[str, int]:

@@ -78,3 +78,31 @@ def test_an_entry_not_stamped_does_not_count_until_stamped() -> None:
 def test_a_reason_that_starts_like_a_digest_is_a_reason() -> None:
     assert parse("m.x_f__mutmut_1 @abc is short") == Entry("m.x_f__mutmut_1", None, "@abc is short")
     assert parse("m.x_f__mutmut_1 @0123abcd") == Entry("m.x_f__mutmut_1", "0123abcd", "")
+
+
+def test_two_entries_of_one_change_made_in_two_places_are_renamed_to_two_mutants_in_order() -> None:
+    """The same line twice in a function (`path.unlink(missing_ok=True)` in two branches) gives
+    two mutants with one change: after a renumbering, each entry takes its own, in order, and
+    neither is counted twice nor lost."""
+    change = "-    p.unlink(missing_ok=True)\n+    p.unlink(missing_ok=False)"
+    changes = {"m.x_f__mutmut_3": "-    b = a + 1\n+    b = a - 1", "m.x_f__mutmut_12": change,
+               "m.x_f__mutmut_20": change}
+    # Written when they were 10 and 18; the file need not list them in order.
+    entries = [Entry("m.x_f__mutmut_18", digest(change), "second"), Entry("m.x_f__mutmut_10", digest(change), "first")]
+    marked, notices = judge(entries, changes)
+    assert marked == {"m.x_f__mutmut_12": "first", "m.x_f__mutmut_20": "second"}
+    assert notices == [
+        "m.x_f__mutmut_18: its change is now m.x_f__mutmut_20's (the function changed): rename the entry",
+        "m.x_f__mutmut_10: its change is now m.x_f__mutmut_12's (the function changed): rename the entry"]
+    # One entry already named right: the other takes the mutant left.
+    entries = [Entry("m.x_f__mutmut_10", digest(change), "first"), Entry("m.x_f__mutmut_20", digest(change), "second")]
+    marked, notices = judge(entries, changes)
+    assert marked == {"m.x_f__mutmut_12": "first", "m.x_f__mutmut_20": "second"}
+    assert notices == [
+        "m.x_f__mutmut_10: its change is now m.x_f__mutmut_12's (the function changed): rename the entry"]
+    # A third entry for a change made in two places judges nothing: it is named to look at again.
+    entries.append(Entry("m.x_f__mutmut_30", digest(change), "third"))
+    marked, notices = judge(entries, changes)
+    assert marked == {"m.x_f__mutmut_12": "first", "m.x_f__mutmut_20": "second"}
+    assert notices[1:] == ["m.x_f__mutmut_30: its change is judged by the entries of m.x_f__mutmut_12, "
+                           "m.x_f__mutmut_20 already: remove the entry; not counted"]
