@@ -1310,3 +1310,107 @@ def test_a_tree_put_together_from_two_installs_is_refused_for_a_link_that_leads_
     (root / "docs").symlink_to(tmp_path)  # a folder's link, which the walk does not follow
     with pytest.raises(IntegrityError, match=re.escape(f"unsafe archive: symlink docs -> {tmp_path} leads outside")):
         check_links_inside(root)
+
+
+# -- what a lock or an index pins of an archive: the digests of the SDK it installs -------------
+
+
+def _zip_tree(tree: Path, archive: Path, folders: bool = True, unix: bool = True,
+              outside: dict[str, bytes] | None = None) -> Path:
+    """`tree` zipped as `zip -ry` does, or without folder entries, or by an archiver that records
+    no Unix modes; `outside`: members beside the SDK's folder."""
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in (outside or {}).items():
+            add_zip_entry(zf, name, data, stat.S_IFREG | 0o644)
+        for path in sorted(tree.rglob("*")):
+            rel = path.relative_to(tree).as_posix()
+            if path.is_symlink():
+                add_zip_entry(zf, rel, os.readlink(path).encode(), stat.S_IFLNK | 0o777)
+            elif path.is_dir():
+                if folders:
+                    add_zip_entry(zf, rel + "/", b"", stat.S_IFDIR | 0o755)
+            elif unix:
+                add_zip_entry(zf, rel, path.read_bytes(), stat.S_IFREG | stat.S_IMODE(path.stat().st_mode))
+            else:
+                info = zipfile.ZipInfo(rel, date_time=(2025, 7, 24, 0, 0, 0))
+                info.create_system = 0  # MS-DOS: external_attr holds no mode
+                info.external_attr = 0o755 << 16  # what a Unix reader would take for one
+                zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
+    return archive
+
+
+def _staged(tmp_path: Path, top: str | None = None, link: bool = True) -> tuple[Path, Path]:
+    """(the folder an archive is made of, the SDK in it): a library of more than 1 MiB, read
+    in several blocks, and a link unless `link` is off."""
+    staging = tmp_path / "staging"
+    root = build_sdk_tree(staging / (TOP if top is None else top),
+                          SdkSpec(extra_files={"docs/big.bin": os.urandom((3 << 20) + 5), "docs/empty.txt": b""}))
+    if link:
+        (root / "lib/x86_64-linux-clang/libQnnHtp.so.2").symlink_to("libQnnHtp.so")
+    return staging, root
+
+
+@pytest.mark.parametrize("top", [None, ""], ids=["top-folder", "no-top-folder"])
+def test_an_archives_component_digests_are_those_of_the_sdk_it_installs(tmp_path: Path, top: str | None) -> None:
+    """What `qnnctl lock` and `qnnctl mirror` compute from an archive is what an install of it
+    records and what `--locked` checks an SDK on disk by: zip_digests over the archive equals
+    tree_digests over what extract writes, links, modes, empty and multi-block files included."""
+    from qnnctl.install.archive import zip_digests
+    from qnnctl.sdk.members import tree_digests
+
+    staging, root = _staged(tmp_path, top)
+    archive = _zip_tree(staging, tmp_path / "sdk.zip")
+    digests = zip_digests(archive)
+    assert {"host", "docs"} <= set(digests)
+    assert digests == tree_digests(root)
+    assert digests == tree_digests(extract(archive, _work(tmp_path)).root)
+
+
+def test_a_change_to_one_member_changes_its_components_digest_alone(tmp_path: Path) -> None:
+    """Its content (same size), its mode, a link's target, a member gone: each moves the digest of
+    the component that holds it, and the archive's digests stay those of the tree it holds."""
+    from qnnctl.install.archive import zip_digests
+    from qnnctl.sdk.members import tree_digests
+
+    staging, root = _staged(tmp_path)
+    before = zip_digests(_zip_tree(staging, tmp_path / "before.zip"))
+    lib, tool = root / "lib/x86_64-linux-clang/libQnnHtp.so", root / "bin/x86_64-linux-clang/qnn-net-run"
+    big, link = root / "docs/big.bin", root / "lib/x86_64-linux-clang/libQnnHtp.so.2"
+    changes: list[tuple[str, Callable[[], object]]] = [
+        ("host", lambda: lib.write_bytes(lib.read_bytes()[:-1] + bytes([lib.read_bytes()[-1] ^ 1]))),
+        ("host", lambda: tool.chmod(0o644)),
+        ("docs", lambda: big.write_bytes(big.read_bytes()[:-1] + b"?")),  # in its last block
+        ("host", lambda: (link.unlink(), link.symlink_to("libQnnCpu.so"))),
+        ("docs", lambda: (root / "docs/empty.txt").unlink()),
+    ]
+    for n, (component, change) in enumerate(changes):
+        change()
+        after = zip_digests(_zip_tree(staging, tmp_path / f"after-{n}.zip"))
+        assert after == tree_digests(root), component
+        assert {name for name in before if after.get(name) != before[name]} == {component}, n
+        before = after
+
+
+def test_folder_entries_and_members_beside_the_sdk_change_no_digest(tmp_path: Path) -> None:
+    from qnnctl.install.archive import zip_digests
+
+    staging, _ = _staged(tmp_path)
+    digests = zip_digests(_zip_tree(staging, tmp_path / "with.zip"))
+    assert zip_digests(_zip_tree(staging, tmp_path / "without.zip", folders=False)) == digests
+    beside = _zip_tree(staging, tmp_path / "beside.zip", outside={"README.txt": b"not the SDK's", "qairt/x": b"x"})
+    assert zip_digests(beside) == digests
+
+
+def test_an_archive_that_records_no_unix_modes_holds_no_executables(tmp_path: Path) -> None:
+    """An archiver that is not Unix's: the mode bits its external attributes may seem to hold are
+    not read, as extract does not read them; the digests are those of a tree without x bits."""
+    from qnnctl.install.archive import zip_digests
+    from qnnctl.sdk.members import tree_digests
+
+    staging, root = _staged(tmp_path, link=False)
+    archive = _zip_tree(staging, tmp_path / "dos.zip", unix=False)
+    for path in root.rglob("*"):
+        if path.is_file():
+            path.chmod(0o644)
+    assert zip_digests(archive) == tree_digests(root)
+    assert zip_digests(archive) == tree_digests(extract(archive, _work(tmp_path)).root)
