@@ -1376,11 +1376,16 @@ def test_a_change_to_one_member_changes_its_components_digest_alone(tmp_path: Pa
     before = zip_digests(_zip_tree(staging, tmp_path / "before.zip"))
     lib, tool = root / "lib/x86_64-linux-clang/libQnnHtp.so", root / "bin/x86_64-linux-clang/qnn-net-run"
     big, link = root / "docs/big.bin", root / "lib/x86_64-linux-clang/libQnnHtp.so.2"
+
+    def relink() -> None:
+        link.unlink()
+        link.symlink_to("libQnnCpu.so")
+
     changes: list[tuple[str, Callable[[], object]]] = [
         ("host", lambda: lib.write_bytes(lib.read_bytes()[:-1] + bytes([lib.read_bytes()[-1] ^ 1]))),
         ("host", lambda: tool.chmod(0o644)),
         ("docs", lambda: big.write_bytes(big.read_bytes()[:-1] + b"?")),  # in its last block
-        ("host", lambda: (link.unlink(), link.symlink_to("libQnnCpu.so"))),
+        ("host", relink),
         ("docs", lambda: (root / "docs/empty.txt").unlink()),
     ]
     for n, (component, change) in enumerate(changes):
