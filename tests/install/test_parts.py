@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from qnnctl.errors import DownloadError, IntegrityError, UsageError
+from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from qnnctl.install.partial import (
     Choice,
     Parts,
@@ -56,7 +56,7 @@ from qnnctl.sdk.gate import Expected, Observed
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import Member, tree_digests
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, SdkSpec, add_tar_entry, add_zip_entry, build_archive
+from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_tar_entry, add_zip_entry, build_archive
 
 TOP = PurePosixPath(f"qairt/{VERSION}")
 PATH = f"/{VERSION}/v{VERSION}.zip"
@@ -849,3 +849,168 @@ def test_an_archive_that_changes_part_way_is_said_and_its_parts_removed(served: 
     assert refused.value.__suppress_context__
     assert list((cache_dir / "downloads").iterdir()) == []
     assert not (cache_dir / "sdks" / VERSION).exists()
+
+
+# -- more of RangedInstall ------------------------------------------------------------------------
+
+
+def _ranged(server: FaultServer, cache_dir: Path, work: Path, components: list[str], old: Sdk | None = None
+            ) -> tuple[Path, str, dict[str, str], int, str | None]:
+    job = _job(server, Cache(cache_dir), work)
+    try:
+        job.open()
+        return job.install(components, old)
+    finally:
+        job.close()
+        job.remove()
+
+
+def test_links_are_followed_by_parts_from_link_to_link(server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    """A host link to an Android link, which leads into hexagon-v73: read in two rounds."""
+    data = sdk_zip(tmp_path / "a", {"lib/x86_64-linux-clang/skel.so": "../aarch64-android/skel.so",
+                                    "lib/aarch64-android/skel.so": "../hexagon-v73/libQnnHtpV73.cat"}).read_bytes()
+    server.add(PATH, data)
+    root, _, files, _, _ = _ranged(server, cache_dir, tmp_path / "work", ["host"])
+    assert files_below(root) == HOST | ANDROID | V73 | {"lib/x86_64-linux-clang/skel.so", "lib/aarch64-android/skel.so"}
+    assert set(files) == (HOST | ANDROID | V73) - {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+    assert (root / "lib/x86_64-linux-clang/skel.so").read_bytes() == EXTRA["lib/hexagon-v73/libQnnHtpV73.cat"]
+
+
+def test_a_link_whose_local_header_disagrees_is_refused_by_parts(server: FaultServer, plain_zip: bytes,
+                                                                 cache_dir: Path, tmp_path: Path) -> None:
+    name = f"{TOP}/lib/x86_64-linux-clang/libQnnHtp.so.2"
+    with zipfile.ZipFile(io.BytesIO(plain_zip)) as zf:
+        local = zf.getinfo(name).header_offset
+    data = bytearray(plain_zip)
+    data[local + 14] ^= 1  # its CRC-32, in the local header only
+    server.add(PATH, bytes(data))
+    with pytest.raises(IntegrityError) as refused:
+        _ranged(server, cache_dir, tmp_path / "work", ["host"])
+    assert refused.value.message.startswith(f"unsafe archive: {name!r} has a local header that disagrees with the "
+                                            "central directory: CRC-32 ")
+
+
+def test_a_link_added_may_lead_to_a_member_installed(server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    """The Android link needs a host library, which is there already: only Android's members
+    are written, beside it. A folder of the SDK that the archive has no entry for is no member."""
+    data = sdk_zip(tmp_path / "a", {"lib/aarch64-android/libQnnCpu.so": "../x86_64-linux-clang/libQnnCpu.so"}
+                   ).read_bytes()
+    server.add(PATH, data)
+    host_root, _, _, _, _ = _ranged(server, cache_dir, tmp_path / "first", ["host"])
+    (host_root / "lib/x86_64-linux-clang/extra").mkdir()
+    old = write_manifest(host_root, components=["host"])
+    root, _, files, _, _ = _ranged(server, cache_dir, tmp_path / "second", ["android"], old)
+    assert files_below(root) == ANDROID | {"lib/aarch64-android/libQnnCpu.so"}
+    assert set(files) == ANDROID
+
+
+def test_the_progress_of_the_parts_is_named_by_version_and_components(
+        served: FaultServer, cache_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="qnnctl.net.download"):
+        _ranged(served, cache_dir, tmp_path / "work", ["host", "docs"])
+    said = [r.getMessage() for r in caplog.records if r.name == "qnnctl.net.download"]
+    assert len(said) == 1
+    assert said[0].startswith(f"{VERSION} (host,docs): ")
+
+
+def test_the_parts_need_room_for_their_bytes(served: FaultServer, plain_zip: bytes, cache_dir: Path,
+                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=0))
+    with pytest.raises(DiskSpaceError) as refused:
+        _ranged(served, cache_dir, tmp_path / "work", ["host"])
+    needed = refused.value.needed
+    assert needed is not None
+    assert refused.value.message == (f"not enough free space in {cache_dir / 'downloads'} to download the archive's "
+                                     f"parts: need {needed / (1 << 20):.1f} MiB, 0.0 MiB free")
+    # What is missing of the host files' bytes (the archive's last 16 KiB are there), and the margin.
+    tail = len(plain_zip) - (16 << 10)
+    with zipfile.ZipFile(io.BytesIO(plain_zip)) as zf:
+        infos = sorted(zf.infolist(), key=lambda i: i.header_offset)
+    starts = [i.header_offset for i in infos] + [len(plain_zip)]
+    least = most = 0
+    for index, info in enumerate(infos):
+        if info.filename[len(f"{TOP}/"):] in HOST and not info.filename.endswith(".so.2"):
+            start = info.header_offset
+            least += max(0, min(start + 30 + len(info.filename) + info.compress_size, tail) - start)
+            most += max(0, min(starts[index + 1], tail) - start)
+    assert least > 0
+    assert least <= needed - (1 << 20) <= most
+
+
+# -- more of install_components --------------------------------------------------------------------
+
+
+def test_the_components_written_are_checked_at_the_gate(served: FaultServer, cache_dir: Path) -> None:
+    pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", components={"host": "0" * 64})
+    with pytest.raises(IntegrityError) as refused:
+        _install(served, cache_dir, ["host"], expected=[pinned])
+    assert refused.value.message.startswith(f"the archive from {served.url(PATH)} does not match qnnctl.lock: the "
+                                            "digest of its component host is ")
+    assert not (cache_dir / "sdks" / VERSION).exists()
+    assert list((cache_dir / "downloads").iterdir()) == []
+
+
+def test_an_archive_of_another_version_is_refused_by_parts(server: FaultServer, cache_dir: Path,
+                                                           tmp_path: Path) -> None:
+    other = build_archive(tmp_path, "zip", SdkSpec(version=OTHER_VERSION))
+    server.add(PATH, other.read_bytes())
+    with pytest.raises(IntegrityError) as refused:
+        _install(server, cache_dir, ["host"])
+    assert refusal(refused) == (
+        f"{server.url(PATH)} holds SDK {OTHER_VERSION}, not {VERSION}",
+        f"check the URL or QNNCTL_MIRROR; to install {OTHER_VERSION}, run `qnnctl install {OTHER_VERSION}` with a "
+        "source that serves it")
+    server.ignore_ranges = True  # and whole
+    with pytest.raises(IntegrityError) as whole:
+        _install(server, cache_dir, ["host"])
+    assert refusal(whole) == refusal(refused)
+
+
+def test_a_member_of_no_component_is_not_recorded_as_one(server: FaultServer, cache_dir: Path,
+                                                          tmp_path: Path) -> None:
+    data = sdk_zip(tmp_path, {"lib/x86_64-linux-clang/QnnHtp.dll": "../x86_64-windows-msvc/QnnHtp.dll"})
+    server.add(PATH, data.read_bytes())
+    sdk = _install(server, cache_dir, ["host"])
+    manifest = read_manifest(sdk.root) or {}
+    assert manifest["components"] == ["host"]
+    assert set(manifest["component_sha256"]) == {"host", "other"}
+    assert (sdk.root / "lib/x86_64-windows-msvc/QnnHtp.dll").is_file()
+
+
+def test_components_added_by_a_whole_download(served: FaultServer, plain_zip: bytes, cache_dir: Path) -> None:
+    """A pin of the whole archive: the whole archive, checked, then the SDK's components and
+    those asked for installed from it in place of the SDK."""
+    sdk = _install(served, cache_dir, ["host"])
+    digest = hashlib.sha256(plain_zip).hexdigest()
+    pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", sha256=digest, size=len(plain_zip))
+    added = _install(served, cache_dir, ["android"], old=sdk, expected=[pinned], sha256=digest)
+    assert added == sdk
+    manifest = read_manifest(sdk.root) or {}
+    assert files_below(sdk.root) == HOST | ANDROID
+    assert {k: manifest[k] for k in ("components", "partial", "sha256", "size", "source", "file_count")} == {
+        "components": ["host", "android"], "partial": False, "sha256": digest, "size": len(plain_zip),
+        "source": served.url(PATH), "file_count": len(HOST | ANDROID) - 1}
+    assert manifest["unpacked_size"] == sum((sdk.root / n).stat().st_size for n in manifest["files"])
+    assert manifest["component_sha256"] == tree_digests(sdk.root, skip={MANIFEST_NAME})
+
+
+def test_components_added_to_an_sdk_from_another_whole_archive_are_refused(
+        server: FaultServer, plain_zip: bytes, cache_dir: Path, tmp_path: Path) -> None:
+    """The SDK recorded its archive's sha256 (installed from a file): a server that ignores
+    ranges sends another archive of the version, which that sha256 refuses."""
+    server.add(PATH, plain_zip)
+    server.ignore_ranges = True
+    sdk = _install(server, cache_dir, ["host"])
+    manifest = read_manifest(sdk.root) or {}
+    assert manifest["sha256"] == hashlib.sha256(plain_zip).hexdigest()
+    other = sdk_zip(tmp_path / "other", {"docs/more.txt": "guide.txt"}).read_bytes()
+    server.add(PATH, other)
+    with pytest.raises(IntegrityError) as refused:
+        _install(server, cache_dir, ["android"], old=sdk)
+    assert refusal(refused) == (
+        f"the archive from {server.url(PATH)} does not match SDK {VERSION} installed at {sdk.root}: its sha256 is "
+        f"{hashlib.sha256(other).hexdigest()}, the SDK installed came from an archive with "
+        f"{manifest['sha256']}; nothing was installed",
+        f"to replace the SDK with this archive's: `qnnctl install --force {VERSION} --components ...`")
+    assert files_below(sdk.root) == HOST
