@@ -56,7 +56,15 @@ from qnnctl.sdk.gate import Expected, Observed
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import Member, tree_digests
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_tar_entry, add_zip_entry, build_archive
+from tests.sdkfactory import (
+    OTHER_VERSION,
+    VERSION,
+    SdkSpec,
+    add_tar_entry,
+    add_zip_entry,
+    build_archive,
+    build_sdk_tree,
+)
 
 TOP = PurePosixPath(f"qairt/{VERSION}")
 PATH = f"/{VERSION}/v{VERSION}.zip"
@@ -368,9 +376,12 @@ def test_what_an_sdk_folder_holds_as_archive_paths(tmp_path: Path) -> None:
     (root / "docs").mkdir()
     (root / "docs" / MANIFEST_NAME).write_text("{}")  # a member of that name below the root is one
     (root / "docs/up").symlink_to("../lib")
+    notes = [f"NOTICE-{n}.txt" for n in range(12)]  # beside the manifest, in whatever order the folder lists
+    for name in notes:
+        (root / name).write_text(name)
     present, targets = installed_members(root, TOP)
     assert present == below("lib", "lib/x86_64-linux-clang", "lib/x86_64-linux-clang/libQnnHtp.so",
-                            "lib/x86_64-linux-clang/libQnnHtp.so.2", "docs", f"docs/{MANIFEST_NAME}", "docs/up")
+                            "lib/x86_64-linux-clang/libQnnHtp.so.2", "docs", f"docs/{MANIFEST_NAME}", "docs/up", *notes)
     assert targets == {TOP / "lib/x86_64-linux-clang/libQnnHtp.so.2": "libQnnHtp.so", TOP / "docs/up": "../lib"}
 
 
@@ -443,6 +454,9 @@ def test_the_files_installed_are_taken_into_the_new_folder(tmp_path: Path) -> No
     (old / "lib/both.so").write_bytes(b"old both")
     (old / "lib/a.so.1").symlink_to("a.so")
     (old / MANIFEST_NAME).write_text("{}")
+    notes = [f"NOTICE-{n}.txt" for n in range(12)]  # beside the manifest, in whatever order the folder lists
+    for name in notes:
+        (old / name).write_text(name)
     (old / "lib/deep").chmod(0o550)
     (old / "lib").chmod(0o750)
     (new / "lib").mkdir(parents=True)
@@ -456,8 +470,8 @@ def test_the_files_installed_are_taken_into_the_new_folder(tmp_path: Path) -> No
     # Folders take the old one's modes, and stay the owner's to write.
     assert stat.S_IMODE((new / "lib/deep").stat().st_mode) == 0o750
     assert stat.S_IMODE((new / "lib").stat().st_mode) == 0o750
-    assert sorted(p.relative_to(new).as_posix() for p in new.rglob("*")) == [
-        "lib", "lib/a.so", "lib/a.so.1", "lib/b.so", "lib/both.so", "lib/deep"]
+    assert sorted(p.relative_to(new).as_posix() for p in new.rglob("*")) == sorted([
+        *notes, "lib", "lib/a.so", "lib/a.so.1", "lib/b.so", "lib/both.so", "lib/deep"])
     (old / "lib/deep").chmod(0o755)
 
 
@@ -1014,3 +1028,167 @@ def test_components_added_to_an_sdk_from_another_whole_archive_are_refused(
         f"{manifest['sha256']}; nothing was installed",
         f"to replace the SDK with this archive's: `qnnctl install --force {VERSION} --components ...`")
     assert files_below(sdk.root) == HOST
+
+
+def test_a_sha256_given_is_checked_by_the_whole_download(served: FaultServer, plain_zip: bytes,
+                                                         cache_dir: Path) -> None:
+    wrong = "0" * 64
+    given = Expected("--sha256", "--sha256", "expects", "check the --sha256 value", sha256=wrong)
+    with pytest.raises(IntegrityError) as refused:
+        _install(served, cache_dir, ["host"], expected=[given], sha256=wrong)
+    assert refusal(refused) == (
+        f"sha256 mismatch for {served.url(PATH)}: expected {wrong}, got {hashlib.sha256(plain_zip).hexdigest()}",
+        "the download was removed; check the --sha256 value or the mirror's file")
+    assert list((cache_dir / "downloads").iterdir()) == []
+
+
+# -- what a whole download is checked against, and what it records ---------------------------------
+
+
+BUILD = "v2.37.0.250724101112"  # what libraries of VERSION carry
+
+
+def test_an_sdk_already_installed_is_kept_without_force(served: FaultServer, cache_dir: Path) -> None:
+    """Another qnnctl installed the version meanwhile: its folder stays, by parts and whole."""
+    for ignore_ranges in (False, True):
+        served.ignore_ranges = ignore_ranges
+        root = build_sdk_tree(cache_dir / "sdks" / VERSION)
+        write_manifest(root)
+        (root / "mine").write_text("kept")
+        assert _install(served, cache_dir, ["host"]) == Sdk(root, VERSION, "qnnctl cache")
+        assert (root / "mine").read_text() == "kept"
+        assert _install(served, cache_dir, ["host"], force=True) == Sdk(root, VERSION, "qnnctl cache")
+        assert not (root / "mine").exists()
+        shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["parts", "whole"])
+def test_the_libraries_build_is_recorded(server: FaultServer, cache_dir: Path, tmp_path: Path,
+                                         ignore_ranges: bool) -> None:
+    server.add(PATH, build_archive(tmp_path, "zip", SdkSpec(build_id=BUILD)).read_bytes())
+    server.ignore_ranges = ignore_ranges
+    sdk = _install(server, cache_dir, ["host"])
+    assert (read_manifest(sdk.root) or {})["build_id"] == BUILD[1:]
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["parts", "whole"])
+def test_a_top_folder_of_another_version_is_taken_when_the_libraries_are_the_one_asked_for(
+        server: FaultServer, cache_dir: Path, tmp_path: Path, ignore_ranges: bool) -> None:
+    spec = SdkSpec(top=f"qairt/{OTHER_VERSION}", build_id=BUILD)
+    server.add(PATH, build_archive(tmp_path, "zip", spec).read_bytes())
+    server.ignore_ranges = ignore_ranges
+    sdk = _install(server, cache_dir, ["host"])
+    assert sdk == Sdk(cache_dir / "sdks" / VERSION, VERSION, "qnnctl cache")
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["parts", "whole"])
+def test_without_a_build_the_top_folder_says_the_version_before_sdk_yaml(
+        server: FaultServer, cache_dir: Path, tmp_path: Path, ignore_ranges: bool) -> None:
+    spec = SdkSpec(extra_files={"sdk.yaml": f"name: qairt\nversion: {OTHER_VERSION}\n".encode()})
+    server.add(PATH, build_archive(tmp_path, "zip", spec).read_bytes())
+    server.ignore_ranges = ignore_ranges
+    assert _install(server, cache_dir, ["host"]).version == VERSION
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["parts", "whole"])
+def test_a_link_into_another_component_is_recorded_whole_or_by_parts(server: FaultServer, cache_dir: Path,
+                                                                    tmp_path: Path, ignore_ranges: bool) -> None:
+    data = sdk_zip(tmp_path, {"lib/x86_64-linux-clang/libQnnHtpV73.cat": "../hexagon-v73/libQnnHtpV73.cat"})
+    server.add(PATH, data.read_bytes())
+    server.ignore_ranges = ignore_ranges
+    sdk = _install(server, cache_dir, ["host"])
+    manifest = read_manifest(sdk.root) or {}
+    assert manifest["components"] == ["host", "hexagon-v73"]
+    assert set(manifest["component_sha256"]) == {"host", "hexagon-v73"}
+
+
+def test_a_pin_of_the_whole_archive_is_checked_before_it_is_read(server: FaultServer, cache_dir: Path) -> None:
+    """What was served is no archive: its sha256 and size, pinned, are what refuse it."""
+    page = b"<p>not an archive</p>" * 100
+    server.add(PATH, page)
+    digest = hashlib.sha256(page).hexdigest()
+    url = server.url(PATH)
+    for sha256, size, said in (("0" * 64, len(page), f"its sha256 is {digest}, the lock pins {'0' * 64}"),
+                               (digest, len(page) + 1, f"its size is {len(page)}, the lock pins {len(page) + 1}")):
+        pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", sha256=sha256, size=size)
+        with pytest.raises(IntegrityError) as refused:
+            _install(server, cache_dir, ["host"], expected=[pinned])
+        assert refusal(refused) == (
+            f"the archive from {url} does not match qnnctl.lock: {said}; nothing was installed", "update the lock")
+        assert list((cache_dir / "downloads").iterdir()) == []
+
+
+def test_what_a_whole_download_is_checked_against_after_it_is_extracted(served: FaultServer, plain_zip: bytes,
+                                                                       cache_dir: Path) -> None:
+    """A server that ignores ranges: the components and the central directory pinned are
+    checked on what the whole archive installs."""
+    served.ignore_ranges = True
+    url = served.url(PATH)
+    pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", components={"host": "0" * 64})
+    with pytest.raises(IntegrityError) as refused:
+        _install(served, cache_dir, ["host"], expected=[pinned])
+    assert refused.value.message.startswith(f"the archive from {url} does not match qnnctl.lock: the digest of its "
+                                            "component host is ")
+    sdk = _install(served, cache_dir, ["host"])
+    host = (read_manifest(sdk.root) or {})["component_sha256"]["host"]
+    shutil.rmtree(sdk.root)
+    directory = Expected("qnnctl.lock", "the lock", "pins", "update the lock", components={"host": host},
+                         central_directory_sha256="0" * 64)
+    with pytest.raises(IntegrityError) as other:
+        _install(served, cache_dir, ["host"], expected=[directory])
+    assert refusal(other) == (
+        f"the archive from {url} does not match qnnctl.lock: its central directory's sha256 is "
+        f"{directory_sha256(plain_zip)}, the lock pins {'0' * 64}; nothing was installed", "update the lock")
+
+
+def test_components_added_whole_come_from_the_archive_of_those_installed(
+        served: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    sdk = _install(served, cache_dir, ["host"])
+    recorded = (read_manifest(sdk.root) or {})["central_directory_sha256"]
+    other = sdk_zip(tmp_path / "other", {"docs/more.txt": "guide.txt"}).read_bytes()
+    served.add(PATH, other)
+    served.ignore_ranges = True
+    with pytest.raises(IntegrityError) as refused:
+        _install(served, cache_dir, ["android"], old=sdk)
+    assert refusal(refused) == (
+        f"the archive from {served.url(PATH)} does not match SDK {VERSION} installed at {sdk.root}: its central "
+        f"directory's sha256 is {directory_sha256(other)}, the SDK installed came from an archive with {recorded}; "
+        "nothing was installed",
+        f"to replace the SDK with this archive's: `qnnctl install --force {VERSION} --components ...`")
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["parts", "whole"])
+def test_progress_is_a_bar_on_a_terminal(served: FaultServer, cache_dir: Path, capsys: pytest.CaptureFixture[str],
+                                         ignore_ranges: bool) -> None:
+    served.ignore_ranges = ignore_ranges
+    install_components(VERSION, [served.url(PATH)], NAME, ["host"], [], Cache(cache_dir), False, True, None)
+    assert "iB/" in capsys.readouterr().err
+    shutil.rmtree(cache_dir / "sdks" / VERSION)
+    _install(served, cache_dir, ["host"])
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
+def test_a_component_an_archive_on_disk_lacks_is_refused_by_its_name(tmp_path: Path, fmt: str) -> None:
+    archive = build_archive(tmp_path, fmt, SdkSpec(extra_files=dict(EXTRA)))
+    with pytest.raises(UsageError) as refused:
+        choose_in_file(archive, ["hexagon-v99"])
+    assert refused.value.message == (f"{archive.name} has no hexagon-v99: its components are host, android, "
+                                     "hexagon-v73, hexagon-v75, docs")
+
+
+def test_an_archive_not_open_yet_cannot_be_read(served: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    job = _job(served, Cache(cache_dir), tmp_path / "work")
+    with pytest.raises(RuntimeError, match=r"\Athe archive is not open\Z"):
+        job.central_directory_sha256()
+    with pytest.raises(RuntimeError, match=r"\Athe archive is not open\Z"):
+        job.install(["host"], None)
+    # Its end read, not its directory: still not open.
+    served.add(PATH, b"\0" * 100_000)
+    with pytest.raises(IntegrityError):
+        job.open()
+    assert job.sparse is not None
+    with pytest.raises(RuntimeError, match=r"\Athe archive is not open\Z"):
+        job.central_directory_sha256()
+    job.close()
+    job.remove()
