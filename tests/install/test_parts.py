@@ -799,8 +799,10 @@ def test_components_added_from_another_archive_are_refused(served: FaultServer, 
 
 
 def test_a_component_the_archive_lacks_leaves_nothing(served: FaultServer, cache_dir: Path) -> None:
-    with pytest.raises(UsageError, match="has no hexagon-v99"):
+    with pytest.raises(UsageError) as refused:
         _install(served, cache_dir, ["hexagon-v99"])
+    assert refused.value.message == (f"{served.url(PATH)} has no hexagon-v99: its components are host, android, "
+                                     "hexagon-v73, hexagon-v75, docs")
     assert list((cache_dir / "downloads").iterdir()) == []
     assert not (cache_dir / "sdks" / VERSION).exists()
 
@@ -817,7 +819,8 @@ def test_from_a_server_that_ignores_ranges_the_whole_archive(served: FaultServer
     assert manifest["central_directory_sha256"] == directory_sha256(plain_zip)
     assert manifest["component_sha256"] == tree_digests(sdk.root, skip={MANIFEST_NAME})
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warned[-1].endswith(": downloading the whole archive instead, then installing only host, android")
+    assert warned == [f"{served.url(PATH)} answered a ranged request with the whole file (HTTP 200): downloading "
+                      "the whole archive instead, then installing only host, android"]
     assert list((cache_dir / "downloads").iterdir()) == []
 
 
@@ -1190,5 +1193,132 @@ def test_an_archive_not_open_yet_cannot_be_read(served: FaultServer, cache_dir: 
     assert job.sparse is not None
     with pytest.raises(RuntimeError, match=r"\Athe archive is not open\Z"):
         job.central_directory_sha256()
+    with pytest.raises(RuntimeError, match=r"\Athe archive is not open\Z"):
+        job.install(["host"], None)
     job.close()
     job.remove()
+
+
+def test_a_folder_on_a_links_way_brings_no_component(tmp_path: Path) -> None:
+    """docs/v73.cat leads through hexagon-v75's unsigned/ and back out, into hexagon-v73: that
+    component comes whole, hexagon-v75 not at all. A link to a member of no component brings it
+    alone, beside the component another link brings."""
+    archive = sdk_zip(tmp_path, {"docs/v73.cat": "../lib/hexagon-v75/unsigned/../../hexagon-v73/libQnnHtpV73.cat",
+                                 "docs/QnnHtp.dll": "../lib/x86_64-windows-msvc/QnnHtp.dll"})
+    choice = _choice(archive, ["docs"])
+    assert link_closure(choice) == below(*V73, "lib", "lib/hexagon-v73", "lib/hexagon-v73/unsigned", "lib/hexagon-v75",
+                                         "lib/hexagon-v75/unsigned", "lib/x86_64-windows-msvc",
+                                         "lib/x86_64-windows-msvc/QnnHtp.dll")
+
+
+def test_components_pinned_are_those_fetched(served: FaultServer, cache_dir: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock with a digest of android alone: enough to add android by parts to an SDK with host."""
+    monkeypatch.setenv("QNNCTL_CACHE_DIR", str(tmp_path / "elsewhere"))
+    whole = _install(served, tmp_path / "elsewhere", ["host", "android"])
+    android = (read_manifest(whole.root) or {})["component_sha256"]["android"]
+    sdk = _install(served, cache_dir, ["host"])
+    pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", components={"android": android})
+    asked = len(served.requests_for(PATH))
+    _install(served, cache_dir, ["android"], old=sdk, expected=[pinned])
+    assert files_below(sdk.root) == HOST | ANDROID
+    assert all("Range" in r.headers for r in served.requests_for(PATH)[asked:])
+
+
+def test_the_size_unpacked_adds_what_the_sdk_recorded(served: FaultServer, cache_dir: Path) -> None:
+    sdk = _install(served, cache_dir, ["host"])
+    manifest = read_manifest(sdk.root) or {}
+    del manifest["unpacked_size"]  # as an older qnnctl wrote it
+    (sdk.root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    _install(served, cache_dir, ["android"], old=sdk)
+    assert (read_manifest(sdk.root) or {})["unpacked_size"] == sum((sdk.root / n).stat().st_size for n in ANDROID)
+
+
+def test_the_progress_of_an_install_by_parts_is_named_by_version(served: FaultServer, cache_dir: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="qnnctl.net.download"):
+        _install(served, cache_dir, ["host"])
+    said = [r.getMessage() for r in caplog.records if r.name == "qnnctl.net.download"]
+    assert len(said) == 1
+    assert said[0].startswith(f"{VERSION} (host): ")
+
+
+def test_the_parts_of_an_install_that_failed_are_kept_by_the_archives_name(served: FaultServer,
+                                                                           cache_dir: Path) -> None:
+    """The archive gone part-way: what was fetched stays, for the next run to resume from."""
+    served.fail(PATH, Fault.none(), Fault.status(404))
+    with pytest.raises(DownloadError) as refused:
+        _install(served, cache_dir, ["host"])
+    assert refused.value.message == f"{served.url(PATH)} is no longer on the server (HTTP 404)"
+    assert sorted(p.name for p in (cache_dir / "downloads").iterdir()) == [f"{NAME}.sparse", f"{NAME}.sparse.json"]
+    assert list((cache_dir / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("ignore_ranges", [False, True], ids=["parts", "whole"])
+def test_libraries_of_another_version_are_refused_by_the_source_named(server: FaultServer, cache_dir: Path,
+                                                                      tmp_path: Path, ignore_ranges: bool) -> None:
+    server.add(PATH, build_archive(tmp_path, "zip", SdkSpec(build_id="v2.34.0.250424101112")).read_bytes())
+    server.ignore_ranges = ignore_ranges
+    with pytest.raises(IntegrityError) as refused:
+        _install(server, cache_dir, ["host"])
+    assert refused.value.message == (
+        f"{server.url(PATH)} says it is SDK {VERSION} (its top folder and its sdk.yaml), but its libraries are build "
+        f"2.34.0.250424101112: SDK {OTHER_VERSION}")
+
+
+def _early_link(archive: Path) -> bytes:
+    """The archive with a host link as its third entry, ahead of the bulk of it (and of its end)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(archive) as source, zipfile.ZipFile(out, "w") as target:
+        infos = source.infolist()
+        for index, info in enumerate(infos):
+            if index == 2:
+                add_zip_entry(target, f"{TOP}/libQnnHtp.so", b"lib/x86_64-linux-clang/libQnnHtp.so",
+                              stat.S_IFLNK | 0o777)
+            target.writestr(info, source.read(info))
+    return out.getvalue()
+
+
+def test_a_link_far_from_the_end_is_fetched_for_its_target(server: FaultServer, cache_dir: Path,
+                                                           tmp_path: Path) -> None:
+    data = _early_link(sdk_zip(tmp_path))
+    assert span_of(data, "libQnnHtp.so")[1] < len(data) - (16 << 10)
+    server.add(PATH, data)
+    sdk = _install(server, cache_dir, ["host"])
+    assert os.readlink(sdk.root / "libQnnHtp.so") == "lib/x86_64-linux-clang/libQnnHtp.so"
+
+
+def _tar_at_first_sight(archive: Path) -> bytes:
+    """The archive with a host link, stored, as its second entry, whose target puts `ustar` at
+    byte 257: where a tar says what it is. Fetched by parts, the link's bytes are there before
+    the extraction starts, and the archive's first bytes (its top folder's entry) never are."""
+    with zipfile.ZipFile(archive) as source:
+        infos = source.infolist()
+        contents = [source.read(info) for info in infos]
+    assert infos[0].filename == "qairt/"
+    name = f"{TOP}/ustar.so"
+
+    def rebuilt(pad: int) -> tuple[bytes, str]:
+        target = "./" * (pad // 2) + ("_" if pad % 2 else "") + "ustar.txt"
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as zf:
+            for index, (info, content) in enumerate(zip(infos, contents)):
+                zf.writestr(info, content)
+                if index == 0:
+                    link = zipfile.ZipInfo(name, date_time=(2025, 7, 24, 0, 0, 0))
+                    link.create_system, link.external_attr = 3, (stat.S_IFLNK | 0o777) << 16
+                    zf.writestr(link, target, compress_type=zipfile.ZIP_STORED)
+            add_zip_entry(zf, f"{TOP}/{target.rsplit('/', 1)[1]}", b"notes", 0o100644)
+        return out.getvalue(), target
+
+    first, target = rebuilt(200)
+    data, _ = rebuilt(257 - first.index(target.encode()))  # its data starts where it did
+    assert data[257:262] == b"ustar"
+    return data
+
+
+def test_an_archive_fetched_by_parts_is_read_as_a_zip_whatever_its_bytes_so_far(
+        server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    server.add(PATH, _tar_at_first_sight(sdk_zip(tmp_path)))
+    sdk = _install(server, cache_dir, ["host"])
+    assert (sdk.root / "ustar.so").read_bytes() == b"notes"
