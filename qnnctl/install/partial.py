@@ -101,11 +101,11 @@ def wanted_components(components: Collection[str], old: Sdk | None) -> tuple[str
 # -- choosing members ------------------------------------------------------------------------
 
 
-def zip_members(infos: Iterable[zipfile.ZipInfo], earlier: dict[PurePosixPath, list[zipfile.ZipInfo]] | None = None
+def zip_members(infos: Iterable[zipfile.ZipInfo]
                 ) -> tuple[dict[PurePosixPath, Member], dict[PurePosixPath, zipfile.ZipInfo]]:
     """Every member of a zip by its path (checked safe: IntegrityError for one that is not,
-    or for a device file), and the entry the extractor takes for each (the last of a name);
-    `earlier` gets the entries before it of a name given more than once."""
+    or for a device file), and its entry (the last of a name, though the one reading of a zip,
+    qnnctl.install.zipindex, refuses a name given twice before this is asked)."""
     members: dict[PurePosixPath, Member] = {}
     entries: dict[PurePosixPath, zipfile.ZipInfo] = {}
     for info in infos:
@@ -115,8 +115,6 @@ def zip_members(infos: Iterable[zipfile.ZipInfo], earlier: dict[PurePosixPath, l
         kind = member_kind(info)
         if kind == "special":
             raise unsafe(f"{info.filename!r} is a device or special file")
-        if path in entries and earlier is not None:
-            earlier.setdefault(path, []).append(entries[path])
         members[path] = Member(path, kind)
         entries[path] = info
     return members, entries
@@ -338,9 +336,7 @@ class RangedInstall:
             with open_zip(sparse.path) as zf:
                 infos = same_reading(zf, records)
                 spans = extents(infos, records.cd_start)
-                # A name given twice: the extractor reads every entry of a link, so all are fetched.
-                earlier: dict[PurePosixPath, list[zipfile.ZipInfo]] = {}
-                members, entries = zip_members(infos, earlier)
+                members, entries = zip_members(infos)
                 present: set[PurePosixPath] = set()
                 old_targets: dict[PurePosixPath, str] = {}
                 if old is not None:
@@ -352,7 +348,7 @@ class RangedInstall:
                 choice.targets.update(old_targets)
 
                 def every(paths: Iterable[PurePosixPath]) -> list[Extent]:
-                    return [extent_of(spans, info) for p in paths for info in [*earlier.get(p, ()), entries[p]]]
+                    return [extent_of(spans, entries[p]) for p in paths]
 
                 # Links first: what they lead to may add members, and the links on the way.
                 while True:

@@ -197,18 +197,10 @@ def test_a_zip_entry_of_no_path_is_no_member_and_a_name_given_twice_is_its_last_
         add_zip_entry(zf, "top/a.txt", b"second", 0o120777)
     with zipfile.ZipFile(out) as zf:
         infos = zf.infolist()
-    earlier: dict[PurePosixPath, list[zipfile.ZipInfo]] = {}
-    members, entries = zip_members(infos, earlier)
+    members, entries = zip_members(infos)
     a, b = PurePosixPath("top/a.txt"), PurePosixPath("top/b.txt")
     assert members == {a: Member(a, "link"), b: Member(b, "file")}
     assert entries == {a: infos[3], b: infos[2]}
-    assert earlier == {a: [infos[1]]}
-    # Without a dict for them, the earlier entries are not kept.
-    assert zip_members(infos) == (members, entries)
-    # With one and no name given twice, it stays empty.
-    none_twice: dict[PurePosixPath, list[zipfile.ZipInfo]] = {}
-    zip_members(infos[:3], none_twice)
-    assert none_twice == {}
 
 
 def test_a_device_in_a_zip_is_refused(tmp_path: Path) -> None:
