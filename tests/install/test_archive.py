@@ -1325,7 +1325,7 @@ def _zip_tree(tree: Path, archive: Path, folders: bool = True, unix: bool = True
         for path in sorted(tree.rglob("*")):
             rel = path.relative_to(tree).as_posix()
             if path.is_symlink():
-                add_zip_entry(zf, rel, os.readlink(path).encode(), stat.S_IFLNK | 0o777)
+                add_zip_entry(zf, rel, os.fsencode(os.readlink(path)), stat.S_IFLNK | 0o777)
             elif path.is_dir():
                 if folders:
                     add_zip_entry(zf, rel + "/", b"", stat.S_IFDIR | 0o755)
@@ -1347,6 +1347,11 @@ def _staged(tmp_path: Path, top: str | None = None, link: bool = True) -> tuple[
                           SdkSpec(extra_files={"docs/big.bin": os.urandom((3 << 20) + 5), "docs/empty.txt": b""}))
     if link:
         (root / "lib/x86_64-linux-clang/libQnnHtp.so.2").symlink_to("libQnnHtp.so")
+    # Names that end in a space or an X, and a mode with no x bit but others' w bit.
+    (root / "docs/notes ").write_bytes(b"notes")
+    (root / "docs/INDEX").write_bytes(b"index")
+    (root / "docs/shared.txt").write_bytes(b"shared")
+    (root / "docs/shared.txt").chmod(0o646)
     return staging, root
 
 
@@ -1419,3 +1424,15 @@ def test_an_archive_that_records_no_unix_modes_holds_no_executables(tmp_path: Pa
             path.chmod(0o644)
     assert zip_digests(archive) == tree_digests(root)
     assert zip_digests(archive) == tree_digests(extract(archive, _work(tmp_path)).root)
+
+
+def test_a_link_whose_target_is_not_utf8_is_pinned_by_its_bytes(tmp_path: Path) -> None:
+    from qnnctl.install.archive import zip_digests
+    from qnnctl.sdk.members import tree_digests
+
+    staging, root = _staged(tmp_path)
+    os.symlink(b"lib\xffQnn.so", bytes(root / "lib/x86_64-linux-clang/libQnnOld.so"))
+    digests = zip_digests(_zip_tree(staging, tmp_path / "sdk.zip"))
+    assert digests == tree_digests(root)
+    os.unlink(root / "lib/x86_64-linux-clang/libQnnOld.so")
+    assert tree_digests(root)["host"] != digests["host"]
