@@ -544,16 +544,6 @@ def two_served(server: FaultServer, served: bytes, tmp_path: Path) -> tuple[byte
     return served, other
 
 
-@pytest.fixture
-def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The local time eleven hours behind UTC, so that a time said in local time is seen."""
-    monkeypatch.setenv("TZ", "XYZ+11")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
 @pytest.mark.usefixtures("far_from_utc")
 def test_a_mirror_is_filled_indexed_and_kept(server: FaultServer, two_served: tuple[bytes, bytes], cache: Cache,
                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
