@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.sdk.cache import Cache
 from tests.httpserver import FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, build_archive
 
@@ -61,6 +62,12 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def cache_dir(isolated: Path) -> Path:
     return isolated
+
+
+@pytest.fixture
+def cache(cache_dir: Path) -> Cache:
+    """qnnctl's cache in the test's own folder (in place of pytest's fixture of that name)."""
+    return Cache(cache_dir)
 
 
 def require_tool(name: str) -> str:

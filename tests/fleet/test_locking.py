@@ -47,11 +47,6 @@ MANIFEST = ".qnnctl.json"
 
 
 @pytest.fixture
-def cache(cache_dir: Path) -> Cache:
-    return Cache(cache_dir)
-
-
-@pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A project folder pinned to VERSION, with the folder `src` below it."""
     folder = tmp_path / "project"

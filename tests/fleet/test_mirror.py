@@ -126,11 +126,6 @@ def _entries(folder: Path) -> list[str]:
 
 
 @pytest.fixture
-def cache(cache_dir: Path) -> Cache:
-    return Cache(cache_dir)
-
-
-@pytest.fixture
 def served(server: FaultServer, tmp_path: Path) -> bytes:
     """The server holding an archive of VERSION at its place; the archive's bytes."""
     data = _archive(tmp_path / "served").read_bytes()

@@ -52,11 +52,6 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def cache(cache_dir: Path) -> Cache:
-    return Cache(cache_dir)
-
-
-@pytest.fixture
 def sdk(cache_dir: Path) -> Sdk:
     return Sdk(install_tree_into_cache(cache_dir), VERSION, "qnnctl cache")
 
