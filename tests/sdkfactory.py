@@ -191,25 +191,32 @@ def build_archive(workdir: Path, fmt: str = "zip", spec: SdkSpec | None = None,
     return archive
 
 
-def write_zip_from_tree(tree: Path, archive: Path) -> None:
-    """Zip a folder the way `zip -ry` does: Unix modes kept, symlinks stored as links."""
+def write_zip_from_tree(tree: Path, archive: Path, folders: bool = True, unix: bool = True) -> None:
+    """Zip a folder the way `zip -ry` does: Unix modes kept, symlinks stored as links (their
+    targets' bytes as the file system has them). Without `folders`, no entries for folders, as
+    many archivers write zips; without `unix`, as an archiver that records no Unix modes."""
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for dirpath, dirnames, filenames in os.walk(tree):
             dirnames.sort()
             base = Path(dirpath)
             for dirname in dirnames:
                 path = base / dirname
-                if path.is_symlink():
+                if path.is_symlink() or not folders:
                     continue
                 add_zip_entry(zf, str(path.relative_to(tree)) + "/", b"", 0o40755)
             for filename in sorted(filenames) + [d for d in dirnames if (base / d).is_symlink()]:
                 path = base / filename
                 rel = str(path.relative_to(tree))
                 if path.is_symlink():
-                    add_zip_entry(zf, rel, os.readlink(path).encode(), stat.S_IFLNK | 0o777)
-                else:
+                    add_zip_entry(zf, rel, os.fsencode(os.readlink(path)), stat.S_IFLNK | 0o777)
+                elif unix:
                     mode = stat.S_IMODE(path.stat().st_mode)
                     add_zip_entry(zf, rel, path.read_bytes(), stat.S_IFREG | mode)
+                else:
+                    info = zipfile.ZipInfo(rel, date_time=(2025, 7, 24, 0, 0, 0))
+                    info.create_system = 0  # MS-DOS: external_attr holds no mode
+                    info.external_attr = 0o755 << 16  # what a Unix reader would take for one
+                    zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
 
 
 def manifest_digest(data: bytes) -> str:

@@ -37,6 +37,7 @@ from tests.sdkfactory import (
     build_archive,
     build_sdk_tree,
     manifest_digest,
+    write_zip_from_tree,
 )
 
 TOP = f"qairt/{VERSION}"
@@ -1317,25 +1318,11 @@ def test_a_tree_put_together_from_two_installs_is_refused_for_a_link_that_leads_
 
 def _zip_tree(tree: Path, archive: Path, folders: bool = True, unix: bool = True,
               outside: dict[str, bytes] | None = None) -> Path:
-    """`tree` zipped as `zip -ry` does, or without folder entries, or by an archiver that records
-    no Unix modes; `outside`: members beside the SDK's folder."""
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+    """`tree` zipped (see write_zip_from_tree), with `outside`: members beside the SDK's folder."""
+    write_zip_from_tree(tree, archive, folders, unix)
+    with zipfile.ZipFile(archive, "a", zipfile.ZIP_DEFLATED) as zf:
         for name, data in (outside or {}).items():
             add_zip_entry(zf, name, data, stat.S_IFREG | 0o644)
-        for path in sorted(tree.rglob("*")):
-            rel = path.relative_to(tree).as_posix()
-            if path.is_symlink():
-                add_zip_entry(zf, rel, os.fsencode(os.readlink(path)), stat.S_IFLNK | 0o777)
-            elif path.is_dir():
-                if folders:
-                    add_zip_entry(zf, rel + "/", b"", stat.S_IFDIR | 0o755)
-            elif unix:
-                add_zip_entry(zf, rel, path.read_bytes(), stat.S_IFREG | stat.S_IMODE(path.stat().st_mode))
-            else:
-                info = zipfile.ZipInfo(rel, date_time=(2025, 7, 24, 0, 0, 0))
-                info.create_system = 0  # MS-DOS: external_attr holds no mode
-                info.external_attr = 0o755 << 16  # what a Unix reader would take for one
-                zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
     return archive
 
 
