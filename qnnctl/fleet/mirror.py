@@ -23,7 +23,7 @@ from typing import Any
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install.archive import zip_digests
 from qnnctl.install.commit import download_name
-from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
+from qnnctl.install.zipindex import file_directory_sha256
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
@@ -152,7 +152,7 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
                 build = archive_build_id(path, scratch)
             _true_version(build, version, shown)
             digests = zip_digests(path)
-            directory = central_directory_sha256(read_file_at(path), file_end_records(path))
+            directory = file_directory_sha256(path)
         except IntegrityError:
             path.unlink(missing_ok=True)
             record.unlink(missing_ok=True)

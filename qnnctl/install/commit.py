@@ -22,7 +22,7 @@ from qnnctl import __version__
 from qnnctl.errors import IntegrityError
 from qnnctl.files import remove_tree
 from qnnctl.install.archive import archive_kind
-from qnnctl.install.zipindex import central_directory_sha256, file_end_records, read_file_at
+from qnnctl.install.zipindex import file_directory_sha256
 from qnnctl.paths import fsync_dir, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache
 from qnnctl.sdk.holds import exclusive, wait_for_holders
@@ -71,7 +71,7 @@ def directory_digest(archive: Path) -> dict[str, object] | None:
     SDK pins for installs of some of its components, which cannot take the archive's."""
     if archive_kind(archive) != "zip":
         return None
-    return {"central_directory_sha256": central_directory_sha256(read_file_at(archive), file_end_records(archive))}
+    return {"central_directory_sha256": file_directory_sha256(archive)}
 
 
 def identify(root: Path, top: str | None, wanted: str | None, source: str) -> tuple[str | None, str | None]:

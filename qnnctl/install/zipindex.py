@@ -294,6 +294,11 @@ def file_end_records(path: Path) -> EndRecords:
                 want = more.size
 
 
+def file_directory_sha256(path: Path) -> str:
+    """central_directory_sha256 of a zip archive on disk."""
+    return central_directory_sha256(read_file_at(path), file_end_records(path))
+
+
 def open_zip(path: Path) -> zipfile.ZipFile:
     """zipfile's reading of a zip, with what it cannot read as an IntegrityError: a name
     flagged as UTF-8 that is not, an extra field that breaks off, a bad directory."""

@@ -688,6 +688,13 @@ def test_the_digest_of_a_central_directory() -> None:
         hashlib.sha256(blob[:(1 << 20) + 10]).hexdigest()
 
 
+
+def test_the_digest_of_a_central_directory_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.zip"
+    path.write_bytes(_zip())
+    assert zipindex.file_directory_sha256(path) == hashlib.sha256(_zip()[370:472]).hexdigest()
+
+
 def test_a_zip_on_disk_read_one_way(tmp_path: Path) -> None:
     path = tmp_path / "sdk.zip"
     path.write_bytes(_zip(b"c" * 20_000))  # its end past the first 16 KiB read
