@@ -38,20 +38,17 @@ def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
             yield from _walk(Path(entry.path))
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int | None = None) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o644) -> None:
     """Write JSON next to `path`, fsync it, and rename it into place.
 
-    `mode` (0o600 for a record only its owner should read) is set before any data is written;
-    without it the file gets the usual mode.
+    `mode` (0o600 for a record only its owner should read) is set exactly, before any data is
+    written: a record of qnnctl's is evidence, and never writable by others, whatever the umask.
     """
     partial = path.with_name(path.name + ".tmp")
-    if mode is not None:
-        # A .tmp left by a killed run may have another mode: start from a new file.
-        partial.unlink(missing_ok=True)
-        handle = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8")
-        os.fchmod(handle.fileno(), mode)  # the umask may have taken bits off; exact is the point
-    else:
-        handle = open(partial, "w", encoding="utf-8")
+    # A .tmp left by a killed run may have another mode (or be another's): start from a new file.
+    partial.unlink(missing_ok=True)
+    handle = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8")
+    os.fchmod(handle.fileno(), mode)  # the umask may have taken bits off (or left them on)
     with handle:
         json.dump(data, handle, indent=1, sort_keys=True)
         handle.write("\n")

@@ -43,7 +43,14 @@ from qnnctl.install.zipindex import MAX_TAIL, check_zip_file, member_kind, open_
 from qnnctl.net.download import file_sha256
 from qnnctl.records import Record
 from qnnctl.sdk.layout import HOST_LIB_DIR
-from qnnctl.sdk.members import Member, component_digests, member_line, unresolved_links
+from qnnctl.sdk.members import (
+    FOLDER_MODE,
+    Member,
+    component_digests,
+    installed_mode,
+    member_line,
+    unresolved_links,
+)
 from qnnctl.sdk.versions import version_in
 from qnnctl.threads import start_daemon, wait_ended
 
@@ -186,7 +193,7 @@ class _Writer:
               stop: threading.Event | None = None, block_size: int = COPY_BUFFER) -> Written:
         """Write one file into its (existing) folder; return its CRC-32, size and sha256."""
         path = os.path.join(self.work, name)
-        mode &= 0o777
+        mode = installed_mode(mode)
         try:
             fd = os.open(path, _CREATE, mode)
         except FileExistsError:
@@ -669,8 +676,8 @@ def _extract_zip(archive: Path, writer: _Writer, streamed: Streamed | None, choi
         for name, (_, mode) in files.items():
             if name in done:
                 # Streamed files have the usual mode; the directory holds the real one.
-                if mode & 0o777 != _STREAMED_MODE:
-                    os.chmod(os.path.join(writer.work, name), mode & 0o777)
+                if installed_mode(mode) != _STREAMED_MODE:
+                    os.chmod(os.path.join(writer.work, name), installed_mode(mode))
                 writer.record(name, done[name])
             else:
                 writer.folder(name.parent)
@@ -1262,9 +1269,10 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _apply_dir_modes(writer: _Writer) -> None:
-    # Folders stay owner-writable so the tree can always be replaced or removed.
-    for name, mode in writer.dir_modes.items():
-        os.chmod(writer.work / name, (mode & 0o777) | 0o700)
+    # One mode for every folder, whatever the archive says (qnnctl.sdk.members.installed_mode):
+    # owner-writable, so that the tree can always be replaced or removed, and no one else's.
+    for name in writer.dir_modes:
+        os.chmod(writer.work / name, FOLDER_MODE)
 
 
 # -- for installing some members only (qnnctl.install.partial) ---------------------------------------

@@ -12,6 +12,7 @@ import ctypes
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import Sdk, missing_layout, read_build_id, version_claims
+from qnnctl.sdk.members import FOLDER_MODE, installed_mode
 from qnnctl.sdk.versions import archive_name
 
 log = logging.getLogger("qnnctl.install.pipeline")
@@ -128,6 +130,7 @@ def commit(
         unpacked -= stray.stat().st_size
     remove_tree(stray)
     files = {name: digest for name, digest in files.items() if name != MANIFEST_NAME}
+    settle_modes(root)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "version": version,
@@ -159,6 +162,24 @@ def commit(
     fsync_dir(cache.sdks)
     log.info("installed SDK %s into %s", version, destination)
     return Sdk(destination, version, "qnnctl cache")
+
+
+def settle_modes(root: Path) -> None:
+    """Give every folder and file of the tree about to be committed the mode qnnctl installs
+    with (qnnctl.sdk.members.installed_mode): never group- or world-writable, whatever the
+    archive, the umask or an SDK installed before asked for. Links are left as they are (their
+    own mode means nothing) and never followed."""
+    os.chmod(root, FOLDER_MODE)
+    for folder, dirs, names in os.walk(root):
+        for name in dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, FOLDER_MODE)
+        for name in names:
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode) and stat.S_IMODE(mode) != installed_mode(mode):
+                os.chmod(path, installed_mode(mode))
 
 
 _RENAME_EXCHANGE = 2  # linux/fs.h

@@ -58,7 +58,7 @@ from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
 from qnnctl.sdk.gate import Expected, Observed, check, why_whole
 from qnnctl.sdk.layout import Sdk
-from qnnctl.sdk.members import Member, available, choose, component_label, tree_digests, with_link_targets
+from qnnctl.sdk.members import FOLDER_MODE, Member, available, choose, component_label, tree_digests, with_link_targets
 from qnnctl.sdk.work import work_folder, work_id
 from qnnctl.words import human_size, plural
 
@@ -380,7 +380,7 @@ class RangedInstall:
 def merge_old(old_root: Path, new_root: Path) -> None:
     """Put the files, links and folders of `old_root` into `new_root` where it has none: hard
     links for files (a copy where the file system refuses), the same modes for folders."""
-    modes: list[tuple[Path, int]] = []
+    folders: list[Path] = []
     for folder, dirs, names in os.walk(old_root):
         base = Path(folder)
         rel_base = base.relative_to(old_root)
@@ -390,7 +390,6 @@ def merge_old(old_root: Path, new_root: Path) -> None:
             rel = rel_base / name
             if str(rel) == MANIFEST_NAME:
                 continue
-            info = old.lstat()
             is_folder = old.is_dir() and not old.is_symlink()
             if os.path.lexists(new):
                 if is_folder != (new.is_dir() and not new.is_symlink()):
@@ -402,14 +401,14 @@ def merge_old(old_root: Path, new_root: Path) -> None:
                 os.symlink(os.readlink(old), new)
             elif is_folder:
                 new.mkdir(exist_ok=True)
-                modes.append((new, info.st_mode & 0o777))
+                folders.append(new)
             else:
                 try:
                     os.link(old, new)
                 except OSError:
                     shutil.copy2(old, new, follow_symlinks=False)
-    for path, mode in modes:
-        os.chmod(path, mode | 0o700)
+    for path in folders:
+        os.chmod(path, FOLDER_MODE)
     check_links_inside(new_root)
 
 

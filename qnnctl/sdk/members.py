@@ -204,8 +204,20 @@ def component_label(path: PurePosixPath, top: PurePosixPath, is_dir: bool = Fals
     return (component_of(rel, is_dir) if rel is not None else None) or ALL
 
 
+# What qnnctl installs is never group- or world-writable, whatever modes the archive carries:
+# the exec bit comes from the archive, the rest from this policy. The digests record the same.
+FILE_MODE = 0o644
+EXEC_MODE = 0o755
+FOLDER_MODE = 0o755
+
+
+def installed_mode(mode: int) -> int:
+    """The mode a file with the archive's `mode` is installed with."""
+    return EXEC_MODE if mode & 0o111 else FILE_MODE
+
+
 def member_line(rel: str, kind: str, executable: bool, target: str, size: int, sha256: str) -> str:
-    return json.dumps([rel, kind, 0o755 if executable else 0o644, target, size, sha256], ensure_ascii=False)
+    return json.dumps([rel, kind, EXEC_MODE if executable else FILE_MODE, target, size, sha256], ensure_ascii=False)
 
 
 def component_digests(lines: Iterable[tuple[str, str]]) -> dict[str, str]:

@@ -175,16 +175,17 @@ def test_a_member_from_another_system_has_no_unix_mode(tmp_path: Path) -> None:
     assert "share/from-windows.txt" in result.files
 
 
-def test_folder_entries_are_folders_with_their_modes(tmp_path: Path) -> None:
-    """A folder entry made on Unix gives its folder's mode (kept writable by its owner); one
-    made elsewhere has no mode, only its name's trailing slash, and is a folder all the same."""
+def test_folder_entries_are_folders_with_the_one_folder_mode(tmp_path: Path) -> None:
+    """A folder entry made on Unix is a folder of qnnctl's one folder mode (0755, whatever the
+    archive says); one made elsewhere has no mode, only its name's trailing slash, and is a
+    folder all the same."""
     archive = build_archive(tmp_path, "zip")
     private = zipfile.ZipInfo(f"{TOP}/share/private/", date_time=(2025, 7, 24, 0, 0, 0))
     private.create_system, private.external_attr = 3, (stat.S_IFDIR | 0o550) << 16 | 0x10
     windows = zipfile.ZipInfo(f"{TOP}/share/from-windows/", date_time=(2025, 7, 24, 0, 0, 0))
     windows.create_system, windows.external_attr = 0, 0x10
     result = extract(_rezipped(archive, [private, windows]), _work(tmp_path))
-    assert stat.S_IMODE((result.root / "share" / "private").stat().st_mode) == 0o750
+    assert stat.S_IMODE((result.root / "share" / "private").stat().st_mode) == 0o755
     assert (result.root / "share" / "from-windows").is_dir()
     assert result.files == extract(archive, _work(tmp_path / "plain")).files
 
@@ -1189,19 +1190,22 @@ def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
     assert (result.root / "lib/x86_64-linux-clang/libQnnHtp.so").is_file()
 
 
-def test_folders_of_a_tar_get_their_modes_and_stay_writable_by_their_owner(tmp_path: Path) -> None:
-    """So that the tree can always be replaced or removed: 0550 is taken as 0750."""
+def test_folders_of_a_tar_get_the_one_folder_mode(tmp_path: Path) -> None:
+    """Writable by their owner, so that the tree can always be replaced or removed, and by
+    no one else: 0750 and 0550 are taken as 0755, as 0777 is."""
     staging = tmp_path / "s"
     build_sdk_tree(staging / TOP)
     (staging / TOP / "docs").chmod(0o750)
     (staging / TOP / "include").chmod(0o550)
+    (staging / TOP / "share").chmod(0o777)
     archive = tmp_path / "modes.tar"
     with tarfile.open(archive, "w") as tf:
         tf.add(staging / "qairt", arcname="qairt")
     (staging / TOP / "include").chmod(0o750)  # for the cleanup of tmp_path
     root = extract(archive, _work(tmp_path)).root
-    assert stat.S_IMODE((root / "docs").stat().st_mode) == 0o750
-    assert stat.S_IMODE((root / "include").stat().st_mode) == 0o750
+    assert stat.S_IMODE((root / "docs").stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "include").stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "share").stat().st_mode) == 0o755
     assert stat.S_IMODE((root / "lib").stat().st_mode) == 0o755
 
 

@@ -1,0 +1,79 @@
+"""The ways around the install's checks, built as an attacker would, each refused: a file
+checked and another installed, modes that leave code writable by others, an SDK or a lock
+that vouches for itself, a mirror's index that never ends. Each test also shows the honest
+path still works, so that a refusal of everything cannot pass it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from qnnctl.errors import IntegrityError
+from qnnctl.install.pipeline import InstallRequest, install
+from qnnctl.sdk.cache import Cache, read_manifest
+from qnnctl.sdk.vouchers import vouchers
+from tests.httpserver import FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree
+
+TOP = f"qairt/{VERSION}"
+
+
+def _loose_zip(tmp_path: Path) -> Path:
+    """An SDK archive whose folders are 0777 and whose files are 0666 (0777 for the tools)."""
+    tree = build_sdk_tree(tmp_path / "loose-tree", SdkSpec())
+    archive = tmp_path / f"v{VERSION}.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for folder, dirs, names in os.walk(tree):
+            dirs.sort()
+            rel = Path(folder).relative_to(tree)
+            add_zip_entry(zf, f"{Path(TOP, rel).as_posix()}/", b"", stat.S_IFDIR | 0o777)
+            for name in sorted(names):
+                path = Path(folder, name)
+                loose = 0o777 if path.stat().st_mode & 0o111 else 0o666
+                add_zip_entry(zf, Path(TOP, rel, name).as_posix(), path.read_bytes(), stat.S_IFREG | loose)
+    return archive
+
+
+def _writable_by_others(root: Path) -> list[str]:
+    found = []
+    for folder, dirs, names in os.walk(root):
+        for name in [*dirs, *names]:
+            path = Path(folder, name)
+            mode = path.lstat().st_mode
+            if not stat.S_ISLNK(mode) and mode & (stat.S_IWGRP | stat.S_IWOTH):
+                found.append(f"{path.relative_to(root)} {stat.S_IMODE(mode):o}")
+    if root.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        found.append(". (the SDK root)")
+    return found
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+@pytest.mark.parametrize("way", ["download", "file", "parts"])
+def test_an_archive_of_world_writable_modes_installs_nothing_others_can_write(
+        tmp_path: Path, cache: Cache, server: FaultServer, way: str, umask: int) -> None:
+    archive = _loose_zip(tmp_path)
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    environ = {"QNNCTL_MIRROR": server.base}
+    request = {
+        "download": InstallRequest(VERSION),
+        "file": InstallRequest(VERSION, file=archive),
+        "parts": InstallRequest(VERSION, components=("host",)),
+    }[way]
+    old = os.umask(umask)
+    try:
+        result = install(request, cache, environ, tmp_path, vouchers(environ, tmp_path))
+    finally:
+        os.umask(old)
+    assert result.sdk is not None
+    root = result.sdk.root
+    assert _writable_by_others(root) == []
+    tool = root / "bin/x86_64-linux-clang/qnn-net-run"
+    assert stat.S_IMODE(tool.stat().st_mode) == 0o755  # the exec bit is the archive's
+    assert stat.S_IMODE((root / "lib/x86_64-linux-clang/libQnnHtp.so").stat().st_mode) == 0o644
+    assert stat.S_IMODE((root / "lib/x86_64-linux-clang").stat().st_mode) == 0o755
