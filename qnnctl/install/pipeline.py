@@ -17,7 +17,8 @@ from qnnctl.host.machine import require_supported_host
 from qnnctl.install.archive import ZipStream, extract
 from qnnctl.install.commit import commit, directory_digest, download_name, identify, require_version, used_up
 from qnnctl.install.partial import extract_components, install_components, merged_digests, with_installed
-from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
+from qnnctl.install.sources import LocalArchive, pinned_file
+from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path
 from qnnctl.records import Record
@@ -374,63 +375,73 @@ def _install_file(
     lock: Lock | None = None, components: tuple[str, ...] | None = None,
 ) -> InstallResult:
     """`lock`: the project's, when it applies;
-    `components` (all when None) are the only ones extracted, beside those installed already."""
+    `components` (all when None) are the only ones extracted, beside those installed already.
+
+    The archive is opened once (qnnctl.install.sources): what is hashed, checked and extracted
+    are the same bytes, whatever happens to its path meanwhile."""
     archive = user_path(archive).resolve()
     if not archive.is_file():
         raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
-    digest = file_sha256(archive)
-    check([e for e in (given_sha256(sha256),) if e is not None], Observed(str(archive), digest))
     wanted = resolve_version(spec) if spec else None
-    if wanted is not None and not force:
-        # Named and already installed: no need to read a 1-2 GB archive to find that out.
-        existing = cache.sdk_dir(wanted)
-        if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
-                _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
-            return _reused(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
-                                         Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
-                                         archive, digest, sha256), None, lock)
     cache.ensure()
     with version_lock(cache, FILE_LOCK, "installing from a file"):
         remove_stale_work(cache, FILE_LOCK)
-        with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work:
-            parts = None
-            if components is not None and components != ("all",):
-                extracted, parts = extract_components(archive, components, work / "x")
-            else:
-                extracted = extract(archive, work / "x")
-            found, build = identify(extracted.root, extracted.version, wanted, str(archive))
-            if wanted is not None and found is not None and found != wanted:
-                raise IntegrityError(
-                    f"{archive} holds SDK {found}, not {wanted}",
-                    hint=f"run `qnnctl install --file {archive}` to install it as {found}",
-                )
-            version = wanted or found
-            if version is None or not is_full_version(version):
-                raise UsageError(
-                    f"cannot tell the SDK version of {archive}",
-                    hint=f"give it: `qnnctl install VERSION --file {archive}`",
-                )
-            selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
-            locked = lock.expected(version) if lock is not None else None
-            if locked is not None:
-                check([locked], Observed(str(archive), digest, archive.stat().st_size))
-            with version_lock(cache, version):
-                existing = cache.sdk_dir(version)
-                installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
-                old = Sdk(existing, version, "qnnctl cache") if installed else None
-                if not force and old is not None and _has_components(old, components):
-                    return _reused(_same_archive(InstallResult(old, "reused", selection), archive, digest,
-                                                 sha256), None, lock)
-                files, unpacked, extra = extracted.files, extracted.size, _whole_fields(archive, extracted)
-                if parts is not None:
-                    written = extra["component_sha256"]
-                    if not force and old is not None:
-                        parts, files, unpacked = with_installed(old, extracted, parts, str(archive))
-                        written = merged_digests(old, written)  # type: ignore[arg-type]
-                    extra = {**parts.manifest_fields(), "component_sha256": written}
-                sdk = commit(extracted.root, version, archive.as_uri(), digest,
-                              archive.stat().st_size, files, unpacked, cache,
-                              force or old is not None, work, build, extra)
+        with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work, \
+                pinned_file(archive, work / "source") as local:
+            digest = local.sha256
+            check([e for e in (given_sha256(sha256),) if e is not None], Observed(str(archive), digest))
+            if wanted is not None and not force:
+                # Named and already installed: no need to extract a 1-2 GB archive to find that out.
+                existing = cache.sdk_dir(wanted)
+                if (existing / MANIFEST_NAME).is_file() and not missing_layout(existing) and \
+                        _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
+                    return _reused(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
+                                                 Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
+                                                 archive, digest, sha256), None, lock)
+            return _install_pinned(local, wanted, sha256, force, cache, lock, components, work)
+
+
+def _install_pinned(local: LocalArchive, wanted: str | None, sha256: str | None, force: bool, cache: Cache,
+                    lock: Lock | None, components: tuple[str, ...] | None, work: Path) -> InstallResult:
+    """Extract, check and commit the archive pinned as `local`; the caller holds the file lock."""
+    archive, digest = local.given, local.sha256
+    parts = None
+    if components is not None and components != ("all",):
+        extracted, parts = extract_components(local.path, components, work / "x")
+    else:
+        extracted = extract(local.path, work / "x")
+    found, build = identify(extracted.root, extracted.version, wanted, str(archive))
+    if wanted is not None and found is not None and found != wanted:
+        raise IntegrityError(
+            f"{archive} holds SDK {found}, not {wanted}",
+            hint=f"run `qnnctl install --file {archive}` to install it as {found}",
+        )
+    version = wanted or found
+    if version is None or not is_full_version(version):
+        raise UsageError(
+            f"cannot tell the SDK version of {archive}",
+            hint=f"give it: `qnnctl install VERSION --file {archive}`",
+        )
+    selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
+    locked = lock.expected(version) if lock is not None else None
+    if locked is not None:
+        check([locked], Observed(str(archive), digest, local.size))
+    with version_lock(cache, version):
+        existing = cache.sdk_dir(version)
+        installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
+        old = Sdk(existing, version, "qnnctl cache") if installed else None
+        if not force and old is not None and _has_components(old, components):
+            return _reused(_same_archive(InstallResult(old, "reused", selection), archive, digest,
+                                         sha256), None, lock)
+        files, unpacked, extra = extracted.files, extracted.size, _whole_fields(local.path, extracted)
+        if parts is not None:
+            written = extra["component_sha256"]
+            if not force and old is not None:
+                parts, files, unpacked = with_installed(old, extracted, parts, str(archive))
+                written = merged_digests(old, written)  # type: ignore[arg-type]
+            extra = {**parts.manifest_fields(), "component_sha256": written}
+        sdk = commit(extracted.root, version, archive.as_uri(), digest, local.size, files, unpacked, cache,
+                     force or old is not None, work, build, extra)
     return InstallResult(sdk, "installed", selection)
 
 

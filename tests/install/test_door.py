@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.errors import IntegrityError
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.vouchers import vouchers
@@ -77,3 +76,60 @@ def test_an_archive_of_world_writable_modes_installs_nothing_others_can_write(
     assert stat.S_IMODE(tool.stat().st_mode) == 0o755  # the exec bit is the archive's
     assert stat.S_IMODE((root / "lib/x86_64-linux-clang/libQnnHtp.so").stat().st_mode) == 0o644
     assert stat.S_IMODE((root / "lib/x86_64-linux-clang").stat().st_mode) == 0o755
+
+
+# -- a file checked, another installed ------------------------------------------------------
+
+
+def _evil_archive(tmp_path: Path) -> Path:
+    """Another build of the same version, with a library of its own."""
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    return build_archive(folder, "zip", SdkSpec(extra_files={"lib/x86_64-linux-clang/libEvil.so": b"\x7fELF evil"}))
+
+
+@pytest.mark.parametrize("how", ["renamed over", "written into"])
+@pytest.mark.parametrize("sha256", [True, False])
+def test_a_file_swapped_after_it_was_hashed_is_never_installed(
+        tmp_path: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch, how: str, sha256: bool) -> None:
+    """Between the hash and the extraction, another archive takes the file's place: renamed over
+    its path (by anyone who can write its folder), or written into the file itself (by anyone
+    who can write the file: it is made world-writable here, so qnnctl copies what it hashes)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    good = build_archive(shared, "zip")
+    good_digest = hashlib.sha256(good.read_bytes()).hexdigest()
+    evil = _evil_archive(tmp_path)
+    if how == "written into":
+        good.chmod(0o666)
+    swapped: list[str] = []
+
+    from qnnctl.sdk.gate import check as real_check
+
+    def check_then_swap(*args: object, **kwargs: object) -> None:
+        real_check(*args, **kwargs)  # type: ignore[arg-type]
+        if not swapped:
+            if how == "renamed over":
+                os.replace(evil, good)
+            else:
+                good.write_bytes(evil.read_bytes())
+            swapped.append(how)
+
+    monkeypatch.setattr("qnnctl.install.pipeline.check", check_then_swap)
+    request = InstallRequest(VERSION, file=good, sha256=good_digest if sha256 else None)
+    result = install(request, cache, {}, tmp_path, vouchers({}, tmp_path))
+    assert swapped == [how]
+    assert result.sdk is not None
+    assert not (result.sdk.root / "lib/x86_64-linux-clang/libEvil.so").exists()
+    manifest = read_manifest(result.sdk.root)
+    assert manifest is not None
+    assert manifest["sha256"] == good_digest
+    assert not list(cache.tmp.iterdir())  # the link or copy went with the work folder
+
+
+def test_a_folder_or_a_missing_file_given_with_file_is_a_usage_error(tmp_path: Path, cache: Cache) -> None:
+    from qnnctl.errors import UsageError
+
+    for given in (tmp_path, tmp_path / "missing.zip"):
+        with pytest.raises(UsageError, match="is not a file"):
+            install(InstallRequest(VERSION, file=given), cache, {}, tmp_path, vouchers({}, tmp_path))

@@ -459,9 +459,8 @@ def test_the_files_installed_are_taken_into_the_new_folder(tmp_path: Path) -> No
     assert (new / "lib/both.so").read_bytes() == b"new both"  # the one written stands
     assert os.readlink(new / "lib/a.so.1") == "a.so"
     assert not (new / MANIFEST_NAME).exists()
-    # Folders take the old one's modes, and stay the owner's to write.
-    assert stat.S_IMODE((new / "lib/deep").stat().st_mode) == 0o750
-    assert stat.S_IMODE((new / "lib").stat().st_mode) == 0o750
+    # Folders made get qnnctl's one folder mode, whatever the old one's were.
+    assert stat.S_IMODE((new / "lib/deep").stat().st_mode) == 0o755
     assert sorted(p.relative_to(new).as_posix() for p in new.rglob("*")) == sorted([
         *notes, "lib", "lib/a.so", "lib/a.so.1", "lib/b.so", "lib/both.so", "lib/deep"])
     (old / "lib/deep").chmod(0o755)

@@ -1,0 +1,89 @@
+"""An archive on disk as a source of bytes: opened once, hashed from that one open file, and
+read again only through it, never through its path.
+
+`install --file X` used to hash X and then open X again by its path to extract it: whoever can
+write X's folder (a shared downloads folder, /tmp) could rename another archive over X in
+between, and the other one was installed under the good one's sha256. Here the path is opened
+exactly once. When no one but this user (or root) can change the file's bytes, every later
+reader reaches that same open file through a link in qnnctl's private work folder to
+`/proc/self/fd/N`, which names the open file, not the path; otherwise the bytes are copied into
+the work folder as they are hashed, and the copy is what is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from qnnctl.errors import UsageError
+from qnnctl.records import Record
+
+BLOCK = 1 << 20
+_OPEN_FILES = Path("/proc/self/fd")
+
+
+class LocalArchive(Record):
+    """An archive on disk, pinned: `path` reaches the bytes that were hashed, whatever happens to
+    the path the user gave (`given`) meanwhile."""
+
+    given: Path
+    path: Path
+    sha256: str
+    size: int
+    copied: bool  # the bytes were copied into the work folder (others could change the file)
+
+
+def others_can_write(info: os.stat_result, uid: int | None = None) -> bool:
+    """Whether a user other than `uid` (default: this process's) and root could change the bytes
+    of the file `info` describes."""
+    uid = os.geteuid() if uid is None else uid
+    return info.st_uid not in (0, uid) or bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+@contextmanager
+def pinned_file(given: Path, work: Path) -> Iterator[LocalArchive]:
+    """Open `given` once and hash it from that open file; yield where to read those very bytes
+    (valid until the context ends). `work`: a folder to make, in a place of qnnctl's own that no
+    one else can write."""
+    try:
+        fd = os.open(given, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot read {given}: {exc.strerror}",
+                         hint="give the path of a downloaded SDK archive") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{given} is not a file", hint="give the path of a downloaded SDK archive")
+        work.mkdir(mode=0o700)
+        place = work / (given.name or "archive")
+        copy = others_can_write(info) or not _OPEN_FILES.is_dir()
+        sha256, size = _hash(fd, place if copy else None)
+        if not copy:
+            os.symlink(_OPEN_FILES / str(fd), place)
+        yield LocalArchive(given, place, sha256, size, copy)
+    finally:
+        os.close(fd)
+
+
+def _hash(fd: int, copy: Path | None) -> tuple[str, int]:
+    """(sha256, size) of what `fd` holds, read from its start; written to `copy` (a new file,
+    readable by its owner only) as it is read, when given."""
+    digest = hashlib.sha256()
+    size = 0
+    out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600) if copy is not None else None
+    try:
+        while block := os.pread(fd, BLOCK, size):
+            digest.update(block)
+            size += len(block)
+            if out is not None:
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(out, view):]
+    finally:
+        if out is not None:
+            os.close(out)
+    return digest.hexdigest(), size
