@@ -23,6 +23,7 @@ failed included.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import subprocess
@@ -136,6 +137,12 @@ class Fault:
         """Send the file with neither Content-Type nor Content-Length: it ends where the
         connection closes."""
         return cls("bare")
+
+    @classmethod
+    def endless(cls, block: bytes, limit: int = 64 << 20) -> Fault:
+        """Answer 200 with no Content-Length and `block` over and over, as a server that never
+        stops would; it stops by itself after `limit` bytes, or when the client goes."""
+        return cls("endless", (block, limit))
 
     @classmethod
     def none(cls) -> Fault:
@@ -342,6 +349,18 @@ class FaultServer:
             h.end_headers()
             if not head:
                 h.wfile.write(body)
+            return
+        if fault is not None and fault.kind == "endless":
+            block, limit = fault.arg
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.end_headers()
+            h.close_connection = True
+            sent = 0
+            with contextlib.suppress(OSError):
+                while not head and sent < limit:
+                    h.wfile.write(block)
+                    sent += len(block)
             return
         if data is None:
             self._send_empty(h, 404, {})

@@ -8,7 +8,9 @@ sha256, size, build id and component digests; the versions it lists): the pipeli
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import time
 from typing import Any
 
 import requests
@@ -27,6 +29,12 @@ log = logging.getLogger("qnnctl.fleet.mirror")
 INDEX_NAME = "index.json"
 INDEX_SCHEMA = 1
 INDEX_TIMEOUT = (10.0, 30.0)  # connect, read: a small file
+# What an index may be: `qnnctl mirror` writes about a kilobyte a version, four levels deep. It
+# comes from a server, which may never stop sending or nest without end: a bigger, deeper or
+# slower one is refused (as a lock is) before it is parsed.
+INDEX_MAX_BYTES = 8 << 20
+INDEX_MAX_DEPTH = 16
+INDEX_DEADLINE = 60.0  # seconds for the whole body
 
 
 class IndexEntry(Record):
@@ -71,26 +79,66 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     try:
-        with session:
-            response = session.get(url, timeout=INDEX_TIMEOUT)
+        with session, session.get(url, timeout=INDEX_TIMEOUT, stream=True) as response:
+            if response.status_code in (404, 410):
+                log.debug("the mirror has no %s", shown)
+                return None
+            if response.status_code != 200:
+                log.warning("the mirror answered HTTP %d for %s; the archive is not checked against it",
+                            response.status_code, shown)
+                return None
+            body = _bounded_body(response, shown)
     except requests.RequestException as exc:
         if refused(exc):
             raise DownloadError(f"cannot reach the mirror: {shown}: {describe(exc)}",
                                 hint="check the host and port of QNNCTL_MIRROR; nothing was fetched") from None
         log.warning("cannot read the mirror's %s (%s); the archive is not checked against it", shown, describe(exc))
         return None
-    if response.status_code in (404, 410):
-        log.debug("the mirror has no %s", shown)
-        return None
-    if response.status_code != 200:
-        log.warning("the mirror answered HTTP %d for %s; the archive is not checked against it",
-                    response.status_code, shown)
-        return None
     try:
-        return parse_index(response.json(), shown)
+        text = body.decode("utf-8")
+        if json_depth(text) > INDEX_MAX_DEPTH:
+            raise IntegrityError(f"the mirror's {shown} nests deeper than {INDEX_MAX_DEPTH} levels, which no "
+                                 "index qnnctl writes does; nothing was fetched",
+                                 hint="write the index again with `qnnctl mirror DIR VERSION`, or check QNNCTL_MIRROR")
+        return parse_index(json.loads(text), shown)
     except ValueError as exc:
         log.warning("%s; the archive is not checked against it", exc)
         return None
+
+
+def _bounded_body(response: requests.Response, shown: str) -> bytes:
+    """The body of the index's answer, read with a size cap and a deadline."""
+    deadline = time.monotonic() + INDEX_DEADLINE
+    body = bytearray()
+    for block in response.iter_content(64 << 10):
+        body += block
+        if len(body) > INDEX_MAX_BYTES:
+            raise IntegrityError(f"the mirror's {shown} is larger than {INDEX_MAX_BYTES >> 20} MiB, which no index "
+                                 "qnnctl writes is; nothing was fetched",
+                                 hint="write the index again with `qnnctl mirror DIR VERSION`, or check QNNCTL_MIRROR")
+        if time.monotonic() > deadline:
+            raise DownloadError(f"the mirror's {shown} did not arrive whole within {INDEX_DEADLINE:.0f} s; "
+                                "nothing was fetched", hint="check the mirror's server, or QNNCTL_MIRROR")
+    return bytes(body)
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON `text` (strings skipped), without parsing it."""
+    depth = deepest = 0
+    i, end = 0, len(text)
+    while i < end:
+        c = text[i]
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        elif c == '"':
+            i += 1
+            while i < end and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        i += 1
+    return deepest
 
 
 def mirror_entry(base: str, version: str, versions: dict[str, dict[str, Any]] | None = None) -> IndexEntry | None:

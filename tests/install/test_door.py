@@ -7,6 +7,7 @@ path still works, so that a refusal of everything cannot pass it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import zipfile
@@ -17,7 +18,8 @@ import pytest
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.vouchers import vouchers
-from tests.httpserver import FaultServer
+from tests.conftest import run_qnnctl
+from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree
 
 TOP = f"qairt/{VERSION}"
@@ -133,3 +135,33 @@ def test_a_folder_or_a_missing_file_given_with_file_is_a_usage_error(tmp_path: P
     for given in (tmp_path, tmp_path / "missing.zip"):
         with pytest.raises(UsageError, match="is not a file"):
             install(InstallRequest(VERSION, file=given), cache, {}, tmp_path, vouchers({}, tmp_path))
+
+
+# -- a mirror's index that never ends, or nests without end ------------------------------------
+
+
+@pytest.mark.parametrize("index", ["endless", "deep", "deep in a string"])
+def test_a_mirror_index_without_end_is_refused_with_a_message(server: FaultServer, tmp_path: Path,
+                                                              index: str) -> None:
+    archive = build_archive(tmp_path, "zip")
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    if index == "endless":
+        server.add("/index.json", b"")
+        server.fail("/index.json", Fault.endless(b'{"schema": 1, "versions": {' + b" " * 65536))
+    elif index == "deep":
+        server.add("/index.json", b'{"schema": 1, "versions": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                   content_type="application/json")
+    else:  # brackets inside a string nest nothing: an honest index that says "[[[[" is read
+        server.add("/index.json", json.dumps({"schema": 1, "note": "[" * 100_000, "versions": {
+            VERSION: {"sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}}}).encode(),
+            content_type="application/json")
+    env = dict(os.environ, QNNCTL_MIRROR=server.base)
+    result = run_qnnctl("install", VERSION, env=env)
+    if index == "deep in a string":
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode == 4, result.stderr
+    assert "unexpected error" not in result.stderr
+    assert ("larger than 8 MiB" if index == "endless" else "nests deeper than 16 levels") in result.stderr
+    assert server.requests_for(f"/{VERSION}/v{VERSION}.zip") == []  # nothing was fetched
+    assert not (Cache.from_env(env).sdk_dir(VERSION)).exists()
