@@ -24,7 +24,7 @@ from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.compat import ep_requirement, known_pairing
 from qnnctl.sdk.components import install_command, installed_components
-from qnnctl.sdk.holds import HOLDS_FOLDER, describe_holders, held_by
+from qnnctl.sdk.holds import describe_holders, held_and_removed, held_by
 from qnnctl.sdk.identity import sdk_build_ids, version_of_build
 from qnnctl.sdk.layout import (
     HOST_BIN_DIR,
@@ -398,12 +398,10 @@ def _held_and_gone(cache: Cache) -> list[tuple[str, str, str]]:
     half-removed folder in tmp/, which nothing holds. A folder removed by hand, or by an older
     qnnctl, under a running pipeline is what this finds.
     """
-    folder = cache.root / HOLDS_FOLDER
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in sorted(folder.glob("*.hold")):
-        version = path.name.removesuffix(".hold")
+    found = [(version, f"{cache.sdk_dir(version)} is gone", describe_holders(holders))
+             for version, holders in held_and_removed(cache).items()]
+    present = sorted(entry.name for entry in cache.sdks.iterdir()) if cache.sdks.is_dir() else []
+    for version in present:
         root = cache.sdk_dir(version)
         if not (root / MANIFEST_NAME).is_file():
             state = f"{root} is gone"
@@ -414,4 +412,5 @@ def _held_and_gone(cache: Cache) -> list[tuple[str, str, str]]:
         holders = held_by(cache, version)
         if holders:
             found.append((version, state, describe_holders(holders)))
+    found.sort()
     return found

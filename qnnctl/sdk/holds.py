@@ -1,9 +1,12 @@
-"""Holds: an SDK of qnnctl's cache that a running process uses is never removed or replaced.
+"""Holds: an SDK that a running process uses is never removed or replaced by qnnctl.
 
 A process that uses an SDK (the pipeline `qnnctl lower` starts, a Python that called
-`setup_sdk()`) holds a shared lock on `holds/<version>.hold` in the cache for as long as it
-runs. `uninstall` and a reinstall take the exclusive lock before they move the SDK, without
-waiting unless asked to, and name the processes that hold it when they cannot.
+`setup_sdk()`) holds a shared lock on the SDK's folder itself, opened by whatever path named it
+(a cache, QNN_SDK_ROOT, a link, a store), for as long as it runs. The lock is on the folder, not
+on a file of one cache: a pipeline whose own QNNCTL_CACHE_DIR names another cache than the one
+its SDK is in holds it all the same. `uninstall` and a reinstall take the exclusive lock on the
+folder before they move it, without waiting unless asked to, and name the processes that hold
+it when they cannot.
 
 The lock is flock(2) on a descriptor, not the `filelock` package of the install locks: a hold
 must outlive the exec into the pipeline, as a descriptor the pipeline inherits, and filelock
@@ -29,7 +32,6 @@ from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 
 log = logging.getLogger("qnnctl.sdk.holds")
 
-HOLDS_FOLDER = "holds"
 # Whether a reinstall waits for the holders of the SDK it replaces (`install --force --wait`)
 # rather than leaving it in place: read where the install replaces the SDK's folder, which is
 # reached through several ways of installing that need not each carry the flag.
@@ -70,69 +72,72 @@ class HeldError(QnnctlError):
         )
 
 
-def hold_path(cache: Cache, version: str) -> Path:
-    return cache.root / HOLDS_FOLDER / f"{version}.hold"
+_ATTEMPTS = 3  # a folder replaced while a hold waited: held again, at its new folder
 
 
-def _open(cache: Cache, version: str) -> int:
-    """The version's hold file, opened for locking (read-only: a lock needs no more, and a shared
-    cache's file may belong to another user); made when missing. Hold files are never removed:
-    two processes must always lock the same file."""
-    path = hold_path(cache, version)
-    try:
-        return os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-
-
-def hold(cache: Cache, version: str) -> int | None:
-    """Hold SDK `version` of the cache: a descriptor to keep open for as long as it is used
-    (not inherited by child processes unless made so). Waits only while an uninstall or a
-    reinstall moves the SDK. None, with a warning, when the hold file cannot be made (a cache
-    this user cannot write to): the SDK is then used without a hold."""
-    try:
-        fd = _open(cache, version)
-    except OSError as exc:
-        log.warning("cannot hold SDK %s (%s: %s): an uninstall could remove it while it is in use",
-                    version, hold_path(cache, version), exc.strerror or exc)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def _open_folder(root: Path) -> int:
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def hold_sdk(root: Path, cache: Cache) -> int | None:
-    """Hold the SDK at `root` when it is one of qnnctl's cache, the only place qnnctl removes SDKs
-    from or replaces them in; None for one found elsewhere. Checked again once held: an
-    uninstall may have removed it since it was found."""
-    version = cache.version_at(root)
-    if version is None:
-        return None
-    fd = hold(cache, version)
-    if fd is not None and not (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
+    """Hold the SDK at `root`, whatever named it: a descriptor to keep open for as long as it is
+    used (not inherited by child processes unless made so). Waits only while an uninstall or a
+    reinstall moves it; checked again once held, since it may have been removed or replaced
+    since it was found. None, with a warning, when no lock can be taken (a file system without
+    locks): the SDK is then used without a hold."""
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = _open_folder(root)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except BaseException:
+                os.close(fd)
+                raise
+        except FileNotFoundError:
+            break  # removed since it was found
+        except OSError as exc:
+            log.warning("cannot hold SDK %s (%s): an uninstall could remove it while it is in use",
+                        root, exc.strerror or exc)
+            return None
+        if _still_there(root, fd, cache):
+            return fd
         os.close(fd)
-        raise QnnctlError(f"SDK {version} was removed from qnnctl's cache while it was being set up",
-                          hint="run the same command again, which installs it again")
-    return fd
+        if not os.path.isdir(root):
+            break
+    version = cache.version_at(root)
+    where = "qnnctl's cache" if version is not None else str(root)
+    raise QnnctlError(f"SDK {version or root} was removed from {where} while it was being set up",
+                      hint="run the same command again, which installs it again")
+
+
+def _still_there(root: Path, fd: int, cache: Cache) -> bool:
+    """Whether the folder held is still the one at `root`, and (in qnnctl's cache) installed."""
+    try:
+        here, held = os.stat(root), os.fstat(fd)
+    except OSError:
+        return False
+    if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
+        return False
+    return cache.version_at(root) is None or os.path.isfile(os.path.join(root, MANIFEST_NAME))
 
 
 @contextmanager
 def exclusive(cache: Cache, version: str, root: Path, doing: str, wait: bool = False) -> Iterator[None]:
-    """While nobody holds SDK `version`, and nobody can start to: for removing or replacing it
-    (`doing`: "removed" or "replaced", for the message). HeldError naming the holders unless
-    `wait`, which waits until they have ended."""
-    fd = _open(cache, version)
+    """While nobody holds the SDK folder `root` (SDK `version` of the cache), and nobody can start
+    to: for removing or replacing it (`doing`: "removed" or "replaced", for the message).
+    HeldError naming the holders unless `wait`, which waits until they have ended."""
+    try:
+        fd = _open_folder(root)
+    except FileNotFoundError:
+        yield  # nothing there to hold
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
-            holders = holders_of(hold_path(cache, version))
+            holders = holders_of(root)
             if not wait:
                 raise HeldError(version, root, holders, doing) from None
             log.info("waiting for %s to stop using SDK %s", describe_holders(holders), version)
@@ -144,11 +149,11 @@ def exclusive(cache: Cache, version: str, root: Path, doing: str, wait: bool = F
 
 def held_by(cache: Cache, version: str) -> list[Holder]:
     """The processes that hold SDK `version` of the cache now (none when it is free)."""
-    return holders_of(hold_path(cache, version))
+    return holders_of(cache.sdk_dir(version))
 
 
 def holders_of(path: Path) -> list[Holder]:
-    """The processes whose lock on `path` is granted, read from /proc.
+    """The processes whose lock on the file or folder at `path` is granted, read from /proc.
 
     /proc/locks names the process that took each lock; the processes that share it (a pipeline's
     children inherit the descriptor, and may outlive the one that took it) are those with a
@@ -165,6 +170,50 @@ def holders_of(path: Path) -> list[Holder]:
         return []
     sharing = _sharing_pids(os.path.realpath(path), key)
     return [Holder(pid, _command(pid)) for pid in sorted(sharing or taken)]
+
+
+def held_and_removed(cache: Cache) -> dict[str, list[Holder]]:
+    """SDKs of the cache whose folders were removed (by hand: no qnnctl removes a held SDK) while
+    processes still hold them, by version: read from the descriptors in /proc, which name such a
+    folder as `PATH (deleted)`."""
+    sdks = os.path.realpath(cache.sdks) + os.sep
+    found: dict[str, list[Holder]] = {}
+    for pid, fd, target in _descriptors():
+        if not (target.startswith(sdks) and target.endswith(_DELETED)):
+            continue
+        version = target[len(sdks):-len(_DELETED)]
+        if os.sep not in version and _locked(pid, fd) and int(pid) not in [h.pid for h in found.get(version, [])]:
+            found.setdefault(version, []).append(Holder(int(pid), _command(int(pid))))
+    return found
+
+
+_DELETED = " (deleted)"
+
+
+def _descriptors() -> Iterator[tuple[str, str, str]]:
+    """(pid, fd, what it names) for every descriptor of every process this user may look at."""
+    with os.scandir("/proc") as entries:
+        processes = [entry.name for entry in entries if entry.name.isdigit()]
+    for pid in processes:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # ended meanwhile, or another user's
+            continue
+        for fd in fds:
+            try:
+                yield pid, fd, os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+
+
+def _locked(pid: str, fd: str, key: str = "") -> bool:
+    """Whether descriptor `fd` of process `pid` carries a granted lock (on the file `key` names)."""
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as handle:
+            info = handle.read()
+    except OSError:
+        return False
+    return any(line.startswith("lock:") and key in line and "->" not in line for line in info.splitlines())
 
 
 def _lock_pids(key: str) -> set[int]:
@@ -185,26 +234,7 @@ def _lock_pids(key: str) -> set[int]:
 
 def _sharing_pids(real: str, key: str) -> set[int]:
     """Every process with a descriptor of the file at `real` that carries a lock on it."""
-    pids: set[int] = set()
-    with os.scandir("/proc") as entries:
-        processes = [entry.name for entry in entries if entry.name.isdigit()]
-    for pid in processes:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:  # ended meanwhile, or another user's
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") != real:
-                    continue
-                with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as handle:
-                    info = handle.read()
-            except OSError:
-                continue
-            if any(line.startswith("lock:") and key in line and "->" not in line for line in info.splitlines()):
-                pids.add(int(pid))
-                break
-    return pids
+    return {int(pid) for pid, fd, target in _descriptors() if target == real and _locked(pid, fd, key)}
 
 
 def _command(pid: int) -> str:

@@ -17,7 +17,7 @@ from qnnctl.errors import NotInstalledError
 from qnnctl.install.prune import clean_cache, uninstall
 from qnnctl.paths import tree_size
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.holds import HeldError, hold
+from qnnctl.sdk.holds import HeldError, hold_sdk
 from qnnctl.sdk.stores import link_sdk, read_link
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
@@ -369,14 +369,14 @@ def test_prune_keeps_what_each_spec_names_and_refuses_a_spec_that_names_nothing(
 
 def test_prune_leaves_an_sdk_being_installed_or_in_use(cache_dir: Path) -> None:
     from qnnctl.install.prune import prune
-    from qnnctl.sdk.holds import hold
+    from qnnctl.sdk.holds import hold_sdk
 
     busy_root = install_tree_into_cache(cache_dir, VERSION)
     held_root = install_tree_into_cache(cache_dir, OTHER_VERSION)
     cache = Cache(cache_dir)
     installing = FileLock(str(cache.lock_path(VERSION)))
     installing.acquire()
-    fd = hold(cache, OTHER_VERSION)
+    fd = hold_sdk(cache.sdk_dir(OTHER_VERSION), cache)
     assert fd is not None
     try:
         pruned = prune([], True, cache, dict(os.environ))
@@ -423,7 +423,7 @@ def test_prune_goes_on_past_a_version_kept_busy_or_gone(cache_dir: Path) -> None
 
 def test_prune_does_not_wait_for_an_install_but_waits_for_holders_when_asked(cache_dir: Path) -> None:
     from qnnctl.install.prune import prune
-    from qnnctl.sdk.holds import hold
+    from qnnctl.sdk.holds import hold_sdk
 
     install_tree_into_cache(cache_dir, VERSION)
     cache = Cache(cache_dir)
@@ -440,7 +440,7 @@ def test_prune_does_not_wait_for_an_install_but_waits_for_holders_when_asked(cac
     pruned = prune([], True, cache, dict(os.environ))
     worker.join()
     assert (pruned.busy, pruned.removed) == ([(VERSION, cache.sdk_dir(VERSION))], [])
-    fd = hold(cache, VERSION)
+    fd = hold_sdk(cache.sdk_dir(VERSION), cache)
     assert fd is not None
     threading.Timer(0.3, os.close, (fd,)).start()
     waited = prune([], True, cache, dict(os.environ), wait=True)
@@ -534,7 +534,7 @@ def test_uninstall_of_an_sdk_in_a_store_says_where_it_is(cache_dir: Path, tmp_pa
 def test_uninstall_of_an_sdk_this_process_holds_leaves_it_by_default(cache_dir: Path) -> None:
     cache = Cache(cache_dir)
     root = install_tree_into_cache(cache_dir, VERSION)
-    fd = hold(cache, VERSION)
+    fd = hold_sdk(cache.sdk_dir(VERSION), cache)
     assert fd is not None
     release = threading.Timer(2.0, os.close, (fd,))  # so that a wrong default of waiting would end
     release.start()
@@ -547,7 +547,7 @@ def test_uninstall_of_an_sdk_this_process_holds_leaves_it_by_default(cache_dir: 
     assert caught.value.message.endswith("; it was not removed")
     assert root.is_dir()
     # With wait: removed once the holder lets go.
-    fd = hold(cache, VERSION)
+    fd = hold_sdk(cache.sdk_dir(VERSION), cache)
     assert fd is not None
     release = threading.Timer(1.0, os.close, (fd,))
     release.start()

@@ -5,6 +5,8 @@ nothing depends on how long anything takes."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -23,7 +25,7 @@ import pytest
 
 from qnnctl.errors import QnnctlError
 from qnnctl.sdk.cache import Cache, read_manifest
-from qnnctl.sdk.holds import held_by, hold_sdk
+from qnnctl.sdk.holds import exclusive, held_by, hold_sdk, holders_of
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
@@ -53,13 +55,15 @@ def _wait_for(what: str, done: Path, proc: subprocess.Popen[str]) -> None:
 class Pipeline:
     """`qnnctl lower --sdk VERSION -- sh -c PIPELINE`, started and waiting to be let go on."""
 
-    def __init__(self, tmp_path: Path, version: str, name: str = "pipeline") -> None:
+    def __init__(self, tmp_path: Path, version: str, name: str = "pipeline",
+                 env: dict[str, str] | None = None) -> None:
         self.started = tmp_path / f"{name}.started"
         self.go = tmp_path / f"{name}.go"
+        sdk = ["--sdk", version] if version else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qnnctl", "lower", "--sdk", version, "--", "sh", "-c", PIPELINE, "sh",
+            [sys.executable, "-m", "qnnctl", "lower", *sdk, "--", "sh", "-c", PIPELINE, "sh",
              str(self.started), str(self.go)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         _wait_for("the pipeline", self.started, self.proc)
 
     @property
@@ -73,8 +77,9 @@ class Pipeline:
 
 
 @contextmanager
-def pipeline(tmp_path: Path, version: str = VERSION, name: str = "pipeline") -> Iterator[Pipeline]:
-    running = Pipeline(tmp_path, version, name)
+def pipeline(tmp_path: Path, version: str = VERSION, name: str = "pipeline",
+             env: dict[str, str] | None = None) -> Iterator[Pipeline]:
+    running = Pipeline(tmp_path, version, name, env)
     try:
         yield running
     finally:
@@ -392,7 +397,53 @@ def test_an_sdk_removed_before_it_was_held_is_not_used(cache_dir: Path, tmp_path
         hold_sdk(root, cache)
     assert held_by(cache, VERSION) == []
     elsewhere = build_sdk_tree(tmp_path / "elsewhere" / VERSION)
-    assert hold_sdk(elsewhere, cache) is None  # qnnctl never removes it: nothing to hold
+    fd = hold_sdk(elsewhere, cache)  # held by its folder, wherever it is
+    assert fd is not None
+    assert os.fstat(fd).st_ino == elsewhere.stat().st_ino
+    assert [h.pid for h in holders_of(elsewhere)] == [os.getpid()]
+    os.close(fd)
+    assert holders_of(elsewhere) == []
+    shutil.rmtree(elsewhere)
+    with pytest.raises(QnnctlError, match=f"SDK {elsewhere} was removed from {elsewhere} while it was being set up"):
+        hold_sdk(elsewhere, cache)
+
+
+def test_an_sdk_replaced_while_a_hold_waited_is_held_at_its_new_folder(cache_dir: Path, tmp_path: Path) -> None:
+    cache = Cache(cache_dir)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    new = build_sdk_tree(tmp_path / "new")
+    (new / ".qnnctl.json").write_text("{}")
+    holding: list[int | None] = []
+    with exclusive(cache, VERSION, root, "replaced"):
+        waiter = threading.Thread(target=lambda: holding.append(hold_sdk(root, cache)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while not any(line.split()[1] == "->" for line in Path("/proc/locks").read_text().splitlines()):
+            assert time.monotonic() < deadline, "the hold never waited"
+            time.sleep(0.01)
+        old = tmp_path / "old"
+        os.replace(root, old)
+        os.replace(new, root)
+    waiter.join(30)
+    (fd,) = holding
+    assert fd is not None
+    assert os.fstat(fd).st_ino == root.stat().st_ino  # the new folder, not the one moved away
+    os.close(fd)
+
+
+def test_a_pipeline_holds_its_sdk_in_a_cache_other_than_its_own(tmp_path: Path, cache_dir: Path) -> None:
+    """A shared cache's SDK used through QNN_SDK_ROOT by a pipeline whose QNNCTL_CACHE_DIR is
+    the user's own: an uninstall in the shared cache leaves it in place."""
+    shared = tmp_path / "shared-cache"
+    root = install_tree_into_cache(shared, VERSION)
+    mine = {**os.environ, "QNN_SDK_ROOT": str(root), "QNNCTL_CACHE_DIR": str(cache_dir)}
+    with pipeline(tmp_path, "", env=mine) as running:
+        refused = run_qnnctl("uninstall", VERSION, env={**os.environ, "QNNCTL_CACHE_DIR": str(shared)})
+        code, out, err = running.finish()
+    assert refused.returncode == 1, refused.stderr
+    assert _in_use(refused.stderr, running.pid, VERSION, root), refused.stderr
+    assert (code, out) == (0, f"{root / HTP}\n"), err
+    assert (root / ".qnnctl.json").is_file()
 
 
 def test_doctor_names_a_held_sdk_removed_under_its_pipeline(cache_dir: Path, tmp_path: Path) -> None:
@@ -467,12 +518,15 @@ def test_a_python_pipeline_holds_its_sdk_through_the_bootstrap_too(cache_dir: Pa
     assert held_by(Cache(cache_dir), VERSION) == []
 
 
-def test_a_hold_that_cannot_be_made_is_said_and_the_pipeline_runs(cache_dir: Path) -> None:
+def test_a_hold_that_cannot_be_made_is_said_and_the_sdk_used(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """On a file system that takes no locks (NFS without its lock daemon: ENOLCK), as flock says."""
     root = install_tree_into_cache(cache_dir, VERSION)
-    (cache_dir / "holds").write_text("")  # no folder can be made there, as in a cache this user cannot write to
-    result = run_qnnctl("lower", "--sdk", VERSION, "--", "sh", "-c", f'ls "$QNN_SDK_ROOT/{HTP}"')
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"{root / HTP}\n"
-    hold_file = cache_dir / "holds" / f"{VERSION}.hold"
-    assert result.stderr.startswith(f"qnnctl: warning: cannot hold SDK {VERSION} ({hold_file}: ")
-    assert result.stderr.endswith("): an uninstall could remove it while it is in use\n")
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert hold_sdk(root, Cache(cache_dir)) is None
+    assert caplog.messages == [f"cannot hold SDK {root} (No locks available): an uninstall could remove it while "
+                               "it is in use"]
