@@ -42,7 +42,7 @@ from qnnctl.sdk.select import (
     select_sdk,
     shell_sdk_gone,
 )
-from qnnctl.sdk.stores import dangling_link_error
+from qnnctl.sdk.stores import dangling_link_error, refuse_unsafe_cache
 from qnnctl.sdk.versions import (
     archive_urls,
     is_full_version,
@@ -171,6 +171,7 @@ def install(
     if dangling is not None:
         log.warning("%s; installing a copy into qnnctl's cache", dangling.message)
     cache.ensure()
+    refuse_unsafe_cache(cache)
     with version_lock(cache, version):
         found_sdk = None if request.force else find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
@@ -384,6 +385,7 @@ def _install_file(
         raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive")
     wanted = resolve_version(spec) if spec else None
     cache.ensure()
+    refuse_unsafe_cache(cache)
     with version_lock(cache, FILE_LOCK, "installing from a file"):
         remove_stale_work(cache, FILE_LOCK)
         with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work, \

@@ -30,6 +30,7 @@ from qnnctl.sdk.stores import (
     dangling_link_error,
     find_in_stores,
     find_linked,
+    refuse_unsafe,
     store_origin,
     store_sdks,
 )
@@ -352,6 +353,7 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
     the read-only stores of QNNCTL_STORES, then ExecuTorch's cache."""
     own = cache.sdk_dir(version)
     if (own / MANIFEST_NAME).is_file() and not missing_layout(own):
+        refuse_unsafe(own, f"SDK {version} of qnnctl's cache ({own})")
         return Sdk(root=own, version=version, origin="qnnctl cache")
     link = find_linked(version, cache)
     if link is not None:
@@ -359,6 +361,7 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
         refused = changed_link_error(link.version, link.root, link.build_id)
         if refused is not None:
             raise refused
+        refuse_unsafe(link.root, f"SDK {version}, linked to {link.root},")
         return Sdk(root=link.root, version=version, origin=LINK_ORIGIN)
     stored = find_in_stores(version, environ)
     if stored is not None:
@@ -367,6 +370,7 @@ def find_installed(version: str, cache: Cache, environ: Mapping[str, str]) -> Sd
         # ExecuTorch writes no completion marker, so its layout is the only evidence, and its
         # folder's name only a label: the libraries say which build it holds.
         if not missing_layout(candidate):
+            refuse_unsafe(candidate, f"ExecuTorch's cache folder {candidate}")
             build = read_build_id(candidate)
             if build is not None and not is_build_of(build, version):
                 raise IntegrityError(

@@ -260,6 +260,34 @@ def _unsafe_entries(folder: Path) -> Unsafe | None:
     return None
 
 
+def refuse_unsafe_cache(cache: Cache) -> None:
+    """IntegrityError (exit 4) before anything is installed into a cache that another user
+    could change: what qnnctl installs there, and the manifests it writes as evidence, would be
+    theirs to change."""
+    problem = unsafe_path(cache.root)
+    if problem is not None:
+        raise IntegrityError(
+            f"qnnctl's cache {cache.root} is not used: {problem.folder} {problem.why}, so another user could "
+            "change the SDKs installed there and the records that vouch for them; nothing was installed",
+            hint=f"fix it with {problem.fix}, or point QNNCTL_CACHE_DIR at a folder of your own",
+        )
+
+
+def refuse_unsafe(root: Path, what: str) -> None:
+    """IntegrityError (exit 4) when another user could change the SDK folder `root` (`what`
+    names it: "SDK 2.37.0.250724 of qnnctl's cache at ..."), as a store's SDK is refused: its
+    libraries and tools would run as this user. Refused rather than used with a warning: a
+    warning scrolls by in a CI log while the code it warns of runs."""
+    problem = sdk_problem(root)
+    if problem is not None:
+        raise IntegrityError(
+            f"{what} is not used: {problem.folder} {problem.why}, so another user could put code there that "
+            "runs as you",
+            hint=f"fix it with {problem.fix}; a cache shared by several users is made read-only for them "
+            "(writable by its owner alone), as a store is",
+        )
+
+
 _warned: set[tuple[Path, Path]] = set()
 
 

@@ -20,7 +20,7 @@ from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree
+from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, install_tree_into_cache
 
 TOP = f"qairt/{VERSION}"
 
@@ -165,3 +165,36 @@ def test_a_mirror_index_without_end_is_refused_with_a_message(server: FaultServe
     assert ("larger than 8 MiB" if index == "endless" else "nests deeper than 16 levels") in result.stderr
     assert server.requests_for(f"/{VERSION}/v{VERSION}.zip") == []  # nothing was fetched
     assert not (Cache.from_env(env).sdk_dir(VERSION)).exists()
+
+
+# -- a cache that anyone can write -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loose", ["cache", "sdk folder", "library folder"])
+def test_a_cache_others_can_write_is_refused_by_every_command(tmp_path: Path, cache_dir: Path, loose: str) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    made_loose = {"cache": cache_dir, "sdk folder": root, "library folder": root / "lib/x86_64-linux-clang"}[loose]
+    made_loose.chmod(0o777)
+    env = {**os.environ, "QNNCTL_FORCE_CPU_VENDOR": "GenuineIntel"}
+    for args in (["env", VERSION], ["lower", "--sdk", VERSION, "--", "true"], ["install", VERSION]):
+        result = run_qnnctl(*args, env=env)
+        assert result.returncode == 4, (args, result.stderr)
+        assert f"{made_loose} is writable by its group and others (mode 0777)" in result.stderr
+        assert f"`chmod go-w {made_loose}`" in result.stderr
+        assert result.stdout == ""
+    doctor = run_qnnctl("doctor", "--json", "--offline", "--sdk", VERSION, env=env)
+    checks = {check["id"]: check for check in json.loads(doctor.stdout)["checks"]}
+    assert doctor.returncode == 1
+    assert any(check["status"] == "fail" and f"{made_loose} is writable by its group and others" in check["detail"]
+               for check in checks.values()), checks
+    made_loose.chmod(0o755)  # as the hint says: then it is used
+    assert run_qnnctl("env", VERSION, env=env).returncode == 0
+
+
+def test_a_cache_readable_by_all_and_writable_by_its_owner_alone_is_shared(tmp_path: Path, cache_dir: Path) -> None:
+    root = install_tree_into_cache(cache_dir, VERSION)
+    for folder in (cache_dir, cache_dir / "sdks", root):
+        folder.chmod(0o755)
+    result = run_qnnctl("env", VERSION)
+    assert result.returncode == 0, result.stderr
+    assert f"QNN_SDK_ROOT={root}" in result.stdout or f"QNN_SDK_ROOT='{root}'" in result.stdout
