@@ -38,6 +38,22 @@ def _walk(root: Path) -> Iterator[os.DirEntry[str]]:
             yield from _walk(Path(entry.path))
 
 
+def make_folders(path: Path, mode: int = 0o755) -> None:
+    """`mkdir -p path`, each folder it makes given exactly `mode` whatever the umask (a umask of 0
+    would leave qnnctl's folders writable by everyone); folders already there are left as they are."""
+    missing: list[Path] = []
+    here = path
+    while not os.path.lexists(here) and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, mode)
+        except FileExistsError:
+            continue  # made meanwhile by another qnnctl
+        os.chmod(folder, mode)
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o644) -> None:
     """Write JSON next to `path`, fsync it, and rename it into place.
 

@@ -48,7 +48,7 @@ def check_lock(ctx: Context) -> Outcome:
                     "the locked one")
     if sdk is None:
         return ok(f"present: {pins}; not installed yet: `qnnctl install` checks the archive against it")
-    problems, how = compare(lock, sdk)
+    problems, how = compare(lock, sdk, ctx.cache())
     if problems:
         return fail("; ".join(problems), hint=f"`qnnctl install --force {version}` reinstalls the locked archive; "
                     f"`qnnctl lock {version}` trusts the SDK in use instead")

@@ -169,7 +169,7 @@ def verdict(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cach
         return None
     lock = read_lock(path)
     version, sdk, why = _resolve(spec, environ, cwd, cache)
-    return Verdict(lock, version, why, sdk, disagreements(lock, version, sdk))
+    return Verdict(lock, version, why, sdk, disagreements(lock, version, sdk, cache))
 
 
 def check_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Verdict:

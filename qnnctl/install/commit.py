@@ -24,7 +24,7 @@ from qnnctl.errors import IntegrityError
 from qnnctl.files import remove_tree
 from qnnctl.install.archive import archive_kind
 from qnnctl.install.zipindex import file_directory_sha256
-from qnnctl.paths import fsync_dir, write_json_atomic
+from qnnctl.paths import fsync_dir, make_folders, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, MANIFEST_SCHEMA, Cache
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.identity import version_of_build
@@ -148,7 +148,7 @@ def commit(
     # The manifest goes in last: a folder without one is never taken for an SDK.
     write_json_atomic(root / MANIFEST_NAME, manifest)
     destination = cache.sdk_dir(version)
-    cache.sdks.mkdir(parents=True, exist_ok=True)
+    make_folders(cache.sdks)
     if destination.exists() or destination.is_symlink():
         if not force and (destination / MANIFEST_NAME).is_file() and not missing_layout(destination):
             return Sdk(destination, version, "qnnctl cache")

@@ -24,6 +24,7 @@ from qnnctl.paths import user_path
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import covers, installed_components
+from qnnctl.sdk.evidence import own_manifest
 from qnnctl.sdk.gate import Index, Lock, Observed, Vouchers, agree, check, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
@@ -122,13 +123,13 @@ def install(
             selection = _shell_selection(selection, selection.root, cache, request.force)
             if selection.root is not None:
                 sdk = sdk_from_root(selection.root, "qnnctl env")
-                return _reused(InstallResult(sdk, "reused", selection), sha256, lock)
+                return _reused(InstallResult(sdk, "reused", selection), sha256, lock, cache)
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
             log.debug("chose %s", selection.describe())
             return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
-                           sha256, lock)
+                           sha256, lock, cache)
     elif request.spec is not None:
         selection = select_sdk(request.spec, environ, cwd, cache, mirror=True)
         if selection.root is not None:
@@ -157,7 +158,7 @@ def install(
     if not request.force:
         found_sdk = find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
-            return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock)
+            return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock, cache)
 
     # The mirror the archive comes from is the one whose index vouches for it: one object, so the
     # two can never be different mirrors.
@@ -176,7 +177,7 @@ def install(
         found_sdk = None if request.force else find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
             log.debug("another qnnctl installed %s meanwhile", version)
-            return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock)
+            return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock, cache)
         remove_stale_work(cache, version)
         if (cache.sdk_dir(version) / MANIFEST_NAME).is_file():
             _free_to_replace(cache, version)  # before a download that could not be installed
@@ -284,13 +285,13 @@ def _shell_selection(selection: Selection, root: Path, cache: Cache, force: bool
     return selection
 
 
-def _reused(result: InstallResult, sha256: str | None, lock: Lock | None) -> InstallResult:
+def _reused(result: InstallResult, sha256: str | None, lock: Lock | None, cache: Cache) -> InstallResult:
     """An SDK found on disk, checked against --sha256 (checked as a digest already) and the
     project's lock first (exit 4 on a mismatch)."""
     if sha256 is not None and result.sdk is not None:
-        check_installed_sha256(result.sdk, sha256)
+        check_installed_sha256(result.sdk, sha256, cache)
     if lock is not None and result.sdk is not None:
-        lock.check_found(result.sdk)
+        lock.check_found(result.sdk, cache)
     return result
 
 
@@ -317,10 +318,11 @@ def _place(root: Path, cache: Cache) -> str:
         else "outside qnnctl's cache"
 
 
-def check_installed_sha256(sdk: Sdk, sha256: str, archive: Path | None = None) -> None:
-    """An installed SDK asked for with --sha256: the archive it came from must have had it.
+def check_installed_sha256(sdk: Sdk, sha256: str, cache: Cache, archive: Path | None = None) -> None:
+    """An installed SDK asked for with --sha256: the archive it came from must have had it, as
+    qnnctl recorded when it installed it (a record in any other folder vouches for nothing).
     `archive`: the one given with --file, which the command in the hint installs."""
-    recorded = (read_manifest(sdk.root) or {}).get("sha256")
+    recorded = (own_manifest(sdk, cache) or {}).get("sha256")
     source = f" --file {archive}" if archive is not None else ""
     if not isinstance(recorded, str):
         raise IntegrityError(
@@ -399,7 +401,7 @@ def _install_file(
                         _has_components(Sdk(existing, wanted, "qnnctl cache"), components):
                     return _reused(_same_archive(InstallResult(Sdk(existing, wanted, "qnnctl cache"), "reused",
                                                  Selection(BY_ARGUMENT, f"from {archive}", version=wanted)),
-                                                 archive, digest, sha256), None, lock)
+                                                 archive, digest, sha256, cache), None, lock, cache)
             return _install_pinned(local, wanted, sha256, force, cache, lock, components, work)
 
 
@@ -434,7 +436,7 @@ def _install_pinned(local: LocalArchive, wanted: str | None, sha256: str | None,
         old = Sdk(existing, version, "qnnctl cache") if installed else None
         if not force and old is not None and _has_components(old, components):
             return _reused(_same_archive(InstallResult(old, "reused", selection), archive, digest,
-                                         sha256), None, lock)
+                                         sha256, cache), None, lock, cache)
         files, unpacked, extra = extracted.files, extracted.size, _whole_fields(local.path, extracted)
         if parts is not None:
             written = extra["component_sha256"]
@@ -447,23 +449,24 @@ def _install_pinned(local: LocalArchive, wanted: str | None, sha256: str | None,
     return InstallResult(sdk, "installed", selection)
 
 
-def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str | None) -> InstallResult:
+def _same_archive(result: InstallResult, archive: Path, digest: str, sha256: str | None,
+                  cache: Cache) -> InstallResult:
     """`install --file` of a version installed already: from this archive, or say so.
 
     With --sha256 (the file's digest, checked already) the installed SDK must come from an
     archive with that digest too (exit 4); without it, a warning says how to replace it.
     """
     sdk = result.sdk
-    recorded = (read_manifest(sdk.root) or {}).get("sha256") if sdk is not None else None
+    recorded = (own_manifest(sdk, cache) or {}).get("sha256") if sdk is not None else None
     if sdk is None or recorded == digest:
         return result
     if not isinstance(recorded, str):
         # Nothing to compare (an SDK fetched in parts, or found elsewhere): only --sha256 can ask.
         if sha256 is not None:
-            check_installed_sha256(sdk, sha256, archive)
+            check_installed_sha256(sdk, sha256, cache, archive)
         return result
     if sha256 is not None:
-        check_installed_sha256(sdk, sha256, archive)
+        check_installed_sha256(sdk, sha256, cache, archive)
     log.warning("SDK %s is installed already, from another archive than %s (sha256 %s, not %s); it is "
                 "left as it is: `qnnctl install %s --force --file %s` replaces it", sdk.version, archive,
                 recorded, digest, sdk.version, archive)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qnnctl.errors import UsageError
-from qnnctl.paths import tree_size, user_path
+from qnnctl.paths import make_folders, tree_size, user_path
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.versions import is_full_version
 
@@ -104,7 +104,7 @@ class Cache(Record):
 
     def ensure(self) -> None:
         for folder in (self.sdks, self.downloads, self.locks, self.tmp):
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folders(folder)
 
     def installed_versions(self) -> list[str]:
         """Versions with a complete SDK (one whose manifest exists), sorted.

@@ -26,6 +26,7 @@ from qnnctl.errors import IntegrityError
 from qnnctl.records import TYPE_CHECKING, Record
 
 if TYPE_CHECKING:
+    from qnnctl.sdk.cache import Cache
     from qnnctl.sdk.layout import Sdk
 
 _HEX = frozenset("0123456789abcdef")
@@ -75,7 +76,7 @@ class Lock(Protocol):
         """The components the lock names for `version`, if it names any."""
         ...
 
-    def check_found(self, sdk: Sdk) -> None:
+    def check_found(self, sdk: Sdk, cache: Cache) -> None:
         """An SDK found on disk: IntegrityError (exit 4) unless it matches, or, under --locked,
         when it cannot be checked."""
         ...

@@ -24,11 +24,11 @@ from typing import Any
 from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.records import Record
-from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
+from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.components import installed_components, parse_components
+from qnnctl.sdk.evidence import hashed_digests, own_manifest
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
-from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
 
@@ -238,7 +238,7 @@ def _write_atomic(path: Path, text: str) -> None:
 # -- comparing a lock with an SDK ------------------------------------------------------------
 
 
-def disagreements(lock: LockedSdk, version: str, sdk: Sdk | None) -> list[str]:
+def disagreements(lock: LockedSdk, version: str, sdk: Sdk | None, cache: Cache) -> list[str]:
     """How the lock and an SDK of `version` (installed at `sdk`, if it is) disagree, or why the
     SDK cannot be checked against it; [] when it matches."""
     name = lock.path.name
@@ -246,46 +246,51 @@ def disagreements(lock: LockedSdk, version: str, sdk: Sdk | None) -> list[str]:
         return [f"{name} pins SDK {lock.version}, not {version}"]
     if sdk is None:
         return []
-    found, how = compare(lock, sdk)
+    found, how = compare(lock, sdk, cache)
     if not found and how is None:
         found.append(unchecked(lock, sdk))
     return found
 
 
 def unchecked(lock: LockedSdk, sdk: Sdk) -> str:
-    return (f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) cannot be checked against {lock.path}: it records no "
-            "sha256 of the archive it came from, and the lock pins no digest of its components "
+    return (f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) cannot be checked against {lock.path}: qnnctl has no "
+            "record of the archive it came from, and the lock pins no digest of its components "
             f"(a lock of schema 1, written before they existed)")
 
 
-def compare(lock: LockedSdk, sdk: Sdk) -> tuple[list[str], str | None]:
+def compare(lock: LockedSdk, sdk: Sdk, cache: Cache) -> tuple[list[str], str | None]:
     """(how an SDK on disk and the lock disagree, what it was checked by: None when nothing
-    could be). By the sha256 of the archive it was installed from when its manifest records
-    one; else by the digest of each component it holds, as its manifest records them or, for
-    an SDK qnnctl did not install (a link, a store, ExecuTorch's cache), as its files are now."""
+    could be). Nothing vouches for itself (qnnctl.sdk.evidence): the manifest counts only for an
+    SDK qnnctl installed into this cache, by the sha256 of the archive it came from and each
+    component's digest it records; any other folder (a link, a store, ExecuTorch's cache, another
+    cache), whatever file it carries, is checked by hashing what it holds. A lock whose sha256
+    matches while a component's digest does not contradicts itself, and is refused too."""
     name = lock.path.name
-    manifest = read_manifest(sdk.root) or {}
+    manifest = own_manifest(sdk, cache) or {}
     found: list[str] = []
     how: str | None = None
     recorded = manifest.get("sha256")
-    if is_sha256(recorded) and manifest.get("partial") is not True:
+    whole = is_sha256(recorded) and manifest.get("partial") is not True
+    if whole:
         how = "the sha256 of the archive it was installed from"
         if recorded != lock.sha256:
             found.append(f"SDK {sdk.version} at {sdk.root} ({sdk.origin}) was installed from an archive whose sha256 "
                          f"is {recorded}; {name} pins {lock.sha256}")
-    elif lock.component_sha256:
+    if lock.component_sha256:
         digests = manifest.get("component_sha256")
         if not isinstance(digests, dict):
             log.info("hashing the files of SDK %s at %s to check them against %s", sdk.version, sdk.root, lock.path)
-            digests = tree_digests(sdk.root, skip={MANIFEST_NAME})
+            digests = hashed_digests(sdk.root, cache)
         held = installed_components(manifest)
-        names = sorted(digests) if held == ("all",) else [c for c in held]
-        how = f"the digests of its components ({', '.join(names)})"
+        names = sorted(set(digests) | (set(lock.component_sha256) if whole else set())) if held == ("all",) \
+            else list(held)
+        how = how or f"the digests of its components ({', '.join(names)})"
         for component in names:
             pinned, got = lock.component_sha256.get(component), digests.get(component)
             if pinned != got:
-                found.append(f"the files of component {component} of SDK {sdk.version} at {sdk.root} ({sdk.origin}) "
-                             f"have digest {got or 'none'}; {name} pins {pinned or 'none'}")
+                what = f"{name} contradicts itself: its sha256 is the archive's, but " if whole and not found else ""
+                found.append(f"{what}the files of component {component} of SDK {sdk.version} at {sdk.root} "
+                             f"({sdk.origin}) have digest {got or 'none'}; {name} pins {pinned or 'none'}")
     build = read_build_id(sdk.root)
     if build is not None and lock.build_id is not None and build != lock.build_id:
         found.append(f"the libraries of SDK {sdk.version} at {sdk.root} ({sdk.origin}) are build {build}; "
@@ -313,13 +318,13 @@ def _lock_for(version: str, cwd: Path, required: bool) -> LockedSdk | None:
     return lock
 
 
-def check_reused(sdk: Sdk, cwd: Path, required: bool) -> None:
+def check_reused(sdk: Sdk, cwd: Path, required: bool, cache: Cache) -> None:
     """An SDK `install` found on disk, checked against the project's lock (exit 4 on a mismatch,
     and under --locked when it cannot be checked)."""
     lock = _lock_for(sdk.version, cwd, required)
     if lock is None:
         return
-    problems, how = compare(lock, sdk)
+    problems, how = compare(lock, sdk, cache)
     if problems:
         raise IntegrityError(
             "; ".join(problems),
@@ -361,8 +366,8 @@ class ProjectLock(Record):
             return None
         return parse_components(lock.components, where=f"{path} (sdk.components)")
 
-    def check_found(self, sdk: Sdk) -> None:
-        check_reused(sdk, self.cwd, self.required)
+    def check_found(self, sdk: Sdk, cache: Cache) -> None:
+        check_reused(sdk, self.cwd, self.required, cache)
 
 
 def project_lock(cwd: Path, required: bool) -> ProjectLock:

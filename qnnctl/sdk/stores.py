@@ -25,7 +25,7 @@ from pathlib import Path
 
 from qnnctl import __version__
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
-from qnnctl.paths import user_path, write_json_atomic
+from qnnctl.paths import make_folders, user_path, write_json_atomic
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.identity import version_of_build
@@ -448,7 +448,7 @@ def link_sdk(path: Path, version: str | None, cache: Cache, environ: Mapping[str
         )
     previous = read_link(cache, chosen)
     record = link_path(cache, chosen)
-    record.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(record.parent)
     linked_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     data: dict[str, Any] = {"schema": LINK_SCHEMA, "version": chosen, "root": str(root), "build_id": build,
                             "linked_at": linked_at, "qnnctl_version": __version__}

@@ -14,6 +14,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from qnnctl.files import remove_tree
+from qnnctl.paths import make_folders
 from qnnctl.sdk.cache import Cache
 
 log = logging.getLogger("qnnctl.sdk.work")
@@ -59,7 +60,8 @@ def remove_stale_work(cache: Cache, key: str) -> None:
 @contextmanager
 def work_folder(path: Path) -> Iterator[Path]:
     """A fresh folder that is removed again however the block ends."""
-    path.mkdir(parents=True, exist_ok=False)
+    make_folders(path.parent)
+    path.mkdir(mode=0o700)  # extraction in progress: no one else's to change
     try:
         yield path
     finally:

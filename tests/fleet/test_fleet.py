@@ -9,6 +9,7 @@ import io
 import itertools
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -464,7 +465,10 @@ def _read_only_store(how: str, tmp_path: Path) -> Iterator[tuple[Path, Path, Pat
     store, cache, home, work = base / "store", base / "cache", base / "home", base / "work"
     for folder in (cache, home, work):
         folder.mkdir(parents=True)
-        folder.chmod(0o777)
+        # The user who runs qnnctl owns its cache: one that others can write is refused.
+        if as_root and how != "bind mount":
+            nobody = pwd.getpwnam("nobody")
+            os.chown(folder, nobody.pw_uid, nobody.pw_gid)
     build_sdk_tree(store / VERSION, SdkSpec(build_id=BUILD, sdk_yaml=False))
     build_sdk_tree(store / "latest", SdkSpec(version=OTHER_VERSION, build_id=f"v{OTHER_VERSION}101010"))
     if how == "bind mount":
@@ -1514,7 +1518,7 @@ def test_the_nearest_lock_and_where_a_new_one_goes(tmp_path: Path) -> None:
 def _sdk_with(tmp_path: Path, build: str | None, manifest: dict[str, object] | None) -> object:
     from qnnctl.sdk.layout import Sdk
 
-    root = build_sdk_tree(tmp_path / "sdk" / VERSION, SdkSpec(version=VERSION, build_id=build))
+    root = build_sdk_tree(tmp_path / "sdks" / VERSION, SdkSpec(version=VERSION, build_id=build))
     if manifest is not None:
         (root / ".qnnctl.json").write_text(json.dumps(manifest))
     return Sdk(root, VERSION, "--sdk")
@@ -1527,51 +1531,54 @@ def test_an_sdk_is_compared_with_a_lock_by_its_archive_then_its_components_then_
 
     sdk = _sdk_with(tmp_path, BUILD, {"sha256": "a" * 64})
     assert isinstance(sdk, Sdk)
+    cache = Cache(tmp_path)  # the SDK is one of its: its manifest is qnnctl's record
     build = read_build_id(sdk.root)
     assert build is not None
     lock = LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64, build_id=build)
     by_archive = "the sha256 of the archive it was installed from"
-    assert compare(lock, sdk) == ([], by_archive)
-    assert disagreements(lock, VERSION, sdk) == []
-    assert disagreements(lock, VERSION, None) == []
-    assert disagreements(lock, OTHER_VERSION, sdk) == [f"qnnctl.lock pins SDK {VERSION}, not {OTHER_VERSION}"]
+    assert compare(lock, sdk, cache) == ([], by_archive)
+    assert disagreements(lock, VERSION, sdk, cache) == []
+    assert disagreements(lock, VERSION, None, cache) == []
+    assert disagreements(lock, OTHER_VERSION, sdk, cache) == [f"qnnctl.lock pins SDK {VERSION}, not {OTHER_VERSION}"]
     other = lock._replace(sha256="b" * 64)
-    assert compare(other, sdk) == ([f"SDK {VERSION} at {sdk.root} (--sdk) was installed from an archive whose sha256 "
+    assert compare(other, sdk, cache) == ([f"SDK {VERSION} at {sdk.root} (--sdk) was installed from an archive "
+                                           "whose sha256 "
                                     f"is {'a' * 64}; qnnctl.lock pins {'b' * 64}"], by_archive)
     # Build ids are compared whole: one that starts with the other is another build.
     for pinned in (build[:-2], build + "00", "v" + build):
-        assert compare(lock._replace(build_id=pinned), sdk) == (
+        assert compare(lock._replace(build_id=pinned), sdk, cache) == (
             [f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build "
              f"{pinned}"], by_archive)
-    assert compare(lock._replace(build_id=None), sdk) == ([], by_archive)
+    assert compare(lock._replace(build_id=None), sdk, cache) == ([], by_archive)
     # Installed by parts: the sha256 recorded is of no archive it holds all of; its components count.
     digests = tree_digests(sdk.root, skip={".qnnctl.json"})
     (sdk.root / ".qnnctl.json").write_text(json.dumps({"sha256": "a" * 64, "partial": True,
                                                        "components": ["host"]}))
     parts = lock._replace(sha256="b" * 64, component_sha256={"host": digests["host"], "android": "e" * 64})
-    assert compare(parts, sdk) == ([], "the digests of its components (host)")
-    assert compare(parts._replace(component_sha256={"android": "e" * 64}), sdk) == (
+    assert compare(parts, sdk, cache) == ([], "the digests of its components (host)")
+    assert compare(parts._replace(component_sha256={"android": "e" * 64}), sdk, cache) == (
         [f"the files of component host of SDK {VERSION} at {sdk.root} (--sdk) have digest {digests['host']}; "
          "qnnctl.lock pins none"], "the digests of its components (host)")
     (sdk.root / ".qnnctl.json").write_text(json.dumps({"components": ["host"], "component_sha256": {"host": "f" * 64}}))
-    assert compare(parts, sdk)[0] == [f"the files of component host of SDK {VERSION} at {sdk.root} (--sdk) have "
+    assert compare(parts, sdk, cache)[0] == [f"the files of component host of SDK {VERSION} at {sdk.root} (--sdk) have "
                                       f"digest {'f' * 64}; qnnctl.lock pins {digests['host']}"]
     # No manifest: every component its files hold, hashed as they are now.
     (sdk.root / ".qnnctl.json").unlink()
     names = ", ".join(sorted(digests))
-    assert compare(lock._replace(component_sha256=digests), sdk) == ([], f"the digests of its components ({names})")
-    assert compare(lock._replace(component_sha256={**digests, "docs": "e" * 64}), sdk) == (
+    assert compare(lock._replace(component_sha256=digests), sdk, cache) == (
         [], f"the digests of its components ({names})")
-    assert compare(lock._replace(component_sha256={"host": digests["host"]}), sdk)[0] == [
+    assert compare(lock._replace(component_sha256={**digests, "docs": "e" * 64}), sdk, cache) == (
+        [], f"the digests of its components ({names})")
+    assert compare(lock._replace(component_sha256={"host": digests["host"]}), sdk, cache)[0] == [
         f"the files of component {name} of SDK {VERSION} at {sdk.root} (--sdk) have digest {digests[name]}; "
         "qnnctl.lock pins none" for name in sorted(digests) if name != "host"]
     # Nothing to compare by: said, unless the builds already disagree.
-    assert compare(lock, sdk) == ([], None)
-    assert disagreements(lock, VERSION, sdk) == [
-        f"SDK {VERSION} at {sdk.root} (--sdk) cannot be checked against {lock.path}: it records no sha256 of the "
+    assert compare(lock, sdk, cache) == ([], None)
+    assert disagreements(lock, VERSION, sdk, cache) == [
+        f"SDK {VERSION} at {sdk.root} (--sdk) cannot be checked against {lock.path}: qnnctl has no record of the "
         "archive it came from, and the lock pins no digest of its components (a lock of schema 1, written before "
         "they existed)"]
-    assert disagreements(lock._replace(build_id=build + "0"), VERSION, sdk) == [
+    assert disagreements(lock._replace(build_id=build + "0"), VERSION, sdk, cache) == [
         f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build {build}0"]
 
 
@@ -1683,7 +1690,7 @@ def test_each_way_an_sdk_disagrees_with_its_lock_is_said(tmp_path: Path) -> None
     (tmp_path / "qnnctl.lock").write_text(f'schema = 2\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"a" * 64}"\n'
                                           f'[sdk.component_sha256]\nhost = "{"b" * 64}"\ndocs = "{"c" * 64}"\n')
     with pytest.raises(IntegrityError) as refused:
-        check_reused(sdk, tmp_path, False)  # type: ignore[arg-type]
+        check_reused(sdk, tmp_path, False, Cache(tmp_path))  # type: ignore[arg-type]
     where = f"of SDK {VERSION} at {sdk.root} (--sdk)"  # type: ignore[attr-defined]
     assert refused.value.message == (
         f"the files of component host {where} have digest {'f' * 64}; qnnctl.lock pins {'b' * 64}; "
@@ -1700,13 +1707,13 @@ def test_an_sdk_found_on_disk_is_checked_against_the_projects_lock(tmp_path: Pat
     assert isinstance(sdk, Sdk)
     project = tmp_path / "project"
     project.mkdir()
-    check_reused(sdk, project, False)  # no lock: nothing to check
+    check_reused(sdk, project, False, Cache(tmp_path))  # no lock: nothing to check
     assert expected_for_download(VERSION, project, False) is None
     with pytest.raises(LockError, match=f"^--locked: there is no qnnctl.lock in {re.escape(str(project))} or any"):
-        check_reused(sdk, project, True)
+        check_reused(sdk, project, True, Cache(tmp_path))
     path = _lock(project, version=OTHER_VERSION)
     with caplog.at_level("INFO", logger="qnnctl.sdk.lockfile"):
-        check_reused(sdk, project, False)
+        check_reused(sdk, project, False, Cache(tmp_path))
     assert caplog.messages[-1] == f"{path} pins SDK {OTHER_VERSION}; SDK {VERSION} is not checked against it"
     with pytest.raises(LockError) as other:
         expected_for_download(VERSION, project, True)
@@ -1715,26 +1722,26 @@ def test_an_sdk_found_on_disk_is_checked_against_the_projects_lock(tmp_path: Pat
         f"install {OTHER_VERSION} (`qnnctl use {OTHER_VERSION}` pins it for the project), or lock {VERSION} with "
         f"`qnnctl lock {VERSION}`")
     _lock(project, sha256="a" * 64)
-    check_reused(sdk, project, True)
+    check_reused(sdk, project, True, Cache(tmp_path))
     locked = expected_for_download(VERSION, project, True)
     assert locked is not None
     assert locked.sha256 == "a" * 64
     _lock(project, sha256="b" * 64)
     with pytest.raises(IntegrityError) as refused:
-        check_reused(sdk, project, False)
+        check_reused(sdk, project, False, Cache(tmp_path))
     assert refused.value.message == (f"SDK {VERSION} at {sdk.root} (--sdk) was installed from an archive whose "
                                      f"sha256 is {'a' * 64}; qnnctl.lock pins {'b' * 64}")
     assert refused.value.hint == (f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK "
                                   f"in use is the one to trust, write the lock again: `qnnctl lock {VERSION}`")
     (sdk.root / ".qnnctl.json").unlink()
     caplog.clear()
-    check_reused(sdk, project, False)
+    check_reused(sdk, project, False, Cache(tmp_path))
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"SDK {VERSION} at {sdk.root} (--sdk) cannot be checked against {project / 'qnnctl.lock'}: it records no "
-        "sha256 of the archive it came from, and the lock pins no digest of its components (a lock of schema 1, "
+        f"SDK {VERSION} at {sdk.root} (--sdk) cannot be checked against {project / 'qnnctl.lock'}: qnnctl has no "
+        "record of the archive it came from, and the lock pins no digest of its components (a lock of schema 1, "
         "written before they existed); used unchecked"]
     with pytest.raises(IntegrityError) as unchecked:
-        check_reused(sdk, project, True)
+        check_reused(sdk, project, True, Cache(tmp_path))
     assert unchecked.value.message.startswith(f"--locked: SDK {VERSION} at {sdk.root} (--sdk) cannot be checked ")
     assert unchecked.value.hint == (f"write the lock again with `qnnctl lock {VERSION}` (it then pins each "
                                     f"component), or install a checked copy: `qnnctl install --force {VERSION}`")
