@@ -25,7 +25,7 @@ from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import covers, installed_components
 from qnnctl.sdk.evidence import own_manifest
-from qnnctl.sdk.gate import Index, Lock, Observed, Vouchers, agree, check, given_sha256
+from qnnctl.sdk.gate import Expected, Index, Lock, Observed, Vouchers, agree, check, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
 from qnnctl.sdk.members import tree_digests
@@ -212,7 +212,7 @@ def install(
                 check(expected, Observed(fetched.url, fetched.sha256, fetched.size))
                 # fetched.url is redacted: the manifest keeps no password or token.
                 sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
-                             request.force, work, streamed)
+                             request.force, work, streamed, expected)
     return InstallResult(sdk, "installed", selection)
 
 
@@ -356,13 +356,26 @@ def _build(
     force: bool,
     work: Path,
     streamed: Streamed | None,
+    expected: list[Expected],
 ) -> Sdk:
-    """Extract, validate, write the manifest, rename into sdks/. Caller holds the lock."""
+    """Extract, check what was written against `expected` (each component's digest, besides the
+    archive's sha256 checked already), write the manifest, rename into sdks/. Caller holds the lock."""
     extracted = extract(archive, work / "x", streamed)
+    fields = _whole_fields(archive, extracted)
+    check(expected, _observed(source, sha256, size, fields))
     found, build = identify(extracted.root, extracted.version, version, source)
     require_version(found, version, source)
     return commit(extracted.root, version, source, sha256, size, extracted.files,
-                  extracted.size, cache, force, work, build, _whole_fields(archive, extracted))
+                  extracted.size, cache, force, work, build, fields)
+
+
+def _observed(shown: str, sha256: str, size: int, fields: Mapping[str, object]) -> Observed:
+    """What the gate sees of a whole archive once it is extracted: its sha256 and size, each
+    component's digest over what was written, its central directory's sha256."""
+    components = fields.get("component_sha256")
+    directory = fields.get("central_directory_sha256")
+    return Observed(shown, sha256, size, components if isinstance(components, dict) else None,
+                    directory if isinstance(directory, str) else None)
 
 
 def _whole_fields(archive: Path, extracted: Extracted) -> dict[str, object]:
@@ -428,8 +441,9 @@ def _install_pinned(local: LocalArchive, wanted: str | None, sha256: str | None,
         )
     selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
     locked = lock.expected(version) if lock is not None else None
-    if locked is not None:
-        check([locked], Observed(str(archive), digest, local.size))
+    whole = _whole_fields(local.path, extracted)
+    check([e for e in (given_sha256(sha256), locked) if e is not None],
+          _observed(str(archive), digest, local.size, whole))
     with version_lock(cache, version):
         existing = cache.sdk_dir(version)
         installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)
@@ -437,7 +451,7 @@ def _install_pinned(local: LocalArchive, wanted: str | None, sha256: str | None,
         if not force and old is not None and _has_components(old, components):
             return _reused(_same_archive(InstallResult(old, "reused", selection), archive, digest,
                                          sha256, cache), None, lock, cache)
-        files, unpacked, extra = extracted.files, extracted.size, _whole_fields(local.path, extracted)
+        files, unpacked, extra = extracted.files, extracted.size, whole
         if parts is not None:
             written = extra["component_sha256"]
             if not force and old is not None:

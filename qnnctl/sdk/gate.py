@@ -159,6 +159,18 @@ def _check_one(e: Expected, o: Observed) -> None:
         _same(e, o, "its sha256", e.sha256, o.sha256)
         if e.size is not None and o.size is not None:
             _same(e, o, "its size", str(e.size), str(o.size))
+        if e.components is not None and o.components is not None:
+            # The archive is the one pinned; its components must then be the ones pinned too, or
+            # the source contradicts itself (an edited lock) and vouches for nothing.
+            for name, digest in sorted(o.components.items()):
+                wanted = e.components.get(name)
+                if wanted != digest:
+                    raise IntegrityError(
+                        f"{e.source} contradicts itself: the archive from {o.shown} has the sha256 {e.name} "
+                        f"{e.says}, but the digest of its component {name} is {digest}, and {e.name} {e.says} "
+                        f"{wanted or 'none'}; nothing was installed",
+                        hint=e.hint,
+                    )
         return
     checked = False
     if e.components is not None and o.components is not None:

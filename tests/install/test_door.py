@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.errors import IntegrityError
+from qnnctl.install.archive import zip_digests
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.vouchers import vouchers
@@ -198,3 +200,106 @@ def test_a_cache_readable_by_all_and_writable_by_its_owner_alone_is_shared(tmp_p
     result = run_qnnctl("env", VERSION)
     assert result.returncode == 0, result.stderr
     assert f"QNN_SDK_ROOT={root}" in result.stdout or f"QNN_SDK_ROOT='{root}'" in result.stdout
+
+
+# -- a lock that contradicts itself; an SDK that vouches for itself ------------------------------
+
+
+def _write_lock(project: Path, sha256: str, components: dict[str, str]) -> Path:
+    lines = [f'schema = 2\n[sdk]\nversion = "{VERSION}"\nsha256 = "{sha256}"\n[sdk.component_sha256]\n']
+    lines += [f'{name} = "{digest}"\n' for name, digest in sorted(components.items())]
+    path = project / "qnnctl.lock"
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("way", ["download", "file"])
+def test_a_lock_whose_sha256_is_right_and_host_digest_wrong_is_refused(
+        tmp_path: Path, cache: Cache, server: FaultServer, way: str) -> None:
+    archive = build_archive(tmp_path, "zip")
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
+    digests = zip_digests(archive)
+    project = tmp_path / "project"
+    project.mkdir()
+    environ = {"QNNCTL_MIRROR": server.base}
+    request = InstallRequest(VERSION) if way == "download" else InstallRequest(VERSION, file=archive)
+    _write_lock(project, sha256, {**digests, "host": "0" * 64})
+    with pytest.raises(IntegrityError, match=r"qnnctl.lock contradicts itself: .* the digest of its component host "
+                                             rf"is {digests['host']}, and the lock pins {'0' * 64}; nothing was "):
+        install(request, cache, environ, project, vouchers(environ, project, locked=True))
+    assert not cache.sdk_dir(VERSION).exists()
+    _write_lock(project, sha256, digests)  # the honest lock: installed
+    result = install(request, cache, environ, project, vouchers(environ, project, locked=True))
+    assert result.sdk is not None
+    assert result.action == "installed"
+
+
+def test_lock_check_refuses_a_lock_that_contradicts_itself(tmp_path: Path, cache_dir: Path,
+                                                           server: FaultServer) -> None:
+    archive = build_archive(tmp_path, "zip")
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    project = tmp_path / "project"
+    project.mkdir()
+    digests = zip_digests(archive)
+    _write_lock(project, hashlib.sha256(archive.read_bytes()).hexdigest(), {**digests, "host": "0" * 64})
+    result = run_qnnctl("lock", "--check", VERSION, cwd=project)
+    assert result.returncode == 1, result.stderr
+    assert "qnnctl.lock contradicts itself: its sha256 is the archive's, but the files of component host" \
+        in result.stderr
+    assert run_qnnctl("install", VERSION, "--locked", cwd=project).returncode == 4
+
+
+@pytest.mark.parametrize("where", ["link", "store", "ExecuTorch's cache"])
+def test_an_sdk_carrying_its_own_manifest_vouches_for_nothing(tmp_path: Path, cache_dir: Path, where: str) -> None:
+    """A folder qnnctl did not write, holding a `.qnnctl.json` that names the lock's sha256 and
+    digests, but another library than the locked archive's: refused by install --locked and
+    lock --check, as the same tree without that file is."""
+    good = build_archive(tmp_path, "zip")
+    sha256 = hashlib.sha256(good.read_bytes()).hexdigest()
+    digests = zip_digests(good)
+    project = tmp_path / "project"
+    project.mkdir()
+    _write_lock(project, sha256, digests)
+    folder = {"link": tmp_path / "linked" / VERSION, "store": tmp_path / "store" / VERSION,
+              "ExecuTorch's cache": tmp_path / "home" / ".cache" / "executorch" / "qnn" / f"sdk-{VERSION}"}[where]
+    root = build_sdk_tree(folder, SdkSpec(extra_files={"lib/x86_64-linux-clang/libEvil.so": b"\x7fELF evil"}))
+    forged = {"schema": 1, "version": VERSION, "sha256": sha256, "size": good.stat().st_size, "partial": False,
+              "component_sha256": digests, "files": {}}
+    (root / ".qnnctl.json").write_text(json.dumps(forged))
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "home" / ".cache")}
+    if where == "link":
+        assert run_qnnctl("link", str(root), "--version", VERSION, env=env).returncode == 0
+    elif where == "store":
+        env["QNNCTL_STORES"] = str(tmp_path / "store")
+    for args in (["install", VERSION, "--locked"], ["lock", "--check", VERSION]):
+        result = run_qnnctl(*args, env=env, cwd=project)
+        assert result.returncode == (4 if args[0] == "install" else 1), (args, result.stderr)
+        assert "the files of component host" in result.stderr
+        assert digests["host"] in result.stderr
+    assert not cache_dir.joinpath("sdks", VERSION).exists()
+
+
+def test_a_folder_hashed_once_is_not_hashed_again_until_it_changes(tmp_path: Path, cache: Cache,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnnctl.sdk import evidence
+
+    root = build_sdk_tree(tmp_path / "store" / VERSION)
+    hashed: list[Path] = []
+    from qnnctl.sdk.members import tree_digests as real
+
+    def counting(path: Path, *args: object, **kwargs: object) -> dict[str, str]:
+        hashed.append(path)
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("qnnctl.sdk.evidence.tree_digests", counting)
+    first = evidence.hashed_digests(root, cache)
+    assert evidence.hashed_digests(root, cache) == first
+    assert hashed == [root]
+    library = root / "lib/x86_64-linux-clang/libQnnHtp.so"
+    stamp = library.stat()
+    library.write_bytes(library.read_bytes()[:-1] + b"X")  # the same size and, set back, the same times
+    os.utime(library, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    changed = evidence.hashed_digests(root, cache)
+    assert hashed == [root, root]
+    assert changed["host"] != first["host"]
