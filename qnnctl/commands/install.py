@@ -10,7 +10,8 @@ import click
 
 from qnnctl.commands.common import complete_known, current_cache, log, stderr_is_terminal
 from qnnctl.errors import EXIT_FAILED, QnnctlError
-from qnnctl.host.runtime import RuntimeRequest, check_sources, stage_runtime
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.sources import check_sources
 from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
 from qnnctl.run.environment import ensure_loadable

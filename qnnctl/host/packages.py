@@ -355,9 +355,9 @@ def parse_control(text: str) -> dict[str, str]:
     return {str(key): "\n".join(line.strip() for line in value.splitlines()) for key, value in paragraph.items()}
 
 
-def deb_info(path: Path) -> DebInfo:
-    """Package, Version and Architecture from a .deb's control file."""
-    source = path.name
+def deb_info(path: Path, source: str | None = None) -> DebInfo:
+    """Package, Version and Architecture from a .deb's control file; `source` names it in errors."""
+    source = source or path.name
     with open(path, "rb") as handle:
         deb = _open_deb(handle, source)
         try:
@@ -372,9 +372,9 @@ def deb_info(path: Path) -> DebInfo:
     raise corrupt(source, "control.tar holds no control file")
 
 
-def deb_members(path: Path) -> Iterator[Member]:
+def deb_members(path: Path, source: str | None = None) -> Iterator[Member]:
     """The members of a .deb's data.tar.*, streamed from the file."""
-    source = path.name
+    source = source or path.name
     with open(path, "rb") as handle:
         yield from _deb_part(_open_deb(handle, source), "data.tar", source)
 
@@ -471,7 +471,7 @@ def rpm_info(handle: IO[bytes], source: str) -> RpmInfo:
     )
 
 
-def rpm_members(path: Path) -> Iterator[Member]:
+def rpm_members(path: Path, source: str | None = None) -> Iterator[Member]:
     """The files of an RPM's cpio payload (xz, zstd, gzip, bzip2 or none), streamed.
 
     The payload is read here, not through rpmfile.RPMFile: its index of the cpio keeps
@@ -479,7 +479,7 @@ def rpm_members(path: Path) -> Iterator[Member]:
     compressed with "none" or "lzma" for gzip, and holds a zstd one whole in memory.
     """
     # rpmfile's reader decompresses an xz payload twice: 44% more CPU on `install --runtime` (bench/README.md).
-    source = path.name
+    source = source or path.name
     with open(path, "rb") as handle:
         info = rpm_info(handle, source)
         hashing = HashingReader(handle)
@@ -555,7 +555,11 @@ def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
 def package_kind(path: Path) -> str:
     """"deb", "rpm" or "tar", from the file's first bytes."""
     with open(path, "rb") as handle:
-        head = handle.read(512)
+        return kind_of(handle.read(512), path)
+
+
+def kind_of(head: bytes, path: Path) -> str:
+    """"deb", "rpm" or "tar", from a file's first 512 bytes (`head`); UsageError for anything else."""
     if head.startswith(AR_MAGIC):
         return "deb"
     if head.startswith(RPM_LEAD_MAGIC):
@@ -568,16 +572,28 @@ def package_kind(path: Path) -> str:
     )
 
 
-def package_members(path: Path) -> Iterator[Member]:
+def package_members(path: Path, source: str | None = None) -> Iterator[Member]:
     """The members of a .deb (its data.tar), an RPM (its payload) or a tar archive."""
     kind = package_kind(path)
     if kind == "deb":
-        yield from deb_members(path)
+        yield from deb_members(path, source)
     elif kind == "rpm":
-        yield from rpm_members(path)
+        yield from rpm_members(path, source)
     else:
         with open(path, "rb") as handle:
-            yield from tar_members(_buffered(_Passthrough(handle)), path.name)
+            yield from tar_members(_buffered(_Passthrough(handle)), source or path.name)
+
+
+def copy_hashed(stream: IO[bytes], target: Path) -> tuple[str, int]:
+    """Copy `stream` to a new file `target`: (sha256, size) of exactly the bytes written."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(target, "xb") as out:
+        while block := stream.read(COPY_BUFFER):
+            digest.update(block)
+            out.write(block)
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 # -- keeping what is wanted --------------------------------------------------------------
