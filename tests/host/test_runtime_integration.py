@@ -8,8 +8,8 @@ the SDK, and that same stub is what the archive holds, so a staged copy really l
 
 from __future__ import annotations
 
-import json
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -22,8 +22,7 @@ import pytest
 
 from qnnctl.host.llvm import LLVM_SHA256_ENV, LLVM_URL_ENV
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
-from qnnctl.host.staged import LOADER, LOADER_GUARD
-from qnnctl.host.staged import TRIO
+from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO
 from qnnctl.run.lower import StagedLoader, under_loader
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
