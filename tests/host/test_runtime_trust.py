@@ -109,9 +109,8 @@ def test_an_archive_with_the_sha256_given_for_it_is_staged(
     result = stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False), os.environ)
     assert result.libcxx is not None
     assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
-    (record,) = manifest_of(result.libcxx.root)["sources"]  # type: ignore[misc]
-    assert record == {"source": url, "sha256": sha256_of(data), "size": len(data),
-                      "checked_against": "QNNCTL_LLVM_SHA256"}
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": url, "sha256": sha256_of(data), "size": len(data), "checked_against": "QNNCTL_LLVM_SHA256"}]
     # One byte off in the digest given, and the same archive is refused.
     monkeypatch.setenv("QNNCTL_LLVM_SHA256", sha256_of(data)[:-1] + ("0" if sha256_of(data)[-1] != "0" else "1"))
     with pytest.raises(IntegrityError, match="QNNCTL_LLVM_SHA256 is"):
@@ -207,7 +206,10 @@ def test_a_file_swapped_while_it_is_read_is_never_staged_under_the_first_ones_di
         swap.clear()
         assert result.libcxx is not None
         staged = {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO}
-        (record,) = manifest_of(result.libcxx.root)["sources"]  # type: ignore[misc]
+        sources = manifest_of(result.libcxx.root)["sources"]
+        assert isinstance(sources, list)
+        assert len(sources) == 1
+        record: dict[str, Any] = sources[0]
         if record["sha256"] == sha256_of(good):
             assert staged == good_libs, f"swapped before open {at}: staged the other file's libraries"
         else:
