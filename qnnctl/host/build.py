@@ -64,8 +64,7 @@ def make_folder(path: Path) -> None:
     if path.is_dir():
         return
     make_folder(path.parent)
-    path.mkdir(mode=FOLDER_MODE)
-    os.chmod(path, FOLDER_MODE)  # the umask only takes bits away; exact is the point
+    path.mkdir(mode=FOLDER_MODE)  # the umask can only take bits away from it
 
 
 def place(file: CollectedFile, target: Path) -> None:
