@@ -23,7 +23,7 @@ from qnnctl.errors import IntegrityError, QnnctlError
 from qnnctl.host.needs import dotted, glibc_provided_by
 from qnnctl.host.packages import COPY_BUFFER, CollectedFile
 from qnnctl.host.sources import GLIBC_DIRS, LIBC, Scan, find
-from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, Staged, Version
+from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, Staged, Version, current
 from qnnctl.paths import fsync_dir, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
@@ -183,6 +183,17 @@ def staged_files(staged: Staged) -> dict[str, str]:
                     while block := handle.read(COPY_BUFFER):
                         digest.update(block)
                 found[f"lib/{entry.name}"] = digest.hexdigest()
+    return found
+
+
+def runtime_digests(cache: Cache) -> dict[str, dict[str, str]]:
+    """What `qnnctl lock` pins of the host runtime: the files of each runtime staged in `cache`
+    that is in use (the one staged last of its kind), as they are now."""
+    found = {}
+    for kind in (LIBCXX, GLIBC):
+        staged = current(cache, kind)
+        if staged is not None:
+            found[kind] = staged_files(staged)
     return found
 
 
