@@ -30,7 +30,8 @@ def pins_of(libs: dict[str, bytes]) -> dict[str, str]:
 
 def test_the_lock_carries_the_runtime_it_pins(tmp_path: Path) -> None:
     path = tmp_path / "qnnctl.lock"
-    pinned = {"libcxx": {"lib/libc++.so.1": "a" * 64, "lib/libunwind.so.1": "b" * 64}, "glibc": {"lib/libc.so.6": "c" * 64}}
+    pinned = {"libcxx": {"lib/libc++.so.1": "a" * 64, "lib/libunwind.so.1": "b" * 64},
+              "glibc": {"lib/libc.so.6": "c" * 64}}
     write_lock(path, LockedSdk(path, VERSION, "d" * 64, runtime_sha256=pinned), "Test.")
     assert read_lock(path).runtime_sha256 == pinned
     assert '[runtime."libcxx"]\n"lib/libc++.so.1" = "' + "a" * 64 + '"' in path.read_text()
