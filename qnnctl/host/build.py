@@ -21,9 +21,10 @@ from typing import Any
 from qnnctl import __version__
 from qnnctl.errors import IntegrityError, QnnctlError
 from qnnctl.host.needs import dotted, glibc_provided_by
-from qnnctl.host.packages import COPY_BUFFER, CollectedFile
+from qnnctl.host.packages import CollectedFile
 from qnnctl.host.sources import GLIBC_DIRS, LIBC, Scan, find
 from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, Staged, Version, current
+from qnnctl.host.streams import COPY_BUFFER
 from qnnctl.paths import fsync_dir, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache

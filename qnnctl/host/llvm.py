@@ -25,8 +25,9 @@ import urllib3
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import remove_tree
-from qnnctl.host.packages import COPY_BUFFER, HashingReader, collect, tar_members
+from qnnctl.host.packages import collect, tar_members
 from qnnctl.host.sources import Scan, llvm_version, trio_only
+from qnnctl.host.streams import COPY_BUFFER, HashingReader
 from qnnctl.net.download import (
     BACKOFF_MAX,
     CONNECT_TIMEOUT,

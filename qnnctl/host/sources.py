@@ -26,14 +26,11 @@ from typing import Any
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.host.needs import debian_family
 from qnnctl.host.packages import (
-    COPY_BUFFER,
     Collected,
     CollectedFile,
     DebInfo,
-    HashingReader,
     RpmInfo,
     collect,
-    copy_hashed,
     deb_info,
     kind_of,
     package_kind,
@@ -42,6 +39,7 @@ from qnnctl.host.packages import (
     tar_members,
 )
 from qnnctl.host.staged import LOADER, TRIO
+from qnnctl.host.streams import COPY_BUFFER, HashingReader, copy_hashed
 from qnnctl.paths import user_path
 
 log = logging.getLogger("qnnctl.host.runtime")
