@@ -198,7 +198,8 @@ def runtime_digests(cache: Cache) -> dict[str, dict[str, str]]:
     return found
 
 
-def check_pinned(kind: str, files: Mapping[str, str], pins: RuntimePins | None, what: str) -> None:
+def check_pinned(kind: str, files: Mapping[str, str], pins: RuntimePins | None, what: str,
+                 fix: str = "give the files the lock was written with (--runtime-from)") -> None:
     """IntegrityError (exit 4) when a lock pins the runtime of `kind` and `files` differ from it."""
     pinned = pins.kinds.get(kind) if pins is not None else None
     if pins is None or pinned is None:
@@ -212,6 +213,5 @@ def check_pinned(kind: str, files: Mapping[str, str], pins: RuntimePins | None, 
     more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
     raise IntegrityError(
         f"{what} is not the {kind} runtime {pins.where} pins: {shown}{more}",
-        hint="give the files the lock was written with (--runtime-from), or, if these are the ones to trust, "
-        "write the lock again with `qnnctl lock`; nothing was staged",
+        hint=f"{fix}, or, if these are the ones to trust, write the lock again with `qnnctl lock`; nothing was staged",
     )

@@ -131,7 +131,8 @@ def _check_kept(cache: Cache, plan: _Plan, pins: RuntimePins | None) -> None:
     for kind, again in ((LIBCXX, plan.trio), (GLIBC, plan.glibc)):
         staged = current(cache, kind)
         if staged is not None and not again:
-            check_pinned(kind, staged_files(staged), pins, f"the runtime staged in {staged.root}")
+            check_pinned(kind, staged_files(staged), pins, f"the runtime staged in {staged.root}",
+                         fix="stage the locked one again: `qnnctl install --runtime --force --runtime-from FILE`")
 
 
 def _stage(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapping[str, str],
