@@ -2,8 +2,9 @@
 
 python-debian's DebFile finds a .deb's parts and Deb822 reads its control file; arpy reads
 the `ar` table under it, rpmfile an RPM's lead and headers; tarfile reads every tar. What
-stays here is what they lack: bounds they do not check, zstd in-process, and the cpio
-payload of an RPM with its hard links (see rpm_members).
+stays here is what they lack: bounds they do not check, zstd in-process (the readers and
+decompressors are in `streams`), and the cpio payload of an RPM with its hard links (see
+rpm_members).
 
 Every reader yields the package's members one at a time, in archive order, as `Member`s;
 `collect()` keeps only the members a caller asks for. Nothing is written by member name:
