@@ -130,15 +130,18 @@ def llvm(server: FaultServer, no_apt: Path, monkeypatch: pytest.MonkeyPatch) -> 
     built = genuine.CACHE / "built" / f"llvm-layout-r{genuine.LAYOUT_REVISION}.tar.xz"
     if not built.is_file():
         genuine.llvm_layout_archive(built, LLVM_TOP)
-    url = server.add(LLVM_PATH, built.read_bytes(), "application/x-xz")
+    data = built.read_bytes()
+    url = server.add(LLVM_PATH, data, "application/x-xz")
     monkeypatch.setenv("QNNCTL_LLVM_URL", url)
+    # Not LLVM's own archive, so it is vouched for as a mirror of another one would be.
+    monkeypatch.setenv("QNNCTL_LLVM_SHA256", hashlib.sha256(data).hexdigest())
     return url
 
 
 def host_has_libcxx() -> bool:
     """True where the host has libc++ itself: then nothing is staged, and the staging tests
     cannot show anything (a skip on a workstation; in CI, where they must run, a failure)."""
-    from qnnctl.host.runtime import missing_host_libraries
+    from qnnctl.host.needs import missing_host_libraries
     from qnnctl.host.staged import TRIO
 
     present = not missing_host_libraries(TRIO, [])

@@ -10,12 +10,15 @@ import click
 
 from qnnctl.commands.common import complete_known, current_cache, log, stderr_is_terminal
 from qnnctl.errors import EXIT_FAILED, QnnctlError
-from qnnctl.host.runtime import RuntimeRequest, check_sources, stage_runtime
+from qnnctl.host.build import RuntimePins
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.sources import check_sources
 from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
 from qnnctl.run.environment import ensure_loadable
 from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import wait_for_holders
+from qnnctl.sdk.lockfile import locked_runtime
 from qnnctl.sdk.select import select_sdk
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.shell.exports import check_cache_path
@@ -65,7 +68,8 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     result = do_install(request, current_cache(), os.environ, Path.cwd(), vouchers(os.environ, Path.cwd(), locked),
                         terminal=terminal)
     if runtime or runtime_from:
-        stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources), os.environ)
+        pins = _runtime_pins(result.sdk.version if result.sdk is not None else None, locked)
+        stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources, pins=pins), os.environ)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
     if result.sdk is None:
@@ -76,6 +80,17 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     if terminal:
         _say_next_step(result.sdk)
     click.echo(str(result.sdk.root))
+
+
+def _runtime_pins(version: str | None, locked: bool) -> RuntimePins | None:
+    """What the project's lock pins of the host runtime, for `install --runtime` to hold it to."""
+    found = locked_runtime(version, Path.cwd()) if version is not None else None
+    if found is None:
+        if locked:
+            log.info("the lock pins no host runtime: what is staged is checked by where it comes from "
+                     "(apt's signed lists, LLVM's published sha256, the files given); `qnnctl lock` pins it")
+        return None
+    return RuntimePins(str(found[0]), found[1])
 
 
 def _found_where(origin: str) -> str:

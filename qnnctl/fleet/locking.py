@@ -15,6 +15,7 @@ from typing import Any
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.fleet.mirror import fetch_archive
+from qnnctl.host.build import runtime_digests
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import redact
 from qnnctl.records import Record
@@ -115,7 +116,8 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
             previous = read_lock(path)
         except LockError:
             previous = None
-    lock = lock._replace(path=path)
+    # The host runtime staged here, as it is now: `install --locked --runtime` refuses others.
+    lock = lock._replace(path=path, runtime_sha256=runtime_digests(cache) or None)
     write_lock(path, lock, trust)
     return Written(path, lock, trust, previous)
 

@@ -2,8 +2,9 @@
 
 python-debian's DebFile finds a .deb's parts and Deb822 reads its control file; arpy reads
 the `ar` table under it, rpmfile an RPM's lead and headers; tarfile reads every tar. What
-stays here is what they lack: bounds they do not check, zstd in-process, and the cpio
-payload of an RPM with its hard links (see rpm_members).
+stays here is what they lack: bounds they do not check, zstd in-process (the readers and
+decompressors are in `streams`), and the cpio payload of an RPM with its hard links (see
+rpm_members).
 
 Every reader yields the package's members one at a time, in archive order, as `Member`s;
 `collect()` keeps only the members a caller asks for. Nothing is written by member name:
@@ -13,11 +14,8 @@ kept as data and followed inside the package (`Collected.resolve`), never on dis
 
 from __future__ import annotations
 
-import bz2
 import gzip
 import hashlib
-import importlib
-import io
 import logging
 import lzma
 import os
@@ -39,22 +37,31 @@ from debian.debfile import INFO_PART, PART_EXTS, DebFile
 from rpmfile.errors import RPMError
 from rpmfile.headers import get_headers
 
-from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+from qnnctl.errors import UsageError
+from qnnctl.host.streams import (
+    BZIP2_MAGIC,
+    COPY_BUFFER,
+    GZIP_MAGIC,
+    XZ_MAGIC,
+    ZSTD_MAGIC,
+    Bounded,
+    HashingReader,
+    Passthrough,
+    buffered,
+    corrupt,
+    decompressed,
+    peek,
+    read_exact,
+)
 
 if TYPE_CHECKING:
     from debian.debfile import DebFile
 
 log = logging.getLogger("qnnctl.host.packages")
 
-COPY_BUFFER = 1 << 20
 AR_MAGIC = b"!<arch>\n"
 RPM_LEAD_MAGIC = b"\xed\xab\xee\xdb"
 RPM_HEADER_MAGIC = b"\x8e\xad\xe8\x01"
-XZ_MAGIC = b"\xfd7zXZ\x00"
-GZIP_MAGIC = b"\x1f\x8b"
-BZIP2_MAGIC = b"BZh"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-LZMA_ALONE_MAGIC = b"\x5d\x00\x00"
 CPIO_NEWC = (b"070701", b"070702")
 MAX_LINK_HOPS = 40
 # Errors the standard decompressors and tarfile raise on damaged input.
@@ -65,13 +72,6 @@ SYMLINK = "symlink"
 HARDLINK = "hardlink"
 DIRECTORY = "dir"
 OTHER = "other"
-
-
-def corrupt(source: str, detail: object) -> IntegrityError:
-    return IntegrityError(
-        f"{source} is corrupt or truncated: {detail}",
-        hint="download it again or get it from a trusted source; nothing was staged",
-    )
 
 
 @dataclass
@@ -92,156 +92,13 @@ def member_name(name: str) -> str:
     return "" if name == "." else name
 
 
-# -- readers over part of a stream -------------------------------------------------------
-
-
-class _Bounded(io.RawIOBase):
-    """At most `size` bytes of a forward-only stream; `skip()` consumes what is left."""
-
-    def __init__(self, stream: IO[bytes], size: int) -> None:
-        self.stream = stream
-        self.remaining = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self.remaining <= 0:
-            return 0
-        view = memoryview(buffer).cast("B")
-        data = self.stream.read(min(len(view), self.remaining))
-        if not data:
-            raise EOFError(f"stream ended with {self.remaining} bytes of a member still to come")
-        view[: len(data)] = data
-        self.remaining -= len(data)
-        return len(data)
-
-    def skip(self) -> None:
-        while self.remaining > 0:
-            if not self.read(min(self.remaining, COPY_BUFFER)):
-                break
-
-
-class HashingReader(io.RawIOBase):
-    """Passes a stream through, counting and hashing every byte read from it."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.stream.read(len(view))
-        if not data:
-            return 0
-        view[: len(data)] = data
-        self.sha256.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def drain(self) -> None:
-        while self.read(COPY_BUFFER):
-            pass
-
-
-def _read_exact(stream: IO[bytes], n: int) -> bytes:
-    """Exactly n bytes (decompressors may return fewer per call), or EOFError."""
-    chunks = []
-    wanted = n
-    while wanted > 0:
-        data = stream.read(wanted)
-        if not data:
-            raise EOFError(f"stream ended {wanted} bytes early")
-        chunks.append(data)
-        wanted -= len(data)
-    return b"".join(chunks)
-
-
-def _buffered(raw: io.RawIOBase) -> IO[bytes]:
-    return io.BufferedReader(raw, COPY_BUFFER)
-
-
-# -- compression -------------------------------------------------------------------------
-
-
-def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
-    """A decompressing reader over zstd data, from whichever zstd module can be imported."""
-    try:
-        stdlib = importlib.import_module("compression.zstd")  # Python 3.14 and later
-    except ImportError:
-        pass
-    else:
-        return _buffered(_DecoderErrors(stdlib.ZstdFile(stream), stdlib.ZstdError, source, "zstd"))
-    try:
-        zstandard = importlib.import_module("zstandard")
-    except ImportError:
-        raise QnnctlError(
-            f"{source} is compressed with zstd, and Python here has no zstd module",
-            hint="install one (`pip install zstandard`) or use Python 3.14 or later, then run again",
-        ) from None
-    reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-    return _buffered(_DecoderErrors(reader, zstandard.ZstdError, source, "zstd"))
-
-
-class _DecoderErrors(io.RawIOBase):
-    """Turns a decompressor's own error class into IntegrityError naming the package."""
-
-    def __init__(self, reader: Any, error: type[Exception], source: str, label: str) -> None:
-        self.reader = reader
-        self.error = error
-        self.source = source
-        self.label = label
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        try:
-            data = self.reader.read(len(view))
-        except self.error as exc:
-            # bz2 reports damaged data as a bare OSError; one with an errno, or a subclass
-            # (a broken connection), comes from the stream under it.
-            if isinstance(exc, OSError) and (type(exc) is not OSError or exc.errno is not None):
-                raise
-            raise corrupt(self.source, f"{self.label}: {exc}") from None
-        view[: len(data)] = data
-        return len(data)
-
-
-def decompressed(stream: IO[bytes], head: bytes, source: str) -> IO[bytes]:
-    """`stream` decompressed according to its first bytes (`head`, already peeked)."""
-    if head.startswith(XZ_MAGIC):
-        return lzma.LZMAFile(stream, format=lzma.FORMAT_XZ)
-    if head.startswith(ZSTD_MAGIC):
-        return zstd_reader(stream, source)
-    if head.startswith(GZIP_MAGIC):
-        return cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))
-    if head.startswith(BZIP2_MAGIC):
-        return _buffered(_DecoderErrors(bz2.BZ2File(stream), OSError, source, "bzip2"))
-    if head.startswith(LZMA_ALONE_MAGIC):
-        return lzma.LZMAFile(stream, format=lzma.FORMAT_ALONE)
-    return stream
-
-
-def _peek(stream: IO[bytes], n: int = 8) -> bytes:
-    peek = getattr(stream, "peek", None)
-    if peek is None:  # pragma: no cover - every stream here is buffered
-        raise TypeError("a buffered stream is needed")
-    return bytes(peek(n)[:n])
-
-
 # -- tar ---------------------------------------------------------------------------------
 
 
 def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
     """The members of a tar stream (plain or compressed), read once, in order."""
-    stream = _buffered(_Passthrough(stream)) if not hasattr(stream, "peek") else stream
-    plain = decompressed(stream, _peek(stream, 8), source)
+    stream = buffered(Passthrough(stream)) if not hasattr(stream, "peek") else stream
+    plain = decompressed(stream, peek(stream, 8), source)
     with tarfile.open(fileobj=plain, mode="r|") as tf:
         for info in tf:
             name = member_name(info.name)
@@ -255,22 +112,6 @@ def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
                 yield Member(name, DIRECTORY, 0, stat.S_IMODE(info.mode))
             else:
                 yield Member(name, OTHER)
-
-
-class _Passthrough(io.RawIOBase):
-    """Any object with read() as a raw stream, so it can be buffered and peeked."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.stream.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
 
 # -- ar and .deb -------------------------------------------------------------------------
@@ -355,9 +196,9 @@ def parse_control(text: str) -> dict[str, str]:
     return {str(key): "\n".join(line.strip() for line in value.splitlines()) for key, value in paragraph.items()}
 
 
-def deb_info(path: Path) -> DebInfo:
-    """Package, Version and Architecture from a .deb's control file."""
-    source = path.name
+def deb_info(path: Path, source: str | None = None) -> DebInfo:
+    """Package, Version and Architecture from a .deb's control file; `source` names it in errors."""
+    source = source or path.name
     with open(path, "rb") as handle:
         deb = _open_deb(handle, source)
         try:
@@ -372,9 +213,9 @@ def deb_info(path: Path) -> DebInfo:
     raise corrupt(source, "control.tar holds no control file")
 
 
-def deb_members(path: Path) -> Iterator[Member]:
+def deb_members(path: Path, source: str | None = None) -> Iterator[Member]:
     """The members of a .deb's data.tar.*, streamed from the file."""
-    source = path.name
+    source = source or path.name
     with open(path, "rb") as handle:
         yield from _deb_part(_open_deb(handle, source), "data.tar", source)
 
@@ -471,7 +312,7 @@ def rpm_info(handle: IO[bytes], source: str) -> RpmInfo:
     )
 
 
-def rpm_members(path: Path) -> Iterator[Member]:
+def rpm_members(path: Path, source: str | None = None) -> Iterator[Member]:
     """The files of an RPM's cpio payload (xz, zstd, gzip, bzip2 or none), streamed.
 
     The payload is read here, not through rpmfile.RPMFile: its index of the cpio keeps
@@ -479,12 +320,12 @@ def rpm_members(path: Path) -> Iterator[Member]:
     compressed with "none" or "lzma" for gzip, and holds a zstd one whole in memory.
     """
     # rpmfile's reader decompresses an xz payload twice: 44% more CPU on `install --runtime` (bench/README.md).
-    source = path.name
+    source = source or path.name
     with open(path, "rb") as handle:
         info = rpm_info(handle, source)
         hashing = HashingReader(handle)
-        raw = _buffered(hashing)
-        head = _peek(raw, 8)
+        raw = buffered(hashing)
+        head = peek(raw, 8)
         if info.compressor == "zstd" and not head.startswith(ZSTD_MAGIC):
             raise corrupt(source, "the payload is not zstd data as the header says")
         payload = decompressed(raw, head, source)
@@ -503,7 +344,7 @@ def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
     # newc stores a hard-linked file's data once, with its last name; earlier names are empty.
     pending_links: dict[tuple[int, int, int], list[str]] = {}
     while True:
-        header = _read_exact(stream, 110)
+        header = read_exact(stream, 110)
         position += 110
         magic = header[:6]
         if magic == b"07070X":
@@ -516,15 +357,15 @@ def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
             raise corrupt(source, f"bad cpio header at payload byte {position - 110}") from None
         ino, mode, _uid, _gid, nlink, _mtime, size, devmajor, devminor = values[:9]
         name_size = values[11]
-        raw_name = _read_exact(stream, name_size)
+        raw_name = read_exact(stream, name_size)
         position += name_size
         pad = (-position) % 4
-        _read_exact(stream, pad)
+        read_exact(stream, pad)
         position += pad
         name = raw_name.rstrip(b"\x00").decode("utf-8", errors="surrogateescape")
         if name == "TRAILER!!!":
             return
-        data = _Bounded(stream, size)
+        data = Bounded(stream, size)
         kind = stat.S_IFMT(mode)
         member_key = (devmajor, devminor, ino)
         clean = member_name(name)
@@ -532,11 +373,11 @@ def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
             if size == 0 and nlink > 1:
                 pending_links.setdefault(member_key, []).append(clean)
             else:
-                yield Member(clean, FILE, size, stat.S_IMODE(mode), "", _buffered(data))
+                yield Member(clean, FILE, size, stat.S_IMODE(mode), "", buffered(data))
                 for other in pending_links.pop(member_key, []):
                     yield Member(other, HARDLINK, 0, stat.S_IMODE(mode), clean)
         elif kind == stat.S_IFLNK:
-            target = _read_exact(_buffered(data), size).decode("utf-8", errors="surrogateescape") if size else ""
+            target = read_exact(buffered(data), size).decode("utf-8", errors="surrogateescape") if size else ""
             yield Member(clean, SYMLINK, 0, 0o777, target)
         elif kind == stat.S_IFDIR:
             yield Member(clean, DIRECTORY, 0, stat.S_IMODE(mode))
@@ -545,7 +386,7 @@ def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
         data.skip()
         position += size
         pad = (-position) % 4
-        _read_exact(stream, pad)
+        read_exact(stream, pad)
         position += pad
 
 
@@ -555,7 +396,11 @@ def cpio_members(stream: IO[bytes], source: str) -> Iterator[Member]:
 def package_kind(path: Path) -> str:
     """"deb", "rpm" or "tar", from the file's first bytes."""
     with open(path, "rb") as handle:
-        head = handle.read(512)
+        return kind_of(handle.read(512), path)
+
+
+def kind_of(head: bytes, path: Path) -> str:
+    """"deb", "rpm" or "tar", from a file's first 512 bytes (`head`); UsageError for anything else."""
     if head.startswith(AR_MAGIC):
         return "deb"
     if head.startswith(RPM_LEAD_MAGIC):
@@ -568,16 +413,16 @@ def package_kind(path: Path) -> str:
     )
 
 
-def package_members(path: Path) -> Iterator[Member]:
+def package_members(path: Path, source: str | None = None) -> Iterator[Member]:
     """The members of a .deb (its data.tar), an RPM (its payload) or a tar archive."""
     kind = package_kind(path)
     if kind == "deb":
-        yield from deb_members(path)
+        yield from deb_members(path, source)
     elif kind == "rpm":
-        yield from rpm_members(path)
+        yield from rpm_members(path, source)
     else:
         with open(path, "rb") as handle:
-            yield from tar_members(_buffered(_Passthrough(handle)), path.name)
+            yield from tar_members(buffered(Passthrough(handle)), source or path.name)
 
 
 # -- keeping what is wanted --------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 The SDK's host libraries are built with clang against libc++ (`libc++.so.1`, `libc++abi.so.1`,
 `libunwind.so.1`, no longer shipped with the SDK) and reference recent glibc symbol versions.
-What a host lacks is staged into `$QNNCTL_CACHE_DIR/runtime/<name>-<version>/lib` the way an
-SDK is installed: check, lock, check again, build in tmp/, rename into place; a folder counts
-only once its manifest exists. The libc++ trio comes from the files given by the user
-(--runtime-from: then nothing is fetched, and each file is used or said why not); without
-them, from `apt-get download` on a Debian-family host, else the LLVM 14.0.0 release archive,
-streamed so that only the three libraries ever reach the disk (a megabyte out of 575).
+What a host lacks (`needs`) is staged into `$QNNCTL_CACHE_DIR/runtime/<name>-<version>/lib`
+the way an SDK is installed: check, lock, check again, build in tmp/, rename into place; a
+folder counts only once its manifest exists. The bytes come from sources (`sources`, `llvm`)
+that each hash exactly what they yield: the files given by the user (--runtime-from: then
+nothing is fetched, and each file is used or said why not); without them, `apt-get download`
+on a Debian-family host (apt checks them against its signed lists), else LLVM's 14.0.0
+release archive, held to its published sha256. The trees are built (`build`) and held to the
+project's lock when it pins the runtime, all before the first is committed.
 
 A staged glibc is never put on LD_LIBRARY_PATH (a libc that does not match the running loader
 crashes every program); it is used only by starting a program under its own loader,
@@ -16,180 +18,65 @@ crashes every program); it is used only by starting a program under its own load
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
-import os
-import posixpath
-import re
-import shutil
-import subprocess
-import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-import requests
-import urllib3
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerDefSection
-
-from qnnctl import __version__
-from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
-from qnnctl.files import remove_tree
-from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, needed_libraries, read_elf
-from qnnctl.host.machine import glibc_version, read_ld_cache
-from qnnctl.host.packages import (
-    Collected,
-    CollectedFile,
-    HashingReader,
-    collect,
-    deb_info,
-    package_kind,
-    package_members,
-    rpm_info,
-    tar_members,
+from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.host.build import RuntimePins, Tree, check_pinned, commit, glibc_tree, staged_files, trio_tree
+from qnnctl.host.llvm import LLVM_VERSION, llvm_source, stream_llvm
+from qnnctl.host.needs import dotted, glibc_shortfall, host_glibc_text, missing_host_libraries, trio_needed
+from qnnctl.host.packages import CollectedFile
+from qnnctl.host.sources import (
+    APT_PACKAGES,
+    LIBC,
+    Scan,
+    apt_download,
+    check_sources,
+    find,
+    holds_glibc,
+    scan,
 )
-from qnnctl.host.staged import (
-    GLIBC,
-    LIBCXX,
-    TRIO,
-    Staged,
-    Version,
-    current,
-    elf_identity,
-    sdk_identity,
-    staged_lib_dirs,
-)
-from qnnctl.net.download import (
-    BACKOFF_MAX,
-    CONNECT_TIMEOUT,
-    READ_TIMEOUT,
-    Retry,
-    backoff_delay,
-    file_sha256,
-    make_session,
-    retry_after,
-    retryable_status,
-)
-from qnnctl.net.retry import describe
+from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, TRIO, Staged, Version, current, staged_lib_dirs
 from qnnctl.net.urls import redact
-from qnnctl.paths import fsync_dir, user_path, write_json_atomic
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache
-from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.work import remove_stale_work, version_lock, work_folder
-
-if TYPE_CHECKING:
-    from qnnctl.host.packages import Collected, CollectedFile, DebInfo, RpmInfo
 
 log = logging.getLogger("qnnctl.host.runtime")
 
-RUNTIME_SCHEMA = 1
 LOCK_KEY = "runtime"
-APT_PACKAGES = ("libc++1-14", "libc++abi1-14", "libunwind-14")
-APT_TIMEOUT = 600.0
-LLVM_VERSION = "14.0.0"
-LLVM_URL = (
-    f"https://github.com/llvm/llvm-project/releases/download/llvmorg-{LLVM_VERSION}/"
-    f"clang+llvm-{LLVM_VERSION}-x86_64-linux-gnu-ubuntu-18.04.tar.xz"
-)
-LLVM_URL_ENV = "QNNCTL_LLVM_URL"  # another copy of the release archive (a mirror)
-LLVM_ATTEMPTS = 3
-LOADER = "ld-linux-x86-64.so.2"
-LIBC = "libc.so.6"
-# Set in the environment of a program started under the staged loader, so that it does
-# not start itself under the loader a second time.
-LOADER_GUARD = "QNNCTL_STAGED_LOADER"
-
-# sha256 of the Debian 12 amd64 builds of the trio, as published in the archive's Packages
-# index (pool/main/l/llvm-toolchain-14/*_14.0.6-12_amd64.deb).
-PINNED_DEBS: dict[tuple[str, str, str], str] = {
-    ("libc++1-14", "1:14.0.6-12", "amd64"):
-        "e25732a2aeb5ea0a3b0e069dfefac201659a9b96ad572693c1e22fd85c90abbf",
-    ("libc++abi1-14", "1:14.0.6-12", "amd64"):
-        "36f947832ba07ae944543dcab6f5a6c1cc1b02741aad2a2165834f35121b88fb",
-    ("libunwind-14", "1:14.0.6-12", "amd64"):
-        "a3d11439ce2560c0e3314a8f08daeaa901513b560fb4c2fd5a908d04dc3a7657",
-}
-
-# Where glibc packages keep the x86_64 libraries ("" is the top of a folder given by path).
-GLIBC_DIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64", "usr/lib64", "lib",
-              "usr/lib", "")
-_SONAME = re.compile(r"^(?:ld-linux-x86-64\.so\.2|lib[^/]+\.so(?:\.\d+)+)$")
-_LLVM_TOP = re.compile(r"clang\+llvm-(\d+\.\d+\.\d+)")
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9.+_-]")
 
 
-# -- what is staged ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RuntimeRequest:
+    sources: tuple[Path, ...] = ()  # --runtime-from: .deb, .rpm, .tar.xz or folders
+    force: bool = False  # stage even when the host or an earlier stage already provides it
+    use_apt: bool = True
+    llvm_url: str | None = None  # default: $QNNCTL_LLVM_URL, else the LLVM release
+    llvm_sha256: str | None = None  # default: $QNNCTL_LLVM_SHA256, else the published one
+    backoff_base: float = 1.0
+    pins: RuntimePins | None = None  # what the project's lock pins of the runtime
 
 
-# -- host facts --------------------------------------------------------------------------
+# What happened to each part: "host" (the host has it), "reused", "staged", "not-needed",
+# or "missing" (needed, but no source for it was given).
+@dataclass(frozen=True)
+class RuntimeResult:
+    libcxx: Staged | None
+    libcxx_action: str
+    glibc: Staged | None
+    glibc_action: str
 
 
-def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str]) -> list[str]:
-    """The libraries of `names` an x86_64 library would not find, searched as ld.so does.
-
-    `lib_path` stands for LD_LIBRARY_PATH (the SDK's own folder); then the loader's cache and
-    the default folders. The same resolver as doctor's library check.
-    """
-    resolver = Resolver(":".join(str(p) for p in lib_path) or None, read_ld_cache())
-    # A stand-in for the SDK's libraries, with no RPATH of its own.
-    needer = ElfInfo(path=Path("libQnnHtp.so"), identity=sdk_identity(),
-                     soname=None, needed=(), rpath=(), runpath=(), glibc=None)
-    return [name for name in names if resolver.find(name, (needer,)).missing]
-
-
-def glibc_needed_by(libraries: Iterable[Path]) -> Version | None:
-    """The newest GLIBC_x.y symbol version any of `libraries` references."""
-    newest: Version | None = None
-    for path in libraries:
-        if elf_identity(path) is None:
-            continue  # not an ELF file: nothing it needs
-        try:
-            needed = read_elf(path).glibc
-        except IntegrityError:
-            continue  # doctor reports unreadable libraries; here they need nothing known
-        if needed is not None and (newest is None or needed > newest):
-            newest = needed
-    return newest
-
-
-def glibc_provided_by(libc: Path) -> Version | None:
-    """The newest GLIBC_x.y symbol version a libc.so.6 defines."""
-    newest: Version | None = None
-    try:
-        with open(libc, "rb") as handle:
-            for section in ELFFile(handle).iter_sections():
-                if isinstance(section, GNUVerDefSection):
-                    for _, auxiliaries in section.iter_versions():
-                        for aux in auxiliaries:
-                            version = glibc_of(str(aux.name))
-                            if version and (newest is None or version > newest):
-                                newest = version
-    except (ELFError, OSError, ValueError):
-        return None
-    return newest
-
-
-def sdk_glibc_requirement(sdk: Sdk) -> Version | None:
-    """The newest glibc the SDK's host libraries reference."""
-    if not sdk.lib_dir.is_dir():
-        return None
-    return glibc_needed_by(sorted(p for p in sdk.lib_dir.iterdir() if ".so" in p.name and p.is_file()))
-
-
-def trio_needed(sdk: Sdk) -> list[str]:
-    """The libc++ trio members that the SDK's required host libraries name in DT_NEEDED."""
-    needed: set[str] = set()
-    for name in REQUIRED_LIBS:
-        try:
-            needed.update(needed_libraries(sdk.lib_dir / name))
-        except Exception as exc:  # an unreadable library is doctor's to report, not ours
-            log.debug("cannot read %s: %s", sdk.lib_dir / name, exc)
-    return [name for name in TRIO if name in needed]
+@dataclass
+class _Plan:
+    trio_missing: bool  # the host (with the SDK's own folder) lacks part of the trio
+    trio: bool  # stage the trio now
+    glibc_needed: Version | None  # the SDK needs this glibc and the host's is older
+    glibc: bool  # stage glibc now, if a source for it was given
 
 
 def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeResult | None:
@@ -204,78 +91,6 @@ def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeRe
     log.info("the SDK's libraries need %s, which this host lacks; staging them "
              "(what `qnnctl install --runtime` does)", ", ".join(wanted))
     return stage_runtime(cache, sdk, RuntimeRequest(), environ)
-
-
-def glibc_shortfall(sdk: Sdk) -> tuple[Version, Version | None] | None:
-    """(needed, host) when the SDK needs a newer glibc than this host's, else None."""
-    needed = sdk_glibc_requirement(sdk)
-    host = glibc_version()
-    if needed is None or (host is not None and host >= needed):
-        return None
-    return needed, host
-
-
-def _dotted(version: Version | None) -> str:
-    return "unknown" if version is None else ".".join(str(part) for part in version)
-
-
-def _host_glibc_text() -> str:
-    return _dotted(glibc_version())
-
-
-def _debian_family(os_release: Path = Path("/etc/os-release")) -> bool:
-    try:
-        text = os_release.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    ids: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key in ("ID", "ID_LIKE"):
-            ids.update(value.strip().strip("\"'").split())
-    return bool(ids & {"debian", "ubuntu"})
-
-
-# -- staging -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RuntimeRequest:
-    sources: tuple[Path, ...] = ()  # --runtime-from: .deb, .rpm, .tar.xz or folders
-    force: bool = False  # stage even when the host or an earlier stage already provides it
-    use_apt: bool = True
-    llvm_url: str | None = None  # default: $QNNCTL_LLVM_URL, else the LLVM release
-    backoff_base: float = 1.0
-
-
-# What happened to each part: "host" (the host has it), "reused", "staged", "not-needed",
-# or "missing" (needed, but no source for it was given).
-@dataclass(frozen=True)
-class RuntimeResult:
-    libcxx: Staged | None
-    libcxx_action: str
-    glibc: Staged | None
-    glibc_action: str
-
-
-@dataclass
-class _Scan:
-    """One source, read: what it is, its digest record, and the members kept from it."""
-
-    label: str
-    records: list[dict[str, Any]]
-    collected: Collected
-    deb: DebInfo | None = None
-    rpm: RpmInfo | None = None
-    version: str | None = None  # the version of what it holds, when known
-
-
-@dataclass
-class _Plan:
-    trio_missing: bool  # the host (with the SDK's own folder) lacks part of the trio
-    trio: bool  # stage the trio now
-    glibc_needed: Version | None  # the SDK needs this glibc and the host's is older
-    glibc: bool  # stage glibc now, if a source for it was given
 
 
 def stage_runtime(
@@ -293,10 +108,13 @@ def stage_runtime(
                 plan = _plan(cache, sdk, request, bool(sources))
                 if not plan.trio and not plan.glibc:
                     log.info("another qnnctl staged the runtime meanwhile")
+            _check_kept(cache, plan, request.pins)
             if plan.trio or plan.glibc:
                 remove_stale_work(cache, LOCK_KEY)
                 with work_folder(cache.tmp / f"{LOCK_KEY}.{uuid.uuid4().hex[:12]}") as work:
                     committed, unused = _stage(cache, sdk, request, environ, sources, plan, work)
+    else:
+        _check_kept(cache, plan, request.pins)
     if not plan.trio and not plan.glibc:
         # Nothing is staged, so nothing is read: what each file holds does not matter.
         reason = f"{_trio_unneeded(cache, plan)}, and {_glibc_unneeded(cache, plan)}"
@@ -306,6 +124,17 @@ def stage_runtime(
     return _result(cache, plan, committed)
 
 
+def _check_kept(cache: Cache, plan: _Plan, pins: RuntimePins | None) -> None:
+    """What stays staged (not staged again now), hashed and held to the lock when it pins it."""
+    if pins is None:
+        return
+    for kind, again in ((LIBCXX, plan.trio), (GLIBC, plan.glibc)):
+        staged = current(cache, kind)
+        if staged is not None and not again:
+            check_pinned(kind, staged_files(staged), pins, f"the runtime staged in {staged.root}",
+                         fix="stage the locked one again: `qnnctl install --runtime --force --runtime-from FILE`")
+
+
 def _stage(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapping[str, str],
            sources: Sequence[Path], plan: _Plan, work: Path) -> tuple[dict[str, Staged], dict[str, str]]:
     """Read every source and build every tree first, so that a failure stages nothing.
@@ -313,49 +142,51 @@ def _stage(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapp
     Returns what was staged, and why each source that contributed nothing was not used. A
     source that holds neither the trio nor a glibc is refused.
     """
-    scans = [_scan(source, work / f"src{i}") for i, source in enumerate(sources)]
-    trees = []
+    scans = [scan(source, work / f"src{i}") for i, source in enumerate(sources)]
+    trees: list[Tree] = []
     if plan.trio:
         built = _build_trio(scans, work, request, environ)
         if built is not None:
             trees.append(built)
     if plan.glibc:
-        built = _build_glibc(scans, work, plan.glibc_needed, sdk)
-        if built is not None:
-            trees.append(built)
+        glibc = glibc_tree(scans, work, plan.glibc_needed, sdk)
+        if glibc is not None:
+            trees.append(glibc)
     unused = _unused_sources(cache, plan, scans, trees)
+    for tree in trees:
+        sources_of = ", ".join(str(record["source"]) for record in tree.manifest["sources"])
+        check_pinned(str(tree.manifest["kind"]), tree.manifest["files"], request.pins,
+                     f"what would be staged from {sources_of}")
     committed = {}
-    for tree, name, manifest in trees:
-        committed[str(manifest["kind"])] = _commit(tree, name, manifest, cache, work)
+    for tree in trees:
+        committed[str(tree.manifest["kind"])] = commit(tree, cache, work)
     return committed, unused
 
 
-def _unused_sources(cache: Cache, plan: _Plan, scans: Sequence[_Scan],
-                    trees: Sequence[tuple[Path, str, dict[str, Any]]]) -> dict[str, str]:
+def _unused_sources(cache: Cache, plan: _Plan, scans: Sequence[Scan], trees: Sequence[Tree]) -> dict[str, str]:
     """Why each source no tree was built from is not used; UsageError for one that holds nothing of use."""
-    used = {str(record["source"]) for _, _, manifest in trees for record in manifest["sources"]}
-    taken = {str(manifest["kind"]): ", ".join(str(r["source"]) for r in manifest["sources"])
-             for _, _, manifest in trees}
+    used = {str(record["source"]) for tree in trees for record in tree.manifest["sources"]}
+    taken = {str(tree.manifest["kind"]): ", ".join(str(r["source"]) for r in tree.manifest["sources"])
+             for tree in trees}
     unused = {}
-    for scan in scans:
-        if any(str(record["source"]) in used for record in scan.records):
+    for source in scans:
+        if any(str(record["source"]) in used for record in source.records):
             continue
-        holds_trio = any(_find(scan, soname) is not None for soname in TRIO)
-        holds_glibc = _find(scan, LOADER, GLIBC_DIRS) is not None and _find(scan, LIBC, GLIBC_DIRS) is not None
+        holds_trio = any(find(source, soname) is not None for soname in TRIO)
         reasons = []
         if holds_trio:
             reasons.append(f"the libc++ trio came from {taken[LIBCXX]}" if LIBCXX in taken
                            else _trio_unneeded(cache, plan))
-        if holds_glibc:
+        if holds_glibc(source):
             reasons.append(f"the glibc came from {taken[GLIBC]}" if GLIBC in taken
                            else _glibc_unneeded(cache, plan))
         if not reasons:
             raise UsageError(
-                f"--runtime-from {scan.label} holds none of {', '.join(TRIO)}, and no glibc "
+                f"--runtime-from {source.label} holds none of {', '.join(TRIO)}, and no glibc "
                 f"({LOADER} with {LIBC})",
                 hint="give the packages, the LLVM 14 archive or a folder that hold them; nothing was staged",
             )
-        unused[scan.label] = ", and ".join(reasons)
+        unused[source.label] = ", and ".join(reasons)
     return unused
 
 
@@ -372,10 +203,10 @@ def _trio_unneeded(cache: Cache, plan: _Plan) -> str:
 def _glibc_unneeded(cache: Cache, plan: _Plan) -> str:
     """Why no glibc is staged now (the plan stages none)."""
     if plan.glibc_needed is None:
-        return (f"this host's glibc {_host_glibc_text()} covers what the SDK needs, so no glibc is "
+        return (f"this host's glibc {host_glibc_text()} covers what the SDK needs, so no glibc is "
                 "staged (--force stages one all the same)")
     staged = current(cache, GLIBC)
-    have = _dotted(staged.glibc_version) if staged is not None else "none"
+    have = dotted(staged.glibc_version) if staged is not None else "none"
     return f"glibc {have} is already staged, and covers what the SDK needs (--force stages it again)"
 
 
@@ -412,58 +243,13 @@ def _result(cache: Cache, plan: _Plan, committed: dict[str, Staged]) -> RuntimeR
         log.warning(
             "the SDK needs glibc %s and this host has %s; give a glibc package (.deb or .rpm, "
             "%s or newer) with --runtime-from to stage one",
-            _dotted(plan.glibc_needed), _host_glibc_text(), _dotted(plan.glibc_needed),
+            dotted(plan.glibc_needed), host_glibc_text(), dotted(plan.glibc_needed),
         )
     else:
         glibc_action = "reused"
         if glibc is not None:
             log.info("glibc %s already staged in %s", glibc.manifest.get("glibc_version"), glibc.lib_dir)
     return RuntimeResult(libcxx, libcxx_action, glibc, glibc_action)
-
-
-# A folder's files taken as packages, by name: the rest of a folder is read for bare libraries.
-_PACKAGE_SUFFIXES = (".deb", ".rpm", ".tar", ".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar.bz2", ".tar.zst")
-
-
-def check_sources(paths: Sequence[Path]) -> tuple[Path, ...]:
-    """--runtime-from as given, checked before anything is fetched or staged (UsageError for
-    a path that is missing or no package), a folder's packages in its place: a folder is read
-    for the packages it holds (`apt-get download` fills one with .debs) and for bare libraries."""
-    sources: list[Path] = []
-    for path in paths:
-        path = _check_source(path)
-        if not path.is_dir():
-            sources.append(path)
-            continue
-        packages = sorted(entry for entry in path.iterdir()
-                          if entry.name.endswith(_PACKAGE_SUFFIXES) and entry.is_file())
-        libraries = [entry for entry in path.iterdir() if _wanted(entry.name) and entry.is_file()]
-        if not packages and not libraries:
-            raise UsageError(f"--runtime-from {path}: the folder holds no package (.deb, .rpm, .tar.xz) and "
-                             f"none of {', '.join(TRIO)}, nor a glibc",
-                             hint="give the folder that holds the packages or the libraries, or the files themselves")
-        sources.extend(_check_source(package) for package in packages)
-        if libraries:
-            sources.append(path)
-    return tuple(dict.fromkeys(sources))
-
-
-def _check_source(path: Path) -> Path:
-    """The source's resolved path; UsageError for one that is missing or no package at all.
-
-    Checked before anything else, so that a file is refused even when nothing is to be staged.
-    """
-    path = user_path(path)
-    if not path.exists():
-        raise UsageError(f"--runtime-from {path}: no such file or folder")
-    if not path.is_dir():
-        try:
-            package_kind(path)
-        except UsageError as exc:
-            raise UsageError(f"--runtime-from {path}: not a .deb, .rpm or tar archive", hint=exc.hint) from None
-        except OSError as exc:
-            raise UsageError(f"--runtime-from {path}: cannot read it ({exc.strerror or exc})") from None
-    return path.resolve()
 
 
 def _plan(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, have_sources: bool) -> _Plan:
@@ -483,208 +269,19 @@ def _plan(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, have_sources: 
     return _Plan(trio_missing, trio, needed, glibc)
 
 
-# -- reading sources ---------------------------------------------------------------------
-
-
-def _trio_only(name: str) -> bool:
-    """The trio's members, by name: libc++.so.1, libc++.so.1.0 and the like."""
-    base = posixpath.basename(name)
-    return any(base.startswith(soname) for soname in TRIO)
-
-
-def _wanted(name: str) -> bool:
-    """Members worth keeping from a package: the trio, and the libraries in lib folders."""
-    return _trio_only(name) or (posixpath.dirname(name) in GLIBC_DIRS and ".so" in posixpath.basename(name))
-
-
-def _scan(source: Path, dest: Path, label: str | None = None) -> _Scan:
-    """Read one source (file or folder), check its digest, keep the members that matter."""
-    label = label or str(source)
-    if source.is_dir():
-        return _scan_folder(source, dest)
-    kind = package_kind(source)
-    digest = file_sha256(source)
-    record: dict[str, Any] = {"source": label, "sha256": digest, "size": source.stat().st_size}
-    deb = rpm = None
-    version = None
-    if kind == "deb":
-        deb = deb_info(source)
-        key = (deb.package, deb.version, deb.architecture)
-        record.update(package=deb.package, version=deb.version, architecture=deb.architecture)
-        pinned = PINNED_DEBS.get(key)
-        if pinned is not None:
-            if digest != pinned:
-                raise IntegrityError(
-                    f"sha256 mismatch for {source.name} ({deb.package} {deb.version} "
-                    f"{deb.architecture}): expected {pinned}, got {digest}",
-                    hint="this is not the package Debian published; nothing was staged",
-                )
-            record["pinned"] = True
-        version = deb.version.partition(":")[2] or deb.version
-    elif kind == "rpm":
-        with open(source, "rb") as handle:
-            rpm = rpm_info(handle, source.name)
-        record.update(package=rpm.name, version=f"{rpm.version}-{rpm.release}", architecture=rpm.arch)
-        version = f"{rpm.version}-{rpm.release}"
-    collected = collect(package_members(source), _wanted, dest, source.name)
-    scan = _Scan(label, [record], collected, deb, rpm, version)
-    if kind == "tar":
-        scan.version = _llvm_version(collected)
-    return scan
-
-
-def _scan_folder(folder: Path, dest: Path) -> _Scan:
-    """A folder given by the user: its libraries, links followed on disk (it is trusted)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    collected = Collected()
-    records = []
-    for entry in sorted(folder.iterdir()):
-        if not _wanted(entry.name) or not entry.exists():
-            continue
-        real = entry.resolve()
-        if not real.is_file():
-            continue
-        target = dest / str(len(collected.files))
-        shutil.copyfile(real, target)
-        digest = file_sha256(target)
-        size = target.stat().st_size
-        collected.files[entry.name] = CollectedFile(target, digest, size, 0o755)
-        records.append({"source": str(entry), "sha256": digest, "size": size})
-    return _Scan(str(folder), records, collected)
-
-
-def _llvm_version(collected: Collected) -> str | None:
-    for name in collected.names():
-        match = _LLVM_TOP.search(name)
-        if match:
-            return match.group(1)
-    return None
-
-
-def _find(scan: _Scan, soname: str, dirs: Sequence[str] | None = None) -> tuple[str, CollectedFile] | None:
-    """The file a member named `soname` (in one of `dirs`) leads to, following links."""
-    for name in scan.collected.names():
-        if posixpath.basename(name) != soname:
-            continue
-        if dirs is not None and posixpath.dirname(name) not in dirs:
-            continue
-        target = scan.collected.resolve(name)
-        if target is not None:
-            return name, scan.collected.files[target]
-    return None
-
-
-def _apt_download(folder: Path) -> list[Path] | None:
-    """The trio's .debs fetched by `apt-get download` (no root needed), or None if it fails."""
-    apt = shutil.which("apt-get")
-    if apt is None or not _debian_family():
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    log.info("fetching %s with apt-get download", " ".join(APT_PACKAGES))
-    env = dict(os.environ, LC_ALL="C")
-    try:
-        proc = subprocess.run([apt, "download", *APT_PACKAGES], cwd=folder, capture_output=True,
-                              text=True, timeout=APT_TIMEOUT, env=env, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.info("apt-get download failed: %s", exc)
-        return None
-    debs = sorted(folder.glob("*.deb"))
-    if proc.returncode != 0 or len(debs) < len(APT_PACKAGES):
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        log.info("apt-get download failed (exit %d): %s", proc.returncode, last)
-        return None
-    return debs
-
-
-def _stream_llvm(url: str, dest: Path, backoff_base: float) -> _Scan:
-    """Stream the release archive once, keeping only the trio; retry from the start."""
-    session = make_session()
-    attempt = 0
-    while True:
-        attempt += 1
-        target = dest / f"attempt{attempt}"
-        try:
-            return _stream_once(session, url, target)
-        except Retry as retry:
-            remove_tree(target)
-            if attempt >= LLVM_ATTEMPTS:
-                raise DownloadError(
-                    f"streaming {redact(url)} failed after {attempt} attempts: {retry.reason}",
-                    hint="check the network and proxy settings, set QNNCTL_LLVM_URL to a mirror, "
-                    "or give the libraries with --runtime-from",
-                ) from None
-            delay = retry.delay if retry.delay is not None else backoff_delay(attempt, backoff_base)
-            delay = min(delay, BACKOFF_MAX)  # a server's Retry-After is a request, not an order
-            log.warning("%s; retrying in %.1fs", retry.reason, delay)
-            time.sleep(delay)
-
-
-def _stream_once(session: Any, url: str, dest: Path) -> _Scan:
-    shown = redact(url)  # QNNCTL_LLVM_URL may name a mirror with a password or a token
-    log.info("streaming %s (only the three libraries are kept)", shown)
-    try:
-        response = session.get(url, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Retry(f"cannot reach {shown}: {describe(exc)}") from None
-    except requests.RequestException as exc:
-        raise DownloadError(f"request to {shown} failed: {describe(exc)}") from None
-    with response:
-        status = response.status_code
-        if retryable_status(status):
-            raise Retry(f"HTTP {status} from {shown}", retry_after(response.headers.get("Retry-After")))
-        if status != 200:
-            raise DownloadError(
-                f"HTTP {status} from {shown}",
-                hint="check QNNCTL_LLVM_URL, or give the libraries with --runtime-from",
-            )
-        if "text/html" in response.headers.get("Content-Type", "").lower():
-            raise DownloadError(f"{shown} answered with an HTML page, not the LLVM archive",
-                                hint="check QNNCTL_LLVM_URL and proxy settings")
-        hashing = HashingReader(response.raw)
-        try:
-            collected = collect(tar_members(io.BufferedReader(hashing, 1 << 20), shown), _trio_only, dest, shown)
-            hashing.drain()
-        except (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
-            raise Retry(f"the connection to {shown} broke: {describe(exc)}") from None
-    record = {"source": shown, "sha256": hashing.sha256.hexdigest(), "size": hashing.size}
-    return _Scan(shown, [record], collected, version=_llvm_version(collected))
-
-
-# -- building ----------------------------------------------------------------------------
-
-
-def _safe_name(text: str) -> str:
-    return _UNSAFE_NAME.sub("_", text)
-
-
-def _place(file: CollectedFile, target: Path) -> None:
-    with open(file.path, "rb") as handle:
-        if handle.read(4) != b"\x7fELF":
-            raise IntegrityError(f"{target.name} in the package is not an ELF library",
-                                 hint="give the package that holds the library itself; nothing was staged")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(file.path, target)
-    except OSError:
-        shutil.copyfile(file.path, target)
-    # Libraries are mapped, but the loader is also run as a program: it needs its exec bit.
-    os.chmod(target, 0o755)  # noqa: S103
-
-
-def _trio_from(scans: Sequence[_Scan]) -> dict[str, tuple[_Scan, CollectedFile]]:
-    found: dict[str, tuple[_Scan, CollectedFile]] = {}
+def _trio_from(scans: Sequence[Scan]) -> dict[str, tuple[Scan, CollectedFile]]:
+    found: dict[str, tuple[Scan, CollectedFile]] = {}
     for soname in TRIO:
-        for scan in scans:
-            hit = _find(scan, soname)
+        for source in scans:
+            hit = find(source, soname)
             if hit is not None:
-                found[soname] = (scan, hit[1])
+                found[soname] = (source, hit[1])
                 break
     return found
 
 
-def _build_trio(
-    scans: Sequence[_Scan], work: Path, request: RuntimeRequest, environ: Mapping[str, str]
-) -> tuple[Path, str, dict[str, Any]] | None:
+def _build_trio(scans: Sequence[Scan], work: Path, request: RuntimeRequest,
+                environ: Mapping[str, str]) -> Tree | None:
     """The trio's tree from the given sources; fetched only when none were given. None: they lack it."""
     found = _trio_from(scans)
     if found and len(found) < len(TRIO):
@@ -695,108 +292,26 @@ def _build_trio(
         )
     if not found and scans:
         return None  # the files given are what the user wants used: nothing is fetched
-    used: Sequence[_Scan] = scans
+    used: Sequence[Scan] = scans
     if not found:
         used = []
-        debs = _apt_download(work / "apt") if request.use_apt else None
+        debs = apt_download(work / "apt") if request.use_apt else None
         if debs is not None:
-            used = [_scan(deb, work / f"apt{i}", label=f"apt-get download {deb.name}")
-                    for i, deb in enumerate(debs)]
+            used = [scan(deb, work / f"apt{i}", label=f"apt-get download {deb.name}") for i, deb in enumerate(debs)]
             found = _trio_from(used)
             if len(found) < len(TRIO):
-                log.info("the packages apt-get fetched lack %s",
-                         ", ".join(n for n in TRIO if n not in found))
+                log.info("the packages apt-get fetched lack %s", ", ".join(n for n in TRIO if n not in found))
                 found = {}
         if not found:
-            url = request.llvm_url or environ.get(LLVM_URL_ENV) or LLVM_URL
-            used = [_stream_llvm(url, work / "llvm", request.backoff_base)]
+            url, expected = llvm_source(environ, request.llvm_url, request.llvm_sha256)
+            used = [stream_llvm(url, expected, work / "llvm", request.backoff_base)]
             found = _trio_from(used)
             if len(found) < len(TRIO):
                 raise IntegrityError(
                     f"{redact(url)} does not hold {', '.join(n for n in TRIO if n not in found)}",
                     hint="check QNNCTL_LLVM_URL; it must be the LLVM 14 release archive for Linux x86_64",
                 )
-    tree = work / "libcxx"
-    files = {}
-    for soname, (_, file) in found.items():
-        _place(file, tree / "lib" / soname)
-        files[f"lib/{soname}"] = file.sha256
-    contributing = [scan for scan in used if any(s is scan for s, _ in found.values())]
+    contributing = [source for source in used if any(s is source for s, _ in found.values())]
     version = next((s.version for s in contributing if s.deb and s.deb.package == APT_PACKAGES[0]), None)
     version = version or next((s.version for s in contributing if s.version), None)
-    if version is None:
-        version = "local-" + hashlib.sha256("".join(sorted(files.values())).encode()).hexdigest()[:12]
-    manifest = _manifest(LIBCXX, contributing, files)
-    return tree, _safe_name(f"{LIBCXX}-{version}"), manifest
-
-
-def _build_glibc(
-    scans: Sequence[_Scan], work: Path, needed: Version | None, sdk: Sdk | None
-) -> tuple[Path, str, dict[str, Any]] | None:
-    chosen = None
-    for scan in scans:
-        loader = _find(scan, LOADER, GLIBC_DIRS)
-        libc = _find(scan, LIBC, GLIBC_DIRS)
-        if loader is not None and libc is not None:
-            chosen = (scan, libc[0])
-            break
-    if chosen is None:
-        return None
-    scan, libc_member = chosen
-    # The folder that holds libc.so.6 first, so its copies win over same-named others.
-    first = posixpath.dirname(libc_member)
-    order = [first, *(d for d in GLIBC_DIRS if d != first)]
-    tree = work / "glibc"
-    files: dict[str, str] = {}
-    for folder in order:
-        for name in scan.collected.names():
-            base = posixpath.basename(name)
-            if posixpath.dirname(name) != folder or not _SONAME.match(base) or f"lib/{base}" in files:
-                continue
-            target = scan.collected.resolve(name)
-            if target is None:
-                continue
-            file = scan.collected.files[target]
-            _place(file, tree / "lib" / base)
-            files[f"lib/{base}"] = file.sha256
-    provided = glibc_provided_by(tree / "lib" / LIBC)
-    if needed is not None and (provided is None or provided < needed):
-        what = f"SDK {sdk.version}" if sdk is not None else "the SDK"
-        raise QnnctlError(
-            f"{scan.label} holds glibc {_dotted(provided)}; {what} needs {_dotted(needed)} or newer",
-            hint="give a newer glibc package with --runtime-from; nothing was staged",
-        )
-    version = scan.version or f"{_dotted(provided)}-local"
-    manifest = _manifest(GLIBC, [scan], files)
-    manifest["loader"] = f"lib/{LOADER}"
-    manifest["glibc_version"] = _dotted(provided)
-    return tree, _safe_name(f"{GLIBC}-{version}"), manifest
-
-
-def _manifest(kind: str, scans: Sequence[_Scan], files: dict[str, str]) -> dict[str, Any]:
-    return {
-        "schema": RUNTIME_SCHEMA,
-        "kind": kind,
-        "sources": [record for scan in scans for record in scan.records],
-        "files": files,
-        "loader": None,
-        "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "staged_ns": time.time_ns(),
-        "qnnctl_version": __version__,
-    }
-
-
-def _commit(tree: Path, name: str, manifest: dict[str, Any], cache: Cache, work: Path) -> Staged:
-    """Write the manifest last, then rename the tree into runtime/. Caller holds the lock."""
-    manifest = dict(manifest, name=name)
-    write_json_atomic(tree / MANIFEST_NAME, manifest)
-    destination = cache.runtime / name
-    cache.runtime.mkdir(parents=True, exist_ok=True)
-    if destination.exists() or destination.is_symlink():
-        # An older stage of the same name (--force) or an incomplete one: move it aside.
-        os.replace(destination, work / f"old-{name}")
-    os.replace(tree, destination)
-    fsync_dir(cache.runtime)
-    label = "libc++ runtime" if manifest["kind"] == LIBCXX else f"glibc {manifest.get('glibc_version')}"
-    log.info("staged %s into %s", label, destination / "lib")
-    return Staged(destination, manifest)
+    return trio_tree({soname: file for soname, (_, file) in found.items()}, contributing, version, work)

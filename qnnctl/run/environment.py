@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
-from qnnctl.host.runtime import ensure_trio, missing_host_libraries, trio_needed
+from qnnctl.host.needs import missing_host_libraries, trio_needed
+from qnnctl.host.runtime import ensure_trio
 from qnnctl.host.staged import staged_lib_dirs
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import check_url, redact

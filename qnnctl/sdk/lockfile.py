@@ -64,6 +64,9 @@ class LockedSdk(Record):
     locked_at: str | None = None
     # component -> digest of its members (qnnctl.sdk.components): what checks an install by parts
     component_sha256: Mapping[str, str] | None = None
+    # The host runtime staged beside the SDK (`install --runtime`): kind ("libcxx", "glibc") ->
+    # {file under the staged runtime's root -> sha256}; the [runtime.<kind>] tables of the file.
+    runtime_sha256: Mapping[str, Mapping[str, str]] | None = None
 
     def expected(self) -> Expected:
         """What the gate (qnnctl.sdk.gate) holds an archive of the locked version to."""
@@ -162,6 +165,10 @@ def read_lock(path: Path) -> LockedSdk:
     digests = sdk.get("component_sha256")
     if digests is not None and (not isinstance(digests, dict) or not all(map(is_sha256, digests.values()))):
         raise LockError(f"{path}: sdk.component_sha256 must map each component to a sha256 digest", hint=hint)
+    runtime = data.get("runtime")
+    if runtime is not None and not (isinstance(runtime, dict) and all(
+            isinstance(files, dict) and all(map(is_sha256, files.values())) for files in runtime.values())):
+        raise LockError(f"{path}: each [runtime.<kind>] table must map a file to a sha256 digest", hint=hint)
     return LockedSdk(
         path=path,
         version=version,
@@ -173,6 +180,8 @@ def read_lock(path: Path) -> LockedSdk:
         components=tuple(c for c in components if isinstance(c, str)) if isinstance(components, list) else None,
         locked_at=sdk.get("locked_at") if isinstance(sdk.get("locked_at"), str) else None,
         component_sha256={str(k): str(v) for k, v in digests.items()} if digests else None,
+        runtime_sha256={str(kind): {str(k): str(v) for k, v in files.items()} for kind, files in runtime.items()}
+        if runtime else None,
     )
 
 
@@ -211,6 +220,10 @@ def render_lock(lock: LockedSdk, trust: str) -> str:
         lines += ["", "[sdk.component_sha256]"]
         lines += [f"{_toml_string(name)} = {_toml_string(digest)}"
                   for name, digest in sorted(lock.component_sha256.items())]
+    for kind, files in sorted((lock.runtime_sha256 or {}).items()):
+        # The host runtime staged here: `install --locked --runtime` refuses other libraries.
+        lines += ["", f"[runtime.{_toml_string(kind)}]"]
+        lines += [f"{_toml_string(name)} = {_toml_string(digest)}" for name, digest in sorted(files.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -341,6 +354,15 @@ def check_reused(sdk: Sdk, cwd: Path, required: bool, cache: Cache) -> None:
         log.warning("%s; used unchecked", unchecked(lock, sdk))
     else:
         log.debug("SDK %s at %s matches %s by %s", sdk.version, sdk.root, lock.path, how)
+
+
+def locked_runtime(version: str, cwd: Path) -> tuple[Path, Mapping[str, Mapping[str, str]]] | None:
+    """(the lock, what it pins of the host runtime) when the project's lock pins SDK `version`
+    and a staged runtime with it; None otherwise."""
+    lock = _lock_for(version, cwd, required=False)
+    if lock is None or not lock.runtime_sha256:
+        return None
+    return lock.path, lock.runtime_sha256
 
 
 def expected_for_download(version: str, cwd: Path, required: bool) -> LockedSdk | None:

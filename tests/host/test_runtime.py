@@ -7,6 +7,7 @@ Deselect them offline with `-k "not apt"`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import lzma
@@ -22,18 +23,10 @@ import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.host.machine import glibc_version as host_glibc
-from qnnctl.host.runtime import (
-    LOADER,
-    LOADER_GUARD,
-    LOCK_KEY,
-    PINNED_DEBS,
-    RuntimeRequest,
-    glibc_shortfall,
-    missing_host_libraries,
-    sdk_glibc_requirement,
-    stage_runtime,
-)
-from qnnctl.host.staged import TRIO, staged_lib_dirs, staged_loader
+from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
+from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
+from qnnctl.host.sources import PINNED_DEBS
+from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
@@ -113,6 +106,10 @@ def llvm_archive(folder: Path, big: int = 32 << 20) -> tuple[bytes, dict[str, by
         add("lib/libclang-cpp.so.14", bytes(big))
         add("include/c++/v1/vector", b"// vector\n" * 1000)
     return lzma.compress(buffer.getvalue(), preset=0), libs
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def manifest_of(staged_root: Path) -> dict[str, object]:
@@ -247,7 +244,7 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-request = RuntimeRequest(force=True, use_apt=False, llvm_url=sys.argv[1])
+request = RuntimeRequest(force=True, use_apt=False, llvm_url=sys.argv[1], llvm_sha256=sys.argv[3])
 result = stage_runtime(Cache.from_env(os.environ), None, request, os.environ)
 print(result.libcxx.root)
 """
@@ -259,7 +256,7 @@ def test_llvm_archive_is_streamed_and_only_the_trio_written(server: FaultServer,
     url = server.add(f"/llvmorg-14.0.0/{LLVM_TOP}.tar.xz", data, "application/x-xz")
     # No file bigger than 4 MiB may be written: the archive's big members would be 32 MiB.
     limit = 4 << 20
-    proc = subprocess.run([sys.executable, "-c", STREAM_CHILD, url, str(limit)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", STREAM_CHILD, url, str(limit), sha256_of(data)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     root = Path(proc.stdout.strip())
@@ -268,10 +265,8 @@ def test_llvm_archive_is_streamed_and_only_the_trio_written(server: FaultServer,
     for soname, content in libs.items():
         assert (root / "lib" / soname).read_bytes() == content
     manifest = manifest_of(root)
-    import hashlib
-
-    assert manifest["sources"] == [{"source": url, "sha256": hashlib.sha256(data).hexdigest(),
-                                    "size": len(data)}]
+    assert manifest["sources"] == [{"source": url, "sha256": sha256_of(data), "size": len(data),
+                                    "checked_against": "QNNCTL_LLVM_SHA256"}]
     assert len(server.requests_for(f"/llvmorg-14.0.0/{LLVM_TOP}.tar.xz")) == 1
     assert list((cache_dir / "tmp").iterdir()) == []
 
@@ -281,7 +276,7 @@ def test_llvm_stream_retries_from_the_start(server: FaultServer, tmp_path: Path,
     path = "/llvm.tar.xz"
     url = server.add(path, data, "application/x-xz")
     server.fail(path, Fault.status(503), Fault.drop_after(len(data) // 2))
-    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, backoff_base=0.01)
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
     result = stage_runtime(cache, None, request, os.environ)
     assert result.libcxx is not None
     assert (result.libcxx.lib_dir / "libc++.so.1").read_bytes() == libs["libc++.so.1"]
@@ -293,7 +288,7 @@ def test_llvm_stream_that_keeps_failing_stages_nothing(server: FaultServer, tmp_
     data, _ = llvm_archive(tmp_path, big=1 << 20)
     url = server.add("/llvm.tar.xz", data, "application/x-xz")
     server.fail("/llvm.tar.xz", *[Fault.drop_after(len(data) // 3)] * 3)
-    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, backoff_base=0.01)
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
     with pytest.raises(DownloadError, match="after 3 attempts"):
         stage_runtime(cache, None, request, os.environ)
     nothing_staged(cache_dir)
@@ -313,6 +308,7 @@ def test_failed_apt_get_falls_back_to_the_llvm_archive(server: FaultServer, tmp_
     (fake / "apt-get").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("QNNCTL_LLVM_URL", url)
+    monkeypatch.setenv("QNNCTL_LLVM_SHA256", sha256_of(data).upper())  # as some tools print it
     result = stage_runtime(cache, None, RuntimeRequest(force=True), os.environ)
     assert result.libcxx is not None
     assert manifest_of(result.libcxx.root)["sources"][0]["source"] == url  # type: ignore[index]
@@ -775,6 +771,7 @@ def test_apt_command_line_stages_only_what_is_missing(debs: dict[str, Path], cac
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reaches the real LLVM release: a test that falls through to it gets a closed port."""
     monkeypatch.setenv("QNNCTL_LLVM_URL", "http://127.0.0.1:9/no-llvm-archive-here.tar.xz")
+    monkeypatch.setenv("QNNCTL_LLVM_SHA256", "0" * 64)  # vouched for, so that it is tried, and fails
     monkeypatch.delenv(LOADER_GUARD, raising=False)
 
 
@@ -785,8 +782,8 @@ def test_llvm_url_secrets_are_neither_logged_nor_recorded(server: FaultServer, t
     server.fail("/llvm.tar.xz", Fault.drop_after(len(data) // 2))
     url = server.base.replace("http://", "http://user:S3cr3t@") + "/llvm.tar.xz?token=SIGNED"
     caplog.set_level("INFO", logger="qnnctl")
-    result = stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url, backoff_base=0.01),
-                           os.environ)
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
+    result = stage_runtime(cache, None, request, os.environ)
     assert result.libcxx is not None
     shown = server.base.replace("http://", "http://***@") + "/llvm.tar.xz?token=***"
     assert manifest_of(result.libcxx.root)["sources"][0]["source"] == shown  # type: ignore[index]

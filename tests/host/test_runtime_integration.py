@@ -8,6 +8,7 @@ the SDK, and that same stub is what the archive holds, so a staged copy really l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -19,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.host.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, RuntimeRequest, stage_runtime
-from qnnctl.host.staged import TRIO
+from qnnctl.host.llvm import LLVM_SHA256_ENV, LLVM_URL_ENV
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO
 from qnnctl.run.lower import StagedLoader, under_loader
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
@@ -50,6 +52,7 @@ def apt_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shim.chmod(0o755)
     monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv(LLVM_URL_ENV, CLOSED_PORT_URL)
+    monkeypatch.setenv(LLVM_SHA256_ENV, "0" * 64)  # vouched for, so that it is tried, and fails
     monkeypatch.delenv(LOADER_GUARD, raising=False)
     return log
 
@@ -72,6 +75,7 @@ def llvm(server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     data, libs = llvm_archive(tmp_path / "llvm", big=64 << 10)
     url = server.add(LLVM_PATH, data, "application/x-xz")
     monkeypatch.setenv(LLVM_URL_ENV, url)
+    monkeypatch.setenv(LLVM_SHA256_ENV, hashlib.sha256(data).hexdigest())
     return Llvm(server, url, libs, tmp_path / "llvm" / "stubs")
 
 

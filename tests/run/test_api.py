@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -326,7 +327,7 @@ def test_a_cache_no_path_list_can_hold_is_refused_before_any_download(
 
 
 def _host_has_trio() -> bool:
-    from qnnctl.host.runtime import missing_host_libraries
+    from qnnctl.host.needs import missing_host_libraries
     from qnnctl.host.staged import TRIO
 
     return not missing_host_libraries(TRIO, [])
@@ -344,6 +345,7 @@ def test_a_host_without_libcxx_gets_the_trio_staged_and_loaded_first(
 
     data, _ = llvm_archive(tmp_path, big=1 << 20)
     monkeypatch.setenv("QNNCTL_LLVM_URL", server.add("/llvm.tar.xz", data, "application/x-xz"))
+    monkeypatch.setenv("QNNCTL_LLVM_SHA256", hashlib.sha256(data).hexdigest())
     apt = tmp_path / "bin" / "apt-get"
     apt.parent.mkdir()
     apt.write_text("#!/bin/sh\nexit 100\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.host.staged import LOADER_GUARD
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.bootstrap import GUARD_VARIABLE
 from qnnctl.run.lower import (

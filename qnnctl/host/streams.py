@@ -1,0 +1,202 @@
+"""Readers over the streams packages come in: part of a stream, a stream hashed on the way
+through, a stream decompressed by its first bytes (xz, zstd, gzip, bzip2, lzma), each turning
+a decompressor's own error into IntegrityError naming the package.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import importlib
+import io
+import lzma
+from pathlib import Path
+from typing import IO, Any, cast
+
+from qnnctl.errors import IntegrityError, QnnctlError
+
+COPY_BUFFER = 1 << 20
+XZ_MAGIC = b"\xfd7zXZ\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+BZIP2_MAGIC = b"BZh"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZMA_ALONE_MAGIC = b"\x5d\x00\x00"
+
+
+def corrupt(source: str, detail: object) -> IntegrityError:
+    return IntegrityError(
+        f"{source} is corrupt or truncated: {detail}",
+        hint="download it again or get it from a trusted source; nothing was staged",
+    )
+
+
+# -- readers over part of a stream -------------------------------------------------------
+
+
+class Bounded(io.RawIOBase):
+    """At most `size` bytes of a forward-only stream; `skip()` consumes what is left."""
+
+    def __init__(self, stream: IO[bytes], size: int) -> None:
+        self.stream = stream
+        self.remaining = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.remaining <= 0:
+            return 0
+        view = memoryview(buffer).cast("B")
+        data = self.stream.read(min(len(view), self.remaining))
+        if not data:
+            raise EOFError(f"stream ended with {self.remaining} bytes of a member still to come")
+        view[: len(data)] = data
+        self.remaining -= len(data)
+        return len(data)
+
+    def skip(self) -> None:
+        while self.remaining > 0:
+            if not self.read(min(self.remaining, COPY_BUFFER)):
+                break
+
+
+class HashingReader(io.RawIOBase):
+    """Passes a stream through, counting and hashing every byte read from it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.stream.read(len(view))
+        if not data:
+            return 0
+        view[: len(data)] = data
+        self.sha256.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def drain(self) -> None:
+        while self.read(COPY_BUFFER):
+            pass
+
+
+def read_exact(stream: IO[bytes], n: int) -> bytes:
+    """Exactly n bytes (decompressors may return fewer per call), or EOFError."""
+    chunks = []
+    wanted = n
+    while wanted > 0:
+        data = stream.read(wanted)
+        if not data:
+            raise EOFError(f"stream ended {wanted} bytes early")
+        chunks.append(data)
+        wanted -= len(data)
+    return b"".join(chunks)
+
+
+def buffered(raw: io.RawIOBase) -> IO[bytes]:
+    return io.BufferedReader(raw, COPY_BUFFER)
+
+
+# -- compression -------------------------------------------------------------------------
+
+
+def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
+    """A decompressing reader over zstd data, from whichever zstd module can be imported."""
+    try:
+        stdlib = importlib.import_module("compression.zstd")  # Python 3.14 and later
+    except ImportError:
+        pass
+    else:
+        return buffered(_DecoderErrors(stdlib.ZstdFile(stream), stdlib.ZstdError, source, "zstd"))
+    try:
+        zstandard = importlib.import_module("zstandard")
+    except ImportError:
+        raise QnnctlError(
+            f"{source} is compressed with zstd, and Python here has no zstd module",
+            hint="install one (`pip install zstandard`) or use Python 3.14 or later, then run again",
+        ) from None
+    reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
+    return buffered(_DecoderErrors(reader, zstandard.ZstdError, source, "zstd"))
+
+
+class _DecoderErrors(io.RawIOBase):
+    """Turns a decompressor's own error class into IntegrityError naming the package."""
+
+    def __init__(self, reader: Any, error: type[Exception], source: str, label: str) -> None:
+        self.reader = reader
+        self.error = error
+        self.source = source
+        self.label = label
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        try:
+            data = self.reader.read(len(view))
+        except self.error as exc:
+            # bz2 reports damaged data as a bare OSError; one with an errno, or a subclass
+            # (a broken connection), comes from the stream under it.
+            if isinstance(exc, OSError) and (type(exc) is not OSError or exc.errno is not None):
+                raise
+            raise corrupt(self.source, f"{self.label}: {exc}") from None
+        view[: len(data)] = data
+        return len(data)
+
+
+def decompressed(stream: IO[bytes], head: bytes, source: str) -> IO[bytes]:
+    """`stream` decompressed according to its first bytes (`head`, already peeked)."""
+    if head.startswith(XZ_MAGIC):
+        return lzma.LZMAFile(stream, format=lzma.FORMAT_XZ)
+    if head.startswith(ZSTD_MAGIC):
+        return zstd_reader(stream, source)
+    if head.startswith(GZIP_MAGIC):
+        return cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))
+    if head.startswith(BZIP2_MAGIC):
+        return buffered(_DecoderErrors(bz2.BZ2File(stream), OSError, source, "bzip2"))
+    if head.startswith(LZMA_ALONE_MAGIC):
+        return lzma.LZMAFile(stream, format=lzma.FORMAT_ALONE)
+    return stream
+
+
+def peek(stream: IO[bytes], n: int = 8) -> bytes:
+    peek = getattr(stream, "peek", None)
+    if peek is None:  # pragma: no cover - every stream here is buffered
+        raise TypeError("a buffered stream is needed")
+    return bytes(peek(n)[:n])
+
+
+class Passthrough(io.RawIOBase):
+    """Any object with read() as a raw stream, so it can be buffered and peeked."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.stream.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+def copy_hashed(stream: IO[bytes], target: Path) -> tuple[str, int]:
+    """Copy `stream` to a new file `target`: (sha256, size) of exactly the bytes written."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(target, "xb") as out:
+        while block := stream.read(COPY_BUFFER):
+            digest.update(block)
+            out.write(block)
+            size += len(block)
+    return digest.hexdigest(), size

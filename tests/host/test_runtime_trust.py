@@ -1,0 +1,262 @@
+"""What the host runtime stages is what was checked: LLVM's archive held to a sha256 known before
+it is fetched, a --runtime-from file read once, modes that nobody else can write through.
+
+The attackers here are built as they would be: a loopback server handing out another archive
+under LLVM's name, a file renamed over the one given while qnnctl reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import lzma
+import os
+import stat
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qnnctl.errors import IntegrityError
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.staged import TRIO
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.layout import Sdk
+from tests.conftest import run_qnnctl
+from tests.host.test_packages import Entry, build_deb, tar_bytes
+from tests.host.test_runtime import (
+    LLVM_TOP,
+    llvm_archive,
+    manifest_of,
+    needs_host_without_trio,
+    nothing_staged,
+    stub_trio,
+)
+from tests.httpserver import FaultServer
+from tests.sdkfactory import VERSION, compile_shared, install_tree_into_cache
+
+LLVM_NAME = f"{LLVM_TOP}.tar.xz"
+LLVM_PATH = f"/llvmorg-14.0.0/{LLVM_NAME}"
+PUBLISHED = "61582215dafafb7b576ea30cc136be92c877ba1f1c31ddbbd372d6d65622fef5"
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def _no_llvm_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No digest comes from the environment unless a test gives one; no apt, no LLVM release."""
+    monkeypatch.delenv("QNNCTL_LLVM_SHA256", raising=False)
+    monkeypatch.setenv("QNNCTL_LLVM_URL", "http://127.0.0.1:9/no-llvm-archive-here.tar.xz")
+
+
+@pytest.fixture
+def sdk(cache_dir: Path) -> Sdk:
+    return Sdk(install_tree_into_cache(cache_dir), VERSION, "qnnctl cache")
+
+
+# -- LLVM's archive ----------------------------------------------------------------------------
+
+
+def test_another_archive_under_the_llvm_name_is_refused_and_nothing_staged(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    data, _ = llvm_archive(tmp_path, big=1 << 20)  # a sound archive of LLVM's layout, but not LLVM's
+    url = server.add(LLVM_PATH, data, "application/x-xz")
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.exit_code == 4
+    assert f"the sha256 LLVM publishes for {LLVM_NAME} is {PUBLISHED}" in caught.value.message
+    assert sha256_of(data) in caught.value.message
+    assert "nothing was staged" in (caught.value.hint or "")
+    assert len(server.requests_for(LLVM_PATH)) == 1  # it was fetched, and refused
+    nothing_staged(cache_dir)
+
+
+def test_another_archive_under_the_llvm_name_exits_4_on_the_command_line(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, sdk: Sdk) -> None:
+    needs_host_without_trio()
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add(LLVM_PATH, data, "application/x-xz")
+    env = dict(os.environ, QNNCTL_LLVM_URL=url, PATH=_no_apt(tmp_path))
+    proc = run_qnnctl("install", VERSION, "--runtime", env=env)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout == ""
+    assert "sha256 mismatch" in proc.stderr
+    assert PUBLISHED in proc.stderr
+    nothing_staged(cache_dir)
+
+
+def _no_apt(tmp_path: Path) -> str:
+    """A PATH whose apt-get fails, so that the trio comes from the LLVM archive."""
+    shims = tmp_path / "shims"
+    shims.mkdir(exist_ok=True)
+    (shims / "apt-get").write_text("#!/bin/sh\necho 'E: Unable to locate package' >&2\nexit 100\n")
+    (shims / "apt-get").chmod(0o755)
+    return f"{shims}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_an_archive_with_the_sha256_given_for_it_is_staged(
+        server: FaultServer, tmp_path: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    data, libs = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add("/mirror/llvm-14.tar.xz", data, "application/x-xz")
+    monkeypatch.setenv("QNNCTL_LLVM_URL", url)
+    monkeypatch.setenv("QNNCTL_LLVM_SHA256", sha256_of(data))
+    result = stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": url, "sha256": sha256_of(data), "size": len(data), "checked_against": "QNNCTL_LLVM_SHA256"}]
+    # One byte off in the digest given, and the same archive is refused.
+    monkeypatch.setenv("QNNCTL_LLVM_SHA256", sha256_of(data)[:-1] + ("0" if sha256_of(data)[-1] != "0" else "1"))
+    with pytest.raises(IntegrityError, match="QNNCTL_LLVM_SHA256 is"):
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False), os.environ)
+    assert [p.name for p in cache.runtime.iterdir()] == [result.libcxx.name]
+
+
+def test_an_llvm_url_without_a_sha256_is_refused_before_it_is_fetched(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, sdk: Sdk) -> None:
+    needs_host_without_trio()
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add("/mirror/llvm-14.tar.xz", data, "application/x-xz")
+    env = dict(os.environ, QNNCTL_LLVM_URL=url, PATH=_no_apt(tmp_path))
+    proc = run_qnnctl("install", VERSION, "--runtime", env=env)
+    assert proc.returncode == 4, proc.stderr
+    assert "no sha256 was given for it" in proc.stderr
+    assert "QNNCTL_LLVM_SHA256" in proc.stderr
+    assert server.requests_for("/mirror/llvm-14.tar.xz") == []
+    nothing_staged(cache_dir)
+    # A digest that is no digest is a usage error, named as such.
+    proc = run_qnnctl("install", VERSION, "--runtime", env=dict(env, QNNCTL_LLVM_SHA256="abc"))
+    assert proc.returncode == 2, proc.stderr
+    assert "QNNCTL_LLVM_SHA256='abc' is not a sha256 digest" in proc.stderr
+
+
+# -- a file given with --runtime-from, swapped while it is read -----------------------------
+
+_SWAP: dict[str, Any] = {}
+
+
+def _swap_on_open(event: str, args: tuple[Any, ...]) -> None:
+    """Before the `at`-th open of `path` (by any means: open(), os.open, a copy), rename `other`
+    over it: what anyone who can write the file's folder can do between two reads."""
+    if event != "open" or not _SWAP or not isinstance(args[0], (str, bytes, os.PathLike)):
+        return
+    if os.path.realpath(os.fsdecode(args[0])) != _SWAP["path"]:
+        return
+    _SWAP["opens"] += 1
+    if _SWAP["opens"] == _SWAP["at"]:
+        os.replace(_SWAP["other"], _SWAP["path"])
+        _SWAP["swapped"] = True
+
+
+sys.addaudithook(_swap_on_open)  # audit hooks stay for the process: it does nothing unless armed
+
+
+@pytest.fixture
+def swap() -> Iterator[dict[str, Any]]:
+    yield _SWAP
+    _SWAP.clear()
+
+
+def marked_trio(folder: Path, mark: int) -> dict[str, bytes]:
+    """Three real libraries with the trio's sonames whose bytes differ with `mark`."""
+    built = {}
+    for soname in TRIO:
+        stem = soname.split(".")[0].replace("+", "x")
+        path = compile_shared(folder / soname, f"int {stem}_mark(void) {{ return {mark}; }}\n",
+                              extra=[f"-Wl,-soname,{soname}"])
+        built[soname] = path.read_bytes()
+    return built
+
+
+def trio_deb(path: Path, folder: Path, mark: int) -> tuple[bytes, dict[str, bytes]]:
+    libs = marked_trio(folder, mark)
+    entries = [Entry(f"./usr/lib/x86_64-linux-gnu/{name}", data) for name, data in libs.items()]
+    build_deb(path, "libcxx-trio-local", "1.0", entries)
+    return path.read_bytes(), libs
+
+
+def trio_tar(path: Path, folder: Path, mark: int) -> tuple[bytes, dict[str, bytes]]:
+    """The trio laid out as in LLVM's release archive, as a file given with --runtime-from."""
+    libs = marked_trio(folder, mark)
+    path.write_bytes(tar_bytes([Entry(f"{LLVM_TOP}/lib/{name}", data, mode=0o755) for name, data in libs.items()]))
+    return path.read_bytes(), libs
+
+
+@pytest.mark.parametrize("build", [trio_deb, trio_tar], ids=["deb", "tar.xz"])
+def test_a_file_swapped_while_it_is_read_is_never_staged_under_the_first_ones_digest(
+        build: Any, tmp_path: Path, cache: Cache, swap: dict[str, Any]) -> None:
+    """Whenever the swap comes, what is staged is what the recorded sha256 is of."""
+    given = tmp_path / "given" / "trio.pkg"
+    given.parent.mkdir()
+    seen = set()
+    for at in range(1, 8):
+        good, good_libs = build(given, tmp_path / f"good{at}", 7)
+        evil_path = tmp_path / "given" / f"evil{at}.pkg"
+        evil, evil_libs = build(evil_path, tmp_path / f"evil{at}", 666)
+        assert good_libs != evil_libs
+        swap.update(path=os.path.realpath(given), other=str(evil_path), at=at, opens=0, swapped=False)
+        result = stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+        swapped = swap["swapped"]
+        swap.clear()
+        assert result.libcxx is not None
+        staged = {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO}
+        sources = manifest_of(result.libcxx.root)["sources"]
+        assert isinstance(sources, list)
+        assert len(sources) == 1
+        record: dict[str, Any] = sources[0]
+        if record["sha256"] == sha256_of(good):
+            assert staged == good_libs, f"swapped before open {at}: staged the other file's libraries"
+        else:
+            assert record["sha256"] == sha256_of(evil)
+            assert staged == evil_libs
+        seen.add((swapped, record["sha256"] == sha256_of(evil)))
+    # The swap did come, early enough to be read whole, and too late to be read at all.
+    assert (True, True) in seen
+    assert (False, False) in seen or (True, False) in seen
+
+
+# -- modes -------------------------------------------------------------------------------------
+
+
+def open_trio_tar(path: Path, folder: Path) -> dict[str, bytes]:
+    """A tar.xz whose folders and libraries are writable by everyone, as an archive may say."""
+    libs = stub_trio(folder)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for name in ("lib", "lib/x86_64-linux-gnu"):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o777
+            tf.addfile(info)
+        for soname, data in libs.items():
+            info = tarfile.TarInfo(f"lib/x86_64-linux-gnu/{soname}")
+            info.size = len(data)
+            info.mode = 0o777
+            tf.addfile(info, io.BytesIO(data))
+    path.write_bytes(lzma.compress(buffer.getvalue(), preset=0))
+    return libs
+
+
+def test_what_is_staged_is_writable_by_its_owner_alone(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    archive = tmp_path / "open.tar.xz"
+    open_trio_tar(archive, tmp_path / "stubs")
+    previous = os.umask(0)
+    try:
+        result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False),
+                               os.environ)
+    finally:
+        os.umask(previous)
+    assert result.libcxx is not None
+    checked = [cache_dir / "runtime", *sorted((cache_dir / "runtime").rglob("*"))]
+    assert len(checked) >= 6  # runtime/, the stage, lib/, three libraries, the manifest
+    loose = {str(p.relative_to(cache_dir)): oct(stat.S_IMODE(p.lstat().st_mode)) for p in checked
+             if p.lstat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)}
+    assert loose == {}
+    assert all(os.access(result.libcxx.lib_dir / n, os.X_OK) for n in TRIO)
+    assert json.loads((result.libcxx.root / ".qnnctl.json").read_text())["kind"] == "libcxx"
