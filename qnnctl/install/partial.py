@@ -28,16 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import require_free_space
-from qnnctl.install.archive import (
-    MAX_LINK_TARGET,
-    archive_kind,
-    check_links_inside,
-    extract,
-    member_path,
-    sdk_top,
-    unsafe,
-)
+from qnnctl.install.archive import MAX_LINK_TARGET, archive_kind, extract
 from qnnctl.install.commit import commit, identify, require_version, used_up
+from qnnctl.install.confine import check_links_inside, member_path, sdk_top, unsafe
 from qnnctl.install.zipindex import (
     NeedMore,
     central_directory_sha256,
