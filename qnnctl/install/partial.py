@@ -45,7 +45,8 @@ from qnnctl.install.zipindex import (
     same_reading,
 )
 from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
-from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, SparseFile, probe
+from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, probe
+from qnnctl.net.sparse import SparseFile
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
@@ -58,7 +59,7 @@ from qnnctl.words import human_size, plural
 if TYPE_CHECKING:
     from qnnctl.install.zipindex import EndRecords, Extent
     from qnnctl.net.download import ProgressFactory
-    from qnnctl.net.ranged import SparseFile
+    from qnnctl.net.sparse import SparseFile
 
 log = logging.getLogger("qnnctl.install.partial")
 
