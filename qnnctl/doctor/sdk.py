@@ -17,7 +17,7 @@ from qnnctl.doctor.context import Context, env_command, is_library_name, reinsta
 from qnnctl.doctor.report import Outcome, Skip, abridged, fail, ok, warn
 from qnnctl.errors import IntegrityError, NotInstalledError
 from qnnctl.host.staged import staged_runtimes
-from qnnctl.install.archive import digest_kind, digest_matches
+from qnnctl.install.memberdata import digest_kind, digest_matches
 from qnnctl.net.urls import redact
 from qnnctl.run.envplan import pin_gap
 from qnnctl.run.probe import HTP_BACKEND_ID

@@ -28,16 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import require_free_space
-from qnnctl.install.archive import (
-    MAX_LINK_TARGET,
-    archive_kind,
-    check_links_inside,
-    extract,
-    member_path,
-    sdk_top,
-    unsafe,
-)
+from qnnctl.install.archive import MAX_LINK_TARGET, archive_kind, extract
 from qnnctl.install.commit import commit, identify, require_version, used_up
+from qnnctl.install.confine import check_links_inside, member_path, sdk_top, unsafe
 from qnnctl.install.zipindex import (
     NeedMore,
     central_directory_sha256,
@@ -52,7 +45,8 @@ from qnnctl.install.zipindex import (
     same_reading,
 )
 from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
-from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, SparseFile, probe
+from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, probe
+from qnnctl.net.sparse import SparseFile
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
@@ -65,7 +59,7 @@ from qnnctl.words import human_size, plural
 if TYPE_CHECKING:
     from qnnctl.install.zipindex import EndRecords, Extent
     from qnnctl.net.download import ProgressFactory
-    from qnnctl.net.ranged import SparseFile
+    from qnnctl.net.sparse import SparseFile
 
 log = logging.getLogger("qnnctl.install.partial")
 

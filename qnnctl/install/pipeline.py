@@ -14,10 +14,11 @@ from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.host.machine import require_supported_host
-from qnnctl.install.archive import ZipStream, extract
+from qnnctl.install.archive import extract
 from qnnctl.install.commit import commit, directory_digest, download_name, identify, require_version, used_up
 from qnnctl.install.partial import extract_components, install_components, merged_digests, with_installed
 from qnnctl.install.sources import LocalArchive, pinned_file
+from qnnctl.install.stream import ZipStream
 from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path

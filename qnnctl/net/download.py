@@ -186,7 +186,7 @@ def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
 
     class Bar(tqdm):  # type: ignore[misc]
         # No monitor thread: the download updates the bar often enough, and that thread
-        # outlives the bar, which would keep the extraction from forking (archive.in_processes).
+        # outlives the bar, which would keep the extraction from forking (pool.in_processes).
         monitor_interval = 0
         said = False
 

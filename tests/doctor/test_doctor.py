@@ -372,7 +372,7 @@ def test_verify_compares_sha256s_and_crc32s_only_where_an_earlier_manifest_has_n
     and --verify says which it compared."""
     import zlib
 
-    from qnnctl.install.archive import crc32_digest
+    from qnnctl.install.memberdata import crc32_digest
     from qnnctl.install.pipeline import InstallRequest, install
     from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
     from tests.forge import keep_crc32

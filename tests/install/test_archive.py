@@ -24,9 +24,11 @@ from typing import Any, NamedTuple, TypeVar
 import pytest
 
 import qnnctl.install.archive
+import qnnctl.install.pool
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import space_margin
-from qnnctl.install.archive import COPY_BUFFER, digest_matches, extract
+from qnnctl.install.archive import extract
+from qnnctl.install.memberdata import COPY_BUFFER, digest_matches
 from qnnctl.sdk.work import work_folder
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
@@ -111,23 +113,23 @@ def test_zip_member_names_are_read_as_their_flag_says(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("cores", "threads"), [(1, 2), (4, 4), (64, 8)])
 def test_extraction_threads_follow_the_cores_this_process_may_run_on(monkeypatch: pytest.MonkeyPatch,
                                                                      cores: int, threads: int) -> None:
-    from qnnctl.install import archive
+    from qnnctl.install import pool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    assert archive.extraction_threads() == threads
+    assert pool.extraction_threads() == threads
 
 
 def test_extraction_threads_count_the_cores_where_no_affinity_tells(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qnnctl.install import archive
+    from qnnctl.install import pool
 
     def unknown(pid: int) -> set[int]:
         raise OSError(errno.ENOSYS, "sched_getaffinity is not available")
 
     monkeypatch.setattr(os, "sched_getaffinity", unknown)
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
-    assert archive.extraction_threads() == 6
+    assert pool.extraction_threads() == 6
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # it cannot tell either
-    assert archive.extraction_threads() == archive.MIN_THREADS
+    assert pool.extraction_threads() == pool.MIN_THREADS
 
 
 def test_top_folder_is_detected_not_assumed(tmp_path: Path) -> None:
@@ -503,7 +505,7 @@ def test_a_zip_member_that_cannot_be_read_is_named(tmp_path: Path, member: str,
 def test_a_large_zip_member_is_read_a_block_at_a_time(tmp_path: Path) -> None:
     """Only a small member's data is read along with its local header: a large one's is read
     block by block, never whole."""
-    from qnnctl.install.archive import _member_data
+    from qnnctl.install.memberdata import member_data as _member_data
 
     archive = tmp_path / "large.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
@@ -534,7 +536,7 @@ def _deflated_with_empty_blocks(first: bytes, then: bytes) -> bytes:
 
 
 def _member(stream: bytes, size: int, crc: int) -> Any:
-    from qnnctl.install.archive import _MemberData
+    from qnnctl.install.memberdata import MemberData as _MemberData
 
     return _MemberData(lambda offset, n: stream[offset:offset + n], 0, len(stream), size, crc,
                        zipfile.ZIP_DEFLATED, "m.bin", b"")
@@ -690,9 +692,9 @@ def test_a_file_whose_mode_the_umask_leaves_whole_is_not_chmod_again(tmp_path: P
 def test_the_umask_is_read_in_a_process_with_a_name_not_in_ascii() -> None:
     """/proc/self/status begins with the process's name, as bytes: a program run as `./модель`
     is named in UTF-8. The fields after it are still read."""
-    script = ("import ctypes, os; import qnnctl.install.archive as archive; os.umask(0o027); "
+    script = ("import ctypes, os; import qnnctl.install.pool as pool; os.umask(0o027); "
               "ctypes.CDLL(None).prctl(15, 'модель'.encode(), 0, 0, 0); "  # PR_SET_NAME
-              "print(open('/proc/self/status', 'rb').readline(), archive._proc_status('Umask'))")
+              "print(open('/proc/self/status', 'rb').readline(), pool.proc_status('Umask'))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [repr("Name:\tмодель\n".encode()), "0027"]
@@ -703,8 +705,8 @@ def test_a_umask_the_system_does_not_tell_makes_every_mode_exact(tmp_path: Path,
                                                                  umask_field: str | None) -> None:
     """A kernel before 4.7 has no Umask in /proc/self/status: with the umask not known, every
     file is chmod to its mode, never left to a guess."""
-    real_status = qnnctl.install.archive._proc_status
-    monkeypatch.setattr(qnnctl.install.archive, "_proc_status",
+    real_status = qnnctl.install.pool.proc_status
+    monkeypatch.setattr(qnnctl.install.archive, "proc_status",
                         lambda field: umask_field if field == "Umask" else real_status(field))
     archive = build_archive(tmp_path, "tar.gz")
     with chmods_under_umask(monkeypatch, 0o022) as changed:
@@ -1298,7 +1300,7 @@ def test_a_member_name_too_long_for_the_file_system_is_an_integrity_error(tmp_pa
 def test_a_tree_put_together_from_two_installs_is_refused_for_a_link_that_leads_outside(tmp_path: Path) -> None:
     """check_links_inside, which a partial install runs on the SDK it made from the installed
     one and the archive's new members: every link, of a file or a folder, must stay inside."""
-    from qnnctl.install.archive import check_links_inside
+    from qnnctl.install.confine import check_links_inside
 
     root = tmp_path / "sdk"
     (root / "lib" / "sub").mkdir(parents=True)

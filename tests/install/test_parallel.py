@@ -1,4 +1,4 @@
-"""archive.in_processes: jobs shared between this process and forked children.
+"""pool.in_processes: jobs shared between this process and forked children.
 
 Each case runs in a fresh interpreter: whether qnnctl forks depends on the process having a
 single thread, which a test runner's own threads would decide otherwise.
@@ -24,7 +24,7 @@ from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
 
 PRELUDE = """
 import errno, json, os, sys, threading, time
-from qnnctl.install.archive import in_processes
+from qnnctl.install.pool import in_processes
 """
 
 
@@ -174,7 +174,7 @@ def test_threads_run_jobs_at_once_in_named_daemon_threads() -> None:
     """`threads` threads, this one included: it starts `threads - 1` helpers, named (as a stack
     dump shows them) and daemons (a Ctrl-C that ends this one is not kept waiting for them)."""
     out = _ok("""
-        from qnnctl.install.archive import in_threads
+        from qnnctl.install.pool import in_threads
         started = []
         start = threading.Thread.start
         def counted(thread):
@@ -423,7 +423,7 @@ def test_interrupting_the_threads_while_this_one_waits_for_a_helper_raises_it_on
     marks = tmp_path / "marks"
     marks.mkdir()
     proc = _start("""
-        from qnnctl.install.archive import in_threads
+        from qnnctl.install.pool import in_threads
         folder = sys.argv[1]
         helper_busy = threading.Event()
         def jobs():

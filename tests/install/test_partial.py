@@ -32,7 +32,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from qnnctl.errors import DownloadError
-from qnnctl.net.ranged import Fetcher, SparseFile, probe
+from qnnctl.net.ranged import Fetcher, probe
+from qnnctl.net.sparse import SparseFile
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint

@@ -28,12 +28,15 @@ from typing import IO, cast
 
 import pytest
 
-import qnnctl.install.archive
+import qnnctl.install.memberdata
+import qnnctl.install.stream
 import qnnctl.net.download
 from qnnctl.errors import IntegrityError
 from qnnctl.files import space_margin
-from qnnctl.install.archive import COPY_BUFFER, Streamed, ZipStream, extract
+from qnnctl.install.archive import Streamed, extract
+from qnnctl.install.memberdata import COPY_BUFFER
 from qnnctl.install.pipeline import InstallRequest, InstallResult, install
+from qnnctl.install.stream import ZipStream
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
@@ -51,7 +54,7 @@ MANY = {f"share/d{i % 7}/f{i}.txt": (b"%d " % i) * (50 + i % 300) for i in range
 
 @pytest.fixture(autouse=True)
 def stream_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(qnnctl.install.archive, "STREAM_MIN", 0)
+    monkeypatch.setattr(qnnctl.install.stream, "STREAM_MIN", 0)
     # The archives here are small: read the body in 4 KiB pieces and hand the stream every
     # 8 KiB, rather than 64 KiB and 1 MiB, so that a slow server makes them stream.
     monkeypatch.setattr(qnnctl.net.download, "NET_CHUNK", 4 << 10)
@@ -231,7 +234,7 @@ def test_download_killed_while_streaming_then_resumed(server: FaultServer, tmp_p
     data = _archive(tmp_path, spec).read_bytes()
     _serve(server, monkeypatch, data)
     server.fail(PATH, Fault.slow(64 << 10, 0.05))
-    code = ("import sys, qnnctl.install.archive as a; a.STREAM_MIN = 0; from qnnctl.cli import main; "
+    code = ("import sys, qnnctl.install.stream as a; a.STREAM_MIN = 0; from qnnctl.cli import main; "
             "sys.argv[0] = 'qnnctl'; main()")
     part = cache_dir / "downloads" / f"v{VERSION}.zip.part"
     proc = subprocess.Popen([sys.executable, "-c", code, "install"], stdout=subprocess.DEVNULL,
@@ -952,7 +955,7 @@ def test_streaming_into_a_folder_that_is_there(tmp_path: Path, feed: Callable[..
 def test_a_process_that_exits_without_closing_its_stream_does_not_wait_for_it(tmp_path: Path) -> None:
     """The threads wait for bytes that will not come: they do not keep the process alive."""
     data = _zip(("sdk/a.txt", b"a" * 3000), ("sdk/b.txt", b"b" * 3000))
-    code = ("import sys; from pathlib import Path; from qnnctl.install.archive import ZipStream; "
+    code = ("import sys; from pathlib import Path; from qnnctl.install.stream import ZipStream; "
             "part = Path(sys.argv[1]); data = part.read_bytes(); "
             "stream = ZipStream(Path(sys.argv[2]), min_size=0); stream.begin(part, len(data), 2 * len(data)); "
             "stream.extend(len(data)); print('begun')")
@@ -1064,7 +1067,7 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
                                               module: str) -> None:
     """zlib-ng is used when it is installed; the result is byte for byte the same."""
     inflater = pytest.importorskip(module)
-    monkeypatch.setattr(qnnctl.install.archive, "_ZLIB", [inflater])
+    monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [inflater])
     archive = _archive(tmp_path, SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD}))
     result = extract(archive, tmp_path / "x")
     with zipfile.ZipFile(archive) as zf:
@@ -1077,19 +1080,19 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
 @pytest.mark.parametrize("installed", [True, False], ids=["zlib-ng installed", "without zlib-ng"])
 def test_zlib_ng_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
     """zlib-ng is a dependency; an environment that lost it still extracts, with zlib."""
-    monkeypatch.setattr(qnnctl.install.archive, "_ZLIB", [])
+    monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [])
     expected = importlib.import_module("zlib_ng.zlib_ng") if installed else zlib
     if not installed:
         for name in ("zlib_ng", "zlib_ng.zlib_ng"):
             monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
-    assert qnnctl.install.archive._zlib() is expected
-    assert qnnctl.install.archive._ZLIB == [expected]  # chosen once
+    assert qnnctl.install.memberdata.zlib_module() is expected
+    assert qnnctl.install.memberdata._ZLIB == [expected]  # chosen once
 
 
 _CLOSE_INTERRUPTED = """
 import contextlib, logging, os, re, signal, sys, threading, time
 from pathlib import Path
-from qnnctl.install.archive import ZipStream
+from qnnctl.install.stream import ZipStream
 
 def held(path):
     found = []

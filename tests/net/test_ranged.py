@@ -26,7 +26,9 @@ import requests
 
 from qnnctl.errors import DownloadError
 from qnnctl.net import ranged
-from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, Remote, SparseFile, plan, probe
+from qnnctl.net import sparse as sparse_file
+from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, plan, probe
+from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.threads import wait_ended
 from tests.conftest import require_tool
 from tests.httpserver import Fault, FaultServer, self_signed_certificate
@@ -431,7 +433,7 @@ def test_what_cannot_be_trusted_starts_anew(tmp_path: Path, case: str) -> None:
 
 def test_the_record_is_written_each_time_save_every_bytes_are_new(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ranged, "SAVE_EVERY", 100)
+    monkeypatch.setattr(sparse_file, "SAVE_EVERY", 100)
     sparse = SparseFile.open(tmp_path, NAME, REMOTE, TAIL_START, DATA[TAIL_START:])
     try:
         sparse.write(0, DATA[:99])
@@ -456,7 +458,7 @@ def test_the_end_written_on_resuming_counts_towards_the_next_record(tmp_path: Pa
     first.save()
     first.close()
     later = SIZE - 4000
-    monkeypatch.setattr(ranged, "SAVE_EVERY", SIZE - later + more)
+    monkeypatch.setattr(sparse_file, "SAVE_EVERY", SIZE - later + more)
     sparse = SparseFile.open(tmp_path, NAME, REMOTE, later, DATA[later:])
     try:
         assert sparse.held() == [(0, 1000), (later, SIZE)]

@@ -23,7 +23,8 @@ import pytest
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install import zipindex
 from qnnctl.install.zipindex import NeedMore, end_records, extents
-from qnnctl.net.ranged import Remote, SparseFile, _read_record, plan
+from qnnctl.net.ranged import plan
+from qnnctl.net.sparse import Remote, SparseFile, _read_record
 from qnnctl.sdk.components import (
     canonical,
     complete,
@@ -247,9 +248,9 @@ def test_threads_writing_at_once_keep_one_record(tmp_path: Path, monkeypatch: py
     its temporary file, so one writes it at a time."""
     import threading
 
-    import qnnctl.net.ranged
+    import qnnctl.net.sparse
 
-    monkeypatch.setattr(qnnctl.net.ranged, "SAVE_EVERY", 1)  # every write saves the record
+    monkeypatch.setattr(qnnctl.net.sparse, "SAVE_EVERY", 1)  # every write saves the record
     remote = Remote("http://h/v.zip", "http://h/v.zip", 1 << 20, None, None)
     sparse = SparseFile.open(tmp_path, "v.zip", remote, (1 << 20) - 10, b"0" * 10)
     failures: list[BaseException] = []

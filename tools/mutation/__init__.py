@@ -31,8 +31,10 @@ TARGETS: dict[str, Target] = {
                          "tests/shell/test_shell.py", "tests/run/test_api.py", "tests/test_first_run.py")),
     "elf": Target(("qnnctl/host/elf.py",), ("tests/host/test_elf.py", "tests/doctor/test_doctor.py")),
     "download": Target(("qnnctl/net/download.py",), ("tests/net/test_download.py",)),
-    # The links and member filter of partial installs, and doctor --verify's digests, are archive's too.
-    "archive": Target(("qnnctl/install/archive.py", "qnnctl/threads.py"),
+    # The links and member filter of partial installs, and doctor --verify's digests, are archive's too; so
+    # are the modules split from it (its workers, one member's data, extracting while downloading, links).
+    "archive": Target(("qnnctl/install/archive.py", "qnnctl/install/pool.py", "qnnctl/install/memberdata.py",
+                       "qnnctl/install/stream.py", "qnnctl/install/confine.py", "qnnctl/threads.py"),
                       ("tests/install/test_archive.py", "tests/install/test_stream.py",
                        "tests/install/test_parallel.py", "tests/install/test_partial.py",
                        "tests/sdk/test_components.py", "tests/doctor/test_doctor.py")),
@@ -86,5 +88,5 @@ TARGETS: dict[str, Target] = {
     # The ranged reads in the tests' own process, against the loopback server's faults (test_ranged):
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
     # do not kill, and in mutmut's own run they killed none that test_ranged did not.
-    "ranged": Target(("qnnctl/net/ranged.py",), ("tests/net/test_ranged.py",)),
+    "ranged": Target(("qnnctl/net/ranged.py", "qnnctl/net/sparse.py"), ("tests/net/test_ranged.py",)),
 }

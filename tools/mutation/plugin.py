@@ -15,7 +15,7 @@ code. This plugin:
    had made those calls itself; when mutants run, it switches on the mutant of a module that a
    child runs by path (the bootstrap);
 3. does the same for the processes a test forks without a new interpreter (the workers of
-   `archive.in_processes`, which write most members of an extraction): mutmut's own record of
+   `pool.in_processes`, which write most members of an extraction): mutmut's own record of
    their calls would die with them, and a mutant of the code that runs only there would be tested
    by the few tests that reach it in the test's own process.
 """
