@@ -190,3 +190,16 @@ def test_every_package_is_shipped() -> None:
                for folder in (PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir()))
                if any(folder.glob("*.py"))}
     assert folders == listed
+
+
+def test_one_door_asks_the_gate() -> None:
+    """Every way an SDK's bytes arrive is checked in one place (qnnctl.install.door): no other
+    module imports the gate's `check`, so no way in can hold its own, different, sequence."""
+    callers = sorted({e.source for e in EDGES if e.target == "qnnctl.sdk.gate" and "check" in e.names})
+    assert callers == ["qnnctl.install.door"]
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600}
+    assert long == {}

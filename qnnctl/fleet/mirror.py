@@ -23,13 +23,14 @@ from typing import Any
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install.archive import zip_digests
 from qnnctl.install.commit import download_name
+from qnnctl.install.door import admit_archive, admit_listing
 from qnnctl.install.zipindex import file_directory_sha256
 from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.gate import Observed, agree, check
+from qnnctl.sdk.gate import agree
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import HOST_LIB_DIR, read_sdk_version
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, parse_index
@@ -147,12 +148,13 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
             path, digest, shown = fetched.path, fetched.sha256, fetched.url
         record = path.with_name(path.name + ".json")
         try:
-            check(expected, Observed(shown, digest, path.stat().st_size))
+            admit_archive(expected, shown, digest, path.stat().st_size)
             with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
                 build = archive_build_id(path, scratch)
             _true_version(build, version, shown)
             digests = zip_digests(path)
             directory = file_directory_sha256(path)
+            admit_listing(expected, shown, digest, path.stat().st_size, digests, directory)
         except IntegrityError:
             path.unlink(missing_ok=True)
             record.unlink(missing_ok=True)

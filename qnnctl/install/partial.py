@@ -31,6 +31,7 @@ from qnnctl.files import require_free_space
 from qnnctl.install.archive import MAX_LINK_TARGET, archive_kind, extract
 from qnnctl.install.commit import commit, identify, require_version, used_up
 from qnnctl.install.confine import check_links_inside, member_path, sdk_top, unsafe
+from qnnctl.install.door import admit_archive, admit_tree
 from qnnctl.install.zipindex import (
     NeedMore,
     central_directory_sha256,
@@ -50,9 +51,9 @@ from qnnctl.net.sparse import SparseFile
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
-from qnnctl.sdk.gate import Expected, Observed, check, why_whole
+from qnnctl.sdk.gate import Expected, why_whole
 from qnnctl.sdk.layout import Sdk
-from qnnctl.sdk.members import FOLDER_MODE, Member, available, choose, component_label, tree_digests, with_link_targets
+from qnnctl.sdk.members import FOLDER_MODE, Member, available, choose, component_label, with_link_targets
 from qnnctl.sdk.work import work_folder, work_id
 from qnnctl.words import human_size, plural
 
@@ -457,12 +458,6 @@ def same_archive(old: Sdk) -> Expected:
         central_directory_sha256=cd if isinstance(cd, str) else None, by_directory=True)
 
 
-def observed_tree(root: Path, files: Mapping[str, str], shown: str, sha256: str | None = None,
-                  size: int | None = None, directory: str | None = None) -> Observed:
-    """What the gate sees of an extraction: each component's digest over what was written."""
-    return Observed(shown, sha256, size, tree_digests(root, files, skip={MANIFEST_NAME}), directory)
-
-
 def install_components(version: str, urls: list[str], name: str, components: Collection[str],
                        expected: list[Expected], cache: Cache, force: bool, terminal: bool, old: Sdk | None,
                        sha256: str | None = None) -> Sdk:
@@ -493,8 +488,7 @@ def install_components(version: str, urls: list[str], name: str, components: Col
             if old is not None:
                 check_same_archive(old, digest, remote.shown)  # before any member is fetched
             root, _, files, size, found = job.install(components, old)
-            seen = observed_tree(root, files, remote.shown, directory=digest)
-            check(expected, seen)
+            seen = admit_tree(expected, root, files, remote.shown, directory=digest)
             found, build = identify(root, found, version, remote.shown)
             require_version(found, version, remote.shown)
             written = dict(seen.components or {})
@@ -548,7 +542,7 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
         fetched = downloader.fetch(urls, name, sha256)
         with used_up(fetched.path, cache.downloads / f"{name}.json"):
             # What pins the whole archive is checked before a byte of it is read as a zip.
-            check([e for e in expected if e.sha256 is not None], Observed(fetched.url, fetched.sha256, fetched.size))
+            admit_archive(expected, fetched.url, fetched.sha256, fetched.size)
             try:
                 extracted, parts = extract_components(fetched.path, components, work / "x")
             except UsageError as exc:
@@ -557,9 +551,8 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
                             "of this version reads it instead of downloading it again (`qnnctl cache clean` "
                             "removes it)")
                 raise
-            seen = observed_tree(extracted.root, extracted.files, fetched.url, fetched.sha256, fetched.size,
-                                 parts.central_directory_sha256)
-            check(expected, seen)
+            seen = admit_tree(expected, extracted.root, extracted.files, fetched.url, fetched.sha256, fetched.size,
+                              parts.central_directory_sha256)
             found, build = identify(extracted.root, extracted.version, version, fetched.url)
             require_version(found, version, fetched.url)
             written = dict(seen.components or {})

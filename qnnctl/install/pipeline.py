@@ -16,6 +16,7 @@ from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.host.machine import require_supported_host
 from qnnctl.install.archive import extract
 from qnnctl.install.commit import commit, directory_digest, download_name, identify, require_version, used_up
+from qnnctl.install.door import admit_archive, admit_tree
 from qnnctl.install.partial import extract_components, install_components, merged_digests, with_installed
 from qnnctl.install.sources import LocalArchive, pinned_file
 from qnnctl.install.stream import ZipStream
@@ -26,10 +27,9 @@ from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import covers, installed_components
 from qnnctl.sdk.evidence import own_manifest
-from qnnctl.sdk.gate import Expected, Index, Lock, Observed, Vouchers, agree, check, given_sha256
+from qnnctl.sdk.gate import Expected, Index, Lock, Vouchers, agree, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
-from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import (
     BY_ARGUMENT,
@@ -210,7 +210,7 @@ def install(
                 raise
             streamed = stream.close()
             with used_up(fetched.path, cache.downloads / f"{name}.json"):
-                check(expected, Observed(fetched.url, fetched.sha256, fetched.size))
+                admit_archive(expected, fetched.url, fetched.sha256, fetched.size)
                 # fetched.url is redacted: the manifest keeps no password or token.
                 sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
                              request.force, work, streamed, expected)
@@ -362,29 +362,23 @@ def _build(
     """Extract, check what was written against `expected` (each component's digest, besides the
     archive's sha256 checked already), write the manifest, rename into sdks/. Caller holds the lock."""
     extracted = extract(archive, work / "x", streamed)
-    fields = _whole_fields(archive, extracted)
-    check(expected, _observed(source, sha256, size, fields))
+    fields = _admit_whole(expected, archive, extracted, source, sha256, size)
     found, build = identify(extracted.root, extracted.version, version, source)
     require_version(found, version, source)
     return commit(extracted.root, version, source, sha256, size, extracted.files,
                   extracted.size, cache, force, work, build, fields)
 
 
-def _observed(shown: str, sha256: str, size: int, fields: Mapping[str, object]) -> Observed:
-    """What the gate sees of a whole archive once it is extracted: its sha256 and size, each
-    component's digest over what was written, its central directory's sha256."""
-    components = fields.get("component_sha256")
+def _admit_whole(expected: list[Expected], archive: Path, extracted: Extracted, shown: str, sha256: str,
+                 size: int) -> dict[str, object]:
+    """An extraction of a whole archive through the door (qnnctl.install.door), against
+    `expected`; what its manifest records beyond the usual: each component's digest (what a lock
+    made from it pins) and its archive's central directory's sha256."""
+    fields = directory_digest(archive) or {}
     directory = fields.get("central_directory_sha256")
-    return Observed(shown, sha256, size, components if isinstance(components, dict) else None,
-                    directory if isinstance(directory, str) else None)
-
-
-def _whole_fields(archive: Path, extracted: Extracted) -> dict[str, object]:
-    """What the manifest of an SDK extracted from the whole archive records beyond the usual:
-    the digest of each of its components (what a lock made from it pins), and its archive's
-    central directory's sha256."""
-    return {**(directory_digest(archive) or {}),
-            "component_sha256": tree_digests(extracted.root, extracted.files, skip={MANIFEST_NAME})}
+    seen = admit_tree(expected, extracted.root, extracted.files, shown, sha256, size,
+                      directory if isinstance(directory, str) else None)
+    return {**fields, "component_sha256": dict(seen.components or {})}
 
 
 def _install_file(
@@ -407,7 +401,7 @@ def _install_file(
         with work_folder(cache.tmp / f"{FILE_LOCK}.{work_id()}") as work, \
                 pinned_file(archive, work / "source") as local:
             digest = local.sha256
-            check([e for e in (given_sha256(sha256),) if e is not None], Observed(str(archive), digest))
+            admit_archive([e for e in (given_sha256(sha256),) if e is not None], str(archive), digest, local.size)
             if wanted is not None and not force:
                 # Named and already installed: no need to extract a 1-2 GB archive to find that out.
                 existing = cache.sdk_dir(wanted)
@@ -442,9 +436,8 @@ def _install_pinned(local: LocalArchive, wanted: str | None, sha256: str | None,
         )
     selection = Selection(BY_ARGUMENT, f"from {archive}", version=version)
     locked = lock.expected(version) if lock is not None else None
-    whole = _whole_fields(local.path, extracted)
-    check([e for e in (given_sha256(sha256), locked) if e is not None],
-          _observed(str(archive), digest, local.size, whole))
+    whole = _admit_whole([e for e in (given_sha256(sha256), locked) if e is not None], local.path, extracted,
+                         str(archive), digest, local.size)
     with version_lock(cache, version):
         existing = cache.sdk_dir(version)
         installed = (existing / MANIFEST_NAME).is_file() and not missing_layout(existing)

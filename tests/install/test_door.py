@@ -108,7 +108,7 @@ def test_a_file_swapped_after_it_was_hashed_is_never_installed(
         good.chmod(0o666)
     swapped: list[str] = []
 
-    from qnnctl.sdk.gate import check as real_check
+    from qnnctl.install.door import admit_archive as real_check
 
     def check_then_swap(*args: object, **kwargs: object) -> None:
         real_check(*args, **kwargs)  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ def test_a_file_swapped_after_it_was_hashed_is_never_installed(
                 good.write_bytes(evil.read_bytes())
             swapped.append(how)
 
-    monkeypatch.setattr("qnnctl.install.pipeline.check", check_then_swap)
+    monkeypatch.setattr("qnnctl.install.pipeline.admit_archive", check_then_swap)
     request = InstallRequest(VERSION, file=good, sha256=good_digest if sha256 else None)
     result = install(request, cache, {}, tmp_path, vouchers({}, tmp_path))
     assert swapped == [how]

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from qnnctl.install.door import observed_tree
 from qnnctl.install.partial import (
     Choice,
     Parts,
@@ -39,7 +40,6 @@ from qnnctl.install.partial import (
     merge_old,
     merged_digests,
     merged_files,
-    observed_tree,
     ranged_failure,
     read_link_target,
     same_archive,
