@@ -603,6 +603,9 @@ def test_a_local_header_that_disagrees_is_refused() -> None:
         _check(local(6, "<H", 0x08), extent)
     with _disagreement("flags 0x0802, not 0x0000"):
         _check(local(6, "<H", 0x802), extent)
+    # The UTF-8 flag alone: another reader decodes the name another way (cp437 or UTF-8).
+    with _disagreement("flags 0x0800, not 0x0000"):
+        _check(local(6, "<H", 0x800), extent)
     with _disagreement("CRC-32 00000000, 100 bytes compressed, 100 bytes, where the directory has "
                        f"{zlib.crc32(b'a' * 100):08x}, 100 and 100"):
         _check(local(14, "<L", 0), extent)
