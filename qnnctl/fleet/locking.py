@@ -19,7 +19,8 @@ from qnnctl.host.build import runtime_digests
 from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import redact
 from qnnctl.records import Record
-from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache
+from qnnctl.sdk.evidence import own_manifest
 from qnnctl.sdk.gate import is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
 from qnnctl.sdk.lockfile import (
@@ -73,13 +74,13 @@ def make_lock(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Ca
     and hashed).
     """
     version, sdk, _ = _resolve(spec, environ, cwd, cache)
-    manifest = read_manifest(sdk.root) if sdk is not None else None
+    manifest = own_manifest(sdk, cache) if sdk is not None else None
     if sdk is None:
         # The lock being written is not checked against the one it replaces.
         result = install(InstallRequest(spec=version), cache, environ, cwd, vouchers(environ, cwd, lock=False),
                          terminal=terminal)
         sdk = result.sdk
-        manifest = read_manifest(sdk.root) if sdk is not None else None
+        manifest = own_manifest(sdk, cache) if sdk is not None else None
         fresh = True
     else:
         fresh = False

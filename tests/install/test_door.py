@@ -303,3 +303,20 @@ def test_a_folder_hashed_once_is_not_hashed_again_until_it_changes(tmp_path: Pat
     changed = evidence.hashed_digests(root, cache)
     assert hashed == [root, root]
     assert changed["host"] != first["host"]
+
+
+def test_qnnctl_lock_never_takes_its_values_from_a_manifest_a_store_carries(tmp_path: Path, cache_dir: Path,
+                                                                           server: FaultServer) -> None:
+    archive = build_archive(tmp_path, "zip")
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    root = build_sdk_tree(tmp_path / "store" / VERSION)
+    (root / ".qnnctl.json").write_text(json.dumps({"schema": 1, "version": VERSION, "sha256": "f" * 64,
+                                                   "size": 1, "partial": False, "files": {}}))
+    project = tmp_path / "project"
+    project.mkdir()
+    env = {**os.environ, "QNNCTL_STORES": str(tmp_path / "store"), "QNNCTL_MIRROR": server.base}
+    result = run_qnnctl("lock", VERSION, env=env, cwd=project)
+    assert result.returncode == 0, result.stderr
+    lock = (project / "qnnctl.lock").read_text()
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() in lock  # fetched and hashed
+    assert "f" * 64 not in lock
