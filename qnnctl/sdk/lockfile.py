@@ -29,6 +29,7 @@ from qnnctl.sdk.components import installed_components, parse_components
 from qnnctl.sdk.evidence import hashed_digests, own_manifest
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
+from qnnctl.sdk.limits import nesting_depth
 from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
 
@@ -104,30 +105,6 @@ _LOCK_MAX_BYTES = 1 << 20
 _LOCK_MAX_DEPTH = 16
 
 
-def _toml_depth(text: str) -> int:
-    """How deep arrays and inline tables nest in TOML `text` (strings and comments skipped)."""
-    depth = deepest = i = 0
-    while i < len(text):
-        c = text[i]
-        if c in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in "]}":
-            depth = max(depth - 1, 0)
-        elif c == "#":
-            i = text.find("\n", i)
-            if i < 0:
-                break
-        elif c in "\"'":
-            quote = c * 3 if text.startswith(c * 3, i) else c
-            j = i + len(quote)
-            while j < len(text) and not text.startswith(quote, j):
-                j += 2 if c == '"' and text[j] == "\\" else 1  # only basic strings escape
-            i = j + len(quote) - 1
-        i += 1
-    return deepest
-
-
 def read_lock(path: Path) -> LockedSdk:
     """The lock at `path`; LockError (exit 1) naming the file when it is not one."""
     hint = f"fix it, or write it again with `qnnctl lock` (in {path.parent})"
@@ -137,7 +114,7 @@ def read_lock(path: Path) -> LockedSdk:
         if len(raw) > _LOCK_MAX_BYTES:
             raise LockError(f"{path} is larger than a lock can be ({_LOCK_MAX_BYTES} bytes)", hint=hint)
         text = raw.decode("utf-8")
-        if _toml_depth(text) > _LOCK_MAX_DEPTH:
+        if nesting_depth(text) > _LOCK_MAX_DEPTH:
             raise LockError(f"{path} nests arrays or tables deeper than a lock can ({_LOCK_MAX_DEPTH} levels)",
                             hint=hint)
         data = _toml_loads(text)

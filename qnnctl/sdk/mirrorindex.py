@@ -22,6 +22,7 @@ from qnnctl.net.retry import describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.records import Record
 from qnnctl.sdk.gate import Expected, is_sha256
+from qnnctl.sdk.limits import nesting_depth
 from qnnctl.sdk.versions import is_full_version, parse_version
 
 log = logging.getLogger("qnnctl.fleet.mirror")
@@ -96,7 +97,7 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
         return None
     try:
         text = body.decode("utf-8")
-        if json_depth(text) > INDEX_MAX_DEPTH:
+        if nesting_depth(text) > INDEX_MAX_DEPTH:
             raise IntegrityError(f"the mirror's {shown} nests deeper than {INDEX_MAX_DEPTH} levels, which no "
                                  "index qnnctl writes does; nothing was fetched",
                                  hint="write the index again with `qnnctl mirror DIR VERSION`, or check QNNCTL_MIRROR")
@@ -120,25 +121,6 @@ def _bounded_body(response: requests.Response, shown: str) -> bytes:
             raise DownloadError(f"the mirror's {shown} did not arrive whole within {INDEX_DEADLINE:.0f} s; "
                                 "nothing was fetched", hint="check the mirror's server, or QNNCTL_MIRROR")
     return bytes(body)
-
-
-def json_depth(text: str) -> int:
-    """How deep arrays and objects nest in JSON `text` (strings skipped), without parsing it."""
-    depth = deepest = 0
-    i, end = 0, len(text)
-    while i < end:
-        c = text[i]
-        if c in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in "]}":
-            depth = max(depth - 1, 0)
-        elif c == '"':
-            i += 1
-            while i < end and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-        i += 1
-    return deepest
 
 
 def mirror_entry(base: str, version: str, versions: dict[str, dict[str, Any]] | None = None) -> IndexEntry | None:

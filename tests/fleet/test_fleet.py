@@ -1463,7 +1463,7 @@ def test_a_lock_too_big_too_deep_unreadable_or_not_toml(tmp_path: Path) -> None:
 
 
 def test_what_counts_as_nesting_in_a_lock() -> None:
-    from qnnctl.sdk.lockfile import _toml_depth
+    from qnnctl.sdk.limits import nesting_depth as _toml_depth
 
     assert _toml_depth("") == 0
     assert _toml_depth("a = [[1], {b = [2]}]\nc = [3]") == 3
@@ -1474,6 +1474,8 @@ def test_what_counts_as_nesting_in_a_lock() -> None:
     assert _toml_depth("a = '''[[''' [\n") == 1
     assert _toml_depth("# [[[[") == 0
     assert _toml_depth("[a]\n# [[[[\n") == 1
+    # The same reading serves a mirror's JSON index: brackets in its strings nest nothing.
+    assert _toml_depth('{"a": [1, {"b": "[[\\"[["}], "c": {}}') == 3
     assert _toml_depth('a = "[[[') == 0  # a string that never ends
 
 
