@@ -62,8 +62,9 @@ def quantization(q):
         found.update(scale=f32(u), offset=i32(u + 4))
     elif kind == 1:
         count, pairs = u32(u + 4), ptr(u + 8)
-        found.update(axis=i32(u), count=count, scales=[f32(pairs + 8 * i) for i in range(min(count, LIMIT))] if pairs else [],
-                     offsets=[i32(pairs + 8 * i + 4) for i in range(min(count, LIMIT))] if pairs else [])
+        listed = range(min(count, LIMIT) if pairs else 0)
+        found.update(axis=i32(u), count=count, scales=[f32(pairs + 8 * i) for i in listed],
+                     offsets=[i32(pairs + 8 * i + 4) for i in listed])
     elif kind == 2:
         found.update(bitwidth=u32(u), scale=f32(u + 4), offset=i32(u + 8))
     elif kind == 3:
@@ -140,7 +141,8 @@ def read(library, path, offset, length):
     count = ctypes.c_uint32()
     status = get(ctypes.byref(found), ctypes.byref(count))
     if status or not count.value:
-        return {"ok": False, "error": "QnnSystemInterface_getProviders returned %d with %d providers" % (status, count.value)}
+        return {"ok": False,
+                "error": "QnnSystemInterface_getProviders returned %d with %d providers" % (status, count.value)}
     api = found[0].contents
     handle = ctypes.c_void_p()
     status = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p))(api.create)(ctypes.byref(handle))
@@ -157,7 +159,8 @@ def read(library, path, offset, length):
     answer, answer_size = ctypes.c_void_p(), ctypes.c_uint64()
     get_info = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint64))(api.get_binary_info)
-    status = get_info(handle, ctypes.addressof(window) + offset, length, ctypes.byref(answer), ctypes.byref(answer_size))
+    start = ctypes.addressof(window) + offset
+    status = get_info(handle, start, length, ctypes.byref(answer), ctypes.byref(answer_size))
     if status or not answer.value:
         return {"ok": False, "status": status, "error": "QnnSystemContext_getBinaryInfo returned %d" % status}
     report = info(answer.value)
@@ -195,6 +198,7 @@ def read_binary_info(system_lib: Path, path: Path, offset: int, length: int, env
                 answer: dict[str, Any] = json.load(handle)
         except (OSError, ValueError):
             tail = (proc.stderr.strip().splitlines() or [""])[-1]
-            how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
+            how = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+                   else f"exited with {proc.returncode}")
             raise ReadFailure(f"the process reading it with {system_lib} {how} {tail}".rstrip()) from None
     return answer

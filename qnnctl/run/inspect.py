@@ -414,7 +414,8 @@ def render(report: Report) -> str:
             lines.append(f"  graph {shown(g.name)}")
             if g.htp:
                 h = g.htp
-                lines.append(f"    htp      VTCM {_size(h.get('vtcm_size'))}, spill-fill {_size(h.get('spill_fill_size'))}, "
+                lines.append(f"    htp      VTCM {_size(h.get('vtcm_size'))}, "
+                             f"spill-fill {_size(h.get('spill_fill_size'))}, "
                              f"O{h.get('optimization_level')}, HVX threads {h.get('hvx_threads')}")
                 if "const_size" in h:
                     lines.append(f"    memory   const {_size(h['const_size'])}, op data {_size(h['op_data_size'])}, "
@@ -438,3 +439,12 @@ def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: 
                           "caller manages the SDK", hint="give one with --sdk VERSION|PATH")
     child = apply(environ, environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
     return inspect(path, sdk, child)
+
+
+def api_release(binary: Binary) -> tuple[int, int] | None:
+    """The QAIRT release (major, minor) whose runtime a binary's API versions need, for HTP
+    binaries: QAIRT 2.N's HTP backend API is 5.N. None when the library did not read it."""
+    key = _key(binary.backend_api)
+    if binary.error is not None or binary.backend_id != HTP or key is None or key[0] != 5:
+        return None
+    return (2, key[1])
