@@ -525,23 +525,23 @@ def test_onnxruntime_lowers_with_the_sdk_qnnctl_installed(archive: Path, llvm: s
         assert found["origin"] == str(binary)
         assert found["size"] == len(data)
         assert found["read_with"] == str(lib_dir / "libQnnSystem.so")
-        assert found["note"] is None
+        assert found["error"] is None
         assert (found["build"], found["qairt"]) == (wheel.build_id[1:], wheel.qairt)
         assert (found["backend"], found["htp_arch"], found["soc"], found["soc_model"]) == ("HTP", 75, "SM8650", 57)
         assert (found["core_api"], found["backend_api"]) == (PROVIDERS[wheel.qairt]["core"],
                                                              PROVIDERS[wheel.qairt]["backend"])
+        assert found["build_disagrees"] is None
         [graph] = found["graphs"]
-        assert graph["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]},
-                                   {"name": "m", "dtype": "float32", "shape": [8, 8]}]
-        assert graph["outputs"] == [{"name": "y", "dtype": "float32", "shape": [1, 4, 8, 8]}]
+        assert graph["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8], "quantization": None},
+                                   {"name": "m", "dtype": "float32", "shape": [8, 8], "quantization": None}]
+        assert graph["outputs"] == [{"name": "y", "dtype": "float32", "shape": [1, 4, 8, 8], "quantization": None}]
         assert report["sdk"]["loads"] is True
-    # Without an SDK installed, the binary's own text says the same build and target.
+        assert (report["sdk"]["core_api"], report["sdk"]["backend_api"]) == (found["core_api"], found["backend_api"])
+    # Without an SDK installed nothing reads it, and nothing is said from its text.
     shutil.rmtree(cache_dir / "sdks")
-    code, report = inspected(binary)
-    assert code == 0
-    [carried] = report["binaries"]
-    assert (carried["build"], carried["htp_arch"], carried["soc"], carried["read_with"]) == (
-        wheel.build_id[1:], 75, "SM8650", "bytes")
+    proc = run_qnnctl("inspect", "--json", str(binary))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert "is not installed" in proc.stderr
 
 
 @pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
@@ -556,7 +556,7 @@ def test_onnxruntime_embeds_the_binary_in_the_model(archive: Path, llvm: str, ca
     code, report = inspected(out / "tiny_ctx.onnx")
     assert code == 0
     [found] = report["binaries"]
-    assert found["origin"] == f"{out / 'tiny_ctx.onnx'} (embedded in an EPContext node)"
+    assert found["origin"].startswith(f"{out / 'tiny_ctx.onnx'} (embedded in the EPContext node '")
     assert found["build"] == genuine.QAIRT_2_51.build_id[1:]
     assert [t["name"] for t in found["graphs"][0]["inputs"]] == ["x", "m"]
 
@@ -583,9 +583,10 @@ def test_a_binary_loads_on_its_own_build_and_later_ones_only(llvm: str, cache_di
     assert "<E> Fail to get context blob with err 5000" in refused.stderr
     proc = run_qnnctl("inspect", str(tmp_path / "new" / "tiny_ctx.onnx"), "--sdk", old.qairt)
     assert proc.returncode == 1
-    assert (f"SDK {old.qairt} (build {old.build_id[1:]}) cannot load {tmp_path / 'new' / 'tiny_ctx_qnn.bin'}: "
-            f"it was built by QAIRT {new.build_id[1:]}, newer than this runtime (error 5000") in proc.stderr
-    assert "does not load: " in proc.stdout
+    assert (f"SDK {old.qairt} (core API {PROVIDERS[old.qairt]['core']}, backend API {PROVIDERS[old.qairt]['backend']})"
+            f" cannot load {tmp_path / 'new' / 'tiny_ctx_qnn.bin'}: its core and backend API") in proc.stderr
+    assert "error 5000" in proc.stderr
+    assert "\nloads: " not in proc.stdout
 
     loaded = answer(ort_lower(python, new.qairt, "load", tmp_path / "old"))
     assert loaded["diff"] <= TOLERANCE
@@ -631,13 +632,14 @@ def test_without_libcxx_the_lowering_fails_naming_it(archive: Path, llvm: str, s
     assert "qnnctl: warning: could not stage the host runtime" in output
     assert "libc++.so.1: cannot open shared object file" in output, output[-3000:]
     assert not (tmp_path / "out" / "tiny_ctx.onnx").exists()
-    # inspect cannot use the SDK's libQnnSystem.so either: it says why, and reads the bytes.
+    # inspect cannot use the SDK's libQnnSystem.so either: it says why, and gives no verdict.
     code, report = inspected(tmp_path / "before" / "tiny_ctx_qnn.bin", "--sdk", wheel.qairt)
-    assert code == 0
+    assert code == 1
     [found] = report["binaries"]
-    assert (found["read_with"], found["build"]) == ("bytes", wheel.build_id[1:])
-    assert found["note"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
+    assert (found["build"], found["core_api"]) == (None, None)
+    assert found["error"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
     assert report["sdk"]["root"] == str(root)
+    assert (report["sdk"]["loads"], report["ok"]) == (False, False)
 
 
 # -- the install gate, on Qualcomm's own archive --------------------------------------------------
@@ -691,3 +693,189 @@ def test_the_walk_arounds_are_refused_on_the_genuine_archive(archive: Path, llvm
     assert not (tmp_path / "victim" / "sdks" / version).exists()
     assert run_qnnctl("doctor", "--sdk", version, "--offline").returncode != 0
     assert not mark.exists()
+
+
+# -- inspect's verdicts against real loads ---------------------------------------------------------
+
+# A QDQ model whose graph input and output are uint8 (scale 0.05, zero point 128; scale 0.1, zero
+# point 3), compiled for SM8750 with a VTCM of 2 MB and the finalization optimization mode 3: what
+# the library reports of each is known from what was asked.
+QDQ_LOWERING = r"""
+import json, os, sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnxruntime_qnn
+from onnx import TensorProto, helper, numpy_helper
+
+folder = sys.argv[1]
+os.makedirs(folder, exist_ok=True)
+source, context = os.path.join(folder, "q.onnx"), os.path.join(folder, "q_ctx.onnx")
+init = [numpy_helper.from_array(np.array(0.05, np.float32), "s_in"),
+        numpy_helper.from_array(np.array(128, np.uint8), "z_in"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "s_out"),
+        numpy_helper.from_array(np.array(3, np.uint8), "z_out")]
+graph = helper.make_graph(
+    [helper.make_node("DequantizeLinear", ["x", "s_in", "z_in"], ["xf"]), helper.make_node("Relu", ["xf"], ["r"]),
+     helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["y"])],
+    "qdq", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 16])],
+    [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 16])], init)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 10
+onnx.save(model, source)
+ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+options = {"backend_path": os.path.join(os.environ["QNN_SDK_ROOT"], "lib", "x86_64-linux-clang", "libQnnHtp.so"),
+           "soc_model": "69", "vtcm_mb": "2", "htp_graph_finalization_optimization_mode": "3"}
+config = ort.SessionOptions()
+config.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+config.add_session_config_entry("ep.context_enable", "1")
+config.add_session_config_entry("ep.context_file_path", context)
+config.add_session_config_entry("ep.context_embed_mode", "0")
+config.add_provider_for_devices(devices, options)
+ort.InferenceSession(source, sess_options=config)
+x = np.arange(16, dtype=np.uint8).reshape(1, 16) * 16
+config = ort.SessionOptions()
+config.add_provider_for_devices(devices, options)
+got = ort.InferenceSession(context, sess_options=config).run(None, {"x": x})[0]
+print("@@" + json.dumps({"y": got.tolist()}))
+"""
+
+
+def copy_lowering(source: Path, dest: Path, binary: bytes | None = None) -> Path:
+    """The ONNX Runtime lowering in `source` (tiny.onnx, tiny_ctx.onnx, tiny_ctx_qnn.bin) copied to
+    `dest`, its context binary replaced by `binary`; the binary's path."""
+    dest.mkdir()
+    for name in ("tiny.onnx", "tiny_ctx.onnx", "tiny_ctx_qnn.bin"):
+        shutil.copyfile(source / name, dest / name)
+    if binary is not None:
+        (dest / "tiny_ctx_qnn.bin").write_bytes(binary)
+    return dest / "tiny_ctx_qnn.bin"
+
+
+def relabelled(data: bytes, old: str, new: str) -> bytes:
+    assert len(old) == len(new)
+    assert old.encode() in data
+    return data.replace(old.encode(), new.encode())
+
+
+@pytest.fixture
+def both_sdks(llvm: str, cache_dir: Path) -> None:
+    for wheel in genuine.WHEELS:
+        require(genuine.wheel_path(wheel), wheel.file_name)
+        install(genuine.cached_archive(wheel), cache_dir)
+
+
+def test_inspect_says_loads_only_where_a_real_load_succeeds(both_sdks: None, tmp_path: Path) -> None:
+    """Files that are not what they seem, each loaded by ONNX Runtime on the runtime inspect
+    judges for, and each inspected: the library's reading decides, never the text in the file."""
+    python = onnxruntime_python()
+    new, old = genuine.QAIRT_2_51, genuine.QAIRT_2_47
+    skip = "skip-version-check"
+    answer(ort_lower(python, new.qairt, "compile", tmp_path / "new"))
+    answer(ort_lower(python, old.qairt, "compile", tmp_path / "old", skip))
+    data = (tmp_path / "new" / "tiny_ctx_qnn.bin").read_bytes()
+    changed = bytearray(data)
+    changed[3] ^= 0xFF  # the format's version byte
+    sparse = copy_lowering(tmp_path / "new", tmp_path / "padded")
+    with open(sparse, "r+b") as handle:
+        handle.truncate(1 << 30)  # the genuine binary, then 1 GB of zeros (a sparse file)
+    unreadable = {
+        "half": copy_lowering(tmp_path / "new", tmp_path / "half", data[: len(data) // 2]),
+        "1k": copy_lowering(tmp_path / "new", tmp_path / "1k", data[:1024]),
+        "header": copy_lowering(tmp_path / "new", tmp_path / "header", bytes(changed)),
+        "padded": sparse,
+        "text": copy_lowering(tmp_path / "new", tmp_path / "text",
+                              new.build_id.encode() + b"\0soc_type=SM8650;arch=75;min_arch=75;\0\0\0"),
+    }
+    for case, binary in unreadable.items():
+        refused = ort_lower(python, new.qairt, "load", binary.parent)
+        assert refused.returncode != 0, case
+        assert "Failed to get context binary info" in refused.stdout + refused.stderr, (case, refused.stderr[-2000:])
+        proc = run_qnnctl("inspect", "--json", str(binary), "--sdk", new.qairt)
+        assert proc.returncode == 1, case
+        report = json.loads(proc.stdout)
+        assert (report["ok"], report["sdk"]["loads"]) == (False, False), case
+        [found] = report["binaries"]
+        assert found["error"].endswith("QnnSystemContext_getBinaryInfo returned 30010 (a malformed context binary)")
+        assert found["build"] is None  # nothing taken from the text in it
+        assert f"{binary} cannot be read by the SDK's library" in proc.stderr
+        human = run_qnnctl("inspect", str(binary.parent / "tiny_ctx.onnx"), "--sdk", new.qairt)
+        assert human.returncode == 1
+        assert "\nloads: " not in human.stdout
+        assert human.stderr.count("30010") == 1  # said once, on stderr
+
+    # A 2.51 binary whose build string says 2.46: its APIs are 2.51's, and 2.47 refuses it.
+    low = copy_lowering(tmp_path / "new", tmp_path / "low",
+                        relabelled(data, new.build_id, "v2.46.0.260424181845"))
+    refused = ort_lower(python, old.qairt, "load", low.parent, skip, "verbose")
+    assert refused.returncode != 0
+    assert "Fail to get context blob with err 5000" in refused.stderr
+    code, report = inspected(low, "--sdk", old.qairt)
+    assert code == 1
+    [found] = report["binaries"]
+    assert (found["build"], found["backend_api"]) == ("2.46.0.260424181845", PROVIDERS[new.qairt]["backend"])
+    assert found["build_disagrees"] == ("its build string names QAIRT 2.46, but its HTP backend API 5.51.0 is "
+                                        "QAIRT 2.51's: the API versions decide")
+    assert report["sdk"]["loads"] is False
+    assert "build string 2.46.0.260424181845) is newer than this runtime's" in report["sdk"]["reason"]
+    # A 2.47 binary whose build string says 2.52: its APIs are 2.47's, and 2.51 loads it.
+    old_data = (tmp_path / "old" / "tiny_ctx_qnn.bin").read_bytes()
+    high = copy_lowering(tmp_path / "old", tmp_path / "high",
+                         relabelled(old_data, old.build_id, "v2.52.0.261030120000"))
+    loaded = answer(ort_lower(python, new.qairt, "load", high.parent))
+    assert loaded["diff"] <= TOLERANCE
+    code, report = inspected(high, "--sdk", new.qairt)
+    assert code == 0, report
+    assert report["sdk"]["loads"] is True
+    assert report["binaries"][0]["build_disagrees"].startswith("its build string names QAIRT 2.52, but its HTP")
+
+    # The external binary reached through a symbolic link inside the model's folder: ONNX Runtime
+    # loads it, and so does inspect read it.
+    linked = tmp_path / "linked"
+    copy_lowering(tmp_path / "new", linked)
+    (tmp_path / "elsewhere.bin").write_bytes(data)
+    (linked / "tiny_ctx_qnn.bin").unlink()
+    (linked / "tiny_ctx_qnn.bin").symlink_to(tmp_path / "elsewhere.bin")
+    assert answer(ort_lower(python, new.qairt, "load", linked))["diff"] <= TOLERANCE
+    code, report = inspected(linked / "tiny_ctx.onnx", "--sdk", new.qairt)
+    assert code == 0, report
+    assert report["binaries"][0]["origin"] == str(linked / "tiny_ctx_qnn.bin")
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_inspect_shows_the_graphs_htp_settings_and_the_quantization(archive: Path, llvm: str, cache_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """What the library reports is what the lowering asked for: SM8750 (soc_model 69, HTP V79),
+    a VTCM of 2 MB, optimization mode 3, and the model's own scales and zero points (QNN's offset
+    is the negated zero point)."""
+    python = onnxruntime_python()
+    install(archive, cache_dir)
+    script = tmp_path / "qdq.py"
+    script.write_text(QDQ_LOWERING)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "qnnctl", "lower", "--sdk", genuine.QAIRT_2_51.qairt, "--python",
+                           python, str(script), str(out)], capture_output=True, text=True, timeout=600)
+    ran = answer(proc)
+    # The compiled graph computes what the model says: relu((x - 128) * 0.05) / 0.1 + 3, in uint8.
+    x = [16 * i for i in range(16)]
+    assert ran["y"] == [[min(255, round(max(0.0, (v - 128) * 0.05) / 0.1) + 3) for v in x]]
+    code, report = inspected(out / "q_ctx.onnx")
+    assert code == 0, report
+    [found] = report["binaries"]
+    assert (found["soc"], found["soc_model"], found["htp_arch"]) == ("SM8750", 69, 79)
+    [graph] = found["graphs"]
+    htp = graph["htp"]
+    assert (htp["vtcm_size"], htp["optimization_level"]) == (2 << 20, 3)
+    assert htp["spill_fill_size"] == 0
+    assert htp["const_size"] > 0
+    assert htp["io_tensor_size"] >= 32
+    [x_in] = graph["inputs"]
+    [y_out] = graph["outputs"]
+    assert (x_in["dtype"], x_in["shape"], y_out["dtype"]) == ("ufixed8", [1, 16], "ufixed8")
+    assert x_in["quantization"] == {"encoding": "scale_offset", "scale": pytest.approx(0.05), "offset": -128}
+    assert y_out["quantization"] == {"encoding": "scale_offset", "scale": pytest.approx(0.1), "offset": -3}
+    human = run_qnnctl("inspect", str(out / "q_ctx.onnx"))
+    assert "  target      HTP, V79, SM8750, soc_model=69\n" in human.stdout
+    assert "VTCM 2.0 MiB, spill-fill 0 B, O3, HVX threads 0\n" in human.stdout
+    assert "    input    x ufixed8[1, 16] scale_offset scale=0.05 offset=-128\n" in human.stdout
