@@ -879,3 +879,60 @@ def test_inspect_shows_the_graphs_htp_settings_and_the_quantization(archive: Pat
     assert "  target      HTP, V79, SM8750, soc_model=69\n" in human.stdout
     assert "VTCM 2.0 MiB, spill-fill 0 B, O3, HVX threads 0\n" in human.stdout
     assert "    input    x ufixed8[1, 16] scale_offset scale=0.05 offset=-128\n" in human.stdout
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_the_device_checks_compare_the_binarys_architecture_and_api_with_the_phones(
+        archive: Path, llvm: str, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A binary compiled for SM8650 (HTP V75), as the 2.51 host library reads it, on stand-in
+    phones of two architectures: it passes on the SM8650 and fails on the SM8750 (V79), naming
+    both; on a phone whose own runtime is 2.47 it fails by its API versions (error 5000)."""
+    from tests.phones import BUILD_2_47, add_device_side, fake_library, standin
+
+    python = onnxruntime_python()
+    root = install(archive, cache_dir)
+    add_device_side(root)  # the device files of the same build (the tests' own stand-ins)
+    wheel = genuine.QAIRT_2_51
+    answer(ort_lower(python, wheel.qairt, "compile", tmp_path / "out"))
+    model = tmp_path / "out" / "tiny_ctx.onnx"
+    binary = tmp_path / "out" / "tiny_ctx_qnn.bin"
+    phones = standin(tmp_path, monkeypatch)
+    v75 = phones.add("V75PHONE", soc="SM8650")
+    phones.add("V79PHONE", soc="SM8750")
+
+    def model_check(serial: str) -> dict[str, Any]:
+        proc = run_qnnctl("doctor", "--sdk", wheel.qairt, "--json", "--offline", "--device", serial, "--model",
+                          str(model))
+        checks = json.loads(proc.stdout)["checks"]
+        assert checks[-1]["id"] == "device.model"
+        assert proc.returncode == (1 if checks[-1]["status"] == "fail" else proc.returncode)
+        found: dict[str, Any] = checks[-1]
+        return found
+
+    # The phone's own runtime is 2.47: the binary's APIs (2.51's) are newer.
+    (v75 / "vendor" / "lib64" / "libQnnHtp.so").write_bytes(fake_library("libQnnHtp.so", BUILD_2_47))
+    vendor = model_check("V75PHONE")
+    assert vendor["status"] == "fail"
+    assert vendor["detail"] == (
+        f"{binary} needs the runtime of QAIRT 2.51 or newer (its API: core 2.40.0, backend 5.51.0; build string "
+        f"{wheel.build_id[1:]}), and the device's own V75PHONE:/vendor/lib64/libQnnHtp.so is build "
+        f"{BUILD_2_47[1:]}: it fails to load with error 5000 (`Using newer context binary on old SDK`)")
+    dest = f"/data/local/tmp/qnnctl/{wheel.qairt}"
+    for serial in ("V75PHONE", "V79PHONE"):
+        pushed = run_qnnctl("device", "push", "--sdk", wheel.qairt, "--serial", serial)
+        assert pushed.returncode == 0, pushed.stderr
+    same = model_check("V75PHONE")
+    assert (same["status"], same["detail"]) == (
+        "ok", f"the runtime pushed to V75PHONE:{dest} (build {wheel.build_id[1:]}, SM8650, HTP V75) loads {binary} "
+        "(HTP V75, API 2.40.0/5.51.0)")
+    other = model_check("V79PHONE")
+    assert other["status"] == "fail"
+    assert other["detail"] == (f"{binary} was compiled for HTP V75 (SM8650), the device's SM8750 is HTP V79: it "
+                               "does not load there; lower it again for SM8750")
+    # device push says the same before it sends the model.
+    plan = run_qnnctl("device", "push", "--sdk", wheel.qairt, "--soc", "SM8750", "--dry-run", "--json", str(model))
+    assert plan.returncode == 0, plan.stderr
+    assert other["detail"] in json.loads(plan.stdout)["warnings"]
+    assert f"qnnctl: warning: {other['detail']}" in plan.stderr
+    fits = run_qnnctl("device", "push", "--sdk", wheel.qairt, "--soc", "SM8650", "--dry-run", "--json", str(model))
+    assert not [w for w in json.loads(fits.stdout)["warnings"] if str(binary) in w]
