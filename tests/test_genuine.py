@@ -796,6 +796,8 @@ def test_inspect_says_loads_only_where_a_real_load_succeeds(both_sdks: None, tmp
         assert proc.returncode == 1, case
         report = json.loads(proc.stdout)
         assert (report["ok"], report["sdk"]["loads"]) == (False, False), case
+        assert report["sdk"]["reason"].startswith(f"SDK {new.qairt}'s libQnnSystem.so could not read {binary}, "
+                                                  "so no runtime loads it")
         [found] = report["binaries"]
         assert found["error"].endswith("QnnSystemContext_getBinaryInfo returned 30010 (a malformed context binary)")
         assert found["build"] is None  # nothing taken from the text in it
