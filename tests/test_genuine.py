@@ -821,6 +821,13 @@ def test_inspect_says_loads_only_where_a_real_load_succeeds(both_sdks: None, tmp
                                         "QAIRT 2.51's: the API versions decide")
     assert report["sdk"]["loads"] is False
     assert "build string 2.46.0.260424181845) is newer than this runtime's" in report["sdk"]["reason"]
+    # Loaded on this host with 2.47's own x86_64 backend library: refused, as ONNX Runtime was.
+    code, report = inspected(low, "--sdk", old.qairt, "--load")
+    assert code == 1
+    assert (report["sdk"]["loads"], report["sdk"]["checked"]) == (False, "loaded")
+    assert report["sdk"]["reason"] == (
+        f"SDK {old.qairt}: libQnnHtp.so refused {low} on this host: contextCreateFromBinary returned 5000 "
+        "(`Using newer context binary on old SDK`), as the API versions predict")
     # A 2.47 binary whose build string says 2.52: its APIs are 2.47's, and 2.51 loads it.
     old_data = (tmp_path / "old" / "tiny_ctx_qnn.bin").read_bytes()
     high = copy_lowering(tmp_path / "old", tmp_path / "high",
@@ -831,6 +838,11 @@ def test_inspect_says_loads_only_where_a_real_load_succeeds(both_sdks: None, tmp
     assert code == 0, report
     assert report["sdk"]["loads"] is True
     assert report["binaries"][0]["build_disagrees"].startswith("its build string names QAIRT 2.52, but its HTP")
+    code, report = inspected(high, "--sdk", new.qairt, "--load")
+    assert code == 0, report
+    assert (report["sdk"]["loads"], report["sdk"]["checked"]) == (True, "loaded")
+    assert report["sdk"]["reason"] == (f"SDK {new.qairt}: {high} loaded on this host (contextCreateFromBinary "
+                                       "returned 0), as the API versions predict")
 
     # The external binary reached through a symbolic link inside the model's folder: ONNX Runtime
     # loads it, and so does inspect read it.

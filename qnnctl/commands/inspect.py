@@ -18,8 +18,10 @@ from qnnctl.run.inspect import render as render_inspection
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--sdk", "spec", metavar="VERSION|PATH", shell_complete=complete_installed,
               help="Read it with this installed SDK, and say whether it loads it.")
+@click.option("--load", is_flag=True,
+              help="Also load it on this host with the SDK's x86_64 backend library: `loads` only when it did.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema 2, docs/inspect.md).")
-def inspect(file: Path, spec: str | None, as_json: bool) -> None:
+def inspect(file: Path, spec: str | None, load: bool, as_json: bool) -> None:
     """Read FILE (a QNN context binary, or an ONNX model with an EPContext node) with the SDK's
     own libQnnSystem.so: the QAIRT build and QNN API versions that made it, its backend, HTP
     architecture and SoC, its graphs (VTCM, spill-fill, memory sizes) and their tensors
@@ -27,9 +29,10 @@ def inspect(file: Path, spec: str | None, as_json: bool) -> None:
 
     The exit code is 1 when the library cannot read the file (no verdict is given from text in
     it), and when the SDK's runtime cannot load it: a binary whose QNN core or backend API is
-    newer than the runtime's.
+    newer than the runtime's. With --load the SDK's backend library creates a context from each
+    binary on this host, as ONNX Runtime does, and that decides.
     """
-    report = inspect_file(file, spec, os.environ, Path.cwd(), current_cache())
+    report = inspect_file(file, spec, os.environ, Path.cwd(), current_cache(), load)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:

@@ -176,6 +176,62 @@ with open(sys.argv[1], "w") as out:
 """
 
 
+# Runs as `python -I -c _LOADER report.json BACKEND_LIBRARY FILE OFFSET LENGTH`: the backend
+# library (opened by bare name, as a runtime opens it) creates a backend and a context from the
+# mapped binary, as ONNX Runtime's QNN provider does, then frees both. The functions are those of
+# QnnInterface.h's table, in its order (propertyHasCapability, backendCreate, ..., backendFree at
+# 8, contextCreateFromBinary at 13, contextFree at 14), after the provider's backend id, name and
+# two API versions.
+_LOADER = r"""
+import ctypes, json, mmap, os, sys
+
+class Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("patch", ctypes.c_uint32)]
+
+class Interface(ctypes.Structure):
+    _fields_ = [("backend_id", ctypes.c_uint32), ("name", ctypes.c_char_p), ("core", Version),
+                ("backend", Version), ("functions", ctypes.c_void_p * 15)]
+
+P = ctypes.c_void_p
+def call(address, *types):
+    return ctypes.CFUNCTYPE(ctypes.c_uint64, *types)(address)
+
+def load(library, path, offset, length):
+    lib = ctypes.CDLL(library)
+    get = lib.QnnInterface_getProviders
+    get.restype = ctypes.c_uint64
+    found = ctypes.POINTER(ctypes.POINTER(Interface))()
+    count = ctypes.c_uint32()
+    status = get(ctypes.byref(found), ctypes.byref(count))
+    if status or not count.value:
+        return {"ok": False, "error": "QnnInterface_getProviders returned %d with %d providers" % (status, count.value)}
+    fns = found[0].contents.functions
+    backend = P()
+    status = call(fns[1], P, P, ctypes.POINTER(P))(None, None, ctypes.byref(backend))
+    if status:
+        return {"ok": False, "error": "QnnBackend_create returned %d" % status}
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    window = (ctypes.c_char * size).from_buffer(mapped)
+    os.close(fd)
+    context = P()
+    status = call(fns[13], P, P, P, P, ctypes.c_uint64, ctypes.POINTER(P), P)(
+        backend, None, None, ctypes.addressof(window) + offset, length, ctypes.byref(context), None)
+    if not status:
+        call(fns[14], P, P)(context, None)
+    call(fns[8], P)(backend)
+    return {"ok": True, "status": status}
+
+try:
+    report = load(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+except OSError as exc:
+    report = {"ok": False, "error": str(exc)}
+with open(sys.argv[1], "w") as out:
+    json.dump(report, out)
+"""
+
+
 class ReadFailure(Exception):
     """The child could not give the library's answer: it timed out or died."""
 
@@ -184,10 +240,24 @@ def read_binary_info(system_lib: Path, path: Path, offset: int, length: int, env
                      timeout: float = READ_TIMEOUT) -> dict[str, Any]:
     """What `system_lib` answers for `length` bytes of `path` from `offset`: {"ok": True, ...the
     binary info...} or {"ok": False, "error": ...}. Raises ReadFailure when no answer came."""
+    return _run(_READER, str(system_lib), path, offset, length, environ, timeout)
+
+
+def load_binary(backend_lib: str, path: Path, offset: int, length: int, environ: Mapping[str, str],
+                timeout: float = READ_TIMEOUT) -> dict[str, Any]:
+    """Whether the backend library `backend_lib` (a bare name, found as the loader finds it in a
+    process started with `environ`) creates a context from the binary: {"ok": True, "status":
+    what contextCreateFromBinary returned} or {"ok": False, "error": ...}. Raises ReadFailure when
+    no answer came."""
+    return _run(_LOADER, backend_lib, path, offset, length, environ, timeout)
+
+
+def _run(script: str, system_lib: str, path: Path, offset: int, length: int, environ: Mapping[str, str],
+         timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="qnnctl-inspect-") as folder:
         report_path = os.path.join(folder, "report.json")
         try:
-            proc = subprocess.run([sys.executable, "-I", "-c", _READER, report_path, str(system_lib), str(path),
+            proc = subprocess.run([sys.executable, "-I", "-c", script, report_path, system_lib, str(path),
                                    str(offset), str(length)],
                                   env=dict(environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True, errors="replace", timeout=timeout, check=False)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from qnnctl.errors import QnnctlError
-from qnnctl.run.binaryinfo import ReadFailure, read_binary_info
+from qnnctl.run.binaryinfo import ReadFailure, load_binary, read_binary_info
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for
 from qnnctl.run.epcontext import Span, epcontext_nodes, external_path, open_map
@@ -145,6 +145,9 @@ class Verdict:
     backend_api: str | None
     loads: bool
     reason: str
+    # How: "api-versions" (the versions the libraries report, compared) or "loaded" (the SDK's
+    # backend library created a context from each binary on this host).
+    checked: str = "api-versions"
 
 
 @dataclass
@@ -290,12 +293,16 @@ def read_model(path: Path, sdk: Sdk, environ: Mapping[str, str]) -> tuple[str, l
     """The format of the model at `path` and its binaries, as `sdk`'s libQnnSystem.so reads them
     in a process started with `environ` (where the SDK's libraries load)."""
     fmt, places = binaries_of(path)
+    return fmt, _read_places(places, sdk, environ)
+
+
+def _read_places(places: list[Place], sdk: Sdk, environ: Mapping[str, str]) -> list[Binary]:
     system_lib = sdk.lib_dir / "libQnnSystem.so"
     if not system_lib.is_file():
         raise QnnctlError(
             f"SDK {sdk.version} has no {system_lib.name}, which reads context binaries",
             hint=f"reinstall it with its host libraries: qnnctl install {sdk.version} --force")
-    return fmt, [read_place(place, system_lib, environ) for place in places]
+    return [read_place(place, system_lib, environ) for place in places]
 
 
 # -- the verdict -------------------------------------------------------------------------------
@@ -366,14 +373,47 @@ def verdict(binaries: list[Binary], version: str, root: Path, sdk_build: str | N
     return made(True, f"SDK {version} ({runtime_apis}) loads binaries of API {apis}: not newer than it")
 
 
-def inspect(path: Path, sdk: Sdk, environ: Mapping[str, str]) -> Report:
+def real_load(places: list[Place], binaries: list[Binary], environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether the SDK's backend library, in a process started with `environ`, creates a context
+    from each binary on this host (as ONNX Runtime's QNN provider does); and what happened."""
+    done = []
+    for place, b in zip(places, binaries, strict=True):
+        library = BACKEND_LIBS.get(b.backend_id or -1)
+        if library is None:
+            return False, f"no {b.backend} library to load {shown(b.origin)} with on this host"
+        try:
+            answer = load_binary(library, place.path, place.offset, place.length, environ)
+        except ReadFailure as exc:
+            return False, f"loading {shown(b.origin)} gave no answer: {exc}"
+        if not answer.get("ok"):
+            why = explain_load_error(library, str(answer["error"]))
+            return False, f"{library} could not try {shown(b.origin)}: {why}"
+        status = int(answer["status"])
+        if status:
+            why = " (`Using newer context binary on old SDK`)" if status == 5000 else ""
+            return False, (f"{library} refused {shown(b.origin)} on this host: contextCreateFromBinary returned "
+                           f"{status}{why}")
+        done.append(shown(b.origin))
+    return True, f"{', '.join(done)} loaded on this host (contextCreateFromBinary returned 0)"
+
+
+def inspect(path: Path, sdk: Sdk, environ: Mapping[str, str], load: bool = False) -> Report:
     """Read the lowered model at `path` with `sdk`'s libQnnSystem.so in a process started with
-    `environ`, and say whether its runtime loads the binaries."""
-    fmt, binaries = read_model(path, sdk, environ)
+    `environ`, and say whether its runtime loads the binaries: from the API versions, or with
+    `load`, by creating a context from each one with the SDK's backend library."""
+    fmt, places = binaries_of(path)
+    binaries = _read_places(places, sdk, environ)
     report = Report(str(path), fmt, binaries)
     ids = {b.backend_id for b in binaries if b.error is None and b.backend_id is not None}
     providers = runtime_providers(environ, ids) if ids else {}
-    report.sdk = verdict(binaries, sdk.version, sdk.root, read_build_id(sdk.root), providers)
+    predicted = verdict(binaries, sdk.version, sdk.root, read_build_id(sdk.root), providers)
+    report.sdk = predicted
+    if load and all(b.error is None for b in binaries):
+        loaded, what = real_load(places, binaries, environ)
+        agrees = ("as the API versions predict" if loaded == predicted.loads
+                  else f"though the API versions predict otherwise: {predicted.reason}")
+        report.sdk = Verdict(predicted.version, predicted.root, predicted.build, predicted.core_api,
+                             predicted.backend_api, loaded, f"SDK {sdk.version}: {what}, {agrees}", "loaded")
     return report
 
 
@@ -429,7 +469,8 @@ def render(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Report:
+def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache,
+                 load: bool = False) -> Report:
     """`qnnctl inspect`: the SDK `spec` selects (never installing one) reads the file with its
     own library. Without an installed SDK nothing can read it, and that is an error."""
     binaries_of(path)  # a file that is no model is refused before an SDK is looked for
@@ -438,7 +479,7 @@ def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: 
         raise QnnctlError(f"no SDK to read {shown(str(path))} with: QNN_SDK_ROOT is set but empty, so the "
                           "caller manages the SDK", hint="give one with --sdk VERSION|PATH")
     child = apply(environ, environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
-    return inspect(path, sdk, child)
+    return inspect(path, sdk, child, load)
 
 
 def api_release(binary: Binary) -> tuple[int, int] | None:
