@@ -612,6 +612,9 @@ def test_the_ep_refuses_an_older_qnn_api_unless_told_to_skip_the_check(archive: 
     assert found["status"] == "warn"
     assert found["detail"].startswith("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51), the selected "
                                       "SDK's libQnnHtp.so offers core API 2.36.0")
+    # The same, asked of the lowering's own Python rather than through PYTHONPATH.
+    theirs = checks("--sdk", genuine.QAIRT_2_47.qairt, "--python", python)["onnxruntime"]
+    assert (theirs["status"], theirs["detail"]) == (found["status"], found["detail"])
 
 
 @pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
