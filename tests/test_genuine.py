@@ -953,3 +953,89 @@ def test_the_device_checks_compare_the_binarys_architecture_and_api_with_the_pho
     assert f"qnnctl: warning: {other['detail']}" in plan.stderr
     fits = run_qnnctl("device", "push", "--sdk", wheel.qairt, "--soc", "SM8650", "--dry-run", "--json", str(model))
     assert not [w for w in json.loads(fits.stdout)["warnings"] if str(binary) in w]
+
+
+# Two models compiled into one context binary with shared weights (`ep.share_ep_contexts`,
+# `enable_htp_weight_sharing`): two graphs in one binary. `load` loads the first model's EPContext
+# model back and prints LOADED when it ran.
+TWO_GRAPHS = r"""
+import os, sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnxruntime_qnn
+from onnx import TensorProto, helper, numpy_helper
+
+mode, folder = sys.argv[1:]
+ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+options = {"backend_path": os.path.join(os.environ["QNN_SDK_ROOT"], "lib", "x86_64-linux-clang", "libQnnHtp.so"),
+           "soc_model": "57", "enable_htp_weight_sharing": "1"}
+if mode == "compile":
+    os.makedirs(folder, exist_ok=True)
+    w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
+    for i, op in enumerate(("Relu", "Sigmoid")):
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node(op, ["m"], ["y"])], f"g{i}",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 10
+        onnx.save(model, os.path.join(folder, f"m{i}.onnx"))
+    for i in range(2):
+        config = ort.SessionOptions()
+        config.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        config.add_session_config_entry("ep.context_enable", "1")
+        config.add_session_config_entry("ep.context_embed_mode", "0")
+        config.add_session_config_entry("ep.share_ep_contexts", "1")
+        if i == 1:
+            config.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+        config.add_provider_for_devices(devices, options)
+        ort.InferenceSession(os.path.join(folder, f"m{i}.onnx"), sess_options=config)
+    print("COMPILED", sorted(os.listdir(folder)))
+else:
+    config = ort.SessionOptions()
+    config.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    config.add_provider_for_devices(devices, options)
+    session = ort.InferenceSession(os.path.join(folder, "m0_ctx.onnx"), sess_options=config)
+    print("LOADED", session.run(None, {"x": np.ones((1, 8), np.float32)})[0].tolist())
+"""
+
+
+@pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
+def test_two_graphs_in_one_binary_and_a_load_this_host_cannot_do(archive: Path, llvm: str, cache_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """Both graphs are listed, each with its HTP settings; the binary's API versions say a 2.51
+    runtime loads it, but on this host neither ONNX Runtime nor --load can (the x86_64 library has
+    no shared weights buffer): --load does not say "loads"."""
+    python = onnxruntime_python()
+    install(archive, cache_dir)
+    script = tmp_path / "two.py"
+    script.write_text(TWO_GRAPHS)
+    out = tmp_path / "out"
+
+    def run(mode: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "qnnctl", "lower", "--sdk", genuine.QAIRT_2_51.qairt, "--python",
+                               python, str(script), mode, str(out)], capture_output=True, text=True, timeout=600)
+
+    compiled = run("compile")
+    assert "COMPILED ['m0.onnx', 'm0_ctx.onnx', 'm0_qnn.bin', 'm1.onnx', 'm1_ctx.onnx']" in compiled.stdout, (
+        compiled.stderr[-2000:])
+    for model in ("m0_ctx.onnx", "m1_ctx.onnx"):
+        code, report = inspected(out / model)
+        assert code == 0, report
+        [found] = report["binaries"]
+        assert found["origin"] == str(out / "m0_qnn.bin")
+        graphs = found["graphs"]
+        assert len(graphs) == 2
+        assert len({g["name"] for g in graphs}) == 2
+        for graph in graphs:
+            assert [t["shape"] for t in graph["inputs"] + graph["outputs"]] == [[1, 8], [1, 8]]
+            assert graph["htp"]["vtcm_size"] > 0
+    loaded = run("load")
+    assert loaded.returncode != 0
+    assert "LOADED" not in loaded.stdout
+    code, report = inspected(out / "m0_ctx.onnx", "--load")
+    assert code == 1
+    assert (report["sdk"]["loads"], report["sdk"]["checked"]) == (False, "loaded")
+    assert "though the API versions predict otherwise" in report["sdk"]["reason"]
