@@ -8,7 +8,7 @@ QnnTypes.h (`Qnn_Tensor_t`, `Qnn_QuantizeParams_t`) and, for HTP binaries, the b
 QnnHtpSystemContext.h describes (the context's DSP architecture, each graph's VTCM, spill-fill,
 optimization level, HVX threads and memory sizes), at their x86_64 offsets. The offsets of the
 HTP blobs were checked against what QAIRT 2.47's and 2.51's libraries return for binaries ONNX
-Runtime compiled (tests/test_genuine.py).
+Runtime compiled (tests/run/test_inspect_genuine.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """qnnctl inspect on files the tests make: ONNX EPContext models written with a protobuf encoder of
 the test's own, read as ONNX Runtime reads them, and what inspect refuses before any SDK reads a
-byte. tests/test_genuine.py has genuine binaries, read by the SDK's own library and checked
+byte. tests/run/test_inspect_genuine.py has genuine binaries, read by the SDK's own library and checked
 against real loads."""
 
 from __future__ import annotations
