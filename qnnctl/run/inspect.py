@@ -189,7 +189,8 @@ def binaries_of(path: Path) -> tuple[str, list[Place]]:
     if path.suffix != ".onnx" and head[:1] != b"\x08":
         return "qnn-context-binary", [Place(str(path), path, 0, size)]
     mapped = open_map(path)
-    assert mapped is not None  # not empty
+    if mapped is None:
+        raise NotAModelError(path, "is empty")
     try:
         nodes = epcontext_nodes(mapped)
         if nodes is None:
