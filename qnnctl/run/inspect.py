@@ -30,7 +30,7 @@ from qnnctl.errors import QnnctlError
 from qnnctl.run.binaryinfo import ReadFailure, load_binary, read_binary_info
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for
-from qnnctl.run.epcontext import Span, epcontext_nodes, external_path, open_map
+from qnnctl.run.epcontext import Node, Span, epcontext_nodes, external_path, open_map
 from qnnctl.run.probe import Provider, explain_load_error, probe
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk, read_build_id
@@ -200,7 +200,7 @@ def binaries_of(path: Path) -> tuple[str, list[Place]]:
         mapped.close()
 
 
-def _places(path: Path, mapped: mmap.mmap, nodes: list[Any]) -> list[Place]:
+def _places(path: Path, mapped: mmap.mmap, nodes: list[Node]) -> list[Place]:
     found: list[Place] = []
     for node in nodes:
         attributes = node.attributes
