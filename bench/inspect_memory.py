@@ -60,19 +60,38 @@ def padded_binary(binary: Path, dest: Path, size: int) -> Path:
     return dest
 
 
+# A message as pieces: bytes, or the path of a file whose bytes go there (copied, never held).
+Piece = bytes | Path
+
+
+def _length(pieces: list[Piece]) -> int:
+    return sum(p.stat().st_size if isinstance(p, Path) else len(p) for p in pieces)
+
+
+def _wrap(number: int, pieces: list[Piece]) -> list[Piece]:
+    """A length-delimited field holding `pieces`."""
+    return [_varint(number << 3 | 2) + _varint(_length(pieces)), *pieces]
+
+
 def big_epcontext_model(binary: Path, dest: Path, size: int) -> Path:
     """ModelProto: ir_version, a doc_string of zeros (not written: a hole), then the graph whose
-    EPContext node embeds the binary."""
-    attributes = (_field(5, _field(1, b"embed_mode") + _field(3, 1) + _field(20, 2))
-                  + _field(5, _field(1, b"ep_cache_context") + _field(4, binary.read_bytes()) + _field(20, 3)))
-    node = _field(3, b"QNNExecutionProvider_QNN_0") + _field(4, b"EPContext") + _field(7, b"com.microsoft") + attributes
-    graph = _field(7, _field(1, node) + _field(2, b"main_graph"))
+    EPContext node embeds the binary, copied in by parts: this process never holds it."""
+    attributes = (_wrap(5, [_field(1, b"embed_mode") + _field(3, 1) + _field(20, 2)])
+                  + _wrap(5, [_field(1, b"ep_cache_context"), *_wrap(4, [binary]), _field(20, 3)]))
+    node = _wrap(1, [_field(3, b"QNNExecutionProvider_QNN_0") + _field(4, b"EPContext") + _field(7, b"com.microsoft"),
+                     *attributes])
+    graph = _wrap(7, [*node, _field(2, b"main_graph")])
     head = _field(1, 10)
-    filler = size - len(head) - len(graph) - 16
+    filler = size - len(head) - _length(graph) - 16
     with open(dest, "wb") as out:
         out.write(head + _varint(6 << 3 | 2) + _varint(filler))
         out.seek(filler, os.SEEK_CUR)
-        out.write(graph)
+        for piece in graph:
+            if isinstance(piece, Path):
+                with open(piece, "rb") as source:
+                    shutil.copyfileobj(source, out, 1 << 20)
+            else:
+                out.write(piece)
     return dest
 
 
