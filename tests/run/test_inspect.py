@@ -132,3 +132,19 @@ def test_an_sdk_named_but_not_installed_is_an_error(tmp_path: Path, cache_dir: P
     assert proc.returncode == 1
     assert "SDK 2.47.0.260601 is not installed" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_names_the_library_reports_are_escaped_in_the_text_view() -> None:
+    """Graph and tensor names come from the model through the library: shown escaped."""
+    from qnnctl.run.inspect import Binary, Graph, Report, Tensor, render
+
+    evil = "a\x1b]0;T\x07b"
+    binary = Binary(f"/m/{evil}.bin", 10, "/sdk/libQnnSystem.so", build="2.51.0.260929181845", backend="HTP",
+                    backend_id=6, core_api="2.40.0", backend_api="5.51.0",
+                    graphs=[Graph(evil, [Tensor(evil, "float32", [1])], [Tensor("y", "float32", [1])])])
+    text = render(Report(f"/m/{evil}.onnx", "onnx-epcontext", [binary]))
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert "  graph a\\x1b]0;T\\x07b\n" in text
+    assert "    input    a\\x1b]0;T\\x07b float32[1]\n" in text
+    assert text.startswith("/m/a\\x1b]0;T\\x07b.onnx: onnx-epcontext\n")
