@@ -46,12 +46,12 @@ def _attribute(name: str, value: int | bytes | str) -> bytes:
     return _field(1, name) + _field(4, value) + _field(20, 3)
 
 
-def epcontext_model(*nodes: Mapping[str, int | bytes | str], op_type: str = "EPContext") -> bytes:
+def epcontext_model(*nodes: Mapping[str, int | bytes | str], op_type: str = "EPContext", name: str = "ctx") -> bytes:
     """ModelProto (ir_version 1, opset_import 8, graph 7) whose graph holds one node per dict."""
     graph = b""
     for attributes in nodes:
         # NodeProto: input 1, output 2, name 3, op_type 4, attribute 5, domain 7.
-        node = _field(1, "x") + _field(2, "y") + _field(3, "ctx") + _field(4, op_type) + _field(7, "com.microsoft")
+        node = _field(1, "x") + _field(2, "y") + _field(3, name) + _field(4, op_type) + _field(7, "com.microsoft")
         for name, value in attributes.items():
             node += _field(5, _attribute(name, value))
         graph += _field(1, node)

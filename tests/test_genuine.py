@@ -528,23 +528,23 @@ def test_onnxruntime_lowers_with_the_sdk_qnnctl_installed(archive: Path, llvm: s
         assert found["origin"] == str(binary)
         assert found["size"] == len(data)
         assert found["read_with"] == str(lib_dir / "libQnnSystem.so")
-        assert found["note"] is None
+        assert found["error"] is None
         assert (found["build"], found["qairt"]) == (wheel.build_id[1:], wheel.qairt)
         assert (found["backend"], found["htp_arch"], found["soc"], found["soc_model"]) == ("HTP", 75, "SM8650", 57)
         assert (found["core_api"], found["backend_api"]) == (PROVIDERS[wheel.qairt]["core"],
                                                              PROVIDERS[wheel.qairt]["backend"])
+        assert found["build_disagrees"] is None
         [graph] = found["graphs"]
-        assert graph["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]},
-                                   {"name": "m", "dtype": "float32", "shape": [8, 8]}]
-        assert graph["outputs"] == [{"name": "y", "dtype": "float32", "shape": [1, 4, 8, 8]}]
+        assert graph["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8], "quantization": None},
+                                   {"name": "m", "dtype": "float32", "shape": [8, 8], "quantization": None}]
+        assert graph["outputs"] == [{"name": "y", "dtype": "float32", "shape": [1, 4, 8, 8], "quantization": None}]
         assert report["sdk"]["loads"] is True
-    # Without an SDK installed, the binary's own text says the same build and target.
+        assert (report["sdk"]["core_api"], report["sdk"]["backend_api"]) == (found["core_api"], found["backend_api"])
+    # Without an SDK installed nothing reads it, and nothing is said from its text.
     shutil.rmtree(cache_dir / "sdks")
-    code, report = inspected(binary)
-    assert code == 0
-    [carried] = report["binaries"]
-    assert (carried["build"], carried["htp_arch"], carried["soc"], carried["read_with"]) == (
-        wheel.build_id[1:], 75, "SM8650", "bytes")
+    proc = run_qnnctl("inspect", "--json", str(binary))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert "is not installed" in proc.stderr
 
 
 @pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
@@ -559,7 +559,7 @@ def test_onnxruntime_embeds_the_binary_in_the_model(archive: Path, llvm: str, ca
     code, report = inspected(out / "tiny_ctx.onnx")
     assert code == 0
     [found] = report["binaries"]
-    assert found["origin"] == f"{out / 'tiny_ctx.onnx'} (embedded in an EPContext node)"
+    assert found["origin"].startswith(f"{out / 'tiny_ctx.onnx'} (embedded in the EPContext node '")
     assert found["build"] == genuine.QAIRT_2_51.build_id[1:]
     assert [t["name"] for t in found["graphs"][0]["inputs"]] == ["x", "m"]
 
@@ -586,9 +586,10 @@ def test_a_binary_loads_on_its_own_build_and_later_ones_only(llvm: str, cache_di
     assert "<E> Fail to get context blob with err 5000" in refused.stderr
     proc = run_qnnctl("inspect", str(tmp_path / "new" / "tiny_ctx.onnx"), "--sdk", old.qairt)
     assert proc.returncode == 1
-    assert (f"SDK {old.qairt} (build {old.build_id[1:]}) cannot load {tmp_path / 'new' / 'tiny_ctx_qnn.bin'}: "
-            f"it was built by QAIRT {new.build_id[1:]}, newer than this runtime (error 5000") in proc.stderr
-    assert "does not load: " in proc.stdout
+    assert (f"SDK {old.qairt} (core API {PROVIDERS[old.qairt]['core']}, backend API {PROVIDERS[old.qairt]['backend']})"
+            f" cannot load {tmp_path / 'new' / 'tiny_ctx_qnn.bin'}: its core and backend API") in proc.stderr
+    assert "error 5000" in proc.stderr
+    assert "\nloads: " not in proc.stdout
 
     loaded = answer(ort_lower(python, new.qairt, "load", tmp_path / "old"))
     assert loaded["diff"] <= TOLERANCE
@@ -614,6 +615,9 @@ def test_the_ep_refuses_an_older_qnn_api_unless_told_to_skip_the_check(archive: 
     assert found["status"] == "warn"
     assert found["detail"].startswith("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51), the selected "
                                       "SDK's libQnnHtp.so offers core API 2.36.0")
+    # The same, asked of the lowering's own Python rather than through PYTHONPATH.
+    theirs = checks("--sdk", genuine.QAIRT_2_47.qairt, "--python", python)["onnxruntime"]
+    assert (theirs["status"], theirs["detail"]) == (found["status"], found["detail"])
 
 
 @pytest.mark.parametrize("archive", WHEELS[:1], indirect=True)
@@ -634,13 +638,14 @@ def test_without_libcxx_the_lowering_fails_naming_it(archive: Path, llvm: str, s
     assert "qnnctl: warning: could not stage the host runtime" in output
     assert "libc++.so.1: cannot open shared object file" in output, output[-3000:]
     assert not (tmp_path / "out" / "tiny_ctx.onnx").exists()
-    # inspect cannot use the SDK's libQnnSystem.so either: it says why, and reads the bytes.
+    # inspect cannot use the SDK's libQnnSystem.so either: it says why, and gives no verdict.
     code, report = inspected(tmp_path / "before" / "tiny_ctx_qnn.bin", "--sdk", wheel.qairt)
-    assert code == 0
+    assert code == 1
     [found] = report["binaries"]
-    assert (found["read_with"], found["build"]) == ("bytes", wheel.build_id[1:])
-    assert found["note"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
+    assert (found["build"], found["core_api"]) == (None, None)
+    assert found["error"].startswith("libQnnSystem.so needs libc++.so.1, which the loader cannot find"), found
     assert report["sdk"]["root"] == str(root)
+    assert (report["sdk"]["loads"], report["ok"]) == (False, False)
 
 
 # -- the install gate, on Qualcomm's own archive --------------------------------------------------

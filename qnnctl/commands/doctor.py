@@ -23,12 +23,15 @@ from qnnctl.doctor.report import exit_code, render_json, render_table, render_te
 @click.option("--device", "device", is_flag=False, flag_value="", default=None, metavar="[SERIAL]",
               help="Also check this Android device (or the only one adb sees).")
 @click.option("--model", "models", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="With --device: fail when this lowered model is newer than the device's runtime.")
+              help="With --device: fail when this lowered model does not load there (another HTP architecture, "
+              "a QNN API newer than the device's runtime, unreadable by the SDK's library).")
+@click.option("--python", "python", metavar="PY",
+              help="Check the frameworks of this Python (the one `lower --python` runs) instead of qnnctl's own.")
 def doctor(spec: str | None, as_json: bool, offline: bool, strict: bool, verify: bool, device: str | None,
-           models: tuple[Path, ...]) -> None:
+           models: tuple[Path, ...], python: str | None) -> None:
     """Check the host, the SDK and the environment; exit 1 when a check fails."""
     results = diagnose(spec, os.environ, Path.cwd(), offline=offline, verify=verify, device=device,
-                       models=models)
+                       models=models, python=python)
     # The report is what was asked for, so it goes to stdout, as a table on a terminal.
     if as_json:
         click.echo(render_json(results, strict), nl=False)

@@ -21,7 +21,8 @@ from qnnctl.shell.render import SHELLS, render
 
 @click.command(short_help="Print the shell exports for an installed SDK.")
 @click.argument("version", required=False, shell_complete=complete_installed)
-@click.option("--sdk", "sdk_path", type=click.Path(), help="Use the SDK at this path.")
+@click.option("--sdk", "sdk_path", metavar="VERSION|PATH", shell_complete=complete_installed,
+              help="Use this installed SDK version, or the SDK at this path.")
 @click.option("--shell", "shell", type=click.Choice(SHELLS),
               help="Output syntax (default: the shell that runs qnnctl, else $SHELL, else sh).")
 @click.option("--unset", is_flag=True, help="Print what undoes qnnctl's changes.")
@@ -29,16 +30,21 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
     """Print the exports for an installed SDK: eval "$(qnnctl env)". Never downloads."""
     if sdk_path is not None and not sdk_path.strip():
         # Path("") is ".": taken as a path, an empty value would name the current folder.
-        raise UsageError("--sdk is empty; it takes the path of an SDK root",
-                         hint="give the folder that holds lib/ and bin/, e.g. --sdk /opt/qairt/2.37.0.250724")
+        raise UsageError("--sdk is empty; it takes an SDK version or the path of an SDK root",
+                         hint="give a version (--sdk 2.37) or the folder that holds lib/ and bin/, e.g. "
+                         "--sdk /opt/qairt/2.37.0.250724")
     if version is not None and sdk_path is not None:
-        raise UsageError("give either VERSION or --sdk PATH, not both")
+        raise UsageError("give either VERSION or --sdk, not both")
     if unset and (version is not None or sdk_path is not None):
         raise UsageError("--unset undoes whatever qnnctl exported; it takes no VERSION or --sdk")
     spec = version
     if sdk_path is not None:
-        # A bare folder name given to --sdk is still a path, never a version.
-        spec = sdk_path if sdk_path.startswith(("/", "~")) else os.path.join(".", sdk_path)
+        # A version as the other commands take it (`2.51`, `2.51.0.260929`); anything else, a
+        # bare folder name too, and a version-like name of a folder here, is a path.
+        if sdk_path.startswith(("/", "~")) or _is_version(sdk_path):
+            spec = sdk_path
+        else:
+            spec = os.path.join(".", sdk_path)
     try:
         plan = plan_env(spec, os.environ, Path.cwd(), current_cache(), unset=unset)
     except NotInstalledError as exc:
@@ -59,6 +65,12 @@ def env(version: str | None, sdk_path: str | None, shell: str | None, unset: boo
         return
     text = render(plan.values, shell or detect_shell(os.environ, os.getppid()))
     click.echo(text, nl=False)
+
+
+def _is_version(text: str) -> bool:
+    """`2.51`, `2.51.0.260929`: digits and dots, starting with a digit, and no folder of that name here."""
+    return (bool(text) and text[0].isdigit() and all(c.isdigit() or c == "." for c in text)
+            and not os.path.lexists(text))
 
 
 @click.command(name="list")

@@ -17,9 +17,12 @@ from qnnctl.device.plan import Plan, check_dest, default_dest, plan_push, remote
 from qnnctl.device.push import PushResult, push_plan
 from qnnctl.device.socs import arch, find_soc
 from qnnctl.errors import UsageError
+from qnnctl.run.envplan import environment_for
+from qnnctl.run.inspect import Binary, read_model
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk, read_sdk_version
 from qnnctl.sdk.select import resolve_installed, select_sdk
+from qnnctl.shell.exports import apply
 from qnnctl.shell.render import quote_posix
 
 log = logging.getLogger("qnnctl.device")
@@ -103,9 +106,14 @@ def push(
     if dest is not None:
         check_dest(dest)
     sdk = device_sdk(spec, environ, cwd, cache)
+    child = apply(environ, environment_for(sdk, environ, cache, owns_root=True))
+
+    def read(path: Path) -> list[Binary]:
+        return read_model(path, sdk, child)[1]
+
     if dry_run and soc is not None:
         # The plan needs nothing from the device: talk to none.
-        plan = plan_push(sdk, resolve_soc(None, soc), dest, extras)
+        plan = plan_push(sdk, resolve_soc(None, soc), dest, extras, read)
         for note in plan.warnings:
             log.warning("%s", note)
         return PushOutcome(plan, None, None)
@@ -119,7 +127,7 @@ def push(
     chosen = resolve_soc(reported, soc, where=f"device {device.serial}")
     if soc is not None and reported and chosen.model != reported:
         log.info("%s reports SoC %s; planning for --soc %s", device.serial, reported, chosen.model)
-    plan = plan_push(sdk, chosen, dest, extras)
+    plan = plan_push(sdk, chosen, dest, extras, read)
     for note in plan.warnings:
         log.warning("%s", note)
     if dry_run:

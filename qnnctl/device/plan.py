@@ -18,7 +18,7 @@ Planning reads only the SDK on disk; it talks to no device.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.records import Record
-from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
+from qnnctl.run.inspect import Binary, NotAModelError, api_release, shown
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.components import ALL, ANDROID, HEXAGON, install_command, installed_components
 from qnnctl.sdk.identity import build_id
@@ -282,8 +282,53 @@ def sdk_release(sdk: Sdk) -> tuple[int, int] | None:
     return parse_version(sdk.version).major_minor
 
 
-def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path] = ()) -> Plan:
-    """The files of `sdk` that `soc` needs, plus `extras`, bound for `dest` on the device."""
+# Reads a lowered model with the host SDK's libQnnSystem.so (qnnctl.run.inspect.read_model).
+ModelReader = Callable[[Path], list[Binary]]
+# Extra files taken for lowered models, and checked against the device before they are pushed.
+MODEL_SUFFIXES = (".bin", ".onnx")
+
+
+def _release(build: str) -> tuple[int, int] | None:
+    parts = build.removeprefix("v").split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
+def model_problems(binaries: Sequence[Binary], soc: Soc | None, runtime: str | None,
+                   where: str) -> tuple[list[str], list[str]]:
+    """What keeps each binary (as the host SDK's library read it) from loading on a device with
+    `soc` and the runtime `where` of build `runtime`: its HTP architecture, then the QAIRT release
+    its API versions need. Returns (problems, what is fine), in words that name both sides."""
+    problems: list[str] = []
+    fine: list[str] = []
+    for b in binaries:
+        origin = shown(b.origin)
+        if b.error is not None:
+            problems.append(f"{origin} cannot be read by the SDK's libQnnSystem.so ({shown(b.error)}), so no "
+                            "runtime loads it")
+            continue
+        if soc is not None and b.htp_arch is not None and b.htp_arch != soc.arch:
+            problems.append(f"{origin} was compiled for HTP V{b.htp_arch} ({shown(b.soc or 'SoC not named')}), "
+                            f"the device's {soc.model} is HTP V{soc.arch}: it does not load there; lower it "
+                            f"again for {soc.model}")
+            continue
+        needs = api_release(b)
+        have = _release(runtime) if runtime else None
+        if needs is not None and have is not None and needs > have:
+            problems.append(
+                f"{origin} needs the runtime of QAIRT {needs[0]}.{needs[1]} or newer (its API: core {b.core_api}, "
+                f"backend {b.backend_api}; build string {shown(b.build or '-')}), and {where} is build {runtime}: "
+                "it fails to load with error 5000 (`Using newer context binary on old SDK`)")
+            continue
+        same_soc = "" if soc is None or not b.soc or b.soc == soc.model else (
+            f", compiled for {shown(b.soc)}, the same HTP V{soc.arch} as the device's {soc.model}")
+        fine.append(f"{origin} (HTP V{b.htp_arch}, API {b.core_api}/{b.backend_api}{same_soc})")
+    return problems, fine
+
+
+def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path] = (),
+              read: ModelReader | None = None) -> Plan:
+    """The files of `sdk` that `soc` needs, plus `extras`, bound for `dest` on the device; with
+    `read`, each extra named like a lowered model is checked against `soc` and the runtime."""
     dest = check_dest(dest if dest is not None else default_dest(sdk.version))
     present, missing, optional = sdk_files(sdk, soc.arch)
     if missing:
@@ -311,11 +356,16 @@ def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path
                                 build_id(path), EXTRA))
     warnings = [f"{rel} is not in the SDK: the runtime warns without it" for rel in optional]
     runtime = next(iter(builds.values()), None)
-    if runtime is not None:
-        for extra in extras:
-            for origin, built in carried_builds(Path(extra)):
-                if newer_than(built, runtime):
-                    warnings.append(newer_binary_warning(origin, built, runtime, "the runtime pushed with it"))
+    for extra in extras:
+        if read is None or Path(extra).suffix not in MODEL_SUFFIXES:
+            continue
+        try:
+            binaries = read(Path(extra))
+        except NotAModelError as exc:
+            warnings.append(exc.message)
+            continue
+        problems, _ = model_problems(binaries, soc, runtime, "the runtime pushed with it")
+        warnings.extend(problems)
     return Plan(soc, sdk, dest, tuple(files), runtime, tuple(warnings))
 
 

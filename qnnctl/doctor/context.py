@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from qnnctl.doctor.frameworks import Frameworks, own_frameworks, python_frameworks
 from qnnctl.doctor.report import Outcome, Skip
 from qnnctl.errors import InvalidSdkError, NotInstalledError, QnnctlError
 from qnnctl.host.elf import Closure, Resolver, Scanner
@@ -66,6 +67,8 @@ class Context:
     device: str | None = None
     # Lowered models to check against the device's runtime (`--model`).
     models: tuple[Path, ...] = ()
+    # The Python whose frameworks to check (`--python`); None: qnnctl's own.
+    python: str | None = None
     # The host's facts; tests replace them to see a check's verdict on another host.
     system: str = field(default_factory=platform.system)
     machine: str = field(default_factory=platform.machine)
@@ -84,6 +87,15 @@ class Context:
         if not done:
             raise value
         return cast(_T, value)
+
+    def frameworks(self) -> Frameworks:
+        """The lowering frameworks of the Python `--python` names, else of qnnctl's own."""
+        python = self.python
+
+        def compute() -> Frameworks:
+            return own_frameworks() if python is None else python_frameworks(python, self.environ)
+
+        return self.once("frameworks", compute)
 
     def cache(self) -> Cache:
         return self.once("cache", lambda: Cache.from_env(self.environ))

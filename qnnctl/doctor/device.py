@@ -15,6 +15,7 @@ from qnnctl.device.plan import (
     DSP_DEFAULTS,
     MissingDeviceFilesError,
     default_dest,
+    model_problems,
     needs,
     sdk_files,
     sdk_release,
@@ -23,7 +24,7 @@ from qnnctl.device.push import file_sha256
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.doctor.context import Check, Context
 from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
-from qnnctl.run.inspect import carried_builds, newer_binary_warning, newer_than
+from qnnctl.run.inspect import NotAModelError, read_model
 from qnnctl.sdk.identity import build_id, version_of_build
 from qnnctl.sdk.layout import read_build_id
 from qnnctl.shell.render import quote_posix
@@ -250,29 +251,34 @@ def _device_runtime(ctx: Context) -> tuple[str, str | None] | None:
 
 
 def check_model(ctx: Context) -> Outcome:
-    """Each model `--model` names against the runtime the device will load it with: a context
-    binary built by a newer QAIRT fails there with error 5000."""
+    """Each model `--model` names, as the SDK's own libQnnSystem.so reads it, against the device:
+    a binary compiled for another HTP architecture than the device's does not load there, nor one
+    whose QNN API is newer than the device's runtime (error 5000)."""
     runtime = _device_runtime(ctx)
     if runtime is None:
         raise Skip("no libQnnHtp.so on the device to load a model with (see device.libraries)")
     where, build = runtime
-    if build is None:
-        return warn(f"{where} carries no build id: whether it loads the model is unknown")
+    soc = find_soc(_require_device(ctx).soc_model)
+    sdk = ctx.require_sdk()
     problems: list[str] = []
     fine: list[str] = []
     for model in ctx.models:
-        found = carried_builds(model)
-        if not found:
-            problems.append(f"{model} holds no QNN context binary whose build qnnctl can read")
-        for origin, built in found:
-            if newer_than(built, build):
-                problems.append(newer_binary_warning(origin, built, build, where))
-            else:
-                fine.append(f"{origin} (build {built})")
+        try:
+            _, binaries = read_model(model, sdk, ctx.child_environ())
+        except NotAModelError as exc:
+            problems.append(exc.message)
+            continue
+        bad, good = model_problems(binaries, soc, build, where)
+        problems += bad
+        fine += good
+    device = f"{soc.model}, HTP V{soc.arch}" if soc else "SoC unknown"
     if problems:
         return fail("; ".join(problems),
-                    hint=f"push a runtime at least as new: {_push_command(ctx)} with --sdk of that QAIRT")
-    return ok(f"{where} (build {build}) loads {', '.join(fine)}: not newer than it")
+                    hint=f"lower the model for the device's SoC with an SDK no newer than its runtime, or push a "
+                    f"newer runtime: {_push_command(ctx)} with --sdk of that QAIRT")
+    if build is None:
+        return warn(f"{where} carries no build id: whether it loads {', '.join(fine)} is unknown")
+    return ok(f"{where} (build {build}, {device}) loads {', '.join(fine)}")
 
 
 # Run when `doctor --device` is given `--model FILE`.

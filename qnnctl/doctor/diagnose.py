@@ -97,6 +97,7 @@ def diagnose(
     verify: bool = False,
     device: str | None = None,
     models: Sequence[Path] = (),
+    python: str | None = None,
 ) -> list[Result]:
     """Every check, for the SDK `spec` names (or the one qnnctl would choose); with `device`
     (a serial, or "" for the only device adb sees), the device's checks after the host's, and
@@ -111,5 +112,5 @@ def diagnose(
     if device is not None:
         checks = CHECKS + DEVICE_CHECKS + ((MODEL_CHECK,) if models else ())
     ctx = Context(spec=spec, environ=environ, cwd=cwd, offline=offline, verify=verify, device=device,
-                  models=tuple(models))
+                  models=tuple(models), python=python)
     return run_checks(ctx, checks)

@@ -8,12 +8,12 @@ import importlib.metadata
 import os
 import shlex
 import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from qnnctl.doctor.context import Context, env_command, is_library_name, reinstall_hint
+from qnnctl.doctor.frameworks import Frameworks
 from qnnctl.doctor.report import Outcome, Skip, abridged, fail, ok, warn
 from qnnctl.errors import IntegrityError, NotInstalledError
 from qnnctl.host.staged import staged_runtimes
@@ -22,7 +22,7 @@ from qnnctl.net.urls import redact
 from qnnctl.run.envplan import pin_gap
 from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.compat import ep_requirement, known_pairing
+from qnnctl.sdk.compat import ep_requirement, known_pairing, ort_qnn_carries, passes_that_fall_back
 from qnnctl.sdk.components import install_command, installed_components
 from qnnctl.sdk.holds import describe_holders, held_and_removed, held_by
 from qnnctl.sdk.identity import sdk_build_ids, version_of_build
@@ -38,7 +38,6 @@ from qnnctl.sdk.select import (
     BY_INSTALLED,
     BY_SHELL,
     executorch_expected_version,
-    executorch_package_dir,
     pin_conflict,
     select_sdk,
 )
@@ -265,9 +264,10 @@ def executorch_version(package_dir: Path) -> str | None:
 
 
 def check_executorch(ctx: Context) -> Outcome:
-    package_dir = executorch_package_dir()
+    frameworks = ctx.frameworks()
+    package_dir = frameworks.executorch_dir
     if package_dir is None:
-        raise Skip(f"ExecuTorch is not installed for {sys.executable}")
+        raise Skip(f"ExecuTorch is not installed for {frameworks.python}")
     version = executorch_version(package_dir) or "of unknown version"
     expected = executorch_expected_version(package_dir)
     name = f"ExecuTorch {version} ({package_dir})"
@@ -289,23 +289,45 @@ def check_executorch(ctx: Context) -> Outcome:
             "build that made them, so a .pte compiled here may not run with the SDK on the device",
             hint=fix,
         )
+    fallbacks = passes_that_fall_back(sdk_version)
+    if fallbacks:
+        needs = ", ".join(f"{p.what} from QAIRT {p.qairt[0]}.{p.qairt[1]}" for p in fallbacks)
+        return warn(f"{name} expects SDK {expected}; the selected SDK is {sdk_version}, on which its passes that "
+                    f"need a newer one fall back without a word: {needs} (source: {fallbacks[0].evidence}, "
+                    f"read {fallbacks[0].seen})")
     return ok(f"{name} expects SDK {expected}; the selected SDK is {sdk_version}")
 
 
-def onnxruntime_qnn_version() -> str | None:
-    """The installed onnxruntime-qnn's version, from its dist-info, without importing it."""
-    try:
-        return importlib.metadata.version("onnxruntime-qnn")
-    except importlib.metadata.PackageNotFoundError:
+def _core_onnxruntime(frameworks: Frameworks, version: str) -> str | None:
+    """What is wrong with the core onnxruntime beside onnxruntime-qnn `version`, if anything."""
+    carried = ort_qnn_carries(version)
+    if carried is None:
         return None
+    lowest = ".".join(str(n) for n in carried.onnxruntime)
+    if frameworks.onnxruntime is None:
+        return (f"onnxruntime-qnn {version} is a plugin of onnxruntime (>= {lowest}), which {frameworks.python} "
+                f"lacks (source: {carried.evidence})")
+    try:
+        have = tuple(int(x) for x in frameworks.onnxruntime.split("+")[0].split(".")[:3])
+    except ValueError:
+        return None
+    if have < carried.onnxruntime:
+        return (f"onnxruntime-qnn {version} needs onnxruntime >= {lowest}, {frameworks.python} has "
+                f"{frameworks.onnxruntime} (source: {carried.evidence})")
+    return None
 
 
 def check_onnxruntime(ctx: Context) -> Outcome:
-    version = onnxruntime_qnn_version()
+    frameworks = ctx.frameworks()
+    version = frameworks.onnxruntime_qnn
     if version is None:
-        raise Skip(f"onnxruntime-qnn is not installed for {sys.executable}")
+        raise Skip(f"onnxruntime-qnn is not installed for {frameworks.python}")
     name = f"onnxruntime-qnn {version}"
     ctx.require_target()
+    core = _core_onnxruntime(frameworks, version)
+    if core is not None:
+        return warn(core, hint=f"`{frameworks.python} -m pip install onnxruntime-qnn=={version}` installs the "
+                    "onnxruntime it needs")
     row = ep_requirement(version)
     if row is None:
         return ok(f"{name}: no known requirement of the SDK's QNN API version")
@@ -326,7 +348,10 @@ def check_onnxruntime(ctx: Context) -> Outcome:
                     f"{row.consequence} (seen {row.seen}: {row.evidence})",
                     hint=f"`qnnctl install {row.qairt}` and lower with it, or give the provider option "
                     "skip_qnn_version_check=\"1\"")
-    return ok(f"{name} needs {wanted}; the selected SDK's libQnnHtp.so offers core API {core}")
+    carried = ort_qnn_carries(version)
+    with_core = f", with onnxruntime {frameworks.onnxruntime}" if frameworks.onnxruntime else ""
+    carries = f" (it carries QAIRT {carried.qairt}{with_core})" if carried else ""
+    return ok(f"{name} needs {wanted}; the selected SDK's libQnnHtp.so offers core API {core}{carries}")
 
 
 def check_cache(ctx: Context) -> Outcome:

@@ -85,3 +85,52 @@ EP_REQUIREMENTS: tuple[EpRequirement, ...] = (
 def ep_requirement(release: str) -> EpRequirement | None:
     """The first known requirement of onnxruntime-qnn `release`."""
     return next((row for row in EP_REQUIREMENTS if _release_matches(release, row.release)), None)
+
+
+class Carried(Record):
+    """The QAIRT build a release of onnxruntime-qnn carries in its wheel, and the core
+    onnxruntime it declares it needs."""
+
+    release: str  # a release, or a prefix of releases
+    qairt: str
+    onnxruntime: tuple[int, int, int]  # the lowest core onnxruntime its METADATA accepts
+    evidence: str
+    seen: str
+
+
+_ORT_QNN_NOTES = "the onnxruntime-qnn project's release notes"
+_ORT_QNN_META = "the wheel's METADATA (Requires-Dist: onnxruntime>=1.24.2), read from 2.3.0's and 2.7.0's"
+ORT_QNN_CARRIES: tuple[Carried, ...] = tuple(
+    Carried(release, qairt, (1, 24, 2), f"{_ORT_QNN_NOTES}; {_ORT_QNN_META}", "2026-12-05")
+    for release, qairt in (("2.0", "2.42.0"), ("2.1", "2.45.40"), ("2.2", "2.46.0"), ("2.3", "2.47.0"),
+                           ("2.4", "2.48.40"), ("2.5", "2.49.40"), ("2.6", "2.50.40"), ("2.7", "2.51.0"),
+                           ("2.8", "2.52.0"))
+)
+
+
+def ort_qnn_carries(release: str) -> Carried | None:
+    """What onnxruntime-qnn `release` carries and needs, if known."""
+    return next((row for row in ORT_QNN_CARRIES if _release_matches(release, row.release)), None)
+
+
+class PassNeed(Record):
+    """An ExecuTorch Qualcomm pass that needs a newer QAIRT than ExecuTorch's pin, and falls back
+    without a word on an older one."""
+
+    what: str
+    qairt: tuple[int, int]  # the first (major, minor) it works with
+    evidence: str
+    seen: str
+
+
+_ET_PASSES = "ExecuTorch backends/qualcomm (pytorch/executorch main), whose 1.5 releases pin QAIRT 2.37.0.250724"
+EXECUTORCH_PASS_NEEDS: tuple[PassNeed, ...] = (
+    PassNeed("Hadamard recomposition", (2, 47), _ET_PASSES, "2026-12-05"),
+    PassNeed("an embedding op builder", (2, 48), _ET_PASSES, "2026-12-05"),
+)
+
+
+def passes_that_fall_back(qairt: str) -> tuple[PassNeed, ...]:
+    """The ExecuTorch passes that fall back silently on QAIRT `qairt`."""
+    minor = parse_version(qairt).major_minor
+    return tuple(row for row in EXECUTORCH_PASS_NEEDS if minor < row.qairt)

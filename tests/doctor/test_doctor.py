@@ -485,8 +485,12 @@ def test_executorch_expectation_that_matches(tmp_path: Path, cache_dir: Path,
     install_tree_into_cache(cache_dir)
     results = doctor()
     assert results["sdk.selection"].detail.startswith("executorch: ")
-    assert results["executorch"].status == OK
-    assert results["executorch"].detail.startswith("ExecuTorch 1.5.1")
+    # The SDK it expects; on that one (2.37) its passes that need a newer one fall back silently.
+    assert results["executorch"].status == WARN
+    assert results["executorch"].detail.startswith(f"ExecuTorch 1.5.1 ({site / 'executorch'}) expects SDK {VERSION}; "
+                                                   f"the selected SDK is {VERSION}, on which its passes that need a "
+                                                   "newer one fall back without a word: Hadamard recomposition from "
+                                                   "QAIRT 2.47, an embedding op builder from QAIRT 2.48 (source: ")
     assert "executorch" not in sys.modules
 
 
@@ -509,12 +513,16 @@ uint64_t QnnInterface_getProviders(const Provider ***list, uint32_t *count) {{
 """
 
 
-def onnxruntime_qnn_site(site: Path, version: str) -> Path:
-    """A site-packages folder that holds onnxruntime-qnn's dist-info (which is all doctor reads)."""
-    dist = site / f"onnxruntime_qnn-{version}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: {version}\n")
-    (dist / "RECORD").write_text("")
+def onnxruntime_qnn_site(site: Path, version: str, core: str | None = "1.32.0") -> Path:
+    """A site-packages folder that holds onnxruntime-qnn's dist-info and, unless `core` is None,
+    onnxruntime's (which is all doctor reads)."""
+    for name, release in (("onnxruntime_qnn", version), ("onnxruntime", core)):
+        if release is None:
+            continue
+        dist = site / f"{name}-{release}.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {release}\n")
+        (dist / "RECORD").write_text("")
     return site
 
 
@@ -533,7 +541,13 @@ def test_onnxruntime_qnn_against_the_sdk_htp_api(tmp_path: Path) -> None:
     found = onnxruntime_check(root, site)
     assert found["status"] == "ok", found
     assert found["detail"] == ("onnxruntime-qnn 2.7.0 needs QNN core API 2.40 (QAIRT 2.51); the selected SDK's "
-                               "libQnnHtp.so offers core API 2.40.0")
+                               "libQnnHtp.so offers core API 2.40.0 (it carries QAIRT 2.51.0, with onnxruntime 1.32.0)")
+    # The core onnxruntime it is a plugin of: missing, or older than its METADATA asks.
+    for core, says in ((None, "onnxruntime-qnn 2.7.0 is a plugin of onnxruntime (>= 1.24.2), which "),
+                       ("1.20.1", "onnxruntime-qnn 2.7.0 needs onnxruntime >= 1.24.2, ")):
+        lacking = onnxruntime_check(root, onnxruntime_qnn_site(tmp_path / f"site-{core}", "2.7.0", core))
+        assert lacking["status"] == "warn"
+        assert lacking["detail"].startswith(says), lacking
     # QAIRT 2.47's libQnnHtp.so offers 2.36.0.
     compile_shared(root / HOST_LIB_DIR / "libQnnHtp.so", HTP_PROVIDER_WITH_CORE.format(major=2, minor=36),
                    providers=False)
@@ -947,3 +961,29 @@ def test_network_check_gives_a_certificate_failure_whole(tmp_path: Path, monkeyp
     assert re.search(r": the server's certificate is not trusted: \[SSL: CERTIFICATE_VERIFY_FAILED\] certificate "
                      r"verify failed: self[- ]signed certificate \(_ssl\.c:\d+\)$", result.detail), result.detail
     assert "REQUESTS_CA_BUNDLE" in (result.hint or "")
+
+
+def test_doctor_python_checks_the_frameworks_of_that_python(tmp_path: Path) -> None:
+    """`--python PY`: the Python `lower --python` runs, asked in a process of its own; qnnctl's own
+    Python has no onnxruntime-qnn."""
+    root = sdk_tree(tmp_path)
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
+    python = other / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    onnxruntime_qnn_site(Path(purelib), "2.7.0", "1.20.1")
+    own = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline")
+    assert {c["id"]: c for c in json.loads(own.stdout)["checks"]}["onnxruntime"]["status"] == "skip"
+    proc = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline", "--python", str(python))
+    found = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert found["onnxruntime"]["status"] == "warn"
+    assert found["onnxruntime"]["detail"].startswith(f"onnxruntime-qnn 2.7.0 needs onnxruntime >= 1.24.2, {python} "
+                                                     "has 1.20.1")
+    assert found["executorch"]["detail"] == f"ExecuTorch is not installed for {python}"
+    broken = run_qnnctl("doctor", "--sdk", str(root), "--json", "--offline", "--python", str(tmp_path / "nothing"))
+    assert broken.returncode == 1
+    failed = {c["id"]: c for c in json.loads(broken.stdout)["checks"]}
+    for check in ("executorch", "onnxruntime"):
+        assert failed[check]["status"] == "fail"
+        assert failed[check]["detail"].startswith(f"cannot run {tmp_path / 'nothing'}: "), failed[check]

@@ -1,134 +1,27 @@
-"""qnnctl inspect on files the tests make: context binaries that carry a build and a target as
-text (tests/modelkit.py; tests/test_genuine.py has genuine ones), ONNX EPContext models written
-with a protobuf encoder of the test's own, and the SDK's verdict on them."""
+"""qnnctl inspect on files the tests make: ONNX EPContext models written with a protobuf encoder of
+the test's own, read as ONNX Runtime reads them, and what inspect refuses before any SDK reads a
+byte. tests/run/test_inspect_genuine.py has genuine binaries, read by the SDK's own library and checked
+against real loads."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import run_qnnctl
-from tests.modelkit import BUILD_47, BUILD_51, context_binary, epcontext_model
+from tests.modelkit import context_binary, epcontext_model
 from tests.sdkfactory import SdkSpec, build_sdk_tree
 
-
-def inspect_json(*args: str) -> tuple[int, dict[str, Any], str]:
-    proc = run_qnnctl("inspect", "--json", *args)
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout else {}, proc.stderr
-
-
-# -- without an SDK: what the binary carries ------------------------------------------------------
-
-
-def test_a_context_binary_names_its_build_and_target(tmp_path: Path, cache_dir: Path) -> None:
-    path = tmp_path / "model.bin"
-    path.write_bytes(context_binary())
-    code, report, stderr = inspect_json(str(path))
-    assert code == 0, stderr
-    assert report["schema"] == 1
-    assert report["format"] == "qnn-context-binary"
-    assert report["ok"] is True
-    assert report["sdk"] is None  # none installed: nothing to say about loading
-    [binary] = report["binaries"]
-    assert binary == {
-        "origin": str(path), "size": path.stat().st_size, "build": BUILD_51, "qairt": "2.51.0.260929",
-        "backend": "HTP", "htp_arch": 75, "soc": "SM8650", "soc_model": None, "core_api": None,
-        "backend_api": None, "read_with": "bytes", "graphs": [], "note": None,
-    }
-    assert "is not installed; reading what the binary carries itself" in stderr
-    human = run_qnnctl("inspect", str(path))
-    assert human.returncode == 0
-    assert f"built by    QAIRT {BUILD_51}\n" in human.stdout
-    assert "target      HTP, arch=75, soc=SM8650\n" in human.stdout
-
-
-def test_an_embedded_epcontext_binary_is_read_from_the_onnx_node(tmp_path: Path, cache_dir: Path) -> None:
-    path = tmp_path / "model_ctx.onnx"
-    path.write_bytes(epcontext_model({"embed_mode": 1, "ep_cache_context": context_binary(BUILD_47),
-                                      "source": "QNN", "main_context": 1}))
-    code, report, stderr = inspect_json(str(path))
-    assert code == 0, stderr
-    assert report["format"] == "onnx-epcontext"
-    [binary] = report["binaries"]
-    assert binary["origin"] == f"{path} (embedded in an EPContext node)"
-    assert binary["build"] == BUILD_47
-    assert binary["size"] == len(context_binary(BUILD_47))
-
-
-def test_an_epcontext_node_names_the_binary_beside_the_model(tmp_path: Path, cache_dir: Path) -> None:
-    (tmp_path / "model_ctx_qnn.bin").write_bytes(context_binary())
-    path = tmp_path / "model_ctx.onnx"
-    # ONNX Runtime writes embed_mode=0 with the file name; a node that shares another's binary
-    # (main_context=0) names it too, and is read once.
-    path.write_bytes(epcontext_model({"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin"},
-                                     {"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin", "main_context": 0}))
-    code, report, stderr = inspect_json(str(path))
-    assert code == 0, stderr
-    [binary] = report["binaries"]
-    assert binary["origin"] == str(tmp_path / "model_ctx_qnn.bin")
-    assert binary["build"] == BUILD_51
-
-
-def test_names_a_model_gives_are_shown_with_control_characters_escaped(tmp_path: Path, cache_dir: Path) -> None:
-    (tmp_path / "a\x1b[2Jb.bin").write_bytes(context_binary())
-    path = tmp_path / "model_ctx.onnx"
-    path.write_bytes(epcontext_model({"embed_mode": 0, "ep_cache_context": "a\x1b[2Jb.bin"}))
-    human = run_qnnctl("inspect", str(path))
-    assert human.returncode == 0, human.stderr
-    assert "\x1b" not in human.stdout
-    assert f"context binary {tmp_path}/a\\x1b[2Jb.bin (" in human.stdout
-    code, report, _ = inspect_json(str(path))
-    assert code == 0
-    assert report["binaries"][0]["origin"] == str(tmp_path / "a\x1b[2Jb.bin")  # JSON escapes it itself
-
-
-@pytest.mark.parametrize(("model", "message"), [
-    pytest.param({"embed_mode": 0, "ep_cache_context": "gone.bin"}, "names the context binary", id="missing"),
-    pytest.param({"embed_mode": 0, "ep_cache_context": "../outside.bin"}, "outside its folder", id="outside"),
-])
-def test_a_binary_the_model_names_must_be_beside_it(tmp_path: Path, cache_dir: Path, model: dict[str, int | str],
-                                                      message: str) -> None:
-    (tmp_path / "outside.bin").write_bytes(context_binary())
-    folder = tmp_path / "model"
-    folder.mkdir()
-    path = folder / "model_ctx.onnx"
-    path.write_bytes(epcontext_model(model))
-    proc = run_qnnctl("inspect", str(path))
-    assert proc.returncode == 1
-    assert message in proc.stderr
-    assert proc.stdout == ""
-
-
-def test_files_that_hold_no_context_binary_are_refused(tmp_path: Path, cache_dir: Path) -> None:
-    plain = tmp_path / "plain.onnx"
-    plain.write_bytes(epcontext_model({"alpha": 1}, op_type="Relu"))
-    pte = tmp_path / "model.pte"
-    pte.write_bytes(b"\x1c\x00\x00\x00ET12" + b"\0" * 64)
-    text = tmp_path / "notes.bin"
-    text.write_bytes(b"nothing to see here" * 10)
-    expected = {
-        plain: "ONNX model without an EPContext node",
-        pte: "ExecuTorch program (.pte), which qnnctl inspect does not read yet",
-        text: "holds no QNN context binary",
-        tmp_path / "absent.bin": "is not a file",
-    }
-    for path, message in expected.items():
-        proc = run_qnnctl("inspect", str(path))
-        assert proc.returncode == 1, path
-        assert message in proc.stderr, proc.stderr
-        assert "qnnctl: hint: give a QNN context binary" in proc.stderr
-
-
-# -- with an SDK: whether it loads ----------------------------------------------------------------
+BUILD_47 = "2.47.0.260601114230"
 
 
 @pytest.fixture
 def sdk_2_47(cache_dir: Path) -> Path:
-    """An installed SDK whose libraries are build 2.47.0.260601114230 (compiled by the tests:
-    their libQnnSystem.so cannot read a binary, so what the binary carries is used)."""
+    """An installed SDK whose libraries are the tests' own (build 2.47.0.260601114230): its
+    libQnnSystem.so lists a provider whose functions are not there, so the reading process dies."""
     version = "2.47.0.260601"
     root = cache_dir / "sdks" / version
     build_sdk_tree(root, SdkSpec(version=version, build_id=f"v{BUILD_47}"))
@@ -136,47 +29,100 @@ def sdk_2_47(cache_dir: Path) -> Path:
     return root
 
 
-def test_a_binary_newer_than_the_sdk_does_not_load(tmp_path: Path, sdk_2_47: Path) -> None:
+def test_what_the_library_cannot_read_gets_no_verdict_whatever_text_it_holds(tmp_path: Path,
+                                                                              sdk_2_47: Path) -> None:
     path = tmp_path / "model.bin"
-    path.write_bytes(context_binary(BUILD_51))
-    code, report, stderr = inspect_json(str(path), "--sdk", "2.47.0.260601")
-    assert code == 1
-    assert report["ok"] is False
-    assert report["sdk"] == {
-        "version": "2.47.0.260601", "root": str(sdk_2_47), "build": BUILD_47, "loads": False,
-        "reason": (f"SDK 2.47.0.260601 (build {BUILD_47}) cannot load {path}: it was built by QAIRT {BUILD_51}, "
-                   "newer than this runtime (error 5000, `Using newer context binary on old SDK`)"),
-    }
-    assert f"qnnctl: error: SDK 2.47.0.260601 (build {BUILD_47}) cannot load" in stderr
-    assert "qnnctl: hint: run it with a runtime of QAIRT 2.51.0.260929 or newer" in stderr
+    path.write_bytes(context_binary(BUILD_47))  # the build and target strings, as genuine ones carry
+    proc = run_qnnctl("inspect", "--json", str(path), "--sdk", "2.47.0.260601")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["schema"] == 2
+    assert (report["ok"], report["sdk"]["loads"]) == (False, False)
     [binary] = report["binaries"]
-    # The SDK's libQnnSystem.so was asked, and could not answer: the binary's own text is used.
-    assert binary["read_with"] == "bytes"
-    assert binary["build"] == BUILD_51
-    assert binary["note"].startswith(f"{sdk_2_47}/lib/x86_64-linux-clang/libQnnSystem.so could not read it")
+    assert binary["error"] == (f"the process reading it with {sdk_2_47}/lib/x86_64-linux-clang/libQnnSystem.so "
+                               "was killed by signal 11")
+    assert (binary["build"], binary["htp_arch"], binary["soc"]) == (None, None, None)
+    assert f"qnnctl: error: {path} cannot be read by the SDK's library" in proc.stderr
 
 
-def test_an_older_or_equal_binary_loads_and_the_selected_sdk_is_used(tmp_path: Path, sdk_2_47: Path) -> None:
-    for build in (BUILD_47, "2.45.0.260326154327", "2.47.0.260601000000"):
-        path = tmp_path / "model.bin"
-        path.write_bytes(context_binary(build))
-        # No --sdk: the SDK qnnctl selects (the newest installed) is asked.
-        code, report, stderr = inspect_json(str(path))
-        assert code == 0, stderr
-        assert report["sdk"]["loads"] is True
-        assert report["sdk"]["version"] == "2.47.0.260601"
-    human = run_qnnctl("inspect", str(path))
-    assert human.returncode == 0
-    assert human.stdout.endswith(f"loads: SDK 2.47.0.260601 (build {BUILD_47}) loads binaries of build "
-                                 "2.47.0.260601000000: not newer than it\n")
-
-
-def test_a_binary_without_a_build_is_not_said_to_load(tmp_path: Path, sdk_2_47: Path) -> None:
+def test_without_an_installed_sdk_nothing_is_said_from_the_text(tmp_path: Path, cache_dir: Path) -> None:
     path = tmp_path / "model.bin"
-    path.write_bytes(context_binary(None))
-    code, report, _ = inspect_json(str(path), "--sdk", "2.47.0.260601")
-    assert code == 1
-    assert "carries no QAIRT build, so whether SDK 2.47.0.260601 loads it is unknown" in report["sdk"]["reason"]
+    path.write_bytes(context_binary())
+    proc = run_qnnctl("inspect", "--json", str(path))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert "is not installed" in proc.stderr
+
+
+def test_an_empty_ep_cache_context_is_an_error_naming_the_node(tmp_path: Path, cache_dir: Path) -> None:
+    for i, mode in enumerate((0, 1)):
+        path = tmp_path / f"model{i}_ctx.onnx"
+        path.write_bytes(epcontext_model({"embed_mode": mode, "ep_cache_context": ""}, name="QNN_ctx\x1b]0;T\x07"))
+        proc = run_qnnctl("inspect", str(path))
+        assert (proc.returncode, proc.stdout) == (1, "")
+        assert (f"{path} has the EPContext node 'QNN_ctx\\x1b]0;T\\x07' with an empty ep_cache_context, which "
+                "ONNX Runtime refuses") in proc.stderr
+        assert "\x1b" not in proc.stderr
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    pytest.param("gone.bin", "naming the context binary {folder}/gone.bin, which does not exist", id="missing"),
+    pytest.param("../outside.bin", "naming '../outside.bin', which leads out of the model's folder", id="dotdot"),
+    pytest.param("{tmp}/outside.bin", "naming '{tmp}/outside.bin', which leads out of the model's folder",
+                 id="absolute"),
+    pytest.param("sub", "naming {folder}/sub, which is a folder", id="folder"),
+    pytest.param("a\x1b[2Jb.bin", "naming the context binary {folder}/a\\x1b[2Jb.bin, which does not exist",
+                 id="escaped"),
+])
+def test_a_binary_the_model_names_is_found_as_onnx_runtime_finds_it(tmp_path: Path, cache_dir: Path, name: str,
+                                                                    message: str) -> None:
+    (tmp_path / "outside.bin").write_bytes(context_binary())
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    path = folder / "model_ctx.onnx"
+    path.write_bytes(epcontext_model({"embed_mode": 0, "ep_cache_context": name.format(tmp=tmp_path)}))
+    proc = run_qnnctl("inspect", str(path))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert message.format(folder=folder, tmp=tmp_path) in proc.stderr, proc.stderr
+    assert "\x1b" not in proc.stderr
+
+
+def test_a_link_inside_the_folder_is_followed_and_read_by_the_library(tmp_path: Path, sdk_2_47: Path) -> None:
+    (tmp_path / "elsewhere.bin").write_bytes(context_binary())
+    folder = tmp_path / "model"
+    folder.mkdir()
+    os.symlink(tmp_path / "elsewhere.bin", folder / "model_ctx_qnn.bin")
+    path = folder / "model_ctx.onnx"
+    # A node that shares another's binary (main_context=0) is read once.
+    path.write_bytes(epcontext_model({"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin"},
+                                     {"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin", "main_context": 0}))
+    proc = run_qnnctl("inspect", "--json", str(path), "--sdk", "2.47.0.260601")
+    [binary] = json.loads(proc.stdout)["binaries"]
+    # Found and handed to the library (which, being the tests' own, cannot read it).
+    assert proc.returncode == 1
+    assert binary["origin"] == str(folder / "model_ctx_qnn.bin")
+    assert binary["size"] == len(context_binary())
+    assert "libQnnSystem.so was killed by signal 11" in binary["error"]
+
+
+def test_files_that_hold_no_context_binary_are_refused(tmp_path: Path, cache_dir: Path) -> None:
+    plain = tmp_path / "plain.onnx"
+    plain.write_bytes(epcontext_model({"alpha": 1}, op_type="Relu"))
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"\x1c\x00\x00\x00ET12" + b"\0" * 64)
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    expected = {
+        plain: "ONNX model without an EPContext node",
+        pte: "ExecuTorch program (.pte), which qnnctl inspect does not read yet",
+        empty: "is empty",
+        tmp_path / "absent.bin": "is not a file",
+        tmp_path: "is a folder: give the lowered model inside it",
+    }
+    for path, message in expected.items():
+        proc = run_qnnctl("inspect", str(path))
+        assert proc.returncode == 1, path
+        assert message in proc.stderr, proc.stderr
+        assert "qnnctl: hint: give a QNN context binary" in proc.stderr
 
 
 def test_an_sdk_named_but_not_installed_is_an_error(tmp_path: Path, cache_dir: Path) -> None:
@@ -186,3 +132,19 @@ def test_an_sdk_named_but_not_installed_is_an_error(tmp_path: Path, cache_dir: P
     assert proc.returncode == 1
     assert "SDK 2.47.0.260601 is not installed" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_names_the_library_reports_are_escaped_in_the_text_view() -> None:
+    """Graph and tensor names come from the model through the library: shown escaped."""
+    from qnnctl.run.inspect import Binary, Graph, Report, Tensor, render
+
+    evil = "a\x1b]0;T\x07b"
+    binary = Binary(f"/m/{evil}.bin", 10, "/sdk/libQnnSystem.so", build="2.51.0.260929181845", backend="HTP",
+                    backend_id=6, core_api="2.40.0", backend_api="5.51.0",
+                    graphs=[Graph(evil, [Tensor(evil, "float32", [1])], [Tensor("y", "float32", [1])])])
+    text = render(Report(f"/m/{evil}.onnx", "onnx-epcontext", [binary]))
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert "  graph a\\x1b]0;T\\x07b\n" in text
+    assert "    input    a\\x1b]0;T\\x07b float32[1]\n" in text
+    assert text.startswith("/m/a\\x1b]0;T\\x07b.onnx: onnx-epcontext\n")

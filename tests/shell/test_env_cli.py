@@ -175,6 +175,16 @@ def test_empty_sdk_option_is_not_the_current_folder(tmp_path: Path) -> None:
     assert "--sdk is empty" in result.stderr
 
 
+def test_sdk_option_takes_a_version_as_the_other_commands_do(cache_dir: Path) -> None:
+    install_tree_into_cache(cache_dir, VERSION)
+    by_argument = _json(VERSION)
+    for given in (VERSION, ".".join(VERSION.split(".")[:2])):
+        assert _json("--sdk", given) == by_argument
+    missing = run_qnnctl("env", "--sdk", MISSING)
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert f"SDK {MISSING} is not installed" in missing.stderr
+
+
 def test_sdk_option_relative_paths(tmp_path: Path) -> None:
     """A relative --sdk is a path even when it reads like a version (2.37.0.250724/...)."""
     mine = build_sdk_tree(Path.cwd() / VERSION / "qairt")
