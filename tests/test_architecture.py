@@ -24,7 +24,8 @@ PACKAGE = Path(qnnctl.__file__).parent
 
 # Lowest first: a module may import from its own layer and those before it, never after it.
 LAYERS = (
-    ("qnnctl.errors", "qnnctl.records", "qnnctl.words", "qnnctl.paths", "qnnctl.files", "qnnctl.threads", "qnnctl.net",
+    ("qnnctl.version", "qnnctl.errors", "qnnctl.records", "qnnctl.words", "qnnctl.paths", "qnnctl.files",
+     "qnnctl.threads", "qnnctl.net",
      "qnnctl.shell"),
     ("qnnctl.sdk",),
     ("qnnctl.host",),

@@ -37,7 +37,6 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection
 
-from qnnctl import __version__
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.files import remove_tree
 from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, needed_libraries, read_elf
@@ -81,6 +80,7 @@ from qnnctl.paths import fsync_dir, user_path, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
 from qnnctl.sdk.work import remove_stale_work, version_lock, work_folder
+from qnnctl.version import __version__
 
 if TYPE_CHECKING:
     from qnnctl.host.packages import Collected, CollectedFile, DebInfo, RpmInfo

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
@@ -31,6 +30,7 @@ from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.members import tree_digests
 from qnnctl.sdk.select import find_pin
 from qnnctl.sdk.versions import is_full_version
+from qnnctl.version import __version__
 
 if sys.version_info >= (3, 11):
     import tomllib

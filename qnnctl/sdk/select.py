@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DamagedSdkError, IntegrityError, NotInstalledError, UsageError
-from qnnctl.net.urls import redact
 from qnnctl.paths import user_path
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
@@ -196,6 +195,8 @@ def version_pools(cache: Cache | None, environ: Mapping[str, str],
         yield "installed", versions_on_disk(cache, environ, usable=True)
     base = environ.get("QNNCTL_MIRROR") if mirror else None
     if base:
+        from qnnctl.net.urls import redact  # lazy: qnnctl.net, which `qnnctl env` never imports
+
         # lazy: a mirror's index is read with requests, which `qnnctl env` never needs
         from qnnctl.sdk.mirrorindex import index_url, indexed_versions
 
