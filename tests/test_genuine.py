@@ -138,7 +138,7 @@ def llvm(server: FaultServer, no_apt: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def host_has_libcxx() -> bool:
     """True where the host has libc++ itself: then nothing is staged, and the staging tests
     cannot show anything (a skip on a workstation; in CI, where they must run, a failure)."""
-    from qnnctl.host.runtime import missing_host_libraries
+    from qnnctl.host.needs import missing_host_libraries
     from qnnctl.host.staged import TRIO
 
     present = not missing_host_libraries(TRIO, [])

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,8 +39,9 @@ from elftools.elf.gnuversions import GNUVerDefSection
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.files import remove_tree
-from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, needed_libraries, read_elf
-from qnnctl.host.machine import glibc_version, read_ld_cache
+from qnnctl.host.elf import glibc_of
+from qnnctl.host.machine import glibc_version
+from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, trio_needed
 from qnnctl.host.packages import (
     Collected,
     CollectedFile,
@@ -59,8 +60,6 @@ from qnnctl.host.staged import (
     Staged,
     Version,
     current,
-    elf_identity,
-    sdk_identity,
     staged_lib_dirs,
 )
 from qnnctl.net.download import (
@@ -78,7 +77,7 @@ from qnnctl.net.retry import describe
 from qnnctl.net.urls import redact
 from qnnctl.paths import fsync_dir, user_path, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
-from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
+from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.work import remove_stale_work, version_lock, work_folder
 from qnnctl.version import __version__
 
@@ -100,9 +99,6 @@ LLVM_URL_ENV = "QNNCTL_LLVM_URL"  # another copy of the release archive (a mirro
 LLVM_ATTEMPTS = 3
 LOADER = "ld-linux-x86-64.so.2"
 LIBC = "libc.so.6"
-# Set in the environment of a program started under the staged loader, so that it does
-# not start itself under the loader a second time.
-LOADER_GUARD = "QNNCTL_STAGED_LOADER"
 
 # sha256 of the Debian 12 amd64 builds of the trio, as published in the archive's Packages
 # index (pool/main/l/llvm-toolchain-14/*_14.0.6-12_amd64.deb).
@@ -123,38 +119,21 @@ _LLVM_TOP = re.compile(r"clang\+llvm-(\d+\.\d+\.\d+)")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9.+_-]")
 
 
-# -- what is staged ----------------------------------------------------------------------
+# -- staging what the SDK needs ----------------------------------------------------------
 
 
-# -- host facts --------------------------------------------------------------------------
+def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeResult | None:
+    """Stage the libc++ trio when the SDK needs it and neither the host nor the cache has it.
 
-
-def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str]) -> list[str]:
-    """The libraries of `names` an x86_64 library would not find, searched as ld.so does.
-
-    `lib_path` stands for LD_LIBRARY_PATH (the SDK's own folder); then the loader's cache and
-    the default folders. The same resolver as doctor's library check.
+    This is what `install` and `lower` do on their own; `install --runtime` stages whatever
+    is missing, needed or not.
     """
-    resolver = Resolver(":".join(str(p) for p in lib_path) or None, read_ld_cache())
-    # A stand-in for the SDK's libraries, with no RPATH of its own.
-    needer = ElfInfo(path=Path("libQnnHtp.so"), identity=sdk_identity(),
-                     soname=None, needed=(), rpath=(), runpath=(), glibc=None)
-    return [name for name in names if resolver.find(name, (needer,)).missing]
-
-
-def glibc_needed_by(libraries: Iterable[Path]) -> Version | None:
-    """The newest GLIBC_x.y symbol version any of `libraries` references."""
-    newest: Version | None = None
-    for path in libraries:
-        if elf_identity(path) is None:
-            continue  # not an ELF file: nothing it needs
-        try:
-            needed = read_elf(path).glibc
-        except IntegrityError:
-            continue  # doctor reports unreadable libraries; here they need nothing known
-        if needed is not None and (newest is None or needed > newest):
-            newest = needed
-    return newest
+    wanted = trio_needed(sdk)
+    if not wanted or not missing_host_libraries(wanted, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]):
+        return None
+    log.info("the SDK's libraries need %s, which this host lacks; staging them "
+             "(what `qnnctl install --runtime` does)", ", ".join(wanted))
+    return stage_runtime(cache, sdk, RuntimeRequest(), environ)
 
 
 def glibc_provided_by(libc: Path) -> Version | None:
@@ -172,47 +151,6 @@ def glibc_provided_by(libc: Path) -> Version | None:
     except (ELFError, OSError, ValueError):
         return None
     return newest
-
-
-def sdk_glibc_requirement(sdk: Sdk) -> Version | None:
-    """The newest glibc the SDK's host libraries reference."""
-    if not sdk.lib_dir.is_dir():
-        return None
-    return glibc_needed_by(sorted(p for p in sdk.lib_dir.iterdir() if ".so" in p.name and p.is_file()))
-
-
-def trio_needed(sdk: Sdk) -> list[str]:
-    """The libc++ trio members that the SDK's required host libraries name in DT_NEEDED."""
-    needed: set[str] = set()
-    for name in REQUIRED_LIBS:
-        try:
-            needed.update(needed_libraries(sdk.lib_dir / name))
-        except Exception as exc:  # an unreadable library is doctor's to report, not ours
-            log.debug("cannot read %s: %s", sdk.lib_dir / name, exc)
-    return [name for name in TRIO if name in needed]
-
-
-def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeResult | None:
-    """Stage the libc++ trio when the SDK needs it and neither the host nor the cache has it.
-
-    This is what `install` and `lower` do on their own; `install --runtime` stages whatever
-    is missing, needed or not.
-    """
-    wanted = trio_needed(sdk)
-    if not wanted or not missing_host_libraries(wanted, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]):
-        return None
-    log.info("the SDK's libraries need %s, which this host lacks; staging them "
-             "(what `qnnctl install --runtime` does)", ", ".join(wanted))
-    return stage_runtime(cache, sdk, RuntimeRequest(), environ)
-
-
-def glibc_shortfall(sdk: Sdk) -> tuple[Version, Version | None] | None:
-    """(needed, host) when the SDK needs a newer glibc than this host's, else None."""
-    needed = sdk_glibc_requirement(sdk)
-    host = glibc_version()
-    if needed is None or (host is not None and host >= needed):
-        return None
-    return needed, host
 
 
 def _dotted(version: Version | None) -> str:

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.host.runtime import LOADER_GUARD, glibc_shortfall
-from qnnctl.host.staged import GLIBC, current, loader_library_path
+from qnnctl.host.needs import glibc_shortfall
+from qnnctl.host.staged import GLIBC, LOADER_GUARD, current, loader_library_path
 from qnnctl.host.staged import staged_loader as find_staged
 from qnnctl.run.api import amd_guard_needed
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER

@@ -16,8 +16,7 @@ from typing import Any
 from qnnctl.errors import UsageError
 from qnnctl.host.elf import ElfInfo, Resolver
 from qnnctl.host.machine import read_ld_cache
-from qnnctl.host.runtime import LOADER_GUARD
-from qnnctl.host.staged import ElfIdentity
+from qnnctl.host.staged import LOADER_GUARD, ElfIdentity
 from qnnctl.records import Record
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs

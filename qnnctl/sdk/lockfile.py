@@ -28,7 +28,7 @@ from qnnctl.sdk.components import installed_components, parse_components
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.select import find_pin
+from qnnctl.sdk.select import LOCK_FILE, find_lock, find_pin
 from qnnctl.sdk.versions import is_full_version
 from qnnctl.version import __version__
 
@@ -39,7 +39,6 @@ else:
 
 log = logging.getLogger("qnnctl.sdk.lockfile")
 
-LOCK_FILE = "qnnctl.lock"
 LOCK_SCHEMA = 2  # 2: a digest per component; schema 1 (none) is still read
 READ_SCHEMAS = (1, 2)
 
@@ -72,15 +71,6 @@ class LockedSdk(Record):
                         f"write the lock again with `qnnctl lock {self.version}`",
                         sha256=self.sha256, size=self.size, components=self.component_sha256,
                         central_directory_sha256=self.central_directory_sha256)
-
-
-def find_lock(cwd: Path) -> Path | None:
-    """The nearest `qnnctl.lock` at or above `cwd`."""
-    for folder in (cwd, *cwd.parents):
-        candidate = folder / LOCK_FILE
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def lock_destination(cwd: Path) -> Path:

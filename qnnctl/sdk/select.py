@@ -36,6 +36,8 @@ from qnnctl.sdk.versions import DEFAULT_VERSION, is_full_version, parse_version,
 from qnnctl.shell.exports import apply, read_marker, unset_environment
 
 PIN_FILE = ".qnn-version"
+# The project's lock (qnnctl.sdk.lockfile reads it), found upward as the pin is.
+LOCK_FILE = "qnnctl.lock"
 # The file of an installed ExecuTorch that names the SDK version it was built against.
 EXECUTORCH_DOWNLOADER = ("backends", "qualcomm", "scripts", "download_qnn_sdk.py")
 
@@ -97,6 +99,15 @@ def find_pin(start: Path) -> Path | None:
     """The nearest `.qnn-version` file at or above `start`."""
     for folder in (start, *start.parents):
         candidate = folder / PIN_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_lock(cwd: Path) -> Path | None:
+    """The nearest `qnnctl.lock` at or above `cwd`."""
+    for folder in (cwd, *cwd.parents):
+        candidate = folder / LOCK_FILE
         if candidate.is_file():
             return candidate
     return None

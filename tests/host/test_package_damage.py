@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import IntegrityError
+from qnnctl.host.needs import missing_host_libraries
 from qnnctl.host.packages import collect, deb_info, deb_members, package_members, rpm_info, rpm_members
-from qnnctl.host.runtime import missing_host_libraries
 from qnnctl.host.staged import TRIO
 from tests.conftest import run_qnnctl
 from tests.host.test_packages import TREE, Entry, ar_archive, build_deb, build_rpm, rpm_tree, tar_bytes, wanted

@@ -22,18 +22,15 @@ import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.host.machine import glibc_version as host_glibc
+from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import (
     LOADER,
-    LOADER_GUARD,
     LOCK_KEY,
     PINNED_DEBS,
     RuntimeRequest,
-    glibc_shortfall,
-    missing_host_libraries,
-    sdk_glibc_requirement,
     stage_runtime,
 )
-from qnnctl.host.staged import TRIO, staged_lib_dirs, staged_loader
+from qnnctl.host.staged import LOADER_GUARD, TRIO, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk

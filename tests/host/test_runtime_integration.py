@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.host.runtime import LLVM_URL_ENV, LOADER, LOADER_GUARD, RuntimeRequest, stage_runtime
-from qnnctl.host.staged import TRIO
+from qnnctl.host.runtime import LLVM_URL_ENV, LOADER, RuntimeRequest, stage_runtime
+from qnnctl.host.staged import LOADER_GUARD, TRIO
 from qnnctl.run.lower import StagedLoader, under_loader
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk

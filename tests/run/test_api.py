@@ -326,7 +326,7 @@ def test_a_cache_no_path_list_can_hold_is_refused_before_any_download(
 
 
 def _host_has_trio() -> bool:
-    from qnnctl.host.runtime import missing_host_libraries
+    from qnnctl.host.needs import missing_host_libraries
     from qnnctl.host.staged import TRIO
 
     return not missing_host_libraries(TRIO, [])

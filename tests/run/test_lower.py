@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import re
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.host.runtime import LOADER_GUARD
+from qnnctl.host.staged import LOADER_GUARD
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.bootstrap import GUARD_VARIABLE
 from qnnctl.run.lower import (
@@ -79,6 +80,50 @@ def lib_dir(root: Path) -> str:
 
 
 # -- pass-through ----------------------------------------------------------------------
+
+
+# `qnnctl lower ARGS` in a fresh interpreter whose exec prints, instead of exec'ing, what the process
+# had imported and which processes it had started, as JSON.
+_IMPORTS_AT_EXEC = r"""
+import json, os, subprocess, sys
+started = []
+real_popen = subprocess.Popen
+class Recorded(real_popen):
+    def __init__(self, args, *rest, **kwargs):
+        started.append(args)
+        super().__init__(args, *rest, **kwargs)
+subprocess.Popen = Recorded
+before = set(sys.modules)
+def report(file, argv, env):
+    print(json.dumps({"modules": sorted(set(sys.modules) - before), "started": [str(a) for a in started],
+                      "argv": argv}))
+    sys.stdout.flush()
+    os._exit(0)
+os.execvpe = report
+sys.argv = ["qnnctl", *sys.argv[1:]]
+from qnnctl.launch import main
+main()
+"""
+# What `lower` pays for only when it installs or stages: downloads, archives, package readers,
+# pyelftools; and py-cpuinfo, whose probe is a second's subprocess.
+INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "zlib_ng", "tqdm", "rich",
+                "filelock", "cpuinfo", "qnnctl.install", "qnnctl.host.runtime", "qnnctl.host.packages",
+                "qnnctl.net.download", "qnnctl.sdk.vouchers", "qnnctl.sdk.lockfile", "qnnctl.sdk.mirrorindex")
+
+
+def test_lower_with_its_sdk_installed_imports_nothing_it_does_not_use(sdk: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lowering with its SDK installed (the usual run) costs a Python start-up: the vendor read
+    from /proc/cpuinfo, the SDK's ELF files read without pyelftools, nothing installed or staged."""
+    monkeypatch.delenv(FORCE_VENDOR_VARIABLE)
+    proc = subprocess.run([PY, "-c", _IMPORTS_AT_EXEC, "lower", "--", PY, "-c", "pass"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["argv"] == [PY, "-c", "pass"]  # the probe saw the exec
+    assert "qnnctl.run.lower" in report["modules"]
+    assert [m for m in report["modules"] if any(m == name or m.startswith(name + ".") for name in INSTALL_ONLY)] == []
+    assert report["started"] == []
 
 
 def test_exit_code_passes_through(sdk: Path) -> None:

@@ -1013,7 +1013,7 @@ def test_a_look_up_that_may_not_install_refuses_an_sdk_without_the_pinned_compon
 
 
 def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: Path) -> None:
-    from qnnctl.host.runtime import missing_host_libraries
+    from qnnctl.host.needs import missing_host_libraries
 
     if missing_host_libraries(["libc++.so.1", "libc++abi.so.1"], []) != ["libc++.so.1", "libc++abi.so.1"]:
         pytest.skip("this host has libc++.so.1 or libc++abi.so.1")
