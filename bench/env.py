@@ -4,8 +4,10 @@
 The floor is starting Python at all; the target is a median at most 1.5 times that floor
 (qnnctl.launch answers `env` from qnnctl.commands.leanenv without click, qnnctl.net or the
 command table). `import click` is shown beside it: what any click program pays before it does
-anything. `--imports` adds what each module on the path costs (`python -X importtime`, medians);
-`--against COMMIT` runs that commit's build interleaved with this one (bench/startup.py).
+anything, and `import re, sys`, what the script pip writes for an entry point does before it
+calls qnnctl: the floor of any console script. `--imports` adds what each module on the path
+costs (`python -X importtime`, medians); `--against COMMIT` runs that commit's build
+interleaved with this one (bench/startup.py).
 
 Each command runs against a throw-away default cache (XDG_CACHE_HOME) holding the SDK that
 qnnctl would select, with bytecode caching on as after a normal install; warm-up runs are not
@@ -97,9 +99,12 @@ def main() -> int:
                 commands[f"{build.label} env"] = (command, {**env, **build.env})
             commands[PASS] = ([sys.executable, "-c", "pass"], env)
             commands['python -c "import click"'] = ([sys.executable, "-c", "import click"], env)
+            # What pip's `qnnctl` script does before it calls qnnctl: the floor of any console script.
+            commands['python -c "import re, sys"'] = ([sys.executable, "-c", "import re, sys"], env)
             wall, cpu = interleaved(commands, work, args.runs)
             first = next(iter(commands))
             costs = import_costs(*commands[first], work) if args.imports else []
+            floor = import_costs(*commands[PASS], work) if args.imports else []
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -114,7 +119,7 @@ def main() -> int:
     print(f"{names[0]}: wall-time ratio to {PASS} {ratio:.2f} "
           f"({'within' if ratio <= TARGET else 'above'} the target of {TARGET})")
     if costs:
-        print_import_costs(costs)
+        print_import_costs(costs, floor)
     return 0
 
 

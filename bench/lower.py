@@ -98,6 +98,7 @@ def main() -> int:
             first = compared[0]
             costs = (import_costs(lower_command(first.argv, version, dry_run=True), {**env, **first.env}, work)
                      if args.imports else [])
+            floor = import_costs(*commands[PASS], work) if args.imports else []
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -113,7 +114,7 @@ def main() -> int:
     print(f"{names[0]}: wall-time ratio to {PASS} {ratio:.2f} "
           f"({'within' if ratio <= TARGET else 'above'} the target of {TARGET:g})")
     if costs:
-        print_import_costs(costs)
+        print_import_costs(costs, floor)
     return 0
 
 

@@ -154,9 +154,15 @@ def import_costs(command: list[str], env: dict[str, str], cwd: Path, runs: int =
     return sorted(rows, key=lambda row: row[1], reverse=True)
 
 
-def print_import_costs(rows: list[tuple[str, float, float]], top: int = 25) -> None:
+def print_import_costs(rows: list[tuple[str, float, float]], floor: list[tuple[str, float, float]],
+                       top: int = 25) -> None:
+    """What a command imports (`rows`), beside what `python -c pass` imports (`floor`)."""
     qnnctl = [row for row in rows if row[0].split(".")[0] == "qnnctl"]
-    print(f"imports: {len(rows)} modules, {sum(row[1] for row in rows):.1f} ms in all "
-          f"(qnnctl's {len(qnnctl)}: {sum(row[1] for row in qnnctl):.1f} ms); the costliest, self / cumulative ms:")
+    beyond = [row for row in rows if row[0] not in {name for name, _, _ in floor}]
+    print(f"imports: {len(rows)} modules, {sum(row[1] for row in rows):.1f} ms in all; python -c pass's own "
+          f"{len(floor)}: {sum(row[1] for row in floor):.1f} ms; beyond those {len(beyond)}: "
+          f"{sum(row[1] for row in beyond):.1f} ms, of which qnnctl's {len(qnnctl)}: "
+          f"{sum(row[1] for row in qnnctl):.1f} ms")
+    print("the costliest, self / cumulative ms:")
     for name, own, cumulative in rows[:top]:
         print(f"  {name:44} {own:6.2f} {cumulative:7.2f}")

@@ -2,7 +2,8 @@
 
 `eval "$(qnnctl env)"` runs in every shell's start-up file: its usual case is answered by
 qnnctl.commands.leanenv, which imports the SDK model and the shell package alone. Anything else
-(another command, `--version`, an `env` the lean path leaves) goes to the full command line.
+(another command, an `env` the lean path leaves) goes to the full command line; `--version`
+is answered here, as the full command line would answer it.
 Here start-up time decides which path a command takes, so this module imports each path only
 when it is taken, and the rest of qnnctl imports at the top of each module.
 """
@@ -13,10 +14,15 @@ import os
 import sys
 
 from qnnctl.errors import EXIT_INTERRUPTED, INTERRUPTED
+from qnnctl.version import __version__
 
 
 def main() -> None:
     """`qnnctl ...`: the lean `env`, else the full command line."""
+    if sys.argv[1:] in (["--version"], ["-V"]) and sys.stdout is not None:
+        # What click's version option prints, without loading click and the SDK model to say it.
+        sys.stdout.write(f"qnnctl, version {__version__}\n")
+        return
     if sys.argv[1:2] == ["env"]:
         # lazy: the lean `env` path, which no other command needs
         from qnnctl.commands.leanenv import lean_env

@@ -44,6 +44,7 @@ _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
 _DT_VERNEED, _DT_VERNEEDNUM = 0x6FFFFFFE, 0x6FFFFFFF
 # Bounds for a damaged or hostile library: names (PATH_MAX) and how many are read.
 _MAX_NAME = 4096
+_FIRST_READ = 128  # most names end within it
 _MAX_NEEDED = 1024
 
 
@@ -164,13 +165,21 @@ def _read_dynamic(path: Path, versions: bool) -> tuple[tuple[str, ...], tuple[in
 
             if strtab is None or strsz is None:
                 raise ValueError("DT_NEEDED without a string table")
-            strings = read(file_offset(strtab, "string table"), strsz)
+            table_at = file_offset(strtab, "string table")
+            if table_at + strsz > length:
+                raise ValueError("the file ends early")
 
             def string(offset: int, what: str) -> str:
-                end = strings.find(b"\0", offset, offset + _MAX_NAME)
-                if end < 0:
-                    raise ValueError(f"a {what} name without an end")
-                return strings[offset:end].decode("utf-8", "surrogateescape")
+                # Each name alone: a C++ library's string table runs to megabytes, and `lower`
+                # reads every library of the SDK on every run.
+                if not 0 <= offset < strsz:
+                    raise ValueError(f"a {what} name outside the string table")
+                for size in (_FIRST_READ, _MAX_NAME):
+                    data = read(table_at + offset, min(size, strsz - offset))
+                    end = data.find(b"\0")
+                    if end >= 0:
+                        return data[:end].decode("utf-8", "surrogateescape")
+                raise ValueError(f"a {what} name without an end")
 
             found = tuple(string(name, "DT_NEEDED") for name in names)
             if not versions or needs is None or not needs_count:

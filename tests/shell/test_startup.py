@@ -102,6 +102,18 @@ def test_importing_the_entry_point_imports_nothing_but_itself() -> None:
     assert sorted(loaded) == ["qnnctl", "qnnctl.errors", "qnnctl.launch", "qnnctl.records", "qnnctl.version"]
 
 
+@pytest.mark.parametrize("args", [["--version"], ["-V"], ["--version", "--help"], ["-V", "env"]])
+def test_the_version_is_answered_as_the_full_command_line_answers_it(args: list[str], tmp_path: Path) -> None:
+    lean, full = _both(args, dict(os.environ), tmp_path)
+    assert lean == full
+    assert lean[0] == 0
+    if args in (["--version"], ["-V"]):
+        probe = run_probe(*args)
+        assert probe.stdout == full[1]
+        assert [m for m in probe.modules if m.startswith("qnnctl")] == [
+            "qnnctl", "qnnctl.errors", "qnnctl.launch", "qnnctl.records", "qnnctl.version"]
+
+
 def test_the_lean_env_path_imported_alone_stays_lean() -> None:
     loaded = _fresh_modules("import qnnctl.commands.leanenv")
     assert "qnnctl.run.envplan" in loaded  # the probe saw the path load
