@@ -36,6 +36,7 @@ from qnnctl.run.lower import (
     under_loader,
 )
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.lockfile import LockedSdk, write_lock
 from qnnctl.shell.render import quote_posix
 from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer
@@ -124,6 +125,22 @@ def test_lower_with_its_sdk_installed_imports_nothing_it_does_not_use(sdk: Path,
     assert "qnnctl.run.lower" in report["modules"]
     assert [m for m in report["modules"] if any(m == name or m.startswith(name + ".") for name in INSTALL_ONLY)] == []
     assert report["started"] == []
+
+
+def test_an_installed_sdk_is_checked_against_the_projects_lock_before_it_is_used(sdk: Path, tmp_path: Path) -> None:
+    """The usual run uses an installed SDK without the install pipeline, but not one a lock pins:
+    that is checked as `install` checks it, and refused when it disagrees."""
+    manifest = sdk / ".qnnctl.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "sha256": "a" * 64, "size": 1}))
+    project = tmp_path / "project"
+    project.mkdir()
+    assert lower("--sdk", VERSION, "--", "true", cwd=project).returncode == 0
+    path = project / "qnnctl.lock"
+    write_lock(path, LockedSdk(path=path, version=VERSION, sha256="0" * 64, size=1, build_id=None,
+                               urls=("https://example.com/old.zip",), locked_at="2026-01-01T00:00:00Z"), "Old.")
+    refused = lower("--sdk", VERSION, "--", "true", cwd=project)
+    assert refused.returncode == 4, refused.stderr
+    assert f"qnnctl.lock pins {'0' * 64}" in refused.stderr
 
 
 def test_exit_code_passes_through(sdk: Path) -> None:
