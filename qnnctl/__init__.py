@@ -7,8 +7,7 @@ subprocess. The public functions are loaded on first use.
 from __future__ import annotations
 
 from qnnctl.records import TYPE_CHECKING
-
-__version__ = "0.1.0"
+from qnnctl.version import __version__
 
 __all__ = ["Sdk", "__version__", "disable_mkldnn_on_amd", "setup_sdk"]
 

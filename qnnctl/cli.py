@@ -21,7 +21,6 @@ from typing import NoReturn
 import click
 from click.shell_completion import FishComplete, add_completion_class
 
-from qnnctl import __version__
 from qnnctl.commands.common import (
     QUIET_HELP,
     VERBOSE_HELP,
@@ -32,6 +31,7 @@ from qnnctl.commands.common import (
 )
 from qnnctl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, INTERRUPTED, QnnctlError
 from qnnctl.net.urls import redact_text
+from qnnctl.version import __version__
 
 # Each command: the module that defines it, and its name there.
 COMMANDS = {

@@ -105,14 +105,58 @@ def make_foreign_venv(dest: Path, torch_from: Path | None) -> Path:
     return python
 
 
-def host_is_amd() -> bool:
-    """Whether this host's CPU is AMD's, read from the kernel rather than through qnnctl.host.machine (the
-    code under test): the first `vendor_id` line of /proc/cpuinfo."""
+def host_vendor() -> str | None:
+    """This host's CPU vendor, read from the kernel rather than through qnnctl.host.machine (the
+    code under test): the first `vendor_id` line of /proc/cpuinfo; None without one (not x86)."""
     for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "vendor_id":
-            return value.strip() == "AuthenticAMD"
-    return False  # no vendor_id line: not an x86 CPU, so not AMD's
+            return value.strip()
+    return None
+
+
+def host_is_amd() -> bool:
+    """Whether this host's CPU is AMD's (host_vendor)."""
+    return host_vendor() == "AuthenticAMD"
+
+
+# /proc/cpuinfo as Linux writes it (arch/x86/kernel/cpu/proc.c) on an AMD EPYC host, abridged to
+# its first processor's block.
+AMD_CPUINFO = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC 7763 64-Core Processor
+stepping\t: 1
+microcode\t: 0xa0011d1
+cpu MHz\t\t: 2445.406
+cache size\t: 512 KB
+physical id\t: 0
+flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov sse sse2 avx2
+
+"""
+
+# And on an aarch64 host (arch/arm64/kernel/cpuinfo.c): no vendor_id, the implementer's code.
+ARM_CPUINFO = """\
+processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+
+"""
+
+
+def write_cpuinfo(folder: Path, text: str) -> Path:
+    """A stand-in for /proc/cpuinfo holding `text`, in `folder`; its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "cpuinfo"
+    path.write_text(text)
+    return path
 
 
 # Read before any test points HOME elsewhere: pyenv keeps interpreters of many versions there.

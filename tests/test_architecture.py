@@ -24,7 +24,8 @@ PACKAGE = Path(qnnctl.__file__).parent
 
 # Lowest first: a module may import from its own layer and those before it, never after it.
 LAYERS = (
-    ("qnnctl.errors", "qnnctl.records", "qnnctl.words", "qnnctl.paths", "qnnctl.files", "qnnctl.threads", "qnnctl.net",
+    ("qnnctl.version", "qnnctl.errors", "qnnctl.records", "qnnctl.words", "qnnctl.paths", "qnnctl.files",
+     "qnnctl.threads", "qnnctl.net",
      "qnnctl.shell"),
     ("qnnctl.sdk",),
     ("qnnctl.host",),
@@ -197,6 +198,12 @@ def test_one_door_asks_the_gate() -> None:
     module imports the gate's `check`, so no way in can hold its own, different, sequence."""
     callers = sorted({e.source for e in EDGES if e.target == "qnnctl.sdk.gate" and "check" in e.names})
     assert callers == ["qnnctl.install.door"]
+
+
+def test_no_module_imports_the_package_itself() -> None:
+    """`__version__` lives in a leaf (qnnctl.version): importing any module of qnnctl never runs
+    the package's __init__ for it, and no circle can start there."""
+    assert [f"{e.source}:{e.line}" for e in EDGES if e.target == "qnnctl" and e.source != "qnnctl"] == []
 
 
 def test_no_module_is_over_600_lines() -> None:

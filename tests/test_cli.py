@@ -392,7 +392,8 @@ def test_a_relative_cache_dir_is_said_once_and_taken_from_the_current_folder(tmp
 
 def test_every_command_module_is_in_the_command_table() -> None:
     """qnnctl.cli.COMMANDS is the one list of commands: each entry names a click command of that
-    name in qnnctl.commands, and each module there (but the shared one) defines some entry."""
+    name in qnnctl.commands, and each module there (but the shared one, and the lean `env` that
+    qnnctl.launch loads instead of the command line) defines some entry."""
     import importlib
 
     import click
@@ -405,7 +406,7 @@ def test_every_command_module_is_in_the_command_table() -> None:
         assert command.name == name or (name, command.name) == ("list", "list")
     folder = Path(cli.__file__).parent / "commands"
     modules = {f"qnnctl.commands.{p.stem}" for p in folder.glob("*.py")} - {
-        "qnnctl.commands.__init__", "qnnctl.commands.common"}
+        "qnnctl.commands.__init__", "qnnctl.commands.common", "qnnctl.commands.leanenv"}
     assert modules == {module for module, _ in cli.COMMANDS.values()}
 
 

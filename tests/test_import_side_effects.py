@@ -43,7 +43,7 @@ DENIED_CALLS: dict[str, str] = {
     "qnnctl.run.lower.plan_lower": "resolves and installs an SDK",
     "qnnctl.run.environment.resolve_sdk": "resolves and installs an SDK",
     "qnnctl.run.lower.exec_plan": "replaces the process",
-    "qnnctl.host.machine.cpu_vendor": "starts py-cpuinfo's subprocess",
+    "qnnctl.host.machine.cpu_vendor": "reads the CPU (py-cpuinfo starts a subprocess where /proc/cpuinfo is missing)",
     "cpuinfo.*": "starts a subprocess",
     # subprocesses
     "subprocess.*": "starts a subprocess",

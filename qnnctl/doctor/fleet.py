@@ -10,8 +10,8 @@ from pathlib import Path
 from qnnctl.doctor.context import Context, Target
 from qnnctl.doctor.report import Outcome, Skip, abridged, fail, ok, warn
 from qnnctl.errors import NotInstalledError
-from qnnctl.sdk.lockfile import LOCK_FILE, compare, find_lock, read_lock, unchecked
-from qnnctl.sdk.select import changed_link_error, select_sdk
+from qnnctl.sdk.lockfile import compare, read_lock, unchecked
+from qnnctl.sdk.select import LOCK_FILE, changed_link_error, find_lock, select_sdk
 from qnnctl.sdk.stores import (
     STORES_VARIABLE,
     all_links,

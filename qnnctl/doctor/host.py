@@ -11,7 +11,7 @@ from pathlib import Path
 from qnnctl.doctor.context import Context, Target, env_command, reinstall_hint
 from qnnctl.doctor.report import FAIL, Outcome, abridged, fail, ok, warn
 from qnnctl.host.elf import format_version
-from qnnctl.host.machine import SUPPORTED_HOST, cpu_vendor, is_amd, is_supported_host
+from qnnctl.host.machine import CPUINFO, SUPPORTED_HOST, cpu_vendor, is_amd, is_supported_host
 from qnnctl.host.staged import GLIBC, current, staged_loader
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.probe import HTP_BACKEND_ID
@@ -221,10 +221,10 @@ def check_cpu(ctx: Context) -> Outcome:
     except ModuleNotFoundError as exc:
         if exc.name != "cpuinfo":
             raise
-        return warn("py-cpuinfo is not installed: the CPU vendor is unknown, so `qnnctl lower` "
-                    "cannot turn MKLDNN off on AMD", hint="pip install py-cpuinfo")
+        return warn(f"{CPUINFO} cannot be read and py-cpuinfo is not installed: the CPU vendor is unknown, "
+                    "so `qnnctl lower` cannot turn MKLDNN off on AMD", hint="pip install py-cpuinfo")
     if vendor is None:
-        return warn("py-cpuinfo reported no CPU vendor; `qnnctl lower` leaves MKLDNN as it is")
+        return warn(f"{CPUINFO} names no CPU vendor; `qnnctl lower` leaves MKLDNN as it is")
     name = f"{vendor} (from {FORCE_VENDOR_VARIABLE})" if forced else vendor
     if is_amd(vendor):
         return ok(f"{name}: `qnnctl lower` turns PyTorch's MKLDNN off for the pipeline (it can "

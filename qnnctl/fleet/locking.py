@@ -24,17 +24,15 @@ from qnnctl.sdk.evidence import own_manifest
 from qnnctl.sdk.gate import is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
 from qnnctl.sdk.lockfile import (
-    LOCK_FILE,
     LockedSdk,
     LockError,
     disagreements,
-    find_lock,
     lock_destination,
     read_lock,
     write_lock,
 )
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.select import find_installed, pin_conflict, select_sdk, selection_origin
+from qnnctl.sdk.select import LOCK_FILE, find_installed, find_lock, pin_conflict, select_sdk, selection_origin
 from qnnctl.sdk.versions import is_full_version
 from qnnctl.sdk.vouchers import vouchers
 

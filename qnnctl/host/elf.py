@@ -16,11 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection, DynamicSegment
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
-
 from qnnctl.errors import IntegrityError
 from qnnctl.host.staged import ElfIdentity, elf_identity, loader_stops_at, parse_dotted_version
 
@@ -46,8 +41,10 @@ SYSTEM_VIAS = frozenset({VIA_CACHE, VIA_DEFAULT})
 _GLIBC_VERSION = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
+_DT_VERNEED, _DT_VERNEEDNUM = 0x6FFFFFFE, 0x6FFFFFFF
 # Bounds for a damaged or hostile library: names (PATH_MAX) and how many are read.
 _MAX_NAME = 4096
+_FIRST_READ = 128  # most names end within it
 _MAX_NEEDED = 1024
 
 
@@ -84,6 +81,18 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
     `install` and `lower` only ask whether the SDK names libc++; `read_elf` serves doctor's
     full report. IntegrityError for a file that is not an ELF object or cannot be read as one.
     """
+    return _read_dynamic(path, versions=False)[0]
+
+
+def glibc_needed(path: Path) -> tuple[int, ...] | None:
+    """The highest GLIBC_x.y symbol version `path` needs (what `read_elf(path).glibc` says), read
+    as needed_libraries reads: through DT_VERNEED, without pyelftools, which `lower` does not
+    import. IntegrityError as needed_libraries."""
+    return _read_dynamic(path, versions=True)[1]
+
+
+def _read_dynamic(path: Path, versions: bool) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+    """(DT_NEEDED names, the highest GLIBC version needed, when `versions`) of an ELF object."""
     # Kept beside pyelftools, which bounds no name (a 132 KB file: 200 MB); see bench/README.md.
     identity = elf_identity(path)
     if identity is None:
@@ -95,6 +104,9 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
     header = struct.Struct(order + ("IIQQQQQQ" if wide else "IIIIIIII"))
     picks = (0, 2, 3, 5) if wide else (0, 1, 2, 4)
     entry = struct.Struct(order + ("qQ" if wide else "iI"))  # Elf_Dyn: d_tag, d_val
+    # Elf_Verneed (version, count, file, aux, next) and Elf_Vernaux (hash, flags, other, name,
+    # next): the same 16 bytes in both classes.
+    verneed, vernaux = struct.Struct(order + "HHIII"), struct.Struct(order + "IHHII")
     try:
         with open(path, "rb") as handle:
             length = os.fstat(handle.fileno()).st_size
@@ -124,10 +136,10 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
                 elif kind == _PT_DYNAMIC:
                     dynamic = (offset, filesz)
             if dynamic is None:
-                return ()  # linked statically: it needs nothing
+                return (), None  # linked statically: it needs nothing
             raw = read(dynamic[0], dynamic[1] - dynamic[1] % entry.size)
             names: dict[int, None] = {}  # offsets of the names, each once, in order
-            strtab = strsz = None
+            strtab = strsz = needs = needs_count = None
             for tag, value in entry.iter_unpack(raw):
                 if tag == _DT_NULL:
                     break
@@ -137,22 +149,58 @@ def needed_libraries(path: Path) -> tuple[str, ...]:
                     strtab = value
                 elif tag == _DT_STRSZ:
                     strsz = value
-            if not names:
-                return ()
+                elif tag == _DT_VERNEED:
+                    needs = value
+                elif tag == _DT_VERNEEDNUM:
+                    needs_count = value
+            if not names and not (versions and needs is not None and needs_count):
+                return (), None
+
+            def file_offset(address: int, what: str) -> int:
+                start = next((offset + address - vaddr for vaddr, offset, filesz in loads
+                              if vaddr <= address < vaddr + filesz), None)
+                if start is None:
+                    raise ValueError(f"the {what} is in no loaded segment")
+                return start
+
             if strtab is None or strsz is None:
                 raise ValueError("DT_NEEDED without a string table")
-            start = next((offset + strtab - vaddr for vaddr, offset, filesz in loads
-                          if vaddr <= strtab < vaddr + filesz), None)
-            if start is None:
-                raise ValueError("the string table is in no loaded segment")
-            strings = read(start, strsz)
-            found: list[str] = []
-            for name in names:
-                end = strings.find(b"\0", name, name + _MAX_NAME)
-                if end < 0:
-                    raise ValueError("a DT_NEEDED name without an end")
-                found.append(strings[name:end].decode("utf-8", "surrogateescape"))
-            return tuple(found)
+            table_at = file_offset(strtab, "string table")
+            if table_at + strsz > length:
+                raise ValueError("the file ends early")
+
+            def string(offset: int, what: str) -> str:
+                # Each name alone: a C++ library's string table runs to megabytes, and `lower`
+                # reads every library of the SDK on every run.
+                if not 0 <= offset < strsz:
+                    raise ValueError(f"a {what} name outside the string table")
+                for size in (_FIRST_READ, _MAX_NAME):
+                    data = read(table_at + offset, min(size, strsz - offset))
+                    end = data.find(b"\0")
+                    if end >= 0:
+                        return data[:end].decode("utf-8", "surrogateescape")
+                raise ValueError(f"a {what} name without an end")
+
+            found = tuple(string(name, "DT_NEEDED") for name in names)
+            if not versions or needs is None or not needs_count:
+                return found, None
+            highest: tuple[int, ...] | None = None
+            place = file_offset(needs, "version needs table")
+            for _ in range(min(needs_count, _MAX_NEEDED)):
+                _version, count, _file, aux, following = verneed.unpack(read(place, verneed.size))
+                at = place + aux
+                for _ in range(min(count, _MAX_NEEDED)):
+                    _hash, _flags, _other, name, later = vernaux.unpack(read(at, vernaux.size))
+                    version = glibc_of(string(name, "symbol version"))
+                    if version is not None and (highest is None or version > highest):
+                        highest = version
+                    if not later:
+                        break
+                    at += later
+                if not following:
+                    break
+                place += following
+            return found, highest
     except (OSError, ValueError, struct.error) as exc:
         raise _unreadable(path, exc) from None
 
@@ -199,6 +247,13 @@ def read_elf(path: Path) -> ElfInfo:
     runpath: list[str] = []
     soname: str | None = None
     highest: tuple[int, ...] | None = None
+    # lazy: pyelftools takes 20-30 ms to import; `lower` reads what it needs with the two readers
+    # above, and only doctor's and `which`'s full reports read here
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection, DynamicSegment  # lazy: as the line above
+    from elftools.elf.elffile import ELFFile  # lazy: as above
+    from elftools.elf.gnuversions import GNUVerNeedSection  # lazy: as above
+
     try:
         with open(path, "rb") as handle:
             elf = ELFFile(handle)

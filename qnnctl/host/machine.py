@@ -33,6 +33,16 @@ def require_supported_host(system: str | None = None, machine: str | None = None
 
 # -- CPU vendor ------------------------------------------------------------------------
 
+CPUINFO = "/proc/cpuinfo"
+# The implementer byte of an Arm CPU's MIDR, which /proc/cpuinfo shows on aarch64 as
+# "CPU implementer : 0x41" (there is no vendor_id line there). Names from the Linux kernel's
+# arch/arm64/include/asm/cputype.h (ARM_CPU_IMP_*); an unknown code is shown as it is. None of
+# them is AMD's, whose MKLDNN trouble is on its x86 CPUs.
+ARM_IMPLEMENTERS = {
+    0x41: "ARM", 0x42: "Broadcom", 0x43: "Cavium", 0x46: "Fujitsu", 0x48: "HiSilicon",
+    0x4E: "NVIDIA", 0x50: "APM", 0x51: "Qualcomm", 0x61: "Apple", 0x6D: "Microsoft", 0xC0: "Ampere",
+}
+
 _vendor_lock = threading.Lock()
 _vendor: list[str | None] = []  # filled once per process: [vendor or None]
 
@@ -46,20 +56,49 @@ def read_cpu_vendor(info: dict[str, object]) -> str | None:
     return None
 
 
+def vendor_from_cpuinfo(text: str) -> str | None:
+    """The vendor named by the text of /proc/cpuinfo: x86's `vendor_id` ("AuthenticAMD"),
+    aarch64's `CPU implementer` by name ("ARM implementer 0x41"); None when it names neither."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "vendor_id" and value:
+            return value
+        if key == "CPU implementer" and value:
+            try:
+                code = int(value, 0)
+            except ValueError:
+                return f"implementer {value}"
+            return f"{ARM_IMPLEMENTERS.get(code, 'unknown')} implementer {code:#04x}"
+    return None
+
+
 def cpu_vendor() -> str | None:
     """The CPU vendor string (e.g. "AuthenticAMD"), read once per process.
 
-    py-cpuinfo caches nothing and starts a subprocess on every call, hence the cache.
-    Raises ModuleNotFoundError when py-cpuinfo is not installed.
+    From /proc/cpuinfo where the kernel provides it: a file read, microseconds. py-cpuinfo,
+    which caches nothing and spends about a second in a subprocess per call, only where that
+    file is missing. Raises ModuleNotFoundError when it is, and py-cpuinfo is not installed.
     """
     if _vendor:
         return _vendor[0]
     with _vendor_lock:
         if not _vendor:
-            import cpuinfo  # lazy: py-cpuinfo probes the CPU; only a guard that must know the vendor asks
-
-            _vendor.append(read_cpu_vendor(dict(cpuinfo.get_cpu_info())))
+            _vendor.append(_read_vendor())
     return _vendor[0]
+
+
+def _read_vendor() -> str | None:
+    try:
+        with open(CPUINFO, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        pass  # no /proc (another system, a sandbox without it): ask py-cpuinfo
+    else:
+        return vendor_from_cpuinfo(text)
+    import cpuinfo  # lazy: py-cpuinfo probes the CPU in a subprocess; only where /proc/cpuinfo is missing
+
+    return read_cpu_vendor(dict(cpuinfo.get_cpu_info()))
 
 
 def is_amd(vendor: str | None) -> bool:

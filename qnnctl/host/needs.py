@@ -1,5 +1,7 @@
 """What an SDK's host libraries need of the machine, and what the machine lacks: the libc++ trio
-they name in DT_NEEDED, the glibc symbol versions they reference. Reads; never writes.
+they name in DT_NEEDED, the glibc symbol versions they reference; what `lower` and `setup_sdk()`
+ask on every run, so read without pyelftools (qnnctl.host.runtime stages what is missing). Reads;
+never writes.
 """
 
 from __future__ import annotations
@@ -8,12 +10,8 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerDefSection
-
 from qnnctl.errors import IntegrityError
-from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, needed_libraries, read_elf
+from qnnctl.host.elf import ElfInfo, Resolver, glibc_needed, needed_libraries
 from qnnctl.host.machine import glibc_version, read_ld_cache
 from qnnctl.host.staged import TRIO, Version, elf_identity, sdk_identity
 from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
@@ -41,28 +39,11 @@ def glibc_needed_by(libraries: Iterable[Path]) -> Version | None:
         if elf_identity(path) is None:
             continue  # not an ELF file: nothing it needs
         try:
-            needed = read_elf(path).glibc
+            needed = glibc_needed(path)
         except IntegrityError:
             continue  # doctor reports unreadable libraries; here they need nothing known
         if needed is not None and (newest is None or needed > newest):
             newest = needed
-    return newest
-
-
-def glibc_provided_by(libc: Path) -> Version | None:
-    """The newest GLIBC_x.y symbol version a libc.so.6 defines."""
-    newest: Version | None = None
-    try:
-        with open(libc, "rb") as handle:
-            for section in ELFFile(handle).iter_sections():
-                if isinstance(section, GNUVerDefSection):
-                    for _, auxiliaries in section.iter_versions():
-                        for aux in auxiliaries:
-                            version = glibc_of(str(aux.name))
-                            if version and (newest is None or version > newest):
-                                newest = version
-    except (ELFError, OSError, ValueError):
-        return None
     return newest
 
 

@@ -63,6 +63,10 @@ GLIBC = "glibc"
 
 TRIO = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
 
+# Set in the environment of a program started under the staged loader, so that it does
+# not start itself under the loader a second time.
+LOADER_GUARD = "QNNCTL_STAGED_LOADER"
+
 
 LOADER = "ld-linux-x86-64.so.2"
 

@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from qnnctl import __version__
 from qnnctl.errors import IntegrityError
 from qnnctl.files import remove_tree
 from qnnctl.install.archive import archive_kind
@@ -31,6 +30,7 @@ from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import Sdk, missing_layout, read_build_id, version_claims
 from qnnctl.sdk.members import FOLDER_MODE, installed_mode
 from qnnctl.sdk.versions import archive_name
+from qnnctl.version import __version__
 
 log = logging.getLogger("qnnctl.install.pipeline")
 

@@ -21,7 +21,6 @@ from requests.adapters import HTTPAdapter
 from tqdm import tqdm
 from urllib3.exceptions import MaxRetryError
 
-from qnnctl import __version__
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
 from qnnctl.net.retry import (
@@ -35,6 +34,7 @@ from qnnctl.net.retry import (
 )
 from qnnctl.net.urls import redact
 from qnnctl.paths import write_json_atomic
+from qnnctl.version import __version__
 from qnnctl.words import human_size
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qnnctl.errors import QnnctlError, UsageError
-from qnnctl.host.machine import cpu_vendor, is_amd
+from qnnctl.host.machine import CPUINFO, cpu_vendor, is_amd
 from qnnctl.run.environment import ensure_loadable, resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.sdk.cache import Cache
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("qnnctl.run.api")
 
-# Names the CPU vendor to use instead of asking py-cpuinfo (for tests, and for hosts where it
-# misreads the CPU). Empty means unset.
+# Names the CPU vendor to use instead of reading it (for tests, and for hosts where the reading
+# is wrong). Empty means unset.
 FORCE_VENDOR_VARIABLE = "QNNCTL_FORCE_CPU_VENDOR"
 # The two variables setup_sdk sets for child processes. PATH is left alone: a library call
 # that puts the SDK's tools ahead of the user's would surprise.
@@ -193,7 +193,8 @@ def preload_runtime(cache: Cache, sdk: Sdk) -> list[Path]:
 
 
 def amd_guard_needed(environ: Mapping[str, str] | None = None) -> bool:
-    """True on an AMD CPU. The vendor is read once per process; no py-cpuinfo warns once and says no."""
+    """True on an AMD CPU. The vendor is read once per process (from /proc/cpuinfo); where that
+    file is missing and py-cpuinfo is not installed, a warning once and no."""
     environ = os.environ if environ is None else environ
     vendor = environ.get(FORCE_VENDOR_VARIABLE) or None
     if vendor is None:
@@ -212,8 +213,8 @@ def _warn_no_cpuinfo_once() -> None:
         if _state.warned_no_cpuinfo:
             return
         _state.warned_no_cpuinfo = True
-    log.warning("py-cpuinfo is not installed, so the CPU vendor is unknown; the AMD MKLDNN "
-                "guard is skipped (pip install py-cpuinfo)")
+    log.warning("%s cannot be read and py-cpuinfo is not installed, so the CPU vendor is unknown; "
+                "the AMD MKLDNN guard is skipped (pip install py-cpuinfo)", CPUINFO)
 
 
 def disable_mkldnn_on_amd() -> bool:

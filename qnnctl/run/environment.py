@@ -12,18 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
+from qnnctl.host.machine import require_supported_host
 from qnnctl.host.needs import missing_host_libraries, trio_needed
-from qnnctl.host.runtime import ensure_trio
 from qnnctl.host.staged import staged_lib_dirs
-from qnnctl.install.pipeline import InstallRequest, install
 from qnnctl.net.urls import check_url, redact
 from qnnctl.run.envplan import PinGap, pin_gap
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command
 from qnnctl.sdk.layout import Sdk
-from qnnctl.sdk.select import Selection, resolve_installed, select_sdk
+from qnnctl.sdk.select import Selection, find_installed, find_lock, resolve_installed, select_sdk
 from qnnctl.sdk.versions import archive_urls
-from qnnctl.sdk.vouchers import vouchers
 
 log = logging.getLogger("qnnctl.run.environment")
 
@@ -49,8 +47,29 @@ def resolve_sdk(
         sdk = resolve_installed(selection, cache, environ)
         _pinned_missing(selection, sdk, cwd, refuse=True)
         return selection, sdk
+    found = _reusable(selection, environ, cwd, cache)
+    if found is not None:
+        return selection, found
+    # lazy: installing pulls in downloads, archives and the lock and index readers (requests among
+    # them, a fifth of a second); `lower` with its SDK installed, as it usually is, needs none of it
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.vouchers import vouchers  # lazy: as the line above
+
     result = install(InstallRequest(spec=spec), cache, environ, cwd, vouchers(environ, cwd), terminal=terminal)
     return result.selection or selection, result.sdk
+
+
+def _reusable(selection: Selection, environ: Mapping[str, str], cwd: Path, cache: Cache) -> Sdk | None:
+    """The installed SDK that `install` would reuse as it is, found without loading it, when nothing
+    vouches for it: no project lock to check it against, no mirror whose index may choose another
+    version. None otherwise, and then `install` decides (and checks what it finds)."""
+    if selection.version is None or environ.get("QNNCTL_MIRROR") or find_lock(cwd) is not None:
+        return None
+    require_supported_host()  # as `install` refuses an unsupported host before it looks
+    sdk = find_installed(selection.version, cache, environ)
+    if sdk is None or _pinned_missing(selection, sdk, cwd, refuse=False) is not None:
+        return None  # missing, or without components the pin names: `install` fetches them
+    return sdk
 
 
 def resolve_for_dry_run(
@@ -114,6 +133,13 @@ def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
 
     Raises what staging raised; the caller decides whether that stops it.
     """
+    wanted = trio_needed(sdk)
+    if not wanted or not missing_host_libraries(wanted, [sdk.lib_dir, *staged_lib_dirs(cache, sdk)]):
+        return
+    # lazy: staging fetches and unpacks packages (requests, the package readers); a host that has
+    # the trio, or has it staged, never needs it
+    from qnnctl.host.runtime import ensure_trio
+
     ensure_trio(cache, sdk, environ)
 
 

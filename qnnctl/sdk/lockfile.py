@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qnnctl import __version__
 from qnnctl.errors import EXIT_FAILED, IntegrityError, QnnctlError
 from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
@@ -30,8 +29,9 @@ from qnnctl.sdk.evidence import hashed_digests, own_manifest
 from qnnctl.sdk.gate import Expected, is_sha256
 from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.limits import nesting_depth
-from qnnctl.sdk.select import find_pin
+from qnnctl.sdk.select import LOCK_FILE, find_lock, find_pin
 from qnnctl.sdk.versions import is_full_version
+from qnnctl.version import __version__
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,7 +40,6 @@ else:
 
 log = logging.getLogger("qnnctl.sdk.lockfile")
 
-LOCK_FILE = "qnnctl.lock"
 LOCK_SCHEMA = 2  # 2: a digest per component; schema 1 (none) is still read
 READ_SCHEMAS = (1, 2)
 
@@ -76,15 +75,6 @@ class LockedSdk(Record):
                         f"write the lock again with `qnnctl lock {self.version}`",
                         sha256=self.sha256, size=self.size, components=self.component_sha256,
                         central_directory_sha256=self.central_directory_sha256)
-
-
-def find_lock(cwd: Path) -> Path | None:
-    """The nearest `qnnctl.lock` at or above `cwd`."""
-    for folder in (cwd, *cwd.parents):
-        candidate = folder / LOCK_FILE
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def lock_destination(cwd: Path) -> Path:

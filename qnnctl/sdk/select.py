@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DamagedSdkError, IntegrityError, NotInstalledError, UsageError
-from qnnctl.net.urls import redact
 from qnnctl.paths import user_path
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
@@ -38,6 +37,8 @@ from qnnctl.sdk.versions import DEFAULT_VERSION, is_full_version, parse_version,
 from qnnctl.shell.exports import apply, read_marker, unset_environment
 
 PIN_FILE = ".qnn-version"
+# The project's lock (qnnctl.sdk.lockfile reads it), found upward as the pin is.
+LOCK_FILE = "qnnctl.lock"
 # The file of an installed ExecuTorch that names the SDK version it was built against.
 EXECUTORCH_DOWNLOADER = ("backends", "qualcomm", "scripts", "download_qnn_sdk.py")
 
@@ -99,6 +100,15 @@ def find_pin(start: Path) -> Path | None:
     """The nearest `.qnn-version` file at or above `start`."""
     for folder in (start, *start.parents):
         candidate = folder / PIN_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_lock(cwd: Path) -> Path | None:
+    """The nearest `qnnctl.lock` at or above `cwd`."""
+    for folder in (cwd, *cwd.parents):
+        candidate = folder / LOCK_FILE
         if candidate.is_file():
             return candidate
     return None
@@ -197,6 +207,8 @@ def version_pools(cache: Cache | None, environ: Mapping[str, str],
         yield "installed", versions_on_disk(cache, environ, usable=True)
     base = environ.get("QNNCTL_MIRROR") if mirror else None
     if base:
+        from qnnctl.net.urls import redact  # lazy: qnnctl.net, which `qnnctl env` never imports
+
         # lazy: a mirror's index is read with requests, which `qnnctl env` never needs
         from qnnctl.sdk.mirrorindex import index_url, indexed_versions
 

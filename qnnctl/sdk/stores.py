@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from qnnctl import __version__
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import make_folders, user_path, write_json_atomic
 from qnnctl.records import TYPE_CHECKING, Record
@@ -39,6 +38,7 @@ from qnnctl.sdk.layout import (
     version_claims,
 )
 from qnnctl.sdk.versions import is_full_version, parse_version, resolve_version
+from qnnctl.version import __version__
 
 if TYPE_CHECKING:
     import logging

@@ -44,6 +44,7 @@ from qnnctl.sdk.vouchers import vouchers
 from qnnctl.shell.exports import apply
 from tests.conftest import read_terminal, require_tool, run_qnnctl
 from tests.httpserver import FaultServer, self_signed_certificate
+from tests.lowerkit import AMD_CPUINFO, write_cpuinfo
 from tests.sdkfactory import (
     OTHER_VERSION,
     VERSION,
@@ -713,11 +714,11 @@ def test_the_report_shows_an_ok_checks_hint_piped_and_on_a_terminal(cache_dir: P
 # -- cpu, cache, network ---------------------------------------------------------------------
 
 
-def test_cpu_on_amd_notes_mkldnn(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_on_amd_notes_mkldnn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("QNNCTL_FORCE_CPU_VENDOR")
     ctx = Context(spec=None, environ=dict(os.environ), cwd=Path.cwd(), offline=True)
     cpu = [c for c in CHECKS if c[0] == "cpu"]
-    # Seed the once-per-process cache in place of py-cpuinfo's answer.
+    # Seed the once-per-process cache in place of /proc/cpuinfo's answer.
     monkeypatch.setattr(host, "_vendor", ["AuthenticAMD"])
     [result] = run_checks(ctx, cpu)
     assert result.status == OK
@@ -729,7 +730,21 @@ def test_cpu_on_amd_notes_mkldnn(monkeypatch: pytest.MonkeyPatch) -> None:
     [result] = run_checks(Context(spec=None, environ=dict(os.environ), cwd=Path.cwd()), cpu)
     assert result.detail.startswith("AuthenticAMD (from QNNCTL_FORCE_CPU_VENDOR): `qnnctl lower` turns")
     monkeypatch.delenv("QNNCTL_FORCE_CPU_VENDOR")
+    # Read from /proc/cpuinfo, as the guard reads it: an AMD host's text.
     monkeypatch.setattr(host, "_vendor", [])
+    monkeypatch.setattr(host, "CPUINFO", str(write_cpuinfo(tmp_path / "amd", AMD_CPUINFO)))
+    [result] = run_checks(ctx, cpu)
+    assert (result.status, result.detail.split(":")[0]) == (OK, "AuthenticAMD")
+    assert "turns PyTorch's MKLDNN off" in result.detail
+    # A file that names no vendor: said so, and the guard stays off.
+    monkeypatch.setattr(host, "_vendor", [])
+    monkeypatch.setattr(host, "CPUINFO", str(write_cpuinfo(tmp_path / "none", "processor\t: 0\n")))
+    [result] = run_checks(ctx, cpu)
+    assert result.status == WARN
+    assert "names no CPU vendor" in result.detail
+    # No /proc/cpuinfo and no py-cpuinfo.
+    monkeypatch.setattr(host, "_vendor", [])
+    monkeypatch.setattr(host, "CPUINFO", str(tmp_path / "no-proc" / "cpuinfo"))
     monkeypatch.setitem(sys.modules, "cpuinfo", None)  # makes `import cpuinfo` fail as if missing
     [result] = run_checks(ctx, cpu)
     assert result.status == WARN

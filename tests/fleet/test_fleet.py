@@ -1496,7 +1496,8 @@ def test_a_lock_takes_what_it_can_read_of_the_optional_fields(tmp_path: Path) ->
 
 
 def test_the_nearest_lock_and_where_a_new_one_goes(tmp_path: Path) -> None:
-    from qnnctl.sdk.lockfile import LockError, find_lock, lock_destination, require_lock
+    from qnnctl.sdk.lockfile import LockError, lock_destination, require_lock
+    from qnnctl.sdk.select import find_lock
 
     deep = tmp_path / "a" / "b"
     deep.mkdir(parents=True)

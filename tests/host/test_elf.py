@@ -11,6 +11,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,13 @@ from qnnctl.host.elf import (
     VIA_RUNPATH,
     Resolver,
     Scanner,
+    glibc_needed,
     glibc_of,
     needed_libraries,
     read_elf,
 )
 from qnnctl.host.machine import glibc_version, parse_ld_cache, parse_ldconfig_output, read_ld_cache
+from tests import genuine
 from tests.conftest import require_tool
 from tests.sdkfactory import compile_shared, for_another_machine
 
@@ -124,6 +127,44 @@ def test_needed_libraries_reads_what_pyelftools_reads(tmp_path: Path) -> None:
     for path in [*Path("/usr/lib/x86_64-linux-gnu").glob("libstdc++.so.6*"), system]:
         if path.is_file() and not path.is_symlink():
             assert needed_libraries(path) == read_elf(path).needed, path
+
+
+def test_glibc_needed_reads_what_pyelftools_reads(tmp_path: Path) -> None:
+    """The version needs read through DT_VERNEED, as `lower` reads them, agree with pyelftools'
+    reading of .gnu.version_r: on libraries built here, on the host's, and on Qualcomm's own."""
+    modern = compile_shared(tmp_path / "libmodern.so", GLIBC_234_SOURCE) if (glibc_version() or ()) >= (2, 34) else None
+    plain = compile_shared(tmp_path / "libplain.so", "#include <stdio.h>\nint hello(void) { return puts(\"hi\"); }\n")
+    bare = _library(tmp_path / "libbare.so")
+    system = Path(os.__file__).parents[1] / f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0"
+    paths = [p for p in (modern, plain, bare, system, *Path("/usr/lib/x86_64-linux-gnu").glob("libstdc++.so.6*"))
+             if p is not None and p.is_file() and not p.is_symlink()]
+    wheel = genuine.wheel_path(genuine.QAIRT_2_51)
+    if wheel is not None:
+        with zipfile.ZipFile(genuine.cached_archive(genuine.QAIRT_2_51)) as archive:
+            for member in archive.namelist():
+                if f"/{genuine.HOST_LIB_DIR}/" in member and member.endswith(".so"):
+                    (tmp_path / "genuine").mkdir(exist_ok=True)
+                    paths.append(_write(tmp_path / "genuine", archive.read(member), Path(member).name))
+    assert plain in paths
+    seen = {path.name: glibc_needed(path) for path in paths}
+    assert seen == {path.name: read_elf(path).glibc for path in paths}
+    assert seen["libplain.so"] is not None
+    if modern is not None:
+        assert seen["libmodern.so"] == (2, 34)
+    if wheel is not None:
+        assert seen["libQnnHtp.so"] is not None  # the genuine libraries were read too
+
+
+def test_glibc_needed_does_without_section_headers_and_refuses_damage(tmp_path: Path) -> None:
+    plain = compile_shared(tmp_path / "libplain.so", "#include <stdio.h>\nint hello(void) { return puts(\"hi\"); }\n")
+    expected = read_elf(plain).glibc
+    data = bytearray(plain.read_bytes())
+    struct.pack_into("<Q", data, 40, 0)  # e_shoff: no section headers, as ld.so never needs them
+    struct.pack_into("<3H", data, 58, 0, 0, 0)
+    assert glibc_needed(_write(tmp_path, bytes(data), "libnoheaders.so")) == expected
+    cut = _write(tmp_path, plain.read_bytes()[:1200], "libcut.so")
+    with pytest.raises(IntegrityError, match=r"libcut\.so"):
+        glibc_needed(cut)
 
 
 def test_needed_libraries_does_without_section_headers(tmp_path: Path) -> None:

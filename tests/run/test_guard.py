@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.host.machine import is_amd, read_cpu_vendor, vendor_from_cpuinfo
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from tests.lowerkit import (
+    AMD_CPUINFO,
+    ARM_CPUINFO,
     TORCH_PROBE,
     host_is_amd,
+    host_vendor,
     lower,
     make_foreign_venv,
     other_python,
     torch_site_packages,
     write,
+    write_cpuinfo,
 )
 from tests.sdkfactory import install_tree_into_cache
 
@@ -52,6 +57,62 @@ def env_with(**extra: str) -> dict[str, str]:
 
 
 # -- in the pipeline's process ---------------------------------------------------------
+
+
+# `qnnctl lower` in a fresh interpreter that reads the CPU vendor from the file named by argv[1]
+# instead of /proc/cpuinfo, and has no py-cpuinfo: asking py-cpuinfo would warn and skip the guard.
+LOWER_WITH_CPUINFO = """\
+import sys
+sys.modules["cpuinfo"] = None  # what an absent py-cpuinfo looks like to `import cpuinfo`
+import qnnctl.host.machine
+qnnctl.host.machine.CPUINFO = sys.argv.pop(1)
+sys.argv[0] = "qnnctl"
+from qnnctl.launch import main
+main()
+"""
+
+
+def lower_reading(cpuinfo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`qnnctl lower ARGS` with `cpuinfo` in place of /proc/cpuinfo and no vendor forced."""
+    env = {k: v for k, v in os.environ.items() if k != FORCE_VENDOR_VARIABLE}
+    return subprocess.run([PY, "-c", LOWER_WITH_CPUINFO, str(cpuinfo), "lower", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("text", "enabled"), [(AMD_CPUINFO, False), (ARM_CPUINFO, True),
+                                                (AMD_CPUINFO.replace("AuthenticAMD", INTEL), True)])
+def test_guard_on_an_amd_host_read_from_proc_cpuinfo(sdk: Path, tmp_path: Path, text: str, enabled: bool) -> None:
+    """The vendor as the kernel gives it, with real torch: MKLDNN off on AMD, and py-cpuinfo never asked."""
+    torch_site_packages()
+    write(Path("probe.py"), TORCH_PROBE)
+    cpuinfo = write_cpuinfo(tmp_path / "proc", text)
+    result = lower_reading(cpuinfo, "--python", PY, "probe.py")
+    assert mkldnn_seen(result) is enabled
+    assert "py-cpuinfo" not in result.stderr
+    assert mkldnn_seen(lower_reading(cpuinfo, "--keep-mkldnn", "--python", PY, "probe.py")) is True
+
+
+def test_the_vendor_read_from_proc_cpuinfo_is_py_cpuinfos() -> None:
+    """On this host, /proc/cpuinfo's reading and py-cpuinfo's (both keys of its releases) agree."""
+    import cpuinfo
+
+    info = dict(cpuinfo.get_cpu_info())
+    with open("/proc/cpuinfo", encoding="utf-8") as handle:
+        ours = vendor_from_cpuinfo(handle.read())
+    assert ours is not None
+    assert ours == read_cpu_vendor(info)
+    # An older release of py-cpuinfo named the key vendor_id; a newer one vendor_id_raw.
+    raw = info.get("vendor_id_raw") or info.get("vendor_id")
+    assert read_cpu_vendor({"vendor_id": raw}) == read_cpu_vendor({"vendor_id_raw": raw}) == ours
+
+
+def test_the_vendor_is_read_from_each_architectures_cpuinfo() -> None:
+    assert vendor_from_cpuinfo(AMD_CPUINFO) == AMD
+    assert vendor_from_cpuinfo(ARM_CPUINFO) == "ARM implementer 0x41"
+    assert vendor_from_cpuinfo(ARM_CPUINFO.replace("0x41", "0xc0")) == "Ampere implementer 0xc0"
+    assert vendor_from_cpuinfo(ARM_CPUINFO.replace("0x41", "0x99")) == "unknown implementer 0x99"
+    assert vendor_from_cpuinfo("processor\t: 0\nmodel name\t: AuthenticAMD lookalike\n") is None
+    assert [is_amd(vendor_from_cpuinfo(text)) for text in (AMD_CPUINFO, ARM_CPUINFO)] == [True, False]
 
 
 def test_guard_on_this_host_with_real_torch(sdk: Path) -> None:
@@ -347,24 +408,44 @@ def test_api_leaves_frozen_flags_alone() -> None:
     assert result.stdout.split() == ["False", "True"]
 
 
-def test_api_reads_the_vendor_once_per_process() -> None:
+def test_api_reads_the_vendor_once_per_process_from_proc_cpuinfo() -> None:
     result = run_python("""\
-        import cpuinfo, qnnctl
+        import builtins, sys, qnnctl
+        opened = []
+        real_open = builtins.open
+        def counting_open(file, *args, **kwargs):
+            opened.append(file)
+            return real_open(file, *args, **kwargs)
+        builtins.open = counting_open
+        for _ in range(3):
+            qnnctl.disable_mkldnn_on_amd()
+        print(opened.count("/proc/cpuinfo"), "cpuinfo" in sys.modules)
+    """, {k: v for k, v in os.environ.items() if k != FORCE_VENDOR_VARIABLE})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-2:] == ["1", "False"]
+
+
+def test_api_asks_py_cpuinfo_once_where_proc_cpuinfo_is_missing(tmp_path: Path) -> None:
+    result = run_python(f"""\
+        import cpuinfo, qnnctl, qnnctl.host.machine
+        qnnctl.host.machine.CPUINFO = {str(tmp_path / "absent")!r}
         calls = []
         real = cpuinfo.get_cpu_info
         cpuinfo.get_cpu_info = lambda: calls.append(1) or real()
         for _ in range(3):
             qnnctl.disable_mkldnn_on_amd()
-        print(len(calls))
-    """)
+        print(len(calls), qnnctl.host.machine.cpu_vendor())
+    """, {k: v for k, v in os.environ.items() if k != FORCE_VENDOR_VARIABLE})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-1] == "1"
+    assert result.stdout.split()[-2:] == ["1", host_vendor()]
 
 
-def test_api_without_cpuinfo_warns_once_and_carries_on() -> None:
-    result = run_python("""\
+def test_api_without_cpuinfo_warns_once_and_carries_on(tmp_path: Path) -> None:
+    result = run_python(f"""\
         import logging, sys
         sys.modules["cpuinfo"] = None  # what an absent py-cpuinfo looks like to `import cpuinfo`
+        import qnnctl.host.machine
+        qnnctl.host.machine.CPUINFO = {str(tmp_path / "absent")!r}  # and no /proc/cpuinfo
         logging.basicConfig(format="%(levelname)s %(name)s %(message)s")
         import qnnctl
         print([qnnctl.disable_mkldnn_on_amd() for _ in range(3)], "torch" in sys.modules)
@@ -379,8 +460,9 @@ def test_api_without_cpuinfo_warns_once_and_carries_on() -> None:
 def test_api_keeps_a_broken_cpuinfo_a_real_error(tmp_path: Path) -> None:
     # Present but failing inside: not "py-cpuinfo is missing", but the error itself.
     write(tmp_path / "broken" / "cpuinfo" / "__init__.py", "import qnnctl_absent_dependency\n")
-    result = run_python("""\
-        import qnnctl
+    result = run_python(f"""\
+        import qnnctl, qnnctl.host.machine
+        qnnctl.host.machine.CPUINFO = {str(tmp_path / "absent")!r}
         try:
             qnnctl.disable_mkldnn_on_amd()
         except ModuleNotFoundError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import re
@@ -35,6 +36,7 @@ from qnnctl.run.lower import (
     under_loader,
 )
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.lockfile import LockedSdk, write_lock
 from qnnctl.shell.render import quote_posix
 from tests.conftest import with_default_sigint
 from tests.httpserver import FaultServer
@@ -79,6 +81,66 @@ def lib_dir(root: Path) -> str:
 
 
 # -- pass-through ----------------------------------------------------------------------
+
+
+# `qnnctl lower ARGS` in a fresh interpreter whose exec prints, instead of exec'ing, what the process
+# had imported and which processes it had started, as JSON.
+_IMPORTS_AT_EXEC = r"""
+import json, os, subprocess, sys
+started = []
+real_popen = subprocess.Popen
+class Recorded(real_popen):
+    def __init__(self, args, *rest, **kwargs):
+        started.append(args)
+        super().__init__(args, *rest, **kwargs)
+subprocess.Popen = Recorded
+before = set(sys.modules)
+def report(file, argv, env):
+    print(json.dumps({"modules": sorted(set(sys.modules) - before), "started": [str(a) for a in started],
+                      "argv": argv}))
+    sys.stdout.flush()
+    os._exit(0)
+os.execvpe = report
+sys.argv = ["qnnctl", *sys.argv[1:]]
+from qnnctl.launch import main
+main()
+"""
+# What `lower` pays for only when it installs or stages: downloads, archives, package readers,
+# pyelftools; and py-cpuinfo, whose probe is a second's subprocess.
+INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "zlib_ng", "tqdm", "rich",
+                "filelock", "cpuinfo", "qnnctl.install", "qnnctl.host.runtime", "qnnctl.host.packages",
+                "qnnctl.net.download", "qnnctl.sdk.vouchers", "qnnctl.sdk.lockfile", "qnnctl.sdk.mirrorindex")
+
+
+def test_lower_with_its_sdk_installed_imports_nothing_it_does_not_use(sdk: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lowering with its SDK installed (the usual run) costs a Python start-up: the vendor read
+    from /proc/cpuinfo, the SDK's ELF files read without pyelftools, nothing installed or staged."""
+    monkeypatch.delenv(FORCE_VENDOR_VARIABLE)
+    proc = subprocess.run([PY, "-c", _IMPORTS_AT_EXEC, "lower", "--", PY, "-c", "pass"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["argv"] == [PY, "-c", "pass"]  # the probe saw the exec
+    assert "qnnctl.run.lower" in report["modules"]
+    assert [m for m in report["modules"] if any(m == name or m.startswith(name + ".") for name in INSTALL_ONLY)] == []
+    assert report["started"] == []
+
+
+def test_an_installed_sdk_is_checked_against_the_projects_lock_before_it_is_used(sdk: Path, tmp_path: Path) -> None:
+    """The usual run uses an installed SDK without the install pipeline, but not one a lock pins:
+    that is checked as `install` checks it, and refused when it disagrees."""
+    manifest = sdk / ".qnnctl.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "sha256": "a" * 64, "size": 1}))
+    project = tmp_path / "project"
+    project.mkdir()
+    assert lower("--sdk", VERSION, "--", "true", cwd=project).returncode == 0
+    path = project / "qnnctl.lock"
+    write_lock(path, LockedSdk(path=path, version=VERSION, sha256="0" * 64, size=1, build_id=None,
+                               urls=("https://example.com/old.zip",), locked_at="2026-01-01T00:00:00Z"), "Old.")
+    refused = lower("--sdk", VERSION, "--", "true", cwd=project)
+    assert refused.returncode == 4, refused.stderr
+    assert f"qnnctl.lock pins {'0' * 64}" in refused.stderr
 
 
 def test_exit_code_passes_through(sdk: Path) -> None:

@@ -80,15 +80,65 @@ def run_probe(*args: str, env: dict[str, str] | None = None) -> Probe:
 
 
 def _lean(modules: list[str]) -> list[str]:
-    """What `qnnctl env`'s lean path may not import: the heavy libraries, click, the commands, and
-    typing (a third of Python's start-up; qnnctl.records types its records without it)."""
-    return [m for m in modules if m.split(".")[0] in (*HEAVY, "click", "typing") or m == "qnnctl.cli"]
+    """What `qnnctl env`'s lean path may not import: the heavy libraries, click, the command line
+    and its table, the full `env` command, qnnctl.net (URLs, downloads), and typing (a third of
+    Python's start-up; qnnctl.records types its records without it)."""
+    return [m for m in modules if m.split(".")[0] in (*HEAVY, "click", "typing")
+            or m in ("qnnctl.cli", "qnnctl.commands.env", "qnnctl.commands.common")
+            or m == "qnnctl.net" or m.startswith("qnnctl.net.")]
 
 
-def test_importing_the_entry_point_imports_nothing_heavy() -> None:
-    code = "import json, sys; import qnnctl.launch; print(json.dumps(sorted(sys.modules)))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert _lean(json.loads(proc.stdout)) == []
+def _fresh_modules(code: str) -> list[str]:
+    """sys.modules after `code` in a fresh interpreter, less what Python itself had loaded."""
+    probe = f"import json, sys; before = set(sys.modules); {code}; print(json.dumps(sorted(set(sys.modules) - before)))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return list(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def test_importing_the_entry_point_imports_nothing_but_itself() -> None:
+    """Which path a command takes is decided before either is imported: `qnnctl --version`
+    pays for neither the lean `env` nor anything it imports."""
+    loaded = [m for m in _fresh_modules("import qnnctl.launch") if m.startswith("qnnctl")]
+    assert sorted(loaded) == ["qnnctl", "qnnctl.errors", "qnnctl.launch", "qnnctl.records", "qnnctl.version"]
+
+
+@pytest.mark.parametrize("args", [["--version"], ["-V"], ["--version", "--help"], ["-V", "env"]])
+def test_the_version_is_answered_as_the_full_command_line_answers_it(args: list[str], tmp_path: Path) -> None:
+    lean, full = _both(args, dict(os.environ), tmp_path)
+    assert lean == full
+    assert lean[0] == 0
+    if args in (["--version"], ["-V"]):
+        probe = run_probe(*args)
+        assert probe.stdout == full[1]
+        assert [m for m in probe.modules if m.startswith("qnnctl")] == [
+            "qnnctl", "qnnctl.errors", "qnnctl.launch", "qnnctl.records", "qnnctl.version"]
+
+
+def test_the_lean_env_path_imported_alone_stays_lean() -> None:
+    loaded = _fresh_modules("import qnnctl.commands.leanenv")
+    assert "qnnctl.run.envplan" in loaded  # the probe saw the path load
+    assert _lean(loaded) == []
+
+
+def test_the_version_is_a_leaf_read_from_there() -> None:
+    """qnnctl.version imports nothing; every module, and pyproject, reads the version there, never
+    through the package (whose __init__ would be imported for it)."""
+    import ast
+
+    import qnnctl
+    from qnnctl.version import __version__
+
+    package = Path(qnnctl.__file__).parent
+    leaf = ast.parse((package / "version.py").read_text())
+    assert not [node for node in ast.walk(leaf) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    through_package = [str(path.relative_to(package)) for path in package.rglob("*.py")
+                       for node in ast.walk(ast.parse(path.read_text()))
+                       if isinstance(node, ast.ImportFrom) and node.module == "qnnctl"
+                       and any(alias.name == "__version__" for alias in node.names)]
+    assert through_package == []
+    assert qnnctl.__version__ == __version__
+    pyproject = (package.parent / "pyproject.toml").read_text()
+    assert 'version = { attr = "qnnctl.version.__version__" }' in pyproject
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash", "zsh", "fish", "powershell", "nu", "json", "dotenv"])

@@ -1,0 +1,3 @@
+"""qnnctl's version: a leaf module, so that reading it imports nothing else of qnnctl."""
+
+__version__ = "0.1.0"
