@@ -41,7 +41,7 @@ from qnnctl.sdk.select import (
     pin_conflict,
     select_sdk,
 )
-from qnnctl.sdk.stores import unsafe_path
+from qnnctl.sdk.stores import cache_problem, unsafe_path
 from qnnctl.sdk.versions import parse_version
 from qnnctl.words import plural
 
@@ -367,7 +367,7 @@ def check_cache(ctx: Context) -> Outcome:
     if read_only and (existing != root or not os.access(root, os.R_OK | os.X_OK)):
         return fail(f"{existing} is not writable" + ("" if existing == root else f" (cache {root})"),
                     hint="point QNNCTL_CACHE_DIR at a writable folder")
-    unsafe = unsafe_path(existing)
+    unsafe = cache_problem(cache) if existing == root else unsafe_path(existing)
     if unsafe is not None:
         return fail(f"{unsafe.folder} {unsafe.why}, so another user could change the SDKs of the cache {root} "
                     "and the records that vouch for them; qnnctl uses none of them and installs nothing there",

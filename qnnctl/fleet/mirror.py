@@ -35,6 +35,7 @@ from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import HOST_LIB_DIR, read_sdk_version
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, parse_index
 from qnnctl.sdk.select import resolve_spec, select_sdk
+from qnnctl.sdk.stores import refuse_unsafe_cache
 from qnnctl.sdk.versions import archive_name, archive_urls, is_full_version, version_in
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.sdk.work import version_lock, work_folder, work_id
@@ -132,6 +133,7 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
     urls = archive_urls(version, mirror.base if mirror is not None else None)
     locked = vouched.lock.expected(version) if vouched.lock is not None else None
     cache.ensure()
+    refuse_unsafe_cache(cache)
     with version_lock(cache, version):
         indexed = mirror.expected(version) if mirror is not None else None
         expected = [e for e in (indexed, locked) if e is not None]
@@ -226,6 +228,7 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
                     hint=f"remove {dest} and run `qnnctl mirror {folder} {version}` again",
                 )
             cache.ensure()
+            refuse_unsafe_cache(cache)
             with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
                 build = archive_build_id(dest, scratch)
             _true_version(build, version, str(dest))

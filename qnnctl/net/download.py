@@ -479,7 +479,12 @@ class Downloader:
             received = 0
             announced = 0
             try:
-                with open(part, mode, buffering=CHUNK) as out:
+                # Readable and writable by its owner alone, whatever the umask: what is hashed
+                # here is read again from this file.
+                flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
+                fd = os.open(part, flags, 0o600)
+                os.fchmod(fd, 0o600)
+                with os.fdopen(fd, mode, buffering=CHUNK) as out:
                     first = True
                     for block in response.iter_content(NET_CHUNK):
                         if first and offset == 0 and _is_html(block):

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import time
+import zlib
 from typing import Any
 
 import requests
@@ -80,7 +81,10 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     try:
-        with session, session.get(url, timeout=INDEX_TIMEOUT, stream=True) as response:
+        # Asked unencoded, and read as it comes off the wire: a body that decodes to gigabytes is
+        # refused by its decoded size, decoded here in bounded steps (urllib3 would decode it whole).
+        with session, session.get(url, timeout=INDEX_TIMEOUT, stream=True,
+                                  headers={"Accept-Encoding": "identity"}) as response:
             if response.status_code in (404, 410):
                 log.debug("the mirror has no %s", shown)
                 return None
@@ -108,10 +112,18 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
 
 
 def _bounded_body(response: requests.Response, shown: str) -> bytes:
-    """The body of the index's answer, read with a size cap and a deadline."""
+    """The body of the index's answer, decoded, read with a size cap and a deadline."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("identity", "", "gzip", "deflate", "x-gzip"):
+        raise IntegrityError(f"the mirror's {shown} came encoded as {encoding!r}, which qnnctl did not ask for; "
+                             "nothing was fetched", hint="serve index.json unencoded, or check QNNCTL_MIRROR")
+    # wbits 47: a zlib or gzip header, whichever the server sent ("deflate" is zlib's).
+    inflate = zlib.decompressobj(47) if encoding not in ("identity", "") else None
     deadline = time.monotonic() + INDEX_DEADLINE
     body = bytearray()
-    for block in response.iter_content(64 << 10):
+    for block in response.raw.stream(64 << 10, decode_content=False):
+        if inflate is not None:
+            block = inflate.decompress(block, INDEX_MAX_BYTES + 1 - len(body))
         body += block
         if len(body) > INDEX_MAX_BYTES:
             raise IntegrityError(f"the mirror's {shown} is larger than {INDEX_MAX_BYTES >> 20} MiB, which no index "

@@ -264,13 +264,33 @@ def refuse_unsafe_cache(cache: Cache) -> None:
     """IntegrityError (exit 4) before anything is installed into a cache that another user
     could change: what qnnctl installs there, and the manifests it writes as evidence, would be
     theirs to change."""
-    problem = unsafe_path(cache.root)
+    problem = cache_problem(cache)
     if problem is not None:
         raise IntegrityError(
             f"qnnctl's cache {cache.root} is not used: {problem.folder} {problem.why}, so another user could "
             "change the SDKs installed there and the records that vouch for them; nothing was installed",
             hint=f"fix it with {problem.fix}, or point QNNCTL_CACHE_DIR at a folder of your own",
         )
+
+
+def cache_problem(cache: Cache) -> Unsafe | None:
+    """Why another user could change what qnnctl keeps in `cache`: the folders down to it, or a
+    folder of its own (downloads, work, records, locks: any one of them open to others is a way
+    to put bytes or evidence where qnnctl takes them as its own)."""
+    problem = unsafe_path(cache.root)
+    if problem is not None:
+        return problem
+    try:
+        folders = sorted((entry for entry in os.scandir(cache.root) if entry.is_dir(follow_symlinks=False)),
+                         key=lambda entry: entry.name)
+    except OSError:
+        return None  # not there yet: made with exact modes when it is
+    for entry in folders:
+        st = entry.stat(follow_symlinks=False)
+        problem = _unsafe_folder(Path(entry.path), st, os.geteuid(), last=True)
+        if problem is not None:
+            return Unsafe(problem.folder, problem.why, f"`chmod -R go-w {_quoted(cache.root)}`")
+    return None
 
 
 def refuse_unsafe(root: Path, what: str) -> None:

@@ -320,3 +320,84 @@ def test_qnnctl_lock_never_takes_its_values_from_a_manifest_a_store_carries(tmp_
     lock = (project / "qnnctl.lock").read_text()
     assert hashlib.sha256(archive.read_bytes()).hexdigest() in lock  # fetched and hashed
     assert "f" * 64 not in lock
+
+
+# -- what an attacker who read the first round tried next ----------------------------------------
+
+
+def test_an_index_that_decodes_to_gigabytes_is_refused_by_its_decoded_size(tmp_path: Path) -> None:
+    """1 GiB of spaces gzip to about 1 MB: refused at 8 MiB decoded, by a reader whose memory
+    never grows with the decoded size (a decoder that inflates each block whole would)."""
+    import gzip
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bomb = gzip.compress(b'{"schema": 1, "versions": {' + b" " * (1 << 30), compresslevel=9)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(bomb)))
+            self.end_headers()
+            try:
+                self.wfile.write(bomb)
+            except OSError:
+                pass  # the reader stopped early, as it should
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # The peak of this process's own memory (VmHWM): ru_maxrss would carry the test's own peak
+    # over the fork and exec.
+    code = ("import sys\nfrom qnnctl.errors import IntegrityError\n"
+            "from qnnctl.sdk.mirrorindex import read_index\n"
+            "try:\n    read_index(sys.argv[1])\nexcept IntegrityError as exc:\n    print(exc.message)\n"
+            "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))")
+    try:
+        result = subprocess.run([sys.executable, "-c", code, f"http://127.0.0.1:{server.server_address[1]}"],
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+    said, peak_kib = result.stdout.splitlines()
+    assert "is larger than 8 MiB" in said, result.stderr
+    assert int(peak_kib) < 200 << 10  # KiB: far below the gigabyte it decodes to
+
+
+def test_a_cache_whose_own_folders_others_can_write_is_refused(tmp_path: Path, cache: Cache,
+                                                               server: FaultServer) -> None:
+    """The cache itself closed, but its downloads/ still open to others (an old cache made under
+    umask 0, mended by half): a finished download planted there would be taken as qnnctl's own."""
+    cache.ensure()
+    (cache.root / "downloads").chmod(0o777)
+    archive = build_archive(tmp_path, "zip")
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    environ = {"QNNCTL_MIRROR": server.base}
+    with pytest.raises(IntegrityError, match=r"downloads is writable by its group and others .*") as refused:
+        install(InstallRequest(VERSION), cache, environ, tmp_path, vouchers(environ, tmp_path))
+    assert refused.value.hint is not None
+    assert f"`chmod -R go-w {cache.root}`" in refused.value.hint
+    assert server.requests_for(f"/{VERSION}/v{VERSION}.zip") == []
+    from qnnctl.fleet.mirror import fetch_archive
+
+    with pytest.raises(IntegrityError, match="downloads is writable"):
+        fetch_archive(VERSION, cache, environ)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022])
+def test_a_download_in_progress_is_its_owners_alone(tmp_path: Path, cache: Cache, server: FaultServer,
+                                                    umask: int) -> None:
+    from qnnctl.net.download import Downloader, PlainProgress, make_session
+
+    server.add("/v.zip", os.urandom(1 << 16))
+    cache.ensure()
+    old = os.umask(umask)
+    try:
+        fetched = Downloader(make_session(), cache.downloads, PlainProgress).fetch([server.url("/v.zip")], "v.zip")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(fetched.path.stat().st_mode) == 0o600
