@@ -22,7 +22,7 @@ from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 from qnnctl.sdk.evidence import own_manifest
 from qnnctl.sdk.gate import is_sha256
-from qnnctl.sdk.layout import Sdk, read_build_id, sdk_from_root
+from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.lockfile import (
     LockedSdk,
     LockError,
@@ -32,7 +32,15 @@ from qnnctl.sdk.lockfile import (
     write_lock,
 )
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.select import LOCK_FILE, find_installed, find_lock, pin_conflict, select_sdk, selection_origin
+from qnnctl.sdk.select import (
+    LOCK_FILE,
+    find_installed,
+    find_lock,
+    named_sdk,
+    pin_conflict,
+    select_sdk,
+    selection_origin,
+)
 from qnnctl.sdk.versions import is_full_version
 from qnnctl.sdk.vouchers import vouchers
 
@@ -54,7 +62,7 @@ def _resolve(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cac
                          hint="give the version: `qnnctl lock VERSION`")
     why = f"{selection.reason}: {selection.detail}"
     if selection.root is not None:
-        sdk = sdk_from_root(selection.root, selection_origin(selection))
+        sdk = named_sdk(selection.root, selection_origin(selection))
         if not is_full_version(sdk.version):
             raise UsageError(f"cannot tell the version of the SDK at {sdk.root}",
                              hint="give the version: `qnnctl lock VERSION`")

@@ -29,7 +29,7 @@ from qnnctl.sdk.components import covers, installed_components
 from qnnctl.sdk.evidence import own_manifest
 from qnnctl.sdk.gate import Expected, Index, Lock, Vouchers, agree, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
-from qnnctl.sdk.layout import Sdk, missing_layout, sdk_from_root
+from qnnctl.sdk.layout import Sdk, missing_layout
 from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import (
     BY_ARGUMENT,
@@ -41,6 +41,7 @@ from qnnctl.sdk.select import (
     Selection,
     find_installed,
     find_pin,
+    named_sdk,
     select_sdk,
     shell_sdk_gone,
 )
@@ -123,13 +124,13 @@ def install(
             log.debug("chose %s", selection.describe())
             selection = _shell_selection(selection, selection.root, cache, request.force)
             if selection.root is not None:
-                sdk = sdk_from_root(selection.root, "qnnctl env")
+                sdk = named_sdk(selection.root, "qnnctl env")
                 return _reused(InstallResult(sdk, "reused", selection), sha256, lock, cache)
         elif selection.reason == BY_ENV and selection.root is not None:
             if request.force:
                 raise _force_with_sdk_root(selection.root, cache)
             log.debug("chose %s", selection.describe())
-            return _reused(InstallResult(sdk_from_root(selection.root, "QNN_SDK_ROOT"), "reused", selection),
+            return _reused(InstallResult(named_sdk(selection.root, "QNN_SDK_ROOT"), "reused", selection),
                            sha256, lock, cache)
     elif request.spec is not None:
         selection = select_sdk(request.spec, environ, cwd, cache, mirror=True)

@@ -50,7 +50,9 @@ def pinned_file(given: Path, work: Path) -> Iterator[LocalArchive]:
     (valid until the context ends). `work`: a folder to make, in a place of qnnctl's own that no
     one else can write."""
     try:
-        fd = os.open(given, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO put in the file's place would hold the open (and the install's
+        # lock) for ever; it is refused by fstat below instead.
+        fd = os.open(given, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise UsageError(f"cannot read {given}: {exc.strerror}",
                          hint="give the path of a downloaded SDK archive") from None
@@ -58,6 +60,7 @@ def pinned_file(given: Path, work: Path) -> Iterator[LocalArchive]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"{given} is not a file", hint="give the path of a downloaded SDK archive")
+        os.set_blocking(fd, True)
         work.mkdir(mode=0o700)
         place = work / (given.name or "archive")
         copy = others_can_write(info) or not _OPEN_FILES.is_dir()

@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import stat
 from pathlib import Path
 from typing import Any
 
+from qnnctl.errors import IntegrityError
 from qnnctl.paths import make_folders, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.layout import Sdk
@@ -49,18 +52,36 @@ def is_own(root: Path, version: str, cache: Cache) -> bool:
 
 def tree_key(root: Path) -> str:
     """A digest of what every entry below `root` is now: its path, inode, mode, size, change and
-    modification times, and a link's target. Any change to the tree changes it."""
+    modification times, and a link's target. Any change to the tree by its owner changes it;
+    IntegrityError when another user could change an entry (then nothing about the tree is
+    lasting: a shared writable mapping changes a file's bytes and neither of its times)."""
+    uid = os.geteuid()
+    read_only = _read_only(root)
     lines: list[str] = []
     for folder, dirs, names in os.walk(root):
         dirs.sort()
         for name in sorted([*dirs, *names]):
             path = os.path.join(folder, name)
             info = os.lstat(path)
+            if not stat.S_ISLNK(info.st_mode) and (
+                    info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (info.st_uid not in (0, uid) and not read_only)):
+                raise IntegrityError(
+                    f"the SDK folder {root} cannot be vouched for: {path} could be changed by another user "
+                    f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); it is not used",
+                    hint=f"make the folder its owner's alone: `chmod -R go-w {shlex.quote(str(root))}` (and "
+                    "`chown -R` it to you or root)")
             target = os.readlink(path) if os.path.islink(path) else ""
             lines.append(json.dumps([os.path.relpath(path, root), info.st_dev, info.st_ino, info.st_mode,
                                      info.st_size, info.st_mtime_ns, info.st_ctime_ns, target],
                                     ensure_ascii=False))
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _record(root: Path, cache: Cache) -> Path:

@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import shlex
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -89,7 +90,7 @@ def hold_sdk(root: Path, cache: Cache) -> int | None:
         try:
             fd = _open_folder(root)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                _share(fd, root)
             except BaseException:
                 os.close(fd)
                 raise
@@ -108,6 +109,37 @@ def hold_sdk(root: Path, cache: Cache) -> int | None:
     where = "qnnctl's cache" if version is not None else str(root)
     raise QnnctlError(f"SDK {version or root} was removed from {where} while it was being set up",
                       hint="run the same command again, which installs it again")
+
+
+HOLD_WAIT = 60.0  # seconds a new hold waits for an uninstall or a reinstall to move an SDK
+
+
+def _share(fd: int, root: Path) -> None:
+    """A shared lock on the folder `fd` is open on. Moving an SDK takes a moment; a lock held for
+    longer than HOLD_WAIT (anyone who can read the folder can take one) is named and refused,
+    rather than waited for in silence."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+    holders = describe_holders(holders_of(root))
+    log.info("waiting for %s, which is moving or removing the SDK at %s", holders, root)
+    deadline = time.monotonic() + HOLD_WAIT
+    while True:
+        time.sleep(0.1)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+        if time.monotonic() > deadline:
+            raise QnnctlError(f"the SDK at {root} is locked by {holders} for longer than {HOLD_WAIT:.0f} s; "
+                              "it was not used",
+                              hint="let that process end (an uninstall or `install --force` of it), then run "
+                              "the same command again")
 
 
 def _still_there(root: Path, fd: int, cache: Cache) -> bool:

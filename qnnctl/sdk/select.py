@@ -431,12 +431,20 @@ def selection_origin(selection: Selection) -> str:
     return {BY_ENV: "QNN_SDK_ROOT", BY_SHELL: "qnnctl env"}.get(selection.reason, "--sdk")
 
 
+def named_sdk(root: Path, origin: str) -> Sdk:
+    """The SDK at a root named by path (QNN_SDK_ROOT, --sdk, the shell `qnnctl env` set up):
+    refused, as a store's SDK is, when another user could change what it loads."""
+    sdk = sdk_from_root(root, origin)
+    refuse_unsafe(sdk.root, f"the SDK folder {root} ({origin})")
+    return sdk
+
+
 def resolve_installed(selection: Selection, cache: Cache, environ: Mapping[str, str]) -> Sdk:
     """The SDK a selection names, which must already be on disk."""
     if selection.root is not None:
         if selection.reason == BY_SHELL and missing_layout(selection.root):
             raise shell_sdk_gone(selection.root, cache)
-        return sdk_from_root(selection.root, selection_origin(selection))
+        return named_sdk(selection.root, selection_origin(selection))
     if selection.version is None:
         raise UsageError("the SDK is managed by the caller (QNN_SDK_ROOT is empty)")
     sdk = find_installed(selection.version, cache, environ)

@@ -401,3 +401,62 @@ def test_a_download_in_progress_is_its_owners_alone(tmp_path: Path, cache: Cache
     finally:
         os.umask(old)
     assert stat.S_IMODE(fetched.path.stat().st_mode) == 0o600
+
+
+def test_an_sdk_named_by_path_that_others_can_change_is_refused(tmp_path: Path, cache_dir: Path) -> None:
+    """`export QNN_SDK_ROOT=$(qnnctl install)` names the cache's SDK by its path: held to the same
+    rule as the cache's own look-up, as any SDK named by path is."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    (root / "lib/x86_64-linux-clang").chmod(0o777)
+    env = {**os.environ, "QNN_SDK_ROOT": str(root), "QNNCTL_FORCE_CPU_VENDOR": "GenuineIntel"}
+    for args in (["env"], ["install"], ["which", "libQnnHtp.so"], ["lower", "--", "true"]):
+        result = run_qnnctl(*args, env=env)
+        assert result.returncode == 4, (args, result.stderr)
+        assert "lib/x86_64-linux-clang is writable by its group and others" in result.stderr
+    (root / "lib/x86_64-linux-clang").chmod(0o755)
+    assert run_qnnctl("env", env=env).returncode == 0
+
+
+def test_a_fifo_in_the_archives_place_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opened for reading, a FIFO blocks until someone writes to it: the open must not."""
+    import threading
+
+    from qnnctl.errors import UsageError
+    from qnnctl.install.sources import pinned_file
+
+    fifo = tmp_path / "v.zip"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def pin() -> None:
+        try:
+            with pinned_file(fifo, tmp_path / "work"):
+                pass
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=pin, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # free the thread before failing
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("the open of a FIFO blocked")
+    (refused,) = outcome
+    assert isinstance(refused, UsageError)
+    assert refused.message == f"{fifo} is not a file"
+
+
+def test_a_foreign_sdk_with_any_entry_others_can_change_vouches_for_nothing(tmp_path: Path, cache: Cache) -> None:
+    """Beyond the folders a store's check looks at (lib/ and bin/ of the host): a library for
+    the phone, a header, a folder: hashing such a tree, or remembering it, proves nothing."""
+    from qnnctl.sdk.evidence import hashed_digests
+
+    root = build_sdk_tree(tmp_path / "store" / VERSION)
+    assert hashed_digests(root, cache)  # a tree only its owner can change: hashed
+    for loose in (root / "lib/aarch64-android", root / "lib/aarch64-android/libQnnHtp.so", root / "include/QNN"):
+        mode = loose.stat().st_mode
+        loose.chmod(stat.S_IMODE(mode) | 0o002)
+        with pytest.raises(IntegrityError, match=f"could be changed by another user .*{loose.name}|{loose}"):
+            hashed_digests(root, cache)
+        loose.chmod(stat.S_IMODE(mode))

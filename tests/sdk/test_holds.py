@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
@@ -414,20 +415,49 @@ def test_an_sdk_replaced_while_a_hold_waited_is_held_at_its_new_folder(cache_dir
     new = build_sdk_tree(tmp_path / "new")
     (new / ".qnnctl.json").write_text("{}")
     holding: list[int | None] = []
-    with exclusive(cache, VERSION, root, "replaced"):
-        waiter = threading.Thread(target=lambda: holding.append(hold_sdk(root, cache)))
-        waiter.start()
-        deadline = time.monotonic() + 30
-        while not any(line.split()[1] == "->" for line in Path("/proc/locks").read_text().splitlines()):
-            assert time.monotonic() < deadline, "the hold never waited"
-            time.sleep(0.01)
-        old = tmp_path / "old"
-        os.replace(root, old)
-        os.replace(new, root)
+    waiting = threading.Event()
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("waiting for "):
+                waiting.set()
+
+    said = Said()
+    logging.getLogger("qnnctl.sdk.holds").addHandler(said)
+    logging.getLogger("qnnctl.sdk.holds").setLevel(logging.INFO)
+    try:
+        with exclusive(cache, VERSION, root, "replaced"):
+            waiter = threading.Thread(target=lambda: holding.append(hold_sdk(root, cache)))
+            waiter.start()
+            assert waiting.wait(30), "the hold never waited"
+            old = tmp_path / "old"
+            os.replace(root, old)
+            os.replace(new, root)
+    finally:
+        logging.getLogger("qnnctl.sdk.holds").removeHandler(said)
     waiter.join(30)
     (fd,) = holding
     assert fd is not None
     assert os.fstat(fd).st_ino == root.stat().st_ino  # the new folder, not the one moved away
+    os.close(fd)
+
+
+def test_a_lock_held_for_long_on_an_sdk_is_named_not_waited_for_in_silence(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who can read an SDK's folder can lock it: a new hold waits for a move, not for ever."""
+    from qnnctl.sdk import holds
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    monkeypatch.setattr(holds, "HOLD_WAIT", 0.3)
+    other = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(QnnctlError, match=rf"locked by PID {os.getpid()} .* for longer than 0 s; it was not used"):
+            hold_sdk(root, Cache(cache_dir))
+    finally:
+        os.close(other)
+    fd = hold_sdk(root, Cache(cache_dir))
+    assert fd is not None
     os.close(fd)
 
 
