@@ -126,6 +126,11 @@ def _click_error(exc: click.ClickException) -> tuple[str, str | None]:
     if found:
         message = message[:found.start()]
         suggestion = found.group(1)[0].lower() + found.group(1)[1:] + " "
+    # click lists its close matches in alphabetical order; difflib ranked them, closest first.
+    ranked = getattr(exc, "possibilities", None)
+    if found and ranked:
+        more = f" (or {', '.join(map(repr, ranked[1:]))})" if ranked[1:] else ""
+        suggestion = f"did you mean {ranked[0]!r}{more}? "
     message = message.removesuffix(".")
     if message[:1].isupper() and not message[1:2].isupper():
         message = message[0].lower() + message[1:]
@@ -170,6 +175,10 @@ def _run(argv: list[str] | None) -> NoReturn:
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo(f"qnnctl: {INTERRUPTED}", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # Bare `qnnctl` (or `qnnctl device`): the help asked for, not an error.
+        click.echo(exc.ctx.get_help())
+        sys.exit(0)
     except click.ClickException as exc:
         say_error(*_click_error(exc))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)

@@ -310,8 +310,10 @@ def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "qnnctl: error: no such command 'instal'\n"
-        "qnnctl: hint: did you mean one of: 'inspect', 'install', 'uninstall'? usage: qnnctl [OPTIONS] COMMAND "
+        "qnnctl: hint: did you mean 'install' (or 'uninstall', 'inspect')? usage: qnnctl [OPTIONS] COMMAND "
         "[ARGS]...; `qnnctl --help` says more\n")
+    shell = run_qnnctl("env", "--shel")
+    assert "qnnctl: hint: did you mean '--shell' (or '--help', '--unset')? " in shell.stderr  # closest first
     option = run_qnnctl("install", "--forc")
     assert option.returncode == 2
     assert option.stderr == ("qnnctl: error: no such option '--forc'\n"
@@ -320,6 +322,15 @@ def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
     missing = run_qnnctl("link")
     assert (missing.returncode, missing.stderr) == (2, "qnnctl: error: missing argument 'PATH'\nqnnctl: hint: usage: "
                                                        "qnnctl link [OPTIONS] PATH; `qnnctl link --help` says more\n")
+
+
+@pytest.mark.parametrize("group", [[], ["device"], ["cache"]])
+def test_a_bare_group_prints_its_help_on_stdout(group: list[str]) -> None:
+    """Bare `qnnctl` (the first thing many type) and bare groups: their help, asked for, not an error."""
+    result = run_qnnctl(*group)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == run_qnnctl(*group, "--help").stdout
+    assert result.stdout.startswith(f"Usage: {' '.join(['qnnctl', *group])} [OPTIONS] COMMAND [ARGS]...\n")
 
 
 def test_errors_warnings_and_hints_are_coloured_on_a_terminal_only(cache_dir: Path, tmp_path: Path,
