@@ -31,6 +31,7 @@ def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -
         assert "QNNCTL_CACHE_DIR" in result.stderr
 
 
+@pytest.mark.stdlib
 def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path) -> None:
     path = f"/{VERSION}/v{VERSION}.zip"
     mirror.fail(path, Fault.slow(16 << 10, 0.05))
@@ -53,6 +54,7 @@ def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_
     assert mirror.requests_for(path)[-1].headers.get("Range", "").startswith("bytes=")
 
 
+@pytest.mark.stdlib
 def test_a_reader_that_goes_away_is_not_an_error(cache_dir: Path) -> None:
     for version in ("2.34.0.250424", "2.36.1.250708", VERSION):
         install_tree_into_cache(cache_dir, version)

@@ -166,6 +166,7 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     _nothing_installed(cache_dir)
 
 
+@pytest.mark.stdlib
 def test_lock_of_an_installed_sdk_comes_from_its_manifest(mirror: FaultServer, cache_dir: Path) -> None:
     assert run_qnnctl("install", VERSION).returncode == 0
     manifest = read_manifest(cache_dir / "sdks" / VERSION)
@@ -1611,6 +1612,7 @@ def test_each_lock_that_cannot_be_read_is_refused_with_how_to_mend_it(tmp_path: 
         "write one with `qnnctl lock` (and commit it), or drop --locked")
 
 
+@pytest.mark.stdlib
 def test_a_locks_depth_is_counted_outside_its_strings_and_comments(tmp_path: Path) -> None:
     """read_lock refuses nesting deeper than 16 levels before tomllib (whose recursion a deep
     file would exhaust) reads it, counting the brackets of arrays and tables only: not those

@@ -39,6 +39,9 @@ from qnnctl.shell.exports import Marker
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree
 
+# Their outcome depends on the standard library (TOML reading).
+pytestmark = pytest.mark.stdlib
+
 BUILD = f"v{VERSION}101010"  # as the libraries carry it; qnnctl reads it without the "v"
 OTHER_BUILD = f"v{OTHER_VERSION}101010"
 LATER_BUILD = f"v{VERSION}202020"  # another build of the same version

@@ -770,6 +770,7 @@ def _wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen
         time.sleep(0.005)
 
 
+@pytest.mark.stdlib
 def test_sigkill_during_download_then_resume(server: FaultServer, tmp_path: Path, cache_dir: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").mkdir()
@@ -799,6 +800,7 @@ def test_sigkill_during_download_then_resume(server: FaultServer, tmp_path: Path
     _cache_is_tidy(cache_dir)
 
 
+@pytest.mark.stdlib
 def test_sigkill_during_extraction_then_rerun(server: FaultServer, tmp_path: Path, cache_dir: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").mkdir()

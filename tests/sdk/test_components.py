@@ -50,6 +50,9 @@ from qnnctl.sdk.pin import read_pin_components, write_pin
 from tests.httpserver import FaultServer, parse_ranges
 from tests.sdkfactory import VERSION
 
+# Their outcome depends on the standard library (zip reading and writing).
+pytestmark = pytest.mark.stdlib
+
 # Paths as QAIRT 2.37.0.250724 and 2.42.0.251225 lay them out below the SDK root.
 REAL_LAYOUT = {
     "QNN_README.txt": "host",
