@@ -14,7 +14,7 @@ from pathlib import Path
 from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
 from qnnctl.host.runtime import ensure_trio, missing_host_libraries, trio_needed
 from qnnctl.host.staged import staged_lib_dirs
-from qnnctl.install.pipeline import InstallRequest, install
+from qnnctl.install.pipeline import InstallRequest, as_the_mirror_holds, install
 from qnnctl.net.urls import check_url, redact
 from qnnctl.run.envplan import PinGap, pin_gap
 from qnnctl.sdk.cache import Cache, read_manifest
@@ -57,7 +57,7 @@ def resolve_for_dry_run(
 ) -> tuple[Selection, Sdk | None, list[str]]:
     """As `resolve_sdk`, but nothing is downloaded or installed: an SDK that is not installed is
     described where it would go, with notes saying what a real run would fetch and from where."""
-    selection = select_sdk(spec, environ, cwd, cache)
+    selection = select_sdk(spec, environ, cwd, cache, mirror=allow_install)
     log.debug("chose %s", selection.describe())
     if selection.caller_managed:
         return selection, None, []
@@ -80,6 +80,12 @@ def resolve_for_dry_run(
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)  # as the real run would, before anything
+    index = vouchers(environ, cwd).mirror
+    if index is not None and selection.root is None:
+        # What the mirror's index.json holds decides as it does for `install`: the newest it
+        # holds instead of qnnctl's default, a refusal for a version it lacks.
+        selection = as_the_mirror_holds(selection, index, cache, environ)
+        version = selection.version or version
     root = cache.sdk_dir(version)
     source = redact(archive_urls(version, mirror)[0])
     state = (f"is damaged (missing {', '.join(damaged.missing)})" if damaged is not None
