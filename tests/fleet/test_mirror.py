@@ -760,7 +760,8 @@ def test_an_archive_added_is_checked_as_install_file_checks_it(tmp_path: Path, c
     # Its libraries are another version than its folder says.
     liar = build_archive(tmp_path / "liar", "zip", SdkSpec(version=VERSION, build_id=f"v{OTHER_VERSION}101010"))
     _refused(folder, liar, 4, f"{liar} says it is SDK {VERSION} (its top folder and its sdk.yaml), but its "
-             f"libraries are build {OTHER_VERSION}101010", f"check where {liar} came from; nothing was added to the mirror")
+             f"libraries are build {OTHER_VERSION}101010",
+             f"check where {liar} came from; nothing was added to the mirror")
     # A member that leaves the archive.
     lib = f"qairt/{VERSION}/{HOST_LIB_DIR}/libQnnHtp.so"
     slip = _zip(tmp_path / "slip.zip", (lib, b"x", FILE), ("../evil", b"x", FILE))
