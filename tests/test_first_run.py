@@ -297,8 +297,9 @@ def test_a_refused_connection_to_the_mirror_fails_at_once_naming_it(cache_dir: P
     assert f"cannot reach the mirror: http://127.0.0.1:{port}/qairt/index.json: the connection was refused" \
         in proc.stderr
     assert "check the host and port of QNNCTL_MIRROR" in proc.stderr
-    # One brief retry, of the index only: the archive is never asked for.
+    # One brief retry, of the index only, counted as what it is: the second attempt of two.
     assert proc.stderr.count("retrying") == 1, proc.stderr
+    assert "retrying in 1.0s (attempt 2 of 2)" in proc.stderr
     assert "downloading" not in proc.stderr
 
 

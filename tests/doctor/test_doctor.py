@@ -783,6 +783,7 @@ def test_network_unreachable_fails_only_when_an_install_is_needed(cache_dir: Pat
     result = doctor(offline=False)["network"]
     assert result.status == FAIL
     assert "cannot reach the mirror (QNNCTL_MIRROR)" in result.detail
+    assert result.hint == "check the host and port of QNNCTL_MIRROR"  # not "set QNNCTL_MIRROR": it is set
     install_tree_into_cache(cache_dir)
     result = doctor(offline=False)["network"]
     assert result.status == WARN
