@@ -15,7 +15,7 @@ from qnnctl.run.inspect import render as render_inspection
 
 
 @click.command(short_help="Which QAIRT built a lowered model, and whether the SDK can load it.")
-@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("file", type=click.Path(path_type=Path))
 @click.option("--sdk", "spec", metavar="VERSION|PATH", shell_complete=complete_installed,
               help="Read it with this installed SDK, and say whether it loads it.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -145,7 +145,7 @@ def install(
             )
         selection = Selection("argument", f"named by {redact(url)}", version=found)
     require_supported_host()
-    if request.url is None and vouchers.mirror is not None:
+    if request.spec is None and request.url is None and vouchers.mirror is not None:
         selection = as_the_mirror_holds(selection, vouchers.mirror, cache, environ)
     version = selection.version
     log.debug("chose %s", selection.describe())
@@ -157,6 +157,8 @@ def install(
         found_sdk = find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
             return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock)
+    if request.spec is not None and request.url is None and vouchers.mirror is not None:
+        as_the_mirror_holds(selection, vouchers.mirror, cache, environ)  # a version it lacks: refused here
 
     # The mirror the archive comes from is the one whose index vouches for it: one object, so the
     # two can never be different mirrors.

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qnnctl.errors import NotInstalledError, QnnctlError
+from qnnctl.errors import NotInstalledError, QnnctlError, UsageError
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for
 from qnnctl.run.probe import explain_load_error
@@ -283,7 +284,9 @@ def read_with_sdk(data: bytes, system_lib: Path, environ: Mapping[str, str], ori
                 answer: dict[str, Any] = json.load(handle)
         except (OSError, ValueError):
             tail = (proc.stderr.strip().splitlines() or [""])[-1]
-            answer = {"ok": False, "error": f"the reading process exited with {proc.returncode} {tail}".rstrip()}
+            how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+                   else f"exited with {proc.returncode}")
+            answer = {"ok": False, "error": f"the reading process {how} {tail}".rstrip()}
     if not answer.get("ok"):
         error = str(answer.get("error", ""))
         carried.note = (explain_load_error(system_lib.name, error) if "shared object" in error
@@ -512,7 +515,9 @@ def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: 
     """`qnnctl inspect`: the SDK `spec` selects (never installing one) reads the file; when no
     spec is given and the SDK qnnctl would choose is not installed, the file's own bytes do."""
     if not path.is_file():
-        raise NotAModelError(path, "is not a file")
+        # Not there, or a folder: how the file was named, a usage error (exit 2) either way.
+        raise UsageError(f"{path} {'is a folder, not a file' if path.is_dir() else 'does not exist'}",
+                         hint="give a QNN context binary (`.bin`) or an ONNX model with an EPContext node")
     try:
         selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False)
     except NotInstalledError as exc:

@@ -5,6 +5,7 @@ with a protobuf encoder of the test's own, and the SDK's verdict on them."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -113,13 +114,18 @@ def test_files_that_hold_no_context_binary_are_refused(tmp_path: Path, cache_dir
         plain: "ONNX model without an EPContext node",
         pte: "ExecuTorch program (.pte), which qnnctl inspect does not read yet",
         text: "holds no QNN context binary",
-        tmp_path / "absent.bin": "is not a file",
     }
     for path, message in expected.items():
         proc = run_qnnctl("inspect", str(path))
         assert proc.returncode == 1, path
         assert message in proc.stderr, proc.stderr
         assert "qnnctl: hint: give a QNN context binary" in proc.stderr
+    # A file not there and a folder: both the way the file was named (exit 2), said alike.
+    for named, said in (("absent.bin", "absent.bin does not exist"), (".", ". is a folder, not a file")):
+        proc = run_qnnctl("inspect", named, cwd=tmp_path)
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+        assert proc.stderr == (f"qnnctl: error: {said}\nqnnctl: hint: give a QNN context binary (`.bin`) or an "
+                               "ONNX model with an EPContext node\n")
 
 
 # -- with an SDK: whether it loads ----------------------------------------------------------------
@@ -154,6 +160,19 @@ def test_a_binary_newer_than_the_sdk_does_not_load(tmp_path: Path, sdk_2_47: Pat
     assert binary["read_with"] == "bytes"
     assert binary["build"] == BUILD_51
     assert binary["note"].startswith(f"{sdk_2_47}/lib/x86_64-linux-clang/libQnnSystem.so could not read it")
+
+
+def test_a_reader_killed_by_a_signal_is_said_by_its_name(tmp_path: Path, sdk_2_47: Path) -> None:
+    """The SDK's libQnnSystem.so crashing as it loads: SIGSEGV, not "exited with -11"."""
+    source = tmp_path / "crash.c"
+    source.write_text("#include <signal.h>\n__attribute__((constructor)) static void crash(void) { raise(SIGSEGV); }\n")
+    system = sdk_2_47 / "lib" / "x86_64-linux-clang" / "libQnnSystem.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(system), str(source)], check=True)
+    path = tmp_path / "model.bin"
+    path.write_bytes(context_binary(BUILD_47))
+    _, report, stderr = inspect_json(str(path), "--sdk", "2.47.0.260601")
+    [binary] = report["binaries"]
+    assert binary["note"] == f"{system} could not read it: the reading process was killed by SIGSEGV", stderr
 
 
 def test_an_older_or_equal_binary_loads_and_the_selected_sdk_is_used(tmp_path: Path, sdk_2_47: Path) -> None:
