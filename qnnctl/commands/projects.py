@@ -20,8 +20,10 @@ from qnnctl.sdk.stores import link_sdk
 @click.command(short_help="Pin VERSION for this project (.qnn-version).")
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
-    """Pin VERSION for this project: write .qnn-version here; print its path."""
+    """Pin VERSION (a prefix names the newest match) for this project: write its full version
+    into .qnn-version here, say it, and print the file's path."""
     path, pinned = write_pin(Path.cwd(), version, version_pools(current_cache(), os.environ, mirror=True))
+    log.info("pinned SDK %s for this project: %s", pinned, path)
     for note in pinned_notes(pinned, os.environ, Path.cwd(), current_cache()):
         log.warning("%s", note)
     click.echo(str(path))

@@ -1167,7 +1167,7 @@ def test_list_has_a_header_aligned_columns_and_marks_the_sdk_used_here(tmp_path:
     assert rows[(VERSION, "link")][starts[4]:].startswith(f"{folder}  ")
     assert rows[(VERSION, "link")].endswith("not used: the qnnctl cache copy comes first")
     assert rows[(VERSION, "qnnctl cache")][starts[4]:].rstrip() == str(copy)
-    assert listed.stderr == (f"qnnctl: * marks the SDK used here: SDK {OTHER_VERSION} (pin: pinned in "
+    assert listed.stderr == (f"qnnctl: * marks the SDK used here: SDK {OTHER_VERSION} (pinned in "
                              f"{Path.cwd() / '.qnn-version'})\n")
     assert [line[0] for line in lines].count("*") == 1
 

@@ -750,7 +750,7 @@ def test_executorchs_cache_is_where_its_downloader_puts_it() -> None:
 
 def test_a_choice_is_described_by_its_version_its_folder_or_the_caller() -> None:
     assert Selection("pin", "pinned in /p/.qnn-version", version=VERSION).describe() == (
-        f"SDK {VERSION} (pin: pinned in /p/.qnn-version)")
+        f"SDK {VERSION} (pinned in /p/.qnn-version)")
     assert Selection("env", "from QNN_SDK_ROOT", root=Path("/opt/qairt")).describe() == (
         "SDK /opt/qairt (env: from QNN_SDK_ROOT)")
     assert Selection("caller", "QNN_SDK_ROOT is exported but empty").describe() == (
