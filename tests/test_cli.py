@@ -326,6 +326,13 @@ def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
                                                        "qnnctl link [OPTIONS] PATH; `qnnctl link --help` says more\n")
 
 
+def test_install_help_names_every_form_of_version() -> None:
+    """Installed and mirrored releases and a leading v work, not only known prefixes."""
+    text = " ".join(run_qnnctl("install", "--help").stdout.split())
+    assert ("VERSION is a full version (2.37.0.250724, or v2.37.0.250724 as the archives are named) or a prefix "
+            "(2.37): the newest match installed, else on QNNCTL_MIRROR, else known.") in text
+
+
 @pytest.mark.parametrize("group", [[], ["device"], ["cache"]])
 def test_a_bare_group_prints_its_help_on_stdout(group: list[str]) -> None:
     """Bare `qnnctl` (the first thing many type) and bare groups: their help, asked for, not an error."""
