@@ -45,7 +45,8 @@ def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert out == ""
-    assert "interrupted; run the same command again to resume" in err
+    assert err.endswith("\nqnnctl: interrupted; run the same command again to resume\n"), err
+    assert "\n\n" not in f"\n{err}", err  # no blank line, first or anywhere
     assert "stopped at" in err  # the progress line does not read like a finished download
     assert "Traceback" not in err
     assert part.exists()  # kept for the resume
