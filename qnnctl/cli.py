@@ -73,6 +73,10 @@ or `qnnctl install --file ARCHIVE`. `qnnctl COMMAND --help` tells more.
 """
 
 
+class _Interrupted(Exception):
+    """Ctrl-C while a command ran."""
+
+
 class _Group(VerboseGroup):
     """qnnctl's top group: its commands loaded from COMMANDS on first use, its --help in sections."""
 
@@ -94,6 +98,13 @@ class _Group(VerboseGroup):
         except click.exceptions.NoSuchCommand as exc:
             # click suggests among the commands loaded so far; every command is a candidate.
             raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # Past click, which would write a blank line to stderr first (piped too): said once, below.
+            raise _Interrupted from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """qnnctl's own commands in groups, the four a newcomer needs first."""
@@ -126,6 +137,11 @@ def _click_error(exc: click.ClickException) -> tuple[str, str | None]:
     if found:
         message = message[:found.start()]
         suggestion = found.group(1)[0].lower() + found.group(1)[1:] + " "
+    # click lists its close matches in alphabetical order; difflib ranked them, closest first.
+    ranked = getattr(exc, "possibilities", None)
+    if found and ranked:
+        more = f" (or {', '.join(map(repr, ranked[1:]))})" if ranked[1:] else ""
+        suggestion = f"did you mean {ranked[0]!r}{more}? "
     message = message.removesuffix(".")
     if message[:1].isupper() and not message[1:2].isupper():
         message = message[0].lower() + message[1:]
@@ -167,9 +183,15 @@ def _run(argv: list[str] | None) -> NoReturn:
     except QnnctlError as exc:
         say_error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo(f"qnnctl: {INTERRUPTED}", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted):
+        # On a terminal, over the `^C` it echoed (at the start of a line: every line ends with one).
+        erase = "\r\x1b[K" if sys.stderr.isatty() and os.environ.get("TERM") != "dumb" else ""
+        click.echo(f"{erase}qnnctl: {INTERRUPTED}", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # Bare `qnnctl` (or `qnnctl device`): the help asked for, not an error.
+        click.echo(exc.ctx.get_help())
+        sys.exit(0)
     except click.ClickException as exc:
         say_error(*_click_error(exc))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)

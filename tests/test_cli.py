@@ -31,6 +31,7 @@ def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -
         assert "QNNCTL_CACHE_DIR" in result.stderr
 
 
+@pytest.mark.stdlib
 def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path) -> None:
     path = f"/{VERSION}/v{VERSION}.zip"
     mirror.fail(path, Fault.slow(16 << 10, 0.05))
@@ -44,7 +45,8 @@ def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert out == ""
-    assert "interrupted; run the same command again to resume" in err
+    assert err.endswith("\nqnnctl: interrupted; run the same command again to resume\n"), err
+    assert "\n\n" not in f"\n{err}", err  # no blank line, first or anywhere
     assert "stopped at" in err  # the progress line does not read like a finished download
     assert "Traceback" not in err
     assert part.exists()  # kept for the resume
@@ -53,6 +55,7 @@ def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_
     assert mirror.requests_for(path)[-1].headers.get("Range", "").startswith("bytes=")
 
 
+@pytest.mark.stdlib
 def test_a_reader_that_goes_away_is_not_an_error(cache_dir: Path) -> None:
     for version in ("2.34.0.250424", "2.36.1.250708", VERSION):
         install_tree_into_cache(cache_dir, version)
@@ -310,8 +313,10 @@ def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "qnnctl: error: no such command 'instal'\n"
-        "qnnctl: hint: did you mean one of: 'inspect', 'install', 'uninstall'? usage: qnnctl [OPTIONS] COMMAND "
+        "qnnctl: hint: did you mean 'install' (or 'uninstall', 'inspect')? usage: qnnctl [OPTIONS] COMMAND "
         "[ARGS]...; `qnnctl --help` says more\n")
+    shell = run_qnnctl("env", "--shel")
+    assert "qnnctl: hint: did you mean '--shell' (or '--help', '--unset')? " in shell.stderr  # closest first
     option = run_qnnctl("install", "--forc")
     assert option.returncode == 2
     assert option.stderr == ("qnnctl: error: no such option '--forc'\n"
@@ -320,6 +325,22 @@ def test_clicks_own_usage_errors_read_as_qnnctls() -> None:
     missing = run_qnnctl("link")
     assert (missing.returncode, missing.stderr) == (2, "qnnctl: error: missing argument 'PATH'\nqnnctl: hint: usage: "
                                                        "qnnctl link [OPTIONS] PATH; `qnnctl link --help` says more\n")
+
+
+def test_install_help_names_every_form_of_version() -> None:
+    """Installed and mirrored releases and a leading v work, not only known prefixes."""
+    text = " ".join(run_qnnctl("install", "--help").stdout.split())
+    assert ("VERSION is a full version (2.37.0.250724, or v2.37.0.250724 as the archives are named) or a prefix "
+            "(2.37): the newest match installed, else on QNNCTL_MIRROR, else known.") in text
+
+
+@pytest.mark.parametrize("group", [[], ["device"], ["cache"]])
+def test_a_bare_group_prints_its_help_on_stdout(group: list[str]) -> None:
+    """Bare `qnnctl` (the first thing many type) and bare groups: their help, asked for, not an error."""
+    result = run_qnnctl(*group)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == run_qnnctl(*group, "--help").stdout
+    assert result.stdout.startswith(f"Usage: {' '.join(['qnnctl', *group])} [OPTIONS] COMMAND [ARGS]...\n")
 
 
 def test_errors_warnings_and_hints_are_coloured_on_a_terminal_only(cache_dir: Path, tmp_path: Path,

@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pty
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal
+from tests.conftest import read_terminal, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
 
@@ -134,10 +137,72 @@ def test_a_pinned_version_the_mirror_lacks_is_refused_naming_what_it_holds(
     Path(".qnn-version").write_text(f"{VERSION}\n")
     proc = run_qnnctl("install")
     assert proc.returncode == 3, proc.stderr
-    assert f"lists no SDK {VERSION} (pin: pinned in {Path.cwd()}/.qnn-version); it holds {GENUINE}" in proc.stderr
+    assert f"lists no SDK {VERSION} (pinned in {Path.cwd()}/.qnn-version); it holds {GENUINE}" in proc.stderr
     assert f"`qnnctl install {GENUINE}` and pin it with `qnnctl use {GENUINE}`" in proc.stderr
     assert archive_requests(server) == []
     assert not (cache_dir / "sdks").exists()
+
+
+UNMIRRORED = "2.52.0.261030"  # a full version newer than qnnctl's table, which the mirror lacks too
+
+
+@pytest.mark.parametrize("spec", [UNMIRRORED, VERSION, "2.37"])
+def test_a_version_typed_that_the_mirror_lacks_is_refused_before_anything_is_fetched(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    """As a pinned one is: named on the command line, full or a prefix, known to qnnctl or not."""
+    serve(server, tmp_path, GENUINE)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    proc = run_qnnctl("install", spec)
+    assert (proc.returncode, proc.stdout) == (3, ""), proc.stderr
+    wanted = UNMIRRORED if spec == UNMIRRORED else VERSION
+    assert proc.stderr == (
+        f"qnnctl: error: the mirror's {server.base}/index.json lists no SDK {wanted} (given as {spec}); it holds "
+        f"{GENUINE}; nothing was fetched\n"
+        f"qnnctl: hint: add SDK {wanted} to the mirror's folder DIR (`qnnctl mirror DIR {wanted}`, or `qnnctl mirror "
+        f"DIR --file ARCHIVE` from an archive you have), or use one it holds: `qnnctl install {GENUINE}`\n")
+    assert archive_requests(server) == []
+    assert not (cache_dir / "sdks").exists()
+    # What it holds is installed as before.
+    proc = run_qnnctl("install", GENUINE)
+    assert (proc.returncode, proc.stdout) == (0, f"{cache_dir}/sdks/{GENUINE}\n"), proc.stderr
+
+
+def test_a_dry_run_says_what_install_would_do_behind_a_mirror(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    serve(server, tmp_path, GENUINE)
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)
+    Path(".qnn-version").write_text(f"{VERSION}\n")
+    refused = run_qnnctl("install")
+    dry = run_qnnctl("lower", "--dry-run", "--", "true")
+    assert (dry.returncode, dry.stdout) == (refused.returncode, ""), dry.stderr
+    assert dry.stderr == refused.stderr
+    assert f"lists no SDK {VERSION} (pinned in {Path.cwd()}/.qnn-version)" in dry.stderr
+    # Without a pin, qnnctl's default gives way to the newest the mirror holds, in both.
+    Path(".qnn-version").unlink()
+    dry = run_qnnctl("lower", "--dry-run", "--", "true")
+    assert dry.returncode == 0, dry.stderr
+    assert (f"SDK {GENUINE} is not installed (the newest SDK that QNNCTL_MIRROR holds ({server.base}/index.json "
+            f"lists no {VERSION}, qnnctl's default)): without --dry-run, qnnctl would first download it from "
+            f"{server.base}/{GENUINE}/v{GENUINE}.zip") in dry.stderr
+    assert f"export QNN_SDK_ROOT='{cache_dir}/sdks/{GENUINE}'" in dry.stdout
+    assert archive_requests(server) == []
+    done = run_qnnctl("install")
+    assert (done.returncode, done.stdout) == (0, f"{cache_dir}/sdks/{GENUINE}\n"), done.stderr
+
+
+def test_a_dry_run_on_a_terminal_says_its_note_once(tmp_path: Path, cache_dir: Path) -> None:
+    """stdout and stderr on one terminal: the note is among the plan's comments, not said again."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "qnnctl", "lower", "--dry-run", "--", "true"],
+                            stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    seen = read_terminal(controller).decode()
+    assert proc.wait(timeout=60) == 0, seen
+    assert seen.count(f"SDK {VERSION} is not installed") == 1, seen
+    assert f"# SDK {VERSION} is not installed" in seen
+    piped = run_qnnctl("lower", "--dry-run", "--", "true")
+    assert f"qnnctl: SDK {VERSION} is not installed" in piped.stderr  # where a script's $(...) leaves it seen
+    assert f"# SDK {VERSION} is not installed" in piped.stdout
 
 
 def test_a_mirror_without_an_index_is_used_as_before(mirror: FaultServer, cache_dir: Path) -> None:
@@ -232,8 +297,9 @@ def test_a_refused_connection_to_the_mirror_fails_at_once_naming_it(cache_dir: P
     assert f"cannot reach the mirror: http://127.0.0.1:{port}/qairt/index.json: the connection was refused" \
         in proc.stderr
     assert "check the host and port of QNNCTL_MIRROR" in proc.stderr
-    # One brief retry, of the index only: the archive is never asked for.
+    # One brief retry, of the index only, counted as what it is: the second attempt of two.
     assert proc.stderr.count("retrying") == 1, proc.stderr
+    assert "retrying in 1.0s (attempt 2 of 2)" in proc.stderr
     assert "downloading" not in proc.stderr
 
 

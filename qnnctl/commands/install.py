@@ -47,9 +47,10 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
             wait: bool, locked: bool, components: str | None, runtime: bool, runtime_from: tuple[Path, ...]) -> None:
     """Install an SDK (or find one already on disk); print its root on stdout.
 
-    VERSION is a full version (2.37.0.250724) or a prefix of a known release (2.37). Without
-    it: the SDK this shell was set up for by `qnnctl env`, else a non-empty QNN_SDK_ROOT, else
-    a .qnn-version pin, else the version the installed ExecuTorch expects, else the newest SDK
+    VERSION is a full version (2.37.0.250724, or v2.37.0.250724 as the archives are named) or a
+    prefix (2.37): the newest match installed, else on QNNCTL_MIRROR, else known. Without it:
+    the SDK this shell was set up for by `qnnctl env`, else a non-empty QNN_SDK_ROOT, else a
+    .qnn-version pin, else the version the installed ExecuTorch expects, else the newest SDK
     already installed, else the default. An exported but empty QNN_SDK_ROOT means the caller
     manages the SDK: nothing is installed. In a project with a qnnctl.lock, the archive (or the
     SDK found on disk) must match it (exit 4). An installed SDK that a running process uses is

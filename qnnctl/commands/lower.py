@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -60,7 +61,8 @@ def lower(spec: str | None, python: str | None, no_install: bool, dry_run: bool,
     plan = plan_lower(parse_target(pipeline), options, os.environ, Path.cwd(), current_cache(),
                       terminal=stderr_is_terminal())
     if dry_run:
-        for note in plan.notes:
+        # On a terminal the plan's comments show the notes already: said once.
+        for note in plan.notes if not sys.stdout.isatty() else ():
             log.info("%s", note)
         click.echo(render_plan(plan), nl=False)
         return

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from qnnctl.commands.common import complete_known, current_cache, log, say_pin_conflict, stderr_is_terminal
+from qnnctl.errors import UsageError
+from qnnctl.fleet.archives import add_archives, no_archive_kept
 from qnnctl.fleet.locking import check_lock, make_lock, pinned_notes
 from qnnctl.fleet.mirror import make_mirror
 from qnnctl.sdk.pin import write_pin
@@ -18,8 +20,10 @@ from qnnctl.sdk.stores import link_sdk
 @click.command(short_help="Pin VERSION for this project (.qnn-version).")
 @click.argument("version", shell_complete=complete_known)
 def use(version: str) -> None:
-    """Pin VERSION for this project: write .qnn-version here; print its path."""
+    """Pin VERSION (a prefix names the newest match) for this project: write its full version
+    into .qnn-version here, say it, and print the file's path."""
     path, pinned = write_pin(Path.cwd(), version, version_pools(current_cache(), os.environ, mirror=True))
+    log.info("pinned SDK %s for this project: %s", pinned, path)
     for note in pinned_notes(pinned, os.environ, Path.cwd(), current_cache()):
         log.warning("%s", note)
     click.echo(str(path))
@@ -59,12 +63,29 @@ def lock(version: str | None, check: bool) -> None:
 @click.command(short_help="Fill DIR with SDK archives and an index.json, to serve as QNNCTL_MIRROR.")
 @click.argument("folder", metavar="DIR", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("versions", nargs=-1, metavar="[VERSION]...", shell_complete=complete_known)
-def mirror(folder: Path, versions: tuple[str, ...]) -> None:
+@click.option("--file", "files", multiple=True, metavar="ARCHIVE", type=click.Path(path_type=Path),
+              help="Add this archive you have (repeat for more): its version is read from it; nothing is fetched.")
+def mirror(folder: Path, versions: tuple[str, ...], files: tuple[Path, ...]) -> None:
     """Put <version>/v<version>.zip into DIR for each VERSION (default: the SDK qnnctl resolves
-    here), from the cache's downloads or fetched once, and record each one's sha256, size and
-    build id in DIR/index.json; print each archive's path. Serve DIR with any static web server
-    or object store, and point QNNCTL_MIRROR at it."""
-    for done in make_mirror(folder, versions, os.environ, Path.cwd(), current_cache(), terminal=stderr_is_terminal()):
+    here), from the cache's downloads or fetched once, or for each --file ARCHIVE, copied from
+    it (checked as `install --file` checks it); record each one's sha256, size and build id in
+    DIR/index.json; print each archive's path. Serve DIR with any static web server or object
+    store, and point QNNCTL_MIRROR at it.
+
+    An installed SDK is no archive: qnnctl's cache removes the archive once it is unpacked, so
+    `qnnctl mirror DIR VERSION` fetches it again; `--file` adds the one you have."""
+    cache = current_cache()
+    if files:
+        if versions:
+            raise UsageError("give VERSION... or --file ARCHIVE..., not both: --file reads the version from the "
+                             "archive", hint=f"`qnnctl mirror {folder} --file ARCHIVE`, then `qnnctl mirror {folder} "
+                             "VERSION` for what to fetch")
+        for done in add_archives(folder, files, os.environ, Path.cwd(), cache):
+            click.echo(str(done.path))
+        return
+    for note in no_archive_kept(versions, cache, os.environ):
+        log.info("%s", note)
+    for done in make_mirror(folder, versions, os.environ, Path.cwd(), cache, terminal=stderr_is_terminal()):
         click.echo(str(done.path))
 
 

@@ -43,7 +43,7 @@ def check_lock(ctx: Context) -> Outcome:
     if version is None:  # pragma: no cover - a selection names a version or a root
         raise Skip(f"{pins}; no SDK selected")
     if version != lock.version:
-        return warn(f"stale: {pins}, but the selected SDK is {version} ({selection.reason}: {selection.detail})",
+        return warn(f"stale: {pins}, but the selected SDK is {version} ({selection.why})",
                     hint=f"`qnnctl lock {version}` locks the selected SDK; `qnnctl use {lock.version}` selects "
                     "the locked one")
     if sdk is None:

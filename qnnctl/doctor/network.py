@@ -10,7 +10,7 @@ from qnnctl.doctor.context import Context, Target
 from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.errors import QnnctlError
 from qnnctl.net.download import make_session
-from qnnctl.net.retry import describe
+from qnnctl.net.retry import describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.sdk.select import select_sdk
 from qnnctl.sdk.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
@@ -83,7 +83,13 @@ def check_network(ctx: Context) -> Outcome:
     except requests.RequestException as exc:
         outcome = fail
         detail = f"cannot reach {source} {shown} {via}: {describe(exc)}"
-        hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
+        if mirror and refused(exc):
+            # Something answered for the host, and refused: a mistyped port, most often (as install says).
+            hint = "check the host and port of QNNCTL_MIRROR"
+        elif mirror:
+            hint = "check the network, HTTPS_PROXY and NO_PROXY, and the host of QNNCTL_MIRROR"
+        else:
+            hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
     else:
         status = response.status_code
         detail = f"{source} answered HTTP {status} for {shown}, {via}"

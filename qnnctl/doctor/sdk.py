@@ -48,7 +48,7 @@ from qnnctl.words import plural
 
 def check_selection(ctx: Context) -> Outcome:
     selection = select_sdk(ctx.spec, ctx.environ, ctx.cwd, ctx.cache())
-    why = f"{selection.reason}: {selection.detail}"
+    why = selection.why
     if selection.caller_managed:
         lib_dir = ctx.target().lib_dir
         where = f"libraries from {lib_dir}" if lib_dir else "no folder on LD_LIBRARY_PATH holds libQnnHtp.so"

@@ -1,3 +1,3 @@
 """Teams pin, share and mirror SDKs: `qnnctl lock` and `install --locked` (locking), a mirror's
-folder and its index.json (mirror), above the install pipeline they feed.
+folder and its index.json (mirror), filled from archives you have too (archives).
 """

@@ -60,7 +60,7 @@ def _resolve(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cac
     if selection.caller_managed:
         raise UsageError("QNN_SDK_ROOT is exported but empty: the caller manages the SDK, so there is none to lock",
                          hint="give the version: `qnnctl lock VERSION`")
-    why = f"{selection.reason}: {selection.detail}"
+    why = selection.why
     if selection.root is not None:
         sdk = named_sdk(selection.root, selection_origin(selection))
         if not is_full_version(sdk.version):

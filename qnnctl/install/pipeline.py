@@ -150,7 +150,7 @@ def install(
         selection = Selection("argument", f"named by {redact(url)}", version=found)
     require_supported_host()
     if request.spec is None and request.url is None and vouchers.mirror is not None:
-        selection = _as_the_mirror_holds(selection, vouchers.mirror, cache, environ)
+        selection = as_the_mirror_holds(selection, vouchers.mirror, cache, environ)
     version = selection.version
     log.debug("chose %s", selection.describe())
     if version is None:  # pragma: no cover - every branch above that gets here sets it
@@ -161,6 +161,8 @@ def install(
         found_sdk = find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
             return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock, cache)
+    if request.spec is not None and request.url is None and vouchers.mirror is not None:
+        as_the_mirror_holds(selection, vouchers.mirror, cache, environ)  # a version it lacks: refused here
 
     # The mirror the archive comes from is the one whose index vouches for it: one object, so the
     # two can never be different mirrors.
@@ -241,10 +243,10 @@ def _has_components(sdk: Sdk, components: tuple[str, ...] | None) -> bool:
     return covers(installed_components(read_manifest(sdk.root)), components)
 
 
-def _as_the_mirror_holds(selection: Selection, index: Index, cache: Cache, environ: Mapping[str, str]) -> Selection:
-    """A bare `qnnctl install` behind a mirror whose index.json lacks the version chosen, which
-    is not installed: qnnctl's default becomes the newest version the mirror holds (a mirror
-    is where a site keeps the SDKs it means to use); a version the project asked for (a pin,
+def as_the_mirror_holds(selection: Selection, index: Index, cache: Cache, environ: Mapping[str, str]) -> Selection:
+    """An install behind a mirror whose index.json lacks the version chosen, which is not
+    installed: qnnctl's default becomes the newest version the mirror holds (a mirror is where a
+    site keeps the SDKs it means to use); a version asked for (on the command line, by a pin,
     ExecuTorch's) is refused before anything is fetched, naming what the mirror holds."""
     version = selection.version
     if version is None or find_installed(version, cache, environ) is not None:
@@ -262,11 +264,11 @@ def _as_the_mirror_holds(selection: Selection, index: Index, cache: Cache, envir
                          "qnnctl's default)", version=held[-1])
     newest = held[-1] if held else "VERSION"
     raise DownloadError(
-        f"the mirror's {shown} lists no SDK {version} ({selection.reason}: {selection.detail}); it holds "
+        f"the mirror's {shown} lists no SDK {version} ({selection.detail}); it holds "
         f"{', '.join(held) if held else 'none'}; nothing was fetched",
-        hint=f"add SDK {version} to the mirror (`qnnctl mirror DIR {version}` where it is kept), or use one it "
-        f"holds: `qnnctl install {newest}`" + (f" and pin it with `qnnctl use {newest}`"
-                                               if selection.reason == BY_PIN else ""),
+        hint=f"add SDK {version} to the mirror's folder DIR (`qnnctl mirror DIR {version}`, or `qnnctl mirror DIR "
+        f"--file ARCHIVE` from an archive you have), or use one it holds: `qnnctl install {newest}`"
+        + (f" and pin it with `qnnctl use {newest}`" if selection.reason == BY_PIN else ""),
     )
 
 

@@ -129,10 +129,26 @@ class Policy(Retry):
             new = super().increment(method, url, response, error, _pool, _stacktrace)
         except MaxRetryError as exc:
             raise GaveUp(_pool, url, exc.reason or Exception("no more retries"), self.attempts) from exc
-        of = f" of {self.attempts + self.total}" if isinstance(self.total, int) else ""
+        left = new.left_for(response, error)
+        of = f" of {new.attempts + left}" if left is not None else ""
         log.warning("%s; retrying in %.1fs (attempt %d%s)", self.failure(response, error),
                     new.wait(response), new.attempts, of)
         return new
+
+    def left_for(self, response: BaseHTTPResponse | None, error: Exception | None) -> int | None:
+        """How many more attempts a failure like this one may have: the fewest of the total and
+        the budget of its kind (urllib3 counts connect, read, status and other failures apart);
+        None when nothing limits them."""
+        if error is None:
+            kind = self.status
+        elif self._is_connection_error(error):  # urllib3's own sorting, which increment() used
+            kind = self.connect
+        elif self._is_read_error(error):
+            kind = self.read
+        else:
+            kind = self.other
+        limits = [n for n in (self.total, kind) if isinstance(n, int) and not isinstance(n, bool)]
+        return max(min(limits), 0) if limits else None
 
     def failure(self, response: BaseHTTPResponse | None, error: BaseException | None) -> str:
         """What went wrong with one attempt, in words."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import builtins
 import importlib.util
 import io
+import linecache
 import marshal
 import os
 import runpy
@@ -153,6 +154,12 @@ def _run_code(source: str, args: list[str], add_path: bool) -> None:
     if add_path:
         sys.path.insert(0, "")
     code = compile(source, "<string>", "exec", dont_inherit=True)
+    if sys.version_info >= (3, 13):
+        # `python -c` keeps its source for tracebacks from 3.13 on, which then show its lines.
+        lines = source.splitlines(True)
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        linecache.cache["<string>"] = (len(source), None, lines, "<string>")
     namespace = _fresh_main()
     try:
         from importlib.machinery import BuiltinImporter

@@ -77,7 +77,7 @@ def resolve_for_dry_run(
 ) -> tuple[Selection, Sdk | None, list[str]]:
     """As `resolve_sdk`, but nothing is downloaded or installed: an SDK that is not installed is
     described where it would go, with notes saying what a real run would fetch and from where."""
-    selection = select_sdk(spec, environ, cwd, cache)
+    selection = select_sdk(spec, environ, cwd, cache, mirror=allow_install)
     log.debug("chose %s", selection.describe())
     if selection.caller_managed:
         return selection, None, []
@@ -100,6 +100,16 @@ def resolve_for_dry_run(
     mirror = environ.get("QNNCTL_MIRROR") or None
     if mirror is not None:
         check_url(mirror, "QNNCTL_MIRROR", allow_file=False)  # as the real run would, before anything
+    # lazy: as in resolve_sdk, the install pipeline and the index's reader only when it matters
+    from qnnctl.install.pipeline import as_the_mirror_holds
+    from qnnctl.sdk.vouchers import vouchers  # lazy: as the line above
+
+    index = vouchers(environ, cwd).mirror
+    if index is not None and selection.root is None:
+        # What the mirror's index.json holds decides as it does for `install`: the newest it
+        # holds instead of qnnctl's default, a refusal for a version it lacks.
+        selection = as_the_mirror_holds(selection, index, cache, environ)
+        version = selection.version or version
     root = cache.sdk_dir(version)
     source = redact(archive_urls(version, mirror)[0])
     state = (f"is damaged (missing {', '.join(damaged.missing)})" if damaged is not None

@@ -69,10 +69,16 @@ class Selection(Record):
     def caller_managed(self) -> bool:
         return self.reason == BY_CALLER
 
+    @property
+    def why(self) -> str:
+        """Where the choice came from, in a message: `argument: given as 2.51`; the detail alone
+        where it names the reason itself (`pinned in ...`, `from QNN_SDK_ROOT`), not said twice."""
+        return self.detail if self.reason in (BY_PIN, BY_ENV) else f"{self.reason}: {self.detail}"
+
     def describe(self) -> str:
-        """Where the choice came from, for -v: `SDK 2.37.0.250724 (pin: pinned in ...)`."""
+        """The choice and where it came from, for -v: `SDK 2.37.0.250724 (pinned in ...)`."""
         what = self.version or (str(self.root) if self.root else "left to the caller")
-        return f"SDK {what} ({self.reason}: {self.detail})"
+        return f"SDK {what} ({self.why})"
 
 
 def caller_lib_dir(environ: Mapping[str, str]) -> Path | None:

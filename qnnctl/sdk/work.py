@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -32,15 +32,31 @@ def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[N
     holder does, in the notice of a wait (installing KEY unless said)."""
     cache.locks.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(cache.lock_path(key)))
+    # The holder's process id, beside the lock (whose own file every waiter truncates).
+    holder = cache.lock_path(key).with_suffix(".pid")
     try:
         lock.acquire(timeout=LOCK_WAIT_NOTICE)
     except Timeout:
-        log.info("waiting for another qnnctl to finish %s", doing or f"installing {key}")
+        pid = _running_pid(holder)
+        log.info("waiting for another qnnctl%s to finish %s", f" (process {pid})" if pid else "",
+                 doing or f"installing {key}")
         lock.acquire()
     try:
+        with suppress(OSError):  # only ever for the notice above
+            holder.write_text(f"{os.getpid()}\n", encoding="ascii")
         yield
     finally:
+        holder.unlink(missing_ok=True)
         lock.release()
+
+
+def _running_pid(path: Path) -> int | None:
+    """The process id written in `path`, if that process is running."""
+    try:
+        pid = int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and Path(f"/proc/{pid}").exists() else None
 
 
 def work_id() -> str:

@@ -272,10 +272,10 @@ def test_not_installed_fails_selection_and_skips_the_rest() -> None:
 def test_selection_reasons(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_tree_into_cache(cache_dir, OTHER_VERSION)
     (Path.cwd() / ".qnn-version").write_text(OTHER_VERSION + "\n")
-    assert doctor()["sdk.selection"].detail.startswith(f"pin: pinned in {Path.cwd() / '.qnn-version'}")
+    assert doctor()["sdk.selection"].detail.startswith(f"pinned in {Path.cwd() / '.qnn-version'}")
     root = sdk_tree(tmp_path)
     monkeypatch.setenv("QNN_SDK_ROOT", str(root))
-    assert doctor()["sdk.selection"].detail.startswith("QNN_SDK_ROOT: from QNN_SDK_ROOT")
+    assert doctor()["sdk.selection"].detail.startswith("from QNN_SDK_ROOT")
 
 
 def test_an_empty_qnn_sdk_root_checks_ld_library_path_as_it_is(tmp_path: Path,
@@ -812,6 +812,7 @@ def test_network_unreachable_fails_only_when_an_install_is_needed(cache_dir: Pat
     result = doctor(offline=False)["network"]
     assert result.status == FAIL
     assert "cannot reach the mirror (QNNCTL_MIRROR)" in result.detail
+    assert result.hint == "check the host and port of QNNCTL_MIRROR"  # not "set QNNCTL_MIRROR": it is set
     install_tree_into_cache(cache_dir)
     result = doctor(offline=False)["network"]
     assert result.status == WARN

@@ -39,6 +39,9 @@ from qnnctl.shell.exports import Marker
 from tests.httpserver import FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree
 
+# Their outcome depends on the standard library (TOML reading).
+pytestmark = pytest.mark.stdlib
+
 BUILD = f"v{VERSION}101010"  # as the libraries carry it; qnnctl reads it without the "v"
 OTHER_BUILD = f"v{OTHER_VERSION}101010"
 LATER_BUILD = f"v{VERSION}202020"  # another build of the same version
@@ -379,7 +382,7 @@ def test_without_a_lock_there_is_no_verdict_and_the_check_fails_saying_how_to_wr
 def test_an_installed_sdk_that_matches_the_lock_above_passes(cache: Cache, project: Path) -> None:
     root = _in_cache(cache, {"sha256": "a" * 64, "size": 1})
     lock = _lock(project, sha256="a" * 64, build_id=BUILD[1:])
-    expected = Verdict(lock, VERSION, f"pin: pinned in {project / '.qnn-version'}",
+    expected = Verdict(lock, VERSION, f"pinned in {project / '.qnn-version'}",
                        Sdk(root, VERSION, "qnnctl cache"), [])
     assert verdict(None, _environ(), project / "src", cache) == expected
     assert check_lock(None, _environ(), project / "src", cache) == expected
@@ -388,7 +391,7 @@ def test_an_installed_sdk_that_matches_the_lock_above_passes(cache: Cache, proje
 def test_a_locked_version_not_installed_yet_passes(cache: Cache, project: Path) -> None:
     """Nothing to compare yet: install checks it."""
     lock = _lock(project)
-    expected = Verdict(lock, VERSION, f"pin: pinned in {project / '.qnn-version'}", None, [])
+    expected = Verdict(lock, VERSION, f"pinned in {project / '.qnn-version'}", None, [])
     assert check_lock(None, _environ(), project / "src", cache) == expected
 
 
@@ -401,7 +404,7 @@ def test_an_installed_sdk_that_disagrees_with_its_lock_in_two_ways_is_refused_na
                 f"the libraries of SDK {VERSION} at {root} (qnnctl cache) are build {BUILD[1:]}; qnnctl.lock pins "
                 f"build {LATER_BUILD[1:]}"]
     assert verdict(None, _environ(), project, cache) == Verdict(
-        lock, VERSION, f"pin: pinned in {project / '.qnn-version'}", Sdk(root, VERSION, "qnnctl cache"), problems)
+        lock, VERSION, f"pinned in {project / '.qnn-version'}", Sdk(root, VERSION, "qnnctl cache"), problems)
     with pytest.raises(LockError) as caught:
         check_lock(None, _environ(), project, cache)
     assert (caught.value.message, caught.value.hint) == (
@@ -440,7 +443,7 @@ def test_an_sdk_named_by_its_folder_is_checked_as_what_it_is(cache: Cache, tmp_p
         lock, VERSION, f"argument: given as {root}", Sdk(root, VERSION, "--sdk"), [problem])
     # And by QNN_SDK_ROOT, which says so.
     by_env = verdict(None, _environ(QNN_SDK_ROOT=str(root)), tmp_path, cache)
-    assert by_env == Verdict(lock, VERSION, "QNN_SDK_ROOT: from QNN_SDK_ROOT", Sdk(root, VERSION, "QNN_SDK_ROOT"),
+    assert by_env == Verdict(lock, VERSION, "from QNN_SDK_ROOT", Sdk(root, VERSION, "QNN_SDK_ROOT"),
                              [problem.replace("(--sdk)", "(QNN_SDK_ROOT)")])
 
 

@@ -41,6 +41,7 @@ from qnnctl.install.archive import zip_digests
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.lockfile import LockedSdk, write_lock
+from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import (
     OTHER_VERSION,
@@ -710,3 +711,105 @@ def test_a_move_that_fails_otherwise_is_said_as_it_failed(tmp_path: Path) -> Non
     assert failed.value.filename == str(source)
     assert _entries(dest.parent) == ["a.zip"]  # no copy left beside it
     assert source.read_bytes() == b"archive"
+
+
+# -- qnnctl mirror DIR --file ARCHIVE... -------------------------------------------------------------
+
+
+def test_archives_you_have_make_a_mirror_that_installs(server: FaultServer, tmp_path: Path, cache_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version and build read from each archive, nothing fetched; the mirror then serves installs."""
+    first, other = _archive(tmp_path / "a"), _archive(tmp_path / "b", OTHER_VERSION)
+    folder = tmp_path / "mirror"
+    monkeypatch.setenv("QNNCTL_MIRROR", server.base)  # asked for nothing
+    proc = run_qnnctl("mirror", str(folder), "--file", str(first), "--file", str(other))
+    assert proc.returncode == 0, proc.stderr
+    dests = [folder / VERSION / f"v{VERSION}.zip", folder / OTHER_VERSION / f"v{OTHER_VERSION}.zip"]
+    assert proc.stdout == "".join(f"{d}\n" for d in dests)
+    assert f"SDK {VERSION} added to the mirror from {first}: {dests[0]}" in proc.stderr
+    assert server.requests == []
+    versions = json.loads((folder / "index.json").read_text())["versions"]
+    for archive, dest, version in ((first, dests[0], VERSION), (other, dests[1], OTHER_VERSION)):
+        assert dest.read_bytes() == archive.read_bytes()
+        entry = versions[version]
+        assert (entry["sha256"], entry["size"], entry["build_id"], entry["path"]) == (
+            _sha256(archive.read_bytes()), archive.stat().st_size, f"{version}101010", f"{version}/v{version}.zip")
+        assert entry["components"] == zip_digests(archive)
+    assert _entries(folder) == sorted([VERSION, OTHER_VERSION, "index.json"])  # no copy left half-way
+    # The same archive again is kept; the mirror serves installs, checked against its index.
+    again = run_qnnctl("mirror", str(folder), "--file", str(first))
+    assert (again.returncode, again.stdout) == (0, f"{dests[0]}\n"), again.stderr
+    assert "is in the mirror already" in again.stderr
+    server.add("/index.json", (folder / "index.json").read_bytes())
+    server.add(PATH, dests[0].read_bytes())
+    installed = run_qnnctl("install", VERSION)
+    assert (installed.returncode, installed.stdout) == (0, f"{cache_dir}/sdks/{VERSION}\n"), installed.stderr
+
+
+def _refused(folder: Path, archive: Path, code: int, *said: str) -> None:
+    proc = run_qnnctl("mirror", str(folder), "--file", str(archive))
+    assert (proc.returncode, proc.stdout) == (code, ""), proc.stderr
+    for words in said:
+        assert words in proc.stderr
+    assert "/proc/self/fd" not in proc.stderr
+    assert [p for p in _entries(folder) if p != "index.json"] == []  # nothing added, no copy left
+
+
+def test_an_archive_added_is_checked_as_install_file_checks_it(tmp_path: Path, cache_dir: Path) -> None:
+    folder = tmp_path / "mirror"
+    # Its libraries are another version than its folder says.
+    liar = build_archive(tmp_path / "liar", "zip", SdkSpec(version=VERSION, build_id=f"v{OTHER_VERSION}101010"))
+    _refused(folder, liar, 4, f"{liar} says it is SDK {VERSION} (its top folder and its sdk.yaml), but its "
+             f"libraries are build {OTHER_VERSION}101010",
+             f"check where {liar} came from; nothing was added to the mirror")
+    # A member that leaves the archive.
+    lib = f"qairt/{VERSION}/{HOST_LIB_DIR}/libQnnHtp.so"
+    slip = _zip(tmp_path / "slip.zip", (lib, b"x", FILE), ("../evil", b"x", FILE))
+    _refused(folder, slip, 4, "unsafe archive: member path '../evil' leaves the archive")
+    # No SDK in it; no zip at all; no file.
+    _refused(folder, _zip(tmp_path / "docs.zip", ("README", b"x", FILE)), 4, "the archive holds no SDK")
+    (tmp_path / "page.zip").write_text("<html>not found</html>")
+    _refused(folder, tmp_path / "page.zip", 4, f"{tmp_path / 'page.zip'}")
+    _refused(folder, tmp_path / "missing.zip", 2, f"{tmp_path / 'missing.zip'} is not a file")
+    _refused(folder, tmp_path, 2, f"{tmp_path} is not a file")
+
+
+def test_an_archive_added_must_match_the_index_and_the_lock(tmp_path: Path, cache_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "mirror"
+    first, second = _archive(tmp_path / "a"), _archive(tmp_path / "b", payload=b"second")
+    assert run_qnnctl("mirror", str(folder), "--file", str(first)).returncode == 0
+    proc = run_qnnctl("mirror", str(folder), "--file", str(second))
+    assert proc.returncode == 4, proc.stderr
+    assert (f"the mirror holds another archive of SDK {VERSION} (sha256 {_sha256(first.read_bytes())}); {second} has "
+            f"sha256 {_sha256(second.read_bytes())}") in proc.stderr
+    assert (folder / VERSION / f"v{VERSION}.zip").read_bytes() == first.read_bytes()
+    project = tmp_path / "project"
+    _lock(project, "0" * 64)
+    monkeypatch.chdir(project)
+    locked = run_qnnctl("mirror", str(tmp_path / "other"), "--file", str(first))
+    assert locked.returncode == 4, locked.stderr
+    assert (f"its sha256 is {_sha256(first.read_bytes())}, the lock pins {'0' * 64}; nothing was added to the "
+            "mirror") in locked.stderr
+    assert not (tmp_path / "other" / VERSION).exists()
+
+
+def test_a_version_and_file_together_are_a_usage_error(tmp_path: Path) -> None:
+    proc = run_qnnctl("mirror", str(tmp_path / "m"), VERSION, "--file", str(tmp_path / "a.zip"))
+    assert proc.returncode == 2, proc.stderr
+    assert "give VERSION... or --file ARCHIVE..., not both" in proc.stderr
+
+
+def test_mirroring_an_installed_sdk_says_the_cache_keeps_no_archive(server: FaultServer, served: bytes,
+                                                                    tmp_path: Path, cache_dir: Path) -> None:
+    archive = tmp_path / "served" / f"v{VERSION}.zip"
+    assert run_qnnctl("install", "--file", str(archive)).returncode == 0
+    proc = run_qnnctl("mirror", str(tmp_path / "mirror"), VERSION, env={**os.environ, "QNNCTL_MIRROR": server.base})
+    assert proc.returncode == 0, proc.stderr
+    assert (f"SDK {VERSION} is installed, but qnnctl's cache keeps no archive of it (an install removes the archive "
+            f"once it is unpacked), so it is fetched; it was installed from {archive}: `qnnctl mirror DIR --file "
+            f"{archive}` adds that") in proc.stderr
+    archive.unlink()
+    proc = run_qnnctl("mirror", str(tmp_path / "mirror2"), VERSION, env={**os.environ, "QNNCTL_MIRROR": server.base})
+    assert proc.returncode == 0, proc.stderr
+    assert "with its archive at hand, `qnnctl mirror DIR --file ARCHIVE` adds it without a download" in proc.stderr

@@ -42,6 +42,9 @@ from tests.sdkfactory import (
     write_zip_from_tree,
 )
 
+# Their outcome depends on the standard library (zip and tar reading and writing).
+pytestmark = pytest.mark.stdlib
+
 TOP = f"qairt/{VERSION}"
 LIB = f"{TOP}/lib/x86_64-linux-clang"
 

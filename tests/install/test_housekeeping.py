@@ -203,6 +203,7 @@ def test_use_writes_the_pin() -> None:
     pin = Path.cwd() / ".qnn-version"
     assert result.stdout == f"{pin}\n"
     assert pin.read_text() == "2.28.2.241116\n"
+    assert result.stderr.startswith(f"qnnctl: pinned SDK 2.28.2.241116 for this project: {pin}\n")  # the full version
     assert [p.name for p in Path.cwd().iterdir()] == [".qnn-version"]  # no temporary left
 
 

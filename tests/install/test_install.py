@@ -145,7 +145,8 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_checked_against_sha256(m
     assert err == (f"qnnctl: error: SDK {VERSION} is installed from an archive whose sha256 is {other}, not {asked}\n"
                    f"qnnctl: hint: check the --sha256 value; to replace the SDK with the archive that has it: "
                    f"`qnnctl install {VERSION} --force --sha256 {asked}`\n")
-    assert mirror.requests == []
+    # No archive; the mirror's index.json may have been read, to refuse a version it lacks.
+    assert [r.path for r in mirror.requests if r.path != "/index.json"] == []
 
 
 def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServer, cache_dir: Path,
@@ -164,12 +165,15 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServ
     assert (proc.returncode, out) == (0, f"{root}\n"), err
     # After "waiting for another qnnctl to finish installing": one line, not three.
     assert err == f"qnnctl: SDK {VERSION} is already installed in qnnctl's cache\n"
+    # No archive; the mirror's index.json may have been read, to refuse a version it lacks.
+    assert [r.path for r in mirror.requests if r.path != "/index.json"] == []
+    mirror.requests.clear()
     # In this process: found only by the look under the lock.
     looks: list[str] = []
 
     def late(version: str, *args: Any) -> Any:
         looks.append(version)
-        return None if len(looks) == 1 else find_installed(version, *args)
+        return None if len(looks) == 1 else find_installed(version, *args)  # then asking the mirror finds it
 
     from qnnctl.sdk.select import find_installed
 
@@ -178,7 +182,7 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServ
                                vouchers(os.environ, Path.cwd()))
     assert (again.sdk is not None and again.sdk.root, again.action) == (root, "reused")
     assert again.selection == Selection(BY_ARGUMENT, f"given as {VERSION}", version=VERSION)
-    assert looks == [VERSION, VERSION]
+    assert looks == [VERSION, VERSION, VERSION]
     assert mirror.requests == []
 
 
@@ -770,6 +774,7 @@ def _wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen
         time.sleep(0.005)
 
 
+@pytest.mark.stdlib
 def test_sigkill_during_download_then_resume(server: FaultServer, tmp_path: Path, cache_dir: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").mkdir()
@@ -799,6 +804,7 @@ def test_sigkill_during_download_then_resume(server: FaultServer, tmp_path: Path
     _cache_is_tidy(cache_dir)
 
 
+@pytest.mark.stdlib
 def test_sigkill_during_extraction_then_rerun(server: FaultServer, tmp_path: Path, cache_dir: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").mkdir()
@@ -964,6 +970,25 @@ def test_the_version_lock_says_what_it_waits_for(tmp_path: Path, caplog: pytest.
     with caplog.at_level("INFO", logger="qnnctl.sdk.work"), work.version_lock(cache, "file"):
         pass
     assert caplog.messages == []
+    # Held by another qnnctl: the notice names its process.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from pathlib import Path\n"
+                               "from qnnctl.sdk.cache import Cache\n"
+                               "from qnnctl.sdk.work import version_lock\n"
+                               "with version_lock(Cache(Path(sys.argv[1])), sys.argv[2]):\n"
+                               "    print('held', flush=True)\n"
+                               "    time.sleep(0.5)\n", str(cache.root), VERSION],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        with caplog.at_level("INFO", logger="qnnctl.sdk.work"), work.version_lock(cache, VERSION):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert caplog.messages == [f"waiting for another qnnctl (process {holder.pid}) to finish installing {VERSION}"]
+    assert not cache.lock_path(VERSION).with_suffix(".pid").exists()  # gone with its holder's lock
 
 
 def test_the_digest_of_a_zips_directory_goes_into_the_manifest(tmp_path: Path) -> None:

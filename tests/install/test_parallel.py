@@ -22,6 +22,9 @@ from tests.conftest import give_default_acl, with_default_sigint
 from tests.install.test_archive import PAYLOAD_SPEC, garble_deflate
 from tests.sdkfactory import SdkSpec, build_archive, manifest_digest
 
+# Their outcome depends on the standard library (fork, pipes and signals).
+pytestmark = pytest.mark.stdlib
+
 PRELUDE = """
 import errno, json, os, sys, threading, time
 from qnnctl.install.pool import in_processes

@@ -51,6 +51,9 @@ from qnnctl.sdk.pin import read_pin_components, write_pin
 from tests.httpserver import FaultServer, parse_ranges
 from tests.sdkfactory import VERSION
 
+# Their outcome depends on the standard library (zip reading and writing).
+pytestmark = pytest.mark.stdlib
+
 # Paths as QAIRT 2.37.0.250724 and 2.42.0.251225 lay them out below the SDK root.
 REAL_LAYOUT = {
     "QNN_README.txt": "host",
@@ -547,12 +550,14 @@ def test_members_that_do_not_tile_the_archive_are_refused() -> None:
 
 
 def _one_member(data: bytes = b"a" * 100, flags: int = 0, method: int = zipfile.ZIP_STORED,
-                descriptor: bytes = b"") -> tuple[bytes, zipindex.Extent]:
-    """A zip of one member `a.txt` written by hand, and its extent."""
+                descriptor: bytes = b"", local_sizes: tuple[int, int] | None = None, extra: bytes = b"",
+                ) -> tuple[bytes, zipindex.Extent]:
+    """A zip of one member `a.txt` written by hand, and its extent; `local_sizes` (compressed,
+    uncompressed) and `extra` go into its local header only."""
     crc = zlib.crc32(data)
-    sizes = (0, 0, 0) if flags & 0x08 else (crc, len(data), len(data))
-    local = (struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, flags, method, 0, 0, *sizes, 5, 0) + b"a.txt" + data
-             + descriptor)
+    sizes = (0, 0, 0) if flags & 0x08 else (crc, *(local_sizes or (len(data), len(data))))
+    local = (struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, flags, method, 0, 0, *sizes, 5, len(extra)) + b"a.txt"
+             + extra + data + descriptor)
     central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, flags, method, 0, 0, crc, len(data), len(data),
                           5, 0, 0, 0, 0, 0, 0) + b"a.txt"
     end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(central), len(local), 0)
@@ -630,21 +635,35 @@ def test_bytes_between_members_are_refused() -> None:
             _check(archive, extent)
 
 
+def _zip64_extra(*sizes: int) -> bytes:
+    """A zip64 extended information extra field (APPNOTE 4.5.3): its sizes, uncompressed first."""
+    return struct.pack(f"<HH{len(sizes)}Q", 0x0001, 8 * len(sizes), *sizes)
+
+
 def test_zip64_sizes_in_a_local_header() -> None:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as zf, zf.open("a.txt", "w", force_zip64=True) as member:
-        member.write(b"a" * 100)
-    archive = out.getvalue()
-    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
-        infos = zf.infolist()
-    extent = extents(infos, _records_of(archive).cd_start)["0:a.txt"]
-    assert struct.unpack_from("<2L", archive, 18) == (0xFFFFFFFF, 0xFFFFFFFF)
+    """A local header whose sizes are 0xFFFFFFFF holds them in its zip64 extra field. The header
+    is built here byte by byte: Python's zipfile writes one way or the other by release (3.11.2
+    writes the real sizes with force_zip64, 3.11.7 writes 0xFFFFFFFF)."""
+    full, crc = 0xFFFFFFFF, zlib.crc32(b"a" * 100)
+    archive, extent = _one_member(local_sizes=(full, full), extra=_zip64_extra(100, 100))
+    assert struct.unpack_from("<2L", archive, 18) == (full, full)
     _check(archive, extent)
-    changed = bytearray(archive)
-    struct.pack_into("<Q", changed, 30 + 5 + 4 + 8, 99)  # the compressed size, after the size
-    with _disagreement(f"CRC-32 {zlib.crc32(b'a' * 100):08x}, 99 bytes compressed, 100 bytes, where the "
-                       f"directory has {zlib.crc32(b'a' * 100):08x}, 100 and 100"):
-        _check(bytes(changed), extent)
+    for wrong in ((99, 100), (100, 101)):  # the compressed size, then the size, as the extra field holds them
+        archive, extent = _one_member(local_sizes=(full, full), extra=_zip64_extra(wrong[1], wrong[0]))
+        with _disagreement(f"CRC-32 {crc:08x}, {wrong[0]} bytes compressed, {wrong[1]} bytes, where the "
+                           f"directory has {crc:08x}, 100 and 100"):
+            _check(archive, extent)
+    # One size in the extra field, the other in the header itself.
+    _check(*_one_member(local_sizes=(100, full), extra=_zip64_extra(100)))
+    archive, extent = _one_member(local_sizes=(full, 100), extra=_zip64_extra(98))
+    with _disagreement(f"CRC-32 {crc:08x}, 98 bytes compressed, 100 bytes, where the directory has {crc:08x}, "
+                       "100 and 100"):
+        _check(archive, extent)
+    # Without the extra field, 0xFFFFFFFF is taken at its word, and disagrees.
+    archive, extent = _one_member(local_sizes=(full, full))
+    with _disagreement(f"CRC-32 {crc:08x}, {full} bytes compressed, {full} bytes, where the directory has "
+                       f"{crc:08x}, 100 and 100"):
+        _check(archive, extent)
 
 
 def test_the_sizes_a_zip64_extra_field_holds() -> None:

@@ -142,6 +142,7 @@ def test_list_shows_the_processes_that_use_an_sdk(cache_dir: Path, tmp_path: Pat
     assert [row["held_by"] for row in after] == [[], []]
 
 
+@pytest.mark.stdlib
 def test_a_holder_killed_with_sigkill_holds_nothing(cache_dir: Path, tmp_path: Path) -> None:
     root = install_tree_into_cache(cache_dir, VERSION)
     started = tmp_path / "started"

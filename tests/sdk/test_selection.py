@@ -616,7 +616,8 @@ def test_lower_dry_run_installs_nothing_and_says_what_it_would(mirror: FaultServ
     assert planned.stdout.startswith(f"# {note}\n")
     assert note in planned.stderr
     assert f"export QNN_SDK_ROOT='{root}'" in planned.stdout
-    assert mirror.requests == []
+    # The mirror's index.json is read, as install reads it first to decide; no archive is fetched.
+    assert [r.path for r in mirror.requests] == ["/index.json"]
     assert not root.exists()
 
 
@@ -749,7 +750,7 @@ def test_executorchs_cache_is_where_its_downloader_puts_it() -> None:
 
 def test_a_choice_is_described_by_its_version_its_folder_or_the_caller() -> None:
     assert Selection("pin", "pinned in /p/.qnn-version", version=VERSION).describe() == (
-        f"SDK {VERSION} (pin: pinned in /p/.qnn-version)")
+        f"SDK {VERSION} (pinned in /p/.qnn-version)")
     assert Selection("env", "from QNN_SDK_ROOT", root=Path("/opt/qairt")).describe() == (
         "SDK /opt/qairt (env: from QNN_SDK_ROOT)")
     assert Selection("caller", "QNN_SDK_ROOT is exported but empty").describe() == (
@@ -867,10 +868,19 @@ def test_a_dry_run_of_an_sdk_that_is_not_installed(cache_dir: Path) -> None:
     assert resolve_for_dry_run(VERSION, os.environ, Path.cwd(), Cache(cache_dir))[2] == notes
 
 
-def test_a_dry_run_names_the_mirror_without_its_password(cache_dir: Path) -> None:
-    _, _, notes = _dry_run(VERSION, QNNCTL_MIRROR="https://me:secret@mirror.example/qairt/")
-    assert notes[0].endswith(f"download it from https://***@mirror.example/qairt/{VERSION}/v{VERSION}.zip "
+def test_a_dry_run_names_the_mirror_without_its_password(cache_dir: Path, server: FaultServer) -> None:
+    from qnnctl.errors import DownloadError
+
+    base = server.base.replace("http://", "http://me:secret@")
+    _, _, notes = _dry_run(VERSION, QNNCTL_MIRROR=f"{base}/qairt/")
+    shown = server.base.replace("http://", "http://***@")
+    assert notes[0].endswith(f"download it from {shown}/qairt/{VERSION}/v{VERSION}.zip "
                              f"and install it into {cache_dir / 'sdks' / VERSION}")
+    # A mirror that cannot be reached stops the dry run where it stops install: named without it too.
+    with pytest.raises(DownloadError) as caught:
+        _dry_run(VERSION, QNNCTL_MIRROR="http://me:secret@127.0.0.1:9/qairt/")
+    assert "http://***@127.0.0.1:9/qairt/index.json" in caught.value.message
+    assert "secret" not in caught.value.message
 
 
 @pytest.mark.parametrize("mirror", ["ftp://mirror.example/", "file:///srv/mirror/"])
