@@ -32,7 +32,7 @@ from qnnctl.sdk.versions import (
     resolve_version,
     version_in,
 )
-from qnnctl.sdk.work import FILE_LOCK, version_lock, work_id
+from qnnctl.sdk.work import FILE_LOCK, LOCK_MODE, version_lock, work_id
 from qnnctl.words import size_text
 
 log = logging.getLogger("qnnctl.install.prune")
@@ -91,7 +91,7 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
             kept.append(version)
             continue
         cache.locks.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(cache.lock_path(version)))
+        lock = FileLock(str(cache.lock_path(version)), mode=LOCK_MODE)
         try:
             # Not waited for: a running install of this version is replacing or writing it.
             lock.acquire(timeout=0)
@@ -221,7 +221,7 @@ def clean_cache(cache: Cache) -> Cleaned:
             key = version_in(entry.name) or FILE_LOCK
             candidates.append((key, entry))
     for key, entry in candidates:
-        lock = FileLock(str(cache.lock_path(key)))
+        lock = FileLock(str(cache.lock_path(key)), mode=LOCK_MODE)
         try:
             lock.acquire(timeout=0)
         except Timeout:

@@ -104,7 +104,11 @@ def hashed_digests(root: Path, cache: Cache) -> dict[str, str]:
     digests = tree_digests(root, skip={MANIFEST_NAME})
     # Remembered only when nothing changed while it was read, and where no one else can write.
     if usable and tree_key(root) == before:
-        make_folders(record.parent)
-        write_json_atomic(record, {"schema": _RECORD_SCHEMA, "root": os.path.realpath(root), "key": before,
-                                   "digests": digests})
+        try:
+            make_folders(record.parent)
+            write_json_atomic(record, {"schema": _RECORD_SCHEMA, "root": os.path.realpath(root), "key": before,
+                                       "digests": digests})
+        except OSError:
+            pass  # a cache this user may read but not write (a shared one): hashed again next time
+
     return digests

@@ -22,6 +22,10 @@ log = logging.getLogger("qnnctl.sdk.work")
 LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
 
 
+# An install lock file is never writable by others, whatever the umask (filelock's own default
+# follows the umask, and under 0 leaves it 0666).
+LOCK_MODE = 0o644
+
 # Installs from files share one lock: an archive's version is known only once it is extracted.
 FILE_LOCK = "file"
 
@@ -31,7 +35,7 @@ def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[N
     """One installer per version (or key) at a time, across processes; `doing` is what the
     holder does, in the notice of a wait (installing KEY unless said)."""
     cache.locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache.lock_path(key)))
+    lock = FileLock(str(cache.lock_path(key)), mode=LOCK_MODE)
     # The holder's process id, beside the lock (whose own file every waiter truncates).
     holder = cache.lock_path(key).with_suffix(".pid")
     try:

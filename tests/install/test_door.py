@@ -460,3 +460,27 @@ def test_a_foreign_sdk_with_any_entry_others_can_change_vouches_for_nothing(tmp_
         with pytest.raises(IntegrityError, match=f"could be changed by another user .*{loose.name}|{loose}"):
             hashed_digests(root, cache)
         loose.chmod(stat.S_IMODE(mode))
+
+
+def test_a_shared_cache_read_only_for_its_user_still_checks_a_foreign_sdk(tmp_path: Path, cache: Cache) -> None:
+    """No record can be written there: the tree is hashed each time, and nothing fails."""
+    from qnnctl.sdk.evidence import hashed_digests
+
+    root = build_sdk_tree(tmp_path / "store" / VERSION)
+    cache.root.mkdir(parents=True)
+    (cache.root / "verified").write_text("")  # no folder can be made there, as in a cache of another owner
+    assert hashed_digests(root, cache) == hashed_digests(root, cache)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022])
+def test_install_locks_are_never_writable_by_others(tmp_path: Path, cache: Cache, umask: int) -> None:
+    from qnnctl.sdk.work import version_lock
+
+    cache.ensure()
+    old = os.umask(umask)
+    try:
+        with version_lock(cache, VERSION):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(cache.lock_path(VERSION).stat().st_mode) & 0o022 == 0
