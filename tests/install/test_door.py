@@ -484,3 +484,34 @@ def test_install_locks_are_never_writable_by_others(tmp_path: Path, cache: Cache
     finally:
         os.umask(old)
     assert stat.S_IMODE(cache.lock_path(VERSION).stat().st_mode) & 0o022 == 0
+
+
+@pytest.mark.parametrize("where", ["link", "store", "ExecuTorch's cache"])
+def test_an_honest_foreign_sdk_passes_locked_and_is_hashed_once(tmp_path: Path, cache_dir: Path, where: str) -> None:
+    from qnnctl.sdk.members import tree_digests
+
+    folder = {"link": tmp_path / "linked" / VERSION, "store": tmp_path / "store" / VERSION,
+              "ExecuTorch's cache": tmp_path / "home" / ".cache" / "executorch" / "qnn" / f"sdk-{VERSION}"}[where]
+    root = build_sdk_tree(folder)
+    project = tmp_path / "project"
+    project.mkdir()
+    _write_lock(project, "e" * 64, tree_digests(root))
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "home" / ".cache")}
+    if where == "link":
+        assert run_qnnctl("link", str(root), "--version", VERSION, env=env).returncode == 0
+    elif where == "store":
+        env["QNNCTL_STORES"] = str(tmp_path / "store")
+    first = run_qnnctl("install", VERSION, "--locked", "-v", env=env, cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert Path(first.stdout.strip()) == root
+    (record,) = (cache_dir / "verified").iterdir()
+    stamp = record.stat().st_mtime_ns
+    assert run_qnnctl("lock", "--check", VERSION, env=env, cwd=project).returncode == 0
+    assert record.stat().st_mtime_ns == stamp  # answered from the record: not hashed again
+    os.utime(root / "QNN_README.txt", (1, 1))  # a change to the tree's entries: hashed again, still matching
+    assert run_qnnctl("lock", "--check", VERSION, env=env, cwd=project).returncode == 0
+    assert record.stat().st_mtime_ns != stamp
+    (root / "docs" / "new.txt").write_text("added")  # a change of content: hashed again, and refused
+    changed = run_qnnctl("lock", "--check", VERSION, env=env, cwd=project)
+    assert changed.returncode == 1
+    assert "the files of component docs" in changed.stderr
