@@ -23,16 +23,10 @@ from elftools.elf.gnuversions import GNUVerNeedSection
 
 from qnnctl.errors import IntegrityError
 from qnnctl.host.staged import ElfIdentity, elf_identity, loader_stops_at, parse_dotted_version
+from qnnctl.sdk.hosts import this_host
 
-# Where ld.so looks last. Debian and Ubuntu build it with their multiarch folders first.
-DEFAULT_DIRS: tuple[str, ...] = (
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib64",
-    "/usr/lib64",
-    "/lib",
-    "/usr/lib",
-)
+# Where ld.so looks last, on this host (qnnctl.sdk.hosts: Debian's multiarch folders first).
+DEFAULT_DIRS: tuple[str, ...] = this_host().system_dirs
 
 # How a library was found (Found.via); the last two are the host's own libraries.
 VIA_PATH = "path"
@@ -44,6 +38,7 @@ VIA_DEFAULT = "default folder"
 SYSTEM_VIAS = frozenset({VIA_CACHE, VIA_DEFAULT})
 
 _GLIBC_VERSION = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
+_GLIBCXX_VERSION = re.compile(r"^GLIBCXX_(\d+(?:\.\d+)+)$")
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
 # Bounds for a damaged or hostile library: names (PATH_MAX) and how many are read.
@@ -62,6 +57,7 @@ class ElfInfo:
     rpath: tuple[str, ...]  # DT_RPATH folders, $ORIGIN expanded; empty when DT_RUNPATH is set
     runpath: tuple[str, ...]  # DT_RUNPATH folders, $ORIGIN expanded
     glibc: tuple[int, ...] | None  # the highest GLIBC_x.y symbol version it needs
+    glibcxx: tuple[int, ...] | None = None  # the highest GLIBCXX_x.y.z (GNU libstdc++) it needs
 
     @property
     def has_runpath(self) -> bool:
@@ -163,6 +159,12 @@ def glibc_of(version_name: str) -> tuple[int, ...] | None:
     return parse_dotted_version(match.group(1)) if match else None
 
 
+def glibcxx_of(version_name: str) -> tuple[int, ...] | None:
+    """(3, 4, 29) for the symbol version "GLIBCXX_3.4.29" (GNU libstdc++); None for the rest."""
+    match = _GLIBCXX_VERSION.match(version_name)
+    return parse_dotted_version(match.group(1)) if match else None
+
+
 def format_version(version: Sequence[int]) -> str:
     return ".".join(str(part) for part in version)
 
@@ -199,6 +201,7 @@ def read_elf(path: Path) -> ElfInfo:
     runpath: list[str] = []
     soname: str | None = None
     highest: tuple[int, ...] | None = None
+    highest_cxx: tuple[int, ...] | None = None
     try:
         with open(path, "rb") as handle:
             elf = ELFFile(handle)
@@ -226,6 +229,9 @@ def read_elf(path: Path) -> ElfInfo:
                         version = glibc_of(str(aux.name))
                         if version is not None and (highest is None or version > highest):
                             highest = version
+                        cxx = glibcxx_of(str(aux.name))
+                        if cxx is not None and (highest_cxx is None or cxx > highest_cxx):
+                            highest_cxx = cxx
     except (ELFError, OSError, ValueError, KeyError) as exc:
         raise _unreadable(path, exc) from None
     if runpath:
@@ -239,6 +245,7 @@ def read_elf(path: Path) -> ElfInfo:
         rpath=tuple(rpath),
         runpath=tuple(runpath),
         glibc=highest,
+        glibcxx=highest_cxx,
     )
 
 
@@ -276,13 +283,13 @@ class Resolver:
         self,
         ld_library_path: str | None,
         ld_cache: Mapping[str, Sequence[str]],
-        default_dirs: Sequence[str] = DEFAULT_DIRS,
+        default_dirs: Sequence[str] | None = None,
         cwd: Path | None = None,
     ) -> None:
         # ld.so splits LD_LIBRARY_PATH at ':' and ';'.
         self.ld_library_path = split_search_path(ld_library_path, seps=":;") if ld_library_path else ()
         self.ld_cache = ld_cache
-        self.default_dirs = tuple(default_dirs)
+        self.default_dirs = tuple(this_host().system_dirs if default_dirs is None else default_dirs)
         self.cwd = cwd or Path.cwd()
 
     def _candidate(self, folder: str, name: str, want: ElfIdentity) -> Path | None:

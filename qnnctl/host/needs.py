@@ -5,7 +5,7 @@ they name in DT_NEEDED, the glibc symbol versions they reference. Reads; never w
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
@@ -13,7 +13,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection
 
 from qnnctl.errors import IntegrityError
-from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, needed_libraries, read_elf
+from qnnctl.host.elf import ElfInfo, Resolver, glibc_of, glibcxx_of, needed_libraries, read_elf
 from qnnctl.host.machine import glibc_version, read_ld_cache
 from qnnctl.host.staged import TRIO, Version, elf_identity, sdk_identity
 from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk
@@ -22,7 +22,7 @@ log = logging.getLogger("qnnctl.host.runtime")
 
 
 def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str]) -> list[str]:
-    """The libraries of `names` an x86_64 library would not find, searched as ld.so does.
+    """The libraries of `names` the SDK's host libraries would not find, searched as ld.so does.
 
     `lib_path` stands for LD_LIBRARY_PATH (the SDK's own folder); then the loader's cache and
     the default folders. The same resolver as doctor's library check.
@@ -51,14 +51,23 @@ def glibc_needed_by(libraries: Iterable[Path]) -> Version | None:
 
 def glibc_provided_by(libc: Path) -> Version | None:
     """The newest GLIBC_x.y symbol version a libc.so.6 defines."""
+    return _newest_defined(libc, glibc_of)
+
+
+def glibcxx_provided_by(libstdcxx: Path) -> Version | None:
+    """The newest GLIBCXX_x.y.z symbol version a libstdc++.so.6 defines."""
+    return _newest_defined(libstdcxx, glibcxx_of)
+
+
+def _newest_defined(library: Path, parse: Callable[[str], Version | None]) -> Version | None:
     newest: Version | None = None
     try:
-        with open(libc, "rb") as handle:
+        with open(library, "rb") as handle:
             for section in ELFFile(handle).iter_sections():
                 if isinstance(section, GNUVerDefSection):
                     for _, auxiliaries in section.iter_versions():
                         for aux in auxiliaries:
-                            version = glibc_of(str(aux.name))
+                            version = parse(str(aux.name))
                             if version and (newest is None or version > newest):
                                 newest = version
     except (ELFError, OSError, ValueError):

@@ -16,19 +16,20 @@ from pathlib import Path, PurePosixPath
 
 from qnnctl.records import Record
 from qnnctl.sdk.components import ALL, ANDROID, DOCS, HEXAGON, HOST, OTHER, canonical
+from qnnctl.sdk.hosts import HostPlatform, this_host
 
 # (component, pattern) over a member's path below the SDK root. `dir/` claims everything under
 # dir, `dir/*` the files directly in dir, `*` the files at the root; `{gen}` is a number.
 # From the layout of a QAIRT SDK root (../shared/design.md, "The SDK"; the 2.37.0.250724 and
 # 2.42.0.251225 archives, read 2025): one folder per target triple under lib/ (and bin/),
-# bin/x86_64-linux-clang/ for the host tools, include/QNN/ for the headers,
-# lib/hexagon-vNN/unsigned/ for each DSP generation's skels, lib/python/ and share/ for what
-# the host tools import and read, docs/ and examples/. A newer folder is one more line.
+# include/QNN/ for the headers, lib/hexagon-vNN/unsigned/ for each DSP generation's skels,
+# lib/python/ and share/ for what the host tools import and read, docs/ and examples/.
+# The host's own library and tool folders (lib/x86_64-linux-clang/ on x86_64) are `host` too:
+# those of the machine qnnctl runs on, from qnnctl.sdk.hosts (`host_rules`). A newer folder is
+# one more line.
 RULES: tuple[tuple[str, str], ...] = (
     (HOST, "*"),  # QNN_README.txt, sdk.yaml, the notices
     (HOST, "bin/*"),  # envsetup.sh and the dependency checks beside the tool folders
-    (HOST, "bin/x86_64-linux-clang/"),
-    (HOST, "lib/x86_64-linux-clang/"),
     (HOST, "lib/python/"),
     (HOST, "include/"),
     (HOST, "share/"),
@@ -38,6 +39,11 @@ RULES: tuple[tuple[str, str], ...] = (
     (DOCS, "docs/"),
     (DOCS, "examples/"),
 )
+
+
+def host_rules(host: HostPlatform) -> tuple[tuple[str, str], ...]:
+    """RULES with `host`'s own folders: what `--components host` fetches on that machine."""
+    return ((HOST, f"{host.bin_dir}/"), (HOST, f"{host.lib_dir}/"), *RULES)
 
 
 # How a link is followed within the archive: at most this many links on one path, as the kernel.
@@ -51,13 +57,17 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(body.replace(r"\*", r"[^/]+") + r"\Z")
 
 
-_COMPILED = tuple((component, _compile(pattern)) for component, pattern in RULES)
+_COMPILED: dict[str, tuple[tuple[str, re.Pattern[str]], ...]] = {}  # per host machine
 
 
 def component_of(path: str, is_dir: bool = False) -> str | None:
-    """The component that holds `path` (below the SDK root), or None: `all` only."""
+    """The component that holds `path` (below the SDK root) on this host, or None: `all` only."""
+    host = this_host()
+    rules = _COMPILED.get(host.machine)
+    if rules is None:
+        rules = _COMPILED[host.machine] = tuple((c, _compile(p)) for c, p in host_rules(host))
     text = path + "/" if is_dir else path
-    for component, rule in _COMPILED:
+    for component, rule in rules:
         found = rule.match(text)
         if found is not None:
             return component.format(**found.groupdict())
