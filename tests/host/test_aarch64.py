@@ -147,6 +147,14 @@ def test_a_whole_install_on_each_host(tmp_path: Path, cache_dir: Path) -> None:
     which = run_qnnctl("which", "qnn-net-run", env=aarch64_env())
     assert which.returncode == 0, which.stderr
     assert which.stdout.strip() == str(root / AARCH64_BIN_DIR / "qnn-net-run")
+    lowered = run_qnnctl("lower", "--", "sh", "-c", 'echo "$LD_LIBRARY_PATH"', env=aarch64_env())
+    assert lowered.returncode == 0, lowered.stderr
+    assert lowered.stdout.split(":")[0].strip() == str(root / AARCH64_LIB_DIR)
+    # A library as this host's loader finds it: the aarch64 one, past the x86_64 one of this machine.
+    system = aarch64_system(tmp_path / "system")
+    which = run_qnnctl("which", "libstdc++.so.6", env=aarch64_env(LD_LIBRARY_PATH=str(system)))
+    assert which.returncode == 0, which.stderr
+    assert which.stdout.strip() == str(system / "libstdc++.so.6")
 
 
 # -- doctor ----------------------------------------------------------------------------------------
