@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from qnnctl.records import Record
 from qnnctl.sdk.components import ALL, ANDROID, DOCS, HEXAGON, HOST, OTHER, canonical
-from qnnctl.sdk.hosts import HostPlatform, this_host
+from qnnctl.sdk.hosts import HOSTS, HostPlatform, this_host
 
 # (component, pattern) over a member's path below the SDK root. `dir/` claims everything under
 # dir, `dir/*` the files directly in dir, `*` the files at the root; `{gen}` is a number.
@@ -60,9 +60,10 @@ def _compile(pattern: str) -> re.Pattern[str]:
 _COMPILED: dict[str, tuple[tuple[str, re.Pattern[str]], ...]] = {}  # per host machine
 
 
-def component_of(path: str, is_dir: bool = False) -> str | None:
-    """The component that holds `path` (below the SDK root) on this host, or None: `all` only."""
-    host = this_host()
+def component_of(path: str, is_dir: bool = False, host: HostPlatform | None = None) -> str | None:
+    """The component that holds `path` (below the SDK root) on `host` (this one by default), or
+    None: `all` only."""
+    host = host or this_host()
     rules = _COMPILED.get(host.machine)
     if rules is None:
         rules = _COMPILED[host.machine] = tuple((c, _compile(p)) for c, p in host_rules(host))
@@ -231,9 +232,12 @@ def member_line(rel: str, kind: str, executable: bool, target: str, size: int, s
 
 
 def component_digests(lines: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The digest of each component's lines. Components as on an x86_64 host, whatever this one
+    is: a lock or a mirror's index then says the same on every host (its `host` is x86_64's
+    folders and the shared ones; an aarch64 host's folders are among `other`)."""
     by_component: dict[str, list[str]] = {}
     for rel, line in lines:
-        by_component.setdefault(component_of(rel) or OTHER, []).append(line)
+        by_component.setdefault(component_of(rel, host=HOSTS[0]) or OTHER, []).append(line)
     return {name: hashlib.sha256("\n".join(sorted(found)).encode("utf-8", "surrogateescape")).hexdigest()
             for name, found in sorted(by_component.items())}
 

@@ -19,7 +19,7 @@ from qnnctl.install.confine import member_path, sdk_top
 from qnnctl.run.api import amd_guard_needed
 from qnnctl.sdk.hosts import FORCE_MACHINE_VARIABLE, HOSTS, host_for, this_host, this_system
 from qnnctl.sdk.layout import HOST_LIB_DIR, sdk_from_root
-from qnnctl.sdk.members import component_of
+from qnnctl.sdk.members import component_of, tree_digests
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
 from tests.sdkfactory import (
@@ -220,3 +220,35 @@ def test_the_amd_guard_is_x86s() -> None:
     amd = {"QNNCTL_FORCE_CPU_VENDOR": "AuthenticAMD"}
     assert amd_guard_needed({**amd, FORCE_MACHINE_VARIABLE: "x86_64"})
     assert not amd_guard_needed({**amd, FORCE_MACHINE_VARIABLE: "aarch64"})
+
+
+def test_component_digests_are_the_same_on_every_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock or a mirror's index written on x86_64 says the same as one written on aarch64: its
+    digests partition the SDK as on x86_64, whatever the host (a whole install checks them all)."""
+    root = add_aarch64_host(build_sdk_tree(tmp_path / "sdk"), tmp_path)
+    on_x86_64 = tree_digests(root)
+    monkeypatch.setenv(FORCE_MACHINE_VARIABLE, "aarch64")
+    assert tree_digests(root) == on_x86_64
+    assert component_of(f"{AARCH64_LIB_DIR}/libQnnHtp.so") == "host"  # while choosing members, this host's
+
+
+def test_an_index_written_on_x86_64_serves_an_aarch64_host(server: FaultServer, tmp_path: Path,
+                                                           cache_dir: Path) -> None:
+    """A mirror indexed on x86_64 (its digests as there): an aarch64 host asking for `host` gets
+    the whole SDK, checked whole against the index, instead of a tree no digest covers."""
+    archive = build_two_host_archive(tmp_path)
+    server.add(f"/{VERSION}/v{VERSION}.zip", archive.read_bytes())
+    kept = tmp_path / "mirror"
+    made = run_qnnctl("mirror", str(kept), VERSION, env={**os.environ, "QNNCTL_MIRROR": server.base,
+                                                        "QNNCTL_CACHE_DIR": str(tmp_path / "indexer")})
+    assert made.returncode == 0, made.stderr
+    assert "components" in json.dumps(json.loads((kept / "index.json").read_text()))
+    with FaultServer() as mirror:
+        for path in kept.rglob("*"):
+            if path.is_file():
+                mirror.add("/" + path.relative_to(kept).as_posix(), path.read_bytes())
+        result = run_qnnctl("install", VERSION, "--components", "host", env=aarch64_env(QNNCTL_MIRROR=mirror.base))
+    assert result.returncode == 0, result.stderr
+    assert "installing the whole SDK, checked whole" in result.stderr
+    root = Path(result.stdout.strip())
+    assert (root / AARCH64_LIB_DIR / "libQnnSystem.so").is_file()
