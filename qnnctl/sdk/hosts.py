@@ -69,7 +69,10 @@ HOSTS: tuple[HostPlatform, ...] = (
         packages={"libstdc++.so.6": "libstdc++6", "libatomic.so.1": "libatomic1"},
         # The folder: QAIRT 2.31 to 2.49 SDKs used on aarch64 Linux boards put the host libraries
         # in lib/aarch64-oe-linux-gcc11.2 (public build scripts and ONNX Runtime's QNN EP notes,
-        # read 2026-12; Qualcomm's own page naming the folder for 2.47+ was not found to cite).
+        # read 2026-12). Not confirmed in Qualcomm's documentation: the backend table of the QAIRT
+        # 2.39 SDK's own docs (docs/QNN/general/backend.html) lists x86_64-linux-clang and the
+        # Android and Windows targets only, and qairt-dev's setup page (docs.qualcomm.com
+        # 80-87189-2, read 2026-12) names Linux-aarch64 (Ubuntu 24.04) as a platform, not a folder.
         # lib/aarch64-ubuntu-gcc9.4 is GCC 9's build: it cannot reference GLIBCXX_3.4.29, which
         # the 2.51 libraries measured do, so it is not taken as this host's folder.
         source="the aarch64 libraries of onnxruntime_qnn-2.7.0-cp311-cp311-manylinux_2_34_aarch64.whl "
