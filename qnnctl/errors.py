@@ -114,18 +114,29 @@ class DiskSpaceError(QnnctlError):
 
 
 class UnsupportedHostError(QnnctlError):
-    """The SDK's host tools only run on Linux x86_64."""
+    """The SDK has no host libraries for this system or machine (qnnctl.sdk.hosts lists those it has)."""
 
     exit_code = EXIT_UNSUPPORTED_HOST
 
-    def __init__(self, system: str, machine: str) -> None:
+    def __init__(self, system: str, machine: str, supported: str) -> None:
         self.system = system
         self.machine = machine
+        self.supported = supported
         super().__init__(
-            f"unsupported host {system}/{machine}: the QNN SDK's host libraries "
-            "run on Linux x86_64 only",
-            hint="run qnnctl on a Linux x86_64 machine or container",
+            f"unsupported host {system}/{machine or 'unknown'}: the QNN SDK's host libraries "
+            f"run on {supported} only",
+            hint=f"run qnnctl on a {supported} machine or container",
         )
+
+
+class NoHostLibrariesError(QnnctlError):
+    """An SDK (or archive) with host libraries for other hosts than this one."""
+
+    exit_code = EXIT_UNSUPPORTED_HOST
+
+    def __init__(self, what: str, problem: str, hint: str) -> None:
+        self.what = what
+        super().__init__(f"{what} {problem}", hint=hint)
 
 
 def _mib(n: int) -> str:

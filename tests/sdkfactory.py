@@ -252,3 +252,90 @@ def install_tree_into_cache(cache_dir: Path, version: str = VERSION) -> Path:
     build_sdk_tree(root, SdkSpec(version=version))
     (root / ".qnnctl.json").write_text(json.dumps({"schema": 1, "version": version, "files": {}}))
     return root
+
+
+# -- a Linux aarch64 host's libraries, on this x86_64 one ------------------------------------------
+#
+# As the aarch64 libraries of QAIRT 2.51 (onnxruntime_qnn-2.7.0's manylinux_2_34_aarch64 wheel):
+# ELF AArch64, in lib/aarch64-oe-linux-gcc11.2, needing GNU libstdc++.so.6 with GLIBCXX_3.4.29,
+# and libQnnSystem.so also libatomic.so.1. Built by `cc` against stand-ins of those two (so that
+# their version needs are real ones), linked without the C library, then marked AArch64.
+
+AARCH64_LIB_DIR = "lib/aarch64-oe-linux-gcc11.2"
+AARCH64_BIN_DIR = "bin/aarch64-oe-linux-gcc11.2"
+_CXX_SOURCE = "int qnn_cxx_old(void) { return 1; }\nint qnn_cxx_new(void) { return 2; }\n"
+_CXX_VERSIONS = {
+    "3.4.29": "GLIBCXX_3.4.28 { global: qnn_cxx_old; local: *; };\n"
+              "GLIBCXX_3.4.29 { global: qnn_cxx_new; } GLIBCXX_3.4.28;\n",
+    "3.4.28": "GLIBCXX_3.4.28 { global: qnn_cxx_old; qnn_cxx_new; local: *; };\n",
+}
+
+
+def _link(path: Path, source: str, *extra: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.with_name(path.name + ".c")
+    src.write_text(source)
+    subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", "-o", str(path), str(src), *extra], check=True)
+    src.unlink()
+    return path
+
+
+def native_system_stand_ins(folder: Path, glibcxx: str = "3.4.29", atomic: bool = True) -> Path:
+    """libstdc++.so.6 (defining GLIBCXX versions up to `glibcxx`: "3.4.29" or "3.4.28") and
+    libatomic.so.1 stand-ins in `folder`, for this machine (what the linker takes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / f"cxx-{glibcxx}.map"
+    script.write_text(_CXX_VERSIONS[glibcxx])
+    _link(folder / "libstdc++.so.6", _CXX_SOURCE, "-Wl,-soname,libstdc++.so.6", f"-Wl,--version-script={script}")
+    script.unlink()
+    if atomic:
+        _link(folder / "libatomic.so.1", "int qnn_atomic(void) { return 3; }\n", "-Wl,-soname,libatomic.so.1")
+    return folder
+
+
+def mark_aarch64(folder: Path) -> Path:
+    """Every ELF library in `folder` rewritten as AArch64."""
+    for path in folder.iterdir():
+        if ".so" in path.name and path.is_file() and not path.is_symlink():
+            path.write_bytes(for_another_machine(path.read_bytes()))
+    return folder
+
+
+def aarch64_system(folder: Path, glibcxx: str = "3.4.29", atomic: bool = True) -> Path:
+    """An aarch64 Debian's libstdc++.so.6 and libatomic.so.1, as far as a loader's search and
+    their version definitions go: AArch64 stand-ins in `folder`."""
+    return mark_aarch64(native_system_stand_ins(folder, glibcxx, atomic))
+
+
+def add_aarch64_host(root: Path, work: Path) -> Path:
+    """Give the SDK tree at `root` a Linux aarch64 host's folders: libQnnHtp.so and
+    libQnnSystem.so as QAIRT 2.51's (see above), and a tool."""
+    stand_ins = native_system_stand_ins(work / "aarch64-link")
+    lib = root / AARCH64_LIB_DIR
+    linked = ("-L", str(stand_ins), "-l:libstdc++.so.6")
+    _link(lib / "libQnnHtp.so", "extern int qnn_cxx_new(void);\nint qnn_htp(void) { return qnn_cxx_new(); }\n",
+          *linked)
+    _link(lib / "libQnnSystem.so", "extern int qnn_cxx_new(void);\nextern int qnn_atomic(void);\n"
+          "int qnn_system(void) { return qnn_cxx_new() + qnn_atomic(); }\n", *linked, "-l:libatomic.so.1")
+    mark_aarch64(lib)
+    tool = root / AARCH64_BIN_DIR / "qnn-net-run"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text("#!/bin/sh\necho qnn-net-run aarch64 \"$@\"\n")
+    tool.chmod(0o755)
+    shutil.rmtree(stand_ins)
+    return root
+
+
+def build_two_host_archive(workdir: Path, version: str = VERSION, x86_64: bool = True) -> Path:
+    """A zip laid out as Qualcomm's (qairt/<version>/) with both hosts' folders, or, without
+    `x86_64`, the aarch64 host's alone."""
+    staging = workdir / f"staging-{version}-two-hosts"
+    root = build_sdk_tree(staging / "qairt" / version, SdkSpec(version=version))
+    add_aarch64_host(root, workdir)
+    if not x86_64:
+        shutil.rmtree(root / "lib" / "x86_64-linux-clang")
+        shutil.rmtree(root / "bin" / "x86_64-linux-clang")
+    archive = workdir / f"v{version}.zip"
+    write_zip_from_tree(staging, archive)
+    shutil.rmtree(staging)
+    return archive

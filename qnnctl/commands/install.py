@@ -11,7 +11,7 @@ import click
 from qnnctl.commands.common import complete_known, current_cache, log, stderr_is_terminal
 from qnnctl.errors import EXIT_FAILED, QnnctlError
 from qnnctl.host.build import RuntimePins
-from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.runtime import RuntimeRequest, require_stageable_host, stage_runtime
 from qnnctl.host.sources import check_sources
 from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
@@ -61,6 +61,8 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     if components is not None:
         parts = parse_components(components)
     sources: tuple[Path, ...] = ()
+    if runtime or runtime_from:
+        require_stageable_host()  # before a byte of the SDK is fetched
     if runtime_from:
         sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, components=parts)

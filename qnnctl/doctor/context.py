@@ -5,7 +5,6 @@ facts, each computed once and shared by the checks) and the hints that depend on
 from __future__ import annotations
 
 import os
-import platform
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ from qnnctl.host.machine import glibc_version, read_ld_cache
 from qnnctl.run.envplan import environment_for
 from qnnctl.run.probe import Loaded, probe
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
-from qnnctl.sdk.layout import HOST_LIB_DIR, REQUIRED_LIBS, Sdk, read_sdk_version
+from qnnctl.sdk.hosts import this_host, this_system
+from qnnctl.sdk.layout import REQUIRED_LIBS, Sdk, read_sdk_version
 from qnnctl.sdk.select import (
     BY_ENV,
     BY_SHELL,
@@ -70,8 +70,8 @@ class Context:
     # The Python whose frameworks to check (`--python`); None: qnnctl's own.
     python: str | None = None
     # The host's facts; tests replace them to see a check's verdict on another host.
-    system: str = field(default_factory=platform.system)
-    machine: str = field(default_factory=platform.machine)
+    system: str = field(default_factory=lambda: this_system()[0])
+    machine: str = field(default_factory=lambda: this_system()[1])
     glibc_reader: Callable[[], tuple[int, ...] | None] = glibc_version
     space_needed: int = TYPICAL_ARCHIVE + TYPICAL_UNPACKED
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -153,7 +153,7 @@ class Context:
         target = self.require_target()
         if target.sdk is not None:
             return read_sdk_version(target.sdk.root)
-        if target.lib_dir is not None and target.lib_dir.name == Path(HOST_LIB_DIR).name:
+        if target.lib_dir is not None and target.lib_dir.name == Path(this_host().lib_dir).name:
             return read_sdk_version(target.lib_dir.parent.parent)
         return None
 
@@ -165,7 +165,7 @@ class Context:
         if target.lib_dir is None:
             raise Skip(
                 "QNN_SDK_ROOT is empty and no folder on LD_LIBRARY_PATH holds libQnnHtp.so",
-                hint=f"add the SDK's {HOST_LIB_DIR} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT "
+                hint=f"add the SDK's {this_host().lib_dir} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT "
                 "and run `eval \"$(qnnctl env)\"`",
             )
         lib_dir = target.lib_dir

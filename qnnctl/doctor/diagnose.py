@@ -16,7 +16,15 @@ from pathlib import Path
 from qnnctl.doctor.context import Check, Context
 from qnnctl.doctor.device import DEVICE_CHECKS, MODEL_CHECK
 from qnnctl.doctor.fleet import check_lock, check_stores
-from qnnctl.doctor.host import check_cpu, check_environment, check_glibc, check_host, check_libraries, check_load
+from qnnctl.doctor.host import (
+    check_cpu,
+    check_environment,
+    check_glibc,
+    check_glibcxx,
+    check_host,
+    check_libraries,
+    check_load,
+)
 from qnnctl.doctor.network import check_network
 from qnnctl.doctor.report import FAIL, SKIP, STATUSES, Outcome, Result, Skip
 from qnnctl.doctor.sdk import (
@@ -44,6 +52,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("sdk.verify", check_verify),
     ("libraries", check_libraries),
     ("glibc", check_glibc),
+    ("libstdc++", check_glibcxx),
     ("load", check_load),
     ("environment", check_environment),
     ("executorch", check_executorch),

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from qnnctl.doctor.context import Context, Target, env_command, reinstall_hint
 from qnnctl.doctor.report import FAIL, Outcome, abridged, fail, ok, warn
-from qnnctl.host.elf import format_version
-from qnnctl.host.machine import CPUINFO, SUPPORTED_HOST, cpu_vendor, is_amd, is_supported_host
+from qnnctl.host.elf import format_version, glibcxx_provided_by
+from qnnctl.host.machine import CPUINFO, cpu_vendor, is_amd, is_supported_host
 from qnnctl.host.staged import GLIBC, current, staged_loader
 from qnnctl.run.api import FORCE_VENDOR_VARIABLE
 from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.layout import HOST_LIB_DIR, REQUIRED_LIBS
+from qnnctl.sdk.hosts import HOSTS, supported_names, this_host
+from qnnctl.sdk.layout import REQUIRED_LIBS
 from qnnctl.shell.exports import split_path
 
 LIBCXX_RUNTIME = ("libc++.so.1", "libc++abi.so.1", "libunwind.so.1")
@@ -33,8 +34,8 @@ def check_host(ctx: Context) -> Outcome:
     detail = f"{ctx.system} {ctx.machine}, Python {python}, {libc}"
     if not is_supported_host(ctx.system, ctx.machine):
         return fail(
-            f"{detail}: the SDK's host libraries run on {SUPPORTED_HOST} only",
-            hint=f"run qnnctl on a {SUPPORTED_HOST} machine or container",
+            f"{detail}: the SDK's host libraries run on {supported_names()} only",
+            hint=f"run qnnctl on a {supported_names()} machine or container",
         )
     if glibc is None:
         return fail(f"{detail}: the SDK's host libraries need glibc",
@@ -43,13 +44,23 @@ def check_host(ctx: Context) -> Outcome:
 
 
 def missing_hint(name: str, target: Target) -> str:
-    """The fix for one library the loader cannot find."""
-    if name in LIBCXX_RUNTIME:
+    """The fix for one library the loader cannot find: for the runtime this host's libraries
+    need (qnnctl.sdk.hosts), the package that provides it."""
+    if name in LIBCXX_RUNTIME and this_host().cxx_runtime == "libc++":
         return LIBCXX_HINT
+    package = this_host().packages.get(name)
+    if package is not None:
+        return f"install {name} from the system's packages (Debian/Ubuntu: `sudo apt-get install {package}`)"
     if target.lib_dir is not None and name.startswith("libQnn"):
         return reinstall_hint(target)
     return (f"install the package that provides {name} (Debian/Ubuntu: `apt-file search {name}`), "
             "or add its folder to LD_LIBRARY_PATH")
+
+
+def machine_name(elf_machine: int) -> str:
+    """An ELF header's e_machine for people: "x86-64", "AArch64", "ELF machine 40"."""
+    names = {host.elf_machine: host.name.split()[-1] for host in HOSTS}
+    return names.get(elf_machine, f"ELF machine {elf_machine}")
 
 
 def check_libraries(ctx: Context) -> Outcome:
@@ -57,6 +68,16 @@ def check_libraries(ctx: Context) -> Outcome:
     scan = ctx.scan()
     problems: list[str] = []
     hints: list[str] = []
+    host = this_host()
+    for closure in (scan.required, scan.others):
+        foreign = [closure.libraries[p] for p in closure.roots
+                   if p in closure.libraries and closure.libraries[p].identity.machine != host.elf_machine]
+        if foreign:
+            kinds = sorted({machine_name(info.identity.machine) for info in foreign})
+            problems.append(f"{abridged([info.path.name for info in foreign])} "
+                            f"{'is' if len(foreign) == 1 else 'are'} built for {', '.join(kinds)}, "
+                            f"not this {host.name} host")
+            hints.append(f"use an SDK with {host.name} libraries in {host.lib_dir}; {reinstall_hint(target)}")
     if scan.absent:
         problems.append(f"{abridged(scan.absent)} not in {scan.lib_dir}")
         hints.append(reinstall_hint(target))
@@ -128,6 +149,34 @@ def check_glibc(ctx: Context) -> Outcome:
         "GLIBC.deb|GLIBC.rpm`"))
 
 
+def check_glibcxx(ctx: Context) -> Outcome:
+    """The GNU libstdc++ symbol versions (GLIBCXX_x.y.z) the SDK's libraries need, against the
+    libstdc++.so.6 the loader finds for them (the aarch64 libraries need GLIBCXX_3.4.29: GCC 11's
+    runtime or newer)."""
+    scan = ctx.scan()
+    needed: tuple[tuple[int, ...], Path] | None = None
+    found: Path | None = None
+    for closure in (scan.required, scan.others):
+        for path, info in closure.libraries.items():
+            if info.glibcxx is not None and (needed is None or info.glibcxx > needed[0]):
+                needed = (info.glibcxx, path)
+        for hits in closure.found.values():
+            found = found or next((hit.path for hit in hits if hit.name == "libstdc++.so.6" and hit.path), None)
+    if needed is None:
+        return ok(f"no GLIBCXX symbol version needed (the SDK's libraries use {this_host().cxx_runtime})")
+    need = f"GLIBCXX_{format_version(needed[0])}"
+    package = this_host().packages.get("libstdc++.so.6", "libstdc++6")
+    newer = (f"install a newer libstdc++ (Debian/Ubuntu: `sudo apt-get install {package}` from a release with "
+             "GCC 11's runtime or newer: Ubuntu 22.04, Debian 12 or later)")
+    if found is None:
+        return fail(f"{needed[1].name} needs {need}, and the loader finds no libstdc++.so.6", hint=newer)
+    have = glibcxx_provided_by(found)
+    if have is None or have < needed[0]:
+        upto = f"up to GLIBCXX_{format_version(have)}" if have else "no GLIBCXX version"
+        return fail(f"{needed[1].name} needs {need}; {found} has {upto}", hint=newer)
+    return ok(f"{need} needed (by {needed[1].name}); {found} has up to GLIBCXX_{format_version(have)}")
+
+
 def staged_glibc(cache: Cache) -> tuple[Path, tuple[int, ...]] | None:
     """(loader, glibc version) of a glibc staged with `install --runtime`, as `lower` sees it."""
     if not cache.runtime.is_dir():
@@ -193,7 +242,7 @@ def check_environment(ctx: Context) -> Outcome:
         if target.lib_dir is None:
             return warn(
                 "QNN_SDK_ROOT is exported but empty, and no folder on LD_LIBRARY_PATH holds libQnnHtp.so",
-                hint=f"add the SDK's {HOST_LIB_DIR} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT and "
+                hint=f"add the SDK's {this_host().lib_dir} to LD_LIBRARY_PATH, or unset QNN_SDK_ROOT and "
                 "run `eval \"$(qnnctl env)\"`",
             )
         return ok(f"the caller manages the SDK; LD_LIBRARY_PATH holds {target.lib_dir}")
@@ -215,6 +264,8 @@ def check_environment(ctx: Context) -> Outcome:
 
 def check_cpu(ctx: Context) -> Outcome:
     # The same answer the AMD guard of `qnnctl lower` will get.
+    if ctx.machine != "x86_64":
+        return ok(f"{ctx.machine}: `qnnctl lower` has no MKLDNN guard to arm here (it is for AMD x86 CPUs)")
     forced = ctx.environ.get(FORCE_VENDOR_VARIABLE) or None
     try:
         vendor = forced or cpu_vendor()

@@ -25,10 +25,9 @@ from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.compat import ep_requirement, known_pairing, ort_qnn_carries, passes_that_fall_back
 from qnnctl.sdk.components import install_command, installed_components
 from qnnctl.sdk.holds import describe_holders, held_and_removed, held_by
+from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.identity import sdk_build_ids, version_of_build
 from qnnctl.sdk.layout import (
-    HOST_BIN_DIR,
-    HOST_LIB_DIR,
     REQUIRED_LIBS,
     missing_layout,
     read_build_id,
@@ -79,7 +78,7 @@ def check_layout(ctx: Context) -> Outcome:
     problems: list[str] = []
     fixes: list[str] = []
     lib_dir = sdk.lib_dir
-    missing = [f"{HOST_LIB_DIR}/{n}" for n in REQUIRED_LIBS if not (lib_dir / n).is_file()]
+    missing = [f"{this_host().lib_dir}/{n}" for n in REQUIRED_LIBS if not (lib_dir / n).is_file()]
     if missing:
         problems.append("missing " + abridged(missing))
         fixes.append(reinstall_hint(target))
@@ -89,7 +88,7 @@ def check_layout(ctx: Context) -> Outcome:
         problems.append("not executable: " + abridged([p.name for p in not_exec]))
         fixes.append("chmod +x " + " ".join(shlex.quote(str(p)) for p in not_exec))
     if sdk.bin_dir.is_dir() and not tools:
-        problems.append(f"no tools in {HOST_BIN_DIR}")
+        problems.append(f"no tools in {this_host().bin_dir}")
         fixes.append(reinstall_hint(target))
     if problems:
         return fail(f"{sdk.root}: " + "; ".join(problems), "; ".join(dict.fromkeys(fixes)))
@@ -99,7 +98,7 @@ def check_layout(ctx: Context) -> Outcome:
     if tools:
         has.append(f"{len(tools)} tool{'' if len(tools) == 1 else 's'} (executable)")
     else:
-        cannot.append(f"no {HOST_BIN_DIR} (no qnn-net-run or qnn-context-binary-generator)")
+        cannot.append(f"no {this_host().bin_dir} (no qnn-net-run or qnn-context-binary-generator)")
     if (sdk.root / "include" / "QNN").is_dir():
         has.append("include/QNN")
     else:

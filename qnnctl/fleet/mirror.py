@@ -31,8 +31,9 @@ from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.gate import agree
+from qnnctl.sdk.hosts import HOSTS
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
-from qnnctl.sdk.layout import HOST_LIB_DIR, read_sdk_version
+from qnnctl.sdk.layout import read_sdk_version
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, parse_index
 from qnnctl.sdk.select import resolve_spec, select_sdk
 from qnnctl.sdk.stores import refuse_unsafe_cache
@@ -64,11 +65,12 @@ def archive_build_id(archive: Path, scratch: Path) -> str | None:
     try:
         with zipfile.ZipFile(archive) as zf:
             members: dict[str, zipfile.ZipInfo] = {}
+            lib_dirs = {host.lib_dir for host in HOSTS}  # every host's libraries carry the build id
             for info in zf.infolist():
                 # A folder's name ends with "/": its last part is "", no library's name.
                 parts = info.filename.rsplit("/", 3)
                 kind = stat.S_IFMT(info.external_attr >> 16)
-                if len(parts) >= 3 and "/".join(parts[-3:-1]) == HOST_LIB_DIR and kind != stat.S_IFLNK:
+                if len(parts) >= 3 and "/".join(parts[-3:-1]) in lib_dirs and kind != stat.S_IFLNK:
                     members.setdefault(parts[-1], info)
             for name in IDENTITY_LIBS:
                 member = members.get(name)

@@ -18,12 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerDefSection
-
 from qnnctl.errors import IntegrityError, QnnctlError
-from qnnctl.host.elf import glibc_of
+from qnnctl.host.elf import glibc_provided_by
 from qnnctl.host.needs import dotted
 from qnnctl.host.packages import CollectedFile
 from qnnctl.host.sources import GLIBC_DIRS, LIBC, Scan, find
@@ -220,20 +216,3 @@ def check_pinned(kind: str, files: Mapping[str, str], pins: RuntimePins | None, 
         f"{what} is not the {kind} runtime {pins.where} pins: {shown}{more}",
         hint=f"{fix}, or, if these are the ones to trust, write the lock again with `qnnctl lock`; nothing was staged",
     )
-
-
-def glibc_provided_by(libc: Path) -> Version | None:
-    """The newest GLIBC_x.y symbol version a libc.so.6 defines."""
-    newest: Version | None = None
-    try:
-        with open(libc, "rb") as handle:
-            for section in ELFFile(handle).iter_sections():
-                if isinstance(section, GNUVerDefSection):
-                    for _, auxiliaries in section.iter_versions():
-                        for aux in auxiliaries:
-                            version = glibc_of(str(aux.name))
-                            if version and (newest is None or version > newest):
-                                newest = version
-    except (ELFError, OSError, ValueError):
-        return None
-    return newest

@@ -11,23 +11,17 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qnnctl.errors import IntegrityError
 from qnnctl.host.staged import ElfIdentity, elf_identity, loader_stops_at, parse_dotted_version
+from qnnctl.sdk.hosts import this_host
 
-# Where ld.so looks last. Debian and Ubuntu build it with their multiarch folders first.
-DEFAULT_DIRS: tuple[str, ...] = (
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib64",
-    "/usr/lib64",
-    "/lib",
-    "/usr/lib",
-)
+# Where ld.so looks last, on this host (qnnctl.sdk.hosts: Debian's multiarch folders first).
+DEFAULT_DIRS: tuple[str, ...] = this_host().system_dirs
 
 # How a library was found (Found.via); the last two are the host's own libraries.
 VIA_PATH = "path"
@@ -39,6 +33,7 @@ VIA_DEFAULT = "default folder"
 SYSTEM_VIAS = frozenset({VIA_CACHE, VIA_DEFAULT})
 
 _GLIBC_VERSION = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
+_GLIBCXX_VERSION = re.compile(r"^GLIBCXX_(\d+(?:\.\d+)+)$")
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
 _DT_VERNEED, _DT_VERNEEDNUM = 0x6FFFFFFE, 0x6FFFFFFF
@@ -59,6 +54,7 @@ class ElfInfo:
     rpath: tuple[str, ...]  # DT_RPATH folders, $ORIGIN expanded; empty when DT_RUNPATH is set
     runpath: tuple[str, ...]  # DT_RUNPATH folders, $ORIGIN expanded
     glibc: tuple[int, ...] | None  # the highest GLIBC_x.y symbol version it needs
+    glibcxx: tuple[int, ...] | None = None  # the highest GLIBCXX_x.y.z (GNU libstdc++) it needs
 
     @property
     def has_runpath(self) -> bool:
@@ -211,6 +207,12 @@ def glibc_of(version_name: str) -> tuple[int, ...] | None:
     return parse_dotted_version(match.group(1)) if match else None
 
 
+def glibcxx_of(version_name: str) -> tuple[int, ...] | None:
+    """(3, 4, 29) for the symbol version "GLIBCXX_3.4.29" (GNU libstdc++); None for the rest."""
+    match = _GLIBCXX_VERSION.match(version_name)
+    return parse_dotted_version(match.group(1)) if match else None
+
+
 def format_version(version: Sequence[int]) -> str:
     return ".".join(str(part) for part in version)
 
@@ -254,6 +256,7 @@ def read_elf(path: Path) -> ElfInfo:
     from elftools.elf.elffile import ELFFile  # lazy: as above
     from elftools.elf.gnuversions import GNUVerNeedSection  # lazy: as above
 
+    highest_cxx: tuple[int, ...] | None = None
     try:
         with open(path, "rb") as handle:
             elf = ELFFile(handle)
@@ -281,6 +284,9 @@ def read_elf(path: Path) -> ElfInfo:
                         version = glibc_of(str(aux.name))
                         if version is not None and (highest is None or version > highest):
                             highest = version
+                        cxx = glibcxx_of(str(aux.name))
+                        if cxx is not None and (highest_cxx is None or cxx > highest_cxx):
+                            highest_cxx = cxx
     except (ELFError, OSError, ValueError, KeyError) as exc:
         raise _unreadable(path, exc) from None
     if runpath:
@@ -294,7 +300,40 @@ def read_elf(path: Path) -> ElfInfo:
         rpath=tuple(rpath),
         runpath=tuple(runpath),
         glibc=highest,
+        glibcxx=highest_cxx,
     )
+
+
+def glibc_provided_by(libc: Path) -> tuple[int, ...] | None:
+    """The newest GLIBC_x.y symbol version a libc.so.6 defines."""
+    return newest_defined(libc, glibc_of)
+
+
+def glibcxx_provided_by(libstdcxx: Path) -> tuple[int, ...] | None:
+    """The newest GLIBCXX_x.y.z symbol version a libstdc++.so.6 defines."""
+    return newest_defined(libstdcxx, glibcxx_of)
+
+
+def newest_defined(library: Path, parse: Callable[[str], tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    """The newest of the symbol versions `library` defines that `parse` reads; None for none."""
+    # lazy: as in read_elf, pyelftools only for doctor's reports and staging, never for `lower`
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile  # lazy: as the line above
+    from elftools.elf.gnuversions import GNUVerDefSection  # lazy: as above
+
+    newest: tuple[int, ...] | None = None
+    try:
+        with open(library, "rb") as handle:
+            for section in ELFFile(handle).iter_sections():
+                if isinstance(section, GNUVerDefSection):
+                    for _, auxiliaries in section.iter_versions():
+                        for aux in auxiliaries:
+                            version = parse(str(aux.name))
+                            if version and (newest is None or version > newest):
+                                newest = version
+    except (ELFError, OSError, ValueError):
+        return None
+    return newest
 
 
 # -- finding libraries the way ld.so does ---------------------------------------------------------
@@ -331,13 +370,13 @@ class Resolver:
         self,
         ld_library_path: str | None,
         ld_cache: Mapping[str, Sequence[str]],
-        default_dirs: Sequence[str] = DEFAULT_DIRS,
+        default_dirs: Sequence[str] | None = None,
         cwd: Path | None = None,
     ) -> None:
         # ld.so splits LD_LIBRARY_PATH at ':' and ';'.
         self.ld_library_path = split_search_path(ld_library_path, seps=":;") if ld_library_path else ()
         self.ld_cache = ld_cache
-        self.default_dirs = tuple(default_dirs)
+        self.default_dirs = tuple(this_host().system_dirs if default_dirs is None else default_dirs)
         self.cwd = cwd or Path.cwd()
 
     def _candidate(self, folder: str, name: str, want: ElfIdentity) -> Path | None:

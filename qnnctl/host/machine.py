@@ -5,30 +5,21 @@ from __future__ import annotations
 import ctypes
 import logging
 import os.path
-import platform
 import re
 import shutil
 import struct
 import subprocess
 import threading
 
-from qnnctl.errors import UnsupportedHostError
 from qnnctl.host.staged import parse_dotted_version
+from qnnctl.sdk.hosts import host_for
 
-SUPPORTED_HOST = "Linux x86_64"
-_X86_64 = {"x86_64", "amd64"}
+# The machine is read in one place, qnnctl.sdk.hosts.this_system (below the SDK's layout, which
+# needs it too), and refused there (require_supported_host).
 
 
 def is_supported_host(system: str, machine: str) -> bool:
-    return system == "Linux" and machine.lower() in _X86_64
-
-
-def require_supported_host(system: str | None = None, machine: str | None = None) -> None:
-    """Raise UnsupportedHostError unless the host (or the given pair) is Linux x86_64."""
-    system = platform.system() if system is None else system
-    machine = platform.machine() if machine is None else machine
-    if not is_supported_host(system, machine):
-        raise UnsupportedHostError(system, machine)
+    return host_for(system, machine) is not None
 
 
 # -- CPU vendor ------------------------------------------------------------------------

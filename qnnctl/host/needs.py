@@ -20,7 +20,7 @@ log = logging.getLogger("qnnctl.host.runtime")
 
 
 def missing_host_libraries(names: Iterable[str], lib_path: Iterable[Path | str]) -> list[str]:
-    """The libraries of `names` an x86_64 library would not find, searched as ld.so does.
+    """The libraries of `names` the SDK's host libraries would not find, searched as ld.so does.
 
     `lib_path` stands for LD_LIBRARY_PATH (the SDK's own folder); then the loader's cache and
     the default folders. The same resolver as doctor's library check.

@@ -42,6 +42,7 @@ from qnnctl.host.sources import (
 from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, TRIO, Staged, Version, current, staged_lib_dirs
 from qnnctl.net.urls import redact
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.hosts import HOSTS, this_host
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.work import remove_stale_work, version_lock, work_folder
 
@@ -93,10 +94,26 @@ def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeRe
     return stage_runtime(cache, sdk, RuntimeRequest(), environ)
 
 
+def require_stageable_host() -> None:
+    """UsageError on a host whose SDK libraries need no libc++ (aarch64: the system's GNU
+    libstdc++, glibc and libatomic, which qnnctl does not stage)."""
+    host = this_host()
+    if host.cxx_runtime != HOSTS[0].cxx_runtime:
+        packages = " ".join(dict.fromkeys(host.packages.values()))
+        raise UsageError(
+            f"--runtime stages libc++ and glibc for {HOSTS[0].name}; on {host.name} the SDK's libraries "
+            f"use the system's {host.cxx_runtime} and glibc, which qnnctl does not stage",
+            hint=f"install them with the system's packages (Debian/Ubuntu: `sudo apt-get install {packages}`); "
+            "`qnnctl doctor` says what is missing")
+
+
 def stage_runtime(
     cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapping[str, str]
 ) -> RuntimeResult:
-    """Stage what `sdk` needs and the host lacks; see the module's docstring."""
+    """Stage what `sdk` needs and the host lacks; see the module's docstring. Only on a host
+    whose SDK libraries are built against libc++ (x86_64): the GNU libstdc++ the aarch64
+    libraries need comes with the system and is not staged."""
+    require_stageable_host()
     sources = check_sources(request.sources)
     plan = _plan(cache, sdk, request, bool(sources))
     committed: dict[str, Staged] = {}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache, read_manifest
+from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.layout import Sdk
 
 if TYPE_CHECKING:
@@ -76,9 +77,6 @@ LOADER = "ld-linux-x86-64.so.2"
 LOADER_GUARD = "QNNCTL_STAGED_LOADER"
 
 
-_EM_X86_64 = 62
-
-
 Version = tuple[int, ...]
 
 
@@ -134,8 +132,9 @@ def current(cache: Cache, kind: str) -> Staged | None:
 
 
 def sdk_identity() -> ElfIdentity:
-    """What the SDK's host libraries are, and what they can load: 64-bit little-endian x86-64."""
-    return ElfIdentity(64, True, _EM_X86_64)
+    """What the SDK's host libraries are, and what they can load: 64-bit little-endian, of this
+    host's machine (x86-64, AArch64: qnnctl.sdk.hosts)."""
+    return ElfIdentity(64, True, this_host().elf_machine)
 
 
 def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:

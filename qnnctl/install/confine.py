@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from qnnctl.errors import IntegrityError
-from qnnctl.sdk.layout import HOST_LIB_DIR
-
-_LIB_MARKER = tuple(HOST_LIB_DIR.split("/"))
+from qnnctl.errors import IntegrityError, NoHostLibrariesError
+from qnnctl.sdk.hosts import HOSTS, HostPlatform, this_host
+from qnnctl.sdk.layout import no_libraries_for_this_host
 
 
 class Tree(Protocol):
@@ -49,21 +48,38 @@ def member_path(name: str) -> PurePosixPath:
 
 
 def sdk_top(names: Iterable[PurePosixPath]) -> PurePosixPath:
-    """The folder of the archive that holds the SDK: the one with lib/x86_64-linux-clang in it."""
+    """The folder of the archive that holds the SDK: the one with this host's library folder
+    (lib/x86_64-linux-clang on x86_64) in it. NoHostLibrariesError (exit 5) for an archive with
+    another host's only; IntegrityError for one with none."""
+    names = list(names)
+    here = this_host()
+    tops = _tops(names, here)
+    if tops:
+        return min(tops, key=lambda p: len(p.parts))
+    others = [host for host in HOSTS if host != here and _tops(names, host)]
+    if others:
+        raise NoHostLibrariesError(
+            "the archive", no_libraries_for_this_host(others),
+            hint=f"use an SDK archive with {here.lib_dir}/ (QAIRT 2.47 or newer for Linux aarch64), "
+            "or install it on one of the hosts it has libraries for")
+    raise IntegrityError(
+        f"the archive holds no SDK: no member under {here.lib_dir}/",
+        hint="check that it is a Qualcomm AI Runtime (QAIRT) SDK archive",
+    )
+
+
+def _tops(names: Iterable[PurePosixPath], host: HostPlatform) -> set[PurePosixPath]:
+    """The folders above `host`'s library folder among `names`."""
+    marker = tuple(host.lib_dir.split("/"))
+    width = len(marker)
     tops: set[PurePosixPath] = set()
-    width = len(_LIB_MARKER)
     for name in names:
         parts = name.parts
         for i in range(len(parts) - width + 1):
-            if parts[i : i + width] == _LIB_MARKER:
+            if parts[i : i + width] == marker:
                 tops.add(PurePosixPath(*parts[:i]))
                 break
-    if not tops:
-        raise IntegrityError(
-            f"the archive holds no SDK: no member under {HOST_LIB_DIR}/",
-            hint="check that it is a Qualcomm AI Runtime (QAIRT) SDK archive",
-        )
-    return min(tops, key=lambda p: len(p.parts))
+    return tops
 
 
 def _within(path: PurePosixPath, top: PurePosixPath) -> bool:

@@ -51,7 +51,7 @@ from qnnctl.net.sparse import SparseFile
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
-from qnnctl.sdk.gate import Expected, why_whole
+from qnnctl.sdk.gate import Expected, why_all, why_whole
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import FOLDER_MODE, Member, available, choose, component_label, with_link_targets
 from qnnctl.sdk.work import work_folder, work_id
@@ -471,6 +471,11 @@ def install_components(version: str, urls: list[str], name: str, components: Col
     progress: ProgressFactory = terminal_progress if terminal else PlainProgress
     if old is not None:
         expected = [*expected, same_archive(old)]
+    everything = why_all(expected, components)
+    if everything is not None:
+        log.warning("%s: installing the whole SDK, checked whole", everything)
+        return _install_whole(version, urls, name, (ALL,), expected, sha256, cache, force or old is not None,
+                              progress)
     whole = why_whole(expected, fetching)
     if whole is not None:
         log.warning("%s: downloading the whole archive to check it, then installing only %s", whole,

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
-from qnnctl.host.machine import require_supported_host
 from qnnctl.install.archive import extract
 from qnnctl.install.commit import commit, directory_digest, download_name, identify, require_version, used_up
 from qnnctl.install.door import admit_archive, admit_tree
@@ -29,6 +28,7 @@ from qnnctl.sdk.components import covers, installed_components
 from qnnctl.sdk.evidence import own_manifest
 from qnnctl.sdk.gate import Expected, Index, Lock, Vouchers, agree, given_sha256
 from qnnctl.sdk.holds import exclusive, wait_for_holders
+from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk, missing_layout
 from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import (

@@ -23,7 +23,8 @@ from qnnctl.run.environment import ensure_loadable, resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.holds import hold_sdk
-from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk, missing_layout, read_sdk_version
+from qnnctl.sdk.hosts import this_host
+from qnnctl.sdk.layout import Sdk, missing_layout, read_sdk_version
 from qnnctl.sdk.select import BY_ENV, caller_lib_dir, select_sdk
 from qnnctl.shell.exports import check_cache_path
 
@@ -148,15 +149,15 @@ def _set(name: str, value: str | None) -> None:
 def _caller_managed(environ: Mapping[str, str]) -> Sdk:
     """The SDK a caller put on LD_LIBRARY_PATH itself (QNN_SDK_ROOT exported but empty)."""
     lib_dir = caller_lib_dir(environ)
-    if lib_dir is not None and lib_dir.parts[-2:] == tuple(HOST_LIB_DIR.split("/")):
+    if lib_dir is not None and lib_dir.parts[-2:] == tuple(this_host().lib_dir.split("/")):
         root = lib_dir.parent.parent
         if not missing_layout(root):
             preload(lib_dir)
             return Sdk(root=root, version=read_sdk_version(root) or "unknown", origin="LD_LIBRARY_PATH")
     raise QnnctlError(
         "QNN_SDK_ROOT is exported but empty, which leaves the SDK to the caller, and no folder on "
-        "LD_LIBRARY_PATH is an SDK's lib/x86_64-linux-clang",
-        hint="export LD_LIBRARY_PATH=<sdk>/lib/x86_64-linux-clang before Python starts, "
+        f"LD_LIBRARY_PATH is an SDK's {this_host().lib_dir}",
+        hint=f"export LD_LIBRARY_PATH=<sdk>/{this_host().lib_dir} before Python starts, "
         "or unset QNN_SDK_ROOT to let qnnctl set the SDK up",
     )
 
@@ -196,6 +197,8 @@ def amd_guard_needed(environ: Mapping[str, str] | None = None) -> bool:
     """True on an AMD CPU. The vendor is read once per process (from /proc/cpuinfo); where that
     file is missing and py-cpuinfo is not installed, a warning once and no."""
     environ = os.environ if environ is None else environ
+    if this_host(environ).machine != "x86_64":
+        return False  # MKLDNN's AMD crash is an x86 one; other machines have no such CPU
     vendor = environ.get(FORCE_VENDOR_VARIABLE) or None
     if vendor is None:
         try:

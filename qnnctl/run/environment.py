@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
-from qnnctl.host.machine import require_supported_host
 from qnnctl.host.needs import missing_host_libraries, trio_needed
 from qnnctl.host.staged import staged_lib_dirs
 from qnnctl.net.urls import check_url, redact
 from qnnctl.run.envplan import PinGap, pin_gap
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command
+from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import Selection, find_installed, find_lock, resolve_installed, select_sdk
 from qnnctl.sdk.versions import archive_urls
@@ -38,7 +38,9 @@ def resolve_sdk(
 
     An SDK installed without components the project's pin names is completed (`install`
     fetches what is missing), or, when it may not install, refused with the command that does.
+    UnsupportedHostError (exit 5) on a host the SDK has no libraries for.
     """
+    require_supported_host()
     selection = select_sdk(spec, environ, cwd, cache, mirror=allow_install)
     log.debug("chose %s", selection.describe())
     if selection.caller_managed:

@@ -12,6 +12,7 @@ from qnnctl.host.staged import staged_lib_dirs
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command, installed_components, missing
+from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.pin import read_pin_components
 from qnnctl.sdk.select import BY_ENV, BY_PIN, Selection, find_pin, resolve_installed, select_sdk
@@ -85,6 +86,7 @@ def plan_env(
     """
     if unset:
         return EnvPlan(None, unset_environment(environ))
+    require_supported_host()
     # Afresh, not from what this shell was set up for: that is how one switches SDKs.
     selection = select_sdk(spec, environ, cwd, cache, from_shell=False)
     if selection.caller_managed:

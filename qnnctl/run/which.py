@@ -16,7 +16,7 @@ from typing import Any
 from qnnctl.errors import UsageError
 from qnnctl.host.elf import ElfInfo, Resolver
 from qnnctl.host.machine import read_ld_cache
-from qnnctl.host.staged import LOADER_GUARD, ElfIdentity
+from qnnctl.host.staged import LOADER_GUARD, sdk_identity
 from qnnctl.records import Record
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
@@ -28,7 +28,6 @@ from qnnctl.shell.exports import apply, split_path
 
 LIBRARY = "library"
 TOOL = "tool"
-_EM_X86_64 = 62
 
 
 class Candidate(Record):
@@ -103,8 +102,8 @@ def _library(name: str, selection: Selection, sdk: Sdk | None, child: Mapping[st
              origins: Mapping[str, str], cwd: Path) -> Answer:
     ld_cache = read_ld_cache()
     resolver = Resolver(child.get("LD_LIBRARY_PATH"), ld_cache, cwd=cwd)
-    # A stand-in for the SDK's libraries: 64-bit little-endian x86-64, with no RPATH of its own.
-    needer = ElfInfo(path=Path(name), identity=ElfIdentity(64, True, _EM_X86_64), soname=None,
+    # A stand-in for the SDK's libraries: of this host's machine, with no RPATH of its own.
+    needer = ElfInfo(path=Path(name), identity=sdk_identity(), soname=None,
                      needed=(), rpath=(), runpath=(), glibc=None)
     found = resolver.find(name, (needer,))
     candidates = [

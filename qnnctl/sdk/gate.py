@@ -24,6 +24,8 @@ from typing import Protocol
 
 from qnnctl.errors import IntegrityError
 from qnnctl.records import TYPE_CHECKING, Record
+from qnnctl.sdk.components import ALL
+from qnnctl.sdk.hosts import HOSTS, this_host
 
 if TYPE_CHECKING:
     from qnnctl.sdk.cache import Cache
@@ -145,6 +147,24 @@ def why_whole(expected: Sequence[Expected], components: Collection[str]) -> str 
         missing = [c for c in components if e.components is not None and c not in e.components]
         if missing:
             return f"{e.source} {e.says} no digest of {', '.join(missing)}"
+    return None
+
+
+def why_all(expected: Sequence[Expected], components: Collection[str]) -> str | None:
+    """Why the components of `expected` cannot check an install of `components` on this host, so
+    that the whole SDK must be installed (and checked whole); None when they can.
+
+    Digests partition an SDK as on x86_64 on every host (qnnctl.sdk.members), so that a lock or
+    an index says the same everywhere; another host's `host` holds other folders, and a tree of
+    some components there matches no digest.
+    """
+    here = this_host()
+    if here == HOSTS[0] or ALL in components:
+        return None
+    for e in expected:
+        if e.components is not None:
+            return (f"{e.source} {e.says} components' digests as on {HOSTS[0].name}, which do not cover "
+                    f"this {here.name} host's components")
     return None
 
 

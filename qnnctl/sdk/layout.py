@@ -12,11 +12,14 @@ from qnnctl.errors import InvalidSdkError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.records import Record
 from qnnctl.sdk.cache import read_manifest
+from qnnctl.sdk.hosts import HOSTS, HostPlatform, this_host
 from qnnctl.sdk.identity import sdk_build_id, version_of_build
 from qnnctl.sdk.versions import is_full_version, version_in
 
-HOST_LIB_DIR = "lib/x86_64-linux-clang"
-HOST_BIN_DIR = "bin/x86_64-linux-clang"
+# The x86_64 host's folders, as SDKs built for tests lay them out; what a command uses is the
+# folder of the host it runs on: `Sdk.lib_dir`, `this_host().lib_dir` (qnnctl.sdk.hosts).
+HOST_LIB_DIR = HOSTS[0].lib_dir
+HOST_BIN_DIR = HOSTS[0].bin_dir
 REQUIRED_LIBS = ("libQnnHtp.so", "libQnnSystem.so")
 
 
@@ -29,23 +32,26 @@ class Sdk(Record):
 
     @property
     def lib_dir(self) -> Path:
-        return self.root / HOST_LIB_DIR
+        """The folder of this host's libraries (qnnctl.sdk.hosts)."""
+        return self.root / this_host().lib_dir
 
     @property
     def bin_dir(self) -> Path:
-        return self.root / HOST_BIN_DIR
+        return self.root / this_host().bin_dir
 
 
-
-def missing_layout(root: Path) -> list[str]:
-    """The parts of the SDK layout that `root` lacks (empty when it is a usable SDK)."""
+def missing_layout(root: Path, host: HostPlatform | None = None) -> list[str]:
+    """The parts of the SDK layout that `root` lacks for `host` (this machine by default):
+    empty when it is a usable SDK here."""
     if not root.is_dir():
         return ["the folder itself"]
-    return [
-        f"{HOST_LIB_DIR}/{name}"
-        for name in REQUIRED_LIBS
-        if not (root / HOST_LIB_DIR / name).is_file()
-    ]
+    lib_dir = (host or this_host()).lib_dir
+    return [f"{lib_dir}/{name}" for name in REQUIRED_LIBS if not (root / lib_dir / name).is_file()]
+
+
+def hosts_of(root: Path) -> list[HostPlatform]:
+    """The hosts `root` has the libraries of (qnnctl.sdk.hosts.HOSTS order)."""
+    return [host for host in HOSTS if not missing_layout(root, host)]
 
 
 _YAML_VERSION = re.compile(r"""^\s*version\s*:\s*["']?([0-9][0-9.]*[0-9])["']?\s*$""", re.M)
@@ -63,7 +69,7 @@ def read_sdk_version(root: Path) -> str | None:
 
 def read_build_id(root: Path) -> str | None:
     """The build id (`2.51.0.260929181845`) the SDK's host libraries carry, if any."""
-    found = sdk_build_id(root / HOST_LIB_DIR)
+    found = sdk_build_id(root / this_host().lib_dir)
     return found[0] if found else None
 
 
@@ -146,6 +152,11 @@ def not_an_sdk_root(root: Path, missing: list[str], origin: str) -> InvalidSdkEr
                                "and bin/ (qairt/<version>/ where Qualcomm's archive was unpacked)")
     if not root.is_dir():
         return InvalidSdkError(str(root), missing, origin, problem="is a file, not a folder")
+    elsewhere = hosts_of(root)
+    if elsewhere:
+        return InvalidSdkError(str(root), missing, origin, problem=no_libraries_for_this_host(elsewhere),
+                               hint=f"use an SDK with {this_host().lib_dir}/ (QAIRT 2.47 or newer for "
+                               "Linux aarch64), or run on one of the hosts it has libraries for")
     below = sdk_roots_below(root)
     if below:
         named = " or ".join(use.get(origin, "{}").format(shlex.quote(str(p))) for p in below)
@@ -157,3 +168,10 @@ def not_an_sdk_root(root: Path, missing: list[str], origin: str) -> InvalidSdkEr
                                "(qairt/<version>/ where Qualcomm's archive was unpacked); an archive is "
                                "installed with `qnnctl install --file ARCHIVE`")
     return InvalidSdkError(str(root), missing, origin)
+
+
+def no_libraries_for_this_host(hosts: list[HostPlatform]) -> str:
+    """What is wrong with an SDK that has host libraries for `hosts` and not for this one."""
+    here = this_host()
+    names = " and ".join(f"{host.name} ({host.lib_dir}/)" for host in hosts)
+    return f"has host libraries for {names} only, none for this {here.name} host ({here.lib_dir}/)"

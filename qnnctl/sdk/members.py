@@ -16,19 +16,20 @@ from pathlib import Path, PurePosixPath
 
 from qnnctl.records import Record
 from qnnctl.sdk.components import ALL, ANDROID, DOCS, HEXAGON, HOST, OTHER, canonical
+from qnnctl.sdk.hosts import HOSTS, HostPlatform, this_host
 
 # (component, pattern) over a member's path below the SDK root. `dir/` claims everything under
 # dir, `dir/*` the files directly in dir, `*` the files at the root; `{gen}` is a number.
 # From the layout of a QAIRT SDK root (../shared/design.md, "The SDK"; the 2.37.0.250724 and
 # 2.42.0.251225 archives, read 2025): one folder per target triple under lib/ (and bin/),
-# bin/x86_64-linux-clang/ for the host tools, include/QNN/ for the headers,
-# lib/hexagon-vNN/unsigned/ for each DSP generation's skels, lib/python/ and share/ for what
-# the host tools import and read, docs/ and examples/. A newer folder is one more line.
+# include/QNN/ for the headers, lib/hexagon-vNN/unsigned/ for each DSP generation's skels,
+# lib/python/ and share/ for what the host tools import and read, docs/ and examples/.
+# The host's own library and tool folders (lib/x86_64-linux-clang/ on x86_64) are `host` too:
+# those of the machine qnnctl runs on, from qnnctl.sdk.hosts (`host_rules`). A newer folder is
+# one more line.
 RULES: tuple[tuple[str, str], ...] = (
     (HOST, "*"),  # QNN_README.txt, sdk.yaml, the notices
     (HOST, "bin/*"),  # envsetup.sh and the dependency checks beside the tool folders
-    (HOST, "bin/x86_64-linux-clang/"),
-    (HOST, "lib/x86_64-linux-clang/"),
     (HOST, "lib/python/"),
     (HOST, "include/"),
     (HOST, "share/"),
@@ -38,6 +39,11 @@ RULES: tuple[tuple[str, str], ...] = (
     (DOCS, "docs/"),
     (DOCS, "examples/"),
 )
+
+
+def host_rules(host: HostPlatform) -> tuple[tuple[str, str], ...]:
+    """RULES with `host`'s own folders: what `--components host` fetches on that machine."""
+    return ((HOST, f"{host.bin_dir}/"), (HOST, f"{host.lib_dir}/"), *RULES)
 
 
 # How a link is followed within the archive: at most this many links on one path, as the kernel.
@@ -51,13 +57,18 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(body.replace(r"\*", r"[^/]+") + r"\Z")
 
 
-_COMPILED = tuple((component, _compile(pattern)) for component, pattern in RULES)
+_COMPILED: dict[str, tuple[tuple[str, re.Pattern[str]], ...]] = {}  # per host machine
 
 
-def component_of(path: str, is_dir: bool = False) -> str | None:
-    """The component that holds `path` (below the SDK root), or None: `all` only."""
+def component_of(path: str, is_dir: bool = False, host: HostPlatform | None = None) -> str | None:
+    """The component that holds `path` (below the SDK root) on `host` (this one by default), or
+    None: `all` only."""
+    host = host or this_host()
+    rules = _COMPILED.get(host.machine)
+    if rules is None:
+        rules = _COMPILED[host.machine] = tuple((c, _compile(p)) for c, p in host_rules(host))
     text = path + "/" if is_dir else path
-    for component, rule in _COMPILED:
+    for component, rule in rules:
         found = rule.match(text)
         if found is not None:
             return component.format(**found.groupdict())
@@ -221,9 +232,12 @@ def member_line(rel: str, kind: str, executable: bool, target: str, size: int, s
 
 
 def component_digests(lines: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The digest of each component's lines. Components as on an x86_64 host, whatever this one
+    is: a lock or a mirror's index then says the same on every host (its `host` is x86_64's
+    folders and the shared ones; an aarch64 host's folders are among `other`)."""
     by_component: dict[str, list[str]] = {}
     for rel, line in lines:
-        by_component.setdefault(component_of(rel) or OTHER, []).append(line)
+        by_component.setdefault(component_of(rel, host=HOSTS[0]) or OTHER, []).append(line)
     return {name: hashlib.sha256("\n".join(sorted(found)).encode("utf-8", "surrogateescape")).hexdigest()
             for name, found in sorted(by_component.items())}
 

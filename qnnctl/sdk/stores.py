@@ -27,10 +27,9 @@ from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
 from qnnctl.paths import make_folders, user_path, write_json_atomic
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.identity import version_of_build
 from qnnctl.sdk.layout import (
-    HOST_BIN_DIR,
-    HOST_LIB_DIR,
     missing_layout,
     not_an_sdk_root,
     read_build_id,
@@ -232,7 +231,7 @@ def sdk_problem(root: Path) -> Unsafe | None:
     """Why an SDK folder is not used: another user could change it, the folders that go on
     LD_LIBRARY_PATH and PATH, or what is in them (a link there is followed to where it leads)."""
     problem = unsafe_path(root)
-    for folder in (root / HOST_LIB_DIR, root / HOST_BIN_DIR):
+    for folder in (root / this_host().lib_dir, root / this_host().bin_dir):
         problem = problem or unsafe_path(folder) or _unsafe_entries(folder)
     return problem
 

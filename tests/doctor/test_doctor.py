@@ -57,8 +57,8 @@ from tests.sdkfactory import (
 
 IDS = [check_id for check_id, _ in CHECKS]
 STABLE_IDS = ["host", "sdk.selection", "sdk.layout", "sdk.version", "sdk.manifest", "sdk.verify", "libraries",
-              "glibc", "load", "environment", "executorch", "onnxruntime", "cpu", "cache", "network", "lock",
-              "stores"]
+              "glibc", "libstdc++", "load", "environment", "executorch", "onnxruntime", "cpu", "cache", "network",
+              "lock", "stores"]
 
 GLIBC_234_SOURCE = """
 #include <pthread.h>

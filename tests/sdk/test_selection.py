@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import UnsupportedHostError, UsageError
-from qnnctl.host.machine import require_supported_host
+from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import BY_PIN, Selection, executorch_expected_version
 from tests.conftest import run_qnnctl
@@ -504,8 +504,11 @@ def test_bad_version_is_a_usage_error(mirror: FaultServer, spec: str) -> None:
 @pytest.mark.parametrize(("system", "machine", "supported"), [
     ("Linux", "x86_64", True),
     ("Linux", "amd64", True),
-    ("Linux", "aarch64", False),
+    ("Linux", "aarch64", True),
+    ("Linux", "arm64", True),
     ("Linux", "i686", False),
+    ("Linux", "armv7l", False),
+    ("Linux", "riscv64", False),
     ("Darwin", "arm64", False),
     ("Darwin", "x86_64", False),
     ("Windows", "AMD64", False),
@@ -518,22 +521,23 @@ def test_supported_hosts(system: str, machine: str, supported: bool) -> None:
         require_supported_host(system, machine)
     assert caught.value.exit_code == 5
     assert f"{system}/{machine}" in caught.value.message
-    assert "Linux x86_64" in caught.value.message
+    assert "Linux x86_64 or Linux aarch64" in caught.value.message
 
 
-@pytest.mark.parametrize(("system", "machine"), [("Darwin", "arm64"), ("Linux", "aarch64")])
-def test_install_on_an_unsupported_host(mirror: FaultServer, cache_dir: Path, system: str, machine: str) -> None:
-    code = (
-        "import platform, sys\n"
-        f"platform.system = lambda: {system!r}\n"
-        f"platform.machine = lambda: {machine!r}\n"
-        "from qnnctl.cli import main\n"
-        "main(sys.argv[1:])\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code, "install"], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(("forced", "named"), [
+    ("Darwin/arm64", "Darwin/aarch64"), ("riscv64", "Linux/riscv64"), ("armv7l", "Linux/armv7l"),
+    ("Windows/AMD64", "Windows/x86_64")])
+@pytest.mark.parametrize("command", [["install"], ["env"], ["which", "libQnnHtp.so"], ["lower", "--", "true"]])
+def test_an_unsupported_host_is_refused(mirror: FaultServer, cache_dir: Path, forced: str, named: str,
+                                        command: list[str]) -> None:
+    """Every command that needs the host's libraries refuses an unsupported host with exit 5,
+    naming the hosts qnnctl supports, before it looks for (or fetches) any SDK."""
+    env = {**os.environ, "QNNCTL_FORCE_MACHINE": forced}
+    result = subprocess.run([sys.executable, "-m", "qnnctl", *command], capture_output=True, text=True,
+                            timeout=120, env=env)
     assert result.returncode == 5, result.stderr
-    assert "Linux x86_64" in result.stderr
-    assert f"{system}/{machine}" in result.stderr
+    assert "Linux x86_64 or Linux aarch64" in result.stderr
+    assert named in result.stderr
     assert result.stdout == ""
     assert mirror.requests == []
     assert not (cache_dir / "sdks").exists()
