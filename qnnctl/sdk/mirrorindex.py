@@ -15,6 +15,7 @@ import zlib
 from typing import Any
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 from qnnctl.errors import DownloadError, IntegrityError
@@ -93,7 +94,7 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
                             response.status_code, shown)
                 return None
             body = _bounded_body(response, shown)
-    except requests.RequestException as exc:
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         if refused(exc):
             raise DownloadError(f"cannot reach the mirror: {shown}: {describe(exc)}",
                                 hint="check the host and port of QNNCTL_MIRROR; nothing was fetched") from None

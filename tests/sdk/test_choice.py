@@ -182,8 +182,12 @@ def test_a_dry_run_checks_the_mirror_and_keeps_every_note_line_a_comment(cache_d
     # A damaged SDK is said to be damaged, and every line of the plan before the exports is a comment.
     root = install_tree_into_cache(cache_dir, VERSION)
     (root / LIB / "libQnnSystem.so").unlink()
-    plan = run_qnnctl("lower", "--dry-run", "--sdk", VERSION, "--", "true",
-                      env={**os.environ, "QNNCTL_MIRROR": "https://mirror.example/qairt"})
+    # Behind a mirror it cannot reach, the dry run stops where `install` would: at its index.
+    unreachable = run_qnnctl("lower", "--dry-run", "--sdk", VERSION, "--", "true",
+                             env={**os.environ, "QNNCTL_MIRROR": "https://mirror.example/qairt"})
+    assert unreachable.returncode == 3, unreachable.stderr
+    assert "cannot reach the mirror: https://mirror.example/qairt/index.json" in unreachable.stderr
+    plan = run_qnnctl("lower", "--dry-run", "--sdk", VERSION, "--", "true")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.startswith(f"# SDK {VERSION} is damaged (missing {LIB}/libQnnSystem.so)")
     ran = subprocess.run(["sh", "-c", plan.stdout.replace("\ntrue\n", "\necho planned\n")],
