@@ -84,6 +84,15 @@ TARGETS: dict[str, Target] = {
     # process, against the loopback server (test_parts). test_partial's installs through the command line
     # reach them too, at a minute for each mutant they do not kill: in a first run with both, they killed
     # 2 of the 476 mutants killed (a --sha256 the whole download is not given), which test_parts kills now.
+    # The one door (door) and an archive on disk opened once (sources): in the tests' own process and
+    # through the ways in, built as an attacker would (test_door); the gate's every way in (test_gate).
+    "door": Target(("qnnctl/install/door.py", "qnnctl/install/sources.py"),
+                   ("tests/install/test_door.py", "tests/sdk/test_gate.py")),
+    # What counts as evidence about an SDK on disk: a manifest only where qnnctl wrote it, a hashing
+    # remembered by the tree's key (test_door).
+    "evidence": Target(("qnnctl/sdk/evidence.py",), ("tests/install/test_door.py",)),
+    # Holds on an SDK while a pipeline uses it, and the waits of commands that would replace it.
+    "holds": Target(("qnnctl/sdk/holds.py",), ("tests/sdk/test_holds.py",)),
     "partial": Target(("qnnctl/install/partial.py",), ("tests/install/test_parts.py",)),
     # The ranged reads in the tests' own process, against the loopback server's faults (test_ranged):
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
