@@ -89,10 +89,13 @@ TARGETS: dict[str, Target] = {
     "door": Target(("qnnctl/install/door.py", "qnnctl/install/sources.py"),
                    ("tests/install/test_door.py", "tests/sdk/test_gate.py")),
     # What counts as evidence about an SDK on disk: a manifest only where qnnctl wrote it, a hashing
-    # remembered by the tree's key (test_door).
-    "evidence": Target(("qnnctl/sdk/evidence.py",), ("tests/install/test_door.py",)),
-    # Holds on an SDK while a pipeline uses it, and the waits of commands that would replace it.
-    "holds": Target(("qnnctl/sdk/holds.py",), ("tests/sdk/test_holds.py",)),
+    # remembered by the tree's key: in the tests' own process (test_evidence) and through the commands
+    # that read an SDK someone else's folder holds (test_door).
+    "evidence": Target(("qnnctl/sdk/evidence.py",), ("tests/sdk/test_evidence.py", "tests/install/test_door.py")),
+    # Holds on an SDK while a pipeline uses it, and the waits of commands that would remove or replace
+    # it: this process's and its children's locks read back from /proc (test_holders), then real
+    # pipelines and commands, a child each (test_holds).
+    "holds": Target(("qnnctl/sdk/holds.py",), ("tests/sdk/test_holders.py", "tests/sdk/test_holds.py")),
     "partial": Target(("qnnctl/install/partial.py",), ("tests/install/test_parts.py",)),
     # The ranged reads in the tests' own process, against the loopback server's faults (test_ranged):
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
