@@ -84,10 +84,11 @@ TARGETS: dict[str, Target] = {
     # process, against the loopback server (test_parts). test_partial's installs through the command line
     # reach them too, at a minute for each mutant they do not kill: in a first run with both, they killed
     # 2 of the 476 mutants killed (a --sha256 the whole download is not given), which test_parts kills now.
-    # The one door (door) and an archive on disk opened once (sources): in the tests' own process and
-    # through the ways in, built as an attacker would (test_door); the gate's every way in (test_gate).
+    # The one door (door) and an archive on disk opened once (sources): in the tests' own process
+    # (test_sources), then through the ways in, built as an attacker would (test_door), and the gate's
+    # every way in (test_gate), a child or an install each.
     "door": Target(("qnnctl/install/door.py", "qnnctl/install/sources.py"),
-                   ("tests/install/test_door.py", "tests/sdk/test_gate.py")),
+                   ("tests/install/test_sources.py", "tests/install/test_door.py", "tests/sdk/test_gate.py")),
     # What counts as evidence about an SDK on disk: a manifest only where qnnctl wrote it, a hashing
     # remembered by the tree's key: in the tests' own process (test_evidence) and through the commands
     # that read an SDK someone else's folder holds (test_door).
