@@ -62,8 +62,10 @@ TARGETS: dict[str, Target] = {
     "prune": Target(("qnnctl/install/prune.py",), ("tests/install/test_housekeeping.py",)),
     # A push to the stand-in adb, in the tests' own process and through `qnnctl device push`.
     "push": Target(("qnnctl/device/push.py",), ("tests/device/test_device.py",)),
-    # A mirror's index.json: read on its own and by installs from a mirror (test_fleet).
-    "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",), ("tests/fleet/test_fleet.py",)),
+    # A mirror's index.json: its limits (size, deadline, nesting) in the tests' own process against the
+    # loopback server (test_mirrorindex); read on its own and by installs from a mirror (test_fleet).
+    "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",),
+                          ("tests/sdk/test_mirrorindex.py", "tests/fleet/test_fleet.py")),
     # The commit stage, in the tests' own process and through every install (test_install); an SDK
     # replaced while a pipeline uses it (test_holds).
     "commit": Target(("qnnctl/install/commit.py",), ("tests/install/test_install.py", "tests/sdk/test_holds.py")),
