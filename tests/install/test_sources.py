@@ -42,6 +42,14 @@ def test_a_file_of_this_user_or_roots_writable_by_them_alone_is_safe() -> None:
     assert not others_can_write(_info(me, 0o600), uid=me)
 
 
+def test_a_file_is_judged_for_the_user_qnnctl_runs_as(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run by an ordinary user (4321 here): that user's own file is safe, another's is not."""
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    assert not others_can_write(_info(4321, 0o644))
+    assert others_can_write(_info(4322, 0o644))
+    assert not others_can_write(_info(0, 0o644))
+
+
 @pytest.mark.parametrize("mode", [0o664, 0o646, 0o620, 0o602, 0o777])
 def test_a_file_its_group_or_others_can_write_is_not(mode: int) -> None:
     assert others_can_write(_info(os.geteuid(), mode))
