@@ -137,6 +137,31 @@ def test_any_change_to_a_tree_changes_its_key(tmp_path: Path, change: str) -> No
     assert tree_key(root) != before
 
 
+def test_a_link_replaced_within_one_tick_by_another_of_its_length_changes_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link removed and made again pointing elsewhere may get the freed inode number back, and
+    the same change time (the file system's clock ticks every few milliseconds): its target
+    must change the key then, as nothing else does."""
+    root = build_sdk_tree(tmp_path / "sdk")
+    link = root / "lib" / "link.so"
+    link.symlink_to("x86_64-linux-clang/libQnnHtp.so")
+    real_lstat = os.lstat
+
+    def one_tick(path: str | Path) -> os.stat_result:
+        """As lstat, within one tick: every time the same, and the link's inode number reused."""
+        fields = list(real_lstat(path))
+        fields[7:10] = [0, 0, 0]  # atime, mtime, ctime (and their ns fields, below)
+        if str(path) == str(link):
+            fields[1] = 4242
+        return os.stat_result((*fields, 0.0, 0.0, 0.0, 0, 0, 0))
+
+    monkeypatch.setattr(os, "lstat", one_tick)
+    before = tree_key(root)
+    link.unlink()
+    link.symlink_to("x86_64-linux-clang/libQnnHtq.so")
+    assert tree_key(root) != before
+
+
 def test_a_key_is_the_trees_own_not_its_paths(tmp_path: Path) -> None:
     """A relative layout: the same tree under another parent has the key the walk gives it there,
     and two trees that differ only in which folder holds a file differ."""
