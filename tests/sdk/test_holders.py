@@ -169,10 +169,10 @@ def test_a_long_command_is_cut_and_its_control_characters_escaped(cache: Cache, 
     root = install_tree_into_cache(cache.root, VERSION)
     with _locked(root) as fd:
         os.set_inheritable(fd, True)
-        with _child(tmp_path, "a\tb\x1b", "é", os.fsdecode(b"caf\xe9"), "X", fds=(fd,)) as short, \
+        with _child(tmp_path, "a\tb\x1b", "é", os.fsdecode(b"caf\xe9"), "C:\\", "X", fds=(fd,)) as short, \
                 _child(tmp_path, "x" * 200, fds=(fd,)) as long:
             commands = {h.pid: h.command for h in holders_of(root)}
-    said = shlex.join([sys.executable, "-c", SLEEPER, "a\tb\x1b", "é", "caf\ufffd", "X"])  # not UTF-8: replaced
+    said = shlex.join([sys.executable, "-c", SLEEPER, "a\tb\x1b", "é", "caf\ufffd", "C:\\", "X"])  # not UTF-8: replaced
     assert commands[short.pid] == said.replace("\t", "\\t").replace("\x1b", "\\x1b")
     whole = shlex.join([sys.executable, "-c", SLEEPER, "x" * 200])
     assert commands[long.pid] == whole[:117] + "..."
