@@ -12,7 +12,7 @@ import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.sdk import mirrorindex
-from qnnctl.sdk.mirrorindex import INDEX_MAX_BYTES, INDEX_MAX_DEPTH, json_depth, read_index
+from qnnctl.sdk.mirrorindex import INDEX_MAX_BYTES, INDEX_MAX_DEPTH, MirrorIndex, json_depth, read_index
 from tests.httpserver import Fault, FaultServer
 
 SHA = "a" * 64
@@ -123,3 +123,12 @@ def test_an_index_that_is_not_utf8_is_not_used(server: FaultServer, caplog: pyte
     with caplog.at_level(logging.WARNING):
         assert read_index(server.base) is None
     assert any("the archive is not checked against it" in m for m in caplog.messages)
+
+
+def test_a_mirror_without_an_index_is_asked_for_it_once(server: FaultServer) -> None:
+    index = MirrorIndex(server.base)
+    assert index.versions() is None
+    assert index.expected("2.37.0.250724") is None
+    assert index.expected("2.37.0.250724") is None
+    assert len(server.requests_for("/index.json")) == 1
+    assert index.where == f"{server.base}/index.json"
