@@ -39,9 +39,11 @@ SLEEPER = "import time; time.sleep(120)"
 
 
 def _own_command(pid: int) -> str:
+    """Process `pid`'s command line as a holder shows it (cut at 120 columns: see the tests below)."""
     with open(f"/proc/{pid}/cmdline", "rb") as handle:
         words = handle.read().rstrip(b"\0").split(b"\0")
-    return shlex.join(word.decode() for word in words)
+    text = shlex.join(word.decode() for word in words)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _wait_for(path: Path) -> None:
