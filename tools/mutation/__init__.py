@@ -62,8 +62,10 @@ TARGETS: dict[str, Target] = {
     "prune": Target(("qnnctl/install/prune.py",), ("tests/install/test_housekeeping.py",)),
     # A push to the stand-in adb, in the tests' own process and through `qnnctl device push`.
     "push": Target(("qnnctl/device/push.py",), ("tests/device/test_device.py",)),
-    # A mirror's index.json: read on its own and by installs from a mirror (test_fleet).
-    "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",), ("tests/fleet/test_fleet.py",)),
+    # A mirror's index.json: its limits (size, deadline, nesting) in the tests' own process against the
+    # loopback server (test_mirrorindex); read on its own and by installs from a mirror (test_fleet).
+    "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",),
+                          ("tests/sdk/test_mirrorindex.py", "tests/fleet/test_fleet.py")),
     # The commit stage, in the tests' own process and through every install (test_install); an SDK
     # replaced while a pipeline uses it (test_holds).
     "commit": Target(("qnnctl/install/commit.py",), ("tests/install/test_install.py", "tests/sdk/test_holds.py")),
@@ -84,6 +86,19 @@ TARGETS: dict[str, Target] = {
     # process, against the loopback server (test_parts). test_partial's installs through the command line
     # reach them too, at a minute for each mutant they do not kill: in a first run with both, they killed
     # 2 of the 476 mutants killed (a --sha256 the whole download is not given), which test_parts kills now.
+    # The one door (door) and an archive on disk opened once (sources): in the tests' own process
+    # (test_sources), then through the ways in, built as an attacker would (test_door), and the gate's
+    # every way in (test_gate), a child or an install each.
+    "door": Target(("qnnctl/install/door.py", "qnnctl/install/sources.py"),
+                   ("tests/install/test_sources.py", "tests/install/test_door.py", "tests/sdk/test_gate.py")),
+    # What counts as evidence about an SDK on disk: a manifest only where qnnctl wrote it, a hashing
+    # remembered by the tree's key: in the tests' own process (test_evidence) and through the commands
+    # that read an SDK someone else's folder holds (test_door).
+    "evidence": Target(("qnnctl/sdk/evidence.py",), ("tests/sdk/test_evidence.py", "tests/install/test_door.py")),
+    # Holds on an SDK while a pipeline uses it, and the waits of commands that would remove or replace
+    # it: this process's and its children's locks read back from /proc (test_holders), then real
+    # pipelines and commands, a child each (test_holds).
+    "holds": Target(("qnnctl/sdk/holds.py",), ("tests/sdk/test_holders.py", "tests/sdk/test_holds.py")),
     "partial": Target(("qnnctl/install/partial.py",), ("tests/install/test_parts.py",)),
     # The ranged reads in the tests' own process, against the loopback server's faults (test_ranged):
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
