@@ -12,7 +12,8 @@ import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.sdk import mirrorindex
-from qnnctl.sdk.mirrorindex import INDEX_MAX_BYTES, INDEX_MAX_DEPTH, MirrorIndex, json_depth, read_index
+from qnnctl.sdk.limits import nesting_depth as json_depth
+from qnnctl.sdk.mirrorindex import INDEX_MAX_BYTES, INDEX_MAX_DEPTH, MirrorIndex, read_index
 from tests.httpserver import Fault, FaultServer
 
 SHA = "a" * 64
