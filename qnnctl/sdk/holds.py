@@ -118,28 +118,29 @@ def _share(fd: int, root: Path) -> None:
     """A shared lock on the folder `fd` is open on. Moving an SDK takes a moment; a lock held for
     longer than HOLD_WAIT (anyone who can read the folder can take one) is named and refused,
     rather than waited for in silence."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    if _try_lock(fd, fcntl.LOCK_SH):
         return
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise
     holders = describe_holders(holders_of(root))
     log.info("waiting for %s, which is moving or removing the SDK at %s", holders, root)
     deadline = time.monotonic() + HOLD_WAIT
-    while True:
-        time.sleep(0.1)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+    while not _try_lock(fd, fcntl.LOCK_SH):
         if time.monotonic() > deadline:
             raise QnnctlError(f"the SDK at {root} is locked by {holders} for longer than {HOLD_WAIT:.0f} s; "
                               "it was not used",
                               hint="let that process end (an uninstall or `install --force` of it), then run "
                               "the same command again")
+        time.sleep(0.1)
+
+
+def _try_lock(fd: int, kind: int) -> bool:
+    """Take the lock `kind` on `fd` if no one holds a conflicting one; False when someone does."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
+    return True
 
 
 def _still_there(root: Path, fd: int, cache: Cache) -> bool:
@@ -164,14 +165,10 @@ def exclusive(cache: Cache, version: str, root: Path, doing: str, wait: bool = F
         yield  # nothing there to hold
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+        if not _try_lock(fd, fcntl.LOCK_EX):
             holders = holders_of(root)
             if not wait:
-                raise HeldError(version, root, holders, doing) from None
+                raise HeldError(version, root, holders, doing)
             log.info("waiting for %s to stop using SDK %s", describe_holders(holders), version)
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
