@@ -28,7 +28,7 @@ import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from startup import builds, compiled, import_costs, interleaved, machine, print_import_costs, report
+from startup import builds, compiled, import_costs, interleaved, machine, summarize
 
 TARGET = 1.5
 PASS = "python -c pass"
@@ -111,15 +111,7 @@ def main() -> int:
     print(machine(args.runs, load) + f", click {dist_version('click')}"
           + (", a libc++ trio staged" if args.staged else ""))
     names = list(commands)
-    ratios = report("wall", wall, names, PASS)
-    report("cpu ", cpu, names, PASS)
-    if args.against is not None:
-        report("wall", wall, names[:2], names[1])
-    ratio = ratios[names[0]]
-    print(f"{names[0]}: wall-time ratio to {PASS} {ratio:.2f} "
-          f"({'within' if ratio <= TARGET else 'above'} the target of {TARGET})")
-    if costs:
-        print_import_costs(costs, floor)
+    summarize(wall, cpu, names, PASS, TARGET, args.against is not None, costs, floor)
     return 0
 
 

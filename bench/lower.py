@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from env import fake_sdk
-from startup import REPO, builds, compiled, import_costs, interleaved, machine, print_import_costs, report
+from startup import REPO, builds, compiled, import_costs, interleaved, machine, summarize
 
 TARGET = 6.0
 PASS = "python -c pass"
@@ -105,16 +105,7 @@ def main() -> int:
     what = f"SDK {version} " + (f"from {archive.name}" if archive is not None else "(a stand-in, no real libraries)")
     print(machine(args.runs, load) + f", {what}" + (", the CPU named AMD's" if args.amd else ""))
     names = list(commands)
-    ratios = report("wall", wall, names, PASS)
-    report("cpu ", cpu, names, PASS)
-    if args.against is not None:
-        report("wall", wall, names[:2], names[1])
-        report("cpu ", cpu, names[:2], names[1])
-    ratio = ratios[names[0]]
-    print(f"{names[0]}: wall-time ratio to {PASS} {ratio:.2f} "
-          f"({'within' if ratio <= TARGET else 'above'} the target of {TARGET:g})")
-    if costs:
-        print_import_costs(costs, floor)
+    summarize(wall, cpu, names, PASS, TARGET, args.against is not None, costs, floor)
     return 0
 
 

@@ -166,3 +166,19 @@ def print_import_costs(rows: list[tuple[str, float, float]], floor: list[tuple[s
     print("the costliest, self / cumulative ms:")
     for name, own, cumulative in rows[:top]:
         print(f"  {name:44} {own:6.2f} {cumulative:7.2f}")
+
+
+def summarize(wall: Samples, cpu: Samples, names: list[str], base: str, target: float, against: bool,
+              costs: list[tuple[str, float, float]], floor: list[tuple[str, float, float]]) -> None:
+    """The ratios to `base`, to the earlier build when one ran beside, the verdict against the
+    target, and what each import costs."""
+    ratios = report("wall", wall, names, base)
+    report("cpu ", cpu, names, base)
+    if against:
+        report("wall", wall, names[:2], names[1])
+        report("cpu ", cpu, names[:2], names[1])
+    ratio = ratios[names[0]]
+    print(f"{names[0]}: wall-time ratio to {base} {ratio:.2f} "
+          f"({'within' if ratio <= target else 'above'} the target of {target:g})")
+    if costs:
+        print_import_costs(costs, floor)
