@@ -25,7 +25,7 @@ from qnnctl.paths import make_folders, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.stores import sdk_problem, unsafe_path
+from qnnctl.sdk.stores import cache_problem, sdk_problem
 
 VERIFIED_FOLDER = "verified"
 _RECORD_SCHEMA = 1
@@ -47,7 +47,7 @@ def is_own(root: Path, version: str, cache: Cache) -> bool:
             return False
     except OSError:
         return False
-    return unsafe_path(cache.root) is None and sdk_problem(root) is None
+    return cache_problem(cache) is None and sdk_problem(root) is None
 
 
 def tree_key(root: Path) -> str:
@@ -98,7 +98,7 @@ def hashed_digests(root: Path, cache: Cache) -> dict[str, str]:
         kept = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         kept = None
-    usable = unsafe_path(cache.root) is None
+    usable = cache_problem(cache) is None
     if usable and isinstance(kept, dict) and kept.get("key") == before and isinstance(kept.get("digests"), dict):
         return {str(k): str(v) for k, v in kept["digests"].items()}
     digests = tree_digests(root, skip={MANIFEST_NAME})
