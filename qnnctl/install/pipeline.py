@@ -161,8 +161,10 @@ def install(
         found_sdk = find_installed(version, cache, environ)
         if found_sdk is not None and _has_components(found_sdk, components):
             return _reused(InstallResult(found_sdk, "reused", selection), sha256, lock, cache)
+    # A version asked for that the mirror lacks is refused here, after the project's lock has been
+    # read (a lock that cannot be read is refused before any request) and before anything is fetched.
     if request.spec is not None and request.url is None and vouchers.mirror is not None:
-        as_the_mirror_holds(selection, vouchers.mirror, cache, environ)  # a version it lacks: refused here
+        as_the_mirror_holds(selection, vouchers.mirror, cache, environ)
 
     # The mirror the archive comes from is the one whose index vouches for it: one object, so the
     # two can never be different mirrors.
