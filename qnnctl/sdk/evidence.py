@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import stat
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from qnnctl.paths import make_folders, write_json_atomic
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import tree_digests
-from qnnctl.sdk.stores import cache_problem, sdk_problem
+from qnnctl.sdk.stores import cache_problem, sdk_problem, unsafe_entry
 
 VERIFIED_FOLDER = "verified"
 _RECORD_SCHEMA = 1
@@ -55,33 +54,21 @@ def tree_key(root: Path) -> str:
     modification times, and a link's target. Any change to the tree by its owner changes it;
     IntegrityError when another user could change an entry (then nothing about the tree is
     lasting: a shared writable mapping changes a file's bytes and neither of its times)."""
-    uid = os.geteuid()
-    read_only = _read_only(root)
     lines: list[str] = []
     for folder, dirs, names in os.walk(root):
         dirs.sort()
         for name in sorted([*dirs, *names]):
             path = os.path.join(folder, name)
             info = os.lstat(path)
-            if not stat.S_ISLNK(info.st_mode) and (
-                    info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (info.st_uid not in (0, uid) and not read_only)):
+            if not stat.S_ISLNK(info.st_mode) and (problem := unsafe_entry(Path(path), info)) is not None:
                 raise IntegrityError(
                     f"the SDK folder {root} cannot be vouched for: {path} could be changed by another user "
-                    f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); it is not used",
-                    hint=f"make the folder its owner's alone: `chmod -R go-w {shlex.quote(str(root))}` (and "
-                    "`chown -R` it to you or root)")
+                    f"(it {problem.why}); it is not used", hint=f"fix it with {problem.fix}")
             target = os.readlink(path) if os.path.islink(path) else ""
             lines.append(json.dumps([os.path.relpath(path, root), info.st_dev, info.st_ino, info.st_mode,
                                      info.st_size, info.st_mtime_ns, info.st_ctime_ns, target],
                                     ensure_ascii=False))
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def _read_only(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 def _record(root: Path, cache: Cache) -> Path:

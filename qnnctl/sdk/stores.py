@@ -204,6 +204,12 @@ def _unsafe_folder(path: Path, st: os.stat_result, uid: int, last: bool) -> Unsa
     return None
 
 
+def unsafe_entry(path: Path, st: os.stat_result) -> Unsafe | None:
+    """Why another user than this process's and root could change the file or folder `path`
+    itself (`st`, its lstat), or None: the rule every folder of a store is held to."""
+    return _unsafe_folder(path, st, os.geteuid(), last=True)
+
+
 def _quoted(path: Path) -> str:
     return shlex.quote(str(path))
 
@@ -231,7 +237,8 @@ def sdk_problem(root: Path) -> Unsafe | None:
     """Why an SDK folder is not used: another user could change it, the folders that go on
     LD_LIBRARY_PATH and PATH, or what is in them (a link there is followed to where it leads)."""
     problem = unsafe_path(root)
-    for folder in (root / this_host().lib_dir, root / this_host().bin_dir):
+    host = this_host()
+    for folder in (root / host.lib_dir, root / host.bin_dir):
         problem = problem or unsafe_path(folder) or _unsafe_entries(folder)
     return problem
 
