@@ -32,6 +32,7 @@ from qnnctl.sdk.identity import IDENTITY_LIBS
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA
 from qnnctl.sdk.select import find_installed
+from qnnctl.sdk.stores import refuse_unsafe_cache
 from qnnctl.sdk.versions import archive_name, is_full_version
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.sdk.work import work_folder, work_id
@@ -64,7 +65,9 @@ def add_archives(folder: Path, archives: Sequence[Path], environ: Mapping[str, s
 def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, object]], cache: Cache,
              lock: Lock | None) -> tuple[Mirrored, dict[str, object] | None]:
     try:
-        source = open(archive, "rb")  # closed below, after the copy
+        # Closed below, after the copy. O_NONBLOCK: a FIFO in the archive's place would hold the
+        # open for ever; fstat refuses it below instead, as `install --file` does.
+        source = os.fdopen(os.open(archive, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive "
                          "(v<version>.zip)") from None
@@ -74,6 +77,7 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
             if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
                 raise UsageError(f"{archive} is not a file", hint="give the path of a downloaded SDK archive "
                                  "(v<version>.zip)")
+            os.set_blocking(source.fileno(), True)
             with open(partial, "xb+") as copy:
                 digest, size = _copy_hashing(source, copy)
                 version, build, components = _check_copy(copy, str(archive), cache)
@@ -123,6 +127,7 @@ def _check_copy(copy: IO[bytes], shown: str, cache: Cache) -> tuple[str, str | N
     opens that very file, whatever becomes of the name it was created under)."""
     opened = Path(f"/proc/self/fd/{copy.fileno()}")
     cache.ensure()
+    refuse_unsafe_cache(cache)  # its work folder is where the copy is read
     try:
         with work_folder(cache.tmp / f"mirror-file.{work_id()}") as work:
             # Every member's name and kind, and the SDK folder inside, with nothing written...

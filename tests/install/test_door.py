@@ -515,3 +515,11 @@ def test_an_honest_foreign_sdk_passes_locked_and_is_hashed_once(tmp_path: Path, 
     changed = run_qnnctl("lock", "--check", VERSION, env=env, cwd=project)
     assert changed.returncode == 1
     assert "the files of component docs" in changed.stderr
+
+
+def test_mirror_file_refuses_a_fifo_rather_than_waiting_on_it(tmp_path: Path, cache_dir: Path) -> None:
+    fifo = tmp_path / "v2.37.0.250724.zip"
+    os.mkfifo(fifo)
+    result = run_qnnctl("mirror", str(tmp_path / "mirror"), "--file", str(fifo), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"{fifo} is not a file" in result.stderr
