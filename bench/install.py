@@ -11,6 +11,12 @@ interleaved rounds: (a) `qnnctl install` into an empty cache, (b) `curl` then `u
 `pip download --no-deps` into a temporary folder). Then a cache-hit install against
 `qnnctl --version`. Reports medians of wall and CPU time, ratios and each one's peak RSS.
 
+    python bench/install.py --size 400 --no-reference --against df6cbb8
+
+With `--against COMMIT`, that commit's build is one more contender, and both builds run from
+source (`python -m qnnctl` with their folder on PYTHONPATH, as bench/startup.py explains), so
+that their ratio is the code's alone, whatever the machine's load.
+
 The order of the contenders rotates every round, and one warm-up round is not counted. What
 each run extracts is kept until the end: deleting thousands of files just before the next
 run makes creating files slower on some file systems (ext4 without a journal skips inodes
@@ -36,6 +42,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from startup import Build, builds, compiled
 
 VERSION = "2.37.0.250724"
 REFERENCE_WHEEL = "executorch==1.5.1"
@@ -264,13 +272,20 @@ def main() -> None:
     parser.add_argument("--rate", type=float, help="serve at this many MB/s, like a network (default: as fast "
                         "as loopback goes)")
     parser.add_argument("--tmp", type=Path, help="where to build, serve and extract (default: the system's)")
+    parser.add_argument("--against", metavar="COMMIT", help="that commit's build too, interleaved (both from "
+                        "source)")
     args = parser.parse_args()
+    with builds(args.against) as contending:
+        for build in contending:
+            compiled(build)
+        run(args, contending)
+
+
+def run(args: argparse.Namespace, contending: list[Build]) -> None:
     global _launcher
     _launcher = Launcher()
-
-    # The installed `qnnctl` script next to this interpreter, as a user runs it.
-    script = Path(sys.executable).with_name("qnnctl")
-    qnnctl = [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "qnnctl"]
+    # Without --against: the installed `qnnctl` script next to this interpreter, as a user runs it.
+    qnnctl = contending[0].argv
     with tempfile.TemporaryDirectory(prefix="qnnctl-bench-", dir=args.tmp) as tmp:
         work = Path(tmp)
         archive = build_archive(work, args.size, args.files)
@@ -288,10 +303,12 @@ def main() -> None:
         runs = work / "runs"
         runs.mkdir()
 
-        def run_qnnctl(i: int) -> Run:
-            cache = runs / f"cache-{i}"
-            return timed([*qnnctl, "-q", "install", VERSION],
-                         child_env(QNNCTL_CACHE_DIR=str(cache), QNNCTL_MIRROR=base))
+        def installer(build: Build) -> Callable[[int], Run]:
+            def run_qnnctl(i: int) -> Run:
+                cache = runs / f"cache-{build.label.replace(' ', '-')}-{i}"
+                return timed([*build.argv, "-q", "install", VERSION],
+                             child_env(QNNCTL_CACHE_DIR=str(cache), QNNCTL_MIRROR=base, **build.env))
+            return run_qnnctl
 
         def run_curl(i: int) -> Run:
             out = runs / f"curl-{i}"
@@ -306,7 +323,9 @@ def main() -> None:
 
         contenders: dict[str, Callable[[int], Run]] = {}
         if not args.only or "qnnctl" in args.only:
-            contenders["qnnctl install"] = run_qnnctl
+            contenders["qnnctl install"] = installer(contending[0])
+            for earlier in contending[1:]:
+                contenders[f"qnnctl {earlier.label}"] = installer(earlier)
         if not args.only or "curl" in args.only:
             contenders["curl + unzip"] = run_curl
         if reference is not None:
@@ -328,13 +347,14 @@ def main() -> None:
         version: list[float] = []
         if "qnnctl install" in contenders and args.hit_runs:
             # Cache hit against `qnnctl --version`, interleaved, the order alternating.
-            hit_env = child_env(QNNCTL_CACHE_DIR=str(runs / "cache-0"), QNNCTL_MIRROR=base)
+            hit_env = child_env(QNNCTL_CACHE_DIR=str(runs / f"cache-{contending[0].label.replace(' ', '-')}-0"),
+                                QNNCTL_MIRROR=base, **contending[0].env)
             hit_cmd = [*qnnctl, "-q", "install", VERSION]
             for _ in range(3):
                 timed(hit_cmd, hit_env)
-                timed([*qnnctl, "--version"], child_env())
+                timed([*qnnctl, "--version"], child_env(**contending[0].env))
             for i in range(args.hit_runs):
-                pair = [(hit, hit_cmd, hit_env), (version, [*qnnctl, "--version"], child_env())]
+                pair = [(hit, hit_cmd, hit_env), (version, [*qnnctl, "--version"], child_env(**contending[0].env))]
                 for into, cmd, env in pair if i % 2 == 0 else pair[::-1]:
                     into.append(timed(cmd, env).wall)
         httpd.shutdown()
@@ -347,16 +367,21 @@ def main() -> None:
     print(f"\n{compressed / 1e6:.0f} MB archive, {args.size} MB in {args.files} files, served at "
           f"{f'{args.rate:g} MB/s' if args.rate else 'loopback speed'}; {os.cpu_count()} cores; "
           f"load average at the end {load_after}")
-    print(f"{'':18}{'median wall':>12}{'median CPU':>12}{'peak RSS':>10}")
+    width = max(18, *(len(name) + 2 for name in contenders))
+    print(f"{'':{width}}{'median wall':>12}{'median CPU':>12}{'peak RSS':>10}")
     for name in contenders:
         peak = max(r.maxrss for r in results[name])
-        print(f"{name:18}{med(name, 'wall'):>11.2f}s{med(name, 'cpu'):>11.2f}s{peak / 1024:>7.0f} MB")
+        print(f"{name:{width}}{med(name, 'wall'):>11.2f}s{med(name, 'cpu'):>11.2f}s{peak / 1024:>7.0f} MB")
     if "qnnctl install" in contenders:
         ours = med("qnnctl install", "wall")
         if "curl + unzip" in contenders:
             print(f"\nqnnctl / (curl + unzip) = {ours / med('curl + unzip', 'wall'):.2f}   (target <= 0.7)")
         if "reference" in contenders:
             print(f"qnnctl / reference      = {ours / med('reference', 'wall'):.2f}   (target <= 0.7)")
+        for earlier in contending[1:]:
+            name = f"qnnctl {earlier.label}"
+            print(f"qnnctl / {earlier.label} = {ours / med(name, 'wall'):.2f} wall, "
+                  f"{med('qnnctl install', 'cpu') / med(name, 'cpu'):.2f} CPU")
     if hit:
         print(f"cache hit: {statistics.median(hit) * 1000:.0f} ms vs qnnctl --version "
               f"{statistics.median(version) * 1000:.0f} ms: ratio "
