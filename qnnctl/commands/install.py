@@ -11,14 +11,13 @@ import click
 from qnnctl.commands.common import complete_known, current_cache, log, stderr_is_terminal
 from qnnctl.errors import EXIT_FAILED, QnnctlError
 from qnnctl.host.build import RuntimePins
-from qnnctl.host.runtime import RuntimeRequest, require_stageable_host, stage_runtime
+from qnnctl.host.runtime import RuntimeRequest, lock_pins, require_stageable_host, stage_runtime
 from qnnctl.host.sources import check_sources
 from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
 from qnnctl.run.environment import ensure_loadable
 from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import wait_for_holders
-from qnnctl.sdk.lockfile import locked_runtime
 from qnnctl.sdk.select import select_sdk
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.shell.exports import check_cache_path
@@ -87,13 +86,11 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
 
 def _runtime_pins(version: str | None, locked: bool) -> RuntimePins | None:
     """What the project's lock pins of the host runtime, for `install --runtime` to hold it to."""
-    found = locked_runtime(version, Path.cwd()) if version is not None else None
-    if found is None:
-        if locked:
-            log.info("the lock pins no host runtime: what is staged is checked by where it comes from "
-                     "(apt's signed lists, LLVM's published sha256, the files given); `qnnctl lock` pins it")
-        return None
-    return RuntimePins(str(found[0]), found[1])
+    pins = lock_pins(version, Path.cwd()) if version is not None else None
+    if pins is None and locked:
+        log.info("the lock pins no host runtime: what is staged is checked by where it comes from "
+                 "(apt's signed lists, LLVM's published sha256, the files given); `qnnctl lock` pins it")
+    return pins
 
 
 def _found_where(origin: str) -> str:
@@ -130,7 +127,7 @@ def _stage_missing_trio(sdk: Any) -> None:
     step that goes on would only fail later, further from the cause.
     """
     try:
-        ensure_loadable(sdk, os.environ, current_cache())
+        ensure_loadable(sdk, os.environ, current_cache(), Path.cwd())
     except QnnctlError as exc:
         error = QnnctlError(
             f"SDK {sdk.version} is installed at {sdk.root}, but cannot load on this host: staging the "

@@ -44,6 +44,7 @@ from qnnctl.net.urls import redact
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.hosts import HOSTS, this_host
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.lockfile import locked_runtime
 from qnnctl.sdk.work import remove_stale_work, version_lock, work_folder
 
 log = logging.getLogger("qnnctl.host.runtime")
@@ -80,8 +81,9 @@ class _Plan:
     glibc: bool  # stage glibc now, if a source for it was given
 
 
-def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeResult | None:
-    """Stage the libc++ trio when the SDK needs it and neither the host nor the cache has it.
+def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str], cwd: Path) -> RuntimeResult | None:
+    """Stage the libc++ trio when the SDK needs it and neither the host nor the cache has it,
+    held to what the project's lock (found from `cwd`) pins of it, as `install --runtime` is.
 
     This is what `install` and `lower` do on their own; `install --runtime` stages whatever
     is missing, needed or not.
@@ -91,7 +93,14 @@ def ensure_trio(cache: Cache, sdk: Sdk, environ: Mapping[str, str]) -> RuntimeRe
         return None
     log.info("the SDK's libraries need %s, which this host lacks; staging them "
              "(what `qnnctl install --runtime` does)", ", ".join(wanted))
-    return stage_runtime(cache, sdk, RuntimeRequest(), environ)
+    return stage_runtime(cache, sdk, RuntimeRequest(pins=lock_pins(sdk.version, cwd)), environ)
+
+
+def lock_pins(version: str, cwd: Path) -> RuntimePins | None:
+    """What the project's lock (found from `cwd`) pins of the host runtime staged beside SDK
+    `version`; None when it locks no such runtime."""
+    found = locked_runtime(version, cwd)
+    return RuntimePins(str(found[0]), found[1]) if found is not None else None
 
 
 def require_stageable_host() -> None:

@@ -115,14 +115,15 @@ def _setup(spec: str | None) -> Sdk:
     try:
         cache = Cache.from_env(environ)
         check_cache_path(str(cache.root))  # before a download, not after: LD_LIBRARY_PATH cannot hold it
-        selection, sdk = resolve_sdk(spec, environ, Path.cwd(), cache)
+        cwd = Path.cwd()
+        selection, sdk = resolve_sdk(spec, environ, cwd, cache)
         if sdk is None:
             return _caller_managed(environ)
         # Held for the life of this process: its libraries stay loaded, and it may load more.
         held = hold_sdk(sdk.root, cache)
         # As `qnnctl install` does: a host without libc++ gets the staged trio, which this
         # process must load before the SDK's libraries (its loader never saw LD_LIBRARY_PATH).
-        ensure_loadable(sdk, environ, cache)
+        ensure_loadable(sdk, environ, cache, cwd)
         values = environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV)
         for name in MANAGED:
             _set(name, values.get(name))

@@ -140,8 +140,9 @@ def runtime_note(sdk: Sdk, cache: Cache) -> str | None:
             "qnnctl would stage them first (what `qnnctl install --runtime` does)")
 
 
-def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
-    """Stage the libc++ trio when the SDK's libraries need it and the host lacks it.
+def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache, cwd: Path) -> None:
+    """Stage the libc++ trio when the SDK's libraries need it and the host lacks it (held to
+    what the project's lock, found from `cwd`, pins of it).
 
     Raises what staging raised; the caller decides whether that stops it.
     """
@@ -152,6 +153,6 @@ def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
     # the trio, or has it staged, never needs it
     from qnnctl.host.runtime import ensure_trio
 
-    ensure_trio(cache, sdk, environ)
+    ensure_trio(cache, sdk, environ, cwd)
 
 

@@ -331,7 +331,7 @@ def plan_lower(
         selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
         held = hold_sdk(sdk.root, cache) if sdk is not None else None
         if sdk is not None and options.install:
-            _ensure_trio(sdk, environ, cache)
+            _ensure_trio(sdk, environ, cache, cwd)
     changes: EnvValues = {}
     if sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
@@ -357,10 +357,10 @@ def plan_lower(
                      hold=held)
 
 
-def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache) -> None:
+def _ensure_trio(sdk: Sdk, environ: Mapping[str, str], cache: Cache, cwd: Path) -> None:
     """Stage libc++ and friends when the SDK needs them and the host lacks them."""
     try:
-        ensure_loadable(sdk, environ, cache)
+        ensure_loadable(sdk, environ, cache, cwd)
     except QnnctlError as exc:
         # The pipeline may still manage (its own LD_LIBRARY_PATH); doctor explains the rest.
         log.warning("could not stage the host runtime: %s; if the SDK fails to load, run "

@@ -77,13 +77,15 @@ def stub_trio(folder: Path) -> dict[str, bytes]:
     return built
 
 
-def llvm_archive(folder: Path, big: int = 32 << 20) -> tuple[bytes, dict[str, bytes]]:
-    """A tar.xz laid out like the LLVM 14.0.0 release, with big members around the trio.
+def llvm_archive(folder: Path, big: int = 32 << 20, libs: dict[str, bytes] | None = None
+                 ) -> tuple[bytes, dict[str, bytes]]:
+    """A tar.xz laid out like the LLVM 14.0.0 release, with big members around the trio (`libs`,
+    by soname; stub libraries by default).
 
     The big members compress to almost nothing; writing any of them to disk would take
     `big` bytes.
     """
-    libs = stub_trio(folder / "stubs")
+    libs = libs if libs is not None else stub_trio(folder / "stubs")
     buffer = io.BytesIO()
 
     def add(name: str, data: bytes = b"", link: str | None = None) -> None:

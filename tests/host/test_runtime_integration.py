@@ -29,6 +29,7 @@ from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
 from qnnctl.shell.exports import apply
 from tests.conftest import run_qnnctl
 from tests.host.test_runtime import LLVM_TOP, llvm_archive, needs_host_without_trio, nothing_staged, stub_trio
+from tests.host.test_runtime_trust import marked_trio
 from tests.httpserver import FaultServer
 from tests.lowerkit import write
 from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, compile_shared, install_tree_into_cache
@@ -182,6 +183,49 @@ def test_fresh_install_stages_the_trio_and_env_exports_it(llvm: Llvm, apt_log: P
     again = run_qnnctl("install", "--file", str(archive))
     assert again.returncode == 0, again.stderr
     assert llvm.requests() == 1
+
+
+def test_what_is_staged_unasked_is_held_to_the_projects_lock(llvm: Llvm, tmp_path: Path, cache_dir: Path) -> None:
+    """In a project whose lock pins the staged runtime, the trio `install` and `lower` stage on
+    their own (no --runtime) is held to it as `install --runtime`'s is: another LLVM archive,
+    sound and vouched for by its own sha256, is refused and nothing is staged from it."""
+    needs_host_without_trio()
+    root = installed_sdk_needing_libcxx(cache_dir, llvm.stubs)
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    manifest.update(sha256="e" * 64, size=1234)  # installed from an archive it recorded
+    (root / ".qnnctl.json").write_text(json.dumps(manifest))
+    project = tmp_path / "project"
+    project.mkdir()
+    first = run_qnnctl("install", VERSION, cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert staged_dirs(cache_dir) == ["libcxx-14.0.0"]
+    locked = run_qnnctl("lock", VERSION, cwd=project)
+    assert locked.returncode == 0, locked.stderr
+    assert "[runtime.\"libcxx\"]" in (project / "qnnctl.lock").read_text()
+    shutil.rmtree(cache_dir / "runtime")
+
+    other, _ = llvm_archive(tmp_path / "other", big=1 << 10, libs=marked_trio(tmp_path / "other", 666))
+    llvm.server.add(LLVM_PATH, other, "application/x-xz")
+    env = {**os.environ, LLVM_SHA256_ENV: hashlib.sha256(other).hexdigest()}
+    refused = run_qnnctl("install", VERSION, cwd=project, env=env)
+    assert refused.returncode == 4, refused.stderr
+    assert refused.stdout == ""
+    assert f"is not the libcxx runtime {project / 'qnnctl.lock'} pins" in refused.stderr
+    nothing_staged(cache_dir)
+    lowered = run_qnnctl("lower", "--sdk", VERSION, "--", "true", cwd=project, env=env)
+    assert f"is not the libcxx runtime {project / 'qnnctl.lock'} pins" in lowered.stderr
+    nothing_staged(cache_dir)
+    requests = llvm.requests()
+
+    same, _ = llvm_archive(tmp_path / "same", big=1 << 10, libs=llvm.libs)
+    llvm.server.add(LLVM_PATH, same, "application/x-xz")
+    env[LLVM_SHA256_ENV] = hashlib.sha256(same).hexdigest()
+    accepted = run_qnnctl("install", VERSION, cwd=project, env=env)
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout == f"{root}\n"
+    trio = cache_dir / "runtime" / "libcxx-14.0.0" / "lib"
+    assert {n: (trio / n).read_bytes() for n in TRIO} == llvm.libs
+    assert llvm.requests() == requests + 1
 
 
 def test_install_reusing_executorchs_copy_stages_the_trio_it_needs(llvm: Llvm, tmp_path: Path,

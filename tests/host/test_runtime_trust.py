@@ -82,7 +82,7 @@ def test_another_archive_under_the_llvm_name_exits_4_on_the_command_line(
     needs_host_without_trio()
     data, _ = llvm_archive(tmp_path, big=1 << 20)
     url = server.add(LLVM_PATH, data, "application/x-xz")
-    env = dict(os.environ, QNNCTL_LLVM_URL=url, PATH=_no_apt(tmp_path))
+    env = dict(os.environ, QNNCTL_LLVM_URL=url, PATH=no_apt(tmp_path))
     proc = run_qnnctl("install", VERSION, "--runtime", env=env)
     assert proc.returncode == 4, proc.stderr
     assert proc.stdout == ""
@@ -91,7 +91,7 @@ def test_another_archive_under_the_llvm_name_exits_4_on_the_command_line(
     nothing_staged(cache_dir)
 
 
-def _no_apt(tmp_path: Path) -> str:
+def no_apt(tmp_path: Path) -> str:
     """A PATH whose apt-get fails, so that the trio comes from the LLVM archive."""
     shims = tmp_path / "shims"
     shims.mkdir(exist_ok=True)
@@ -123,7 +123,7 @@ def test_an_llvm_url_without_a_sha256_is_refused_before_it_is_fetched(
     needs_host_without_trio()
     data, _ = llvm_archive(tmp_path, big=1 << 20)
     url = server.add("/mirror/llvm-14.tar.xz", data, "application/x-xz")
-    env = dict(os.environ, QNNCTL_LLVM_URL=url, PATH=_no_apt(tmp_path))
+    env = dict(os.environ, QNNCTL_LLVM_URL=url, PATH=no_apt(tmp_path))
     proc = run_qnnctl("install", VERSION, "--runtime", env=env)
     assert proc.returncode == 4, proc.stderr
     assert "no sha256 was given for it" in proc.stderr
