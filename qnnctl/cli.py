@@ -11,26 +11,17 @@ from __future__ import annotations
 
 import gc
 import importlib
-import logging
 import os
 import re
 import sys
-import traceback
 from typing import NoReturn
 
 import click
 from click.shell_completion import FishComplete, add_completion_class
 
-from qnnctl.commands.common import (
-    QUIET_HELP,
-    VERBOSE_HELP,
-    VerboseGroup,
-    configure_logging,
-    log,
-    say_error,
-)
-from qnnctl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, INTERRUPTED, QnnctlError
-from qnnctl.net.urls import redact_text
+from qnnctl.commands.common import QUIET_HELP, VERBOSE_HELP, VerboseGroup
+from qnnctl.commands.stderr import configure_logging, say_error, tell_failure
+from qnnctl.errors import EXIT_USAGE
 from qnnctl.version import __version__
 
 # Each command: the module that defines it, and its name there.
@@ -180,14 +171,6 @@ def _run(argv: list[str] | None) -> NoReturn:
         _fix_fish_completion()
     try:
         code = cli.main(args=argv, prog_name="qnnctl", standalone_mode=False)
-    except QnnctlError as exc:
-        say_error(exc.message, exc.hint)
-        sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted):
-        # On a terminal, over the `^C` it echoed (at the start of a line: every line ends with one).
-        erase = "\r\x1b[K" if sys.stderr.isatty() and os.environ.get("TERM") != "dumb" else ""
-        click.echo(f"{erase}qnnctl: {INTERRUPTED}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
     except click.exceptions.NoArgsIsHelpError as exc:
         # Bare `qnnctl` (or `qnnctl device`): the help asked for, not an error.
         click.echo(exc.ctx.get_help())
@@ -195,18 +178,8 @@ def _run(argv: list[str] | None) -> NoReturn:
     except click.ClickException as exc:
         say_error(*_click_error(exc))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
-    except OSError as exc:
-        # The file system said no (permissions, a read-only or full disk): name the path.
-        where = f" {exc.filename}" if exc.filename else ""
-        say_error(f"cannot use{where}: {exc.strerror or exc}", "check its permissions and free space, or point "
-               "QNNCTL_CACHE_DIR at a folder you can write to")
-        sys.exit(EXIT_FAILED)
-    except Exception as exc:
-        if os.environ.get("QNNCTL_DEBUG") or log.isEnabledFor(logging.DEBUG):
-            traceback.print_exc()
-        else:
-            # Whatever raised it may have put a URL with a token in its message.
-            say_error(f"{type(exc).__name__}: {redact_text(str(exc))} (run with -v or QNNCTL_DEBUG=1 for the "
-                   "traceback)", kind="unexpected error")
-        sys.exit(EXIT_FAILED)
+    except (click.exceptions.Abort, _Interrupted):
+        sys.exit(tell_failure(KeyboardInterrupt()))
+    except (Exception, KeyboardInterrupt) as exc:
+        sys.exit(tell_failure(exc))
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,9 +1,11 @@
-"""The `qnnctl` command's entry point: `qnnctl env` answered lean, everything else by qnnctl.cli.
+"""The `qnnctl` command's entry point: `env` and `lower` answered lean, everything else by qnnctl.cli.
 
 `eval "$(qnnctl env)"` runs in every shell's start-up file: its usual case is answered by
-qnnctl.commands.leanenv, which imports the SDK model and the shell package alone. Anything else
-(another command, an `env` the lean path leaves) goes to the full command line; `--version`
-is answered here, as the full command line would answer it.
+qnnctl.commands.leanenv, which imports the SDK model and the shell package alone. `qnnctl lower`
+is paid for on every run of a pipeline: its usual command line is parsed by
+qnnctl.commands.leanlower, without click. Anything else (another command, an `env` or `lower`
+the lean paths leave) goes to the full command line; `--version` is answered here, as the full
+command line would answer it.
 Here start-up time decides which path a command takes, so this module imports each path only
 when it is taken, and the rest of qnnctl imports at the top of each module.
 """
@@ -38,7 +40,13 @@ def main() -> None:
             sys.exit(EXIT_INTERRUPTED)
         except (OSError, UnicodeError):
             pass  # stdout cannot take the text: the full command line says so, as it does
-    # lazy: click, rich, requests and every command, which the lean `env` above never needs
+    if sys.argv[1:2] == ["lower"]:
+        # lazy: the lean `lower` path, which no other command needs; it returns only to leave the
+        # command line to the full one
+        from qnnctl.commands.leanlower import lean_lower
+
+        lean_lower(sys.argv[2:], os.environ)
+    # lazy: click, rich, requests and every command, which the lean paths above never need
     from qnnctl.cli import main as full_command_line
 
     full_command_line()

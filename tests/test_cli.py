@@ -413,8 +413,8 @@ def test_a_relative_cache_dir_is_said_once_and_taken_from_the_current_folder(tmp
 
 def test_every_command_module_is_in_the_command_table() -> None:
     """qnnctl.cli.COMMANDS is the one list of commands: each entry names a click command of that
-    name in qnnctl.commands, and each module there (but the shared one, and the lean `env` that
-    qnnctl.launch loads instead of the command line) defines some entry."""
+    name in qnnctl.commands, and each module there (but the shared ones, and the lean `env` and
+    `lower` that qnnctl.launch loads instead of the command line) defines some entry."""
     import importlib
 
     import click
@@ -427,7 +427,8 @@ def test_every_command_module_is_in_the_command_table() -> None:
         assert command.name == name or (name, command.name) == ("list", "list")
     folder = Path(cli.__file__).parent / "commands"
     modules = {f"qnnctl.commands.{p.stem}" for p in folder.glob("*.py")} - {
-        "qnnctl.commands.__init__", "qnnctl.commands.common", "qnnctl.commands.leanenv"}
+        "qnnctl.commands.__init__", "qnnctl.commands.common", "qnnctl.commands.stderr", "qnnctl.commands.leanenv",
+        "qnnctl.commands.leanlower"}
     assert modules == {module for module, _ in cli.COMMANDS.values()}
 
 
@@ -446,7 +447,8 @@ def test_a_command_loads_its_own_module_only(argv: list[str], loaded: set[str] |
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     modules = set(json.loads(proc.stderr.splitlines()[-1]))
-    commands = {m for m in modules if m.startswith("qnnctl.commands.")} - {"qnnctl.commands.common"}
+    commands = {m for m in modules if m.startswith("qnnctl.commands.")} - {"qnnctl.commands.common",
+                                                                           "qnnctl.commands.stderr"}
     from qnnctl import cli
 
     assert commands == ({module for module, _ in cli.COMMANDS.values()} if loaded == "all" else loaded)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from qnnctl.commands.common import VerboseGroup, complete_installed, current_cache, log
+from qnnctl.commands.common import VerboseGroup, complete_installed, current_cache
+from qnnctl.commands.stderr import log
 from qnnctl.device.commands import SCHEMA, device_dest, list_devices, run
 from qnnctl.device.commands import push as do_push
 from qnnctl.device.plan import device_environment, render_device_env

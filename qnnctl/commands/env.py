@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from qnnctl.commands.common import complete_installed, current_cache, log, verbosity
+from qnnctl.commands.common import complete_installed, current_cache
+from qnnctl.commands.stderr import log, verbosity
 from qnnctl.errors import NotInstalledError, UsageError
 from qnnctl.run.envplan import plan_env
 from qnnctl.sdk.listing import installed_sdks, selected_here

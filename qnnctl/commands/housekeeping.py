@@ -6,7 +6,8 @@ import os
 
 import click
 
-from qnnctl.commands.common import VerboseGroup, complete_installed, current_cache, log
+from qnnctl.commands.common import VerboseGroup, complete_installed, current_cache
+from qnnctl.commands.stderr import log
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.install.prune import clean_cache, mib, prune
 from qnnctl.install.prune import uninstall as do_uninstall

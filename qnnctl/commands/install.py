@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from qnnctl.commands.common import complete_known, current_cache, log, stderr_is_terminal
+from qnnctl.commands.common import complete_known, current_cache
+from qnnctl.commands.stderr import log, stderr_is_terminal
 from qnnctl.errors import EXIT_FAILED, QnnctlError
 from qnnctl.host.build import RuntimePins
 from qnnctl.host.runtime import RuntimeRequest, lock_pins, require_stageable_host, stage_runtime

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from qnnctl.commands.common import complete_known, complete_pipeline, current_cache, log, stderr_is_terminal
+from qnnctl.commands.common import complete_known, complete_pipeline, current_cache
+from qnnctl.commands.stderr import log, stderr_is_terminal
 from qnnctl.run.lower import LowerOptions, exec_plan, parse_target, plan_lower, render_plan
 from qnnctl.shell.exports import check_cache_path
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from qnnctl.commands.common import complete_known, current_cache, log, say_pin_conflict, stderr_is_terminal
+from qnnctl.commands.common import complete_known, current_cache, say_pin_conflict
+from qnnctl.commands.stderr import log, stderr_is_terminal
 from qnnctl.errors import UsageError
 from qnnctl.fleet.archives import add_archives, no_archive_kept
 from qnnctl.fleet.locking import check_lock, make_lock, pinned_notes

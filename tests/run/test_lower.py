@@ -125,6 +125,8 @@ def test_lower_with_its_sdk_installed_imports_nothing_it_does_not_use(sdk: Path,
     assert "qnnctl.run.lower" in report["modules"]
     assert [m for m in report["modules"] if any(m == name or m.startswith(name + ".") for name in INSTALL_ONLY)] == []
     assert report["started"] == []
+    # Its usual command line is parsed without click (qnnctl.commands.leanlower).
+    assert [m for m in report["modules"] if m == "click" or m.startswith("click.")] == []
 
 
 def test_an_installed_sdk_is_checked_against_the_projects_lock_before_it_is_used(sdk: Path, tmp_path: Path) -> None:
