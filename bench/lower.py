@@ -59,8 +59,8 @@ def prepare(base: Path, archive: Path | None) -> tuple[dict[str, str], Path, str
     return env, work, Path(installed.stdout.strip()).name
 
 
-def lower_command(argv: list[str], version: str, dry_run: bool = False) -> list[str]:
-    return [*argv, "lower", *(["--dry-run"] if dry_run else []), "--sdk", version, "--", sys.executable, "-c", "pass"]
+def lower_command(argv: list[str], version: str) -> list[str]:
+    return [*argv, "lower", "--sdk", version, "--", sys.executable, "-c", "pass"]
 
 
 def main() -> int:
@@ -94,9 +94,10 @@ def main() -> int:
                 commands[f"{build.label} lower"] = (command, {**env, **build.env})
             commands[PASS] = ([sys.executable, "-c", "pass"], env)
             wall, cpu = interleaved(commands, work, args.runs)
-            # What `lower` itself imports, without the exec: the same command, planned only.
+            # What `lower` itself imports: the same command (`-X importtime` is not passed on to
+            # the pipeline it becomes, so only qnnctl's imports are reported).
             first = compared[0]
-            costs = (import_costs(lower_command(first.argv, version, dry_run=True), {**env, **first.env}, work)
+            costs = (import_costs(lower_command(first.argv, version), {**env, **first.env}, work)
                      if args.imports else [])
             floor = import_costs(*commands[PASS], work) if args.imports else []
     finally:

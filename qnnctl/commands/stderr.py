@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import traceback
-from typing import Any
 
 from qnnctl.errors import EXIT_FAILED, EXIT_INTERRUPTED, INTERRUPTED, QnnctlError
 from qnnctl.net.urls import redact_text
+from qnnctl.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Logger:
@@ -122,7 +124,7 @@ def tell_failure(exc: BaseException) -> int:
                   "QNNCTL_CACHE_DIR at a folder you can write to")
         return EXIT_FAILED
     if os.environ.get("QNNCTL_DEBUG") or log.isEnabledFor(logging.DEBUG):
-        traceback.print_exception(exc)
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)  # Python's own report, on stderr
     else:
         # Whatever raised it may have put a URL with a token in its message.
         say_error(f"{type(exc).__name__}: {redact_text(str(exc))} (run with -v or QNNCTL_DEBUG=1 for the "

@@ -12,13 +12,15 @@ import os
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from qnnctl.errors import IntegrityError
 from qnnctl.host.staged import ElfIdentity, elf_identity, loader_stops_at, parse_dotted_version
+from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.hosts import this_host
+
+if TYPE_CHECKING:
+    from typing import Any
 
 # Where ld.so looks last, on this host (qnnctl.sdk.hosts: Debian's multiarch folders first).
 DEFAULT_DIRS: tuple[str, ...] = this_host().system_dirs
@@ -43,8 +45,7 @@ _FIRST_READ = 128  # most names end within it
 _MAX_NEEDED = 1024
 
 
-@dataclass(frozen=True)
-class ElfInfo:
+class ElfInfo(Record):
     """The dynamic-linking facts of one shared library."""
 
     path: Path
@@ -339,8 +340,7 @@ def newest_defined(library: Path, parse: Callable[[str], tuple[int, ...] | None]
 # -- finding libraries the way ld.so does ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Found:
+class Found(Record):
     """Where the loader would find `name` for one library: a path and the rule that found it."""
 
     name: str
@@ -421,17 +421,18 @@ def _found(name: str, path: Path, via: str) -> Found:
     return Found(name, path, via)
 
 
-@dataclass
 class Closure:
     """What a set of libraries needs, followed through every library found outside the host's
-    own folders (those come with the host and bring what they need)."""
+    own folders (those come with the host and bring what they need). A plain class: `lower`
+    reads the SDK's libraries on every run, and dataclasses costs it a few milliseconds to import."""
 
-    roots: list[Path]
-    libraries: dict[Path, ElfInfo] = field(default_factory=dict)  # read, roots included
-    found: dict[Path, list[Found]] = field(default_factory=dict)  # library -> its DT_NEEDED, found
-    missing: dict[str, list[Path]] = field(default_factory=dict)  # name -> libraries needing it
-    broken: dict[str, str] = field(default_factory=dict)  # name -> why the file found is unusable
-    unreadable: dict[Path, str] = field(default_factory=dict)  # library -> why it cannot be read
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = roots
+        self.libraries: dict[Path, ElfInfo] = {}  # read, roots included
+        self.found: dict[Path, list[Found]] = {}  # library -> its DT_NEEDED, found
+        self.missing: dict[str, list[Path]] = {}  # name -> libraries needing it
+        self.broken: dict[str, str] = {}  # name -> why the file found is unusable
+        self.unreadable: dict[Path, str] = {}  # library -> why it cannot be read
 
     def highest_glibc(self) -> tuple[tuple[int, ...], Path] | None:
         """The highest GLIBC version any library here needs, and the first library needing it."""

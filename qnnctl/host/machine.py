@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os.path
+import os
 import re
 import shutil
 import struct
-import subprocess
 import threading
 
 from qnnctl.host.staged import parse_dotted_version
@@ -109,14 +107,12 @@ _CACHE_ENTRY_OLD = 12  # flags, key, value
 def glibc_version() -> tuple[int, ...] | None:
     """The version of the glibc this process runs on; None when the C library is not glibc."""
     try:
-        # The C library is already mapped into every process; this loads nothing new.
-        func = ctypes.CDLL(None).gnu_get_libc_version
-    except (OSError, AttributeError):
+        # glibc's own confstr(_CS_GNU_LIBC_VERSION), "glibc 2.36"; other C libraries lack the name.
+        said = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
         return None
-    func.restype = ctypes.c_char_p
-    func.argtypes = []
-    raw = func()
-    return parse_dotted_version(raw.decode("ascii", "replace")) if isinstance(raw, bytes) else None
+    name, _, version = (said or "").partition(" ")
+    return parse_dotted_version(version) if name == "glibc" else None
 
 
 def parse_ld_cache(data: bytes) -> dict[str, list[str]] | None:
@@ -185,6 +181,10 @@ def read_ld_cache(path: str = LD_SO_CACHE) -> dict[str, list[str]]:
     if ldconfig is None:
         log.debug("%s is in an unknown format and ldconfig is not installed", path)
         return {}
+    # lazy: `qnnctl lower` reads the loader's cache on every run, and only a cache in a format not
+    # read here takes a child process
+    import subprocess
+
     try:
         result = subprocess.run([ldconfig, "-C", path, "-p"], capture_output=True, text=True,
                                 timeout=30, check=False)

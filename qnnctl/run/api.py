@@ -15,10 +15,10 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.host.machine import CPUINFO, cpu_vendor, is_amd
+from qnnctl.records import TYPE_CHECKING
 from qnnctl.run.environment import ensure_loadable, resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.sdk.cache import Cache

@@ -24,17 +24,18 @@ import io
 import linecache
 import marshal
 import os
-import runpy
 import sys
 import types
 from importlib.machinery import SourceFileLoader, SourcelessFileLoader
 from importlib.util import MAGIC_NUMBER
-from pkgutil import get_importer
-from typing import TYPE_CHECKING, Any
 
+# True for mypy, which reads any name TYPE_CHECKING so; False at run time (typing's own costs `lower`
+# an import: it reads this module's names).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
+    from typing import Any
 
     ExceptHook = Callable[[type[BaseException], BaseException, "TracebackType | None"], Any]
 
@@ -108,6 +109,11 @@ def _fresh_main() -> dict[str, object]:
 
 
 def _run_script(path: str, args: list[str], add_path: bool) -> None:
+    # lazy, as in _run_module: `qnnctl lower` imports this module for its names, and runpy with
+    # pkgutil (and typing, which pkgutil imports) is for the pipeline's process alone
+    import runpy
+    from pkgutil import get_importer
+
     sys.argv = [path, *args]
     if get_importer(path) is not None:
         # A folder or a zip file with a __main__.py: the interpreter puts the path itself first
@@ -140,6 +146,8 @@ def _is_compiled(data: bytes) -> bool:
 
 
 def _run_module(name: str, args: list[str], add_path: bool) -> None:
+    import runpy  # lazy: for the pipeline's process alone (see _run_script)
+
     sys.argv = ["-m", *args]
     if add_path:
         sys.path.insert(0, os.getcwd())

@@ -21,14 +21,13 @@ import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.host.needs import glibc_shortfall
 from qnnctl.host.staged import GLIBC, LOADER_GUARD, current, loader_library_path
 from qnnctl.host.staged import staged_loader as find_staged
+from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.run.api import amd_guard_needed
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER
 from qnnctl.run.environment import ensure_loadable, resolve_for_dry_run, resolve_sdk
@@ -39,6 +38,9 @@ from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import BY_ENV
 from qnnctl.shell.exports import EnvValues, apply
 from qnnctl.shell.render import render
+
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 log = logging.getLogger("qnnctl.run.lower")
 
@@ -68,8 +70,7 @@ class CommandNotRunError(QnnctlError):
         super().__init__(f"cannot run {command}: {reason}", hint=hint)
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Record):
     """What to run: a script, a module, or a command, with its arguments."""
 
     kind: str
@@ -77,8 +78,7 @@ class Target:
     args: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class LowerOptions:
+class LowerOptions(Record):
     spec: str | None = None  # --sdk VERSION|PATH
     python: str | None = None  # --python PATH
     install: bool = True  # False with --no-install
@@ -86,8 +86,7 @@ class LowerOptions:
     dry_run: bool = False  # decide everything, download and install nothing
 
 
-@dataclass(frozen=True)
-class LowerPlan:
+class LowerPlan(Record):
     """The exec to perform: the command, and the environment it starts with."""
 
     argv: list[str]
@@ -208,8 +207,7 @@ def python_invocation(argv: Sequence[str], bootstrap: str) -> list[str] | None:
 # -- the staged loader ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StagedLoader:
+class StagedLoader(Record):
     """A newer glibc's loader and the folders it should search first."""
 
     loader: Path
