@@ -8,12 +8,23 @@ exactly once. When no one but this user (or root) can change the file's bytes, e
 reader reaches that same open file through a link in qnnctl's private work folder to
 `/proc/self/fd/N`, which names the open file, not the path; otherwise the bytes are copied into
 the work folder as they are hashed, and the copy is what is read.
+
+A file's mode says who may open it for writing from now on, not who holds it open already: a
+file that was 0666 for a moment, then made 0644, can still be written through a descriptor
+another user opened in that moment. Linux refuses a read lease on a file that any process holds
+open for writing, so one is asked for (and given back at once): a file this user owns that
+takes it has no writer left but this user and root, who need no lease to change it; any other
+answer (a writer, a file this user does not own, a file system without leases) has the bytes
+copied as they are hashed.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
+import signal
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,13 +74,33 @@ def pinned_file(given: Path, work: Path) -> Iterator[LocalArchive]:
         os.set_blocking(fd, True)
         work.mkdir(mode=0o700)
         place = work / (given.name or "archive")
-        copy = others_can_write(info) or not _OPEN_FILES.is_dir()
+        copy = others_can_write(info) or not _OPEN_FILES.is_dir() or not no_other_writer(fd)
         sha256, size = _hash(fd, place if copy else None)
         if not copy:
             os.symlink(_OPEN_FILES / str(fd), place)
         yield LocalArchive(given, place, sha256, size, copy)
     finally:
         os.close(fd)
+
+
+def no_other_writer(fd: int) -> bool:
+    """Whether no process holds the file open as `fd` (read-only) for writing, as Linux tells by
+    granting a read lease on it; False too where it cannot tell (a file of another user, a file
+    system without leases), or when a writer opened it while the lease was held."""
+    # A writer opening the file while the lease is held breaks it, and the kernel tells this
+    # process with SIGIO, whose default is to end it: held back here, and taken if it came.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGIO})
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EINVAL, errno.ENOLCK, errno.EPERM):
+                raise
+            return False
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return signal.sigtimedwait({signal.SIGIO}, 0) is None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _hash(fd: int, copy: Path | None) -> tuple[str, int]:

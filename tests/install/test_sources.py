@@ -5,9 +5,14 @@ and the door's two moments, the whole archive and the tree written, against what
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,6 +124,86 @@ def test_a_copy_survives_writes_that_take_part_of_a_block(tmp_path: Path, monkey
         monkeypatch.undo()
         assert pinned.path.read_bytes() == data
         assert pinned.sha256 == hashlib.sha256(data).hexdigest()
+
+
+_WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+print("open", flush=True)
+sys.stdin.readline()
+os.pwrite(fd, b"written through a descriptor opened before the chmod", 0)
+print("written", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_writer_from_before_a_chmod_gets_a_copy(tmp_path: Path) -> None:
+    """A file made 0644 while another process still holds it open for writing (it was 0666 when
+    that process opened it): the mode says no one else can write, the open descriptor can."""
+    data = os.urandom(2 * BLOCK + 17)
+    given = _archive(tmp_path, data, 0o666)
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(given)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdin is not None
+        assert writer.stdout.readline() == "open\n"
+        given.chmod(0o644)
+        with pinned_file(given, tmp_path / "pinned") as pinned:
+            assert (pinned.sha256, pinned.copied) == (hashlib.sha256(data).hexdigest(), True)
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline() == "written\n"
+            assert given.read_bytes() != data
+            assert pinned.path.read_bytes() == data
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_the_lease_that_tells_is_given_back(tmp_path: Path) -> None:
+    """Asking whether anyone writes the file leaves no lease behind: a process that opens the
+    archive for writing afterwards (or while it is read) is not made to wait for qnnctl."""
+    given = _archive(tmp_path, os.urandom(1000))
+    with pinned_file(given, tmp_path / "pinned") as pinned:
+        assert not pinned.copied
+        opened = subprocess.run([sys.executable, "-c", "import os, sys; os.close(os.open(sys.argv[1], os.O_WRONLY))",
+                                 str(given)], timeout=10, check=False)
+        assert opened.returncode == 0
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOLCK, errno.EACCES])
+def test_where_leases_cannot_tell_an_archive_is_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      code: int) -> None:
+    """A file system without leases (some network ones), or a file this user does not own."""
+    def no_lease(fd: int, command: int, arg: int = 0) -> int:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "fcntl", no_lease)
+    data = os.urandom(BLOCK + 3)
+    with pinned_file(_archive(tmp_path, data), tmp_path / "pinned") as pinned:
+        assert pinned.copied
+        assert pinned.path.read_bytes() == data
+
+
+def test_a_writer_that_breaks_the_lease_neither_ends_qnnctl_nor_goes_unseen(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer opening the file while the lease is held breaks it, and Linux says so with
+    SIGIO, whose default ends the process: here it is sent just as the lease is taken."""
+    real = fcntl.fcntl
+
+    def lease_then_break(fd: int, command: int, arg: int = 0) -> int:
+        result = real(fd, command, arg)
+        if command == fcntl.F_SETLEASE and arg == fcntl.F_RDLCK:
+            os.kill(os.getpid(), signal.SIGIO)
+        return result
+
+    monkeypatch.setattr(fcntl, "fcntl", lease_then_break)
+    data = os.urandom(BLOCK + 3)
+    with pinned_file(_archive(tmp_path, data), tmp_path / "pinned") as pinned:
+        assert pinned.copied
+        assert pinned.path.read_bytes() == data
+    assert signal.SIGIO not in signal.sigpending()
 
 
 def test_without_proc_an_archive_is_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
