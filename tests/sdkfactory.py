@@ -307,14 +307,15 @@ def aarch64_system(folder: Path, glibcxx: str = "3.4.29", atomic: bool = True) -
     return mark_aarch64(native_system_stand_ins(folder, glibcxx, atomic))
 
 
-def add_aarch64_host(root: Path, work: Path) -> Path:
+def add_aarch64_host(root: Path, work: Path, build_id: str | None = None) -> Path:
     """Give the SDK tree at `root` a Linux aarch64 host's folders: libQnnHtp.so and
-    libQnnSystem.so as QAIRT 2.51's (see above), and a tool."""
+    libQnnSystem.so as QAIRT 2.51's (see above), and a tool; `build_id` in libQnnHtp.so's data."""
     stand_ins = native_system_stand_ins(work / "aarch64-link")
     lib = root / AARCH64_LIB_DIR
     linked = ("-L", str(stand_ins), "-l:libstdc++.so.6")
-    _link(lib / "libQnnHtp.so", "extern int qnn_cxx_new(void);\nint qnn_htp(void) { return qnn_cxx_new(); }\n",
-          *linked)
+    carried = f'__attribute__((used)) static const char qnn_build[] = "{build_id}";\n' if build_id else ""
+    _link(lib / "libQnnHtp.so", "extern int qnn_cxx_new(void);\nint qnn_htp(void) { return qnn_cxx_new(); }\n"
+          + carried, *linked)
     _link(lib / "libQnnSystem.so", "extern int qnn_cxx_new(void);\nextern int qnn_atomic(void);\n"
           "int qnn_system(void) { return qnn_cxx_new() + qnn_atomic(); }\n", *linked, "-l:libatomic.so.1")
     mark_aarch64(lib)
@@ -326,12 +327,13 @@ def add_aarch64_host(root: Path, work: Path) -> Path:
     return root
 
 
-def build_two_host_archive(workdir: Path, version: str = VERSION, x86_64: bool = True) -> Path:
+def build_two_host_archive(workdir: Path, version: str = VERSION, x86_64: bool = True,
+                           build_id: str | None = None) -> Path:
     """A zip laid out as Qualcomm's (qairt/<version>/) with both hosts' folders, or, without
-    `x86_64`, the aarch64 host's alone."""
+    `x86_64`, the aarch64 host's alone; `build_id` in both hosts' libraries."""
     staging = workdir / f"staging-{version}-two-hosts"
-    root = build_sdk_tree(staging / "qairt" / version, SdkSpec(version=version))
-    add_aarch64_host(root, workdir)
+    root = build_sdk_tree(staging / "qairt" / version, SdkSpec(version=version, build_id=build_id))
+    add_aarch64_host(root, workdir, build_id)
     if not x86_64:
         shutil.rmtree(root / "lib" / "x86_64-linux-clang")
         shutil.rmtree(root / "bin" / "x86_64-linux-clang")

@@ -28,8 +28,8 @@ from qnnctl.install.door import admit_listing
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.gate import Lock
+from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.identity import IDENTITY_LIBS
-from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA
 from qnnctl.sdk.select import find_installed
 from qnnctl.sdk.stores import refuse_unsafe_cache
@@ -132,8 +132,9 @@ def _check_copy(copy: IO[bytes], shown: str, cache: Cache) -> tuple[str, str | N
         with work_folder(cache.tmp / f"mirror-file.{work_id()}") as work:
             # Every member's name and kind, and the SDK folder inside, with nothing written...
             top = PurePosixPath(extract(opened, work / "names", only=()).top)
-            # ...then what names its version: sdk.yaml and the libraries that carry the build id.
-            wanted = {top / "sdk.yaml", *(top / HOST_LIB_DIR / name for name in IDENTITY_LIBS)}
+            # ...then what names its version: sdk.yaml and the libraries that carry the build id,
+            # in this host's folder, where identify() reads it.
+            wanted = {top / "sdk.yaml", *(top / this_host().lib_dir / name for name in IDENTITY_LIBS)}
             extracted = extract(opened, work / "x", only=wanted)
             version, build = identify(extracted.root, extracted.version, None, shown)
         if version is None or not is_full_version(version):

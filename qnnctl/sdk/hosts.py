@@ -69,16 +69,21 @@ HOSTS: tuple[HostPlatform, ...] = (
         packages={"libstdc++.so.6": "libstdc++6", "libatomic.so.1": "libatomic1"},
         # The folder: QAIRT 2.31 to 2.49 SDKs used on aarch64 Linux boards put the host libraries
         # in lib/aarch64-oe-linux-gcc11.2 (public build scripts and ONNX Runtime's QNN EP notes,
-        # read 2026-12). Not confirmed in Qualcomm's documentation: the backend table of the QAIRT
-        # 2.39 SDK's own docs (docs/QNN/general/backend.html) lists x86_64-linux-clang and the
-        # Android and Windows targets only, and qairt-dev's setup page (docs.qualcomm.com
-        # 80-87189-2, read 2026-12) names Linux-aarch64 (Ubuntu 24.04) as a platform, not a folder.
+        # read 2026-12), as Qualcomm's own quic/ai-engine-direct-helper says in its release notes
+        # for QNN SDK 2.28.0.241029 on QCS8550.LE.1.0 (gcc 11.2.0): "use the libraries below under
+        # path ...\QAIRT\2.28.0.241029\lib\aarch64-oe-linux-gcc11.2" (libQnnHtp, libQnnHtpPrepare,
+        # libQnnHtpV68Stub, libQnnSystem; github.com/quic/ai-engine-direct-helper/releases, read
+        # 2026-12). The SDK's reference docs do not list it: the backend table of the QAIRT 2.39
+        # SDK's docs (docs/QNN/general/backend.html) names x86_64-linux-clang and the Android and
+        # Windows targets only, and qairt-dev's setup page (docs.qualcomm.com 80-87189-2, read
+        # 2026-12) names Linux-aarch64 (Ubuntu 24.04) as a platform, not a folder.
         # lib/aarch64-ubuntu-gcc9.4 is GCC 9's build: it cannot reference GLIBCXX_3.4.29, which
         # the 2.51 libraries measured do, so it is not taken as this host's folder.
         source="the aarch64 libraries of onnxruntime_qnn-2.7.0-cp311-cp311-manylinux_2_34_aarch64.whl "
         "(QAIRT 2.51, read 2026-12): ELF AArch64, GCC 11.3, GLIBCXX_3.4.29, GLIBC_2.34, libatomic.so.1 "
-        "(libQnnSystem); folder lib/aarch64-oe-linux-gcc11.2 from SDKs 2.31-2.49 as used on Qualcomm "
-        "Linux boards (not confirmed in Qualcomm's documentation)",
+        "(libQnnSystem); folder lib/aarch64-oe-linux-gcc11.2 from SDKs 2.28-2.49 as used on Qualcomm "
+        "Linux boards (named so in Qualcomm's quic/ai-engine-direct-helper release notes for QNN SDK "
+        "2.28.0.241029; not in the SDK's reference docs)",
     ),
 )
 

@@ -252,3 +252,13 @@ def test_an_index_written_on_x86_64_serves_an_aarch64_host(server: FaultServer, 
     assert "installing the whole SDK, checked whole" in result.stderr
     root = Path(result.stdout.strip())
     assert (root / AARCH64_LIB_DIR / "libQnnSystem.so").is_file()
+
+
+def test_a_mirror_made_on_aarch64_records_the_build_its_libraries_carry(tmp_path: Path) -> None:
+    """`qnnctl mirror DIR --file` names an archive by the build id of this host's libraries, as
+    install does: on aarch64, those of the aarch64 folder (an archive of that host's alone)."""
+    archive = build_two_host_archive(tmp_path, x86_64=False, build_id=f"v{VERSION}101010")
+    proc = run_qnnctl("mirror", str(tmp_path / "mirror"), "--file", str(archive), env=aarch64_env())
+    assert proc.returncode == 0, proc.stderr
+    index = json.loads((tmp_path / "mirror" / "index.json").read_text())
+    assert index["versions"][VERSION]["build_id"] == f"{VERSION}101010"
