@@ -86,21 +86,45 @@ def pinned_file(given: Path, work: Path) -> Iterator[LocalArchive]:
 def no_other_writer(fd: int) -> bool:
     """Whether no process holds the file open as `fd` (read-only) for writing, as Linux tells by
     granting a read lease on it; False too where it cannot tell (a file of another user, a file
-    system without leases), or when a writer opened it while the lease was held."""
-    # A writer opening the file while the lease is held breaks it, and the kernel tells this
-    # process with SIGIO, whose default is to end it: held back here, and taken if it came.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGIO})
+    system whose bytes can change past this kernel's count of writers), or when a writer opened
+    it while the lease was held."""
+    if _file_system(fd) not in _WRITERS_COUNTED:
+        return False
     try:
-        try:
-            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EINVAL, errno.ENOLCK, errno.EPERM):
-                raise
-            return False
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-        return signal.sigtimedwait({signal.SIGIO}, 0) is None
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        # A writer opening the file while the lease is held breaks it, and the kernel tells the
+        # whole process (any of its threads) by signal: SIGURG, whose default is to be ignored,
+        # rather than SIGIO, whose default ends the process. No signal is blocked or taken, so
+        # none of the program's own is lost; the break is read from the lease itself.
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EINVAL, errno.ENOLCK, errno.EPERM):
+            raise
+        return False
+    held = fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return held
+
+
+# File systems whose bytes change only through this kernel's inode, where a read lease counts
+# every writer. Not overlayfs (its layers' files are written past the overlay's inode), FUSE
+# (the daemon), or network file systems (other hosts).
+_WRITERS_COUNTED = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "zfs"})
+
+
+def _file_system(fd: int) -> str | None:
+    """The type of the file system `fd` is on, from /proc (None where it cannot be told)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            mount = next((line.split()[1] for line in info if line.startswith("mnt_id:")), None)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields, _, rest = line.partition(" - ")
+                if fields.split(" ", 1)[0] == mount:
+                    return rest.split(" ", 1)[0]
+    except OSError:
+        return None
+    return None
 
 
 def _hash(fd: int, copy: Path | None) -> tuple[str, int]:
