@@ -16,7 +16,7 @@ from qnnctl.host.runtime import RuntimeRequest, lock_pins, require_stageable_hos
 from qnnctl.host.sources import check_sources
 from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
-from qnnctl.run.environment import ensure_loadable
+from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock
 from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import wait_for_holders
 from qnnctl.sdk.select import select_sdk
@@ -75,6 +75,7 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
         stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources, pins=pins), os.environ)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
+        hold_runtime_to_lock(result.sdk, current_cache(), Path.cwd())
     if result.sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the SDK is left to the caller; nothing to install")
         return

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,13 +152,27 @@ def stage_runtime(
 
 def _check_kept(cache: Cache, plan: _Plan, pins: RuntimePins | None) -> None:
     """What stays staged (not staged again now), hashed and held to the lock when it pins it."""
+    check_staged(cache, pins, restaged={kind for kind, again in ((LIBCXX, plan.trio), (GLIBC, plan.glibc)) if again})
+
+
+def check_staged(cache: Cache, pins: RuntimePins | None, restaged: Set[str] = frozenset()) -> None:
+    """What is staged (but the kinds in `restaged`), hashed as the loader would map it and held to
+    `pins` where they pin its kind: IntegrityError (exit 4) for another."""
     if pins is None:
         return
-    for kind, again in ((LIBCXX, plan.trio), (GLIBC, plan.glibc)):
+    for kind in (LIBCXX, GLIBC):
         staged = current(cache, kind)
-        if staged is not None and not again:
+        if staged is not None and kind not in restaged:
             check_pinned(kind, staged_files(staged), pins, f"the runtime staged in {staged.root}",
                          fix="stage the locked one again: `qnnctl install --runtime --force --runtime-from FILE`")
+
+
+def hold_staged_to_lock(cache: Cache, version: str, cwd: Path) -> None:
+    """In a project whose lock (found from `cwd`) pins the host runtime staged beside SDK
+    `version`, the runtime staged now must be the one it pins, whoever staged it and from where
+    (exit 4 otherwise): what `install`, `lower` and the library put on the loader's path is held
+    to the lock as what they stage is."""
+    check_staged(cache, lock_pins(version, cwd))
 
 
 def _stage(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapping[str, str],

@@ -19,7 +19,7 @@ from pathlib import Path
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.host.machine import CPUINFO, cpu_vendor, is_amd
 from qnnctl.records import TYPE_CHECKING
-from qnnctl.run.environment import ensure_loadable, resolve_sdk
+from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock, resolve_sdk
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.holds import hold_sdk
@@ -124,6 +124,7 @@ def _setup(spec: str | None) -> Sdk:
         # As `qnnctl install` does: a host without libc++ gets the staged trio, which this
         # process must load before the SDK's libraries (its loader never saw LD_LIBRARY_PATH).
         ensure_loadable(sdk, environ, cache, cwd)
+        hold_runtime_to_lock(sdk, cache, cwd)
         values = environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV)
         for name in MANAGED:
             _set(name, values.get(name))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
 from qnnctl.host.needs import missing_host_libraries, trio_needed
-from qnnctl.host.staged import staged_lib_dirs
+from qnnctl.host.staged import staged_lib_dirs, staged_runtimes
 from qnnctl.net.urls import check_url, redact
 from qnnctl.run.envplan import PinGap, pin_gap
 from qnnctl.sdk.cache import Cache, read_manifest
@@ -156,3 +156,15 @@ def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache, cwd: Pat
     ensure_trio(cache, sdk, environ, cwd)
 
 
+
+
+def hold_runtime_to_lock(sdk: Sdk, cache: Cache, cwd: Path) -> None:
+    """In a project whose lock pins the host runtime staged beside `sdk`, what is staged now must
+    be what it pins (IntegrityError, exit 4): a trio staged from elsewhere, where no lock applied,
+    is not loaded here. Nothing is read without a lock and a staged runtime."""
+    if find_lock(cwd) is None or not staged_runtimes(cache):
+        return
+    # lazy: the lock's reader and the runtime's stages, for a locked project with a staged runtime
+    from qnnctl.host.runtime import hold_staged_to_lock
+
+    hold_staged_to_lock(cache, sdk.version, cwd)

@@ -30,7 +30,7 @@ from qnnctl.host.staged import staged_loader as find_staged
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.run.api import amd_guard_needed
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER
-from qnnctl.run.environment import ensure_loadable, resolve_for_dry_run, resolve_sdk
+from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock, resolve_for_dry_run, resolve_sdk
 from qnnctl.run.envplan import environment_for
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.holds import hold_sdk
@@ -330,6 +330,8 @@ def plan_lower(
         held = hold_sdk(sdk.root, cache) if sdk is not None else None
         if sdk is not None and options.install:
             _ensure_trio(sdk, environ, cache, cwd)
+        if sdk is not None:
+            hold_runtime_to_lock(sdk, cache, cwd)
     changes: EnvValues = {}
     if sdk is None:
         log.info("QNN_SDK_ROOT is exported but empty: the caller manages the SDK; "
