@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import VERSION, SdkSpec, build_sdk_tree, install_tree_into_cache
+from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
 
 
 def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -> None:
@@ -32,8 +32,13 @@ def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -
 
 
 @pytest.mark.stdlib
-def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path) -> None:
+def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     path = f"/{VERSION}/v{VERSION}.zip"
+    # Three MiB of incompressible payload: the partial file is written in blocks of a mebibyte,
+    # so it shows its first bytes with two still to come (about six seconds at this pace), not
+    # only once the whole archive is in.
+    archive = build_archive(tmp_path / "big", "zip", SdkSpec(extra_files={"docs/payload.bin": os.urandom(3 << 20)}))
+    mirror.add(path, archive.read_bytes())
     mirror.fail(path, Fault.slow(16 << 10, 0.05))
     proc = subprocess.Popen(with_default_sigint([sys.executable, "-m", "qnnctl", "install"]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
