@@ -113,15 +113,18 @@ _WRITERS_COUNTED = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "
 
 
 def _file_system(fd: int) -> str | None:
-    """The type of the file system `fd` is on, from /proc (None where it cannot be told)."""
+    """The type of the file system `fd` is on, as /proc/self/mountinfo names it for the mount
+    /proc/self/fdinfo gives (None where it cannot be told). Read as bytes: a mount point's name
+    need not be text in any encoding."""
     try:
-        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-            mount = next((line.split()[1] for line in info if line.startswith("mnt_id:")), None)
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            mount = next((line.split()[1] for line in info if line.startswith(b"mnt_id:")), None)
+        with open("/proc/self/mountinfo", "rb") as mounts:
             for line in mounts:
-                fields, _, rest = line.partition(" - ")
-                if fields.split(" ", 1)[0] == mount:
-                    return rest.split(" ", 1)[0]
+                # "ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER"
+                fields, _, rest = line.partition(b" - ")
+                if fields.split(b" ", 1)[0] == mount:
+                    return rest.split(b" ", 1)[0].decode("ascii", "replace")
     except OSError:
         return None
     return None

@@ -23,6 +23,7 @@ from qnnctl.install.door import admit_archive, admit_listing, admit_tree, observ
 from qnnctl.install.sources import BLOCK, others_can_write, pinned_file
 from qnnctl.sdk.gate import Expected
 from qnnctl.sdk.members import tree_digests
+from tests.conftest import require_tool
 from tests.sdkfactory import build_sdk_tree
 
 HTP = "lib/x86_64-linux-clang/libQnnHtp.so"
@@ -209,6 +210,60 @@ def test_a_writer_that_breaks_the_lease_neither_ends_qnnctl_nor_goes_unseen(tmp_
     with pinned_file(given, tmp_path / "pinned") as pinned:
         assert pinned.copied
         assert pinned.path.read_bytes() == given.read_bytes()
+
+
+@pytest.mark.parametrize("folder", ["tmp", "/dev/shm", "/proc/self"])
+def test_the_file_system_is_the_one_the_mount_table_names(tmp_path: Path, folder: str) -> None:
+    """What each file is on, as util-linux's findmnt says it: ext4 here, tmpfs, proc."""
+    findmnt = require_tool("findmnt")
+    where = tmp_path if folder == "tmp" else Path(folder)
+    path = where / "status" if folder == "/proc/self" else where / f"probe-{os.getpid()}"
+    if folder != "/proc/self":
+        path.write_bytes(b"x")
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            told = subprocess.run([findmnt, "-n", "-o", "FSTYPE", "--target", str(path)], capture_output=True,
+                                  text=True, check=True).stdout.split()[0]
+            assert sources._file_system(fd) == told
+        finally:
+            os.close(fd)
+    finally:
+        if folder != "/proc/self":
+            path.unlink()
+
+
+def test_a_file_system_that_cannot_be_told_counts_no_writers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without /proc's tables (or on a file system not known to count every writer), the bytes
+    are copied as they are hashed."""
+    data = os.urandom(BLOCK + 3)
+    given = _archive(tmp_path, data)
+    fd = os.open(given, os.O_RDONLY)
+    try:
+        assert sources._file_system(fd) in sources._WRITERS_COUNTED  # this machine's test folder
+        assert sources.no_other_writer(fd)
+        for told in (None, "overlay", "fuse.sshfs", "nfs4"):
+            monkeypatch.setattr(sources, "_file_system", lambda fd, told=told: told)
+            assert not sources.no_other_writer(fd)
+    finally:
+        os.close(fd)
+    real_open = open
+
+    def no_proc(path: object, *args: object, **kwargs: object) -> object:
+        if str(path).startswith("/proc/self/"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.undo()
+    monkeypatch.setattr("builtins.open", no_proc)
+    fd = os.open(given, os.O_RDONLY)
+    try:
+        assert sources._file_system(fd) is None
+    finally:
+        os.close(fd)
+    monkeypatch.undo()
+    with pinned_file(given, tmp_path / "pinned") as pinned:
+        assert not pinned.copied
 
 
 def test_without_proc_an_archive_is_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,7 +90,8 @@ TARGETS: dict[str, Target] = {
     # (test_sources), then through the ways in, built as an attacker would (test_door), and the gate's
     # every way in (test_gate), a child or an install each.
     "door": Target(("qnnctl/install/door.py", "qnnctl/install/sources.py"),
-                   ("tests/install/test_sources.py", "tests/install/test_door.py", "tests/sdk/test_gate.py")),
+                   ("tests/install/test_sources.py", "tests/install/test_sources_attacks.py",
+                    "tests/install/test_door.py", "tests/sdk/test_gate.py")),
     # What counts as evidence about an SDK on disk: a manifest only where qnnctl wrote it, a hashing
     # remembered by the tree's key: in the tests' own process (test_evidence) and through the commands
     # that read an SDK someone else's folder holds (test_door).
