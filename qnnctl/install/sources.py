@@ -88,7 +88,7 @@ def no_other_writer(fd: int) -> bool:
     granting a read lease on it; False too where it cannot tell (a file of another user, a file
     system whose bytes can change past this kernel's count of writers), or when a writer opened
     it while the lease was held."""
-    if _file_system(fd) not in _WRITERS_COUNTED:
+    if file_system(fd) not in WRITERS_COUNTED:
         return False
     try:
         # A writer opening the file while the lease is held breaks it, and the kernel tells the
@@ -109,13 +109,13 @@ def no_other_writer(fd: int) -> bool:
 # File systems whose bytes change only through this kernel's inode, where a read lease counts
 # every writer. Not overlayfs (its layers' files are written past the overlay's inode), FUSE
 # (the daemon), or network file systems (other hosts).
-_WRITERS_COUNTED = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "zfs"})
+WRITERS_COUNTED = frozenset({b"ext2", b"ext3", b"ext4", b"xfs", b"btrfs", b"tmpfs", b"f2fs", b"zfs"})
 
 
-def _file_system(fd: int) -> str | None:
+def file_system(fd: int) -> bytes | None:
     """The type of the file system `fd` is on, as /proc/self/mountinfo names it for the mount
-    /proc/self/fdinfo gives (None where it cannot be told). Read as bytes: a mount point's name
-    need not be text in any encoding."""
+    /proc/self/fdinfo gives (None where it cannot be told). Bytes, never decoded: a mount point's
+    name, or a FUSE file system's subtype, need not be text in any encoding."""
     try:
         with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
             mount = next((line.split()[1] for line in info if line.startswith(b"mnt_id:")), None)
@@ -124,7 +124,7 @@ def _file_system(fd: int) -> str | None:
                 # "ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER"
                 fields, _, rest = line.partition(b" - ")
                 if fields.split(b" ", 1)[0] == mount:
-                    return rest.split(b" ", 1)[0].decode("ascii", "replace")
+                    return rest.split(b" ", 1)[0]
     except OSError:
         return None
     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import os
 import signal
 import stat
@@ -192,26 +193,6 @@ def test_where_leases_cannot_tell_an_archive_is_copied(tmp_path: Path, monkeypat
         assert pinned.path.read_bytes() == data
 
 
-def test_a_writer_that_breaks_the_lease_neither_ends_qnnctl_nor_goes_unseen(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A writer opening the file while the lease is held breaks it, and Linux tells the whole
-    process by signal: here a writer opens it just as the lease is taken."""
-    real = fcntl.fcntl
-    given = _archive(tmp_path, os.urandom(BLOCK + 3))
-
-    def lease_then_writer(fd: int, command: int, arg: int = 0) -> int:
-        result = real(fd, command, arg)
-        if command == fcntl.F_SETLEASE and arg == fcntl.F_RDLCK:
-            with pytest.raises(BlockingIOError):
-                os.open(given, os.O_WRONLY | os.O_NONBLOCK)
-        return result
-
-    monkeypatch.setattr(fcntl, "fcntl", lease_then_writer)
-    with pinned_file(given, tmp_path / "pinned") as pinned:
-        assert pinned.copied
-        assert pinned.path.read_bytes() == given.read_bytes()
-
-
 @pytest.mark.parametrize("folder", ["tmp", "/dev/shm", "/proc/self"])
 def test_the_file_system_is_the_one_the_mount_table_names(tmp_path: Path, folder: str) -> None:
     """What each file is on, as util-linux's findmnt says it: ext4 here, tmpfs, proc."""
@@ -225,12 +206,31 @@ def test_the_file_system_is_the_one_the_mount_table_names(tmp_path: Path, folder
         try:
             told = subprocess.run([findmnt, "-n", "-o", "FSTYPE", "--target", str(path)], capture_output=True,
                                   text=True, check=True).stdout.split()[0]
-            assert sources._file_system(fd) == told
+            assert sources.file_system(fd) == told.encode()
         finally:
             os.close(fd)
     finally:
         if folder != "/proc/self":
             path.unlink()
+
+
+def test_a_kernel_without_mount_ids_in_fdinfo_tells_no_file_system(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux before 3.15 gives no mnt_id in /proc/self/fdinfo: nothing to look up, so no type."""
+    real_open = open
+
+    def old_kernel(path: object, *args: object, **kwargs: object) -> object:
+        if str(path).startswith("/proc/self/fdinfo/"):
+            return io.BytesIO(b"pos:\t0\nflags:\t0100000\n")
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    given = _archive(tmp_path, b"PK archive")
+    fd = os.open(given, os.O_RDONLY)
+    try:
+        monkeypatch.setattr("builtins.open", old_kernel)
+        assert sources.file_system(fd) is None
+    finally:
+        os.close(fd)
 
 
 def test_a_file_system_that_cannot_be_told_counts_no_writers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,10 +240,10 @@ def test_a_file_system_that_cannot_be_told_counts_no_writers(tmp_path: Path, mon
     given = _archive(tmp_path, data)
     fd = os.open(given, os.O_RDONLY)
     try:
-        assert sources._file_system(fd) in sources._WRITERS_COUNTED  # this machine's test folder
+        assert sources.file_system(fd) in sources.WRITERS_COUNTED  # this machine's test folder
         assert sources.no_other_writer(fd)
         for told in (None, "overlay", "fuse.sshfs", "nfs4"):
-            monkeypatch.setattr(sources, "_file_system", lambda fd, told=told: told)
+            monkeypatch.setattr(sources, "file_system", lambda fd, told=told: told)
             assert not sources.no_other_writer(fd)
     finally:
         os.close(fd)
@@ -258,7 +258,7 @@ def test_a_file_system_that_cannot_be_told_counts_no_writers(tmp_path: Path, mon
     monkeypatch.setattr("builtins.open", no_proc)
     fd = os.open(given, os.O_RDONLY)
     try:
-        assert sources._file_system(fd) is None
+        assert sources.file_system(fd) is None
     finally:
         os.close(fd)
     monkeypatch.undo()

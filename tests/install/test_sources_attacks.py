@@ -48,12 +48,15 @@ def _run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, check=False)
 
 
-@pytest.mark.parametrize("where", ["a thread of its own", "the main thread, beside another thread"])
+@pytest.mark.parametrize("where", ["a thread of its own", "the main thread, beside another thread",
+                                   "the main thread alone"])
 def test_a_broken_lease_does_not_end_a_program_with_threads(tmp_path: Path, where: str) -> None:
     """A library user's program has threads: blocking SIGIO in the one that asks for the lease
     leaves the signal to any other, whose default is to end the whole program."""
-    start = ("t = threading.Thread(target=install); t.start(); t.join()" if where.startswith("a thread")
-             else "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); install()")
+    start = {"a thread of its own": "t = threading.Thread(target=install); t.start(); t.join()",
+             "the main thread, beside another thread":
+                 "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); install()",
+             "the main thread alone": "install()"}[where]
     done = _run(tmp_path, _BREAKER + f"""
 out = {{}}
 def install():
