@@ -137,11 +137,13 @@ def test_install_file_takes_the_aarch64_sdk(guest: emulated.Guest, installed: Pa
 
 
 def test_env_sets_up_the_guests_sh(guest: emulated.Guest, installed: Path) -> None:
-    done = guest.sh('eval "$(qnnctl env)" && printf "%s\\n" "$QNN_SDK_ROOT" "$LD_LIBRARY_PATH"')
+    done = guest.sh('eval "$(qnnctl env)" && printf "%s\\n" "$QNN_SDK_ROOT" "$LD_LIBRARY_PATH" '
+                    '&& qnnctl which libQnnHtp.so')
     assert done.returncode == 0, done.stderr
-    root, library_path = done.stdout.splitlines()
+    root, library_path, htp = done.stdout.splitlines()
     assert root == str(installed)
     assert library_path.split(":")[0] == str(installed / LIB_DIR)
+    assert htp == str(installed / LIB_DIR / "libQnnHtp.so")  # as the guest's loader finds it
 
 
 def test_doctor_loads_the_libraries(guest: emulated.Guest, installed: Path) -> None:
