@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,10 +91,10 @@ def requirements() -> list[str]:
     return list(project["dependencies"])
 
 
-def root_path() -> Path:
+def root_path(cache: Path = CACHE) -> Path:
     """Where the root for this recipe and these dependencies is kept."""
     recipe = json.dumps([ROOT_REVISION, SUITE, PACKAGES, VENV, requirements()])
-    return CACHE / f"aarch64-root-r{ROOT_REVISION}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    return cache / f"aarch64-root-r{ROOT_REVISION}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
 
 def missing_tools() -> list[str]:
@@ -246,24 +246,25 @@ def network_env(guest: Guest) -> tuple[Guest, dict[str, str]]:
     return guest, env
 
 
-def build() -> Path:
-    """The root, made when it is not there yet (see the module's docstring); its path."""
-    final = root_path()
+def build(cache: Path = CACHE, make: Callable[[Path], None] | None = None) -> Path:
+    """The root in `cache`, made when it is not there yet (see the module's docstring) by `make`
+    (`make_root`), which builds it as `root` in the folder it is given; its path."""
+    final = root_path(cache)
     if final.is_dir():
         return final
     problem = host_problem()
     if problem is not None:
         raise RuntimeError(problem)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(CACHE / "aarch64-root.lock")):
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / "aarch64-root.lock")):
         if final.is_dir():  # another build finished while this one waited
             return final
-        for stale in CACHE.glob(".aarch64-root-*.build-*"):  # left by a build that was killed
+        for stale in cache.glob(".aarch64-root-*.build-*"):  # left by a build that was killed
             shutil.rmtree(stale)
-        work = CACHE / f".{final.name}.build-{os.getpid()}"
+        work = cache / f".{final.name}.build-{os.getpid()}"
         work.mkdir()
         try:
-            make_root(work)
+            (make or make_root)(work)
             os.rename(work / "root", final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
