@@ -15,7 +15,10 @@ The libc++ trio the tests stage comes from Debian's packages (`libc++1-14`, `lib
 127.0.0.1 in the layout of the LLVM release archive, so the tests themselves use no network.
 
 The aarch64 wheel of the same release gives the SDK's device side (`lib/aarch64-android/`,
-`lib/hexagon-v<NN>/unsigned/`), for the `qnnctl device` tests (`lay_out_device_files`).
+`lib/hexagon-v<NN>/unsigned/`), for the `qnnctl device` tests (`lay_out_device_files`), and the
+host libraries of a Linux aarch64 SDK (`lib/aarch64-oe-linux-gcc11.2/`), which the tests load in
+an emulated aarch64 Debian (tests/emulated.py, `cached_aarch64_archive`): GCC builds that name
+`libstdc++.so.6` and `libatomic.so.1` as the SDK's do, so they are packed as the wheel has them.
 
 The real lowering runs ONNX Runtime's QNN execution provider in a Python of its own
 (`make_onnxruntime_python`): `onnxruntime-qnn` with every Qualcomm library taken out of the
@@ -39,6 +42,8 @@ import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from qnnctl.sdk.hosts import host_for
 
 # The folder that survives between runs; computed from the environment the tests start with,
 # before any test points HOME elsewhere.
@@ -82,6 +87,15 @@ DEVICE_WHEELS = (QAIRT_2_51_DEVICE,)
 DEVICE_ARCHES = (68, 69, 73, 75, 79, 81)
 ANDROID_LIB_DIR = "lib/aarch64-android"
 ANDROID_LIBS = ("libQnnHtp.so", "libQnnSystem.so", "libQnnHtpPrepare.so")
+# The same wheel's libraries as a Linux aarch64 host's SDK holds them, in the folder the host
+# table names. A part of them: what runs under emulation is about ten times slower, so the
+# archive leaves out libQnnHtpPrepare.so (90 MB), libQnnGpu.so and libGenie.so. One stub and its
+# skel stay, so that an install by parts has a Hexagon member to leave out and doctor meets a
+# library that needs the device's libcdsprpc.so, as on a real board.
+AARCH64_HOST = host_for("Linux", "aarch64")
+AARCH64_HOST_LIBS = ("libQnnHtp.so", "libQnnSystem.so", "libQnnSaver.so", "libQnnIr.so",
+                     "libQnnHtpNetRunExtensions.so", "libQnnHtpV73Stub.so")
+AARCH64_SKELS = (73,)
 
 
 # The Python that runs ONNX Runtime's QNN execution provider for the lowering tests, and what it
@@ -182,6 +196,12 @@ def build_archive(wheel: Wheel, dest: Path, top: str | None = None, label: str |
     staging = dest.with_name(f"{dest.name}.staging-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     build_sdk_tree(wheel, staging / top if top else staging, label)
+    return zip_folder(staging, dest)
+
+
+def zip_folder(staging: Path, dest: Path) -> Path:
+    """Zip what is in `staging` into `dest` (by a rename, so a reader never meets half of it), and
+    remove `staging`."""
     partial = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     # Deflate at level 1: the tests read these archives, their size matters little.
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
@@ -266,6 +286,52 @@ def device_tree(wheel: Wheel) -> Path:
     return built
 
 
+def aarch64_member_places(wheel: Wheel) -> dict[str, str]:
+    """The files of the aarch64 SDK's archive, by their name in the wheel, and where in the SDK."""
+    if AARCH64_HOST is None:
+        raise RuntimeError("the host table has no Linux aarch64 row")
+    places = {name: f"{AARCH64_HOST.lib_dir}/{name}" for name in AARCH64_HOST_LIBS}
+    places.update({f"libQnnHtpV{n}Skel.so": f"lib/hexagon-v{n}/unsigned/libQnnHtpV{n}Skel.so" for n in AARCH64_SKELS})
+    return places
+
+
+def build_aarch64_archive(wheel: Wheel, dest: Path) -> Path:
+    """A zip of a Linux aarch64 host's SDK (`qairt/<version>/lib/aarch64-oe-linux-gcc11.2/...`,
+    `sdk.yaml`) holding the wheel's aarch64 libraries byte for byte."""
+    source = wheel_path(wheel)
+    if source is None:
+        raise FileNotFoundError(missing_message(wheel.file_name))
+    staging = dest.with_name(f"{dest.name}.staging-{os.getpid()}")  # as in build_archive
+    shutil.rmtree(staging, ignore_errors=True)
+    root = staging / "qairt" / wheel.qairt
+    places = aarch64_member_places(wheel)
+    with zipfile.ZipFile(source) as zf:
+        for info in zf.infolist():
+            folder, _, name = info.filename.rpartition("/")
+            if folder != "onnxruntime_qnn" or name not in places:
+                continue
+            target = root / places[name]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as member, open(target, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+            target.chmod(0o755)
+    missing = sorted(set(places) - {p.name for p in root.rglob("*.so")})
+    if missing:
+        raise RuntimeError(f"{wheel.file_name} lacks {missing}")
+    (root / "sdk.yaml").write_text(f"name: qairt\nversion: {wheel.qairt}\n")
+    (root / "QNN_README.txt").write_text(f"Qualcomm AI Runtime SDK {wheel.qairt} (Linux aarch64 host libraries)\n")
+    return zip_folder(staging, dest)
+
+
+def cached_aarch64_archive(wheel: Wheel = QAIRT_2_51_DEVICE) -> Path:
+    """The Linux aarch64 SDK's archive built from the aarch64 `wheel`, built once."""
+    built = CACHE / "built" / f"v{wheel.qairt}-aarch64-r{LAYOUT_REVISION}.zip"
+    if not built.is_file():
+        built.parent.mkdir(parents=True, exist_ok=True)
+        build_aarch64_archive(wheel, built)
+    return built
+
+
 def lay_out_device_files(wheel: Wheel, root: Path) -> Path:
     """Put the wheel's device files where a QAIRT SDK at `root` keeps them: lib/aarch64-android/
     and lib/hexagon-v<NN>/unsigned/ (as links to the unpacked copies: they are 200 MB)."""
@@ -346,6 +412,7 @@ def fetch() -> None:
         print(cached_archive(wheel))
     for wheel in DEVICE_WHEELS:
         print(device_tree(wheel))
+        print(cached_aarch64_archive(wheel))
 
 
 def main(argv: list[str]) -> int:
