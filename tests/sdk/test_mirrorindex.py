@@ -9,6 +9,7 @@ import gzip
 import json
 import logging
 import threading
+import tracemalloc
 import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -229,4 +230,22 @@ def test_an_encoded_index_is_capped_by_its_decoded_size(encoded: Encoded, extra:
     assert str(raised.value) == (f"the mirror's {encoded.base}/index.json is larger than 8 MiB, which no index "
                                  "qnnctl writes is; nothing was fetched")
     assert raised.value.hint == HINT
+
+
+def test_an_index_that_inflates_far_past_the_cap_is_refused_in_bounded_memory(encoded: Encoded) -> None:
+    """About 100 KB of gzip that inflates to 96 MiB: each block is inflated only as far as the cap
+    leaves room for, so that what this process holds stays near the cap (the first 64 KiB block
+    inflated whole would be some 64 MiB; a gigabyte would be no different)."""
+    bomb = gzip.compress(b'{"schema": 1, "versions": {' + b" " * (96 << 20), compresslevel=9)
+    encoded.serve(bomb, "gzip")
+    tracemalloc.start()
+    try:
+        with pytest.raises(IntegrityError) as raised:
+            read_index(encoded.base)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(raised.value) == (f"the mirror's {encoded.base}/index.json is larger than 8 MiB, which no index "
+                                 "qnnctl writes is; nothing was fetched")
+    assert peak < 3 * INDEX_MAX_BYTES
 
