@@ -115,6 +115,23 @@ def test_the_host_folders_are_those_of_the_machine_qnnctl_runs_on(monkeypatch: p
     assert [component_of(p, host=arm) for p in (*ours, *theirs)] == ["host", "host", None, None]
 
 
+def test_the_rules_of_each_host_are_compiled_once_when_first_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From no rules compiled yet (as in a new process): each host's are compiled the first time
+    it is asked, kept by its machine, and the same rules answer the next time."""
+    from qnnctl.sdk import members
+
+    monkeypatch.setattr(members, "_COMPILED", {})
+    x86, arm = HOSTS[0], HOSTS[1]
+    assert component_of("lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so", host=arm) == "host"
+    assert list(members._COMPILED) == ["aarch64"]
+    assert component_of("lib/x86_64-linux-clang/libQnnHtp.so", host=x86) == "host"
+    assert list(members._COMPILED) == ["aarch64", "x86_64"]
+    kept = members._COMPILED["x86_64"]
+    assert [c for c, _ in kept] == [c for c, _ in members.host_rules(x86)]
+    assert component_of("lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so", host=x86) is None
+    assert members._COMPILED["x86_64"] is kept
+
+
 def test_component_digests_partition_as_on_x86_64_on_every_host(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = [("lib/x86_64-linux-clang/a.so", "x"), ("lib/aarch64-oe-linux-gcc11.2/a.so", "a"), ("sdk.yaml", "y")]
     expected = {"host": _digest("x", "y"), "other": _digest("a")}
