@@ -366,6 +366,12 @@ def test_an_entry_is_held_to_the_rule_by_its_own_owner_and_mode(shared: Path) ->
                                                        f"make it root's (or yours): `sudo chown root {entry}`")
     with _as_user(_nobody()):  # this process's user is the one asked for
         assert unsafe_entry(entry, entry.lstat()) is None
+    # The sticky bit spares a folder on the way to a store, never an entry of the tree itself.
+    sticky = shared / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert unsafe_entry(sticky, sticky.lstat()) == Unsafe(sticky, "is writable by its group and others (mode 1777)",
+                                                         f"`chmod go-w {sticky}`")
 
 
 def test_the_host_folders_checked_are_those_of_the_machine_qnnctl_runs_on(shared: Path,
