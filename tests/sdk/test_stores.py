@@ -329,6 +329,19 @@ def test_a_cache_open_to_others_is_refused_by_its_first_open_folder(shared: Path
     assert cache_problem(cache) == Unsafe(cache.root / "tmp", f"belongs to user nobody (uid {_nobody()})", fix)
 
 
+def test_a_cache_of_the_users_own_is_checked_for_that_user(shared: Path) -> None:
+    """A cache that nobody made and owns is nobody's to use: its folders are checked for the
+    user qnnctl runs as, not for root."""
+    cache = Cache(shared / "cache")
+    for name in ("sdks", "downloads"):
+        (cache.root / name).mkdir(parents=True, mode=0o755)
+    _chown_tree(cache.root, _nobody())
+    with _as_user(_nobody()):
+        assert cache_problem(cache) is None
+    assert cache_problem(cache) == Unsafe(cache.root, f"belongs to user nobody (uid {_nobody()})",
+                                          f"make it root's (or yours): `sudo chown root {cache.root}`")
+
+
 def test_a_cache_below_a_folder_others_can_write_is_refused_by_that_folder(shared: Path) -> None:
     (shared / "open").mkdir()
     (shared / "open").chmod(0o777)
