@@ -361,6 +361,7 @@ class FaultServer:
                 while not head and sent < limit:
                     h.wfile.write(block)
                     sent += len(block)
+                    self._count(path, len(block))  # what bytes_served says, as for any answer
             return
         if data is None:
             self._send_empty(h, 404, {})

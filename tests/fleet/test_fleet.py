@@ -1586,6 +1586,102 @@ def test_an_sdk_is_compared_with_a_lock_by_its_archive_then_its_components_then_
         f"the libraries of SDK {VERSION} at {sdk.root} (--sdk) are build {build}; qnnctl.lock pins build {build}0"]
 
 
+def test_the_staged_runtime_a_lock_pins_is_written_and_read_by_kind(tmp_path: Path) -> None:
+    from qnnctl.sdk.lockfile import LockedSdk, read_lock, render_lock
+
+    pinned = {"libcxx": {"lib/libc++.so.1": "1" * 64, "lib/libc++abi.so.1": "2" * 64}, "glibc": {"libm.so.6": "3" * 64}}
+    lock = LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64, runtime_sha256=pinned)
+    text = render_lock(lock, "t")
+    assert text.endswith(f'urls = []\n\n[runtime."glibc"]\n"libm.so.6" = "{"3" * 64}"\n\n[runtime."libcxx"]\n'
+                         f'"lib/libc++.so.1" = "{"1" * 64}"\n"lib/libc++abi.so.1" = "{"2" * 64}"\n')
+    (tmp_path / "qnnctl.lock").write_text(text)
+    assert read_lock(tmp_path / "qnnctl.lock") == lock
+    (tmp_path / "qnnctl.lock").write_text(text.split("\n[runtime.")[0] + "\n[runtime]\n")
+    assert read_lock(tmp_path / "qnnctl.lock").runtime_sha256 is None  # an empty table pins nothing
+
+
+@pytest.mark.parametrize("runtime", ["runtime = 1", "runtime = {libcxx = 1}", "[runtime.libcxx]\n\"a\" = \"x\"",
+                                     "[runtime.libcxx]\n\"a\" = 7", "runtime = []"])
+def test_a_runtime_table_that_maps_no_file_to_a_sha256_is_refused(tmp_path: Path, runtime: str) -> None:
+    from qnnctl.sdk.lockfile import LockError, read_lock
+
+    path = tmp_path / "qnnctl.lock"
+    path.write_text(f"schema = 2\n{runtime}\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\n"
+                    if runtime.startswith("runtime =") else
+                    f"schema = 2\n[sdk]\nversion = \"{VERSION}\"\nsha256 = \"{'a' * 64}\"\n{runtime}\n")
+    with pytest.raises(LockError) as refused:
+        read_lock(path)
+    assert refused.value.message == f"{path}: each [runtime.<kind>] table must map a file to a sha256 digest"
+    assert refused.value.hint == f"fix it, or write it again with `qnnctl lock` (in {tmp_path})"
+
+
+def test_the_runtime_a_projects_lock_pins_for_a_version(tmp_path: Path) -> None:
+    from qnnctl.sdk.lockfile import locked_runtime
+
+    project = tmp_path / "project"
+    deep = project / "src"
+    deep.mkdir(parents=True)
+    assert locked_runtime(VERSION, deep) is None  # no lock
+    _lock(project)
+    assert locked_runtime(VERSION, deep) is None  # a lock that pins no runtime
+    pinned = {"libcxx": {"lib/libc++.so.1": "1" * 64}}
+    path = _lock(project, runtime_sha256=pinned)
+    assert locked_runtime(VERSION, deep) == (path, pinned)
+    assert locked_runtime(OTHER_VERSION, deep) is None  # a lock of another version
+
+
+def test_a_lock_whose_sha256_matches_while_a_component_does_not_contradicts_itself(tmp_path: Path) -> None:
+    """Installed whole from the archive the lock pins, the SDK's components are what the archive
+    holds: a lock that pins other digests for them was edited, and vouches for nothing."""
+    from qnnctl.sdk.layout import Sdk
+    from qnnctl.sdk.lockfile import LockedSdk, compare
+    from qnnctl.sdk.members import tree_digests
+
+    sdk = _sdk_with(tmp_path, None, None)
+    assert isinstance(sdk, Sdk)
+    cache = Cache(tmp_path)
+    digests = tree_digests(sdk.root)
+    (sdk.root / ".qnnctl.json").write_text(json.dumps({"sha256": "a" * 64, "component_sha256": digests}))
+    lock = LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64, component_sha256=digests)
+    by_archive = "the sha256 of the archive it was installed from"
+    assert compare(lock, sdk, cache) == ([], by_archive)
+    where = f"SDK {VERSION} at {sdk.root} (--sdk)"
+    edited = {**digests, "host": "e" * 64, "docs": "f" * 64}
+    assert compare(lock._replace(component_sha256=edited), sdk, cache) == ([
+        f"qnnctl.lock contradicts itself: its sha256 is the archive's, but the files of component docs of {where} "
+        f"have digest none; qnnctl.lock pins {'f' * 64}",
+        f"the files of component host of {where} have digest {digests['host']}; qnnctl.lock pins {'e' * 64}"],
+        by_archive)
+    # A component the lock leaves out is one it contradicts too, as is one the SDK lacks.
+    assert compare(lock._replace(component_sha256={"host": digests["host"]}), sdk, cache)[0] == [
+        ("qnnctl.lock contradicts itself: its sha256 is the archive's, but " if i == 0 else "")
+        + f"the files of component {name} of {where} have digest {digests[name]}; qnnctl.lock pins none"
+        for i, name in enumerate(n for n in sorted(digests) if n != "host")]
+    # Another archive's sha256: said first, and the components' disagreement is no contradiction then.
+    assert compare(lock._replace(sha256="b" * 64, component_sha256={**digests, "host": "e" * 64}), sdk, cache)[0] == [
+        f"{where} was installed from an archive whose sha256 is {'a' * 64}; qnnctl.lock pins {'b' * 64}",
+        f"the files of component host of {where} have digest {digests['host']}; qnnctl.lock pins {'e' * 64}"]
+
+
+def test_the_components_a_projects_lock_names_for_a_version(tmp_path: Path) -> None:
+    from qnnctl.errors import UsageError
+    from qnnctl.sdk.lockfile import ProjectLock
+
+    project = tmp_path / "project"
+    project.mkdir()
+    assert ProjectLock(project).components(VERSION) is None  # no lock
+    _lock(project)
+    assert ProjectLock(project).components(VERSION) is None  # none named
+    _lock(project, components=())
+    assert ProjectLock(project).components(VERSION) is None
+    _lock(project, components=("android",))
+    assert ProjectLock(project).components(VERSION) == ("host", "android")
+    assert ProjectLock(project).components(OTHER_VERSION) is None
+    path = _lock(project, components=("andriod",))
+    with pytest.raises(UsageError, match=f"^{re.escape(str(path))} \\(sdk.components\\)"):
+        ProjectLock(project).components(VERSION)
+
+
 def test_each_lock_that_cannot_be_read_is_refused_with_how_to_mend_it(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from qnnctl.sdk import lockfile

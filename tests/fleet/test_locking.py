@@ -197,6 +197,36 @@ def test_a_lock_of_an_installed_sdk_is_taken_from_its_manifest_and_replaces_the_
     assert capfd.readouterr() == ("", "")
 
 
+def test_a_lock_pins_the_runtime_staged_in_the_cache_as_its_files_are_now(
+        server: FaultServer, cache: Cache, project: Path) -> None:
+    """The libraries of the staged runtime in use of each kind, hashed; one staged before it of
+    the same kind, or a folder that is no staged runtime, not."""
+    import hashlib
+
+    _in_cache(cache, {"sha256": "a" * 64, "size": 1, "source": "s", "installed_at": "2026-11-30T08:00:00Z"})
+
+    def stage(name: str, kind: str, when: int, files: dict[str, bytes]) -> None:
+        root = cache.root / "runtime" / name
+        (root / "lib").mkdir(parents=True)
+        (root / MANIFEST).write_text(json.dumps({"schema": 1, "kind": kind, "staged_ns": when}))
+        for file, data in files.items():
+            (root / "lib" / file).write_bytes(data)
+
+    written = make_lock(None, _environ(server), project, cache)
+    assert written.lock.runtime_sha256 is None  # nothing staged: nothing pinned
+    stage("libcxx-14-old", "libcxx", 1, {"libc++.so.1": b"old"})
+    stage("libcxx-14", "libcxx", 2, {"libc++.so.1": b"trio 1", "libunwind.so.1": b"trio 3"})
+    stage("glibc-2.35", "glibc", 3, {"libc.so.6": b"libc"})
+    (cache.root / "runtime" / "half-staged" / "lib").mkdir(parents=True)  # no manifest: no runtime
+    written = make_lock(None, _environ(server), project, cache)
+    sha = {data: hashlib.sha256(data).hexdigest() for data in (b"trio 1", b"trio 3", b"libc")}
+    pinned = {"libcxx": {"lib/libc++.so.1": sha[b"trio 1"], "lib/libunwind.so.1": sha[b"trio 3"]},
+              "glibc": {"lib/libc.so.6": sha[b"libc"]}}
+    assert written.lock.runtime_sha256 == pinned
+    assert read_lock(project / "qnnctl.lock").runtime_sha256 == pinned
+    assert server.requests == []
+
+
 def test_a_manifest_that_says_neither_where_nor_when_is_said_so(server: FaultServer, cache: Cache,
                                                                project: Path) -> None:
     root = _in_cache(cache, {"sha256": "b" * 64, "size": 99}, build=None)

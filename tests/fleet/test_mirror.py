@@ -175,6 +175,21 @@ def test_only_the_host_librarys_folder_is_read_at_any_depth(tmp_path: Path) -> N
     assert _entries(scratch) == []
 
 
+def test_the_libraries_of_every_hosts_folder_tell_the_build(tmp_path: Path) -> None:
+    """An archive whose only host libraries are aarch64 Linux's tells its build as well, wherever
+    qnnctl runs: the mirror and the lock name the same build on every host."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    ours = _library(tmp_path, "libQnnHtp.so", f"v{BUILD}")
+    theirs = _library(tmp_path, "libQnnHtp.so", f"v{OTHER_BUILD}")
+    arm = "lib/aarch64-oe-linux-gcc11.2"
+    assert archive_build_id(_zip(tmp_path / "a.zip", (f"qairt/{VERSION}/{arm}/libQnnHtp.so", ours, FILE)),
+                            scratch) == BUILD
+    assert archive_build_id(_zip(tmp_path / "b.zip", (f"qairt/{VERSION}/bin/aarch64-oe-linux-gcc11.2/libQnnHtp.so",
+                                                      theirs, FILE)), scratch) is None
+    assert _entries(scratch) == []
+
+
 def test_the_libraries_are_read_most_telling_first_until_one_carries_a_build(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -594,6 +609,31 @@ def test_an_entry_without_components_digests_is_indexed_again(server: FaultServe
                      "path": f"{VERSION}/v{VERSION}.zip", "components": zip_digests(dest)}
     assert len(server.requests_for(PATH)) == 1
     assert _entries(cache.tmp) == []
+
+
+def test_a_cache_others_can_write_is_refused_before_anything_is_fetched_or_indexed(
+        server: FaultServer, served: bytes, cache: Cache, tmp_path: Path) -> None:
+    env = {"QNNCTL_MIRROR": server.base}
+    cache.ensure()
+    (cache.root / "downloads").chmod(0o777)
+    said = (f"qnnctl's cache {cache.root} is not used: {cache.root / 'downloads'} is writable by its group and "
+            "others (mode 0777), so another user could change the SDKs installed there and the records that vouch "
+            "for them; nothing was installed")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, env, cwd=tmp_path)
+    assert refused.value.message == said
+    assert server.requests == []
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(_archive(tmp_path / "by hand"), dest)
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], env, tmp_path, cache)
+    assert refused.value.message == said
+    assert not (folder / "index.json").exists()
+    assert server.requests == []
+    (cache.root / "downloads").chmod(0o755)
+    assert make_mirror(folder, [VERSION], env, tmp_path, cache)[0].action == "indexed"
 
 
 def test_an_archive_put_in_the_mirror_by_hand_is_indexed_if_it_is_the_version(server: FaultServer,

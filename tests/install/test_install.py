@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -1081,6 +1082,37 @@ def test_commit_writes_the_manifest_and_moves_the_sdk_into_place(tmp_path: Path,
     assert (refused.value.message, refused.value.hint) == (
         f"the archive's SDK is incomplete: missing {LIB}/libQnnHtp.so",
         "the archive may be truncated or not a QAIRT SDK for Linux; nothing was installed")
+
+
+def test_a_tree_committed_has_the_modes_qnnctl_installs_with_whatever_it_had(tmp_path: Path) -> None:
+    """Folders 0755, files 0644 or, with any exec bit, 0755: never writable by the group or
+    others. Links keep theirs and are not followed: what they point to outside is not changed."""
+    from qnnctl.install.commit import settle_modes
+
+    root = tmp_path / "sdk"
+    (root / "lib" / "deep").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "theirs").write_text("")
+    modes = {"lib/open.so": 0o666, "lib/deep/run": 0o775, "lib/mine": 0o700, "lib/deep/private": 0o600,
+             "plain": 0o644, "tool": 0o755, "x-by-others": 0o601, "setuid": 0o4755}
+    for name, mode in modes.items():
+        (root / name).write_text(name)
+        (root / name).chmod(mode)
+    (root / "to-theirs").symlink_to(outside / "theirs")
+    (root / "to-outside").symlink_to(outside)
+    for folder, mode in ((root, 0o777), (root / "lib", 0o700), (root / "lib" / "deep", 0o775)):
+        folder.chmod(mode)
+    (outside / "theirs").chmod(0o666)
+    outside.chmod(0o777)
+    settle_modes(root)
+    assert {name: stat.S_IMODE((root / name).stat().st_mode) for name in modes} == {
+        "lib/open.so": 0o644, "lib/deep/run": 0o755, "lib/mine": 0o755, "lib/deep/private": 0o644,
+        "plain": 0o644, "tool": 0o755, "x-by-others": 0o755, "setuid": 0o755}
+    assert [stat.S_IMODE(f.stat().st_mode) for f in (root, root / "lib", root / "lib" / "deep")] == [0o755] * 3
+    assert stat.S_IMODE((outside / "theirs").stat().st_mode) == 0o666
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o777
+    outside.chmod(0o755)
 
 
 def test_folders_given_by_relative_paths_are_exchanged_in_one_step(tmp_path: Path,

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from qnnctl.install.archive import zip_digests
 from qnnctl.install.door import observed_tree
 from qnnctl.install.partial import (
     Choice,
@@ -64,6 +65,7 @@ from tests.sdkfactory import (
     add_zip_entry,
     build_archive,
     build_sdk_tree,
+    build_two_host_archive,
 )
 
 TOP = PurePosixPath(f"qairt/{VERSION}")
@@ -829,6 +831,34 @@ def test_a_whole_archive_is_fetched_where_only_its_sha256_can_check_it(served: F
     with pytest.raises(IntegrityError):
         _install(served, cache_dir, ["android"], old=sdk, expected=[wrong])
     assert files_below(sdk.root) == HOST
+
+
+def test_on_another_host_than_x86_64_components_digests_make_the_install_whole(
+        server: FaultServer, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Components' digests partition an SDK as on x86_64: on aarch64 they cannot check the host's
+    folders alone, so the whole SDK is installed and checked whole; with nothing that pins
+    components, the same install is by parts."""
+    archive = build_two_host_archive(tmp_path)
+    data = archive.read_bytes()
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", sha256=hashlib.sha256(data).hexdigest(),
+                      size=len(data), components=zip_digests(archive))
+    with caplog.at_level("WARNING", logger="qnnctl"):
+        sdk = _install(server, cache_dir, ["host"], expected=[pinned])
+    manifest = read_manifest(sdk.root) or {}
+    assert (manifest["components"], manifest["partial"], manifest["sha256"]) == (
+        ["all"], False, hashlib.sha256(data).hexdigest())
+    assert (sdk.root / "lib" / "aarch64-android").is_dir()  # the whole SDK
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "qnnctl.lock pins components' digests as on Linux x86_64, which do not cover this Linux aarch64 host's "
+        "components: installing the whole SDK, checked whole"]
+    assert not any(r.headers.get("Range") for r in server.requests)
+    shutil.rmtree(cache_dir / "sdks")
+    by_parts = _install(server, cache_dir, ["host"])
+    assert (read_manifest(by_parts.root) or {})["partial"] is True
+    assert not (by_parts.root / "lib" / "aarch64-android").exists()
 
 
 def test_a_missing_component_found_in_the_whole_archive_says_it_stays(served: FaultServer, cache_dir: Path) -> None:

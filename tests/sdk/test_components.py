@@ -34,13 +34,18 @@ from qnnctl.sdk.components import (
     missing,
     parse_components,
 )
+from qnnctl.sdk.hosts import HOSTS
 from qnnctl.sdk.members import (
+    EXEC_MODE,
+    FILE_MODE,
+    FOLDER_MODE,
     Member,
     available,
     choose,
     component_digests,
     component_label,
     component_of,
+    installed_mode,
     member_line,
     resolve_in,
     tree_digests,
@@ -91,6 +96,54 @@ def test_folders_belong_to_the_component_of_what_they_hold() -> None:
     assert component_of("lib/hexagon-v73/unsigned", is_dir=True) == "hexagon-v73"
     assert component_of("lib", is_dir=True) is None
     assert component_of("bin/x86_64-linux-clang", is_dir=True) == "host"
+
+
+def test_the_host_folders_are_those_of_the_machine_qnnctl_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an aarch64 host, `host` holds its own library and tool folders, and x86_64's are no
+    component; a host named explicitly wins over the machine's."""
+    x86, arm = HOSTS[0], HOSTS[1]
+    ours = ("lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so", "bin/aarch64-oe-linux-gcc11.2/qnn-net-run")
+    theirs = ("lib/x86_64-linux-clang/libQnnHtp.so", "bin/x86_64-linux-clang/qnn-net-run")
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    assert [component_of(p) for p in (*ours, *theirs)] == ["host", "host", None, None]
+    assert component_of("lib/aarch64-oe-linux-gcc11.2", is_dir=True) == "host"
+    assert [component_of(p, host=x86) for p in (*ours, *theirs)] == [None, None, "host", "host"]
+    assert [component_of(p) for p in ("sdk.yaml", "include/QNN/QnnInterface.h", "lib/aarch64-android/a.so")] == [
+        "host", "host", "android"]
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "x86_64")
+    assert [component_of(p) for p in (*ours, *theirs)] == [None, None, "host", "host"]
+    assert [component_of(p, host=arm) for p in (*ours, *theirs)] == ["host", "host", None, None]
+
+
+def test_the_rules_of_each_host_are_compiled_once_when_first_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From no rules compiled yet (as in a new process): each host's are compiled the first time
+    it is asked, kept by its machine, and the same rules answer the next time."""
+    from qnnctl.sdk import members
+
+    monkeypatch.setattr(members, "_COMPILED", {})
+    x86, arm = HOSTS[0], HOSTS[1]
+    assert component_of("lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so", host=arm) == "host"
+    assert list(members._COMPILED) == ["aarch64"]
+    assert component_of("lib/x86_64-linux-clang/libQnnHtp.so", host=x86) == "host"
+    assert list(members._COMPILED) == ["aarch64", "x86_64"]
+    kept = members._COMPILED["x86_64"]
+    assert [c for c, _ in kept] == [c for c, _ in members.host_rules(x86)]
+    assert component_of("lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so", host=x86) is None
+    assert members._COMPILED["x86_64"] is kept
+
+
+def test_component_digests_partition_as_on_x86_64_on_every_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = [("lib/x86_64-linux-clang/a.so", "x"), ("lib/aarch64-oe-linux-gcc11.2/a.so", "a"), ("sdk.yaml", "y")]
+    expected = {"host": _digest("x", "y"), "other": _digest("a")}
+    for machine in ("aarch64", "x86_64"):
+        monkeypatch.setenv("QNNCTL_FORCE_MACHINE", machine)
+        assert component_digests(lines) == expected
+
+
+def test_installed_modes_keep_only_the_execute_bit_of_the_archive() -> None:
+    assert (FILE_MODE, EXEC_MODE, FOLDER_MODE) == (0o644, 0o755, 0o755)
+    assert [installed_mode(m) for m in (0o644, 0o666, 0o600, 0o000, 0o4644)] == [0o644] * 5
+    assert [installed_mode(m) for m in (0o755, 0o777, 0o700, 0o610, 0o601, 0o100744)] == [0o755] * 6
 
 
 def test_parse_components() -> None:

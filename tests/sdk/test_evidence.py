@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.errors import IntegrityError
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.evidence import hashed_digests, is_own, own_manifest, tree_key
 from qnnctl.sdk.layout import Sdk
@@ -201,6 +202,23 @@ def test_the_key_walks_in_one_order_whatever_the_directory_order(tmp_path: Path,
 
     monkeypatch.setattr("qnnctl.sdk.evidence.os.walk", reversed_walk)
     assert tree_key(root) == before
+
+
+@pytest.mark.parametrize(("mode", "who"), [(0o664, "its group"), (0o646, "others"), (0o2775, "its group")])
+def test_a_tree_with_an_entry_others_can_write_has_no_key(tmp_path: Path, mode: int, who: str) -> None:
+    """Nothing about such a tree lasts: the refusal names the entry, why, and the chmod that fixes it."""
+    root = build_sdk_tree(tmp_path / "sdk")
+    entry = root / "docs" / "shared file" if mode < 0o1000 else root / "docs" / "shared folder"
+    if mode < 0o1000:
+        entry.write_text("")
+    else:
+        entry.mkdir()
+    entry.chmod(mode)
+    with pytest.raises(IntegrityError) as caught:
+        tree_key(root)
+    assert str(caught.value) == (f"the SDK folder {root} cannot be vouched for: {entry} could be changed by another "
+                                 f"user (it is writable by {who} (mode {mode & 0o7777:04o})); it is not used")
+    assert caught.value.hint == f"fix it with `chmod go-w '{entry}'`"
 
 
 # -- a hashing remembered while the tree is unchanged -----------------------------------------

@@ -336,6 +336,25 @@ def test_an_install_by_parts_is_whole_when_a_source_cannot_check_its_parts() -> 
     assert gate.why_whole([index._replace(sha256=None)], ["docs"]) == "the mirror's index says no digest of docs"
 
 
+def test_an_install_by_parts_on_another_host_than_x86_64_is_of_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Digests partition an SDK as on x86_64 on every host: elsewhere, components' digests cannot
+    check some components, and the whole SDK is installed (and checked whole)."""
+    given = gate.given_sha256(A)
+    assert given is not None
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "x86_64")
+    assert gate.why_all([LOCK, PARTS], ["host"]) is None
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    said = ("components' digests as on Linux x86_64, which do not cover this Linux aarch64 host's components")
+    assert gate.why_all([LOCK, PARTS], ["host"]) == f"project/qnnctl.lock pins {said}"
+    assert gate.why_all([given, PARTS, LOCK], ["host", "android"]) == f"project/qnnctl.lock pins {said}"
+    index = LOCK._replace(source="the mirror's index", says="says", components={})
+    assert gate.why_all([index, LOCK], ["docs"]) == f"the mirror's index says {said}"
+    assert gate.why_all([LOCK], ["all"]) is None  # the whole SDK asked for already
+    assert gate.why_all([LOCK], ["host", "all"]) is None
+    assert gate.why_all([given, PARTS], ["host"]) is None  # nothing here pins components
+    assert gate.why_all([], ["host"]) is None
+
+
 def test_the_whole_archive_is_checked_by_sha256_and_size() -> None:
     gate.check([LOCK], gate.Observed("https://mirror/sdk.zip", sha256=A, size=10))
     gate.check([LOCK._replace(size=None)], gate.Observed("https://mirror/sdk.zip", sha256=A, size=11))

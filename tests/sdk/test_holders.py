@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import QnnctlError
+from qnnctl.sdk import holds
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.holds import (
     HeldError,
@@ -31,6 +32,7 @@ from qnnctl.sdk.holds import (
     hold_sdk,
     holders_of,
 )
+from tests.conftest import require_tool
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
 
 # A child that sleeps until it is ended; its arguments follow, for its command line. Its command
@@ -195,6 +197,60 @@ def test_a_command_of_exactly_the_width_is_not_cut(cache: Cache, tmp_path: Path)
     assert len(commands[child.pid]) == 120
 
 
+# A holder that blanks its own command line (as daemons that rename themselves do): it takes a
+# shared lock on argv[1], zeroes its arguments in place, says so on stdout and sleeps.
+BLANKER = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDONLY);
+    if (fd < 0 || flock(fd, LOCK_SH) != 0) return 1;
+    char *end = argv[argc - 1] + strlen(argv[argc - 1]);
+    memset(argv[0], 0, (size_t)(end - argv[0]));
+    puts("ready");
+    fflush(stdout);
+    sleep(120);
+    return 0;
+}
+"""
+
+
+def test_a_holder_whose_command_line_is_blank_is_named_by_its_pid_alone(cache: Cache, tmp_path: Path) -> None:
+    cc = require_tool("cc")
+    (tmp_path / "blanker.c").write_text(BLANKER)
+    subprocess.run([cc, "-o", str(tmp_path / "blanker"), str(tmp_path / "blanker.c")], check=True)
+    root = install_tree_into_cache(cache.root, VERSION)
+    proc = subprocess.Popen([str(tmp_path / "blanker"), str(root)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        assert Path(f"/proc/{proc.pid}/cmdline").read_bytes().strip(b"\0") == b""
+        assert holders_of(root) == [Holder(proc.pid, "")]
+        assert describe_holders(holders_of(root)) == f"PID {proc.pid}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_lock_taken_through_another_name_of_a_file_is_named_as_proc_locks_names_it(tmp_path: Path) -> None:
+    """Only /proc/locks says who holds a lock whose descriptors name the file otherwise (another
+    hard link of it here; another user's descriptors, which cannot be read, likewise)."""
+    one = tmp_path / "one"
+    one.write_text("")
+    two = tmp_path / "two"
+    os.link(one, two)
+    fd = os.open(one, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        assert holders_of(two) == [Holder(os.getpid(), _own_command(os.getpid()))]
+    finally:
+        os.close(fd)
+    assert holders_of(two) == []
+
+
 # -- an uninstall's or a reinstall's exclusive lock -------------------------------------------
 
 
@@ -284,6 +340,44 @@ def test_a_folder_removed_before_it_was_held_is_said_by_its_path(tmp_path: Path,
     assert str(raised.value) == f"SDK {root} was removed from {root} while it was being set up"
 
 
+def test_a_hold_waits_for_a_lock_held_past_its_time_then_names_who_holds_it(
+        cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = install_tree_into_cache(cache.root, VERSION)
+    monkeypatch.setattr(holds, "HOLD_WAIT", 1.0)
+    with _locked(root, fcntl.LOCK_EX):
+        started = time.monotonic()
+        with pytest.raises(QnnctlError) as raised:
+            hold_sdk(root, cache)
+        waited = time.monotonic() - started
+    assert str(raised.value) == (f"the SDK at {root} is locked by PID {os.getpid()} ({_own_command(os.getpid())}) "
+                                 "for longer than 1 s; it was not used")
+    assert raised.value.hint == ("let that process end (an uninstall or `install --force` of it), then run the "
+                                 "same command again")
+    assert waited >= 1.0
+
+
+def test_a_hold_is_taken_soon_after_the_lock_it_waited_for_is_let_go(cache: Cache) -> None:
+    """A hold waits in short steps: an SDK moved in a moment is used a moment later."""
+    root = install_tree_into_cache(cache.root, VERSION)
+    result: list[object] = []
+    taken: list[float] = []
+
+    def hold() -> None:
+        result.append(_try_hold(root, cache))
+        taken.append(time.monotonic())
+
+    with _locked(root, fcntl.LOCK_EX):
+        holding = threading.Thread(target=hold)
+        holding.start()
+        time.sleep(0.3)
+        released = time.monotonic()
+    holding.join(30)
+    [fd] = result
+    assert isinstance(fd, int)
+    os.close(fd)
+    assert taken[0] - released < 0.5
+
+
 def test_an_sdk_removed_while_a_hold_waited_is_not_held(cache: Cache) -> None:
     root = install_tree_into_cache(cache.root, VERSION)
     result: list[object] = []
@@ -353,6 +447,21 @@ def test_a_held_sdk_removed_by_hand_is_found_with_its_holders(cache: Cache, tmp_
         shutil.rmtree(removed)
         assert held_and_removed(cache) == {VERSION: [Holder(os.getpid(), _own_command(os.getpid()))]}
     assert held_and_removed(cache) == {}
+
+
+def test_a_hold_on_a_descriptor_numbered_after_one_that_closed_is_found(cache: Cache) -> None:
+    """The listing of this process's descriptors names the one that listing opened, closed by the
+    time it is read: the descriptors after it are read all the same."""
+    root = install_tree_into_cache(cache.root, VERSION)
+    low = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(low, fcntl.LOCK_SH)
+    high = os.dup2(low, 900, inheritable=False)  # numbered after any descriptor a listing opens
+    os.close(low)
+    try:
+        shutil.rmtree(root)
+        assert held_and_removed(cache) == {VERSION: [Holder(os.getpid(), _own_command(os.getpid()))]}
+    finally:
+        os.close(high)
 
 
 def test_a_removed_sdk_open_without_a_lock_is_not_held(cache: Cache) -> None:

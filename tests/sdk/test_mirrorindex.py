@@ -5,8 +5,14 @@ indexes, test_door runs `qnnctl install` against an endless and a deep one)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import threading
+import tracemalloc
+import zlib
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -133,3 +139,113 @@ def test_a_mirror_without_an_index_is_asked_for_it_once(server: FaultServer) -> 
     assert index.expected("2.37.0.250724") is None
     assert len(server.requests_for("/index.json")) == 1
     assert index.where == f"{server.base}/index.json"
+
+
+# -- an index sent encoded: decoded here, in bounded steps ---------------------------------------
+
+
+class Encoded:
+    """A loopback server whose /index.json is `body` with the Content-Encoding `encoding` (none
+    when None), whatever the request asked; it records the Accept-Encoding each request sent."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.encoding: str | None = None
+        self.asked: list[str | None] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                owner.asked.append(self.headers.get("Accept-Encoding"))
+                self.send_response(200)
+                if owner.encoding is not None:
+                    self.send_header("Content-Encoding", owner.encoding)
+                self.send_header("Content-Length", str(len(owner.body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(owner.body)
+                except OSError:
+                    pass  # the reader stopped early
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def serve(self, body: bytes, encoding: str | None) -> None:
+        self.body, self.encoding = body, encoding
+
+
+@pytest.fixture
+def encoded() -> Iterator[Encoded]:
+    srv = Encoded()
+    threading.Thread(target=srv.httpd.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.httpd.shutdown()
+        srv.httpd.server_close()
+
+
+def _zlib(data: bytes) -> bytes:
+    return zlib.compress(data, 9)
+
+
+@pytest.mark.parametrize(("encoding", "encode"), [
+    (None, bytes), ("identity", bytes), ("", bytes), (" Identity ", bytes),
+    ("gzip", gzip.compress), ("x-gzip", gzip.compress), (" GZIP ", gzip.compress), ("deflate", _zlib),
+    ("gzip", _zlib), ("deflate", gzip.compress),  # whichever header the server's bytes start with
+])
+def test_an_index_is_read_as_its_server_encoded_it(encoded: Encoded, encoding: str | None,
+                                                  encode: Callable[[bytes], bytes]) -> None:
+    body = _index(padding="x" * 200_000)  # a body of several blocks, encoded or not
+    encoded.serve(encode(body), encoding)
+    assert read_index(encoded.base) == {"2.37.0.250724": {"sha256": SHA}}
+    assert encoded.asked == ["identity"]  # asked unencoded, and decoded whatever came
+
+
+@pytest.mark.parametrize("encoding", ["br", "compress", "gzip, br", "zstd"])
+def test_an_index_encoded_otherwise_than_qnnctl_reads_is_refused(encoded: Encoded, encoding: str) -> None:
+    encoded.serve(_index(), encoding)
+    with pytest.raises(IntegrityError) as raised:
+        read_index(encoded.base)
+    assert str(raised.value) == (f"the mirror's {encoded.base}/index.json came encoded as {encoding!r}, which qnnctl "
+                                 "did not ask for; nothing was fetched")
+    assert raised.value.hint == "serve index.json unencoded, or check QNNCTL_MIRROR"
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_an_encoded_index_is_capped_by_its_decoded_size(encoded: Encoded, extra: int) -> None:
+    """An index that gzips to little is held to the cap by what it decodes to: read at the cap,
+    refused one byte past it."""
+    body = _padded(INDEX_MAX_BYTES + extra)
+    assert len(body) == INDEX_MAX_BYTES + extra
+    encoded.serve(gzip.compress(body), "gzip")
+    if not extra:
+        assert read_index(encoded.base) == {"2.37.0.250724": {"sha256": SHA}}
+        return
+    with pytest.raises(IntegrityError) as raised:
+        read_index(encoded.base)
+    assert str(raised.value) == (f"the mirror's {encoded.base}/index.json is larger than 8 MiB, which no index "
+                                 "qnnctl writes is; nothing was fetched")
+    assert raised.value.hint == HINT
+
+
+def test_an_index_that_inflates_far_past_the_cap_is_refused_in_bounded_memory(encoded: Encoded) -> None:
+    """About 100 KB of gzip that inflates to 96 MiB: each block is inflated only as far as the cap
+    leaves room for, so that what this process holds stays near the cap (the first 64 KiB block
+    inflated whole would be some 64 MiB; a gigabyte would be no different)."""
+    bomb = gzip.compress(b'{"schema": 1, "versions": {' + b" " * (96 << 20), compresslevel=9)
+    encoded.serve(bomb, "gzip")
+    tracemalloc.start()
+    try:
+        with pytest.raises(IntegrityError) as raised:
+            read_index(encoded.base)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(raised.value) == (f"the mirror's {encoded.base}/index.json is larger than 8 MiB, which no index "
+                                 "qnnctl writes is; nothing was fetched")
+    assert peak < 3 * INDEX_MAX_BYTES
+

@@ -16,15 +16,20 @@ from typing import Any
 
 import pytest
 
+from qnnctl.errors import IntegrityError
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.stores import (
     StoreSdk,
     Unsafe,
     all_links,
+    cache_problem,
     find_in_stores,
     link_sdk,
+    refuse_unsafe,
+    refuse_unsafe_cache,
     sdk_problem,
     store_sdks,
+    unsafe_entry,
     unsafe_path,
     usable_stores,
 )
@@ -278,3 +283,126 @@ def test_each_store_below_one_folder_others_could_change_is_named(shared: Path,
         assert usable_stores({"QNNCTL_STORES": os.pathsep.join(map(str, stores))}) == []
     assert [record.getMessage().split(" is not used: ")[0] for record in caplog.records] == [
         f"the store {store}" for store in stores]
+
+
+# -- qnnctl's own cache, and an SDK folder of it, held to the store's rule -------------------------
+
+
+def test_a_cache_whose_folders_only_its_owner_can_write_has_no_problem(shared: Path) -> None:
+    cache = Cache(shared / "cache")
+    assert cache_problem(cache) is None  # not there yet: made with exact modes when it is
+    for name in ("sdks", "downloads", "verified"):
+        (cache.root / name).mkdir(parents=True, mode=0o755)
+    (cache.root / "loose file").write_text("")
+    (cache.root / "loose file").chmod(0o666)  # no folder: what qnnctl keeps is in folders
+    (shared / "open").mkdir(mode=0o755)
+    (shared / "open").chmod(0o777)
+    (cache.root / "elsewhere").symlink_to(shared / "open")  # a link, not followed
+    assert cache_problem(cache) is None
+    refuse_unsafe_cache(cache)
+
+
+def test_a_cache_open_to_others_is_refused_by_its_first_open_folder(shared: Path) -> None:
+    cache = Cache(shared / "my cache")
+    for name in ("sdks", "downloads", "tmp", "verified"):
+        (cache.root / name).mkdir(parents=True, mode=0o755)
+    (cache.root / "verified").chmod(0o777)
+    (cache.root / "downloads").chmod(0o775)
+    fix = f"`chmod -R go-w '{cache.root}'`"
+    assert cache_problem(cache) == Unsafe(cache.root / "downloads", "is writable by its group (mode 0775)", fix)
+    with pytest.raises(IntegrityError) as refused:
+        refuse_unsafe_cache(cache)
+    assert refused.value.exit_code == 4
+    assert refused.value.message == (
+        f"qnnctl's cache {cache.root} is not used: {cache.root / 'downloads'} is writable by its group (mode 0775), "
+        "so another user could change the SDKs installed there and the records that vouch for them; nothing was "
+        "installed")
+    assert refused.value.hint == f"fix it with {fix}, or point QNNCTL_CACHE_DIR at a folder of your own"
+    (cache.root / "downloads").chmod(0o755)
+    assert cache_problem(cache) == Unsafe(cache.root / "verified", "is writable by its group and others (mode 0777)",
+                                          fix)
+    (cache.root / "verified").chmod(0o1777)  # sticky spares no folder of qnnctl's own
+    assert cache_problem(cache) == Unsafe(cache.root / "verified", "is writable by its group and others (mode 1777)",
+                                          fix)
+    (cache.root / "verified").chmod(0o755)
+    os.chown(cache.root / "tmp", _nobody(), -1)
+    assert cache_problem(cache) == Unsafe(cache.root / "tmp", f"belongs to user nobody (uid {_nobody()})", fix)
+
+
+def test_a_cache_of_the_users_own_is_checked_for_that_user(shared: Path) -> None:
+    """A cache that nobody made and owns is nobody's to use: its folders are checked for the
+    user qnnctl runs as, not for root."""
+    cache = Cache(shared / "cache")
+    for name in ("sdks", "downloads"):
+        (cache.root / name).mkdir(parents=True, mode=0o755)
+    _chown_tree(cache.root, _nobody())
+    with _as_user(_nobody()):
+        assert cache_problem(cache) is None
+    assert cache_problem(cache) == Unsafe(cache.root, f"belongs to user nobody (uid {_nobody()})",
+                                          f"make it root's (or yours): `sudo chown root {cache.root}`")
+
+
+def test_a_cache_below_a_folder_others_can_write_is_refused_by_that_folder(shared: Path) -> None:
+    (shared / "open").mkdir()
+    (shared / "open").chmod(0o777)
+    cache = Cache(shared / "open" / "cache")
+    (cache.root / "sdks").mkdir(parents=True, mode=0o755)
+    assert cache_problem(cache) == Unsafe(shared / "open", "is writable by its group and others (mode 0777)",
+                                          f"`chmod go-w {shared / 'open'}`")
+
+
+def test_an_sdk_folder_others_could_change_is_refused_with_who_and_the_fix(shared: Path) -> None:
+    store = _store(shared, VERSION)
+    root = store / VERSION
+    refuse_unsafe(root, f"SDK {VERSION} at {root}")
+    tool = root / "bin" / "x86_64-linux-clang" / "qnn-net-run"
+    tool.chmod(0o775)
+    with pytest.raises(IntegrityError) as refused:
+        refuse_unsafe(root, f"SDK {VERSION} at {root}")
+    assert refused.value.exit_code == 4
+    assert refused.value.message == (f"SDK {VERSION} at {root} is not used: {tool} is writable by its group "
+                                     "(mode 0775), so another user could put code there that runs as you")
+    assert refused.value.hint == (f"fix it with `chmod go-w {tool}`; a cache shared by several users is made "
+                                  "read-only for them (writable by its owner alone), as a store is")
+
+
+def test_an_entry_is_held_to_the_rule_by_its_own_owner_and_mode(shared: Path) -> None:
+    entry = shared / "entry"
+    entry.write_text("")
+    assert unsafe_entry(entry, entry.lstat()) is None
+    entry.chmod(0o646)
+    assert unsafe_entry(entry, entry.lstat()) == Unsafe(entry, "is writable by others (mode 0646)",
+                                                       f"`chmod go-w {entry}`")
+    entry.chmod(0o644)
+    os.chown(entry, _nobody(), -1)
+    assert unsafe_entry(entry, entry.lstat()) == Unsafe(entry, f"belongs to user nobody (uid {_nobody()})",
+                                                       f"make it root's (or yours): `sudo chown root {entry}`")
+    with _as_user(_nobody()):  # this process's user is the one asked for
+        assert unsafe_entry(entry, entry.lstat()) is None
+    # The sticky bit spares a folder on the way to a store, never an entry of the tree itself.
+    sticky = shared / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert unsafe_entry(sticky, sticky.lstat()) == Unsafe(sticky, "is writable by its group and others (mode 1777)",
+                                                         f"`chmod go-w {sticky}`")
+
+
+def test_the_host_folders_checked_are_those_of_the_machine_qnnctl_runs_on(shared: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(shared, VERSION)
+    root = store / VERSION
+    ours = root / "lib" / "aarch64-oe-linux-gcc11.2"
+    ours.mkdir(mode=0o755)
+    (ours / "libQnnHtp.so").write_text("")
+    (ours / "libQnnHtp.so").chmod(0o666)
+    tools = root / "bin" / "aarch64-oe-linux-gcc11.2"
+    tools.mkdir(mode=0o755)
+    tools.chmod(0o777)
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "x86_64")
+    assert sdk_problem(root) is None
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    assert sdk_problem(root) == Unsafe(ours / "libQnnHtp.so", "is writable by its group and others (mode 0666)",
+                                       f"`chmod go-w {ours / 'libQnnHtp.so'}`")
+    (ours / "libQnnHtp.so").chmod(0o644)
+    assert sdk_problem(root) == Unsafe(tools, "is writable by its group and others (mode 0777)",
+                                       f"`chmod go-w {tools}`")

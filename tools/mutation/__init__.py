@@ -101,6 +101,9 @@ TARGETS: dict[str, Target] = {
     # pipelines and commands, a child each (test_holds).
     "holds": Target(("qnnctl/sdk/holds.py",), ("tests/sdk/test_holders.py", "tests/sdk/test_holds.py")),
     "partial": Target(("qnnctl/install/partial.py",), ("tests/install/test_parts.py",)),
+    # Folders made and JSON records written with an exact mode whatever the umask, the size of a folder,
+    # paths as users write them: on real files in the tests' own process (test_paths).
+    "paths": Target(("qnnctl/paths.py",), ("tests/test_paths.py",)),
     # The ranged reads in the tests' own process, against the loopback server's faults (test_ranged):
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
     # do not kill, and in mutmut's own run they killed none that test_ranged did not.

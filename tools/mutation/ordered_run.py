@@ -73,6 +73,10 @@ def runners_of(reach_path: str, lines_path: str, mutant: str) -> tuple[set[str],
     if where is None:
         return None
     source = module.replace(".", "/") + ".py"
+    # mutmut mutates a function with what is nested in it; the tracer names a nested function's
+    # lines (a key for sorted, a lambda, a comprehension before Python 3.12) by its own code's
+    # qualified name: `f.<locals>.key`.
+    nested = where[0] + ".<locals>."
     ran: set[str] = set()
     known: set[str] = set()
     with open(lines_path, encoding="utf-8") as rows:
@@ -80,7 +84,7 @@ def runners_of(reach_path: str, lines_path: str, mutant: str) -> tuple[set[str],
             fields = row.rstrip("\n").split("\t")
             if len(fields) != 4:
                 continue  # the header
-            if fields[0] == source and fields[1] == where[0]:
+            if fields[0] == source and (fields[1] == where[0] or fields[1].startswith(nested)):
                 known.add(fields[3])
                 if fields[2] in where[1]:
                     ran.add(fields[3])

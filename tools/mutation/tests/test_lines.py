@@ -132,6 +132,26 @@ def test_a_mutant_is_tested_by_the_tests_that_ran_its_change_and_those_traced_in
     assert _order(monkeypatch, "stats") == ["t_fast", "t_other", "t_mid", "t_slow"]
 
 
+def test_the_lines_of_a_function_nested_in_the_mutants_are_its_own(tmp_path: Path) -> None:
+    """A sort key, a lambda or a comprehension (before Python 3.12) inside f runs as code of its
+    own, which the tracer names `f.<locals>.key`: a test that ran its lines ran f's change."""
+    reach = tmp_path / "reach.tsv"
+    reach.write_text("qnnctl.a.x_f__mutmut_3\tf\t9\n"
+                     "qnnctl.a.xǁCǁm__mutmut_2\tC.m\t20\n", encoding="utf-8")
+    ran = _write(tmp_path / "lines.tsv", [
+        ("qnnctl/a.py", "f", 8, "t_calls"),  # called f, whose key never ran
+        ("qnnctl/a.py", "f.<locals>.key", 9, "t_sorts"),
+        ("qnnctl/a.py", "f.<locals>.<genexpr>", 9, "t_gen"),
+        ("qnnctl/a.py", "f2.<locals>.key", 9, "t_f2"),  # another function's key, at the same line
+        ("qnnctl/a.py", "g.<locals>.f.<locals>.key", 9, "t_g"),  # an f nested in g is no f of the module's
+        ("qnnctl/b.py", "f.<locals>.key", 9, "t_b"),
+        ("qnnctl/a.py", "C.m.<locals>.<lambda>", 20, "t_lambda"),
+    ])
+    assert runners_of(str(reach), str(ran), "qnnctl.a.x_f__mutmut_3") == ({"t_sorts", "t_gen"},
+                                                                           {"t_calls", "t_sorts", "t_gen"})
+    assert runners_of(str(reach), str(ran), "qnnctl.a.xǁCǁm__mutmut_2") == ({"t_lambda"}, {"t_lambda"})
+
+
 def test_no_test_running_the_change_leaves_one_test_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """mutmut runs every test for an empty list: one that does not run the change survives it."""
     reach = tmp_path / "reach.tsv"
