@@ -28,7 +28,7 @@ import qnnctl.install.pool
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import space_margin
 from qnnctl.install.archive import extract
-from qnnctl.install.memberdata import COPY_BUFFER, digest_matches
+from qnnctl.install.memberdata import COPY_BUFFER, crc32_digest, digest_matches
 from qnnctl.sdk.work import work_folder
 from tests.conftest import run_qnnctl
 from tests.sdkfactory import (
@@ -307,13 +307,14 @@ def test_bzip2_and_lzma_members_are_read_from_the_archive_as_opened(tmp_path: Pa
 # -- the record of each file --------------------------------------------------------------
 
 
-def test_a_file_of_several_blocks_is_verified_whole(tmp_path: Path) -> None:
-    """`doctor --verify` reads a file block by block: the CRC-32 runs over every block, so a
-    change in any of them is seen."""
+@pytest.mark.parametrize("kind", ["sha256", "crc32"])
+def test_a_file_of_several_blocks_is_verified_whole(tmp_path: Path, kind: str) -> None:
+    """`doctor --verify` reads a file block by block: the sha256, or the CRC-32 an earlier
+    qnnctl recorded, runs over every block, so a change in any of them is seen."""
     data = os.urandom(2 * COPY_BUFFER + 4096)
     path = tmp_path / "libQnnHtp.so"
     path.write_bytes(data)
-    recorded = manifest_digest(data)
+    recorded = manifest_digest(data) if kind == "sha256" else crc32_digest(zlib.crc32(data))
     assert digest_matches(path, recorded)
     for place in (10, COPY_BUFFER + 10):  # in the first block, then only in the second
         damaged = bytearray(data)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -189,6 +190,26 @@ def test_threads_run_jobs_at_once_in_named_daemon_threads() -> None:
         print(json.dumps(started))
     """)
     assert json.loads(out) == [["qnnctl-extract-0", True], ["qnnctl-extract-1", True]]
+
+
+def test_in_threads_hands_each_job_the_stop_event_and_raises_the_first_failure() -> None:
+    """In this process: a job that fails sets the event the others were handed, and its own
+    exception, not another, is what in_threads raises once every thread has ended."""
+    from qnnctl.install.pool import in_threads
+
+    failed = threading.Event()
+    saw: list[bool] = []
+
+    def run(job: int, stop: threading.Event) -> None:
+        if job == 1:
+            failed.set()
+            raise ValueError("job 1 failed")
+        failed.wait(10)
+        saw.append(stop.wait(10))
+
+    with pytest.raises(ValueError, match="job 1 failed"):
+        in_threads([0, 1], run, threads=2)
+    assert saw == [True]
 
 
 def test_in_threads_a_failure_tells_the_other_jobs_to_stop() -> None:
