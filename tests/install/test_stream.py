@@ -1065,10 +1065,10 @@ def test_every_compression_method_is_read(tmp_path: Path) -> None:
         assert manifest_digest((result.root / rel).read_bytes()) == digest
 
 
-@pytest.mark.parametrize("module", ["zlib", "zlib_ng.zlib_ng"])
+@pytest.mark.parametrize("module", ["zlib", "isal.isal_zlib"])
 def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               module: str) -> None:
-    """zlib-ng is used when it is installed; the result is byte for byte the same."""
+    """ISA-L's zlib is used when it is installed; the result is byte for byte the same."""
     inflater = pytest.importorskip(module)
     monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [inflater])
     archive = _archive(tmp_path, SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD}))
@@ -1080,13 +1080,13 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
                 assert result.files[rel] == manifest_digest(zf.read(info)), rel
 
 
-@pytest.mark.parametrize("installed", [True, False], ids=["zlib-ng installed", "without zlib-ng"])
-def test_zlib_ng_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
-    """zlib-ng is a dependency; an environment that lost it still extracts, with zlib."""
+@pytest.mark.parametrize("installed", [True, False], ids=["isal installed", "without isal"])
+def test_isal_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """python-isal is a dependency; an environment that lost it still extracts, with zlib."""
     monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [])
-    expected = importlib.import_module("zlib_ng.zlib_ng") if installed else zlib
+    expected = importlib.import_module("isal.isal_zlib") if installed else zlib
     if not installed:
-        for name in ("zlib_ng", "zlib_ng.zlib_ng"):
+        for name in ("isal", "isal.isal_zlib"):
             monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     assert qnnctl.install.memberdata.zlib_module() is expected
     assert qnnctl.install.memberdata._ZLIB == [expected]  # chosen once
