@@ -244,6 +244,7 @@ def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] |
             else:
                 if streamed is not None:
                     streamed()  # nothing of a tar was streamed: the threads stopped at its first bytes
+                    work.mkdir(exist_ok=True)  # a stream that kept nothing (a download started over) removed it
                 names, links = _extract_tar(archive, writer, choice)
         except _Redo as redo:
             # Anything unexpected in what was streamed: start again, with the one careful path.

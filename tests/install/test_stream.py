@@ -1239,3 +1239,21 @@ def test_a_work_folder_removed_meanwhile_is_no_error_when_nothing_is_kept(tmp_pa
     stream.begin(part, 0, len(data))  # started over
     assert stream.close() is None
     assert log.find("nothing kept") == ["nothing kept from extracting while downloading: the download started over"]
+
+
+def test_a_tar_whose_download_starts_over_is_installed(server: FaultServer, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
+    """A tar is never streamed, but its download is followed all the same: when it starts over,
+    the stream keeps nothing and removes its folder as extract() takes it, which the tar must
+    still be written into."""
+    spec = SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD})
+    data = build_archive(tmp_path, "tar.gz", spec).read_bytes()
+    _serve(server, monkeypatch, data)
+    # The connection drops halfway; the server answers the resume with the whole file.
+    server.fail(PATH, Fault.drop_after(len(data) // 2), Fault.ignore_range())
+    result = _install()
+    assert result.sdk is not None
+    assert len(server.requests_for(PATH)) == 2
+    manifest = _assert_complete_sdk(result.sdk.root)
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    _cache_is_tidy(cache_dir)
