@@ -1349,3 +1349,69 @@ def test_bytes_after_the_end_of_deflate_data_are_read_as_zipfile_reads_them(tmp_
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["docs/trailing.bin"] == manifest_digest(content)
+
+
+_CTRL_C_WHILE_CHECKING = """
+import os, signal, sys, threading, time
+import qnnctl.install.archive as archive, qnnctl.install.stream as stream
+from qnnctl.cli import main
+stream.STREAM_MIN = 0
+# The stream's threads write slowly, so that they still have members in hand once the download
+# is over, while the extraction checks the central directory; the Ctrl-C comes then.
+real_write = os.write
+def paced_write(fd, data):
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(0.05)
+    return real_write(fd, data)
+os.write = paced_write
+real_check = archive.check_zip_file
+def check_then_ctrl_c(path):
+    busy = [t.name for t in threading.enumerate() if t.name.startswith(("qnnctl-stream", "qnnctl-extract"))]
+    print("streaming while checking:", bool(busy), file=sys.stderr, flush=True)
+    real_check(path)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(5)  # the Ctrl-C lands here
+archive.check_zip_file = check_then_ctrl_c
+sys.argv[0] = "qnnctl"
+try:
+    main()
+finally:
+    # As a process that goes on would see it (a caller of the library): no thread left writing
+    # (a thread that has set its end takes a moment to leave threading's list).
+    deadline = time.monotonic() + 0.02
+    while True:
+        left = [t.name for t in threading.enumerate() if t.name.startswith(("qnnctl-stream", "qnnctl-extract"))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    print("threads left:", left, file=sys.stderr, flush=True)
+    time.sleep(1)
+"""
+
+
+def test_ctrl_c_while_the_central_directory_is_checked_leaves_nothing_in_tmp(
+    server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_dir: Path
+) -> None:
+    """Ctrl-C once the download is over, while extract() checks the central directory and the
+    stream's threads still write: they are stopped and waited for, nothing stays in the cache's
+    tmp folder, and the finished download is kept, so that the next run installs it without
+    fetching it again."""
+    spec = SdkSpec(extra_files={**MANY, "docs/payload.bin": os.urandom(8 << 20)})
+    data = _archive(tmp_path, spec).read_bytes()
+    _serve(server, monkeypatch, data)
+    interrupted = subprocess.run(with_default_sigint([sys.executable, "-c", _CTRL_C_WHILE_CHECKING, "install"]),
+                                 capture_output=True, text=True, timeout=120)
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert "streaming while checking: True" in interrupted.stderr
+    assert "threads left: []" in interrupted.stderr
+    assert "qnnctl: interrupted; run the same command again to resume\n" in interrupted.stderr
+    time.sleep(0.5)  # no thread of it goes on writing
+    assert list((cache_dir / "tmp").iterdir()) == []
+    assert list((cache_dir / "sdks").iterdir()) == []
+    assert [p.name for p in (cache_dir / "downloads").iterdir() if not p.name.endswith(".json")] == [
+        f"v{VERSION}.zip"]
+    again = subprocess.run([sys.executable, "-m", "qnnctl", "install"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert len(server.requests_for(PATH)) == 1
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    _cache_is_tidy(cache_dir)
