@@ -7,7 +7,8 @@
 1. Per MiB, over the same 1 MiB blocks (this machine's shared libraries, which bench/install.py's
    archive is made of): hashlib's sha256, and the crc32 and raw inflate (the blocks deflated at
    level 6, as zip members are) of zlib and of each faster zlib installed: ISA-L's (python-isal,
-   what qnnctl uses) and zlib-ng's. Interleaved, the order swapped every repeat, three warm-up repeats; medians.
+   qnnctl's CRC-32) and zlib-ng's (qnnctl's inflate: ISA-L's decodes some data zlib refuses).
+   Interleaved, the order swapped every repeat, three warm-up repeats; medians.
 2. On the whole command: `qnnctl install VERSION` of bench/install.py's archive into an empty
    cache as it is (CRC-32 and sha256 of every file written) and with the per-file sha256 taken
    out (a launcher replaces `hashlib` in qnnctl.install.archive with one whose digest does nothing, so

@@ -214,9 +214,9 @@ def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] |
     """Extract `archive` into the empty folder `work` and find the SDK inside it.
 
     `streamed()` gives what a `ZipStream` wrote into `work` while the archive downloaded (its
-    `close`): it is called once the central directory has been checked and read, so that the
-    stream's threads finish the members in hand meanwhile, and not called for an archive refused
-    before. What agrees with the central directory is kept, the rest is written now.
+    `close`): it is called once the central directory has been checked and read (the stream's
+    threads go on taking members until then, and finish those in hand), and not called for an
+    archive refused before. What agrees with the central directory is kept, the rest is written now.
 
     `only` limits what is written to those members (the components chosen, see
     qnnctl.sdk.components); every member's name and type is still checked, so an archive that
@@ -244,6 +244,7 @@ def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] |
             else:
                 if streamed is not None:
                     streamed()  # nothing of a tar was streamed: the threads stopped at its first bytes
+                    work.mkdir(exist_ok=True)  # a stream that kept nothing (a download started over) removed it
                 names, links = _extract_tar(archive, writer, choice)
         except _Redo as redo:
             # Anything unexpected in what was streamed: start again, with the one careful path.

@@ -64,7 +64,7 @@ class MemberData:
         self.usize = usize
         self.expected_crc = crc
         self.filename = filename
-        self.zlib = zlib_module()
+        self.zlib = inflate_module()
         self.method = method
         self.inflate: Any = None  # stored: none
         if method == zipfile.ZIP_DEFLATED:
@@ -113,14 +113,16 @@ class MemberData:
             data, self.pending = self.pending, b""
             return b"" if self.inflate.eof else self._inflate(data, size)
         block = self._inflate(self.pending, size)
-        self.pending = self.inflate.unconsumed_tail
+        # Bytes after the end of the deflate data are no one's, as for zipfile (zlib would keep
+        # them as input not yet taken, for ever).
+        self.pending = b"" if self.inflate.eof else self.inflate.unconsumed_tail
         return block
 
     def _inflate(self, data: bytes, size: int) -> bytes:
         """At most `size` bytes out of the decoder, given `data`; its errors are the member's."""
         try:
             return bytes(self.inflate.decompress(data, size))
-        # bz2 raises OSError (EOFError for input after the end); ISA-L's error is not zlib's,
+        # bz2 raises OSError (EOFError for input after the end); zlib-ng's error is not zlib's,
         # and does not pickle.
         except (OSError, EOFError, lzma.LZMAError, self.zlib.error) as exc:
             raise self._undecodable(exc) from None
@@ -187,18 +189,31 @@ def digest_matches(path: Path, recorded: str) -> bool:
 
 
 _ZLIB: list[Any] = []
+_INFLATE: list[Any] = []
 
 
 def zlib_module() -> Any:
-    """ISA-L's zlib (python-isal) when it is installed, else zlib: on shared libraries it
-    inflates about 2.2 times as fast as zlib (zlib-ng, used before: 1.7) and takes a CRC-32
-    about 5 times as fast (bench/digest.py)."""
+    """What takes CRC-32s: ISA-L's zlib (python-isal) when it is installed, about 5 times as fast
+    as zlib (bench/digest.py), else zlib. A CRC-32 is one function: every implementation agrees."""
     if not _ZLIB:
         try:
             _ZLIB.append(importlib.import_module("isal.isal_zlib"))
         except ImportError:
             _ZLIB.append(zlib)
     return _ZLIB[0]
+
+
+def inflate_module() -> Any:
+    """What inflates: zlib-ng when it is installed (about 1.7 times as fast as zlib), else zlib.
+    Both refuse the deflate data zlib refuses, as zipfile and every other reader of the archive
+    do. ISA-L's inflate, faster still, decodes some data zlib refuses (a literal/length code
+    that is not complete): an archive would then read one way here and be refused elsewhere."""
+    if not _INFLATE:
+        try:
+            _INFLATE.append(importlib.import_module("zlib_ng.zlib_ng"))
+        except ImportError:
+            _INFLATE.append(zlib)
+    return _INFLATE[0]
 
 
 _INFLATED = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)

@@ -207,8 +207,8 @@ def install(
         with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
             # A zip's members are extracted from the partial file while the rest arrives;
             # the archive's digest and its central directory are still checked before use.
-            # The extraction takes what they wrote once it has read the central directory, which
-            # it does while they finish the members in hand (stream.close).
+            # The extraction takes what they wrote once it has read the central directory
+            # (stream.close); until then they go on taking members, from the whole file.
             stream = ZipStream(work / "x")
             try:
                 fetched = downloader.fetch(urls, name, sha256, sink=stream)

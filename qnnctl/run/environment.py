@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from qnnctl.errors import DamagedSdkError, MissingComponentError, NotInstalledError
+from qnnctl.errors import DamagedSdkError, IntegrityError, MissingComponentError, NotInstalledError
 from qnnctl.host.needs import missing_host_libraries, trio_needed
 from qnnctl.host.staged import staged_lib_dirs, staged_runtimes
 from qnnctl.net.urls import check_url, redact
@@ -168,7 +168,25 @@ def hold_sdk_to_lock(sdk: Sdk, cache: Cache, cwd: Path) -> None:
     # lazy: the lock's reader (tomllib), for a locked project only
     from qnnctl.sdk.lockfile import check_reused
 
-    check_reused(sdk, cwd, False, cache)
+    try:
+        check_reused(sdk, cwd, False, cache)
+    except IntegrityError as refused:
+        if sdk.origin in _NAMED_BY_PATH and cache.version_at(sdk.root) is None:
+            # Reinstalling into the cache alone leads nowhere: the path still names this folder.
+            refused.hint = _NAMED_BY_PATH[sdk.origin].format(root=sdk.root, version=sdk.version)
+        raise
+
+
+# How to use the locked SDK instead of a folder outside the cache that the lock refuses.
+_NAMED_BY_PATH = {
+    "QNN_SDK_ROOT": "QNN_SDK_ROOT names {root}: install the locked SDK into qnnctl's cache with "
+                    "`qnnctl install {version}`, then unset QNN_SDK_ROOT (or point it there: "
+                    "`export QNN_SDK_ROOT=\"$(qnnctl install {version})\"`)",
+    "--sdk": "--sdk names {root}: install the locked SDK into qnnctl's cache with `qnnctl install {version}`, "
+             "and name it by its version: `--sdk {version}`",
+    "qnnctl env": "this shell was set up by `qnnctl env` for {root}: install the locked SDK into qnnctl's cache "
+                  "with `qnnctl install {version}`, then set the shell up for it: `eval \"$(qnnctl env {version})\"`",
+}
 
 
 def hold_runtime_to_lock(sdk: Sdk, cache: Cache, cwd: Path) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import importlib
 import io
+import json
 import logging
 import os
 import re
@@ -1072,12 +1073,12 @@ def test_every_compression_method_is_read(tmp_path: Path) -> None:
         assert manifest_digest((result.root / rel).read_bytes()) == digest
 
 
-@pytest.mark.parametrize("module", ["zlib", "isal.isal_zlib"])
+@pytest.mark.parametrize("module", ["zlib", "zlib_ng.zlib_ng"])
 def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               module: str) -> None:
-    """ISA-L's zlib is used when it is installed; the result is byte for byte the same."""
+    """zlib-ng inflates when it is installed; the result is byte for byte the same."""
     inflater = pytest.importorskip(module)
-    monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [inflater])
+    monkeypatch.setattr(qnnctl.install.memberdata, "_INFLATE", [inflater])
     archive = _archive(tmp_path, SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD}))
     result = extract(archive, tmp_path / "x")
     with zipfile.ZipFile(archive) as zf:
@@ -1087,16 +1088,22 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
                 assert result.files[rel] == manifest_digest(zf.read(info)), rel
 
 
-@pytest.mark.parametrize("installed", [True, False], ids=["isal installed", "without isal"])
-def test_isal_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
-    """python-isal is a dependency; an environment that lost it still extracts, with zlib."""
-    monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [])
-    expected = importlib.import_module("isal.isal_zlib") if installed else zlib
+@pytest.mark.parametrize("installed", [True, False], ids=["installed", "missing"])
+@pytest.mark.parametrize(("chosen", "module", "package"), [("zlib_module", "isal.isal_zlib", "isal"),
+                                                           ("inflate_module", "zlib_ng.zlib_ng", "zlib_ng")],
+                         ids=["CRC-32", "inflating"])
+def test_the_faster_zlib_is_used_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool,
+                                                                chosen: str, module: str, package: str) -> None:
+    """python-isal (CRC-32) and zlib-ng (inflating) are dependencies; an environment that lost
+    them still extracts, with zlib."""
+    cache = "_ZLIB" if chosen == "zlib_module" else "_INFLATE"
+    monkeypatch.setattr(qnnctl.install.memberdata, cache, [])
+    expected = importlib.import_module(module) if installed else zlib
     if not installed:
-        for name in ("isal", "isal.isal_zlib"):
+        for name in (package, module):
             monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
-    assert qnnctl.install.memberdata.zlib_module() is expected
-    assert qnnctl.install.memberdata._ZLIB == [expected]  # chosen once
+    assert getattr(qnnctl.install.memberdata, chosen)() is expected
+    assert getattr(qnnctl.install.memberdata, cache) == [expected]  # chosen once
 
 
 _CLOSE_INTERRUPTED = """
@@ -1239,3 +1246,172 @@ def test_a_work_folder_removed_meanwhile_is_no_error_when_nothing_is_kept(tmp_pa
     stream.begin(part, 0, len(data))  # started over
     assert stream.close() is None
     assert log.find("nothing kept") == ["nothing kept from extracting while downloading: the download started over"]
+
+
+def test_a_tar_whose_download_starts_over_is_installed(server: FaultServer, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
+    """A tar is never streamed, but its download is followed all the same: when it starts over,
+    the stream keeps nothing and removes its folder as extract() takes it, which the tar must
+    still be written into."""
+    spec = SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD})
+    data = build_archive(tmp_path, "tar.gz", spec).read_bytes()
+    _serve(server, monkeypatch, data)
+    # The connection drops halfway; the server answers the resume with the whole file.
+    server.fail(PATH, Fault.drop_after(len(data) // 2), Fault.ignore_range())
+    result = _install()
+    assert result.sdk is not None
+    assert len(server.requests_for(PATH)) == 2
+    manifest = _assert_complete_sdk(result.sdk.root)
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    _cache_is_tidy(cache_dir)
+
+
+# -- deflate data every reader reads alike --------------------------------------------------------
+
+# Raw deflate data (a dynamic block) whose literal/length code lengths zlib refuses ("invalid
+# literal/lengths set"), and ISA-L's inflate decodes all the same, to b"b": found by flipping bits
+# in zlib's output. zipfile, `unzip` and qnnctl's own readers of zip entries (link targets,
+# zip_digests) inflate with zlib.
+LENIENT = bytes.fromhex("edc6410d00000804a0aca7f6cfe0ec211b0f529d33111111111111914f59")
+
+
+def _with_deflated_member(archive: Path, name: str, raw: bytes, content: bytes) -> bytes:
+    """`archive` with a member `name` whose deflated data is `raw`, said to inflate to `content`
+    (its CRC-32 and size, in its local header and the central directory alike)."""
+    info = zipfile.ZipInfo(name, date_time=(2025, 7, 24, 0, 0, 0))
+    info.create_system = 3
+    info.external_attr = (stat.S_IFREG | 0o644) << 16
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr(info, raw)  # stored, then said to be deflated
+    data = bytearray(archive.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as zf:
+        info = zf.getinfo(name)
+    _, _, entries = _central_entries(bytes(data))
+    fields = struct.pack("<H", zipfile.ZIP_DEFLATED), struct.pack("<3L", zlib.crc32(content), len(raw), len(content))
+    data[info.header_offset + 8:info.header_offset + 10] = fields[0]
+    data[info.header_offset + 14:info.header_offset + 26] = fields[1]
+    at = entries[name].start
+    data[at + 10:at + 12] = fields[0]
+    data[at + 16:at + 28] = fields[1]
+    return bytes(data)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["extracted", "streamed"])
+def test_deflate_data_zlib_refuses_is_refused(server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               cache_dir: Path, streamed: bool) -> None:
+    """Two readers of one archive must not disagree: data that zipfile (and every reader built on
+    zlib) refuses to inflate is not installed, whatever a more lenient inflater makes of it."""
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    assert isal_zlib.decompressobj(-zlib.MAX_WBITS).decompress(LENIENT) == b"b"
+    with pytest.raises(zlib.error, match="invalid literal/lengths set"):
+        zlib.decompressobj(-zlib.MAX_WBITS).decompress(LENIENT)
+    name = f"{TOP}/lib/x86_64-linux-clang/libLenient.so"
+    data = _with_deflated_member(_archive(tmp_path), name, LENIENT, b"b")
+    with zipfile.ZipFile(io.BytesIO(data)) as zf, pytest.raises(zlib.error):
+        zf.read(name)
+    if not streamed:
+        archive = tmp_path / "lenient.zip"
+        archive.write_bytes(data)
+        with pytest.raises(IntegrityError, match="corrupt"):
+            extract(archive, tmp_path / "x")
+        return
+    _serve(server, monkeypatch, data)
+    server.fail(PATH, Fault.slow(4 << 10, 0.005))  # so that the member is streamed
+    with pytest.raises(IntegrityError, match="corrupt"):
+        _install()
+    assert list((cache_dir / "sdks").iterdir()) == []
+
+
+_EXTRACT_WITH = """
+import importlib, json, sys
+from pathlib import Path
+import qnnctl.install.memberdata as memberdata
+from qnnctl.install.archive import extract
+memberdata._INFLATE[:] = [importlib.import_module(sys.argv[1])]
+print(json.dumps(extract(Path(sys.argv[2]), Path(sys.argv[3])).files))
+"""
+
+
+@pytest.mark.parametrize("module", ["zlib", "zlib_ng.zlib_ng"])
+def test_bytes_after_the_end_of_deflate_data_are_read_as_zipfile_reads_them(tmp_path: Path, module: str) -> None:
+    """A member whose deflate data ends before its compressed size: zipfile ignores the rest,
+    and so does the extraction, with every inflater (zlib's kept the rest as input for ever)."""
+    pytest.importorskip(module)
+    content = bytes(range(256)) * 10_000  # more than a block inflated at a time
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    raw = deflate.compress(content) + deflate.flush() + b"GARBAGE"
+    name = f"{TOP}/docs/trailing.bin"
+    archive = tmp_path / "trailing.zip"
+    archive.write_bytes(_with_deflated_member(_archive(tmp_path), name, raw, content))
+    with zipfile.ZipFile(archive) as zf:
+        assert zf.read(name) == content
+    done = subprocess.run([sys.executable, "-c", _EXTRACT_WITH, module, str(archive), str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["docs/trailing.bin"] == manifest_digest(content)
+
+
+_CTRL_C_WHILE_CHECKING = """
+import os, signal, sys, threading, time
+import qnnctl.install.archive as archive, qnnctl.install.stream as stream
+from qnnctl.cli import main
+stream.STREAM_MIN = 0
+# The stream's threads write slowly, so that they still have members in hand once the download
+# is over, while the extraction checks the central directory; the Ctrl-C comes then.
+real_write = os.write
+def paced_write(fd, data):
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(0.05)
+    return real_write(fd, data)
+os.write = paced_write
+real_check = archive.check_zip_file
+def check_then_ctrl_c(path):
+    busy = [t.name for t in threading.enumerate() if t.name.startswith(("qnnctl-stream", "qnnctl-extract"))]
+    print("streaming while checking:", bool(busy), file=sys.stderr, flush=True)
+    real_check(path)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(5)  # the Ctrl-C lands here
+archive.check_zip_file = check_then_ctrl_c
+sys.argv[0] = "qnnctl"
+try:
+    main()
+finally:
+    # As a process that goes on would see it (a caller of the library): no thread left writing
+    # (a thread that has set its end takes a moment to leave threading's list).
+    deadline = time.monotonic() + 0.02
+    while True:
+        left = [t.name for t in threading.enumerate() if t.name.startswith(("qnnctl-stream", "qnnctl-extract"))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    print("threads left:", left, file=sys.stderr, flush=True)
+    time.sleep(1)
+"""
+
+
+def test_ctrl_c_while_the_central_directory_is_checked_leaves_nothing_in_tmp(
+    server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_dir: Path
+) -> None:
+    """Ctrl-C once the download is over, while extract() checks the central directory and the
+    stream's threads still write: they are stopped and waited for, nothing stays in the cache's
+    tmp folder, and the finished download is kept, so that the next run installs it without
+    fetching it again."""
+    spec = SdkSpec(extra_files={**MANY, "docs/payload.bin": os.urandom(8 << 20)})
+    data = _archive(tmp_path, spec).read_bytes()
+    _serve(server, monkeypatch, data)
+    interrupted = subprocess.run(with_default_sigint([sys.executable, "-c", _CTRL_C_WHILE_CHECKING, "install"]),
+                                 capture_output=True, text=True, timeout=120)
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert "streaming while checking: True" in interrupted.stderr
+    assert "threads left: []" in interrupted.stderr
+    assert "qnnctl: interrupted; run the same command again to resume\n" in interrupted.stderr
+    time.sleep(0.5)  # no thread of it goes on writing
+    assert list((cache_dir / "tmp").iterdir()) == []
+    assert list((cache_dir / "sdks").iterdir()) == []
+    assert [p.name for p in (cache_dir / "downloads").iterdir() if not p.name.endswith(".json")] == [
+        f"v{VERSION}.zip"]
+    again = subprocess.run([sys.executable, "-m", "qnnctl", "install"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert len(server.requests_for(PATH)) == 1
+    _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+    _cache_is_tidy(cache_dir)

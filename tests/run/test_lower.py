@@ -7,6 +7,7 @@ import os
 import py_compile
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +108,7 @@ main()
 """
 # What `lower` pays for only when it installs or stages: downloads, archives, package readers,
 # pyelftools; and py-cpuinfo, whose probe is a second's subprocess.
-INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "isal", "tqdm", "rich",
+INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "isal", "zlib_ng", "tqdm", "rich",
                 "filelock", "cpuinfo", "qnnctl.install", "qnnctl.host.runtime", "qnnctl.host.packages",
                 "qnnctl.net.download", "qnnctl.sdk.vouchers", "qnnctl.sdk.lockfile", "qnnctl.sdk.mirrorindex")
 
@@ -703,3 +704,30 @@ def test_a_zip_file_looks_as_if_run_directly_in_other_pythons(sdk: Path, name: s
 def test_the_bootstrap_runs_without_the_guard_variable() -> None:
     assert GUARD_VARIABLE not in os.environ
     assert direct(PY, "-I", bootstrap_path(), "code", "print('ran')").stdout == "ran\n"
+
+
+@pytest.mark.parametrize("how", ["--sdk PATH", "QNN_SDK_ROOT"])
+def test_a_folder_named_by_path_that_the_lock_refuses_says_how_to_use_the_locked_sdk(sdk: Path, tmp_path: Path,
+                                                                                     how: str) -> None:
+    """An SDK folder outside qnnctl's cache, named by path, that disagrees with the lock: the hint
+    leads out. Reinstalling into the cache alone would not: the path still names the same folder."""
+    copy = tmp_path / "opt" / VERSION
+    shutil.copytree(sdk, copy, symlinks=True)
+    (copy / ".qnnctl.json").unlink()
+    project = tmp_path / "project"
+    project.mkdir()
+    path = project / "qnnctl.lock"
+    write_lock(path, LockedSdk(path=path, version=VERSION, sha256="0" * 64, size=1, build_id=None,
+                               urls=("https://example.com/old.zip",), locked_at="2026-01-01T00:00:00Z",
+                               component_sha256={"host": "1" * 64}), "Old.")
+    args, env = (["--sdk", str(copy)], None) if how == "--sdk PATH" else ([], {**os.environ, "QNN_SDK_ROOT": str(copy)})
+    refused = lower(*args, "--", "true", env=env, cwd=project)
+    assert refused.returncode == 4, refused.stderr
+    hint = [line for line in refused.stderr.splitlines() if line.startswith("qnnctl: hint: ")]
+    assert len(hint) == 1, refused.stderr
+    assert f"{how.split()[0]} names {copy}" in hint[0]
+    assert f"`qnnctl install {VERSION}`" in hint[0]
+    if how == "QNN_SDK_ROOT":
+        assert "unset QNN_SDK_ROOT" in hint[0]
+    else:
+        assert f"`--sdk {VERSION}`" in hint[0]
