@@ -73,8 +73,7 @@ BLOCK = 1 << 20
 
 
 def inflaters() -> dict[str, Any]:
-    """zlib, and the faster zlibs that are installed: ISA-L's (python-isal, what qnnctl uses) and
-    zlib-ng's (its dependency until 2026-12-05)."""
+    """zlib, and the faster zlibs that are installed: zlib-ng's (what qnnctl uses) and ISA-L's."""
     found: dict[str, Any] = {"zlib": zlib}
     for label, name in (("isal", "isal.isal_zlib"), ("zlib-ng", "zlib_ng.zlib_ng")):
         try:

@@ -64,7 +64,7 @@ class MemberData:
         self.usize = usize
         self.expected_crc = crc
         self.filename = filename
-        self.zlib = inflate_module()
+        self.zlib = zlib_module()
         self.method = method
         self.inflate: Any = None  # stored: none
         if method == zipfile.ZIP_DEFLATED:
@@ -189,31 +189,20 @@ def digest_matches(path: Path, recorded: str) -> bool:
 
 
 _ZLIB: list[Any] = []
-_INFLATE: list[Any] = []
 
 
 def zlib_module() -> Any:
-    """What takes CRC-32s: ISA-L's zlib (python-isal) when it is installed, about 5 times as fast
-    as zlib (bench/digest.py), else zlib. A CRC-32 is one function: every implementation agrees."""
+    """What inflates and takes CRC-32s: zlib-ng when it is installed (it inflates about 1.7 times
+    as fast as zlib here, bench/digest.py), else zlib. Both refuse the deflate data zlib refuses,
+    as zipfile and every other reader of the archive do. ISA-L's zlib (python-isal), faster
+    still, decodes some data zlib refuses (a literal/length code that is not complete): an
+    archive would then read one way here and be refused elsewhere."""
     if not _ZLIB:
         try:
-            _ZLIB.append(importlib.import_module("isal.isal_zlib"))
+            _ZLIB.append(importlib.import_module("zlib_ng.zlib_ng"))
         except ImportError:
             _ZLIB.append(zlib)
     return _ZLIB[0]
-
-
-def inflate_module() -> Any:
-    """What inflates: zlib-ng when it is installed (about 1.7 times as fast as zlib), else zlib.
-    Both refuse the deflate data zlib refuses, as zipfile and every other reader of the archive
-    do. ISA-L's inflate, faster still, decodes some data zlib refuses (a literal/length code
-    that is not complete): an archive would then read one way here and be refused elsewhere."""
-    if not _INFLATE:
-        try:
-            _INFLATE.append(importlib.import_module("zlib_ng.zlib_ng"))
-        except ImportError:
-            _INFLATE.append(zlib)
-    return _INFLATE[0]
 
 
 _INFLATED = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)

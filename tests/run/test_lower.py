@@ -108,7 +108,7 @@ main()
 """
 # What `lower` pays for only when it installs or stages: downloads, archives, package readers,
 # pyelftools; and py-cpuinfo, whose probe is a second's subprocess.
-INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "isal", "zlib_ng", "tqdm", "rich",
+INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "zlib_ng", "tqdm", "rich",
                 "filelock", "cpuinfo", "qnnctl.install", "qnnctl.host.runtime", "qnnctl.host.packages",
                 "qnnctl.net.download", "qnnctl.sdk.vouchers", "qnnctl.sdk.lockfile", "qnnctl.sdk.mirrorindex")
 
