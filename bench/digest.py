@@ -5,9 +5,9 @@
     python bench/digest.py --rounds 0         # per MiB only
 
 1. Per MiB, over the same 1 MiB blocks (this machine's shared libraries, which bench/install.py's
-   archive is made of): zlib's crc32, zlib-ng's crc32 (what qnnctl uses when zlib-ng is
-   installed), hashlib's sha256 and, for scale, zlib-ng's inflate of the same blocks deflated at
-   level 6. Interleaved, the order swapped every repeat, three warm-up repeats; medians.
+   archive is made of): hashlib's sha256, and the crc32 and raw inflate (the blocks deflated at
+   level 6, as zip members are) of zlib and of each faster zlib installed: ISA-L's (python-isal,
+   what qnnctl uses) and zlib-ng's. Interleaved, the order swapped every repeat, three warm-up repeats; medians.
 2. On the whole command: `qnnctl install VERSION` of bench/install.py's archive into an empty
    cache as it is (CRC-32 and sha256 of every file written) and with the per-file sha256 taken
    out (a launcher replaces `hashlib` in qnnctl.install.archive with one whose digest does nothing, so
@@ -53,6 +53,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
+import importlib  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -70,21 +71,38 @@ from install import VERSION, Launcher, Run, build_archive, child_env, serve  # n
 BLOCK = 1 << 20
 
 
+def inflaters() -> dict[str, Any]:
+    """zlib, and the faster zlibs that are installed: ISA-L's (python-isal, what qnnctl uses) and
+    zlib-ng's (its dependency until 2026-12-05)."""
+    found: dict[str, Any] = {"zlib": zlib}
+    for label, name in (("isal", "isal.isal_zlib"), ("zlib-ng", "zlib_ng.zlib_ng")):
+        try:
+            found[label] = importlib.import_module(name)
+        except ImportError:
+            pass
+    return found
+
+
 def per_mib(blocks: list[bytes], repeats: int) -> dict[str, float]:
-    """Milliseconds per MiB of each operation over `blocks`, medians of `repeats`."""
-    from zlib_ng import zlib_ng
+    """Milliseconds per MiB of each operation over `blocks`, medians of `repeats`: the CRC-32
+    and the raw inflate (as a zip member is) of every zlib installed, and hashlib's sha256."""
+    deflated = []
+    for block in blocks:
+        packer = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+        deflated.append(packer.compress(block) + packer.flush())
 
-    deflated = [zlib_ng.compress(block, 6) for block in blocks]
+    def crc(module: Any) -> Callable[[], None]:
+        def run() -> None:
+            value = 0
+            for block in blocks:
+                value = module.crc32(block, value)
+        return run
 
-    def crc_zlib() -> None:
-        crc = 0
-        for block in blocks:
-            crc = zlib.crc32(block, crc)
-
-    def crc_ng() -> None:
-        crc = 0
-        for block in blocks:
-            crc = zlib_ng.crc32(block, crc)
+    def inflate(module: Any) -> Callable[[], None]:
+        def run() -> None:
+            for data in deflated:
+                module.decompressobj(-zlib.MAX_WBITS).decompress(data)
+        return run
 
     def sha256() -> None:
         digest = hashlib.sha256()
@@ -92,14 +110,10 @@ def per_mib(blocks: list[bytes], repeats: int) -> dict[str, float]:
             digest.update(block)
         digest.hexdigest()
 
-    def inflate_ng() -> None:
-        for data in deflated:
-            zlib_ng.decompress(data)
-
-    jobs: dict[str, Callable[[], None]] = {
-        "crc32 (zlib)": crc_zlib, "crc32 (zlib-ng)": crc_ng, "sha256 (hashlib)": sha256,
-        "inflate (zlib-ng)": inflate_ng,
-    }
+    jobs: dict[str, Callable[[], None]] = {"sha256 (hashlib)": sha256}
+    for label, module in inflaters().items():
+        jobs[f"crc32 ({label})"] = crc(module)
+        jobs[f"inflate ({label})"] = inflate(module)
     times: dict[str, list[float]] = {name: [] for name in jobs}
     names = list(jobs)
     for i in range(repeats + 3):

@@ -20,8 +20,10 @@ that their ratio is the code's alone, whatever the machine's load.
 The order of the contenders rotates every round, and one warm-up round is not counted. What
 each run extracts is kept until the end: deleting thousands of files just before the next
 run makes creating files slower on some file systems (ext4 without a journal skips inodes
-freed in the last 30 s), which would favour whoever runs first. Bytecode caching is on for
-the children, as after a normal install.
+freed in the last 30 s), which would favour whoever runs first. Each run starts after an
+`os.sync()`, so that the kernel writes back what the run before it wrote before the clock
+starts, not on a core the next contender needs. Bytecode caching is on for the children, as
+after a normal install.
 """
 
 from __future__ import annotations
@@ -336,6 +338,9 @@ def run(args: argparse.Namespace, contending: list[Build]) -> None:
             counted = i >= args.warmup
             shift = i % len(names)
             for name in names[shift:] + names[:shift]:
+                # What the previous run wrote is written back now, not by the kernel's flusher
+                # threads during this run, where they would take a core from whoever runs next.
+                os.sync()
                 result = contenders[name](i)
                 if counted:
                     results[name].append(result)

@@ -72,11 +72,6 @@ LOADER_GUARD = "QNNCTL_STAGED_LOADER"
 LOADER = "ld-linux-x86-64.so.2"
 
 
-# Set in the environment of a program started under the staged loader, so that it does
-# not start itself under the loader a second time.
-LOADER_GUARD = "QNNCTL_STAGED_LOADER"
-
-
 Version = tuple[int, ...]
 
 

@@ -207,14 +207,16 @@ def _creation_mask(work: Path) -> int | None:
     return int(value, 8) if value is not None and value.isdigit() else None
 
 
-def extract(archive: Path, work: Path, streamed: Streamed | None = None,
+def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] | None = None,
             only: Collection[PurePosixPath] | None = None, beside: Collection[PurePosixPath] = (),
             ready: Callable[[zipfile.ZipInfo], None] | None = None, kind: str | None = None,
             whole: bool = True) -> Extracted:
     """Extract `archive` into the empty folder `work` and find the SDK inside it.
 
-    `streamed` is what a `ZipStream` already wrote into `work` while the archive downloaded;
-    what agrees with the central directory is kept, the rest is written now.
+    `streamed()` gives what a `ZipStream` wrote into `work` while the archive downloaded (its
+    `close`): it is called once the central directory has been checked and read, so that the
+    stream's threads finish the members in hand meanwhile, and not called for an archive refused
+    before. What agrees with the central directory is kept, the rest is written now.
 
     `only` limits what is written to those members (the components chosen, see
     qnnctl.sdk.components); every member's name and type is still checked, so an archive that
@@ -240,6 +242,8 @@ def extract(archive: Path, work: Path, streamed: Streamed | None = None,
             if kind == "zip":
                 names, links = _extract_zip(archive, writer, streamed, choice, ready)
             else:
+                if streamed is not None:
+                    streamed()  # nothing of a tar was streamed: the threads stopped at its first bytes
                 names, links = _extract_tar(archive, writer, choice)
         except _Redo as redo:
             # Anything unexpected in what was streamed: start again, with the one careful path.
@@ -315,13 +319,14 @@ class _Choice:
                           "(the components chosen leave it out)")
 
 
-def _extract_zip(archive: Path, writer: Writer, streamed: Streamed | None, choice: _Choice | None = None,
-                 ready: Callable[[zipfile.ZipInfo], None] | None = None,
+def _extract_zip(archive: Path, writer: Writer, finish: Callable[[], Streamed | None] | None,
+                 choice: _Choice | None = None, ready: Callable[[zipfile.ZipInfo], None] | None = None,
                  ) -> tuple[list[PurePosixPath], list[Link]]:
     names: list[PurePosixPath] = []
     links: list[Link] = []
     folders: list[tuple[PurePosixPath, int | None]] = []
     files: dict[PurePosixPath, tuple[zipfile.ZipInfo, int]] = {}
+    streamed_as: list[tuple[PurePosixPath, zipfile.ZipInfo, bool]] = []  # folders and links, to compare
     with open_zip(archive) as zf:
         # Every member is checked before anything is written.
         for info in zf.infolist():
@@ -341,7 +346,7 @@ def _extract_zip(archive: Path, writer: Writer, streamed: Streamed | None, choic
                     continue
             if info.is_dir() or kind == stat.S_IFDIR:
                 folders.append((name, stat.S_IMODE(unix_mode) or None))
-                _take(streamed, name, info, folder=True)
+                streamed_as.append((name, info, True))
             elif kind == stat.S_IFLNK:
                 with zf.open(info) as source:
                     raw = source.read(MAX_LINK_TARGET + 1)
@@ -349,13 +354,19 @@ def _extract_zip(archive: Path, writer: Writer, streamed: Streamed | None, choic
                     raise unsafe(f"symlink {info.filename!r} has a target longer than {MAX_LINK_TARGET} bytes")
                 links.append(Link(name, raw.decode("utf-8", errors="surrogateescape"), hard=False))
                 # Streamed as a file holding the target: the link replaces it at the end.
-                _take(streamed, name, info, folder=False)
+                streamed_as.append((name, info, False))
             elif kind in (0, stat.S_IFREG):
                 # A name given twice is written once, from its last member (as unzip does).
                 files.pop(name, None)
                 files[name] = (info, stat.S_IMODE(unix_mode) or 0o644)
             else:
                 raise unsafe(f"{info.filename!r} is a device or special file")
+        # Every member checked: now what the stream wrote, once its threads are done. A stream
+        # that kept nothing removed the work folder.
+        streamed = finish() if finish is not None else None
+        writer.work.mkdir(exist_ok=True)
+        for name, info, folder in streamed_as:
+            _take(streamed, name, info, folder)
         done: dict[PurePosixPath, Written] = {}
         for name, (info, _) in files.items():
             written = _take(streamed, name, info, folder=False)

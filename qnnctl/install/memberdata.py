@@ -120,7 +120,7 @@ class MemberData:
         """At most `size` bytes out of the decoder, given `data`; its errors are the member's."""
         try:
             return bytes(self.inflate.decompress(data, size))
-        # bz2 raises OSError (EOFError for input after the end); zlib-ng's error is not zlib's,
+        # bz2 raises OSError (EOFError for input after the end); ISA-L's error is not zlib's,
         # and does not pickle.
         except (OSError, EOFError, lzma.LZMAError, self.zlib.error) as exc:
             raise self._undecodable(exc) from None
@@ -190,10 +190,12 @@ _ZLIB: list[Any] = []
 
 
 def zlib_module() -> Any:
-    """zlib-ng when it is installed (it inflates about twice as fast), else zlib."""
+    """ISA-L's zlib (python-isal) when it is installed, else zlib: on shared libraries it
+    inflates about 2.2 times as fast as zlib (zlib-ng, used before: 1.7) and takes a CRC-32
+    about 5 times as fast (bench/digest.py)."""
     if not _ZLIB:
         try:
-            _ZLIB.append(importlib.import_module("zlib_ng.zlib_ng"))
+            _ZLIB.append(importlib.import_module("isal.isal_zlib"))
         except ImportError:
             _ZLIB.append(zlib)
     return _ZLIB[0]

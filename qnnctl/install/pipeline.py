@@ -7,7 +7,7 @@ this module reads neither a lock nor an index itself."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -207,18 +207,19 @@ def install(
         with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
             # A zip's members are extracted from the partial file while the rest arrives;
             # the archive's digest and its central directory are still checked before use.
+            # The extraction takes what they wrote once it has read the central directory, which
+            # it does while they finish the members in hand (stream.close).
             stream = ZipStream(work / "x")
             try:
                 fetched = downloader.fetch(urls, name, sha256, sink=stream)
+                with used_up(fetched.path, cache.downloads / f"{name}.json"):
+                    admit_archive(expected, fetched.url, fetched.sha256, fetched.size)
+                    # fetched.url is redacted: the manifest keeps no password or token.
+                    sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
+                                 request.force, work, stream.close, expected)
             except BaseException:
-                stream.close(abandon=True)
+                stream.close(abandon=True)  # none of its threads keeps writing
                 raise
-            streamed = stream.close()
-            with used_up(fetched.path, cache.downloads / f"{name}.json"):
-                admit_archive(expected, fetched.url, fetched.sha256, fetched.size)
-                # fetched.url is redacted: the manifest keeps no password or token.
-                sdk = _build(fetched.path, version, fetched.url, fetched.sha256, fetched.size, cache,
-                             request.force, work, streamed, expected)
     return InstallResult(sdk, "installed", selection)
 
 
@@ -361,7 +362,7 @@ def _build(
     cache: Cache,
     force: bool,
     work: Path,
-    streamed: Streamed | None,
+    streamed: Callable[[], Streamed | None],
     expected: list[Expected],
 ) -> Sdk:
     """Extract, check what was written against `expected` (each component's digest, besides the

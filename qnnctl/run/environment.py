@@ -48,6 +48,7 @@ def resolve_sdk(
     if selection.root is not None or not allow_install:
         sdk = resolve_installed(selection, cache, environ)
         _pinned_missing(selection, sdk, cwd, refuse=True)
+        hold_sdk_to_lock(sdk, cache, cwd)
         return selection, sdk
     found = _reusable(selection, environ, cwd, cache)
     if found is not None:
@@ -156,6 +157,18 @@ def ensure_loadable(sdk: Sdk, environ: Mapping[str, str], cache: Cache, cwd: Pat
     ensure_trio(cache, sdk, environ, cwd)
 
 
+
+
+def hold_sdk_to_lock(sdk: Sdk, cache: Cache, cwd: Path) -> None:
+    """An SDK used without `install` (named by a path or QNN_SDK_ROOT, or under --no-install) in
+    a project whose lock pins its version: checked as `install` checks an SDK it finds on disk
+    (IntegrityError, exit 4, when it disagrees). Nothing is read without a lock."""
+    if find_lock(cwd) is None:
+        return
+    # lazy: the lock's reader (tomllib), for a locked project only
+    from qnnctl.sdk.lockfile import check_reused
+
+    check_reused(sdk, cwd, False, cache)
 
 
 def hold_runtime_to_lock(sdk: Sdk, cache: Cache, cwd: Path) -> None:

@@ -242,7 +242,7 @@ def component_digests(lines: Iterable[tuple[str, str]]) -> dict[str, str]:
             for name, found in sorted(by_component.items())}
 
 
-def _file_sha256(path: Path) -> str:
+def _file_sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
@@ -253,20 +253,33 @@ def _file_sha256(path: Path) -> str:
 def tree_digests(root: Path, recorded: Mapping[str, str] | None = None, skip: Collection[str] = ()) -> dict[str, str]:
     """Each component's digest over the SDK folder `root` as it is on disk. `recorded` gives
     the sha256 of files just written (path below root -> sha256); any other file is read.
-    `skip`: paths below root that are no member (qnnctl's manifest)."""
+    `skip`: paths below root that are no member (qnnctl's manifest). A folder that cannot be
+    listed is passed over, as os.walk does (its files are then missing from the digests)."""
     lines: list[tuple[str, str]] = []
-    for folder, dirs, names in os.walk(root):
-        for name in [*dirs, *names]:
-            path = Path(folder, name)
-            rel = path.relative_to(root).as_posix()
-            if rel in skip:
+    known = recorded or {}
+    # Paths as strings, not Path objects: on the install's critical path, pathlib took most of
+    # the time for an SDK of thousands of files.
+    folders = [("", os.fspath(root))]
+    while folders:
+        prefix, folder = folders.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        for entry in entries:
+            rel = prefix + entry.name
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                folders.append((f"{rel}/", entry.path))
+            elif rel in skip:
                 continue
-            info = path.lstat()
-            if stat.S_ISLNK(info.st_mode):
-                target = os.readlink(path)
+            elif stat.S_ISLNK(info.st_mode):
+                target = os.readlink(entry.path)
                 lines.append((rel, member_line(rel, "link", False, target, len(os.fsencode(target)), "")))
             elif stat.S_ISREG(info.st_mode):
-                known = (recorded or {}).get(rel)
-                sha256 = known if known is not None and len(known) == 64 else _file_sha256(path)
+                sha256 = known.get(rel)
+                if sha256 is None or len(sha256) != 64:
+                    sha256 = _file_sha256(entry.path)
                 lines.append((rel, member_line(rel, "file", bool(info.st_mode & 0o111), "", info.st_size, sha256)))
     return component_digests(lines)

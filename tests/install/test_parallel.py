@@ -527,7 +527,7 @@ def test_extraction_is_the_same_in_processes_and_in_threads(tmp_path: Path, thre
 
 @pytest.mark.parametrize("threads", [False, True])
 def test_a_member_that_does_not_inflate_is_an_integrity_error(tmp_path: Path, threads: bool) -> None:
-    """zlib-ng's error is not zlib's and does not pickle: a worker reports it as a corrupt member."""
+    """ISA-L's error is not zlib's and does not pickle: a worker reports it as a corrupt member."""
     archive = garble_deflate(build_archive(tmp_path, "zip", PAYLOAD_SPEC))
     out = _ok(EXTRACT + textwrap.dedent("""
         try:

@@ -41,7 +41,14 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import PAYLOAD, give_default_acl, with_default_sigint
 from tests.httpserver import Fault, FaultServer
-from tests.install.test_archive import HOSTILE, _assert_nothing_escaped, _victim, chmods_under_umask, hostile_archive
+from tests.install.test_archive import (
+    HOSTILE,
+    Member,
+    _assert_nothing_escaped,
+    _victim,
+    chmods_under_umask,
+    hostile_archive,
+)
 from tests.install.test_install import _assert_complete_sdk, _cache_is_tidy
 from tests.sdkfactory import VERSION, SdkSpec, add_zip_entry, build_archive, build_sdk_tree, manifest_digest
 
@@ -587,7 +594,7 @@ def test_download_that_starts_over_discards_what_was_streamed(tmp_path: Path) ->
     assert not work.exists()  # nothing of it is left to be taken for the new archive's
     archive = tmp_path / "second.zip"
     archive.write_bytes(second)
-    result = extract(archive, work, streamed)
+    result = extract(archive, work)
     assert (result.root / "docs/guide.txt").read_bytes() == new
     assert result.files["docs/guide.txt"] == manifest_digest(new)
 
@@ -847,7 +854,7 @@ def test_streamed_folders_are_kept(tmp_path: Path, feed: Callable[..., _Feed], l
         assert local.offset == info.header_offset
         assert written == (None if info.is_dir() else (info.CRC, info.file_size,
                                                        hashlib.sha256(contents[name]).hexdigest())), name
-    result = extract(archive, stream.work, streamed)
+    result = extract(archive, stream.work, stream.stream.close)
     assert not log.find("again"), log.messages
     assert _tree(result.root) == _tree(extract(archive, tmp_path / "plain").root)
 
@@ -1065,10 +1072,10 @@ def test_every_compression_method_is_read(tmp_path: Path) -> None:
         assert manifest_digest((result.root / rel).read_bytes()) == digest
 
 
-@pytest.mark.parametrize("module", ["zlib", "zlib_ng.zlib_ng"])
+@pytest.mark.parametrize("module", ["zlib", "isal.isal_zlib"])
 def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               module: str) -> None:
-    """zlib-ng is used when it is installed; the result is byte for byte the same."""
+    """ISA-L's zlib is used when it is installed; the result is byte for byte the same."""
     inflater = pytest.importorskip(module)
     monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [inflater])
     archive = _archive(tmp_path, SdkSpec(extra_files={**MANY, "docs/payload.bin": PAYLOAD}))
@@ -1080,13 +1087,13 @@ def test_either_inflater_gives_the_same_files(tmp_path: Path, monkeypatch: pytes
                 assert result.files[rel] == manifest_digest(zf.read(info)), rel
 
 
-@pytest.mark.parametrize("installed", [True, False], ids=["zlib-ng installed", "without zlib-ng"])
-def test_zlib_ng_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
-    """zlib-ng is a dependency; an environment that lost it still extracts, with zlib."""
+@pytest.mark.parametrize("installed", [True, False], ids=["isal installed", "without isal"])
+def test_isal_inflates_when_it_is_installed_else_zlib(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """python-isal is a dependency; an environment that lost it still extracts, with zlib."""
     monkeypatch.setattr(qnnctl.install.memberdata, "_ZLIB", [])
-    expected = importlib.import_module("zlib_ng.zlib_ng") if installed else zlib
+    expected = importlib.import_module("isal.isal_zlib") if installed else zlib
     if not installed:
-        for name in ("zlib_ng", "zlib_ng.zlib_ng"):
+        for name in ("isal", "isal.isal_zlib"):
             monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     assert qnnctl.install.memberdata.zlib_module() is expected
     assert qnnctl.install.memberdata._ZLIB == [expected]  # chosen once
@@ -1164,6 +1171,58 @@ def test_closing_again_gives_the_same_answer(tmp_path: Path, feed: Callable[...,
     assert _names(streamed) == ["sdk/a.txt"]
     assert stream.stream.close() == streamed
     assert not _held(stream.part)
+
+
+def test_extract_takes_what_was_streamed_once_the_central_directory_is_read(
+    tmp_path: Path, feed: Callable[..., _Feed]
+) -> None:
+    """extract() asks for what the stream wrote (its close(), which waits for the threads) once,
+    after it has checked and read the central directory: an archive refused before that never
+    waits for them, and its caller stops them (the installer's close(abandon=True))."""
+    calls: list[str] = []
+    good = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
+    stream = feed(good)
+    stream.upto(len(good))
+
+    def finish() -> Streamed | None:
+        calls.append("finish")
+        return stream.stream.close()
+
+    archive = tmp_path / "good.zip"
+    archive.write_bytes(good)
+    result = extract(archive, stream.work, finish)
+    assert calls == ["finish"]
+    assert (result.root / "docs/guide.txt").read_bytes() == b"guide " * 1000
+
+    calls.clear()
+    hostile = hostile_archive(tmp_path, "zip", [Member("../escape.txt", "file", b"out")])
+    with pytest.raises(IntegrityError):
+        extract(hostile, tmp_path / "hostile", finish)
+    assert calls == []
+
+    calls.clear()
+    tar = build_archive(tmp_path, "tar.gz", SdkSpec())
+    extract(tar, tmp_path / "tar", finish)
+    assert calls == ["finish"]  # nothing of a tar is streamed; the threads are still stopped
+
+
+def test_a_stream_that_kept_nothing_leaves_extract_a_work_folder(tmp_path: Path) -> None:
+    """A stream whose download started over keeps nothing and removes the work folder when
+    extract() asks for it, after extract() made the folder: extract() makes it again and writes
+    every member itself."""
+    data = _archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000)
+    part = tmp_path / "download.part"
+    work = _stream_work(tmp_path)
+    stream = ZipStream(work, min_size=0)
+    stream.begin(part, 0, len(data))
+    part.write_bytes(data)
+    stream.extend(len(data))
+    stream.begin(part, 0, len(data))  # started over: nothing it wrote can be trusted
+    archive = tmp_path / "archive.zip"
+    archive.write_bytes(data)
+    result = extract(archive, work, stream.close)
+    assert not _held(part)
+    assert _tree(result.root) == _tree(extract(archive, tmp_path / "plain").root)
 
 
 def test_a_work_folder_removed_meanwhile_is_no_error_when_nothing_is_kept(tmp_path: Path, log: Log) -> None:

@@ -107,7 +107,7 @@ main()
 """
 # What `lower` pays for only when it installs or stages: downloads, archives, package readers,
 # pyelftools; and py-cpuinfo, whose probe is a second's subprocess.
-INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "zlib_ng", "tqdm", "rich",
+INSTALL_ONLY = ("requests", "urllib3", "elftools", "debian", "arpy", "rpmfile", "isal", "tqdm", "rich",
                 "filelock", "cpuinfo", "qnnctl.install", "qnnctl.host.runtime", "qnnctl.host.packages",
                 "qnnctl.net.download", "qnnctl.sdk.vouchers", "qnnctl.sdk.lockfile", "qnnctl.sdk.mirrorindex")
 
@@ -129,20 +129,33 @@ def test_lower_with_its_sdk_installed_imports_nothing_it_does_not_use(sdk: Path,
     assert [m for m in report["modules"] if m == "click" or m.startswith("click.")] == []
 
 
-def test_an_installed_sdk_is_checked_against_the_projects_lock_before_it_is_used(sdk: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["--sdk VERSION", "--no-install", "--sdk PATH", "QNN_SDK_ROOT"])
+def test_an_installed_sdk_is_checked_against_the_projects_lock_before_it_is_used(sdk: Path, tmp_path: Path,
+                                                                                  how: str) -> None:
     """The usual run uses an installed SDK without the install pipeline, but not one a lock pins:
-    that is checked as `install` checks it, and refused when it disagrees."""
+    that is checked as `install` checks it, and refused when it disagrees; so is an SDK named by
+    its folder or QNN_SDK_ROOT, or used under --no-install, none of which goes through `install`."""
     manifest = sdk / ".qnnctl.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "sha256": "a" * 64, "size": 1}))
     project = tmp_path / "project"
     project.mkdir()
-    assert lower("--sdk", VERSION, "--", "true", cwd=project).returncode == 0
+    env = None
+    args = {"--sdk VERSION": ["--sdk", VERSION], "--no-install": ["--no-install", "--sdk", VERSION],
+            "--sdk PATH": ["--sdk", str(sdk)], "QNN_SDK_ROOT": []}[how]
+    if how == "QNN_SDK_ROOT":
+        env = {**os.environ, "QNN_SDK_ROOT": str(sdk)}
+    ran = project / "ran"
+    command = ["--", "sh", "-c", f'touch "{ran}"']
+    assert lower(*args, *command, env=env, cwd=project).returncode == 0
+    assert ran.exists()
+    ran.unlink()
     path = project / "qnnctl.lock"
     write_lock(path, LockedSdk(path=path, version=VERSION, sha256="0" * 64, size=1, build_id=None,
                                urls=("https://example.com/old.zip",), locked_at="2026-01-01T00:00:00Z"), "Old.")
-    refused = lower("--sdk", VERSION, "--", "true", cwd=project)
+    refused = lower(*args, *command, env=env, cwd=project)
     assert refused.returncode == 4, refused.stderr
     assert f"qnnctl.lock pins {'0' * 64}" in refused.stderr
+    assert not ran.exists()  # the pipeline never started
 
 
 
