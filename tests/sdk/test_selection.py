@@ -1411,3 +1411,133 @@ def test_without_a_mirror_an_sdk_missing_or_lacking_pinned_components_is_install
     assert resolve_sdk(None, dict(os.environ), Path.cwd(), cache)[1] == sdk
     assert (read_manifest(sdk.root) or {})["components"] == ["host", "android"]
     assert len(server.requests) > fetched
+
+
+# -- an SDK used without install, held to the project's lock -----------------------------------
+
+
+def test_an_sdk_used_without_install_is_held_to_the_projects_lock(cache_dir: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    import json
+
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import hold_sdk_to_lock
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    cache = Cache(cache_dir)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    sdk = Sdk(root, VERSION, "qnnctl cache")
+    hold_sdk_to_lock(sdk, cache, Path.cwd())  # no lock: nothing to hold it to
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "a" * 64), "trusted")
+    # No record of the archive it came from: used unchecked, said so (not refused, as --locked would).
+    with caplog.at_level("WARNING", logger="qnnctl"):
+        hold_sdk_to_lock(sdk, cache, Path.cwd() / "src")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"SDK {VERSION} at {root} (qnnctl cache) cannot be checked against {lock}: qnnctl has no record of the "
+        "archive it came from, and the lock pins no digest of its components (a lock of schema 1, written before "
+        "they existed); used unchecked"]
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "sha256": "b" * 64}))
+    with pytest.raises(IntegrityError) as caught:
+        hold_sdk_to_lock(sdk, cache, Path.cwd())
+    assert caught.value.message.endswith(f"{'b' * 64}; qnnctl.lock pins {'a' * 64}")
+    assert caught.value.hint == (
+        f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK in use is the one to "
+        f"trust, write the lock again: `qnnctl lock {VERSION}`")
+
+
+# -- a version prefix looked up in what is installed, and in the mirror's index when asked --------
+
+
+MIRRORED = "2.37.9.990101"  # a 2.37 only the mirror's index lists
+
+
+def _mirror_of(server: FaultServer, tmp_path: Path, version: str = MIRRORED) -> str:
+    """The server as a mirror holding the archive of `version`, indexed; its base."""
+    import hashlib
+    import json
+
+    from tests.sdkfactory import build_archive
+
+    (tmp_path / "archives").mkdir(exist_ok=True)
+    data = build_archive(tmp_path / "archives", "zip", SdkSpec(version=version)).read_bytes()
+    server.add(f"/{version}/v{version}.zip", data)
+    index = {"schema": 1, "versions": {version: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}}}
+    server.add("/index.json", json.dumps(index).encode(), "application/json")
+    return server.base
+
+
+def test_a_prefix_is_resolved_in_the_mirrors_index_when_the_sdk_may_be_installed(
+        cache_dir: Path, server: FaultServer, tmp_path: Path) -> None:
+    from qnnctl.errors import NotInstalledError
+    from qnnctl.run.environment import resolve_for_dry_run, resolve_sdk
+    from qnnctl.sdk.cache import Cache
+
+    environ = {**os.environ, "QNNCTL_MIRROR": _mirror_of(server, tmp_path)}
+    cache = Cache(cache_dir)
+    selection, sdk, _ = resolve_for_dry_run("2.37", environ, Path.cwd(), cache)
+    assert (selection.version, sdk) == (MIRRORED, Sdk(cache_dir / "sdks" / MIRRORED, MIRRORED, "not installed yet"))
+    # A look-up that may not install keeps to what is installed and the known releases.
+    with pytest.raises(NotInstalledError) as caught:
+        resolve_for_dry_run("2.37", environ, Path.cwd(), cache, allow_install=False)
+    assert caught.value.message == f"SDK {VERSION} is not installed"
+    selection, sdk = resolve_sdk("2.37", environ, Path.cwd(), cache)
+    assert (selection.version, sdk) == (MIRRORED, Sdk(cache_dir / "sdks" / MIRRORED, MIRRORED, "qnnctl cache"))
+
+
+def test_a_prefix_counts_only_the_sdks_installed_whole(cache_dir: Path) -> None:
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import resolve_spec
+
+    damaged = install_tree_into_cache(cache_dir, MIRRORED)
+    (damaged / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == VERSION
+    install_tree_into_cache(cache_dir, "2.37.8.990101")
+    assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == "2.37.8.990101"
+
+
+# -- this shell's SDK and the project's pin ----------------------------------------------------
+
+
+def _shell_for_root(root: Path) -> dict[str, str]:
+    """The environment of a shell that `qnnctl env` set up for the SDK at `root`."""
+    from qnnctl.shell.exports import MARKER, Marker
+
+    return {**os.environ, "QNN_SDK_ROOT": str(root), MARKER: Marker(str(root), True).dumps()}
+
+
+def test_a_shell_set_up_for_one_sdk_and_a_pin_naming_another_disagree(cache_dir: Path, tmp_path: Path) -> None:
+    """The pin's prefix resolved as the commands would (the SDKs installed first), the shell's
+    SDK told by what it holds, else by its folder's name when it has gone."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import PinConflict, pin_conflict
+
+    cache = Cache(cache_dir)
+    shell = build_sdk_tree(tmp_path / "vendor" / "qairt", SdkSpec(version=VERSION))  # no version in its name
+    environ = _shell_for_root(shell)
+    pin = _pin("2.37\n")
+    assert pin_conflict(environ, Path.cwd(), cache) is None  # 2.37 is 2.37.0.250724, the shell's
+    install_tree_into_cache(cache_dir, "2.37.8.990101")
+    assert pin_conflict(environ, Path.cwd(), cache) == PinConflict(shell, VERSION, pin, "2.37.8.990101", True)
+    assert pin_conflict(environ, Path.cwd()) is None  # without a cache: the known releases
+    gone = tmp_path / "gone" / OTHER_VERSION
+    assert pin_conflict(_shell_for_root(gone), Path.cwd(), cache) == PinConflict(
+        gone, OTHER_VERSION, pin, "2.37.8.990101", True)
+    _pin("2.37.0.250724\n")
+    assert pin_conflict(_shell_for_root(gone), Path.cwd(), cache) == PinConflict(
+        gone, OTHER_VERSION, pin, VERSION, False)
+
+
+def test_the_pin_a_shell_is_compared_with_never_asks_the_mirror(cache_dir: Path, server: FaultServer,
+                                                                 tmp_path: Path) -> None:
+    """`qnnctl env` runs at every shell's start: it reads no mirror's index."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import pin_conflict
+
+    shell = build_sdk_tree(tmp_path / "vendor" / "qairt", SdkSpec(version=VERSION))
+    environ = {**_shell_for_root(shell), "QNNCTL_MIRROR": _mirror_of(server, tmp_path)}
+    _pin("2.37\n")
+    assert pin_conflict(environ, Path.cwd(), Cache(cache_dir)) is None
+    assert server.requests == []
