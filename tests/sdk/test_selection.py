@@ -1169,7 +1169,9 @@ ROOT_HINT = ("an SDK root is the folder that holds QNN_README.txt, lib/ and bin/
 def _not_a_root(root: Path, origin: str) -> tuple[str, str | None]:
     from qnnctl.sdk.layout import missing_layout, not_an_sdk_root
 
-    error = not_an_sdk_root(root, missing_layout(root), origin)
+    missing = missing_layout(root)
+    error = not_an_sdk_root(root, missing, origin)
+    assert (error.root, error.missing, error.origin) == (str(root), missing, origin)  # for a caller to read
     return error.message, error.hint
 
 
@@ -1269,6 +1271,55 @@ def test_sdk_roots_below_a_folder_nearest_first_up_to_a_limit_and_a_depth(tmp_pa
     _host_libraries(tmp_path / "elsewhere" / "sdk", X86_LIBS)
     (top / "link").symlink_to(tmp_path / "elsewhere")
     assert sdk_roots_below(top, limit=9) == [near, mid[1], mid[0], deep]
+
+
+def test_a_home_folder_named_by_mistake_is_looked_into_2000_folders_deep_at_most(tmp_path: Path) -> None:
+    from qnnctl.sdk.layout import sdk_roots_below
+
+    top = tmp_path / "home"
+    for n in range(2000):
+        (top / f"{n:04}").mkdir(parents=True)
+    root = _host_libraries(top / "1998" / "sdk", X86_LIBS)
+    assert sdk_roots_below(top) == [root]  # the home folder and 1999 below it listed
+    root.rename(top / "1999" / "sdk")
+    assert sdk_roots_below(top) == []  # the 2001st folder is not listed
+
+
+def test_a_folder_that_cannot_be_listed_is_passed_over(tmp_path: Path) -> None:
+    """As a user who may not enter or list some folders of those below: the others are looked into."""
+    import tempfile
+
+    from qnnctl.sdk.layout import sdk_roots_below
+
+    top = Path(tempfile.mkdtemp(prefix="roots-"))  # in /tmp, which every user may enter
+    try:
+        top.chmod(0o755)
+        (top / "a-closed").mkdir(mode=0o700)  # not to be entered
+        _host_libraries(top / "a-closed" / "sdk", X86_LIBS)
+        (top / "a-hidden").mkdir(mode=0o711)  # to be entered, not listed
+        _host_libraries(top / "a-hidden" / "sdk", X86_LIBS)
+        root = _host_libraries(top / "b-open" / "sdk", X86_LIBS)
+        for folder in (top / "b-open", root, root / "lib", root / X86_LIBS):
+            folder.chmod(0o755)
+        reader, writer = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.setgid(4321)
+                os.setuid(4321)
+                found = sdk_roots_below(top)
+                os.write(writer, "\n".join(map(str, found)).encode())
+            finally:
+                os._exit(0)
+        os.close(writer)
+        with os.fdopen(reader, "rb") as pipe:
+            said = pipe.read().decode()
+        os.waitpid(child, 0)
+        assert said == str(root)
+    finally:
+        import shutil
+
+        shutil.rmtree(top)
 
 
 def test_sdk_roots_below_a_folder_are_looked_for_in_so_many_folders_at_most(tmp_path: Path) -> None:
