@@ -1592,3 +1592,18 @@ def test_the_pin_a_shell_is_compared_with_never_asks_the_mirror(cache_dir: Path,
     _pin("2.37\n")
     assert pin_conflict(environ, Path.cwd(), Cache(cache_dir)) is None
     assert server.requests == []
+
+
+def test_an_sdk_named_by_path_in_a_locked_project_is_held_to_the_lock(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    root = build_sdk_tree(tmp_path / "vendor" / VERSION, SdkSpec(version=VERSION))
+    assert resolve_sdk(str(root), dict(os.environ), Path.cwd(), Cache(cache_dir))[1] == Sdk(root, VERSION, "--sdk")
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "a" * 64, component_sha256={"host": "c" * 64}), "trusted")
+    with pytest.raises(IntegrityError) as caught:
+        resolve_sdk(str(root), dict(os.environ), Path.cwd(), Cache(cache_dir))
+    assert str(root) in caught.value.message
