@@ -104,6 +104,26 @@ def test_folders_already_there_are_left_as_they_are(tmp_path: Path) -> None:
     assert _mode(tmp_path / "theirs" / "mine") == 0o711
 
 
+@pytest.mark.usefixtures("umask")
+def test_a_folder_made_is_never_wider_than_its_mode_even_before_its_chmod(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a umask of 0 a folder made with mkdir's default of 0o777 would be writable by
+    everyone until its chmod, time enough for another user to put a file in it: it is made with
+    its mode from the start, and the chmod only takes off what a umask would have left."""
+    os.umask(0)
+    real_chmod = os.chmod
+    seen: dict[str, int] = {}
+
+    def look_first(path: str | os.PathLike[str], mode: int) -> None:
+        seen[Path(path).name] = _mode(Path(path))
+        real_chmod(path, mode)
+
+    monkeypatch.setattr(os, "chmod", look_first)
+    make_folders(tmp_path / "a" / "b")
+    make_folders(tmp_path / "p", 0o700)
+    assert seen == {"a": 0o755, "b": 0o755, "p": 0o700}
+
+
 def test_a_link_to_a_folder_is_a_folder_there(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "real").chmod(0o700)
@@ -167,6 +187,25 @@ def test_a_record_is_written_whole_with_exactly_its_mode(tmp_path: Path, mask: i
     assert json.loads(private.read_text()) == {"k": 1}
     assert _mode(private) == 0o600
     assert sorted(p.name for p in folder.iterdir()) == ["p.json", "r.json"]  # no .tmp left
+
+
+@pytest.mark.usefixtures("umask")
+def test_a_record_is_never_wider_than_its_mode_even_before_its_fchmod(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a umask of 0 a record created with open's default of 0o777 could be opened for
+    writing by anyone before its fchmod, and written to after it: it is created with its mode."""
+    os.umask(0)
+    real_fchmod = os.fchmod
+    seen: list[int] = []
+
+    def look_first(fd: int, mode: int) -> None:
+        seen.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", look_first)
+    write_json_atomic(tmp_path / "r.json", {"n": 1})
+    write_json_atomic(tmp_path / "p.json", {"n": 1}, 0o600)
+    assert seen == [0o644, 0o600]
 
 
 def test_a_record_replaces_the_one_there_in_one_step(tmp_path: Path) -> None:

@@ -132,7 +132,11 @@ def sdk_roots_below(folder: Path, depth: int = _ROOTS_BELOW_DEPTH, limit: int = 
             except OSError:
                 continue
             for child in children:
-                if not missing_layout(child):
+                try:
+                    missing = missing_layout(child)
+                except OSError:
+                    continue  # a folder this user may not enter: no root, and no way to one
+                if not missing:
                     found.append(child)
                     if len(found) == limit:
                         return found

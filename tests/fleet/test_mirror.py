@@ -366,6 +366,48 @@ def test_the_archive_is_checked_against_the_mirrors_index(server: FaultServer, s
     assert fetch_archive(VERSION, cache, env, cwd=tmp_path).sha256 == digest
 
 
+def test_an_archive_is_held_to_its_size_before_it_is_opened_as_a_zip(server: FaultServer, cache: Cache,
+                                                                     tmp_path: Path) -> None:
+    """The whole archive passes its pins before anything reads its members: bytes an index gives
+    the wrong size are refused for it, and never opened as a zip."""
+    garbage = b"no zip at all" * 100
+    server.add(PATH, garbage)
+    where = f"{server.base}/index.json"
+    server.add("/index.json", _index({VERSION: {"sha256": _sha256(garbage), "size": len(garbage) + 1}}),
+               "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert (refused.value.message, refused.value.hint) == (
+        f"the archive from {server.base}{PATH} does not match the mirror's {where}: its size is {len(garbage)}, "
+        f"the index says {len(garbage) + 1}; nothing was installed", INDEX_HINT)
+    assert _entries(cache.downloads) == []
+
+
+def test_an_index_whose_components_contradict_its_sha256_is_refused_naming_the_archive(
+        server: FaultServer, served: bytes, cache: Cache, tmp_path: Path) -> None:
+    """The archive the index pins whole, read for its components' digests as an extraction would
+    be: an index that gives one of them another digest contradicts itself, and vouches for nothing."""
+    url, where = server.base + PATH, f"{server.base}/index.json"
+    digest = _sha256(served)
+    copy = tmp_path / "copy.zip"
+    copy.write_bytes(served)
+    components = zip_digests(copy)
+    env = {"QNNCTL_MIRROR": server.base}
+    server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(served),
+                                                "components": dict(components, android="2" * 64)}}),
+               "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, env, cwd=tmp_path)
+    assert (refused.value.message, refused.value.hint) == (
+        f"the mirror's {where} contradicts itself: the archive from {url} has the sha256 the index says, but the "
+        f"digest of its component android is {components['android']}, and the index says {'2' * 64}; "
+        "nothing was installed", INDEX_HINT)
+    assert _entries(cache.downloads) == []
+    server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(served), "components": components}}),
+               "application/json")
+    assert fetch_archive(VERSION, cache, env, cwd=tmp_path).components == components
+
+
 def test_an_archive_of_another_version_served_under_this_ones_name_is_refused(server: FaultServer, cache: Cache,
                                                                               tmp_path: Path) -> None:
     server.add(PATH, _archive(tmp_path / "other", OTHER_VERSION).read_bytes())

@@ -861,6 +861,34 @@ def test_on_another_host_than_x86_64_components_digests_make_the_install_whole(
     assert not (by_parts.root / "lib" / "aarch64-android").exists()
 
 
+def test_on_another_host_than_x86_64_the_whole_install_is_the_one_asked_for(
+        server: FaultServer, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole install that components' digests make on aarch64 replaces the SDK whose
+    components it adds, as any install of components added does, and checks a --sha256 given
+    as its download arrives."""
+    archive = build_two_host_archive(tmp_path)
+    data = archive.read_bytes()
+    server.add(PATH, data)
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    sdk = _install(server, cache_dir, ["host"])  # by parts: nothing pins components
+    assert not (sdk.root / "lib" / "aarch64-android").exists()
+    pinned = Expected("qnnctl.lock", "the lock", "pins", "update the lock", components=zip_digests(archive))
+    assert _install(server, cache_dir, ["android"], old=sdk, expected=[pinned]) == sdk
+    manifest = read_manifest(sdk.root) or {}
+    assert (manifest["components"], manifest["partial"]) == (["all"], False)
+    assert (sdk.root / "lib" / "aarch64-android").is_dir()
+    shutil.rmtree(cache_dir / "sdks")
+    wrong = "0" * 64
+    given = Expected("--sha256", "--sha256", "expects", "check the --sha256 value", sha256=wrong)
+    with pytest.raises(IntegrityError) as refused:
+        _install(server, cache_dir, ["host"], expected=[pinned, given], sha256=wrong)
+    assert refusal(refused) == (
+        f"sha256 mismatch for {server.url(PATH)}: expected {wrong}, got {hashlib.sha256(data).hexdigest()}",
+        "the download was removed; check the --sha256 value or the mirror's file")
+    assert list((cache_dir / "downloads").iterdir()) == []
+    assert not (cache_dir / "sdks" / VERSION).exists()
+
+
 def test_a_missing_component_found_in_the_whole_archive_says_it_stays(served: FaultServer, cache_dir: Path) -> None:
     served.ignore_ranges = True
     with pytest.raises(UsageError) as refused:

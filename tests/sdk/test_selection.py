@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import UnsupportedHostError, UsageError
+from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import BY_PIN, Selection, executorch_expected_version
@@ -1146,3 +1147,464 @@ def test_what_names_an_sdks_version_besides_its_libraries_in_the_order_trusted(t
     # Nothing on disk names it: no claims.
     bare = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     assert version_claims(bare) == {}
+
+
+# -- a folder named as an SDK root that is none, told in its own words --------------------------
+
+
+def _host_libraries(root: Path, *lib_dirs: str) -> Path:
+    """A folder with the two libraries that make an SDK root for each host of `lib_dirs`."""
+    for lib_dir in lib_dirs:
+        (root / lib_dir).mkdir(parents=True)
+        for name in ("libQnnHtp.so", "libQnnSystem.so"):
+            (root / lib_dir / name).write_bytes(b"")
+    return root
+
+
+X86_LIBS, ARM_LIBS = "lib/x86_64-linux-clang", "lib/aarch64-oe-linux-gcc11.2"
+ROOT_HINT = ("an SDK root is the folder that holds QNN_README.txt, lib/ and bin/ (an SDK archive is installed with "
+             "`qnnctl install --file ARCHIVE`)")
+
+
+def _not_a_root(root: Path, origin: str) -> tuple[str, str | None]:
+    from qnnctl.sdk.layout import missing_layout, not_an_sdk_root
+
+    missing = missing_layout(root)
+    error = not_an_sdk_root(root, missing, origin)
+    assert (error.root, error.missing, error.origin) == (str(root), missing, origin)  # for a caller to read
+    return error.message, error.hint
+
+
+def test_a_path_named_as_an_sdk_root_that_is_not_there_or_is_a_file(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    assert _not_a_root(gone, "--sdk") == (
+        f"--sdk {gone} does not exist",
+        "give the path of an SDK root: the folder that holds QNN_README.txt, lib/ and bin/ (qairt/<version>/ "
+        "where Qualcomm's archive was unpacked)")
+    archive = tmp_path / "v2.37.0.250724.zip"
+    archive.write_bytes(b"PK")
+    assert _not_a_root(archive, "QNN_SDK_ROOT") == (f"QNN_SDK_ROOT {archive} is a file, not a folder", ROOT_HINT)
+
+
+@pytest.mark.parametrize(("forced", "has", "lacks"), [
+    ("x86_64", ARM_LIBS, "Linux aarch64 (lib/aarch64-oe-linux-gcc11.2/) only, none for this Linux x86_64 host "
+     "(lib/x86_64-linux-clang/)"),
+    ("aarch64", X86_LIBS, "Linux x86_64 (lib/x86_64-linux-clang/) only, none for this Linux aarch64 host "
+     "(lib/aarch64-oe-linux-gcc11.2/)"),
+])
+def test_an_sdk_with_another_hosts_libraries_only_says_which_it_has(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    forced: str, has: str, lacks: str) -> None:
+    from qnnctl.sdk.hosts import HOSTS, this_host
+    from qnnctl.sdk.layout import hosts_of
+
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", forced)
+    root = _host_libraries(tmp_path / "other-host", has)
+    here = this_host()
+    assert _not_a_root(root, "--sdk") == (
+        f"--sdk {root} has host libraries for {lacks}",
+        f"use an SDK with {here.lib_dir}/ (QAIRT 2.47 or newer for Linux aarch64), or run on one of the hosts it "
+        "has libraries for")
+    assert hosts_of(root) == [h for h in HOSTS if h.lib_dir == has]
+    assert hosts_of(_host_libraries(tmp_path / "both", ARM_LIBS, X86_LIBS)) == list(HOSTS)
+    assert hosts_of(tmp_path / "both" / "lib") == []
+
+
+def test_what_an_sdk_with_the_libraries_of_several_other_hosts_lacks() -> None:
+    from qnnctl.sdk.hosts import HOSTS
+    from qnnctl.sdk.layout import no_libraries_for_this_host
+
+    assert no_libraries_for_this_host(list(HOSTS)) == (
+        "has host libraries for Linux x86_64 (lib/x86_64-linux-clang/) and Linux aarch64 "
+        "(lib/aarch64-oe-linux-gcc11.2/) only, none for this Linux x86_64 host (lib/x86_64-linux-clang/)")
+
+
+@pytest.mark.parametrize(("origin", "how"), [
+    ("--sdk", "`--sdk {}`"), ("QNN_SDK_ROOT", "`export QNN_SDK_ROOT={}`"), ("the folder", "`qnnctl link {}`"),
+    ("qnnctl env", "{}"),
+])
+def test_a_folder_above_sdk_roots_names_them_as_its_origin_would_be_given(tmp_path: Path, origin: str,
+                                                                          how: str) -> None:
+    above = tmp_path / "my sdks"
+    one = _host_libraries(above / "qairt" / "2.37.0.250724", X86_LIBS)
+    missing = f"is not a QNN SDK root: missing {X86_LIBS}/libQnnHtp.so, {X86_LIBS}/libQnnSystem.so"
+    quoted = "'" + str(one) + "'"  # a path with a space, as a shell takes it
+    message, hint = _not_a_root(above, origin)
+    assert (message, hint) == (f"{origin} {above} {missing}", f"an SDK root is below it: {how.format(quoted)}")
+    two = _host_libraries(above / "qairt" / "2.34.0.250424", X86_LIBS)
+    assert _not_a_root(above, origin)[1] == (
+        f"SDK roots are below it: {how.format(chr(39) + str(two) + chr(39))} or {how.format(quoted)}")
+
+
+def test_a_folder_with_no_sdk_root_below_it_says_what_an_sdk_root_is(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = f"is not a QNN SDK root: missing {X86_LIBS}/libQnnHtp.so, {X86_LIBS}/libQnnSystem.so"
+    assert _not_a_root(empty, "--sdk") == (
+        f"--sdk {empty} {missing}",
+        "an SDK root is the folder that holds QNN_README.txt, lib/ and bin/ (qairt/<version>/ where Qualcomm's "
+        "archive was unpacked); an archive is installed with `qnnctl install --file ARCHIVE`")
+    assert _not_a_root(empty, "QNN_SDK_ROOT") == (
+        f"QNN_SDK_ROOT {empty} {missing}",
+        "point it at the folder that holds QNN_README.txt, lib/ and bin/, or unset it and run `qnnctl install`")
+
+
+def test_sdk_roots_below_a_folder_nearest_first_up_to_a_limit_and_a_depth(tmp_path: Path) -> None:
+    from qnnctl.sdk.layout import sdk_roots_below
+
+    top = tmp_path / "top"
+    deep = _host_libraries(top / "a" / "b" / "c", X86_LIBS)
+    assert sdk_roots_below(top) == [deep]  # three levels down: found
+    assert sdk_roots_below(top, depth=2) == []
+    too_deep = _host_libraries(tmp_path / "four" / "a" / "b" / "c" / "d", X86_LIBS)
+    assert sdk_roots_below(tmp_path / "four") == []
+    assert sdk_roots_below(tmp_path / "four", depth=4) == [too_deep]
+    # Nearest first, then by name; a root found is not looked into.
+    near = _host_libraries(top / "z", X86_LIBS)
+    _host_libraries(near / "inner", X86_LIBS)
+    mid = [_host_libraries(top / "m" / n, X86_LIBS) for n in ("y", "x")]
+    assert sdk_roots_below(top) == [near, mid[1], mid[0]]
+    assert sdk_roots_below(top, limit=4) == [near, mid[1], mid[0], deep]
+    assert sdk_roots_below(top, limit=1) == [near]
+    # A file and a link to a folder are not looked into.
+    (top / "file").write_text("")
+    _host_libraries(tmp_path / "elsewhere" / "sdk", X86_LIBS)
+    (top / "link").symlink_to(tmp_path / "elsewhere")
+    assert sdk_roots_below(top, limit=9) == [near, mid[1], mid[0], deep]
+
+
+def test_a_home_folder_named_by_mistake_is_looked_into_2000_folders_deep_at_most(tmp_path: Path) -> None:
+    from qnnctl.sdk.layout import sdk_roots_below
+
+    top = tmp_path / "home"
+    for n in range(2000):
+        (top / f"{n:04}").mkdir(parents=True)
+    root = _host_libraries(top / "1998" / "sdk", X86_LIBS)
+    assert sdk_roots_below(top) == [root]  # the home folder and 1999 below it listed
+    root.rename(top / "1999" / "sdk")
+    assert sdk_roots_below(top) == []  # the 2001st folder is not listed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user takes root")
+def test_a_folder_that_cannot_be_listed_is_passed_over(tmp_path: Path) -> None:
+    """As a user who may not enter or list some folders of those below: the others are looked into."""
+    import tempfile
+
+    from qnnctl.sdk.layout import sdk_roots_below
+
+    top = Path(tempfile.mkdtemp(prefix="roots-"))  # in /tmp, which every user may enter
+    try:
+        top.chmod(0o755)
+        (top / "a-closed").mkdir(mode=0o700)  # not to be entered
+        _host_libraries(top / "a-closed" / "sdk", X86_LIBS)
+        (top / "a-hidden").mkdir(mode=0o711)  # to be entered, not listed
+        _host_libraries(top / "a-hidden" / "sdk", X86_LIBS)
+        root = _host_libraries(top / "b-open" / "sdk", X86_LIBS)
+        for folder in (top / "b-open", root, root / "lib", root / X86_LIBS):
+            folder.chmod(0o755)
+        reader, writer = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.setgid(4321)
+                os.setuid(4321)
+                found = sdk_roots_below(top)
+                os.write(writer, "\n".join(map(str, found)).encode())
+            finally:
+                os._exit(0)
+        os.close(writer)
+        with os.fdopen(reader, "rb") as pipe:
+            said = pipe.read().decode()
+        os.waitpid(child, 0)
+        assert said == str(root)
+    finally:
+        import shutil
+
+        shutil.rmtree(top)
+
+
+def test_sdk_roots_below_a_folder_are_looked_for_in_so_many_folders_at_most(tmp_path: Path) -> None:
+    from qnnctl.sdk.layout import sdk_roots_below
+
+    top = tmp_path / "top"
+    for name in ("a", "b", "c"):
+        (top / name).mkdir(parents=True)
+    root = _host_libraries(top / "c" / "sdk", X86_LIBS)
+    # top, a, b, c: four folders listed; the root in c is found by listing c.
+    assert sdk_roots_below(top, budget=4) == [root]
+    assert sdk_roots_below(top, budget=3) == []
+    assert sdk_roots_below(top, budget=0) == []
+
+
+# -- a linked folder whose libraries changed ---------------------------------------------------
+
+
+LINK_HINT = ("link the folder again as what it holds (`qnnctl link {root}`), drop the link (`qnnctl uninstall "
+             "{version}`), or install a copy into qnnctl's cache, which comes first: `qnnctl install {version} "
+             "--force`")
+
+
+def test_a_linked_folder_is_held_to_the_build_it_was_linked_as(tmp_path: Path) -> None:
+    from qnnctl.sdk.select import changed_link_error
+
+    root = build_sdk_tree(tmp_path / "linked", SdkSpec(build_id="v2.37.0.250724101010"))
+    assert changed_link_error(VERSION, root, "2.37.0.250724101010") is None
+    error = changed_link_error(VERSION, root, "2.37.0.250724999999")
+    assert error is not None
+    assert (error.message, error.hint, error.exit_code) == (
+        f"SDK {VERSION} is linked to {root}, but its libraries are now build 2.37.0.250724101010 (SDK "
+        f"{VERSION}), not build 2.37.0.250724999999 as when it was linked; it is not used",
+        LINK_HINT.format(root=root, version=VERSION), 4)
+    bare = build_sdk_tree(tmp_path / "bare", SdkSpec(build_id=None))
+    error = changed_link_error(VERSION, bare, "2.37.0.250724101010")
+    assert error is not None
+    assert error.message == (f"SDK {VERSION} is linked to {bare}, but its libraries are now a build that carries "
+                             "no id, not build 2.37.0.250724101010 as when it was linked; it is not used")
+
+
+def test_a_linked_folder_without_a_recorded_build_is_held_to_its_version(tmp_path: Path) -> None:
+    from qnnctl.sdk.select import changed_link_error, is_build_of
+
+    assert changed_link_error(VERSION, build_sdk_tree(tmp_path / "bare", SdkSpec(build_id=None)), None) is None
+    root = build_sdk_tree(tmp_path / "linked", SdkSpec(build_id="v2.51.0.260929181845"))
+    assert changed_link_error("2.51.0.260929", root, None) is None
+    error = changed_link_error(VERSION, root, None)
+    assert error is not None
+    assert (error.message, error.hint) == (
+        f"SDK {VERSION} is linked to {root}, but its libraries are build 2.51.0.260929181845 (SDK 2.51.0.260929), "
+        f"not one of SDK {VERSION}; it is not used", LINK_HINT.format(root=root, version=VERSION))
+    # The whole version, not a prefix of it.
+    assert changed_link_error("2.51.0.26092", root, None) is not None
+    assert is_build_of("2.51.0.260929181845", "2.51.0.260929")
+    assert not is_build_of("2.51.0.260929181845", "2.51.0.26092")
+
+
+# -- a pin read against the versions qnnctl has, and a shell set up for another SDK ------------
+
+
+def test_a_pins_prefix_is_the_newest_of_the_versions_given_first() -> None:
+    from qnnctl.sdk.select import read_pin
+
+    pin = _pin("2.37\n")
+    assert read_pin(pin, [("installed", ["2.37.9.990101", "2.37.8.990101"])]) == "2.37.9.990101"
+    assert read_pin(pin) != "2.37.9.990101"  # the known releases
+
+
+def test_a_shell_set_up_for_another_sdk_than_the_pin_is_switched_by_env() -> None:
+    from qnnctl.sdk.select import PinConflict
+
+    conflict = PinConflict(Path("/sdks/a"), "2.34.0.250424", Path("/p/.qnn-version"), VERSION, installed=True)
+    assert conflict.switch() == f'`eval "$(qnnctl env)"` switches this shell to SDK {VERSION}'
+    assert conflict._replace(installed=False).switch() == (
+        f'`qnnctl install {VERSION}`, then `eval "$(qnnctl env)"` switches this shell to SDK {VERSION}')
+
+
+# -- an installed SDK found as `install` would reuse it ----------------------------------------
+
+
+def test_an_installed_sdk_is_resolved_without_loading_the_install(cache_dir: Path) -> None:
+    """`lower` with its SDK installed, as it usually is: the SDK `install` would reuse, found
+    without importing the install's modules (requests among them), by version or by a pin."""
+    root = install_tree_into_cache(cache_dir, VERSION)
+    code = ("import os, sys\nfrom pathlib import Path\nfrom qnnctl.run.environment import resolve_sdk\n"
+            "from qnnctl.sdk.cache import Cache\n"
+            "spec = sys.argv[1] or None\n"
+            "_, sdk = resolve_sdk(spec, dict(os.environ), Path.cwd(), Cache(Path(os.environ['QNNCTL_CACHE_DIR'])))\n"
+            "print(sdk.root, 'qnnctl.install.pipeline' in sys.modules, 'requests' in sys.modules)\n")
+    _pin(f"{VERSION}\n")
+    for spec in (VERSION, ""):
+        found = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=os.environ,
+                               check=False)
+        assert (found.returncode, found.stdout) == (0, f"{root} False False\n"), found.stderr
+
+
+def test_an_installed_sdk_is_held_to_the_projects_lock(cache_dir: Path) -> None:
+    import json
+
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "sha256": "b" * 64}))
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "a" * 64), "trusted")
+    with pytest.raises(IntegrityError) as caught:
+        resolve_sdk(VERSION, dict(os.environ), Path.cwd(), Cache(cache_dir))
+    assert caught.value.message.startswith(f"SDK {VERSION} at {root} (qnnctl cache)")
+    assert caught.value.message.endswith(f"{'b' * 64}; qnnctl.lock pins {'a' * 64}")
+
+
+def test_without_a_mirror_an_sdk_missing_or_lacking_pinned_components_is_installed(
+        cache_dir: Path, server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing vouches for the SDK (no lock, no mirror): one installed is used as it is, one
+    missing, or lacking components its pin names, is installed from where Qualcomm publishes it
+    (here the loopback server in its place)."""
+    from qnnctl.run.environment import resolve_sdk
+    from qnnctl.sdk import versions
+    from qnnctl.sdk.cache import Cache
+    from tests.sdkfactory import build_archive
+
+    (tmp_path / "archives").mkdir()
+    server.add(PATH, build_archive(tmp_path / "archives", "zip", SdkSpec()).read_bytes())
+    monkeypatch.setattr(versions, "DEFAULT_BASE_URL", server.base)
+    cache = Cache(cache_dir)
+    _pin(f"{VERSION}\nhost\n")
+    _, sdk = resolve_sdk(None, dict(os.environ), Path.cwd(), cache)
+    assert sdk is not None
+    assert (read_manifest(sdk.root) or {})["components"] == ["host"]
+    fetched = len(server.requests)
+    assert fetched > 0
+    assert resolve_sdk(None, dict(os.environ), Path.cwd(), cache)[1] == sdk
+    assert len(server.requests) == fetched  # used as it is
+    _pin(f"{VERSION}\nhost,android\n")
+    assert resolve_sdk(None, dict(os.environ), Path.cwd(), cache)[1] == sdk
+    assert (read_manifest(sdk.root) or {})["components"] == ["host", "android"]
+    assert len(server.requests) > fetched
+
+
+# -- an SDK used without install, held to the project's lock -----------------------------------
+
+
+def test_an_sdk_used_without_install_is_held_to_the_projects_lock(cache_dir: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    import json
+
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import hold_sdk_to_lock
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    cache = Cache(cache_dir)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    sdk = Sdk(root, VERSION, "qnnctl cache")
+    hold_sdk_to_lock(sdk, cache, Path.cwd())  # no lock: nothing to hold it to
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "a" * 64), "trusted")
+    # No record of the archive it came from: used unchecked, said so (not refused, as --locked would).
+    with caplog.at_level("WARNING", logger="qnnctl"):
+        hold_sdk_to_lock(sdk, cache, Path.cwd() / "src")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"SDK {VERSION} at {root} (qnnctl cache) cannot be checked against {lock}: qnnctl has no record of the "
+        "archive it came from, and the lock pins no digest of its components (a lock of schema 1, written before "
+        "they existed); used unchecked"]
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "sha256": "b" * 64}))
+    with pytest.raises(IntegrityError) as caught:
+        hold_sdk_to_lock(sdk, cache, Path.cwd())
+    assert caught.value.message.endswith(f"{'b' * 64}; qnnctl.lock pins {'a' * 64}")
+    assert caught.value.hint == (
+        f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK in use is the one to "
+        f"trust, write the lock again: `qnnctl lock {VERSION}`")
+
+
+# -- a version prefix looked up in what is installed, and in the mirror's index when asked --------
+
+
+MIRRORED = "2.37.9.990101"  # a 2.37 only the mirror's index lists
+
+
+def _mirror_of(server: FaultServer, tmp_path: Path, version: str = MIRRORED) -> str:
+    """The server as a mirror holding the archive of `version`, indexed; its base."""
+    import hashlib
+    import json
+
+    from tests.sdkfactory import build_archive
+
+    (tmp_path / "archives").mkdir(exist_ok=True)
+    data = build_archive(tmp_path / "archives", "zip", SdkSpec(version=version)).read_bytes()
+    server.add(f"/{version}/v{version}.zip", data)
+    index = {"schema": 1, "versions": {version: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}}}
+    server.add("/index.json", json.dumps(index).encode(), "application/json")
+    return server.base
+
+
+def test_a_prefix_is_resolved_in_the_mirrors_index_when_the_sdk_may_be_installed(
+        cache_dir: Path, server: FaultServer, tmp_path: Path) -> None:
+    from qnnctl.errors import NotInstalledError
+    from qnnctl.run.environment import resolve_for_dry_run, resolve_sdk
+    from qnnctl.sdk.cache import Cache
+
+    environ = {**os.environ, "QNNCTL_MIRROR": _mirror_of(server, tmp_path)}
+    cache = Cache(cache_dir)
+    selection, sdk, _ = resolve_for_dry_run("2.37", environ, Path.cwd(), cache)
+    assert (selection.version, sdk) == (MIRRORED, Sdk(cache_dir / "sdks" / MIRRORED, MIRRORED, "not installed yet"))
+    # A look-up that may not install keeps to what is installed and the known releases.
+    with pytest.raises(NotInstalledError) as caught:
+        resolve_for_dry_run("2.37", environ, Path.cwd(), cache, allow_install=False)
+    assert caught.value.message == f"SDK {VERSION} is not installed"
+    selection, sdk = resolve_sdk("2.37", environ, Path.cwd(), cache)
+    assert (selection.version, sdk) == (MIRRORED, Sdk(cache_dir / "sdks" / MIRRORED, MIRRORED, "qnnctl cache"))
+
+
+def test_a_prefix_counts_only_the_sdks_installed_whole(cache_dir: Path) -> None:
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import resolve_spec
+
+    damaged = install_tree_into_cache(cache_dir, MIRRORED)
+    (damaged / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").unlink()
+    assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == VERSION
+    install_tree_into_cache(cache_dir, "2.37.8.990101")
+    assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == "2.37.8.990101"
+
+
+# -- this shell's SDK and the project's pin ----------------------------------------------------
+
+
+def _shell_for_root(root: Path) -> dict[str, str]:
+    """The environment of a shell that `qnnctl env` set up for the SDK at `root`."""
+    from qnnctl.shell.exports import MARKER, Marker
+
+    return {**os.environ, "QNN_SDK_ROOT": str(root), MARKER: Marker(str(root), True).dumps()}
+
+
+def test_a_shell_set_up_for_one_sdk_and_a_pin_naming_another_disagree(cache_dir: Path, tmp_path: Path) -> None:
+    """The pin's prefix resolved as the commands would (the SDKs installed first), the shell's
+    SDK told by what it holds, else by its folder's name when it has gone."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import PinConflict, pin_conflict
+
+    cache = Cache(cache_dir)
+    shell = build_sdk_tree(tmp_path / "vendor" / "qairt", SdkSpec(version=VERSION))  # no version in its name
+    environ = _shell_for_root(shell)
+    pin = _pin("2.37\n")
+    assert pin_conflict(environ, Path.cwd(), cache) is None  # 2.37 is 2.37.0.250724, the shell's
+    install_tree_into_cache(cache_dir, "2.37.8.990101")
+    assert pin_conflict(environ, Path.cwd(), cache) == PinConflict(shell, VERSION, pin, "2.37.8.990101", True)
+    assert pin_conflict(environ, Path.cwd()) is None  # without a cache: the known releases
+    gone = tmp_path / "gone" / OTHER_VERSION
+    assert pin_conflict(_shell_for_root(gone), Path.cwd(), cache) == PinConflict(
+        gone, OTHER_VERSION, pin, "2.37.8.990101", True)
+    _pin("2.37.0.250724\n")
+    assert pin_conflict(_shell_for_root(gone), Path.cwd(), cache) == PinConflict(
+        gone, OTHER_VERSION, pin, VERSION, False)
+
+
+def test_the_pin_a_shell_is_compared_with_never_asks_the_mirror(cache_dir: Path, server: FaultServer,
+                                                                 tmp_path: Path) -> None:
+    """`qnnctl env` runs at every shell's start: it reads no mirror's index."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import pin_conflict
+
+    shell = build_sdk_tree(tmp_path / "vendor" / "qairt", SdkSpec(version=VERSION))
+    environ = {**_shell_for_root(shell), "QNNCTL_MIRROR": _mirror_of(server, tmp_path)}
+    _pin("2.37\n")
+    assert pin_conflict(environ, Path.cwd(), Cache(cache_dir)) is None
+    assert server.requests == []
+
+
+def test_an_sdk_named_by_path_in_a_locked_project_is_held_to_the_lock(cache_dir: Path, tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import resolve_sdk
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    root = build_sdk_tree(tmp_path / "vendor" / VERSION, SdkSpec(version=VERSION))
+    assert resolve_sdk(str(root), dict(os.environ), Path.cwd(), Cache(cache_dir))[1] == Sdk(root, VERSION, "--sdk")
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "a" * 64, component_sha256={"host": "c" * 64}), "trusted")
+    with pytest.raises(IntegrityError) as caught:
+        resolve_sdk(str(root), dict(os.environ), Path.cwd(), Cache(cache_dir))
+    assert str(root) in caught.value.message
