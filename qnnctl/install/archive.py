@@ -214,9 +214,9 @@ def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] |
     """Extract `archive` into the empty folder `work` and find the SDK inside it.
 
     `streamed()` gives what a `ZipStream` wrote into `work` while the archive downloaded (its
-    `close`): it is called once the central directory has been checked and read (the stream's
-    threads go on taking members until then, and finish those in hand), and not called for an
-    archive refused before. What agrees with the central directory is kept, the rest is written now.
+    `close`): it is called once the central directory has been checked and read (meanwhile the
+    stream's threads finish the members in hand), and not called for an archive refused before.
+    What agrees with the central directory is kept, the rest is written now.
 
     `only` limits what is written to those members (the components chosen, see
     qnnctl.sdk.components); every member's name and type is still checked, so an archive that

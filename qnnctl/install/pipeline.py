@@ -207,11 +207,13 @@ def install(
         with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
             # A zip's members are extracted from the partial file while the rest arrives;
             # the archive's digest and its central directory are still checked before use.
-            # The extraction takes what they wrote once it has read the central directory
-            # (stream.close); until then they go on taking members, from the whole file.
+            # Once it is all there they take no more (stream.end), and the extraction takes what
+            # they wrote once it has read the central directory (stream.close), which it does
+            # while they finish the members in hand.
             stream = ZipStream(work / "x")
             try:
                 fetched = downloader.fetch(urls, name, sha256, sink=stream)
+                stream.end()
                 with used_up(fetched.path, cache.downloads / f"{name}.json"):
                     admit_archive(expected, fetched.url, fetched.sha256, fetched.size)
                     # fetched.url is redacted: the manifest keeps no password or token.

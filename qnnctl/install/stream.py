@@ -103,6 +103,14 @@ class ZipStream:
 
     # -- called by the installer -------------------------------------------------------
 
+    def end(self) -> None:
+        """The download is complete: the threads finish the members they are writing and take
+        no more (with the whole archive on disk, `extract()` writes the rest faster, in
+        processes); `close()` then waits for them."""
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
     def close(self, abandon: bool = False) -> Streamed | None:
         """Wait for the threads (stopping them when `abandon`), and return what they wrote.
 

@@ -1165,6 +1165,34 @@ def test_ctrl_c_while_closing_stops_the_threads_and_keeps_nothing(tmp_path: Path
     assert done.stderr == "nothing kept from extracting while downloading: interrupted\n"
 
 
+def test_after_end_the_threads_finish_the_members_in_hand_and_take_no_more(tmp_path: Path) -> None:
+    """The download complete (end()), the threads finish the member they are writing and take
+    no other: the whole archive is there, and extract() writes the rest faster, in processes."""
+    data = _zip(*[(f"sdk/f{i:02d}.txt", b"%d" % i * 3000) for i in range(20)])
+    fed = _Feed(tmp_path, data, threads=1)
+    writer = fed.stream._writer
+    entered, release = threading.Event(), threading.Event()
+    write = writer.write
+
+    def held(*args: object, **kwargs: object) -> object:
+        entered.set()
+        assert release.wait(20)
+        return write(*args, **kwargs)  # type: ignore[arg-type]
+
+    writer.write = held  # type: ignore[method-assign,assignment]
+    fed.upto(len(data))
+    assert entered.wait(20)  # the first member is in hand, every other one is on disk
+    fed.stream.end()
+    release.set()
+    # The thread ends on its own, before close() could tell it anything.
+    _wait_until(lambda: not [t for t in threading.enumerate() if t.name == "qnnctl-stream"],
+                "the stream's thread to end", timeout=20)
+    streamed = fed.stream.close()
+    assert _names(streamed) == ["sdk/f00.txt"]
+    assert (fed.work / "sdk/f00.txt").read_bytes() == b"0" * 3000
+    assert not (fed.work / "sdk/f01.txt").exists()
+
+
 def test_closing_again_gives_the_same_answer(tmp_path: Path, feed: Callable[..., _Feed]) -> None:
     data = _zip(("sdk/a.txt", b"a" * 3000))
     stream = feed(data)
