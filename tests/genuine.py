@@ -254,6 +254,26 @@ def device_file_places(wheel: Wheel) -> dict[str, str]:
     return places
 
 
+def unpack_wheel_files(wheel: Wheel, source: Path, places: dict[str, str], root: Path,
+                       mode: int | None = None) -> None:
+    """The wheel's `onnxruntime_qnn/<name>` files written below `root` where `places` puts each
+    (with `mode` when given); RuntimeError naming any of them the wheel lacks."""
+    with zipfile.ZipFile(source) as zf:
+        for info in zf.infolist():
+            folder, _, name = info.filename.rpartition("/")
+            if folder != "onnxruntime_qnn" or name not in places:
+                continue
+            target = root / places[name]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as member, open(target, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+            if mode is not None:
+                target.chmod(mode)
+    missing = sorted(set(places) - {p.name for p in root.rglob("*.so")})
+    if missing:
+        raise RuntimeError(f"{wheel.file_name} lacks {missing}")
+
+
 def device_tree(wheel: Wheel) -> Path:
     """The wheel's device files in the SDK's layout, unpacked once beside the wheel."""
     source = wheel_path(wheel)
@@ -264,19 +284,7 @@ def device_tree(wheel: Wheel) -> Path:
         return built
     staging = built.with_name(f"{built.name}.staging-{os.getpid()}")  # as in build_archive
     shutil.rmtree(staging, ignore_errors=True)
-    places = device_file_places(wheel)
-    with zipfile.ZipFile(source) as zf:
-        for info in zf.infolist():
-            folder, _, name = info.filename.rpartition("/")
-            if folder != "onnxruntime_qnn" or name not in places:
-                continue
-            target = staging / places[name]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as member, open(target, "wb") as out:
-                shutil.copyfileobj(member, out, 1 << 20)
-    missing = sorted(set(places) - {p.name for p in staging.rglob("*.so")})
-    if missing:
-        raise RuntimeError(f"{wheel.file_name} lacks {missing}")
+    unpack_wheel_files(wheel, source, device_file_places(wheel), staging)
     try:
         os.replace(staging, built)
     except OSError:
@@ -304,20 +312,7 @@ def build_aarch64_archive(wheel: Wheel, dest: Path) -> Path:
     staging = dest.with_name(f"{dest.name}.staging-{os.getpid()}")  # as in build_archive
     shutil.rmtree(staging, ignore_errors=True)
     root = staging / "qairt" / wheel.qairt
-    places = aarch64_member_places(wheel)
-    with zipfile.ZipFile(source) as zf:
-        for info in zf.infolist():
-            folder, _, name = info.filename.rpartition("/")
-            if folder != "onnxruntime_qnn" or name not in places:
-                continue
-            target = root / places[name]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as member, open(target, "wb") as out:
-                shutil.copyfileobj(member, out, 1 << 20)
-            target.chmod(0o755)
-    missing = sorted(set(places) - {p.name for p in root.rglob("*.so")})
-    if missing:
-        raise RuntimeError(f"{wheel.file_name} lacks {missing}")
+    unpack_wheel_files(wheel, source, aarch64_member_places(wheel), root, mode=0o755)
     (root / "sdk.yaml").write_text(f"name: qairt\nversion: {wheel.qairt}\n")
     (root / "QNN_README.txt").write_text(f"Qualcomm AI Runtime SDK {wheel.qairt} (Linux aarch64 host libraries)\n")
     return zip_folder(staging, dest)
