@@ -242,9 +242,7 @@ def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] |
             if kind == "zip":
                 names, links = _extract_zip(archive, writer, streamed, choice, ready)
             else:
-                if streamed is not None:
-                    streamed()  # nothing of a tar was streamed: the threads stopped at its first bytes
-                    work.mkdir(exist_ok=True)  # a stream that kept nothing (a download started over) removed it
+                _finish_stream(streamed, work)  # nothing of a tar was streamed: the threads stopped at its first bytes
                 names, links = _extract_tar(archive, writer, choice)
         except _Redo as redo:
             # Anything unexpected in what was streamed: start again, with the one careful path.
@@ -288,6 +286,16 @@ def extract(archive: Path, work: Path, streamed: Callable[[], Streamed | None] |
     }
     version = version_in(top.name) if top.parts else None
     return Extracted(root=root, top=str(top), version=version, files=files, size=writer.size)
+
+
+def _finish_stream(finish: Callable[[], Streamed | None] | None, work: Path) -> Streamed | None:
+    """What a stream wrote into `work` (`finish()`, which waits for its threads), or None; a
+    stream that kept nothing (a download started over) removed `work`, which is made again."""
+    if finish is None:
+        return None
+    streamed = finish()
+    work.mkdir(exist_ok=True)
+    return streamed
 
 
 class _Redo(Exception):
@@ -362,10 +370,8 @@ def _extract_zip(archive: Path, writer: Writer, finish: Callable[[], Streamed | 
                 files[name] = (info, stat.S_IMODE(unix_mode) or 0o644)
             else:
                 raise unsafe(f"{info.filename!r} is a device or special file")
-        # Every member checked: now what the stream wrote, once its threads are done. A stream
-        # that kept nothing removed the work folder.
-        streamed = finish() if finish is not None else None
-        writer.work.mkdir(exist_ok=True)
+        # Every member checked: now what the stream wrote, once its threads are done.
+        streamed = _finish_stream(finish, writer.work)
         for name, info, folder in streamed_as:
             _take(streamed, name, info, folder)
         done: dict[PurePosixPath, Written] = {}
