@@ -19,10 +19,9 @@ from pathlib import Path
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.host.machine import CPUINFO, cpu_vendor, is_amd
 from qnnctl.records import TYPE_CHECKING
-from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock, resolve_sdk
+from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock, resolve_and_hold
 from qnnctl.run.envplan import environment_for, runtime_lib_dirs
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.holds import hold_sdk
 from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.layout import Sdk, missing_layout, read_sdk_version
 from qnnctl.sdk.select import BY_ENV, caller_lib_dir, select_sdk
@@ -116,11 +115,10 @@ def _setup(spec: str | None) -> Sdk:
         cache = Cache.from_env(environ)
         check_cache_path(str(cache.root))  # before a download, not after: LD_LIBRARY_PATH cannot hold it
         cwd = Path.cwd()
-        selection, sdk = resolve_sdk(spec, environ, cwd, cache)
+        # Held for the life of this process: its libraries stay loaded, and it may load more.
+        selection, sdk, held = resolve_and_hold(spec, environ, cwd, cache)
         if sdk is None:
             return _caller_managed(environ)
-        # Held for the life of this process: its libraries stay loaded, and it may load more.
-        held = hold_sdk(sdk.root, cache)
         # As `qnnctl install` does: a host without libc++ gets the staged trio, which this
         # process must load before the SDK's libraries (its loader never saw LD_LIBRARY_PATH).
         ensure_loadable(sdk, environ, cache, cwd)

@@ -8,6 +8,7 @@ process must start with are qnnctl.run.envplan's, which `qnnctl env` reads alone
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from qnnctl.net.urls import check_url, redact
 from qnnctl.run.envplan import PinGap, pin_gap
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.components import install_command
+from qnnctl.sdk.holds import hold_sdk
 from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import Selection, find_installed, find_lock, resolve_installed, select_sdk
@@ -34,12 +36,51 @@ def resolve_sdk(
     allow_install: bool = True,
     terminal: bool = False,
 ) -> tuple[Selection, Sdk | None]:
-    """The SDK to use, chosen the way `install` chooses it; None when the caller manages it.
+    """The SDK to use, chosen the way `install` chooses it and held to the project's lock; None
+    when the caller manages it. For a look at it (`which`, `inspect`); what uses it takes
+    `resolve_and_hold`.
 
     An SDK installed without components the project's pin names is completed (`install`
     fetches what is missing), or, when it may not install, refused with the command that does.
     UnsupportedHostError (exit 5) on a host the SDK has no libraries for.
     """
+    selection, sdk = _choose(spec, environ, cwd, cache, allow_install, terminal)
+    if sdk is not None:
+        hold_sdk_to_lock(sdk, cache, cwd)
+    return selection, sdk
+
+
+def resolve_and_hold(
+    spec: str | None,
+    environ: Mapping[str, str],
+    cwd: Path,
+    cache: Cache,
+    allow_install: bool = True,
+    terminal: bool = False,
+) -> tuple[Selection, Sdk | None, int | None]:
+    """`resolve_sdk` for a process that uses the SDK, with its hold (qnnctl.sdk.holds): the
+    descriptor, the caller's to keep open (None when nothing is held).
+
+    The SDK is held before it is held to the lock: an `install --force` or `uninstall` waits for
+    a hold, so the folder checked is the one that stays. Checked first, a folder put in its place
+    between the check and the hold would be used unchecked.
+    """
+    selection, sdk = _choose(spec, environ, cwd, cache, allow_install, terminal)
+    if sdk is None:
+        return selection, None, None
+    held = hold_sdk(sdk.root, cache)
+    try:
+        hold_sdk_to_lock(sdk, cache, cwd)
+    except BaseException:
+        if held is not None:
+            os.close(held)
+        raise
+    return selection, sdk, held
+
+
+def _choose(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache, allow_install: bool,
+            terminal: bool) -> tuple[Selection, Sdk | None]:
+    """The SDK chosen, installed when it is missing and the command may; not yet held to the lock."""
     require_supported_host()
     selection = select_sdk(spec, environ, cwd, cache, mirror=allow_install)
     log.debug("chose %s", selection.describe())
@@ -48,7 +89,6 @@ def resolve_sdk(
     if selection.root is not None or not allow_install:
         sdk = resolve_installed(selection, cache, environ)
         _pinned_missing(selection, sdk, cwd, refuse=True)
-        hold_sdk_to_lock(sdk, cache, cwd)
         return selection, sdk
     found = _reusable(selection, environ, cwd, cache)
     if found is not None:

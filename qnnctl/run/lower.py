@@ -30,10 +30,9 @@ from qnnctl.host.staged import staged_loader as find_staged
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.run.api import amd_guard_needed
 from qnnctl.run.bootstrap import GUARD_VARIABLE, SITE_FOLDER
-from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock, resolve_for_dry_run, resolve_sdk
+from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock, resolve_and_hold, resolve_for_dry_run
 from qnnctl.run.envplan import environment_for
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.holds import hold_sdk
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import BY_ENV
 from qnnctl.shell.exports import EnvValues, apply
@@ -326,8 +325,7 @@ def plan_lower(
     if options.dry_run:
         selection, sdk, notes = resolve_for_dry_run(options.spec, environ, cwd, cache, options.install)
     else:
-        selection, sdk = resolve_sdk(options.spec, environ, cwd, cache, options.install, terminal)
-        held = hold_sdk(sdk.root, cache) if sdk is not None else None
+        selection, sdk, held = resolve_and_hold(options.spec, environ, cwd, cache, options.install, terminal)
         if sdk is not None and options.install:
             _ensure_trio(sdk, environ, cache, cwd)
         if sdk is not None:

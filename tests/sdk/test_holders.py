@@ -6,6 +6,8 @@ uninstall or a reinstall, and a hold of an SDK removed or replaced while it was 
 from __future__ import annotations
 
 import fcntl
+import json
+import logging
 import os
 import shlex
 import shutil
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from qnnctl.errors import QnnctlError
+from qnnctl.errors import IntegrityError, QnnctlError
+from qnnctl.run.environment import resolve_and_hold
 from qnnctl.sdk import holds
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.holds import (
@@ -32,6 +35,7 @@ from qnnctl.sdk.holds import (
     hold_sdk,
     holders_of,
 )
+from qnnctl.sdk.lockfile import LockedSdk, write_lock
 from tests.conftest import require_tool
 from tests.sdkfactory import OTHER_VERSION, VERSION, build_sdk_tree, install_tree_into_cache
 
@@ -498,3 +502,72 @@ def test_several_processes_holding_a_removed_sdk_are_each_named(cache: Cache, tm
             found = held_and_removed(cache)
     assert sorted(h.pid for h in found[VERSION]) == sorted([os.getpid(), child.pid])
     assert list(found) == [VERSION]
+
+
+# -- held, then checked against the project's lock ---------------------------------------------
+
+
+def _with_archive(root: Path, sha256: str) -> None:
+    """What an install of an archive with this sha256 records in the SDK's manifest."""
+    manifest = root / ".qnnctl.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "sha256": sha256, "size": 1}))
+
+
+class _Waiting(logging.Handler):
+    """Set once a hold says it waits for the lock of a move."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("waiting for "):
+            self.seen.set()
+
+
+def test_an_sdk_replaced_while_its_hold_waited_is_checked_against_the_lock(cache: Cache, tmp_path: Path) -> None:
+    """`lower` and `setup_sdk()` hold the SDK, then check it against the project's lock: a
+    reinstall of another archive that holds the folder when they look (its exclusive lock) and
+    puts its own in place is refused once the hold is granted, not used unchecked."""
+    root = install_tree_into_cache(cache.root, VERSION)
+    _with_archive(root, "a" * 64)
+    project = tmp_path / "project"
+    project.mkdir()
+    lock = project / "qnnctl.lock"
+    write_lock(lock, LockedSdk(path=lock, version=VERSION, sha256="a" * 64, size=1), "Pinned.")
+    environ = {"QNNCTL_CACHE_DIR": str(cache.root)}
+    _, sdk, fd = resolve_and_hold(VERSION, environ, project, cache, allow_install=False)
+    assert sdk is not None
+    assert sdk.root == root  # the locked archive's SDK is used
+    assert fd is not None
+    os.close(fd)
+
+    result: list[object] = []
+
+    def resolve() -> None:
+        try:
+            result.append(resolve_and_hold(VERSION, environ, project, cache, allow_install=False))
+        except QnnctlError as exc:
+            result.append(exc)
+
+    waiting = _Waiting()
+    logger = logging.getLogger(holds.__name__)
+    logger.addHandler(waiting)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with _locked(root, fcntl.LOCK_EX):
+            resolving = threading.Thread(target=resolve)
+            resolving.start()
+            assert waiting.seen.wait(30), "the hold never waited"
+            root.rename(cache.root / "aside")
+            install_tree_into_cache(cache.root, VERSION)
+            _with_archive(root, "b" * 64)
+    finally:
+        logger.removeHandler(waiting)
+        logger.setLevel(level)
+    resolving.join(30)
+    [refused] = result
+    assert isinstance(refused, IntegrityError), refused
+    assert f"qnnctl.lock pins {'a' * 64}" in str(refused)
+    assert holders_of(root) == []  # no hold is left on the folder it refused
