@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-_MAX_DEPTH_FIELDS = 1 << 24  # fields walked at most in one message
+# Bounds on what a model may cost to read, whoever made it: the fields walked in all (a second
+# or two here; ONNX Runtime's own EPContext models have dozens) and the EPContext nodes kept
+# (ONNX Runtime writes one for each part of a graph the QNN execution provider takes; each binary
+# is then read by the SDK's library in a process of its own).
+MAX_FIELDS = 1 << 20
+MAX_NODES = 256
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,23 @@ def _varint(data: mmap.mmap | bytes, at: int, end: int) -> tuple[int, int]:
             return value, at
 
 
-def _fields(data: mmap.mmap | bytes, start: int, end: int) -> Iterator[tuple[int, int | Span]]:
+class TooManyNodes(Exception):
+    """The model holds more EPContext nodes than MAX_NODES."""
+
+
+class _Budget:
+    """The fields left to walk in one model."""
+
+    def __init__(self) -> None:
+        self.left = MAX_FIELDS
+
+
+def _fields(data: mmap.mmap | bytes, start: int, end: int, budget: _Budget) -> Iterator[tuple[int, int | Span]]:
     """(field number, value) of the message at data[start:end]: ints for varints, spans for bytes."""
     at = start
-    walked = 0
     while at < end:
-        walked += 1
-        if walked > _MAX_DEPTH_FIELDS:
+        budget.left -= 1
+        if budget.left < 0:
             raise ValueError("too many fields")
         key, at = _varint(data, at, end)
         number, wire = key >> 3, key & 7
@@ -84,36 +99,46 @@ def _text(data: mmap.mmap | bytes, span: Span, limit: int = 4096) -> str:
 
 
 def epcontext_nodes(data: mmap.mmap | bytes) -> list[Node] | None:
-    """Each EPContext node of the ONNX model in `data`; None when `data` is no ONNX model."""
+    """Each EPContext node of the ONNX model in `data`; None when `data` is no ONNX model.
+    TooManyNodes past MAX_NODES."""
+    budget = _Budget()
+    nodes: list[Node] = []
+    ir_version = False
     try:
-        model = list(_fields(data, 0, len(data)))
-        if not any(n == 1 and isinstance(v, int) for n, v in model):
-            return None
-        nodes = []
-        for number, graph in model:
-            if number != 7 or not isinstance(graph, Span):
-                continue
-            for number, node in _fields(data, graph.offset, graph.offset + graph.length):
-                if number != 1 or not isinstance(node, Span):
-                    continue
-                parts = list(_fields(data, node.offset, node.offset + node.length))
-                op_types = [_text(data, v) for n, v in parts if n == 4 and isinstance(v, Span) and v.length < 64]
-                if op_types != ["EPContext"]:
-                    continue
-                name = next((_text(data, v) for n, v in parts if n == 3 and isinstance(v, Span)), "")
-                attributes: dict[str, int | Span] = {}
-                for number, attribute in parts:
-                    if number != 5 or not isinstance(attribute, Span):
-                        continue
-                    named = dict(_fields(data, attribute.offset, attribute.offset + attribute.length))
-                    key = named.get(1)
-                    value = named.get(4, named.get(3))
-                    if isinstance(key, Span) and value is not None:
-                        attributes[_text(data, key)] = value
-                nodes.append(Node(name, attributes))
-        return nodes
+        # Walked as it is read, never listed whole: a file of small fields costs no memory.
+        for number, value in _fields(data, 0, len(data), budget):
+            if number == 1 and isinstance(value, int):
+                ir_version = True
+            elif number == 7 and isinstance(value, Span):
+                nodes.extend(_graph_nodes(data, value, budget, MAX_NODES - len(nodes)))
     except ValueError:
         return None
+    return nodes if ir_version else None
+
+
+def _graph_nodes(data: mmap.mmap | bytes, graph: Span, budget: _Budget, room: int) -> Iterator[Node]:
+    """The EPContext nodes of one GraphProto; TooManyNodes past `room` of them."""
+    for number, node in _fields(data, graph.offset, graph.offset + graph.length, budget):
+        if number != 1 or not isinstance(node, Span):
+            continue
+        parts = list(_fields(data, node.offset, node.offset + node.length, budget))
+        op_types = [_text(data, v) for n, v in parts if n == 4 and isinstance(v, Span) and v.length < 64]
+        if op_types != ["EPContext"]:
+            continue
+        room -= 1
+        if room < 0:
+            raise TooManyNodes
+        name = next((_text(data, v) for n, v in parts if n == 3 and isinstance(v, Span)), "")
+        attributes: dict[str, int | Span] = {}
+        for number, attribute in parts:
+            if number != 5 or not isinstance(attribute, Span):
+                continue
+            named = dict(_fields(data, attribute.offset, attribute.offset + attribute.length, budget))
+            key = named.get(1)
+            value = named.get(4, named.get(3))
+            if isinstance(key, Span) and value is not None:
+                attributes[_text(data, key)] = value
+        yield Node(name, attributes)
 
 
 def open_map(path: Path) -> mmap.mmap | None:

@@ -30,7 +30,7 @@ from qnnctl.errors import QnnctlError
 from qnnctl.run.binaryinfo import ReadFailure, load_binary, read_binary_info
 from qnnctl.run.environment import resolve_sdk
 from qnnctl.run.envplan import environment_for
-from qnnctl.run.epcontext import Node, Span, epcontext_nodes, external_path, open_map
+from qnnctl.run.epcontext import MAX_NODES, Node, Span, TooManyNodes, epcontext_nodes, external_path, open_map
 from qnnctl.run.probe import Provider, explain_load_error, probe
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk, read_build_id
@@ -192,7 +192,12 @@ def binaries_of(path: Path) -> tuple[str, list[Place]]:
     if mapped is None:
         raise NotAModelError(path, "is empty")
     try:
-        nodes = epcontext_nodes(mapped)
+        try:
+            nodes = epcontext_nodes(mapped)
+        except TooManyNodes:
+            raise NotAModelError(path, f"has more than {MAX_NODES} EPContext nodes, which qnnctl inspect does not "
+                                 "read (ONNX Runtime writes one for each part of the graph the QNN execution "
+                                 "provider takes)") from None
         if nodes is None:
             return "qnn-context-binary", [Place(str(path), path, 0, size)]
         return "onnx-epcontext", _places(path, mapped, nodes)
@@ -224,7 +229,9 @@ def _places(path: Path, mapped: mmap.mmap, nodes: list[Node]) -> list[Place]:
         if not beside.is_file():
             raise NotAModelError(path, f"has {named} naming the context binary {shown(str(beside))}, "
                                  "which does not exist")
-        found.append(Place(str(beside), beside, 0, beside.stat().st_size))
+        size = beside.stat().st_size
+        if all((place.path, place.offset, place.length) != (beside, 0, size) for place in found):
+            found.append(Place(str(beside), beside, 0, size))  # nodes naming one file: it is read once
     if not found:
         raise NotAModelError(path, "is an ONNX model without an EPContext node holding a context binary")
     return found

@@ -148,3 +148,57 @@ def test_names_the_library_reports_are_escaped_in_the_text_view() -> None:
     assert "  graph a\\x1b]0;T\\x07b\n" in text
     assert "    input    a\\x1b]0;T\\x07b float32[1]\n" in text
     assert text.startswith("/m/a\\x1b]0;T\\x07b.onnx: onnx-epcontext\n")
+
+
+# -- what a model may cost to read -------------------------------------------------------------
+
+
+def test_a_file_of_countless_small_fields_is_walked_without_keeping_them() -> None:
+    """A model is walked as it is read, within MAX_FIELDS fields: two million fields of two bytes
+    each (a file of 4 MB, a second of walking) cost no memory, and past the bound the file is no
+    ONNX model that inspect reads as one."""
+    import tracemalloc
+
+    from qnnctl.run.epcontext import MAX_FIELDS, epcontext_nodes
+
+    data = b"\x08\x01" * (2 * MAX_FIELDS)
+    tracemalloc.start()
+    try:
+        assert epcontext_nodes(data) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    # Within the bound, the same fields before a graph are walked through to its node.
+    model = b"\x08\x01" * (MAX_FIELDS // 2) + epcontext_model({"embed_mode": 1, "ep_cache_context": b"ctx"})
+    [node] = epcontext_nodes(model) or []
+    assert node.attributes["embed_mode"] == 1
+
+
+def test_more_epcontext_nodes_than_inspect_reads_are_refused_before_any_is_read(tmp_path: Path,
+                                                                               sdk_2_47: Path) -> None:
+    """Each binary is read by the SDK's library in a process of its own: a model of countless
+    EPContext nodes (a few bytes each) would start as many. Past MAX_NODES it is refused, and
+    nothing is read."""
+    from qnnctl.run.epcontext import MAX_NODES, TooManyNodes, epcontext_nodes
+
+    node = {"embed_mode": 1, "ep_cache_context": b"\x01"}
+    assert len(epcontext_nodes(epcontext_model(*[node] * MAX_NODES)) or []) == MAX_NODES
+    with pytest.raises(TooManyNodes):
+        epcontext_nodes(epcontext_model(*[node] * (MAX_NODES + 1)))
+    path = tmp_path / "model_ctx.onnx"
+    path.write_bytes(epcontext_model(*[node] * (MAX_NODES + 1)))
+    proc = run_qnnctl("inspect", "--json", str(path), "--sdk", "2.47.0.260601")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert f"{path} has more than {MAX_NODES} EPContext nodes, which qnnctl inspect does not read" in proc.stderr
+    assert "libQnnSystem.so" not in proc.stderr  # no process read any of them
+
+
+def test_nodes_that_name_one_file_have_it_read_once(tmp_path: Path, sdk_2_47: Path) -> None:
+    (tmp_path / "model_ctx_qnn.bin").write_bytes(context_binary(BUILD_47))
+    path = tmp_path / "model_ctx.onnx"
+    path.write_bytes(epcontext_model(*[{"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin"}] * 3))
+    proc = run_qnnctl("inspect", "--json", str(path), "--sdk", "2.47.0.260601")
+    assert proc.returncode == 1
+    [binary] = json.loads(proc.stdout)["binaries"]
+    assert binary["origin"] == str(tmp_path / "model_ctx_qnn.bin")
