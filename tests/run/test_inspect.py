@@ -182,7 +182,7 @@ def test_more_epcontext_nodes_than_inspect_reads_are_refused_before_any_is_read(
     nothing is read."""
     from qnnctl.run.epcontext import MAX_NODES, TooManyNodes, epcontext_nodes
 
-    node = {"embed_mode": 1, "ep_cache_context": b"\x01"}
+    node: dict[str, int | bytes | str] = {"embed_mode": 1, "ep_cache_context": b"\x01"}
     assert len(epcontext_nodes(epcontext_model(*[node] * MAX_NODES)) or []) == MAX_NODES
     with pytest.raises(TooManyNodes):
         epcontext_nodes(epcontext_model(*[node] * (MAX_NODES + 1)))
@@ -197,7 +197,8 @@ def test_more_epcontext_nodes_than_inspect_reads_are_refused_before_any_is_read(
 def test_nodes_that_name_one_file_have_it_read_once(tmp_path: Path, sdk_2_47: Path) -> None:
     (tmp_path / "model_ctx_qnn.bin").write_bytes(context_binary(BUILD_47))
     path = tmp_path / "model_ctx.onnx"
-    path.write_bytes(epcontext_model(*[{"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin"}] * 3))
+    node: dict[str, int | bytes | str] = {"embed_mode": 0, "ep_cache_context": "model_ctx_qnn.bin"}
+    path.write_bytes(epcontext_model(node, node, node))
     proc = run_qnnctl("inspect", "--json", str(path), "--sdk", "2.47.0.260601")
     assert proc.returncode == 1
     [binary] = json.loads(proc.stdout)["binaries"]
