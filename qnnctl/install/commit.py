@@ -155,7 +155,7 @@ def commit(
         # A folder without a manifest, components added, or --force: the new folder takes its
         # place in one step, so that no reader sees the SDK missing and no kill leaves none;
         # never while a running process uses it (qnnctl.sdk.holds).
-        with exclusive(cache, version, destination, "replaced", wait_for_holders.get()):
+        with exclusive(version, destination, "replaced", wait_for_holders.get()):
             exchange(root, destination)
     else:
         os.replace(root, destination)

@@ -351,7 +351,7 @@ def check_installed_sha256(sdk: Sdk, sha256: str, cache: Cache, archive: Path | 
 def _free_to_replace(cache: Cache, version: str) -> None:
     """An SDK about to be replaced that a running process holds: said now (or waited for with
     --wait), not after the download; the replace checks again."""
-    with exclusive(cache, version, cache.sdk_dir(version), "replaced", wait_for_holders.get()):
+    with exclusive(version, cache.sdk_dir(version), "replaced", wait_for_holders.get()):
         pass
 
 

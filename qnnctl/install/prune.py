@@ -107,7 +107,7 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
             trash = cache.tmp / f"{version}.uninstall.{work_id()[:8]}"
             # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held.
             try:
-                with exclusive(cache, version, target, "removed", wait):
+                with exclusive(version, target, "removed", wait):
                     os.replace(target, trash)
             except HeldError as exc:
                 held.append(exc)
@@ -164,7 +164,7 @@ def uninstall(spec: str, cache: Cache, environ: Mapping[str, str] | None = None,
         size = unpacked_size(target)
         # Out of sdks/ first, so no reader ever sees a half-deleted SDK; never while it is held,
         # and no hold starts while it moves.
-        with exclusive(cache, version, target, "removed", wait):
+        with exclusive(version, target, "removed", wait):
             os.replace(target, trash)
         remove_tree(trash)
     log.info("removed SDK %s (%s) from %s", version, size_text(size), target)

@@ -155,8 +155,8 @@ def _still_there(root: Path, fd: int, cache: Cache) -> bool:
 
 
 @contextmanager
-def exclusive(cache: Cache, version: str, root: Path, doing: str, wait: bool = False) -> Iterator[None]:
-    """While nobody holds the SDK folder `root` (SDK `version` of the cache), and nobody can start
+def exclusive(version: str, root: Path, doing: str, wait: bool = False) -> Iterator[None]:
+    """While nobody holds the SDK folder `root` (SDK `version`), and nobody can start
     to: for removing or replacing it (`doing`: "removed" or "replaced", for the message).
     HeldError naming the holders unless `wait`, which waits until they have ended."""
     try:

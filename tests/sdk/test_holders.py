@@ -260,14 +260,14 @@ def test_a_lock_taken_through_another_name_of_a_file_is_named_as_proc_locks_name
 
 def test_exclusive_on_a_free_sdk_keeps_everyone_out_until_it_ends(cache: Cache) -> None:
     root = install_tree_into_cache(cache.root, VERSION)
-    with exclusive(cache, VERSION, root, "removed"):
+    with exclusive(VERSION, root, "removed"):
         assert not _can_lock(root, fcntl.LOCK_SH)
     assert _can_lock(root, fcntl.LOCK_EX)
 
 
 def test_exclusive_on_a_folder_not_there_does_what_it_guards(cache: Cache) -> None:
     ran = []
-    with exclusive(cache, VERSION, cache.root / "sdks" / VERSION, "removed"):
+    with exclusive(VERSION, cache.root / "sdks" / VERSION, "removed"):
         ran.append(True)
     assert ran == [True]
 
@@ -277,7 +277,7 @@ def test_exclusive_on_a_held_sdk_names_its_holders_and_does_nothing(cache: Cache
     root = install_tree_into_cache(cache.root, VERSION)
     ran = []
     with _locked(root), pytest.raises(HeldError) as raised:
-        with exclusive(cache, VERSION, root, doing):
+        with exclusive(VERSION, root, doing):
             ran.append(True)
     assert ran == []
     assert raised.value.holders == [Holder(os.getpid(), _own_command(os.getpid()))]
@@ -295,7 +295,7 @@ def test_exclusive_that_waits_goes_on_once_the_holder_has_let_go(cache: Cache) -
     let_go = threading.Timer(0.3, os.close, (fd,))
     let_go.start()
     began = time.monotonic()
-    with exclusive(cache, VERSION, root, "removed", wait=True):
+    with exclusive(VERSION, root, "removed", wait=True):
         assert time.monotonic() - began >= 0.25
         assert not _can_lock(root, fcntl.LOCK_SH)
     let_go.join()

@@ -427,7 +427,7 @@ def test_an_sdk_replaced_while_a_hold_waited_is_held_at_its_new_folder(cache_dir
     logging.getLogger("qnnctl.sdk.holds").addHandler(said)
     logging.getLogger("qnnctl.sdk.holds").setLevel(logging.INFO)
     try:
-        with exclusive(cache, VERSION, root, "replaced"):
+        with exclusive(VERSION, root, "replaced"):
             waiter = threading.Thread(target=lambda: holding.append(hold_sdk(root, cache)))
             waiter.start()
             assert waiting.wait(30), "the hold never waited"
