@@ -30,7 +30,7 @@ from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.gate import agree
+from qnnctl.sdk.gate import agree, size_limit
 from qnnctl.sdk.hosts import HOSTS
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import read_sdk_version
@@ -148,7 +148,7 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
             downloader = Downloader(make_session(), cache.downloads,
                                     terminal_progress if terminal else PlainProgress)
             log.info("downloading SDK %s from %s", version, redact(urls[0]))
-            fetched = downloader.fetch(urls, download_name(urls[0], version))
+            fetched = downloader.fetch(urls, download_name(urls[0], version), limit=size_limit(expected))
             path, digest, shown = fetched.path, fetched.sha256, fetched.url
         record = path.with_name(path.name + ".json")
         try:
