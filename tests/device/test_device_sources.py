@@ -1,12 +1,13 @@
 """What `qnnctl device push` takes from an SDK it did not install (a store, a linked folder, a
-folder named by --sdk) is held to the rule every command holds such an SDK to: nothing in it may
-be changeable by another user. The host's folders were checked; the device's folders are what
-lands on the phone."""
+folder named by --sdk) is held to the rules every command holds such an SDK to: nothing in it
+may be changeable by another user, and in a project with a lock its files are the locked ones.
+The host's folders were checked; the device's folders are what lands on the phone."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from qnnctl.device.plan import DEVICE_BASE
 from tests.conftest import run_qnnctl
 from tests.phones import BUILD_2_51, Phones, add_device_side, fake_library, standin
-from tests.sdkfactory import SdkSpec, build_sdk_tree
+from tests.sdkfactory import SdkSpec, build_sdk_tree, write_zip_from_tree
 
 V2_51 = "2.51.0.260929"
 DEST = f"{DEVICE_BASE}/{V2_51}"
@@ -99,3 +100,33 @@ def test_a_store_sdks_sound_device_files_are_pushed(tmp_path: Path, phones: Phon
     proc = run_qnnctl("device", "push", "--sdk", V2_51)
     assert (proc.returncode, proc.stdout) == (0, f"{DEST}\n"), proc.stderr
     assert phones.path("R5CT1", f"{DEST}/libQnnHtp.so").read_bytes() == (root / ANDROID / "libQnnHtp.so").read_bytes()
+
+
+def test_in_a_locked_project_the_files_pushed_are_the_locked_ones(tmp_path: Path, phones: Phones,
+                                                                   cache_dir: Path) -> None:
+    """The lock pins the android and hexagon components' digests; a folder whose device files
+    differ (another archive's, or changed since) is refused, as `lower` refuses it."""
+    tree = build_sdk_tree(tmp_path / "tree" / "qairt" / V2_51, SdkSpec(version=V2_51, build_id=BUILD_2_51))
+    add_device_side(tree)
+    archive = tmp_path / f"v{V2_51}.zip"
+    write_zip_from_tree(tmp_path / "tree", archive)
+    installed = run_qnnctl("install", "--file", str(archive))
+    assert installed.returncode == 0, installed.stderr
+    locked = run_qnnctl("lock", V2_51)
+    assert locked.returncode == 0, locked.stderr
+    # The same SDK elsewhere, one device library changed (of the same build: the plan's own
+    # check of builds passes it).
+    copy = tmp_path / "elsewhere" / V2_51
+    shutil.copytree(installed.stdout.strip(), copy, symlinks=True)
+    stub = copy / ANDROID / "libQnnHtpV79Stub.so"
+    stub.write_bytes(fake_library(stub.name, BUILD_2_51) + b"\x00not the locked one")
+    phones.add("R5CT1", soc="SM8750")
+    # The SDK of qnnctl's cache is the locked one, and is pushed.
+    good = run_qnnctl("device", "push", "--sdk", V2_51)
+    assert good.returncode == 0, good.stderr
+    phones.clear_calls()
+    proc = run_qnnctl("device", "push", "--sdk", str(copy))
+    assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
+    assert f"the files of component android of SDK {V2_51} at {copy} (--sdk) have digest" in proc.stderr, proc.stderr
+    assert phones.pushes() == []
+    assert phones.path("R5CT1", f"{DEST}/libQnnHtpV79Stub.so").read_bytes() != stub.read_bytes()
