@@ -47,9 +47,11 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def status(cls, code: int, retry_after: str | None = None) -> Fault:
-        """Answer with this status and an empty body (503, 429, 404, 416, 500...)."""
-        return cls("status", code, {"Retry-After": retry_after} if retry_after is not None else {})
+    def status(cls, code: int, retry_after: str | None = None, reason: str | None = None) -> Fault:
+        """Answer with this status and an empty body (503, 429, 404, 416, 500...); with `reason`,
+        that reason phrase on the status line rather than the usual one."""
+        return cls("status", code if reason is None else (code, reason),
+                   {"Retry-After": retry_after} if retry_after is not None else {})
 
     @classmethod
     def drop_after(cls, nbytes: int) -> Fault:
@@ -338,7 +340,8 @@ class FaultServer:
             fault.arg.wait(timeout=120)
             fault = None
         if fault is not None and fault.kind == "status":
-            self._send_empty(h, int(fault.arg), fault.headers)
+            code, reason = fault.arg if isinstance(fault.arg, tuple) else (fault.arg, None)
+            self._send_empty(h, int(code), fault.headers, reason)
             return
         if fault is not None and fault.kind in ("html", "html_untyped"):
             body = b"<!DOCTYPE html><html><body>Please log in</body></html>"
@@ -537,8 +540,9 @@ class FaultServer:
         finally:
             self._record(slot, path, 206, tuple(spans), sent)
 
-    def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> None:
-        h.send_response(status)
+    def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str],
+                    reason: str | None = None) -> None:
+        h.send_response(status, reason)
         for key, value in headers.items():
             h.send_header(key, value)
         h.send_header("Content-Length", "0")

@@ -35,7 +35,7 @@ from qnnctl.net.retry import (
 from qnnctl.net.urls import redact
 from qnnctl.paths import write_json_atomic
 from qnnctl.version import __version__
-from qnnctl.words import human_size
+from qnnctl.words import human_size, printable
 
 if TYPE_CHECKING:
     import requests
@@ -422,7 +422,7 @@ class Downloader:
             spent: Policy = getattr(response.raw, "retries", None) or policy
             status = response.status_code
             # A status without a reason phrase (an unregistered code) is said without one.
-            answer = f"HTTP {status} {response.reason or ''}".rstrip()
+            answer = f"HTTP {status} {printable(response.reason or '')}".rstrip()
             if status == 416:
                 # Our partial file does not fit the file on the server: start over.
                 log.warning("the server refused to resume (HTTP 416); starting over")

@@ -30,6 +30,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util.retry import Retry
 
 from qnnctl.net.urls import redact_text
+from qnnctl.words import printable
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -157,7 +158,7 @@ class Policy(Retry):
         if error is not None:
             return f"cannot reach {self.shown}: {describe(error)}"
         if response is not None:
-            return f"{self.shown} answered HTTP {response.status} {response.reason or ''}".rstrip()
+            return f"{self.shown} answered HTTP {response.status} {printable(response.reason or '')}".rstrip()
         return f"the request for {self.shown} failed"
 
 
