@@ -54,6 +54,11 @@ class Fault:
                    {"Retry-After": retry_after} if retry_after is not None else {})
 
     @classmethod
+    def raw(cls, answer: bytes) -> Fault:
+        """Answer with `answer` as it is, status line and all (or none), then close."""
+        return cls("raw", answer)
+
+    @classmethod
     def drop_after(cls, nbytes: int) -> Fault:
         """Promise the whole body, send `nbytes` of it, then close the connection."""
         return cls("drop", nbytes)
@@ -339,6 +344,11 @@ class FaultServer:
         if fault is not None and fault.kind == "gate":
             fault.arg.wait(timeout=120)
             fault = None
+        if fault is not None and fault.kind == "raw":
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                h.wfile.write(fault.arg)
+            return
         if fault is not None and fault.kind == "status":
             code, reason = fault.arg if isinstance(fault.arg, tuple) else (fault.arg, None)
             self._send_empty(h, int(code), fault.headers, reason)

@@ -233,7 +233,8 @@ def describe(error: BaseException) -> str:
     """The innermost cause of a failed request, whole and on one line, in words where the
     bare exception says little: `the connection was refused ([Errno 111] Connection refused)`
     rather than `HTTPConnectionPool(...): Max retries exceeded with url: ... (Caused by ...)`.
-    URLs in it are redacted."""
+    URLs in it are redacted, and control characters escaped: a line the server sent in place of
+    HTTP's (http.client's BadStatusLine) is the server's text."""
     chain = causes(error)
     inner = chain[-1]
     text = _URLLIB3_PREFIX.sub("", str(inner)).strip()
@@ -260,4 +261,4 @@ def describe(error: BaseException) -> str:
         words = f"no answer in time ({text})" if text else "no answer in time"
     else:
         words = text or type(inner).__name__
-    return redact_text(" ".join(words.split()))
+    return printable(redact_text(" ".join(words.split())))
