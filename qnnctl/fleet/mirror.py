@@ -235,6 +235,7 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
                 build = archive_build_id(dest, scratch)
             _true_version(build, version, str(dest))
             size, digests = dest.stat().st_size, zip_digests(dest)
+            _admit_found(dest, version, digest, size, digests, environ, cwd)
             action = "indexed"
         else:
             fetched = fetch_archive(version, cache, environ, terminal=terminal, cwd=cwd)
@@ -250,6 +251,20 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
         done.append(Mirrored(version, dest, digest, size, build, action))
         log.info("SDK %s %s: %s", version, "indexed" if action == "indexed" else "added to the mirror", dest)
     return done
+
+
+def _admit_found(dest: Path, version: str, digest: str, size: int, digests: dict[str, str],
+                 environ: Mapping[str, str], cwd: Path) -> None:
+    """An archive found in the mirror, held to what a fetched one is: the project's lock and the
+    upstream mirror's index (IntegrityError, nothing indexed, when it differs)."""
+    vouched = vouchers(environ, cwd)
+    expected = [e for e in (vouched.mirror.expected(version) if vouched.mirror is not None else None,
+                            vouched.lock.expected(version) if vouched.lock is not None else None) if e is not None]
+    try:
+        admit_listing(expected, str(dest), digest, size, digests, file_directory_sha256(dest))
+    except IntegrityError as exc:
+        raise IntegrityError(exc.message.replace("nothing was installed", "nothing was added to the mirror"),
+                             hint=exc.hint) from None
 
 
 def _move(source: Path, dest: Path) -> None:

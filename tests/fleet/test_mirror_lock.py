@@ -1,0 +1,42 @@
+"""`qnnctl mirror DIR VERSION` indexes an archive found in DIR as it indexes one it fetches: held
+to the project's qnnctl.lock (and the upstream mirror's index), as `mirror --file` holds an
+archive you have. The file being there already vouches for nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.conftest import run_qnnctl
+from tests.httpserver import FaultServer
+from tests.sdkfactory import VERSION, SdkSpec, build_archive
+
+
+def test_an_archive_found_in_the_mirror_is_held_to_the_lock(mirror: FaultServer, tmp_path: Path,
+                                                            cache_dir: Path) -> None:
+    locked = run_qnnctl("lock", VERSION)
+    assert locked.returncode == 0, locked.stderr
+    (tmp_path / "another").mkdir()
+    other = build_archive(tmp_path / "another", "zip", SdkSpec(extra_files={"docs/not-locked.txt": b"x\n"}))
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(other, dest)
+    # As an archive you have: refused.
+    added = run_qnnctl("mirror", str(tmp_path / "second"), "--file", str(other))
+    assert (added.returncode, added.stdout) == (4, ""), added.stderr
+    # The same bytes found in the mirror: refused as well, and not indexed.
+    proc = run_qnnctl("mirror", str(folder), VERSION)
+    assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
+    assert f"the archive from {dest} does not match" in proc.stderr, proc.stderr
+    assert "qnnctl.lock" in proc.stderr
+    assert "nothing was added to the mirror" in proc.stderr
+    assert not (folder / "index.json").exists()
+    # The locked archive in its place is indexed, fetching nothing.
+    served = len(mirror.requests_for(f"/{VERSION}/v{VERSION}.zip"))
+    shutil.copyfile(tmp_path / "archives" / f"v{VERSION}.zip", dest)
+    again = run_qnnctl("mirror", str(folder), VERSION)
+    assert (again.returncode, again.stdout) == (0, f"{dest}\n"), again.stderr
+    assert VERSION in json.loads((folder / "index.json").read_text())["versions"]
+    assert len(mirror.requests_for(f"/{VERSION}/v{VERSION}.zip")) == served
