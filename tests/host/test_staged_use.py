@@ -106,3 +106,26 @@ def test_a_staged_loader_another_user_could_change_does_not_start_the_pipeline(t
     assert (lowered.returncode, lowered.stdout) == (4, ""), lowered.stderr
     assert (f"the host runtime staged at {result.glibc.root} is not used: {loader} belongs to user nobody "
             f"(uid {_nobody()})") in lowered.stderr
+
+
+@_as_root
+def test_a_lock_pins_no_staged_runtime_another_user_could_change(tmp_path: Path, cache: Cache, mirror: object,
+                                                                  cache_dir: Path) -> None:
+    """`qnnctl lock` pins the staged runtime as it is: one that another user could have written
+    into would be vouched for by the lock, for every host of the project."""
+    installed = run_qnnctl("install", VERSION)
+    assert installed.returncode == 0, installed.stderr
+    archive = tmp_path / "trio.tar.xz"
+    open_trio_tar(archive, tmp_path / "stubs")
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    result.libcxx.lib_dir.chmod(0o775)
+    locked = run_qnnctl("lock", VERSION)
+    assert (locked.returncode, locked.stdout) == (4, ""), locked.stderr
+    assert (f"the host runtime staged at {result.libcxx.root} is not used: {result.libcxx.lib_dir} is writable by "
+            "its group (mode 0775)") in locked.stderr
+    assert not (Path.cwd() / "qnnctl.lock").exists()
+    result.libcxx.lib_dir.chmod(0o755)
+    again = run_qnnctl("lock", VERSION)
+    assert again.returncode == 0, again.stderr
+    assert "[runtime." in (Path.cwd() / "qnnctl.lock").read_text()
