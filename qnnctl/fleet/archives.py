@@ -25,6 +25,7 @@ from qnnctl.fleet.mirror import Mirrored, read_local_index
 from qnnctl.install.archive import extract, zip_digests
 from qnnctl.install.commit import identify
 from qnnctl.install.door import admit_listing
+from qnnctl.net.download import file_sha256
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.gate import Lock
@@ -89,7 +90,9 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
                 f"sha256 {digest}",
                 hint=f"check where {archive} came from; a mirror keeps one archive per version",
             )
-        if entry is not None and dest.is_file() and isinstance(entry.get("components"), dict):
+        # Kept only when the mirror's file is that archive still; else the copy checked replaces it.
+        if entry is not None and isinstance(entry.get("components"), dict) and dest.is_file() \
+                and dest.stat().st_size == size and file_sha256(dest) == digest:
             log.info("SDK %s is in the mirror already, from the same archive (%s)", version, dest)
             return Mirrored(version, dest, digest, size, build, "kept"), None
         locked = lock.expected(version) if lock is not None else None

@@ -40,3 +40,24 @@ def test_an_archive_found_in_the_mirror_is_held_to_the_lock(mirror: FaultServer,
     assert (again.returncode, again.stdout) == (0, f"{dest}\n"), again.stderr
     assert VERSION in json.loads((folder / "index.json").read_text())["versions"]
     assert len(mirror.requests_for(f"/{VERSION}/v{VERSION}.zip")) == served
+
+
+def test_an_archive_added_again_replaces_a_file_in_the_mirror_that_is_not_it(tmp_path: Path,
+                                                                               cache_dir: Path) -> None:
+    """`mirror DIR --file A` when the index holds A already: "kept" only when the mirror's file is
+    A; another file in its place (changed since it was indexed) is replaced by the copy checked."""
+    (tmp_path / "a").mkdir()
+    archive = build_archive(tmp_path / "a", "zip")
+    folder = tmp_path / "mirror"
+    first = run_qnnctl("mirror", str(folder), "--file", str(archive))
+    assert first.returncode == 0, first.stderr
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    assert dest.read_bytes() == archive.read_bytes()
+    dest.write_bytes(b"PK\x05\x06" + bytes(18))  # what someone left there since
+    again = run_qnnctl("mirror", str(folder), "--file", str(archive))
+    assert (again.returncode, again.stdout) == (0, f"{dest}\n"), again.stderr
+    assert "is in the mirror already" not in again.stderr
+    assert dest.read_bytes() == archive.read_bytes()
+    third = run_qnnctl("mirror", str(folder), "--file", str(archive))
+    assert third.returncode == 0, third.stderr
+    assert "is in the mirror already" in third.stderr
