@@ -21,7 +21,7 @@ from typing import IO
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.fleet.mirror import Mirrored, read_local_index
+from qnnctl.fleet.mirror import Mirrored, read_local_index, refuse_unsafe_mirror
 from qnnctl.install.archive import extract, zip_digests
 from qnnctl.install.commit import identify
 from qnnctl.install.door import admit_listing
@@ -48,6 +48,7 @@ def add_archives(folder: Path, archives: Sequence[Path], environ: Mapping[str, s
     """Add each archive to the mirror in `folder`, under the version read from it, and index it."""
     folder = user_path(folder).absolute()
     folder.mkdir(parents=True, exist_ok=True)
+    refuse_unsafe_mirror(folder, folder / INDEX_NAME)
     index = read_local_index(folder)
     lock = vouchers(environ, cwd).lock
     done: list[Mirrored] = []
@@ -83,6 +84,7 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
                 digest, size = _copy_hashing(source, copy)
                 version, build, components = _check_copy(copy, str(archive), cache)
         dest = folder / version / archive_name(version)
+        refuse_unsafe_mirror(folder, dest)
         entry = index.get(version)
         if entry is not None and entry.get("sha256") != digest:
             raise IntegrityError(

@@ -5,8 +5,12 @@ archive you have. The file being there already vouches for nothing."""
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import run_qnnctl
 from tests.httpserver import FaultServer
@@ -61,3 +65,36 @@ def test_an_archive_added_again_replaces_a_file_in_the_mirror_that_is_not_it(tmp
     third = run_qnnctl("mirror", str(folder), "--file", str(archive))
     assert third.returncode == 0, third.stderr
     assert "is in the mirror already" in third.stderr
+
+
+def _nobody() -> int:
+    return pwd.getpwnam("nobody").pw_uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's takes root")
+@pytest.mark.parametrize("how", ["mirror folder 0777", "mirror folder 1777", "version folder of nobody's"])
+def test_a_mirror_folder_another_user_could_change_is_not_indexed(how: str, mirror: FaultServer, tmp_path: Path,
+                                                                  cache_dir: Path) -> None:
+    """What another user put in the mirror's folder (an archive, a folder for its version) is not
+    vouched for by the index that every host installs by."""
+    (tmp_path / "another").mkdir()
+    planted = build_archive(tmp_path / "another", "zip", SdkSpec(extra_files={"docs/planted.txt": b"x\n"}))
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(planted, dest)
+    if how == "version folder of nobody's":
+        culprit, why = dest.parent, f"belongs to user nobody (uid {_nobody()})"
+        os.chown(dest.parent, _nobody(), -1)
+        os.chown(dest, _nobody(), -1)
+    else:
+        mode = 0o777 if how.endswith("0777") else 0o1777
+        culprit, why = folder, f"is writable by its group and others (mode {mode:04o})"
+        folder.chmod(mode)
+    for args in ((VERSION,), ("--file", str(tmp_path / "archives" / f"v{VERSION}.zip"))):
+        proc = run_qnnctl("mirror", str(folder), *args)
+        assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
+        assert f"{culprit} {why}" in proc.stderr, proc.stderr
+        assert "nothing was added to the mirror" in proc.stderr
+        assert not (folder / "index.json").exists()
+    assert dest.read_bytes() == planted.read_bytes()
