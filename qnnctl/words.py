@@ -1,6 +1,12 @@
-"""Words for people: a count with its noun in the right number."""
+"""Words for people: a count with its noun in the right number; text another party chose, escaped."""
 
 from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """Text another party chose (a server's reason phrase), fit for a terminal and a log:
+    control characters, and any other that is not printable, escaped (`\\x1b]0;T\\x07`)."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def human_size(n: int) -> str:

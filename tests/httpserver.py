@@ -47,9 +47,16 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def status(cls, code: int, retry_after: str | None = None) -> Fault:
-        """Answer with this status and an empty body (503, 429, 404, 416, 500...)."""
-        return cls("status", code, {"Retry-After": retry_after} if retry_after is not None else {})
+    def status(cls, code: int, retry_after: str | None = None, reason: str | None = None) -> Fault:
+        """Answer with this status and an empty body (503, 429, 404, 416, 500...); with `reason`,
+        that reason phrase on the status line rather than the usual one."""
+        return cls("status", code if reason is None else (code, reason),
+                   {"Retry-After": retry_after} if retry_after is not None else {})
+
+    @classmethod
+    def raw(cls, answer: bytes) -> Fault:
+        """Answer with `answer` as it is, status line and all (or none), then close."""
+        return cls("raw", answer)
 
     @classmethod
     def drop_after(cls, nbytes: int) -> Fault:
@@ -337,8 +344,14 @@ class FaultServer:
         if fault is not None and fault.kind == "gate":
             fault.arg.wait(timeout=120)
             fault = None
+        if fault is not None and fault.kind == "raw":
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                h.wfile.write(fault.arg)
+            return
         if fault is not None and fault.kind == "status":
-            self._send_empty(h, int(fault.arg), fault.headers)
+            code, reason = fault.arg if isinstance(fault.arg, tuple) else (fault.arg, None)
+            self._send_empty(h, int(code), fault.headers, reason)
             return
         if fault is not None and fault.kind in ("html", "html_untyped"):
             body = b"<!DOCTYPE html><html><body>Please log in</body></html>"
@@ -537,8 +550,9 @@ class FaultServer:
         finally:
             self._record(slot, path, 206, tuple(spans), sent)
 
-    def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> None:
-        h.send_response(status)
+    def _send_empty(self, h: BaseHTTPRequestHandler, status: int, headers: dict[str, str],
+                    reason: str | None = None) -> None:
+        h.send_response(status, reason)
         for key, value in headers.items():
             h.send_header(key, value)
         h.send_header("Content-Length", "0")

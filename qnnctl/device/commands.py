@@ -7,6 +7,7 @@ data. Nothing here prints.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,11 @@ from qnnctl.device.plan import Plan, check_dest, default_dest, plan_push, remote
 from qnnctl.device.push import PushResult, push_plan
 from qnnctl.device.socs import arch, find_soc
 from qnnctl.errors import UsageError
+from qnnctl.run.environment import hold_sdk_to_lock
 from qnnctl.run.envplan import environment_for
 from qnnctl.run.inspect import Binary, read_model
 from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.holds import hold_sdk
 from qnnctl.sdk.layout import Sdk, read_sdk_version
 from qnnctl.sdk.select import resolve_installed, select_sdk
 from qnnctl.shell.exports import apply
@@ -102,10 +105,23 @@ def push(
     extras: Sequence[Path] = (),
     dry_run: bool = False,
 ) -> PushOutcome:
-    """Plan the set for the device's SoC (or `soc`) and, unless a dry run, push it."""
+    """Plan the set for the device's SoC (or `soc`) and, unless a dry run, push it: from an SDK
+    held for as long as it is read, and in a project with a lock, one that the lock vouches for
+    (as `lower` checks the SDK it uses; exit 4 otherwise)."""
     if dest is not None:
         check_dest(dest)
     sdk = device_sdk(spec, environ, cwd, cache)
+    held = hold_sdk(sdk.root, cache)
+    try:
+        hold_sdk_to_lock(sdk, cache, cwd)
+        return _push_from(sdk, environ, cache, serial, soc, dest, extras, dry_run)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _push_from(sdk: Sdk, environ: Mapping[str, str], cache: Cache, serial: str | None, soc: str | None,
+               dest: str | None, extras: Sequence[Path], dry_run: bool) -> PushOutcome:
     child = apply(environ, environment_for(sdk, environ, cache, owns_root=True))
 
     def read(path: Path) -> list[Binary]:

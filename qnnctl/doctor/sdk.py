@@ -24,11 +24,13 @@ from qnnctl.run.probe import HTP_BACKEND_ID
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.compat import ep_requirement, known_pairing, ort_qnn_carries, passes_that_fall_back
 from qnnctl.sdk.components import install_command, installed_components
+from qnnctl.sdk.evidence import is_own
 from qnnctl.sdk.holds import describe_holders, held_and_removed, held_by
 from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.identity import sdk_build_ids, version_of_build
 from qnnctl.sdk.layout import (
     REQUIRED_LIBS,
+    Sdk,
     missing_layout,
     read_build_id,
     version_claims,
@@ -178,6 +180,7 @@ def check_manifest(ctx: Context) -> Outcome:
         if sdk.origin == "qnnctl cache":
             return fail(f"{path} is missing", reinstall_hint(target))
         raise Skip(f"no manifest: not installed by qnnctl ({sdk.origin})")
+    _refuse_foreign_manifest(ctx, sdk)
     manifest = read_manifest(sdk.root)
     if manifest is None:
         return fail(f"{path} cannot be read as JSON", reinstall_hint(target))
@@ -200,6 +203,15 @@ def check_manifest(ctx: Context) -> Outcome:
     return ok(detail)
 
 
+def _refuse_foreign_manifest(ctx: Context, sdk: Sdk) -> None:
+    """Skip when the SDK's manifest is not evidence: qnnctl did not write it into this cache, or
+    another user could have changed it (qnnctl.sdk.evidence); it may say anything of the files."""
+    if not is_own(sdk.root, sdk.version, ctx.cache()):
+        raise Skip(f"{sdk.root / MANIFEST_NAME} was not written by qnnctl into this cache ({sdk.origin}), or "
+                   "another user could change it: it vouches for nothing, its files' digests included",
+                   hint="`qnnctl lock --check` compares the SDK's files, hashed, with the project's qnnctl.lock")
+
+
 def _parts_detail(manifest: Mapping[str, Any]) -> str:
     """Which components an SDK holds, and what vouches for one fetched in parts."""
     held = installed_components(manifest)
@@ -215,6 +227,8 @@ def _parts_detail(manifest: Mapping[str, Any]) -> str:
 def check_verify(ctx: Context) -> Outcome:
     target = ctx.require_target()
     sdk = ctx.require_sdk()
+    if (sdk.root / MANIFEST_NAME).exists():
+        _refuse_foreign_manifest(ctx, sdk)
     manifest = read_manifest(sdk.root)
     files = manifest.get("files") if manifest else None
     if not isinstance(files, dict) or not files:

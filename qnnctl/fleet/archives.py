@@ -21,10 +21,11 @@ from typing import IO
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.fleet.mirror import Mirrored, read_local_index
+from qnnctl.fleet.mirror import Mirrored, read_local_index, refuse_unsafe_mirror
 from qnnctl.install.archive import extract, zip_digests
 from qnnctl.install.commit import identify
 from qnnctl.install.door import admit_listing
+from qnnctl.net.download import file_sha256
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache, read_manifest
 from qnnctl.sdk.gate import Lock
@@ -47,6 +48,7 @@ def add_archives(folder: Path, archives: Sequence[Path], environ: Mapping[str, s
     """Add each archive to the mirror in `folder`, under the version read from it, and index it."""
     folder = user_path(folder).absolute()
     folder.mkdir(parents=True, exist_ok=True)
+    refuse_unsafe_mirror(folder, folder / INDEX_NAME)
     index = read_local_index(folder)
     lock = vouchers(environ, cwd).lock
     done: list[Mirrored] = []
@@ -82,6 +84,7 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
                 digest, size = _copy_hashing(source, copy)
                 version, build, components = _check_copy(copy, str(archive), cache)
         dest = folder / version / archive_name(version)
+        refuse_unsafe_mirror(folder, dest)
         entry = index.get(version)
         if entry is not None and entry.get("sha256") != digest:
             raise IntegrityError(
@@ -89,7 +92,9 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
                 f"sha256 {digest}",
                 hint=f"check where {archive} came from; a mirror keeps one archive per version",
             )
-        if entry is not None and dest.is_file() and isinstance(entry.get("components"), dict):
+        # Kept only when the mirror's file is that archive still; else the copy checked replaces it.
+        if entry is not None and isinstance(entry.get("components"), dict) and dest.is_file() \
+                and dest.stat().st_size == size and file_sha256(dest) == digest:
             log.info("SDK %s is in the mirror already, from the same archive (%s)", version, dest)
             return Mirrored(version, dest, digest, size, build, "kept"), None
         locked = lock.expected(version) if lock is not None else None

@@ -30,13 +30,13 @@ from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.gate import agree
+from qnnctl.sdk.gate import agree, size_limit
 from qnnctl.sdk.hosts import HOSTS
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import read_sdk_version
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, parse_index
 from qnnctl.sdk.select import resolve_spec, select_sdk
-from qnnctl.sdk.stores import refuse_unsafe_cache
+from qnnctl.sdk.stores import refuse_unsafe_cache, unsafe_path
 from qnnctl.sdk.versions import archive_name, archive_urls, is_full_version, version_in
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.sdk.work import version_lock, work_folder, work_id
@@ -148,7 +148,7 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
             downloader = Downloader(make_session(), cache.downloads,
                                     terminal_progress if terminal else PlainProgress)
             log.info("downloading SDK %s from %s", version, redact(urls[0]))
-            fetched = downloader.fetch(urls, download_name(urls[0], version))
+            fetched = downloader.fetch(urls, download_name(urls[0], version), limit=size_limit(expected))
             path, digest, shown = fetched.path, fetched.sha256, fetched.url
         record = path.with_name(path.name + ".json")
         try:
@@ -182,6 +182,20 @@ class Mirrored(Record):
     action: str  # "added" or "kept" (already there, as indexed)
 
 
+def refuse_unsafe_mirror(folder: Path, *paths: Path) -> None:
+    """IntegrityError (exit 4) when another user could change the mirror's folder, or `paths` in
+    it (an archive found there, its version's folder): what the index vouches for to every host
+    must be what this user put there."""
+    for path in (folder, *paths):
+        problem = unsafe_path(path)
+        if problem is not None:
+            raise IntegrityError(
+                f"the mirror's folder {folder} is not used: {problem.folder} {problem.why}, so another user could "
+                "change the archives and the index.json that hosts install by; nothing was added to the mirror",
+                hint=f"fix it with {problem.fix}, or give a folder of your own",
+            )
+
+
 def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:
     path = folder / INDEX_NAME
     if not path.exists():
@@ -211,11 +225,13 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
     folder = user_path(folder).absolute()
     versions = mirror_versions(specs, environ, cwd, cache)
     folder.mkdir(parents=True, exist_ok=True)
+    refuse_unsafe_mirror(folder, folder / INDEX_NAME)
     index = read_local_index(folder)
     done: list[Mirrored] = []
     for version in versions:
         rel = f"{version}/{archive_name(version)}"
         dest = folder / version / archive_name(version)
+        refuse_unsafe_mirror(folder, dest)
         entry = index.get(version)
         if dest.is_file():
             digest = file_sha256(dest)
@@ -235,6 +251,7 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
                 build = archive_build_id(dest, scratch)
             _true_version(build, version, str(dest))
             size, digests = dest.stat().st_size, zip_digests(dest)
+            _admit_found(dest, version, digest, size, digests, environ, cwd)
             action = "indexed"
         else:
             fetched = fetch_archive(version, cache, environ, terminal=terminal, cwd=cwd)
@@ -250,6 +267,20 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
         done.append(Mirrored(version, dest, digest, size, build, action))
         log.info("SDK %s %s: %s", version, "indexed" if action == "indexed" else "added to the mirror", dest)
     return done
+
+
+def _admit_found(dest: Path, version: str, digest: str, size: int, digests: dict[str, str],
+                 environ: Mapping[str, str], cwd: Path) -> None:
+    """An archive found in the mirror, held to what a fetched one is: the project's lock and the
+    upstream mirror's index (IntegrityError, nothing indexed, when it differs)."""
+    vouched = vouchers(environ, cwd)
+    expected = [e for e in (vouched.mirror.expected(version) if vouched.mirror is not None else None,
+                            vouched.lock.expected(version) if vouched.lock is not None else None) if e is not None]
+    try:
+        admit_listing(expected, str(dest), digest, size, digests, file_directory_sha256(dest))
+    except IntegrityError as exc:
+        raise IntegrityError(exc.message.replace("nothing was installed", "nothing was added to the mirror"),
+                             hint=exc.hint) from None
 
 
 def _move(source: Path, dest: Path) -> None:

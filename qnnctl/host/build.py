@@ -23,7 +23,7 @@ from qnnctl.host.elf import glibc_provided_by
 from qnnctl.host.needs import dotted
 from qnnctl.host.packages import CollectedFile
 from qnnctl.host.sources import GLIBC_DIRS, LIBC, Scan, find
-from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, Staged, Version, current
+from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, Staged, Version, current, refuse_unsafe_stage
 from qnnctl.host.streams import COPY_BUFFER
 from qnnctl.paths import fsync_dir, write_json_atomic
 from qnnctl.records import Record
@@ -195,6 +195,7 @@ def runtime_digests(cache: Cache) -> dict[str, dict[str, str]]:
     for kind in (LIBCXX, GLIBC):
         staged = current(cache, kind)
         if staged is not None:
+            refuse_unsafe_stage(staged)  # a lock vouches for nothing another user could have written
             found[kind] = staged_files(staged)
     return found
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from qnnctl.errors import IntegrityError
 from qnnctl.records import TYPE_CHECKING, Record
-from qnnctl.sdk.cache import Cache, read_manifest
+from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.layout import Sdk
+from qnnctl.sdk.stores import folder_problem, unsafe_path
 
 if TYPE_CHECKING:
     from typing import Any
@@ -126,6 +128,21 @@ def current(cache: Cache, kind: str) -> Staged | None:
     return next((s for s in staged_runtimes(cache) if s.kind == kind), None)
 
 
+def refuse_unsafe_stage(staged: Staged, *files: Path) -> None:
+    """IntegrityError (exit 4) when another user could change the staged runtime's libraries,
+    its record, `files` (its loader), or a folder down to them: they run as this user, as an
+    SDK's do, and are refused as an SDK folder is."""
+    problem = folder_problem(staged.lib_dir)
+    for path in (staged.root / MANIFEST_NAME, *files):
+        problem = problem or unsafe_path(path)
+    if problem is not None:
+        raise IntegrityError(
+            f"the host runtime staged at {staged.root} is not used: {problem.folder} {problem.why}, so another "
+            "user could put code there that runs as you",
+            hint=f"fix it with {problem.fix}",
+        )
+
+
 def sdk_identity() -> ElfIdentity:
     """What the SDK's host libraries are, and what they can load: 64-bit little-endian, of this
     host's machine (x86-64, AArch64: qnnctl.sdk.hosts)."""
@@ -146,6 +163,7 @@ def staged_lib_dirs(cache: Cache, sdk: Sdk | None) -> list[Path]:
         want = sdk_identity()
         if all(loader_stops_at(sdk.lib_dir / name, want) for name in TRIO):
             return []
+    refuse_unsafe_stage(staged)
     return [staged.lib_dir]
 
 
@@ -154,6 +172,7 @@ def staged_loader(cache: Cache) -> tuple[Path, Path] | None:
     staged = current(cache, GLIBC)
     if staged is None or staged.loader is None or not staged.loader.is_file():
         return None
+    refuse_unsafe_stage(staged, staged.loader)
     return staged.loader, staged.lib_dir
 
 

@@ -51,7 +51,7 @@ from qnnctl.net.sparse import SparseFile
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import ALL, HOST, OTHER, canonical, installed_components
-from qnnctl.sdk.gate import Expected, why_all, why_whole
+from qnnctl.sdk.gate import Expected, size_limit, why_all, why_whole
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import FOLDER_MODE, Member, available, choose, component_label, with_link_targets
 from qnnctl.sdk.work import work_folder, work_id
@@ -544,7 +544,7 @@ def _install_whole(version: str, urls: list[str], name: str, components: Collect
     `components` need."""
     downloader = Downloader(make_session(), cache.downloads, progress)
     with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
-        fetched = downloader.fetch(urls, name, sha256)
+        fetched = downloader.fetch(urls, name, sha256, limit=size_limit(expected))
         with used_up(fetched.path, cache.downloads / f"{name}.json"):
             # What pins the whole archive is checked before a byte of it is read as a zip.
             admit_archive(expected, fetched.url, fetched.sha256, fetched.size)

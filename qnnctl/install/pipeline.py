@@ -26,7 +26,7 @@ from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.components import covers, installed_components
 from qnnctl.sdk.evidence import own_manifest
-from qnnctl.sdk.gate import Expected, Index, Lock, Vouchers, agree, given_sha256
+from qnnctl.sdk.gate import Expected, Index, Lock, Vouchers, agree, given_sha256, size_limit
 from qnnctl.sdk.holds import exclusive, wait_for_holders
 from qnnctl.sdk.hosts import require_supported_host
 from qnnctl.sdk.layout import Sdk, missing_layout
@@ -212,7 +212,7 @@ def install(
             # while they finish the members in hand.
             stream = ZipStream(work / "x")
             try:
-                fetched = downloader.fetch(urls, name, sha256, sink=stream)
+                fetched = downloader.fetch(urls, name, sha256, sink=stream, limit=size_limit(expected))
                 stream.end()
                 with used_up(fetched.path, cache.downloads / f"{name}.json"):
                     admit_archive(expected, fetched.url, fetched.sha256, fetched.size)

@@ -35,7 +35,7 @@ from qnnctl.net.retry import (
 from qnnctl.net.urls import redact
 from qnnctl.paths import write_json_atomic
 from qnnctl.version import __version__
-from qnnctl.words import human_size
+from qnnctl.words import human_size, printable
 
 if TYPE_CHECKING:
     import requests
@@ -290,15 +290,16 @@ class Downloader:
         session.mount("https://", self.adapter)
 
     def fetch(self, urls: Sequence[str], name: str, expected_sha256: str | None = None,
-              sink: Sink | None = None) -> Fetched:
+              sink: Sink | None = None, limit: tuple[int, str] | None = None) -> Fetched:
         """Download the first of `urls` that exists; the result is complete and hashed.
 
-        `sink` is told about every byte written, as soon as it is in the partial file.
+        `sink` is told about every byte written, as soon as it is in the partial file. A body
+        longer than `limit` (the size pinned, who pins it) is stopped there (IntegrityError).
         """
         last_missing = ""
         for url in urls:
             try:
-                return self._fetch(url, name, expected_sha256, sink)
+                return self._fetch(url, name, expected_sha256, sink, limit)
             except _NotFound:
                 last_missing = redact(url)
                 log.info("not found at %s", last_missing)
@@ -324,7 +325,8 @@ class Downloader:
         # Private: the record names the URL (redacted, but a URL can hold more than that).
         write_json_atomic(meta_path, data, mode=0o600)
 
-    def _fetch(self, url: str, name: str, expected_sha256: str | None, sink: Sink | None) -> Fetched:
+    def _fetch(self, url: str, name: str, expected_sha256: str | None, sink: Sink | None,
+               limit: tuple[int, str] | None = None) -> Fetched:
         self.folder.mkdir(parents=True, exist_ok=True)
         final, part, meta_path = self._paths(name)
         shown = redact(url)
@@ -351,7 +353,7 @@ class Downloader:
             requests_made += 1
             before = part.stat().st_size if part.exists() else 0
             try:
-                digest, size = self._attempt(url, shown, part, meta, meta_path, sink, policy)
+                digest, size = self._attempt(url, shown, part, meta, meta_path, sink, policy, limit)
                 break
             except _StartOver:
                 if requests_made >= MAX_TOTAL_ATTEMPTS:
@@ -397,7 +399,7 @@ class Downloader:
         return Fetched(final, shown, digest, final.stat().st_size)
 
     def _attempt(self, url: str, shown: str, part: Path, meta: dict[str, Any], meta_path: Path,
-                 sink: Sink | None, policy: Policy) -> tuple[str, int]:
+                 sink: Sink | None, policy: Policy, limit: tuple[int, str] | None = None) -> tuple[str, int]:
         """One request, retried by urllib3 until it has an answer; returns (sha256, size) of
         the complete file, or raises _Broke (the body broke off) or _StartOver."""
         offset = part.stat().st_size if part.exists() else 0
@@ -420,7 +422,7 @@ class Downloader:
             spent: Policy = getattr(response.raw, "retries", None) or policy
             status = response.status_code
             # A status without a reason phrase (an unregistered code) is said without one.
-            answer = f"HTTP {status} {response.reason or ''}".rstrip()
+            answer = f"HTTP {status} {printable(response.reason or '')}".rstrip()
             if status == 416:
                 # Our partial file does not fit the file on the server: start over.
                 log.warning("the server refused to resume (HTTP 416); starting over")
@@ -464,6 +466,8 @@ class Downloader:
                 total=offset + body_length if body_length is not None else None,
             )
             meta.pop("sha256", None)
+            if limit is not None and (meta["total"] or 0) > limit[0]:  # said before a byte is written
+                raise _too_long(shown, limit, f"it says the file is {meta['total']} bytes")
             if body_length is not None:
                 require_free_space(part.parent, body_length, "download the archive")
             self._write_meta(meta_path, meta)
@@ -497,6 +501,8 @@ class Downloader:
                         out.write(block)
                         digest.update(block)
                         received += len(block)
+                        if limit is not None and offset + received > limit[0]:
+                            raise _too_long(shown, limit, "the body went on past them")
                         bar.update(len(block))
                         if sink is not None and received - announced >= CHUNK:
                             out.flush()
@@ -505,8 +511,8 @@ class Downloader:
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 raise _Broke(spent, BodyBroke(
                     f"the download stopped at {_of(offset + received, total)}: {describe(exc)}")) from None
-            except DownloadError:
-                # Nothing of a page is worth resuming, nor its record.
+            except (DownloadError, IntegrityError):
+                # Nothing of a page, or of a body longer than the file, is worth resuming, nor its record.
                 part.unlink(missing_ok=True)
                 meta_path.unlink(missing_ok=True)
                 raise
@@ -525,6 +531,16 @@ class Downloader:
             if total is not None and size != total:
                 raise _Broke(spent, BodyBroke(f"the body ended early, at {_of(size, total)}"))
             return digest.hexdigest(), size
+
+
+def _too_long(shown: str, limit: tuple[int, str], how: str) -> IntegrityError:
+    size, who = limit
+    return IntegrityError(
+        f"{shown} sent more than {size} bytes, the size {who} ({how}): it is not that archive; the download "
+        "was stopped and removed, and nothing was installed",
+        hint="check the server or proxy that answers for that URL; run the same command again once it serves "
+        "the archive",
+    )
 
 
 class _Broke(Exception):

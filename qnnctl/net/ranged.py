@@ -44,7 +44,7 @@ from qnnctl.net.retry import BodyBroke, attempts_made, describe
 from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.net.urls import redact
 from qnnctl.threads import start_daemon, wait_ended
-from qnnctl.words import human_size
+from qnnctl.words import human_size, printable
 
 if TYPE_CHECKING:
     import requests
@@ -139,7 +139,7 @@ def _check_status(response: requests.Response, shown: str, policy: Policy) -> No
     if status in RETRY_STATUSES:
         spent: Policy = getattr(response.raw, "retries", None) or policy
         raise Downloader._gave_up(shown, spent.attempts,
-                                  f"the last answer was HTTP {status} {response.reason or ''}".rstrip())
+                                  f"the last answer was HTTP {status} {printable(response.reason or '')}".rstrip())
     if "text/html" in response.headers.get("Content-Type", "").lower():
         raise DownloadError(
             f"{shown} answered with an HTML page, not an archive "
@@ -149,7 +149,7 @@ def _check_status(response: requests.Response, shown: str, policy: Policy) -> No
         )
     if status not in (200, 206, 404, 416):
         # A status without a reason phrase (an unregistered code) is said without one.
-        answer = f"HTTP {status} {response.reason or ''}".rstrip()
+        answer = f"HTTP {status} {printable(response.reason or '')}".rstrip()
         raise DownloadError(f"{answer} from {shown}",
                             hint="check the URL, the version, or your access to the mirror")
 

@@ -30,6 +30,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util.retry import Retry
 
 from qnnctl.net.urls import redact_text
+from qnnctl.words import printable
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -157,7 +158,7 @@ class Policy(Retry):
         if error is not None:
             return f"cannot reach {self.shown}: {describe(error)}"
         if response is not None:
-            return f"{self.shown} answered HTTP {response.status} {response.reason or ''}".rstrip()
+            return f"{self.shown} answered HTTP {response.status} {printable(response.reason or '')}".rstrip()
         return f"the request for {self.shown} failed"
 
 
@@ -232,7 +233,8 @@ def describe(error: BaseException) -> str:
     """The innermost cause of a failed request, whole and on one line, in words where the
     bare exception says little: `the connection was refused ([Errno 111] Connection refused)`
     rather than `HTTPConnectionPool(...): Max retries exceeded with url: ... (Caused by ...)`.
-    URLs in it are redacted."""
+    URLs in it are redacted, and control characters escaped: a line the server sent in place of
+    HTTP's (http.client's BadStatusLine) is the server's text."""
     chain = causes(error)
     inner = chain[-1]
     text = _URLLIB3_PREFIX.sub("", str(inner)).strip()
@@ -259,4 +261,4 @@ def describe(error: BaseException) -> str:
         words = f"no answer in time ({text})" if text else "no answer in time"
     else:
         words = text or type(inner).__name__
-    return redact_text(" ".join(words.split()))
+    return printable(redact_text(" ".join(words.split())))

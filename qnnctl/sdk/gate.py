@@ -136,6 +136,16 @@ def agree(expected: Sequence[Expected]) -> None:
             )
 
 
+def size_limit(expected: Sequence[Expected]) -> tuple[int, str] | None:
+    """(the fewest bytes an archive is pinned to, who pins it, as a message names them): a body
+    longer than that passes no gate, and a download can stop there. None when no size is pinned."""
+    pinned = [e for e in expected if e.sha256 is not None and e.size is not None]
+    if not pinned:
+        return None
+    least = min(pinned, key=lambda e: e.size or 0)
+    return least.size or 0, f"{least.source} {least.says}"
+
+
 def why_whole(expected: Sequence[Expected], components: Collection[str]) -> str | None:
     """Why an install of `components` by parts could not be checked against `expected`, so
     that the whole archive must be fetched (and checked whole); None when it can be."""

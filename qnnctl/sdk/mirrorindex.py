@@ -65,7 +65,10 @@ def parse_index(data: object, where: str) -> dict[str, dict[str, Any]]:
     """The `versions` table of an index; ValueError when `data` is no mirror index."""
     if not isinstance(data, dict) or data.get("schema") != INDEX_SCHEMA or not isinstance(data.get("versions"), dict):
         raise ValueError(f"{where} is not a qnnctl mirror index (schema {INDEX_SCHEMA} with a `versions` table)")
-    return {str(k): v for k, v in data["versions"].items() if isinstance(v, dict)}
+    # Each version as it parses: a key is the server's text, and whitespace or control characters
+    # around it would reach messages, URLs and folder names. Other keys name no version anyone asks for.
+    return {str(parse_version(k)) if is_full_version(str(k)) else str(k): v
+            for k, v in data["versions"].items() if isinstance(v, dict)}
 
 
 def read_index(base: str) -> dict[str, dict[str, Any]] | None:

@@ -243,6 +243,12 @@ def sdk_problem(root: Path) -> Unsafe | None:
     return problem
 
 
+def folder_problem(folder: Path) -> Unsafe | None:
+    """Why another user could change what the folder `folder` holds: it, a folder down to it, or
+    a file in it (a link there is followed to where it leads); None when none could."""
+    return unsafe_path(folder) or _unsafe_entries(folder)
+
+
 def _unsafe_entries(folder: Path) -> Unsafe | None:
     """The first file in `folder` (checked already) that another user could change."""
     uid = os.geteuid()

@@ -150,9 +150,10 @@ def test_lock_from_a_download_and_a_tampered_mirror_archive(server: FaultServer,
     assert checked.returncode == 0, checked.stderr
     assert "matches" in checked.stderr
 
-    # The mirror's archive is replaced by another with the same name.
+    # The mirror's archive is replaced by another with the same name, and the same size (a longer
+    # one is stopped at the size the lock pins: tests/install/test_endless_body.py).
     assert run_qnnctl("uninstall", VERSION).returncode == 0
-    server.add(f"/qairt{PATH}", _archive(tmp_path / "bad", payload=b"tampered"))
+    server.add(f"/qairt{PATH}", _archive(tmp_path / "bad", payload=b"fake!"))
     tampered = run_qnnctl("install", cwd=sub)
     assert tampered.returncode == 4, tampered.stderr
     assert f"does not match {lock_path}" in tampered.stderr
@@ -1008,7 +1009,7 @@ def test_mirror_round_trip_served_by_http_server(server: FaultServer, tmp_path: 
         assert root == tmp_path / "fresh" / "sdks" / VERSION
         assert (read_manifest(root) or {})["sha256"] == _sha256(good)
 
-        archive.write_bytes(_archive(tmp_path / "bad", payload=b"tampered"))
+        archive.write_bytes(_archive(tmp_path / "bad", payload=b"fake!"))  # the same size, other bytes
         env["QNNCTL_CACHE_DIR"] = str(tmp_path / "fresh2")
         tampered = run_qnnctl("install", VERSION, env=env)
         assert tampered.returncode == 4, tampered.stderr
