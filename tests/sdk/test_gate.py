@@ -441,3 +441,21 @@ def test_a_whole_archive_sha256_cannot_check_part_of_an_archive() -> None:
     unread = refusal([LOCK._replace(central_directory_sha256=None)], gate.Observed("sdk.zip"))
     assert unread.message.endswith(": it pins components' digests, and none were computed on this way in; "
                                    "nothing was installed")
+
+
+def test_a_download_may_stop_at_the_fewest_bytes_pinned_with_a_sha256() -> None:
+    """`size_limit`: the smallest size that something pinning the archive's sha256 gives, and who
+    gives it, as the message names them; a size given without a sha256 pins nothing."""
+    index = gate.Expected("https://mirror/index.json", "the index", "says", "", sha256=A, size=12)
+    lock = gate.Expected("project/qnnctl.lock", "the lock", "pins", "", sha256=A, size=10)
+    sized = gate.Expected("a listing", "it", "lists", "", size=3)  # no sha256: vouches for no size
+    assert gate.size_limit([]) is None
+    assert gate.size_limit([sized]) is None
+    assert gate.size_limit([sized, index]) == (12, "https://mirror/index.json says")
+    assert gate.size_limit([index, lock, sized]) == (10, "project/qnnctl.lock pins")
+    assert gate.size_limit([lock, index]) == (10, "project/qnnctl.lock pins")
+    # Sizes of 0 and 1 pinned: the smaller, whichever comes first.
+    empty = gate.Expected("an empty pin", "it", "pins", "", sha256=A, size=0)
+    one = gate.Expected("a one-byte pin", "it", "pins", "", sha256=A, size=1)
+    assert gate.size_limit([one, empty]) == (0, "an empty pin pins")
+    assert gate.size_limit([empty, one]) == (0, "an empty pin pins")
