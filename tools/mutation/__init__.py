@@ -30,7 +30,10 @@ TARGETS: dict[str, Target] = {
                         ("tests/sdk/test_selection.py", "tests/sdk/test_choice.py", "tests/shell/test_env_cli.py",
                          "tests/shell/test_shell.py", "tests/run/test_api.py", "tests/test_first_run.py")),
     "elf": Target(("qnnctl/host/elf.py",), ("tests/host/test_elf.py", "tests/doctor/test_doctor.py")),
-    "download": Target(("qnnctl/net/download.py",), ("tests/net/test_download.py",)),
+    # A body past the size a lock or an index pins, and a server's words shown escaped (test_endless_body,
+    # test_server_words), beside the downloader's own tests.
+    "download": Target(("qnnctl/net/download.py",), ("tests/net/test_download.py", "tests/install/test_endless_body.py",
+                                                      "tests/net/test_server_words.py")),
     # The links and member filter of partial installs, and doctor --verify's digests, are archive's too; so
     # are the modules split from it (its workers, one member's data, extracting while downloading, links).
     "archive": Target(("qnnctl/install/archive.py", "qnnctl/install/pool.py", "qnnctl/install/memberdata.py",
@@ -65,7 +68,8 @@ TARGETS: dict[str, Target] = {
     # A mirror's index.json: its limits (size, deadline, nesting) in the tests' own process against the
     # loopback server (test_mirrorindex); read on its own and by installs from a mirror (test_fleet).
     "mirrorindex": Target(("qnnctl/sdk/mirrorindex.py",),
-                          ("tests/sdk/test_mirrorindex.py", "tests/fleet/test_fleet.py")),
+                          ("tests/sdk/test_mirrorindex.py", "tests/fleet/test_fleet.py",
+                           "tests/sdk/test_mirror_versions.py")),
     # The commit stage, in the tests' own process and through every install (test_install); an SDK
     # replaced while a pipeline uses it (test_holds).
     "commit": Target(("qnnctl/install/commit.py",), ("tests/install/test_install.py", "tests/sdk/test_holds.py")),
@@ -81,7 +85,7 @@ TARGETS: dict[str, Target] = {
     # The mirror and the archive fetch in the tests' own process (test_mirror); test_fleet's and
     # test_nginx's runs of `qnnctl mirror` and `lock`, a child each, cost minutes for each mutant
     # they do not kill.
-    "mirror": Target(("qnnctl/fleet/mirror.py",), ("tests/fleet/test_mirror.py",)),
+    "mirror": Target(("qnnctl/fleet/mirror.py",), ("tests/fleet/test_mirror.py", "tests/fleet/test_mirror_lock.py")),
     # Installs by parts: the module's functions, RangedInstall and install_components in the tests' own
     # process, against the loopback server (test_parts). test_partial's installs through the command line
     # reach them too, at a minute for each mutant they do not kill: in a first run with both, they killed
