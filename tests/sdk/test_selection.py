@@ -1050,6 +1050,55 @@ def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: P
     assert _dry_run(VERSION, allow_install=False)[2] == []  # a run that may not install stages nothing
 
 
+def test_an_sdk_whose_trio_the_host_has_stages_nothing_and_loads_no_staging_code(
+        cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `lower` asks before every run: an SDK whose libraries need the libc++ trio, on a host
+    that has it (here in the SDK's own folder, as releases before 2.23 ship it), stages nothing and
+    never imports the staging code (requests, the package readers)."""
+    import qnnctl.host
+    from qnnctl.host.needs import trio_needed
+    from qnnctl.run.environment import ensure_loadable
+    from qnnctl.sdk.cache import Cache
+    from tests.host.test_runtime import stub_trio
+    from tests.sdkfactory import compile_shared
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    lib = root / "lib" / "x86_64-linux-clang"
+    stub_trio(lib)
+    compile_shared(lib / "libQnnHtp.so", "int libcxx_stub(void);\nint qnn_htp(void) { return libcxx_stub(); }\n",
+                   extra=[f"-L{lib}", "-Wl,--no-as-needed", "-l:libc++.so.1"])
+    sdk = Sdk(root, VERSION, "qnnctl cache")
+    assert trio_needed(sdk) == ["libc++.so.1"]
+    monkeypatch.delitem(sys.modules, "qnnctl.host.runtime", raising=False)
+    monkeypatch.delattr(qnnctl.host, "runtime", raising=False)
+    ensure_loadable(sdk, dict(os.environ), Cache(cache_dir), Path.cwd())
+    assert "qnnctl.host.runtime" not in sys.modules
+    assert not (cache_dir / "runtime").exists()
+
+
+def test_the_lock_is_read_for_the_runtime_only_when_one_is_staged(cache_dir: Path, tmp_path: Path) -> None:
+    """`lower` and `setup_sdk()` hold a staged runtime to the project's lock; with none staged the
+    lock is not read for it (here a lock that is no TOML, which reading would refuse)."""
+    from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+    from qnnctl.run.environment import hold_runtime_to_lock
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockError
+    from tests.host.test_runtime import stub_trio
+
+    cache = Cache(cache_dir)
+    sdk = Sdk(install_tree_into_cache(cache_dir, VERSION), VERSION, "qnnctl cache")
+    lock = Path.cwd() / "qnnctl.lock"
+    lock.write_text("[sdk\n")
+    hold_runtime_to_lock(sdk, cache, Path.cwd())  # nothing staged: nothing read
+    stub_trio(tmp_path / "given")
+    stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "given",), force=True, use_apt=False), os.environ)
+    with pytest.raises(LockError) as caught:
+        hold_runtime_to_lock(sdk, cache, Path.cwd())
+    assert caught.value.message.startswith(f"{lock} is not TOML: ")
+    lock.unlink()
+    hold_runtime_to_lock(sdk, cache, Path.cwd())  # staged, and no lock: nothing to hold it to
+
+
 def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServer, cache_dir: Path,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     """`qnnctl lower` on a terminal passes terminal=True: the install's download draws a bar."""
@@ -1287,7 +1336,12 @@ def test_a_home_folder_named_by_mistake_is_looked_into_2000_folders_deep_at_most
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user takes root")
 def test_a_folder_that_cannot_be_listed_is_passed_over(tmp_path: Path) -> None:
-    """As a user who may not enter or list some folders of those below: the others are looked into."""
+    """As a user who may not enter or list some folders of those below: the others are looked into.
+
+    This process acts as that user (its effective ids, which every permission check asks), then as
+    root again: in this process, so that the code that runs meanwhile is this process's, which the
+    mutation tool sees (a forked child's calls it does not)."""
+    import shutil
     import tempfile
 
     from qnnctl.sdk.layout import sdk_roots_below
@@ -1302,24 +1356,18 @@ def test_a_folder_that_cannot_be_listed_is_passed_over(tmp_path: Path) -> None:
         root = _host_libraries(top / "b-open" / "sdk", X86_LIBS)
         for folder in (top / "b-open", root, root / "lib", root / X86_LIBS):
             folder.chmod(0o755)
-        reader, writer = os.pipe()
-        child = os.fork()
-        if child == 0:  # pragma: no cover - the child reports through the pipe
-            try:
-                os.setgid(4321)
-                os.setuid(4321)
-                found = sdk_roots_below(top)
-                os.write(writer, "\n".join(map(str, found)).encode())
-            finally:
-                os._exit(0)
-        os.close(writer)
-        with os.fdopen(reader, "rb") as pipe:
-            said = pipe.read().decode()
-        os.waitpid(child, 0)
-        assert said == str(root)
+        groups, gid = os.getgroups(), os.getegid()
+        os.setgroups([])
+        os.setegid(4321)
+        os.seteuid(4321)
+        try:
+            found = sdk_roots_below(top)
+        finally:
+            os.seteuid(0)
+            os.setegid(gid)
+            os.setgroups(groups)
+        assert found == [root]
     finally:
-        import shutil
-
         shutil.rmtree(top)
 
 
