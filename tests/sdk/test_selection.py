@@ -1076,13 +1076,16 @@ def test_an_sdk_whose_trio_the_host_has_stages_nothing_and_loads_no_staging_code
     assert not (cache_dir / "runtime").exists()
 
 
-def test_the_lock_is_read_for_the_runtime_only_when_one_is_staged(cache_dir: Path, tmp_path: Path) -> None:
-    """`lower` and `setup_sdk()` hold a staged runtime to the project's lock; with none staged the
-    lock is not read for it (here a lock that is no TOML, which reading would refuse)."""
+def test_the_staged_runtime_is_held_to_the_lock_of_the_sdk_it_is_loaded_with(cache_dir: Path, tmp_path: Path) -> None:
+    """`lower` and `setup_sdk()` hold a staged runtime to what the project's lock pins of it, for the
+    SDK they load it with; with none staged the lock is not read for it (here a lock that is no
+    TOML, which reading would refuse)."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.host.build import staged_files
     from qnnctl.host.runtime import RuntimeRequest, stage_runtime
     from qnnctl.run.environment import hold_runtime_to_lock
     from qnnctl.sdk.cache import Cache
-    from qnnctl.sdk.lockfile import LockError
+    from qnnctl.sdk.lockfile import LockedSdk, LockError, write_lock
     from tests.host.test_runtime import stub_trio
 
     cache = Cache(cache_dir)
@@ -1091,12 +1094,31 @@ def test_the_lock_is_read_for_the_runtime_only_when_one_is_staged(cache_dir: Pat
     lock.write_text("[sdk\n")
     hold_runtime_to_lock(sdk, cache, Path.cwd())  # nothing staged: nothing read
     stub_trio(tmp_path / "given")
-    stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "given",), force=True, use_apt=False), os.environ)
-    with pytest.raises(LockError) as caught:
+    staged = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "given",), force=True, use_apt=False),
+                           os.environ).libcxx
+    assert staged is not None
+    with pytest.raises(LockError) as unread:
         hold_runtime_to_lock(sdk, cache, Path.cwd())
-    assert caught.value.message.startswith(f"{lock} is not TOML: ")
+    assert unread.value.message.startswith(f"{lock} is not TOML: ")
     lock.unlink()
     hold_runtime_to_lock(sdk, cache, Path.cwd())  # staged, and no lock: nothing to hold it to
+
+    files = staged_files(staged)
+    other = {**files, "lib/libc++.so.1": "0" * 64}
+
+    def locked(version: str, pinned: dict[str, str]) -> None:
+        write_lock(lock, LockedSdk(lock, version, "a" * 64, runtime_sha256={"libcxx": pinned}), "trusted")
+
+    locked(VERSION, files)
+    hold_runtime_to_lock(sdk, cache, Path.cwd() / "src")  # the one it pins
+    locked(OTHER_VERSION, other)
+    hold_runtime_to_lock(sdk, cache, Path.cwd())  # a lock of another SDK pins nothing of this one's
+    locked(VERSION, other)
+    with pytest.raises(IntegrityError) as refused:
+        hold_runtime_to_lock(sdk, cache, Path.cwd())
+    assert refused.value.message == (
+        f"the runtime staged in {staged.root} is not the libcxx runtime {lock} pins: "
+        f"lib/libc++.so.1: {files['lib/libc++.so.1']}, pinned {'0' * 64}")
 
 
 def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServer, cache_dir: Path,
@@ -1546,6 +1568,56 @@ def test_an_sdk_used_without_install_is_held_to_the_projects_lock(cache_dir: Pat
     assert caught.value.hint == (
         f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK in use is the one to "
         f"trust, write the lock again: `qnnctl lock {VERSION}`")
+
+
+@pytest.mark.parametrize("origin", ["QNN_SDK_ROOT", "--sdk", "qnnctl env"])
+def test_a_folder_named_by_path_that_the_lock_refuses_is_told_how_to_use_the_locked_sdk(
+        cache_dir: Path, tmp_path: Path, origin: str) -> None:
+    """An SDK folder outside the cache, named by a path, that the lock refuses: reinstalling into the
+    cache alone would leave the path naming the same folder, so the hint says how to name the locked
+    one instead. An SDK of the cache, however it was named, and one found elsewhere keep the hint to
+    reinstall it."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import hold_sdk_to_lock
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    cache = Cache(cache_dir)
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "0" * 64, component_sha256={"host": "1" * 64}), "trusted")
+    outside = build_sdk_tree(tmp_path / "opt" / VERSION)
+    cached = install_tree_into_cache(cache_dir, VERSION)
+    reinstall = (f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK in use is the "
+                 f"one to trust, write the lock again: `qnnctl lock {VERSION}`")
+    named = {
+        "QNN_SDK_ROOT": f"QNN_SDK_ROOT names {outside}: install the locked SDK into qnnctl's cache with "
+                        f"`qnnctl install {VERSION}`, then unset QNN_SDK_ROOT (or point it there: "
+                        f"`export QNN_SDK_ROOT=\"$(qnnctl install {VERSION})\"`)",
+        "--sdk": f"--sdk names {outside}: install the locked SDK into qnnctl's cache with "
+                 f"`qnnctl install {VERSION}`, and name it by its version: `--sdk {VERSION}`",
+        "qnnctl env": f"this shell was set up by `qnnctl env` for {outside}: install the locked SDK into qnnctl's "
+                      f"cache with `qnnctl install {VERSION}`, then set the shell up for it: "
+                      f"`eval \"$(qnnctl env {VERSION})\"`",
+    }
+    for sdk, hint in ((Sdk(outside, VERSION, origin), named[origin]), (Sdk(cached, VERSION, origin), reinstall),
+                      (Sdk(outside, VERSION, "ExecuTorch cache"), reinstall)):
+        with pytest.raises(IntegrityError) as refused:
+            hold_sdk_to_lock(sdk, cache, Path.cwd())
+        assert refused.value.hint == hint, sdk
+
+
+def test_an_sdk_named_by_path_that_others_can_write_is_refused_naming_it_and_who_named_it(tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.select import named_sdk
+
+    root = build_sdk_tree(tmp_path / "opt" / "qairt")
+    assert named_sdk(root, "--sdk") == Sdk(root, VERSION, "--sdk")
+    (root / "lib").chmod(0o777)
+    with pytest.raises(IntegrityError) as refused:
+        named_sdk(root, "--sdk")
+    assert refused.value.message == (
+        f"the SDK folder {root} (--sdk) is not used: {root / 'lib'} is writable by its group and others "
+        "(mode 0777), so another user could put code there that runs as you")
 
 
 # -- a version prefix looked up in what is installed, and in the mirror's index when asked --------
