@@ -1670,6 +1670,74 @@ def test_a_prefix_counts_only_the_sdks_installed_whole(cache_dir: Path) -> None:
     assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == "2.37.8.990101"
 
 
+def test_a_pins_prefix_is_resolved_where_the_version_given_would_be(cache_dir: Path, server: FaultServer,
+                                                                     tmp_path: Path) -> None:
+    """A pin that names a prefix (`2.37`) is read as a version given is: the newest installed match,
+    then, for a look-up that may install, the mirror's index; `qnnctl env`'s look-up never asks it."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import select_sdk
+
+    environ = {**os.environ, "QNNCTL_MIRROR": _mirror_of(server, tmp_path)}
+    cache = Cache(cache_dir)
+    _pin("2.37\n")
+    assert select_sdk(None, environ, Path.cwd(), cache, mirror=True).version == MIRRORED
+    assert select_sdk(None, environ, Path.cwd(), cache).version == VERSION  # the known release
+    install_tree_into_cache(cache_dir, "2.37.8.990101")
+    assert select_sdk(None, dict(os.environ), Path.cwd(), cache).version == "2.37.8.990101"
+
+
+def test_an_installed_copy_is_refused_when_it_is_not_what_it_claims_or_others_can_write_it(
+        cache_dir: Path, tmp_path: Path) -> None:
+    """find_installed, which every look-up of a version asks: qnnctl's own copy, a linked folder and
+    ExecuTorch's cache folder, each refused by name where another user could write it; a linked
+    folder whose libraries changed since it was linked; ExecuTorch's folder whose libraries are
+    another SDK's than its name says."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import find_installed
+    from qnnctl.sdk.stores import link_sdk
+
+    cache = Cache(cache_dir)
+    environ = {**os.environ, "QNN_STAGING_DIR": str(tmp_path / "staging")}
+
+    def refused(version: str) -> IntegrityError:
+        with pytest.raises(IntegrityError) as caught:
+            find_installed(version, cache, environ)
+        return caught.value
+
+    def writable(what: str, lib: Path) -> str:
+        return (f"{what} is not used: {lib} is writable by its group and others (mode 0777), so another user "
+                "could put code there that runs as you")
+
+    own = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    (own / "lib").chmod(0o777)
+    assert refused(OTHER_VERSION).message == writable(f"SDK {OTHER_VERSION} of qnnctl's cache ({own})", own / "lib")
+
+    linked = build_sdk_tree(tmp_path / "vendor" / VERSION, SdkSpec(build_id="v2.37.0.250724101010"))
+    link_sdk(linked, None, cache, environ)
+    assert find_installed(VERSION, cache, environ) == Sdk(linked, VERSION, "link")
+    (linked / "lib").chmod(0o777)
+    assert refused(VERSION).message == writable(f"SDK {VERSION}, linked to {linked},", linked / "lib")
+    (linked / "lib").chmod(0o755)
+    build_sdk_tree(linked, SdkSpec(build_id="v2.37.0.250724999999"))
+    assert refused(VERSION).message == (
+        f"SDK {VERSION} is linked to {linked}, but its libraries are now build 2.37.0.250724999999 (SDK "
+        f"{VERSION}), not build 2.37.0.250724101010 as when it was linked; it is not used")
+
+    version = "2.36.1.250708"
+    candidate = build_sdk_tree(tmp_path / "staging" / f"sdk-{version}",
+                               SdkSpec(version=version, build_id="v2.36.1.250708101010"))
+    assert find_installed(version, cache, environ) == Sdk(candidate, version, "ExecuTorch cache")
+    build_sdk_tree(candidate, SdkSpec(version=version, build_id="v2.37.0.250724101010"))
+    error = refused(version)
+    assert (error.message, error.hint) == (
+        f"ExecuTorch's cache folder {candidate} is named for SDK {version}, but its libraries are build "
+        f"2.37.0.250724101010 (SDK {VERSION}); it is not used",
+        f"remove that folder (ExecuTorch fetches the SDK again when it needs it), then `qnnctl install {version}`")
+    (candidate / "lib").chmod(0o777)
+    assert refused(version).message == writable(f"ExecuTorch's cache folder {candidate}", candidate / "lib")
+
+
 # -- this shell's SDK and the project's pin ----------------------------------------------------
 
 
