@@ -1050,6 +1050,77 @@ def test_a_dry_run_says_what_runtime_it_would_stage(cache_dir: Path, tmp_path: P
     assert _dry_run(VERSION, allow_install=False)[2] == []  # a run that may not install stages nothing
 
 
+def test_an_sdk_whose_trio_the_host_has_stages_nothing_and_loads_no_staging_code(
+        cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `lower` asks before every run: an SDK whose libraries need the libc++ trio, on a host
+    that has it (here in the SDK's own folder, as releases before 2.23 ship it), stages nothing and
+    never imports the staging code (requests, the package readers)."""
+    import qnnctl.host
+    from qnnctl.host.needs import trio_needed
+    from qnnctl.run.environment import ensure_loadable
+    from qnnctl.sdk.cache import Cache
+    from tests.host.test_runtime import stub_trio
+    from tests.sdkfactory import compile_shared
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    lib = root / "lib" / "x86_64-linux-clang"
+    stub_trio(lib)
+    compile_shared(lib / "libQnnHtp.so", "int libcxx_stub(void);\nint qnn_htp(void) { return libcxx_stub(); }\n",
+                   extra=[f"-L{lib}", "-Wl,--no-as-needed", "-l:libc++.so.1"])
+    sdk = Sdk(root, VERSION, "qnnctl cache")
+    assert trio_needed(sdk) == ["libc++.so.1"]
+    monkeypatch.delitem(sys.modules, "qnnctl.host.runtime", raising=False)
+    monkeypatch.delattr(qnnctl.host, "runtime", raising=False)
+    ensure_loadable(sdk, dict(os.environ), Cache(cache_dir), Path.cwd())
+    assert "qnnctl.host.runtime" not in sys.modules
+    assert not (cache_dir / "runtime").exists()
+
+
+def test_the_staged_runtime_is_held_to_the_lock_of_the_sdk_it_is_loaded_with(cache_dir: Path, tmp_path: Path) -> None:
+    """`lower` and `setup_sdk()` hold a staged runtime to what the project's lock pins of it, for the
+    SDK they load it with; with none staged the lock is not read for it (here a lock that is no
+    TOML, which reading would refuse)."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.host.build import staged_files
+    from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+    from qnnctl.run.environment import hold_runtime_to_lock
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, LockError, write_lock
+    from tests.host.test_runtime import stub_trio
+
+    cache = Cache(cache_dir)
+    sdk = Sdk(install_tree_into_cache(cache_dir, VERSION), VERSION, "qnnctl cache")
+    lock = Path.cwd() / "qnnctl.lock"
+    lock.write_text("[sdk\n")
+    hold_runtime_to_lock(sdk, cache, Path.cwd())  # nothing staged: nothing read
+    stub_trio(tmp_path / "given")
+    staged = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "given",), force=True, use_apt=False),
+                           os.environ).libcxx
+    assert staged is not None
+    with pytest.raises(LockError) as unread:
+        hold_runtime_to_lock(sdk, cache, Path.cwd())
+    assert unread.value.message.startswith(f"{lock} is not TOML: ")
+    lock.unlink()
+    hold_runtime_to_lock(sdk, cache, Path.cwd())  # staged, and no lock: nothing to hold it to
+
+    files = staged_files(staged)
+    other = {**files, "lib/libc++.so.1": "0" * 64}
+
+    def locked(version: str, pinned: dict[str, str]) -> None:
+        write_lock(lock, LockedSdk(lock, version, "a" * 64, runtime_sha256={"libcxx": pinned}), "trusted")
+
+    locked(VERSION, files)
+    hold_runtime_to_lock(sdk, cache, Path.cwd() / "src")  # the one it pins
+    locked(OTHER_VERSION, other)
+    hold_runtime_to_lock(sdk, cache, Path.cwd())  # a lock of another SDK pins nothing of this one's
+    locked(VERSION, other)
+    with pytest.raises(IntegrityError) as refused:
+        hold_runtime_to_lock(sdk, cache, Path.cwd())
+    assert refused.value.message == (
+        f"the runtime staged in {staged.root} is not the libcxx runtime {lock} pins: "
+        f"lib/libc++.so.1: {files['lib/libc++.so.1']}, pinned {'0' * 64}")
+
+
 def test_a_resolve_for_a_terminal_shows_the_download_as_a_bar(mirror: FaultServer, cache_dir: Path,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     """`qnnctl lower` on a terminal passes terminal=True: the install's download draws a bar."""
@@ -1287,7 +1358,12 @@ def test_a_home_folder_named_by_mistake_is_looked_into_2000_folders_deep_at_most
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user takes root")
 def test_a_folder_that_cannot_be_listed_is_passed_over(tmp_path: Path) -> None:
-    """As a user who may not enter or list some folders of those below: the others are looked into."""
+    """As a user who may not enter or list some folders of those below: the others are looked into.
+
+    This process acts as that user (its effective ids, which every permission check asks), then as
+    root again: in this process, so that the code that runs meanwhile is this process's, which the
+    mutation tool sees (a forked child's calls it does not)."""
+    import shutil
     import tempfile
 
     from qnnctl.sdk.layout import sdk_roots_below
@@ -1302,24 +1378,18 @@ def test_a_folder_that_cannot_be_listed_is_passed_over(tmp_path: Path) -> None:
         root = _host_libraries(top / "b-open" / "sdk", X86_LIBS)
         for folder in (top / "b-open", root, root / "lib", root / X86_LIBS):
             folder.chmod(0o755)
-        reader, writer = os.pipe()
-        child = os.fork()
-        if child == 0:  # pragma: no cover - the child reports through the pipe
-            try:
-                os.setgid(4321)
-                os.setuid(4321)
-                found = sdk_roots_below(top)
-                os.write(writer, "\n".join(map(str, found)).encode())
-            finally:
-                os._exit(0)
-        os.close(writer)
-        with os.fdopen(reader, "rb") as pipe:
-            said = pipe.read().decode()
-        os.waitpid(child, 0)
-        assert said == str(root)
+        groups, gid = os.getgroups(), os.getegid()
+        os.setgroups([])
+        os.setegid(4321)
+        os.seteuid(4321)
+        try:
+            found = sdk_roots_below(top)
+        finally:
+            os.seteuid(0)
+            os.setegid(gid)
+            os.setgroups(groups)
+        assert found == [root]
     finally:
-        import shutil
-
         shutil.rmtree(top)
 
 
@@ -1500,6 +1570,56 @@ def test_an_sdk_used_without_install_is_held_to_the_projects_lock(cache_dir: Pat
         f"trust, write the lock again: `qnnctl lock {VERSION}`")
 
 
+@pytest.mark.parametrize("origin", ["QNN_SDK_ROOT", "--sdk", "qnnctl env"])
+def test_a_folder_named_by_path_that_the_lock_refuses_is_told_how_to_use_the_locked_sdk(
+        cache_dir: Path, tmp_path: Path, origin: str) -> None:
+    """An SDK folder outside the cache, named by a path, that the lock refuses: reinstalling into the
+    cache alone would leave the path naming the same folder, so the hint says how to name the locked
+    one instead. An SDK of the cache, however it was named, and one found elsewhere keep the hint to
+    reinstall it."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import hold_sdk_to_lock
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    cache = Cache(cache_dir)
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "0" * 64, component_sha256={"host": "1" * 64}), "trusted")
+    outside = build_sdk_tree(tmp_path / "opt" / VERSION)
+    cached = install_tree_into_cache(cache_dir, VERSION)
+    reinstall = (f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK in use is the "
+                 f"one to trust, write the lock again: `qnnctl lock {VERSION}`")
+    named = {
+        "QNN_SDK_ROOT": f"QNN_SDK_ROOT names {outside}: install the locked SDK into qnnctl's cache with "
+                        f"`qnnctl install {VERSION}`, then unset QNN_SDK_ROOT (or point it there: "
+                        f"`export QNN_SDK_ROOT=\"$(qnnctl install {VERSION})\"`)",
+        "--sdk": f"--sdk names {outside}: install the locked SDK into qnnctl's cache with "
+                 f"`qnnctl install {VERSION}`, and name it by its version: `--sdk {VERSION}`",
+        "qnnctl env": f"this shell was set up by `qnnctl env` for {outside}: install the locked SDK into qnnctl's "
+                      f"cache with `qnnctl install {VERSION}`, then set the shell up for it: "
+                      f"`eval \"$(qnnctl env {VERSION})\"`",
+    }
+    for sdk, hint in ((Sdk(outside, VERSION, origin), named[origin]), (Sdk(cached, VERSION, origin), reinstall),
+                      (Sdk(outside, VERSION, "ExecuTorch cache"), reinstall)):
+        with pytest.raises(IntegrityError) as refused:
+            hold_sdk_to_lock(sdk, cache, Path.cwd())
+        assert refused.value.hint == hint, sdk
+
+
+def test_an_sdk_named_by_path_that_others_can_write_is_refused_naming_it_and_who_named_it(tmp_path: Path) -> None:
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.select import named_sdk
+
+    root = build_sdk_tree(tmp_path / "opt" / "qairt")
+    assert named_sdk(root, "--sdk") == Sdk(root, VERSION, "--sdk")
+    (root / "lib").chmod(0o777)
+    with pytest.raises(IntegrityError) as refused:
+        named_sdk(root, "--sdk")
+    assert refused.value.message == (
+        f"the SDK folder {root} (--sdk) is not used: {root / 'lib'} is writable by its group and others "
+        "(mode 0777), so another user could put code there that runs as you")
+
+
 # -- a version prefix looked up in what is installed, and in the mirror's index when asked --------
 
 
@@ -1548,6 +1668,74 @@ def test_a_prefix_counts_only_the_sdks_installed_whole(cache_dir: Path) -> None:
     assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == VERSION
     install_tree_into_cache(cache_dir, "2.37.8.990101")
     assert resolve_spec("2.37", Cache(cache_dir), dict(os.environ)) == "2.37.8.990101"
+
+
+def test_a_pins_prefix_is_resolved_where_the_version_given_would_be(cache_dir: Path, server: FaultServer,
+                                                                     tmp_path: Path) -> None:
+    """A pin that names a prefix (`2.37`) is read as a version given is: the newest installed match,
+    then, for a look-up that may install, the mirror's index; `qnnctl env`'s look-up never asks it."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import select_sdk
+
+    environ = {**os.environ, "QNNCTL_MIRROR": _mirror_of(server, tmp_path)}
+    cache = Cache(cache_dir)
+    _pin("2.37\n")
+    assert select_sdk(None, environ, Path.cwd(), cache, mirror=True).version == MIRRORED
+    assert select_sdk(None, environ, Path.cwd(), cache).version == VERSION  # the known release
+    install_tree_into_cache(cache_dir, "2.37.8.990101")
+    assert select_sdk(None, dict(os.environ), Path.cwd(), cache).version == "2.37.8.990101"
+
+
+def test_an_installed_copy_is_refused_when_it_is_not_what_it_claims_or_others_can_write_it(
+        cache_dir: Path, tmp_path: Path) -> None:
+    """find_installed, which every look-up of a version asks: qnnctl's own copy, a linked folder and
+    ExecuTorch's cache folder, each refused by name where another user could write it; a linked
+    folder whose libraries changed since it was linked; ExecuTorch's folder whose libraries are
+    another SDK's than its name says."""
+    from qnnctl.errors import IntegrityError
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.select import find_installed
+    from qnnctl.sdk.stores import link_sdk
+
+    cache = Cache(cache_dir)
+    environ = {**os.environ, "QNN_STAGING_DIR": str(tmp_path / "staging")}
+
+    def refused(version: str) -> IntegrityError:
+        with pytest.raises(IntegrityError) as caught:
+            find_installed(version, cache, environ)
+        return caught.value
+
+    def writable(what: str, lib: Path) -> str:
+        return (f"{what} is not used: {lib} is writable by its group and others (mode 0777), so another user "
+                "could put code there that runs as you")
+
+    own = install_tree_into_cache(cache_dir, OTHER_VERSION)
+    (own / "lib").chmod(0o777)
+    assert refused(OTHER_VERSION).message == writable(f"SDK {OTHER_VERSION} of qnnctl's cache ({own})", own / "lib")
+
+    linked = build_sdk_tree(tmp_path / "vendor" / VERSION, SdkSpec(build_id="v2.37.0.250724101010"))
+    link_sdk(linked, None, cache, environ)
+    assert find_installed(VERSION, cache, environ) == Sdk(linked, VERSION, "link")
+    (linked / "lib").chmod(0o777)
+    assert refused(VERSION).message == writable(f"SDK {VERSION}, linked to {linked},", linked / "lib")
+    (linked / "lib").chmod(0o755)
+    build_sdk_tree(linked, SdkSpec(build_id="v2.37.0.250724999999"))
+    assert refused(VERSION).message == (
+        f"SDK {VERSION} is linked to {linked}, but its libraries are now build 2.37.0.250724999999 (SDK "
+        f"{VERSION}), not build 2.37.0.250724101010 as when it was linked; it is not used")
+
+    version = "2.36.1.250708"
+    candidate = build_sdk_tree(tmp_path / "staging" / f"sdk-{version}",
+                               SdkSpec(version=version, build_id="v2.36.1.250708101010"))
+    assert find_installed(version, cache, environ) == Sdk(candidate, version, "ExecuTorch cache")
+    build_sdk_tree(candidate, SdkSpec(version=version, build_id="v2.37.0.250724101010"))
+    error = refused(version)
+    assert (error.message, error.hint) == (
+        f"ExecuTorch's cache folder {candidate} is named for SDK {version}, but its libraries are build "
+        f"2.37.0.250724101010 (SDK {VERSION}); it is not used",
+        f"remove that folder (ExecuTorch fetches the SDK again when it needs it), then `qnnctl install {version}`")
+    (candidate / "lib").chmod(0o777)
+    assert refused(version).message == writable(f"ExecuTorch's cache folder {candidate}", candidate / "lib")
 
 
 # -- this shell's SDK and the project's pin ----------------------------------------------------
