@@ -507,6 +507,97 @@ def test_a_second_trio_is_named_as_not_used(tmp_path: Path, cache: Cache, caplog
     assert reason.startswith(f"the libc++ trio came from {first}/")
 
 
+def host_glibc_reason() -> str:
+    host = ".".join(str(part) for part in host_glibc() or ())
+    return (f"this host's glibc {host} covers what the SDK needs, so no glibc is staged "
+            "(--force stages one all the same)")
+
+
+def test_a_file_not_used_is_told_why_in_full(tmp_path: Path, cache: Cache, sdk: Sdk,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Each reason whole: what the user reads to decide whether --force is what they meant."""
+    needs_host_without_trio()
+    stub_trio(tmp_path / "first")
+    first = stage_runtime(cache, sdk, RuntimeRequest(sources=(tmp_path / "first",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    other = tmp_path / "other"
+    stub_trio(other)
+    caplog.clear()
+    stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert unused_warnings(caplog) == {str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} "
+                                                   f"(--force stages it again), and {host_glibc_reason()}"}
+    # An SDK that ships the trio needs none staged, whatever the cache holds.
+    for soname in TRIO:
+        shutil.copy(other / soname, sdk.lib_dir / soname)
+    caplog.clear()
+    stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert unused_warnings(caplog) == {
+        str(other): "this host (or the SDK) has libc++.so.1, libc++abi.so.1, libunwind.so.1 (--force stages them "
+                    f"all the same), and {host_glibc_reason()}"}
+
+
+def fake_glibc(folder: Path, version: str) -> Path:
+    """A folder holding a loader and a libc.so.6 that defines GLIBC_`version` (real ELF libraries,
+    never loaded: the version is read from the libc's version definitions)."""
+    folder.mkdir(parents=True)
+    script = folder.parent / f"{folder.name}.map"
+    script.write_text(f"GLIBC_{version} {{ global: qnn_new_symbol; local: *; }};\n")
+    compile_shared(folder / "libc.so.6", "int qnn_new_symbol(void) { return 1; }\n",
+                   extra=["-Wl,-soname,libc.so.6", f"-Wl,--version-script={script}"])
+    compile_shared(folder / LOADER, "int qnn_loader(void) { return 2; }\n", extra=[f"-Wl,-soname,{LOADER}"])
+    return folder
+
+
+def test_a_glibc_given_when_one_is_staged_is_told_why_in_full(
+        tmp_path: Path, cache: Cache, new_glibc_sdk: Sdk, caplog: pytest.LogCaptureFixture) -> None:
+    stub_trio(tmp_path / "trio")
+    first = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(tmp_path / "trio", fake_glibc(
+        tmp_path / "glibc", "2.99")), use_apt=False), os.environ)
+    assert (first.libcxx_action, first.glibc_action) == ("staged", "staged")
+    assert first.glibc is not None
+    assert first.glibc.name == "glibc-2.99-local"
+    other = fake_glibc(tmp_path / "other", "2.99")
+    caplog.clear()
+    again = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert (again.libcxx_action, again.glibc_action) == ("reused", "reused")
+    assert unused_warnings(caplog) == {
+        str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} (--force stages it again), and "  # type: ignore[union-attr]
+                    "glibc 2.99 is already staged, and covers what the SDK needs (--force stages it again)"}
+
+
+def test_only_a_loader_with_a_libc_is_a_glibc(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """A package with a libc.so.6 but no loader (or a loader but no libc) holds no glibc: given with
+    the trio, it holds nothing of use, and is refused."""
+    stub_trio(tmp_path / "trio")
+    glibc = fake_glibc(tmp_path / "glibc", "2.99")
+    for name, other in ((LOADER, "libc.so.6"), ("libc.so.6", LOADER)):
+        package = build_deb(tmp_path / f"only-{name}_1.0_amd64.deb", "only", "1.0",
+                            [Entry(f"./usr/lib/x86_64-linux-gnu/{name}", (glibc / name).read_bytes())])
+        with pytest.raises(UsageError) as caught:
+            stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", package), force=True, use_apt=False),
+                          os.environ)
+        assert caught.value.message == (f"--runtime-from {package} holds none of libc++.so.1, libc++abi.so.1, "
+                                        f"libunwind.so.1, and no glibc ({LOADER} with libc.so.6)"), other
+        assert caught.value.hint == ("give the packages, the LLVM 14 archive or a folder that hold them; "
+                                     "nothing was staged")
+        nothing_staged(cache_dir)
+
+
+def test_a_folder_is_read_past_what_it_holds_of_no_use(tmp_path: Path, cache: Cache) -> None:
+    """Notes, folders named as libraries and links to nothing are passed over, not the end of the folder."""
+    given = tmp_path / "given"
+    libs = stub_trio(given)
+    (given / "A-README").write_text("notes\n")  # sorted first, and no library
+    (given / "aaa.so").mkdir()  # named as a library, but a folder
+    (given / "libc++.so.0").symlink_to(given / "gone")  # a link to nothing, before the trio
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    assert sorted(record["source"] for record in manifest_of(result.libcxx.root)["sources"]) == sorted(  # type: ignore[attr-defined]
+        str(given / n) for n in TRIO)
+
+
 def test_a_glibc_alone_fetches_no_trio(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk,
                                        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Files given are what is used: no `apt-get download`, no LLVM archive behind the user's back."""
