@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.host.llvm import LLVM_SHA256_ENV, LLVM_URL_ENV
-from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.runtime import RuntimeRequest, ensure_trio, stage_runtime
 from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO
 from qnnctl.run.lower import StagedLoader, under_loader
 from qnnctl.sdk.cache import Cache
@@ -282,6 +282,24 @@ def test_install_of_an_sdk_that_needs_no_libcxx_stages_nothing(llvm: Llvm, apt_l
     assert not (cache_dir / "runtime").exists()
     assert llvm.server.requests == []
     assert not apt_log.exists()
+
+
+def test_ensure_trio_does_nothing_where_the_sdk_finds_its_trio(llvm: Llvm, tmp_path: Path, cache: Cache,
+                                                               cache_dir: Path) -> None:
+    """What `install` and `lower` call, in this process: it stages the trio once, and returns None,
+    having done nothing, while the cache or the SDK has what the SDK's libraries need."""
+    needs_host_without_trio()
+    sdk = Sdk(installed_sdk_needing_libcxx(cache_dir, llvm.stubs), VERSION, "qnnctl cache")
+    staged = ensure_trio(cache, sdk, os.environ, tmp_path)
+    assert staged is not None
+    assert staged.libcxx_action == "staged"
+    assert (staged_dirs(cache_dir), llvm.requests()) == (["libcxx-14.0.0"], 1)
+    assert ensure_trio(cache, sdk, os.environ, tmp_path) is None
+    shutil.rmtree(cache_dir / "runtime")
+    for soname in TRIO:
+        shutil.copy(llvm.stubs / soname, sdk.lib_dir / soname)
+    assert ensure_trio(cache, sdk, os.environ, tmp_path) is None
+    assert (staged_dirs(cache_dir), llvm.requests()) == ([], 1)
 
 
 # -- lower -----------------------------------------------------------------------------
