@@ -7,6 +7,7 @@ Deselect them offline with `-k "not apt"`.
 
 from __future__ import annotations
 
+import bz2
 import hashlib
 import io
 import json
@@ -18,6 +19,7 @@ import sys
 import tarfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -596,6 +598,72 @@ def test_a_folder_is_read_past_what_it_holds_of_no_use(tmp_path: Path, cache: Ca
     assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
     assert sorted(record["source"] for record in manifest_of(result.libcxx.root)["sources"]) == sorted(  # type: ignore[attr-defined]
         str(given / n) for n in TRIO)
+
+
+def trio_tar_file(path: Path, libs: dict[str, bytes], compress: Any = lzma.compress) -> Path:
+    """The trio in a tar laid out as LLVM's release archive is, compressed by `compress`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for soname, data in libs.items():
+            info = tarfile.TarInfo(f"{LLVM_TOP}/lib/{soname}")
+            info.size = len(data)
+            info.mode = 0o755
+            tf.addfile(info, io.BytesIO(data))
+    path.write_bytes(compress(buffer.getvalue()))
+    return path
+
+
+def test_what_a_file_given_is_recorded_as_is_its_bytes_and_its_package(tmp_path: Path, cache: Cache) -> None:
+    libs = stub_trio(tmp_path / "stubs")
+    archive = trio_tar_file(tmp_path / "trio.tar.xz", libs)
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.0"  # the LLVM release its top folder names
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(archive), "sha256": sha256_of(archive.read_bytes()), "size": archive.stat().st_size}]
+    debs = trio_debs(tmp_path / "debs")
+    result = stage_runtime(cache, None, RuntimeRequest(sources=tuple(debs), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(deb), "sha256": sha256_of(deb.read_bytes()), "size": deb.stat().st_size,
+         "package": package, "version": "1.0", "architecture": "amd64"}
+        for deb, package in zip(debs, ("test-libcxx", "test-libcxxabi", "test-libunwind"))]
+
+
+def test_an_archive_given_that_holds_nothing_of_use_is_named(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    stub_trio(tmp_path / "trio")
+    unrelated = tmp_path / "docs.tar.xz"
+    unrelated.write_bytes(lzma.compress(tar_bytes_of({"share/doc/README": b"nothing\n"})))
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", unrelated), force=True, use_apt=False),
+                      os.environ)
+    assert caught.value.message.startswith(f"--runtime-from {unrelated} holds none of libc++.so.1, ")
+    nothing_staged(cache_dir)
+
+
+def tar_bytes_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("compress", [lzma.compress, bz2.compress], ids=["xz", "bzip2"])
+def test_a_damaged_archive_given_is_named_as_damaged(compress: Any, tmp_path: Path, cache: Cache,
+                                                     cache_dir: Path) -> None:
+    """Bytes changed in the middle of its compressed stream: the decoder's error names the file given."""
+    whole = trio_tar_file(tmp_path / "whole", stub_trio(tmp_path / "stubs"), compress).read_bytes()
+    damaged = tmp_path / "trio.tar.cmp"
+    middle = len(whole) // 2
+    damaged.write_bytes(whole[:middle] + bytes(b ^ 0x5A for b in whole[middle:middle + 64]) + whole[middle + 64:])
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(damaged,), force=True, use_apt=False), os.environ)
+    assert caught.value.message.startswith("trio.tar.cmp is corrupt or truncated: "), caught.value.message
+    assert caught.value.hint == "download it again or get it from a trusted source; nothing was staged"
+    nothing_staged(cache_dir)
 
 
 def test_a_glibc_alone_fetches_no_trio(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk,

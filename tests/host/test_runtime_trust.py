@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from qnnctl.errors import IntegrityError
+from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
@@ -219,6 +219,23 @@ def test_a_file_swapped_while_it_is_read_is_never_staged_under_the_first_ones_di
     # The swap did come, early enough to be read whole, and too late to be read at all.
     assert (True, True) in seen
     assert (False, False) in seen or (True, False) in seen
+
+
+def test_a_file_swapped_for_no_package_after_the_first_look_is_refused_by_its_name(
+        tmp_path: Path, cache: Cache, cache_dir: Path, swap: dict[str, Any]) -> None:
+    """The first look (before anything is fetched) saw a package; the one reading that stages saw
+    something else, and says which file."""
+    given = tmp_path / "given" / "trio.pkg"
+    given.parent.mkdir()
+    trio_tar(given, tmp_path / "good", 7)
+    junk = tmp_path / "given" / "junk"
+    junk.write_bytes(b"#!/bin/sh\n" * 100)
+    swap.update(path=os.path.realpath(given), other=str(junk), at=2, opens=0, swapped=False)
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+    assert swap["swapped"]
+    assert caught.value.message == f"{given} is not a .deb, .rpm or tar archive"
+    nothing_staged(cache_dir)
 
 
 # -- modes -------------------------------------------------------------------------------------
