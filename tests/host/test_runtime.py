@@ -33,7 +33,7 @@ from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
-from tests.host.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc
+from tests.host.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc, tar_bytes
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, compile_shared, for_another_machine, install_tree_into_cache
 
@@ -744,6 +744,16 @@ def test_bad_deb_is_an_integrity_error_and_stages_nothing(make: object, tmp_path
     with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(sources=(deb, good), force=True, use_apt=False), os.environ)
     assert ("sha256 mismatch" in caught.value.message) == (make is fake_known_deb)
+    nothing_staged(cache_dir)
+
+
+def test_a_deb_without_its_control_file_is_named_as_damaged(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """Read from the private copy staging makes of it, and named as the file the user gave."""
+    deb = build_deb(tmp_path / "libc++1-14.deb", "libc++1-14", "1.0", [Entry("./usr/lib/libc++.so.1", b"\x7fELF")],
+                    control_member=tar_bytes([Entry("./"), Entry("./md5sums", b"")], "gz"))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(deb,), force=True, use_apt=False), os.environ)
+    assert caught.value.message == "libc++1-14.deb is corrupt or truncated: control.tar holds no control file"
     nothing_staged(cache_dir)
 
 
