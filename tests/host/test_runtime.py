@@ -628,6 +628,43 @@ def test_what_a_file_given_is_recorded_as_is_its_bytes_and_its_package(tmp_path:
         {"source": str(deb), "sha256": sha256_of(deb.read_bytes()), "size": deb.stat().st_size,
          "package": package, "version": "1.0", "architecture": "amd64"}
         for deb, package in zip(debs, ("test-libcxx", "test-libcxxabi", "test-libunwind"))]
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "stubs",), force=True, use_apt=False),
+                           os.environ)
+    assert result.libcxx is not None
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(tmp_path / "stubs" / soname), "sha256": sha256_of(data), "size": len(data)}
+        for soname, data in sorted(libs.items())]
+    rpm = build_rpm(tmp_path / "trio.rpm", "libcxx-trio", "14.0.6", "3.el9", cpio_newc(cpio_entries(
+        [Entry(f"./usr/lib64/{soname}", data, mode=0o755) for soname, data in libs.items()])))
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(rpm,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.6-3.el9"
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(rpm), "sha256": sha256_of(rpm.read_bytes()), "size": rpm.stat().st_size,
+         "package": "libcxx-trio", "version": "14.0.6-3.el9", "architecture": "x86_64"}]
+
+
+def test_a_debian_version_is_named_without_its_epoch_alone(tmp_path: Path, cache: Cache) -> None:
+    """Only the epoch goes: an upstream version may hold colons of its own (Debian policy, where an
+    epoch is given)."""
+    libs = stub_trio(tmp_path / "stubs")
+    deb = build_deb(tmp_path / "libcxx.deb", TRIO_DEBS[0], "1:14.0.6:git2-1",
+                    [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", data) for soname, data in libs.items()])
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(deb,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.6_git2-1"
+
+
+def test_an_rpm_whose_header_is_damaged_is_named_as_the_file_given(tmp_path: Path, cache: Cache,
+                                                                   cache_dir: Path) -> None:
+    rpm = build_rpm(tmp_path / "trio.rpm", "libcxx-trio", "14.0.6", "1", cpio_newc(cpio_entries([])))
+    data = bytearray(rpm.read_bytes())
+    data[96:100] = b"\x00\x00\x00\x00"  # the signature header's magic, after the 96-byte lead
+    rpm.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(rpm,), force=True, use_apt=False), os.environ)
+    assert caught.value.message == "trio.rpm is corrupt or truncated: bad RPM header magic"
+    nothing_staged(cache_dir)
 
 
 def test_an_archive_given_that_holds_nothing_of_use_is_named(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
@@ -744,6 +781,11 @@ def test_bad_deb_is_an_integrity_error_and_stages_nothing(make: object, tmp_path
     with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(sources=(deb, good), force=True, use_apt=False), os.environ)
     assert ("sha256 mismatch" in caught.value.message) == (make is fake_known_deb)
+    if make is fake_known_deb:
+        pinned = PINNED_DEBS[("libc++1-14", "1:14.0.6-12", "amd64")]
+        assert caught.value.message == (f"sha256 mismatch for libc++1-14.deb (libc++1-14 1:14.0.6-12 amd64): "
+                                        f"expected {pinned}, got {sha256_of(deb.read_bytes())}")
+        assert caught.value.hint == "this is not the package Debian published; nothing was staged"
     nothing_staged(cache_dir)
 
 
