@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
+from qnnctl.host import llvm as llvm_module
 from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
@@ -293,12 +294,71 @@ def test_llvm_stream_that_keeps_failing_stages_nothing(server: FaultServer, tmp_
     url = server.add("/llvm.tar.xz", data, "application/x-xz")
     server.fail("/llvm.tar.xz", *[Fault.drop_after(len(data) // 3)] * 3)
     request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
-    with pytest.raises(DownloadError, match="after 3 attempts"):
+    with pytest.raises(DownloadError, match="after 3 attempts") as caught:
         stage_runtime(cache, None, request, os.environ)
+    assert caught.value.hint == NETWORK_HINT
+    assert len(server.requests_for("/llvm.tar.xz")) == 3
     nothing_staged(cache_dir)
-    with pytest.raises(DownloadError, match="HTTP 404"):
+    with pytest.raises(DownloadError, match="HTTP 404") as refused:
         stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=server.url("/none")),
                       os.environ)
+    assert refused.value.message == f"HTTP 404 from {server.url('/none')}"
+    assert refused.value.hint == "check QNNCTL_LLVM_URL, or give the libraries with --runtime-from"
+    nothing_staged(cache_dir)
+
+
+NETWORK_HINT = ("check the network and proxy settings, set QNNCTL_LLVM_URL to a mirror, or give the libraries "
+                "with --runtime-from")
+
+
+def retry_waits(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings before each retry of the LLVM stream: why, and how long it waits."""
+    return [record.getMessage() for record in caplog.records
+            if record.levelname == "WARNING" and "; retrying in " in record.getMessage()]
+
+
+def test_llvm_stream_waits_as_long_as_the_server_asks(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A Retry-After is waited for; without one, the backoff from the base asked for, doubling."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.status(503, retry_after="1"), Fault.drop_after(len(data) // 2))
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.04)
+    result = stage_runtime(cache, None, request, os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    waits = retry_waits(caplog)
+    assert len(waits) == 2
+    assert waits[0] == f"HTTP 503 from {url}; retrying in 1.0s"
+    assert waits[1].startswith(f"the connection to {url} broke: ")
+    assert waits[1].endswith("; retrying in 0.1s")  # 0.04 * 2 for the second attempt
+    assert len(server.requests_for("/llvm.tar.xz")) == 3
+
+
+def test_llvm_stream_gives_up_on_a_server_that_never_answers(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                             cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each attempt waits READ_TIMEOUT for an answer, not for ever (a second here, not a minute)."""
+    monkeypatch.setattr(llvm_module, "READ_TIMEOUT", 1.0)
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", *[Fault.stall(6)] * 3)
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message.startswith(f"streaming {url} failed after 3 attempts: cannot reach {url}: ")
+    assert caught.value.hint == NETWORK_HINT
+    assert len(server.requests_for("/llvm.tar.xz")) == 3
+    nothing_staged(cache_dir)
+
+
+def test_llvm_url_that_no_request_can_be_made_to_is_told_at_once(tmp_path: Path, cache: Cache,
+                                                                 cache_dir: Path) -> None:
+    url = "http://127.0.0.1:99999/llvm.tar.xz"  # no such port
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256="0" * 64, backoff_base=0.01)
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message.startswith(f"request to {url} failed: "), caught.value.message
+    assert "99999" in caught.value.message.removeprefix(f"request to {url} failed: ")
     nothing_staged(cache_dir)
 
 
