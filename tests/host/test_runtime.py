@@ -715,6 +715,34 @@ def test_a_debian_version_is_named_without_its_epoch_alone(tmp_path: Path, cache
     assert result.libcxx.name == "libcxx-14.0.6_git2-1"
 
 
+def test_a_deb_whose_bzip2_data_is_damaged_is_named_as_the_file_given(tmp_path: Path, cache: Cache,
+                                                                      cache_dir: Path) -> None:
+    libs = stub_trio(tmp_path / "stubs")
+    deb = build_deb(tmp_path / "trio_1.0_amd64.deb", "trio", "1.0",
+                    [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", data) for soname, data in libs.items()], "bz2")
+    data = bytearray(deb.read_bytes())
+    middle = len(data) * 3 // 4  # in data.tar.bz2, the last member
+    data[middle:middle + 32] = bytes(b ^ 0x5A for b in data[middle:middle + 32])
+    deb.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(deb,), force=True, use_apt=False), os.environ)
+    assert caught.value.message.startswith("trio_1.0_amd64.deb is corrupt or truncated: "), caught.value.message
+    nothing_staged(cache_dir)
+
+
+def test_the_trio_is_named_by_the_version_of_its_libcxx_package(tmp_path: Path, cache: Cache) -> None:
+    """Given as three packages, whatever their order: the version of libc++1-14's."""
+    libs = stub_trio(tmp_path / "stubs")
+    debs = [build_deb(tmp_path / f"{package}.deb", package, version,
+                      [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", libs[soname])])
+            for package, version, soname in (("libc++abi1-14", "1:14.0.6-99", TRIO[1]),
+                                             ("libc++1-14", "1:14.0.6-7", TRIO[0]),
+                                             ("libunwind-14", "1:14.0.6-99", TRIO[2]))]
+    result = stage_runtime(cache, None, RuntimeRequest(sources=tuple(debs), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.6-7"
+
+
 def test_an_rpm_whose_header_is_damaged_is_named_as_the_file_given(tmp_path: Path, cache: Cache,
                                                                    cache_dir: Path) -> None:
     rpm = build_rpm(tmp_path / "trio.rpm", "libcxx-trio", "14.0.6", "1", cpio_newc(cpio_entries([])))
@@ -841,6 +869,8 @@ def test_bad_deb_is_an_integrity_error_and_stages_nothing(make: object, tmp_path
     with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(sources=(deb, good), force=True, use_apt=False), os.environ)
     assert ("sha256 mismatch" in caught.value.message) == (make is fake_known_deb)
+    if make is corrupt_deb:
+        assert caught.value.message.startswith("libc++1-14.deb is corrupt or truncated: "), caught.value.message
     if make is fake_known_deb:
         pinned = PINNED_DEBS[("libc++1-14", "1:14.0.6-12", "amd64")]
         assert caught.value.message == (f"sha256 mismatch for libc++1-14.deb (libc++1-14 1:14.0.6-12 amd64): "
