@@ -704,6 +704,42 @@ def test_what_a_file_given_is_recorded_as_is_its_bytes_and_its_package(tmp_path:
          "package": "libcxx-trio", "version": "14.0.6-3.el9", "architecture": "x86_64"}]
 
 
+BOUNDED_CHILD = """
+import os, resource, sys
+from pathlib import Path
+from qnnctl.sdk.cache import Cache
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+request = RuntimeRequest(sources=(Path(sys.argv[1]),), force=True, use_apt=False)
+print(stage_runtime(Cache.from_env(os.environ), None, request, os.environ).libcxx.root)
+"""
+
+
+def test_an_archive_given_is_read_in_blocks_however_big(tmp_path: Path, cache_dir: Path) -> None:
+    """A tar with 512 MiB of other members (a hole on disk) stages its trio in a process that may
+    map 256 MiB at most: nothing reads the file whole, not even to tell what kind of file it is."""
+    libs = stub_trio(tmp_path / "stubs")
+    archive = tmp_path / "trio.tar"
+    big = tarfile.TarInfo(f"{LLVM_TOP}/lib/libclang-cpp.so.14")
+    big.size = 512 << 20
+    with open(archive, "wb") as handle:
+        for soname, data in libs.items():  # each member: its header, its data padded to a block
+            info = tarfile.TarInfo(f"{LLVM_TOP}/lib/{soname}")
+            info.size = len(data)
+            handle.write(info.tobuf() + data + bytes(-len(data) % 512))
+        handle.write(big.tobuf())
+        handle.truncate(handle.tell() + big.size + 1024)  # the member's zeros, then the two end blocks
+    with tarfile.open(archive) as read_back:
+        assert read_back.getnames()[-1] == big.name
+    proc = subprocess.run([sys.executable, "-c", BOUNDED_CHILD, str(archive), str(256 << 20)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    root = Path(proc.stdout.strip())
+    assert root == cache_dir / "runtime" / "libcxx-14.0.0"
+    assert {n: (root / "lib" / n).read_bytes() for n in TRIO} == libs
+
+
 def test_a_debian_version_is_named_without_its_epoch_alone(tmp_path: Path, cache: Cache) -> None:
     """Only the epoch goes: an upstream version may hold colons of its own (Debian policy, where an
     epoch is given)."""
