@@ -29,7 +29,7 @@ from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
 from qnnctl.host.sources import PINNED_DEBS
-from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO, staged_lib_dirs, staged_loader
+from qnnctl.host.staged import LIBCXX, LOADER, LOADER_GUARD, TRIO, current, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
@@ -478,6 +478,36 @@ def test_files_given_when_nothing_is_to_be_staged_are_named_with_the_reason(
         assert f"already staged in {first.libcxx.lib_dir} (--force stages it again)" in reason
     assert "glibc" in reason  # nor a glibc, which this host does not need
     assert [p.name for p in cache.runtime.iterdir()] == [first.libcxx.name]
+
+
+def test_install_runtime_force_stages_again_as_the_reasons_say(tmp_path: Path, cache_dir: Path,
+                                                                mirror: FaultServer) -> None:
+    """A trio already staged: the file given is not used, "(--force stages it again)"; with
+    `install --runtime --force` it is, as that reason and the lock's hint
+    (`qnnctl install --runtime --force --runtime-from FILE`) tell the user."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    stub_trio(first)
+    libs = marked_trio_of(second, 666)
+    assert run_qnnctl("install", VERSION, "--runtime", "--runtime-from", str(first)).returncode == 0
+    again = run_qnnctl("install", VERSION, "--runtime", "--runtime-from", str(second))
+    assert again.returncode == 0, again.stderr
+    assert "(--force stages it again)" in again.stderr
+    forced = run_qnnctl("install", VERSION, "--runtime", "--force", "--runtime-from", str(second))
+    assert forced.returncode == 0, forced.stderr
+    assert "is not used" not in forced.stderr
+    staged = current(Cache(cache_dir), LIBCXX)  # the newest stage, which the SDK's libraries load
+    assert staged is not None
+    assert {n: (staged.lib_dir / n).read_bytes() for n in TRIO} == libs
+
+
+def marked_trio_of(folder: Path, mark: int) -> dict[str, bytes]:
+    """The trio's sonames, with bytes of their own (`mark`), unlike stub_trio's."""
+    built = {}
+    for soname in TRIO:
+        stem = soname.split(".")[0].replace("+", "x")
+        built[soname] = compile_shared(folder / soname, f"int {stem}_mark(void) {{ return {mark}; }}\n",
+                                       extra=[f"-Wl,-soname,{soname}"]).read_bytes()
+    return built
 
 
 def test_a_file_that_is_no_package_is_refused_even_when_nothing_is_to_be_staged(
