@@ -19,7 +19,7 @@ from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.lockfile import LockedSdk, LockError, read_lock, write_lock
 from tests.conftest import run_qnnctl
-from tests.host.test_runtime import needs_host_without_trio, nothing_staged
+from tests.host.test_runtime import fake_glibc, needs_host_without_trio, nothing_staged
 from tests.host.test_runtime_trust import marked_trio
 from tests.sdkfactory import VERSION, install_tree_into_cache
 
@@ -103,3 +103,19 @@ def test_lock_pins_the_staged_runtime_and_install_locked_refuses_another(tmp_pat
                           cwd=project)
     assert accepted.returncode == 0, accepted.stderr
     assert accepted.stdout.strip() == str(root)
+
+
+def test_a_kept_runtime_is_held_to_the_lock_when_force_stages_the_other_kind_alone(
+        tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """--force with a glibc alone stages no trio: the trio staged before stays, and is held to the
+    lock as what is kept always is (it was let through, counted as staged again, when it was not)."""
+    locked = marked_trio(tmp_path / "locked", 7)
+    pins = RuntimePins("qnnctl.lock", {"libcxx": pins_of(locked)})
+    first = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "locked",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    (first.libcxx.lib_dir / "libunwind.so.1").write_bytes(marked_trio(tmp_path / "other", 666)["libunwind.so.1"])
+    glibc = fake_glibc(tmp_path / "glibc", "2.99")
+    with pytest.raises(IntegrityError, match=r"lib/libunwind\.so\.1: [0-9a-f]{64}, pinned"):
+        stage_runtime(cache, None, RuntimeRequest(sources=(glibc,), force=True, use_apt=False, pins=pins), os.environ)
+    assert sorted(p.name for p in (cache_dir / "runtime").iterdir()) == [first.libcxx.name]  # no glibc either
