@@ -379,6 +379,34 @@ def test_failed_apt_get_falls_back_to_the_llvm_archive(server: FaultServer, tmp_
     assert (result.libcxx.lib_dir / "libunwind.so.1").read_bytes() == libs["libunwind.so.1"]
 
 
+def test_without_apt_get_the_trio_comes_from_the_llvm_archive(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Debian host whose PATH has no apt-get (a container's slimmed image)."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    request = RuntimeRequest(force=True, llvm_url=url, llvm_sha256=sha256_of(data))
+    result = stage_runtime(cache, None, request, os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+
+
+def test_an_html_page_in_place_of_the_llvm_archive_is_told_as_such(server: FaultServer, tmp_path: Path,
+                                                                    cache: Cache, cache_dir: Path) -> None:
+    """A proxy's login page, say: told for what it is, not as a damaged archive."""
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.html())
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message == f"{url} answered with an HTML page, not the LLVM archive"
+    assert caught.value.hint == "check QNNCTL_LLVM_URL and proxy settings"
+    nothing_staged(cache_dir)
+
+
 def test_llvm_archive_given_as_a_file(tmp_path: Path, cache: Cache) -> None:
     data, libs = llvm_archive(tmp_path, big=1 << 20)
     archive = tmp_path / f"{LLVM_TOP}.tar.xz"
