@@ -914,6 +914,22 @@ def test_a_glibc_alone_fetches_no_trio(tmp_path: Path, cache: Cache, cache_dir: 
     assert ran.exists()
 
 
+def test_on_an_aarch64_host_nothing_is_staged_and_the_systems_packages_are_named(
+        tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's aarch64 libraries use the system's libstdc++: refused before any file given is read."""
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    stub_trio(tmp_path / "trio")
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", tmp_path / "missing.deb"), force=True,
+                                                  use_apt=False), os.environ)
+    assert caught.value.message == (
+        "--runtime stages libc++ and glibc for Linux x86_64; on Linux aarch64 the SDK's libraries use the system's "
+        "GNU libstdc++ and glibc, which qnnctl does not stage")
+    assert caught.value.hint == ("install them with the system's packages (Debian/Ubuntu: `sudo apt-get install "
+                                 "libstdc++6 libatomic1`); `qnnctl doctor` says what is missing")
+    nothing_staged(cache_dir)
+
+
 def test_missing_host_libraries(tmp_path: Path) -> None:
     (tmp_path / "libqnnctl-only-here.so.1").write_bytes(b"\x7fELF")
     names = ["libc.so.6", "libqnnctl-only-here.so.1", "libqnnctl-nowhere.so.1"]
