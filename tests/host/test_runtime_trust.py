@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.host.llvm import LLVM_URL, Expected, expected_sha256, llvm_source
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
@@ -134,6 +135,38 @@ def test_an_llvm_url_without_a_sha256_is_refused_before_it_is_fetched(
     proc = run_qnnctl("install", VERSION, "--runtime", env=dict(env, QNNCTL_LLVM_SHA256="abc"))
     assert proc.returncode == 2, proc.stderr
     assert "QNNCTL_LLVM_SHA256='abc' is not a sha256 digest" in proc.stderr
+
+
+def test_what_an_llvm_archive_is_held_to_before_it_is_fetched() -> None:
+    """In the tests' own process: the digest given wins, else the one published for the archive's
+    file name (wherever it is served from); neither is refused, naming the URL without its secrets."""
+    mirror = f"https://user:secret@mirror.example/llvm/{LLVM_NAME}?token=t0k"
+    assert expected_sha256(mirror, None) == Expected(PUBLISHED, f"the sha256 LLVM publishes for {LLVM_NAME}")
+    assert expected_sha256(mirror, "  \n") == expected_sha256(mirror, None)  # an empty setting is none
+    digest = "AB" * 32
+    assert expected_sha256("https://mirror.example/other.tar.xz", f" {digest} ") == Expected(
+        digest.lower(), "QNNCTL_LLVM_SHA256")
+    for bad in ("ab" * 31 + "a", "ab" * 31 + "ag", "ab" * 33):
+        with pytest.raises(UsageError) as refused:
+            expected_sha256(mirror, bad)
+        assert refused.value.message == f"QNNCTL_LLVM_SHA256={bad!r} is not a sha256 digest (64 hex digits)"
+        assert refused.value.hint == f"set it to the archive's sha256, as `sha256sum {LLVM_NAME}` prints it"
+    other = "https://user:secret@mirror.example/llvm-14.tar.xz"
+    with pytest.raises(IntegrityError) as unknown:
+        expected_sha256(other, None)
+    assert unknown.value.message == (
+        f"https://***@mirror.example/llvm-14.tar.xz is not LLVM's release archive {LLVM_NAME}, and no sha256 "
+        "was given for it: qnnctl cannot check the libraries it would stage from it")
+    assert unknown.value.hint == (
+        f"set QNNCTL_LLVM_SHA256 to the archive's sha256 (from a copy you trust), or point QNNCTL_LLVM_URL at a "
+        f"copy of {LLVM_NAME} under that name, or give the libraries with --runtime-from; nothing was fetched")
+    # Where the URL and the digest come from: the request's, else the environment's, else LLVM's own.
+    environ = {"QNNCTL_LLVM_URL": "https://env.example/llvm.tar.xz", "QNNCTL_LLVM_SHA256": "cd" * 32}
+    assert llvm_source(environ, None, None) == ("https://env.example/llvm.tar.xz",
+                                                Expected("cd" * 32, "QNNCTL_LLVM_SHA256"))
+    assert llvm_source(environ, mirror, "ef" * 32) == (mirror, Expected("ef" * 32, "QNNCTL_LLVM_SHA256"))
+    assert llvm_source({}, None, None) == (LLVM_URL, expected_sha256(LLVM_URL, None))
+    assert llvm_source(environ, mirror, "") == (mirror, expected_sha256(mirror, None))  # given empty: not the env's
 
 
 # -- a file given with --runtime-from, swapped while it is read -----------------------------
