@@ -379,6 +379,27 @@ def test_failed_apt_get_falls_back_to_the_llvm_archive(server: FaultServer, tmp_
     assert (result.libcxx.lib_dir / "libunwind.so.1").read_bytes() == libs["libunwind.so.1"]
 
 
+def test_apt_get_runs_in_the_users_environment_with_the_c_locale(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """apt-get gets the user's environment (a proxy's variables, say), in the C locale; here it fails,
+    and the trio comes from the LLVM archive."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    seen = tmp_path / "apt-get.env"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text(f'#!/bin/sh\necho "$LC_ALL|$http_proxy|$*" > {seen}\nexit 100\n')
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9/proxy")
+    result = stage_runtime(cache, None, RuntimeRequest(force=True, llvm_url=url, llvm_sha256=sha256_of(data)),
+                           os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    assert seen.read_text() == f"C|http://127.0.0.1:9/proxy|download {' '.join(TRIO_DEBS)}\n"
+
+
 def test_without_apt_get_the_trio_comes_from_the_llvm_archive(server: FaultServer, tmp_path: Path, cache: Cache,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A Debian host whose PATH has no apt-get (a container's slimmed image)."""
