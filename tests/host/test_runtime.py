@@ -25,6 +25,7 @@ import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.host import llvm as llvm_module
+from qnnctl.host import sources as sources_module
 from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
@@ -398,6 +399,44 @@ def test_apt_get_runs_in_the_users_environment_with_the_c_locale(server: FaultSe
     assert result.libcxx is not None
     assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
     assert seen.read_text() == f"C|http://127.0.0.1:9/proxy|download {' '.join(TRIO_DEBS)}\n"
+
+
+APT_SHIMS = {
+    "downloads": "cp {debs}/*.deb .\nexit 0\n",
+    "downloads-two": "cp {debs}/test-libcxx_*.deb {debs}/test-libunwind_*.deb .\nexit 0\n",
+    "fails-after-downloading": "cp {debs}/*.deb .\nexit 100\n",
+    "hangs": "sleep 4\ncp {debs}/*.deb .\nexit 0\n",
+}
+
+
+@pytest.mark.parametrize("shim", [*APT_SHIMS, "cannot-start"])
+def test_what_apt_get_download_leaves_is_used_only_when_it_is_whole(
+        shim: str, server: FaultServer, tmp_path: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The three packages, downloaded by an apt-get that ends well in time; anything else, and the
+    trio comes from the LLVM archive."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    debs = trio_debs(tmp_path / "debs")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    script = APT_SHIMS.get(shim, "").format(debs=tmp_path / "debs")
+    shebang = "#!/no/such/shell\n" if shim == "cannot-start" else "#!/bin/sh\n"
+    (fake / "apt-get").write_text(shebang + script)
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(sources_module, "APT_TIMEOUT", 1.0)
+    result = stage_runtime(cache, None, RuntimeRequest(force=True, llvm_url=url, llvm_sha256=sha256_of(data)),
+                           os.environ)
+    assert result.libcxx is not None
+    sources = manifest_of(result.libcxx.root)["sources"]
+    if shim == "downloads":
+        assert sorted(record["source"] for record in sources) == sorted(  # type: ignore[attr-defined]
+            f"apt-get download {deb.name}" for deb in debs)
+        assert result.libcxx.name == "libcxx-1.0"
+        assert sorted(p.name for p in result.libcxx.lib_dir.iterdir()) == sorted(TRIO)
+    else:
+        assert [record["source"] for record in sources] == [url]  # type: ignore[attr-defined]
+        assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
 
 
 def test_without_apt_get_the_trio_comes_from_the_llvm_archive(server: FaultServer, tmp_path: Path, cache: Cache,
