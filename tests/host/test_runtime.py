@@ -520,6 +520,34 @@ def test_a_partial_trio_is_refused(tmp_path: Path, cache: Cache, cache_dir: Path
     nothing_staged(cache_dir)
 
 
+def test_a_partial_trio_is_refused_with_what_to_give(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    libs = stub_trio(tmp_path / "real")
+    folder = tmp_path / "given"
+    folder.mkdir()
+    for soname in (TRIO[0], TRIO[2]):
+        (folder / soname).write_bytes(libs[soname])
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(folder,), force=True, use_apt=False), os.environ)
+    assert caught.value.message == ("the files given with --runtime-from hold libc++.so.1, libunwind.so.1 "
+                                    "but not libc++abi.so.1")
+    assert caught.value.hint == "give all three libraries (from one LLVM release) or none of them"
+    nothing_staged(cache_dir)
+
+
+def test_an_llvm_archive_without_the_whole_trio_is_refused(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                           cache_dir: Path) -> None:
+    """Vouched for by its sha256, and sound, but not the release it should be: it lacks libunwind."""
+    libs = stub_trio(tmp_path / "stubs")
+    data, _ = llvm_archive(tmp_path, big=1 << 10, libs={n: libs[n] for n in TRIO[:2]})
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message == f"{url} does not hold libunwind.so.1"
+    assert caught.value.hint == "check QNNCTL_LLVM_URL; it must be the LLVM 14 release archive for Linux x86_64"
+    nothing_staged(cache_dir)
+
+
 def test_staged_runtime_is_reused(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
     libs = stub_trio(tmp_path / "real")
     folder = tmp_path / "given"
