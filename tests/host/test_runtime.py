@@ -774,6 +774,22 @@ def test_a_glibc_given_when_one_is_staged_is_told_why_in_full(
                     "glibc 2.99 is already staged, and covers what the SDK needs (--force stages it again)"}
 
 
+def test_a_folder_of_both_kinds_not_used_is_told_where_each_came_from(
+        tmp_path: Path, cache: Cache, caplog: pytest.LogCaptureFixture) -> None:
+    trio, glibc, both = tmp_path / "trio", fake_glibc(tmp_path / "glibc", "2.99"), tmp_path / "both"
+    stub_trio(trio)
+    stub_trio(both)
+    for name in (LOADER, "libc.so.6"):
+        shutil.copy(glibc / name, both / name)
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(trio, glibc, both), force=True, use_apt=False),
+                           os.environ)
+    assert (result.libcxx_action, result.glibc_action) == ("staged", "staged")
+    from_trio = ", ".join(str(trio / n) for n in sorted(TRIO))
+    from_glibc = ", ".join(str(glibc / n) for n in sorted((LOADER, "libc.so.6")))
+    assert unused_warnings(caplog) == {
+        str(both): f"the libc++ trio came from {from_trio}, and the glibc came from {from_glibc}"}
+
+
 def test_only_a_loader_with_a_libc_is_a_glibc(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
     """A package with a libc.so.6 but no loader (or a loader but no libc) holds no glibc: given with
     the trio, it holds nothing of use, and is refused."""
