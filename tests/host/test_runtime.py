@@ -29,7 +29,7 @@ from qnnctl.host import sources as sources_module
 from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
-from qnnctl.host.sources import PINNED_DEBS
+from qnnctl.host.sources import PINNED_DEBS, check_sources
 from qnnctl.host.staged import LIBCXX, LOADER, LOADER_GUARD, TRIO, current, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
@@ -651,6 +651,39 @@ def trio_debs(folder: Path) -> list[Path]:
     return [build_deb(folder / f"{package}_1.0_amd64.deb", package, "1.0",
                       [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", libs[soname])])
             for package, soname in zip(("test-libcxx", "test-libcxxabi", "test-libunwind"), TRIO)]
+
+
+def test_what_is_given_is_checked_and_a_folder_read_for_its_packages_and_libraries(tmp_path: Path) -> None:
+    """check_sources, in the tests' own process: each path once, a folder's packages (by name, files
+    only) in its place, then the folder itself for its bare libraries."""
+    debs = trio_debs(tmp_path / "given")
+    given = tmp_path / "given"
+    (given / "notes.deb").mkdir()  # named as a package, but a folder
+    shutil.copy(debs[0], given / "zz.tar.xz")  # a package by its name; what it holds is read later
+    stub_trio(tmp_path / "stubs")
+    shutil.copy(tmp_path / "stubs" / TRIO[0], given / TRIO[0])
+    assert check_sources([debs[1], given, debs[1]]) == (
+        debs[1], *(deb for deb in sorted(debs) if deb != debs[1]), given / "zz.tar.xz", given)
+    only_packages = tmp_path / "packages"
+    only_packages.mkdir()
+    shutil.copy(debs[0], only_packages / debs[0].name)
+    assert check_sources([only_packages]) == (only_packages / debs[0].name,)
+    empty = tmp_path / "empty"
+    (empty / "lib.so.d").mkdir(parents=True)  # named as a library, but a folder
+    with pytest.raises(UsageError) as caught:
+        check_sources([empty])
+    assert caught.value.message == (f"--runtime-from {empty}: the folder holds no package (.deb, .rpm, .tar.xz) "
+                                    "and none of libc++.so.1, libc++abi.so.1, libunwind.so.1, nor a glibc")
+    assert caught.value.hint == "give the folder that holds the packages or the libraries, or the files themselves"
+    with pytest.raises(UsageError) as missing:
+        check_sources([tmp_path / "nowhere.deb"])
+    assert missing.value.message == f"--runtime-from {tmp_path / 'nowhere.deb'}: no such file or folder"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("no package\n")
+    with pytest.raises(UsageError) as no_package:
+        check_sources([notes])
+    assert no_package.value.message == f"--runtime-from {notes}: not a .deb, .rpm or tar archive"
+    assert no_package.value.hint == "give a package file (.deb, .rpm, .tar.xz) or a folder holding the libraries"
 
 
 def test_a_folder_of_debs_stages_from_its_debs(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk) -> None:
