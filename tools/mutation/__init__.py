@@ -108,8 +108,7 @@ TARGETS: dict[str, Target] = {
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
     # do not kill, and in mutmut's own run they killed none that test_ranged did not.
     "ranged": Target(("qnnctl/net/ranged.py", "qnnctl/net/sparse.py"), ("tests/net/test_ranged.py",)),
-    # The host runtime staged for an SDK (libc++ from LLVM's archive or Debian's packages, checked before it is
-    # loaded): in the tests' own process, then through install, env, lower and doctor, a child each (integration).
+    # libc++ and glibc staged for an SDK and checked before they are loaded: in the tests' process and by commands.
     "runtime": Target(("qnnctl/host/runtime.py", "qnnctl/host/llvm.py", "qnnctl/host/sources.py"),
                       ("tests/host/test_runtime.py", "tests/host/test_runtime_lock.py",
                        "tests/host/test_runtime_lock_attacks.py", "tests/host/test_runtime_trust.py",
