@@ -28,7 +28,7 @@ from qnnctl.host import llvm as llvm_module
 from qnnctl.host import sources as sources_module
 from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
-from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
+from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, RuntimeResult, stage_runtime
 from qnnctl.host.sources import PINNED_DEBS, check_sources
 from qnnctl.host.staged import LIBCXX, LOADER, LOADER_GUARD, TRIO, current, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
@@ -765,14 +765,16 @@ def test_a_file_not_used_is_told_why_in_full(tmp_path: Path, cache: Cache, sdk: 
     other = tmp_path / "other"
     stub_trio(other)
     caplog.clear()
-    stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    kept = stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert kept == RuntimeResult(first.libcxx, "reused", None, "not-needed")
     assert unused_warnings(caplog) == {str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} "
                                                    f"(--force stages it again), and {host_glibc_reason()}"}
     # An SDK that ships the trio needs none staged, whatever the cache holds.
     for soname in TRIO:
         shutil.copy(other / soname, sdk.lib_dir / soname)
     caplog.clear()
-    stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ) == RuntimeResult(
+        None, "host", None, "not-needed")
     assert unused_warnings(caplog) == {
         str(other): "this host (or the SDK) has libc++.so.1, libc++abi.so.1, libunwind.so.1 (--force stages them "
                     f"all the same), and {host_glibc_reason()}"}
