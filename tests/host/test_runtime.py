@@ -30,7 +30,7 @@ from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, RuntimeResult, stage_runtime
 from qnnctl.host.sources import PINNED_DEBS, check_sources
-from qnnctl.host.staged import LIBCXX, LOADER, LOADER_GUARD, TRIO, current, staged_lib_dirs, staged_loader
+from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, LOADER_GUARD, TRIO, current, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
@@ -769,7 +769,10 @@ def test_a_file_not_used_is_told_why_in_full(tmp_path: Path, cache: Cache, sdk: 
     assert kept == RuntimeResult(first.libcxx, "reused", None, "not-needed")
     assert unused_warnings(caplog) == {str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} "
                                                    f"(--force stages it again), and {host_glibc_reason()}"}
-    # An SDK that ships the trio needs none staged, whatever the cache holds.
+    # An SDK that ships the trio needs none staged, whatever the cache holds (a glibc too, not needed).
+    stage_runtime(cache, sdk, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc", "2.99"),), force=True,
+                                             use_apt=False), os.environ)
+    assert current(cache, GLIBC) is not None
     for soname in TRIO:
         shutil.copy(other / soname, sdk.lib_dir / soname)
     caplog.clear()
