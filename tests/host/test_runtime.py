@@ -465,6 +465,13 @@ def test_an_html_page_in_place_of_the_llvm_archive_is_told_as_such(server: Fault
     assert caught.value.message == f"{url} answered with an HTML page, not the LLVM archive"
     assert caught.value.hint == "check QNNCTL_LLVM_URL and proxy settings"
     nothing_staged(cache_dir)
+    page = server.add("/login.tar.xz", b"<html><body>Please log in</body></html>", "Text/HTML; charset=UTF-8")
+    with pytest.raises(DownloadError, match="answered with an HTML page"):  # a media type's case is no matter
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=page, llvm_sha256="0" * 64),
+                      os.environ)
+    # A server that names no type at all sends what it sends: the archive, held to its sha256.
+    server.fail("/llvm.tar.xz", Fault.bare())
+    assert stage_runtime(cache, None, request, os.environ).libcxx is not None
 
 
 def test_llvm_archive_given_as_a_file(tmp_path: Path, cache: Cache) -> None:

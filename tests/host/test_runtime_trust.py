@@ -71,9 +71,11 @@ def test_another_archive_under_the_llvm_name_is_refused_and_nothing_staged(
     with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
     assert caught.value.exit_code == 4
-    assert f"the sha256 LLVM publishes for {LLVM_NAME} is {PUBLISHED}" in caught.value.message
-    assert sha256_of(data) in caught.value.message
-    assert "nothing was staged" in (caught.value.hint or "")
+    assert caught.value.message == (f"sha256 mismatch for {url}: the sha256 LLVM publishes for {LLVM_NAME} is "
+                                    f"{PUBLISHED}, the archive served is {sha256_of(data)} ({len(data)} bytes)")
+    assert caught.value.hint == (
+        "this is not the archive that was vouched for; check QNNCTL_LLVM_URL and QNNCTL_LLVM_SHA256, or give the "
+        "libraries with --runtime-from; nothing was staged")
     assert len(server.requests_for(LLVM_PATH)) == 1  # it was fetched, and refused
     nothing_staged(cache_dir)
 
