@@ -14,7 +14,7 @@ import pytest
 
 from qnnctl.errors import IntegrityError
 from qnnctl.host.build import RuntimePins
-from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.runtime import RuntimeRequest, check_staged, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.lockfile import LockedSdk, LockError, read_lock, write_lock
@@ -72,8 +72,15 @@ def test_a_staged_runtime_changed_since_is_refused(tmp_path: Path, cache: Cache)
     # Its manifest still says what was staged; the file the loader maps says otherwise.
     library = first.libcxx.lib_dir / "libunwind.so.1"
     library.write_bytes(marked_trio(tmp_path / "other", 666)["libunwind.so.1"])
-    with pytest.raises(IntegrityError, match=r"lib/libunwind\.so\.1: [0-9a-f]{64}, pinned"):
+    with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(pins=pins), os.environ)
+    changed = hashlib.sha256(library.read_bytes()).hexdigest()
+    assert caught.value.message == (
+        f"the runtime staged in {first.libcxx.root} is not the libcxx runtime qnnctl.lock pins: lib/libunwind.so.1: "
+        f"{changed}, pinned {pins_of(locked)['lib/libunwind.so.1']}")
+    assert caught.value.hint == (
+        "stage the locked one again: `qnnctl install --runtime --force --runtime-from FILE`, or, if these are the "
+        "ones to trust, write the lock again with `qnnctl lock`; nothing was staged")
 
 
 def test_lock_pins_the_staged_runtime_and_install_locked_refuses_another(tmp_path: Path, cache_dir: Path) -> None:
@@ -119,3 +126,17 @@ def test_a_kept_runtime_is_held_to_the_lock_when_force_stages_the_other_kind_alo
     with pytest.raises(IntegrityError, match=r"lib/libunwind\.so\.1: [0-9a-f]{64}, pinned"):
         stage_runtime(cache, None, RuntimeRequest(sources=(glibc,), force=True, use_apt=False, pins=pins), os.environ)
     assert sorted(p.name for p in (cache_dir / "runtime").iterdir()) == [first.libcxx.name]  # no glibc either
+
+
+def test_a_staged_glibc_changed_since_is_refused_as_a_trio_is(tmp_path: Path, cache: Cache) -> None:
+    first = stage_runtime(cache, None, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc", "2.99"),), force=True,
+                                                      use_apt=False), os.environ)
+    assert first.glibc is not None
+    files = {name: hashlib.sha256((first.glibc.root / name).read_bytes()).hexdigest()
+             for name in first.glibc.manifest["files"]}
+    pins = RuntimePins("qnnctl.lock", {"glibc": files})
+    check_staged(cache, pins)  # as staged: it matches
+    (first.glibc.lib_dir / "libc.so.6").write_bytes(b"\x7fELF changed")
+    with pytest.raises(IntegrityError, match=r"is not the glibc runtime qnnctl\.lock pins: lib/libc\.so\.6: "):
+        check_staged(cache, pins)
+    check_staged(cache, pins, restaged={"glibc"})  # about to be staged again: not held to the lock now
