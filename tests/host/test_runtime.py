@@ -829,6 +829,12 @@ def test_a_folder_of_both_kinds_not_used_is_told_where_each_came_from(
     result = stage_runtime(cache, None, RuntimeRequest(sources=(trio, glibc, both), force=True, use_apt=False),
                            os.environ)
     assert (result.libcxx_action, result.glibc_action) == ("staged", "staged")
+    assert result.libcxx is not None
+    assert result.glibc is not None  # each records the sources it came from, and those alone
+    assert [r["source"] for r in manifest_of(result.libcxx.root)["sources"]] == [  # type: ignore[attr-defined]
+        str(trio / n) for n in sorted(TRIO)]
+    assert [r["source"] for r in manifest_of(result.glibc.root)["sources"]] == [  # type: ignore[attr-defined]
+        str(glibc / n) for n in sorted((LOADER, "libc.so.6"))]
     from_trio = ", ".join(str(trio / n) for n in sorted(TRIO))
     from_glibc = ", ".join(str(glibc / n) for n in sorted((LOADER, "libc.so.6")))
     assert unused_warnings(caplog) == {
