@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from qnnctl.errors import IntegrityError
 from qnnctl.host.build import RuntimePins
-from qnnctl.host.runtime import RuntimeRequest, check_staged, stage_runtime
+from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, RuntimeResult, check_staged, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.lockfile import LockedSdk, LockError, read_lock, write_lock
+from qnnctl.sdk.work import version_lock
 from tests.conftest import run_qnnctl
 from tests.host.test_runtime import fake_glibc, needs_host_without_trio, nothing_staged
 from tests.host.test_runtime_trust import marked_trio
@@ -140,3 +144,32 @@ def test_a_staged_glibc_changed_since_is_refused_as_a_trio_is(tmp_path: Path, ca
     with pytest.raises(IntegrityError, match=r"is not the glibc runtime qnnctl\.lock pins: lib/libc\.so\.6: "):
         check_staged(cache, pins)
     check_staged(cache, pins, restaged={"glibc"})  # about to be staged again: not held to the lock now
+
+
+def test_a_stage_waits_for_another_and_clears_what_a_killed_one_left(
+        tmp_path: Path, cache: Cache, caplog: pytest.LogCaptureFixture) -> None:
+    """One stage at a time (another's lock held here, and said so while waited for); what a stage
+    killed before its end left in tmp/ is removed, another install's work is not."""
+    caplog.set_level(logging.INFO)
+    locked = marked_trio(tmp_path / "locked", 7)
+    left = cache.tmp / f"{LOCK_KEY}.0123456789ab"
+    other = cache.tmp / "2.37.0.250724.0123456789ab"
+    for folder in (left, other):
+        (folder / "lib").mkdir(parents=True)
+    done: list[object] = []
+    with version_lock(cache, LOCK_KEY, "a test"):
+        stager = threading.Thread(target=lambda: done.append(stage_runtime(
+            cache, None, RuntimeRequest(sources=(tmp_path / "locked",), force=True, use_apt=False), os.environ)))
+        stager.start()
+        deadline = time.monotonic() + 30
+        while "waiting for another qnnctl" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done == []
+    stager.join(60)
+    assert "to finish staging the host runtime" in caplog.text
+    result = done[0]
+    assert isinstance(result, RuntimeResult)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == locked
+    assert not left.exists()
+    assert other.is_dir()
