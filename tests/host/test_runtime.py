@@ -14,6 +14,7 @@ import json
 import lzma
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -685,6 +686,21 @@ def test_what_is_given_is_checked_and_a_folder_read_for_its_packages_and_librari
     with pytest.raises(UsageError) as missing:
         check_sources([tmp_path / "nowhere.deb"])
     assert missing.value.message == f"--runtime-from {tmp_path / 'nowhere.deb'}: no such file or folder"
+    # A path as a user writes it: ~ expanded, a link followed to the file it names.
+    home_deb = Path(os.environ["HOME"]) / "Downloads" / debs[0].name
+    home_deb.parent.mkdir(parents=True)
+    shutil.copy(debs[0], home_deb)
+    (tmp_path / "link.deb").symlink_to(home_deb)
+    assert check_sources([Path("~/Downloads") / debs[0].name, tmp_path / "link.deb"]) == (home_deb,)
+    listening = socket.socket(socket.AF_UNIX)
+    try:
+        listening.bind(str(tmp_path / "a.sock"))
+        with pytest.raises(UsageError) as unreadable:
+            check_sources([tmp_path / "a.sock"])
+    finally:
+        listening.close()
+    assert unreadable.value.message == (f"--runtime-from {tmp_path / 'a.sock'}: cannot read it "
+                                        "(No such device or address)")
     notes = tmp_path / "notes.txt"
     notes.write_text("no package\n")
     with pytest.raises(UsageError) as no_package:
