@@ -940,6 +940,7 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
 request = RuntimeRequest(sources=(Path(sys.argv[1]),), force=True, use_apt=False)
 print(stage_runtime(Cache.from_env(os.environ), None, request, os.environ).libcxx.root)
 """
@@ -947,7 +948,8 @@ print(stage_runtime(Cache.from_env(os.environ), None, request, os.environ).libcx
 
 def test_an_archive_given_is_read_in_blocks_however_big(tmp_path: Path, cache_dir: Path) -> None:
     """A tar with 512 MiB of other members (a hole on disk) stages its trio in a process that may
-    map 256 MiB at most: nothing reads the file whole, not even to tell what kind of file it is."""
+    map 256 MiB and write files of 4 MiB at most: nothing reads the file whole, not even to tell
+    what kind of file it is, and nothing but the libraries wanted is written."""
     libs = stub_trio(tmp_path / "stubs")
     archive = tmp_path / "trio.tar"
     big = tarfile.TarInfo(f"{LLVM_TOP}/lib/libclang-cpp.so.14")
