@@ -337,6 +337,19 @@ def test_llvm_stream_waits_as_long_as_the_server_asks(server: FaultServer, tmp_p
     assert len(server.requests_for("/llvm.tar.xz")) == 3
 
 
+def test_llvm_stream_waits_no_longer_than_its_most_whatever_the_server_asks(
+        server: FaultServer, tmp_path: Path, cache: Cache, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Retry-After is a request, not an order: BACKOFF_MAX (a fifth of a second here, not a minute) bounds it."""
+    monkeypatch.setattr(llvm_module, "BACKOFF_MAX", 0.2)
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.status(503, retry_after="30"))
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    assert stage_runtime(cache, None, request, os.environ).libcxx is not None
+    assert retry_waits(caplog) == [f"HTTP 503 from {url}; retrying in 0.2s"]
+
+
 def test_llvm_stream_gives_up_on_a_server_that_never_answers(server: FaultServer, tmp_path: Path, cache: Cache,
                                                              cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each attempt waits READ_TIMEOUT for an answer, not for ever (a second here, not a minute)."""
