@@ -366,6 +366,21 @@ def test_llvm_stream_gives_up_on_a_server_that_never_answers(server: FaultServer
     nothing_staged(cache_dir)
 
 
+def test_a_damaged_llvm_archive_vouched_for_is_named_by_its_url(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                                cache_dir: Path) -> None:
+    """Its sha256 given for the damaged bytes themselves: the decoder's error names the URL, secrets hidden."""
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    middle = len(data) // 2
+    damaged = data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 64]) + data[middle + 64:]
+    url = server.add("/llvm.tar.xz", damaged, "application/x-xz").replace("http://", "http://user:secret@")
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(damaged))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    shown = url.replace("user:secret@", "***@")
+    assert caught.value.message.startswith(f"{shown} is corrupt or truncated: "), caught.value.message
+    nothing_staged(cache_dir)
+
+
 def test_llvm_url_that_no_request_can_be_made_to_is_told_at_once(tmp_path: Path, cache: Cache,
                                                                  cache_dir: Path) -> None:
     url = "http://127.0.0.1:99999/llvm.tar.xz"  # no such port
