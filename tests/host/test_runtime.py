@@ -834,6 +834,25 @@ def test_a_file_not_used_is_told_why_in_full(tmp_path: Path, cache: Cache, sdk: 
                     f"all the same), and {host_glibc_reason()}"}
 
 
+def test_what_stage_runtime_says_of_the_trio_it_did_not_stage(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
+    """The host's (here the SDK's own) with nothing staged; the one staged before, kept when --force
+    is given a glibc alone."""
+    needs_host_without_trio()
+    assert stage_runtime(cache, None, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc", "2.99"),), force=True,
+                                                     use_apt=False), os.environ).libcxx_action == "missing"
+    stub_trio(tmp_path / "trio")
+    first = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    kept = stage_runtime(cache, None, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc2", "2.99"),), force=True,
+                                                     use_apt=False), os.environ)
+    assert (kept.libcxx, kept.libcxx_action, kept.glibc_action) == (first.libcxx, "reused", "staged")
+    shutil.rmtree(cache.runtime)
+    for soname in TRIO:
+        shutil.copy(tmp_path / "trio" / soname, sdk.lib_dir / soname)
+    assert stage_runtime(cache, sdk, RuntimeRequest(), os.environ) == RuntimeResult(None, "host", None, "not-needed")
+
+
 def fake_glibc(folder: Path, version: str) -> Path:
     """A folder holding a loader and a libc.so.6 that defines GLIBC_`version` (real ELF libraries,
     never loaded: the version is read from the libc's version definitions)."""
