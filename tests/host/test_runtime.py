@@ -366,10 +366,14 @@ def test_llvm_stream_gives_up_on_a_server_that_never_answers(server: FaultServer
     nothing_staged(cache_dir)
 
 
-def test_a_damaged_llvm_archive_vouched_for_is_named_by_its_url(server: FaultServer, tmp_path: Path, cache: Cache,
-                                                                cache_dir: Path) -> None:
-    """Its sha256 given for the damaged bytes themselves: the decoder's error names the URL, secrets hidden."""
+@pytest.mark.parametrize("compress", [None, bz2.compress], ids=["xz", "bzip2"])
+def test_a_damaged_llvm_archive_vouched_for_is_named_by_its_url(compress: Any, server: FaultServer, tmp_path: Path,
+                                                                cache: Cache, cache_dir: Path) -> None:
+    """Its sha256 given for the damaged bytes themselves: the decoder's error names the URL, secrets hidden
+    (an archive another URL names may be compressed otherwise)."""
     data, _ = llvm_archive(tmp_path, big=1 << 10)
+    if compress is not None:
+        data = compress(lzma.decompress(data))
     middle = len(data) // 2
     damaged = data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 64]) + data[middle + 64:]
     url = server.add("/llvm.tar.xz", damaged, "application/x-xz").replace("http://", "http://user:secret@")
