@@ -33,7 +33,8 @@ def _complete_components(ctx: click.Context, param: click.Parameter, incomplete:
 @click.option("--url", metavar="URL", help="Download the archive from this URL.")
 @click.option("--file", "file", type=click.Path(path_type=Path), help="Install from an archive on disk.")
 @click.option("--sha256", metavar="HEX", help="Expected sha256 of the archive.")
-@click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed.")
+@click.option("--force", is_flag=True, help="Reinstall even if the SDK is already installed (and, with --runtime, "
+              "stage the host runtime again even if it is staged or on the host).")
 @click.option("--wait", is_flag=True,
               help="Wait for the processes that use the SDK to end before replacing it, rather than fail.")
 @click.option("--locked", is_flag=True, help="Fail unless the project's qnnctl.lock pins this SDK.")
@@ -72,7 +73,7 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
                         terminal=terminal)
     if runtime or runtime_from:
         pins = _runtime_pins(result.sdk.version if result.sdk is not None else None, locked)
-        stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources, pins=pins), os.environ)
+        stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources, force=force, pins=pins), os.environ)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
         hold_runtime_to_lock(result.sdk, current_cache(), Path.cwd())

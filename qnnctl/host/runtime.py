@@ -193,6 +193,8 @@ def _stage(cache: Cache, sdk: Sdk | None, request: RuntimeRequest, environ: Mapp
         if glibc is not None:
             trees.append(glibc)
     unused = _unused_sources(cache, plan, scans, trees)
+    # A kind planned but not built (the sources lack it) stays as it was staged: held to the lock as kept.
+    check_staged(cache, request.pins, restaged={str(tree.manifest["kind"]) for tree in trees})
     for tree in trees:
         sources_of = ", ".join(str(record["source"]) for record in tree.manifest["sources"])
         check_pinned(str(tree.manifest["kind"]), tree.manifest["files"], request.pins,

@@ -363,8 +363,12 @@ _apt_folder: list[Path] = []
 def apt_debs(factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The real packages, fetched once per session with `apt-get download`.
 
-    Offline, the tests that need them are skipped locally; in CI that is a failure.
+    Offline, the tests that need them are skipped locally; in CI that is a failure. A session's
+    temporary folder can be gone before another session in the same process asks (pytest keeps
+    the last three of a user's, whoever ran them): the packages are then fetched again.
     """
+    if _apt_folder and not _apt_folder[0].is_dir():
+        _apt_folder.clear()
     if not _apt_folder:
         require_tool("apt-get")
         folder = factory.mktemp("apt")

@@ -7,31 +7,36 @@ Deselect them offline with `-k "not apt"`.
 
 from __future__ import annotations
 
+import bz2
 import hashlib
 import io
 import json
 import lzma
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
+from qnnctl.host import llvm as llvm_module
+from qnnctl.host import sources as sources_module
 from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
-from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, stage_runtime
-from qnnctl.host.sources import PINNED_DEBS
-from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO, staged_lib_dirs, staged_loader
+from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, RuntimeResult, stage_runtime
+from qnnctl.host.sources import PINNED_DEBS, check_sources
+from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, LOADER_GUARD, TRIO, current, staged_lib_dirs, staged_loader
 from qnnctl.run.lower import reexec_command
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
-from tests.host.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc
+from tests.host.test_packages import Entry, apt_debs, build_deb, build_rpm, cpio_entries, cpio_newc, tar_bytes
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, compile_shared, for_another_machine, install_tree_into_cache
 
@@ -291,12 +296,103 @@ def test_llvm_stream_that_keeps_failing_stages_nothing(server: FaultServer, tmp_
     url = server.add("/llvm.tar.xz", data, "application/x-xz")
     server.fail("/llvm.tar.xz", *[Fault.drop_after(len(data) // 3)] * 3)
     request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
-    with pytest.raises(DownloadError, match="after 3 attempts"):
+    with pytest.raises(DownloadError, match="after 3 attempts") as caught:
         stage_runtime(cache, None, request, os.environ)
+    assert caught.value.hint == NETWORK_HINT
+    assert len(server.requests_for("/llvm.tar.xz")) == 3
     nothing_staged(cache_dir)
-    with pytest.raises(DownloadError, match="HTTP 404"):
+    with pytest.raises(DownloadError, match="HTTP 404") as refused:
         stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=server.url("/none")),
                       os.environ)
+    assert refused.value.message == f"HTTP 404 from {server.url('/none')}"
+    assert refused.value.hint == "check QNNCTL_LLVM_URL, or give the libraries with --runtime-from"
+    nothing_staged(cache_dir)
+
+
+NETWORK_HINT = ("check the network and proxy settings, set QNNCTL_LLVM_URL to a mirror, or give the libraries "
+                "with --runtime-from")
+
+
+def retry_waits(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings before each retry of the LLVM stream: why, and how long it waits."""
+    return [record.getMessage() for record in caplog.records
+            if record.levelname == "WARNING" and "; retrying in " in record.getMessage()]
+
+
+def test_llvm_stream_waits_as_long_as_the_server_asks(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A Retry-After is waited for; without one, the backoff from the base asked for, doubling."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.status(503, retry_after="1"), Fault.drop_after(len(data) // 2))
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.04)
+    result = stage_runtime(cache, None, request, os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    waits = retry_waits(caplog)
+    assert len(waits) == 2
+    assert waits[0] == f"HTTP 503 from {url}; retrying in 1.0s"
+    assert waits[1].startswith(f"the connection to {url} broke: ")
+    assert waits[1].endswith("; retrying in 0.1s")  # 0.04 * 2 for the second attempt
+    assert len(server.requests_for("/llvm.tar.xz")) == 3
+
+
+def test_llvm_stream_waits_no_longer_than_its_most_whatever_the_server_asks(
+        server: FaultServer, tmp_path: Path, cache: Cache, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Retry-After is a request, not an order: BACKOFF_MAX (a fifth of a second here, not a minute) bounds it."""
+    monkeypatch.setattr(llvm_module, "BACKOFF_MAX", 0.2)
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.status(503, retry_after="30"))
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    assert stage_runtime(cache, None, request, os.environ).libcxx is not None
+    assert retry_waits(caplog) == [f"HTTP 503 from {url}; retrying in 0.2s"]
+
+
+def test_llvm_stream_gives_up_on_a_server_that_never_answers(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                             cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each attempt waits READ_TIMEOUT for an answer, not for ever (a second here, not a minute)."""
+    monkeypatch.setattr(llvm_module, "READ_TIMEOUT", 1.0)
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", *[Fault.stall(6)] * 3)
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data), backoff_base=0.01)
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message.startswith(f"streaming {url} failed after 3 attempts: cannot reach {url}: ")
+    assert caught.value.hint == NETWORK_HINT
+    assert len(server.requests_for("/llvm.tar.xz")) == 3
+    nothing_staged(cache_dir)
+
+
+@pytest.mark.parametrize("compress", [None, bz2.compress], ids=["xz", "bzip2"])
+def test_a_damaged_llvm_archive_vouched_for_is_named_by_its_url(compress: Any, server: FaultServer, tmp_path: Path,
+                                                                cache: Cache, cache_dir: Path) -> None:
+    """Its sha256 given for the damaged bytes themselves: the decoder's error names the URL, secrets hidden
+    (an archive another URL names may be compressed otherwise)."""
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    if compress is not None:
+        data = compress(lzma.decompress(data))
+    middle = len(data) // 2
+    damaged = data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 64]) + data[middle + 64:]
+    url = server.add("/llvm.tar.xz", damaged, "application/x-xz").replace("http://", "http://user:secret@")
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(damaged))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    shown = url.replace("user:secret@", "***@")
+    assert caught.value.message.startswith(f"{shown} is corrupt or truncated: "), caught.value.message
+    nothing_staged(cache_dir)
+
+
+def test_llvm_url_that_no_request_can_be_made_to_is_told_at_once(tmp_path: Path, cache: Cache,
+                                                                 cache_dir: Path) -> None:
+    url = "http://127.0.0.1:99999/llvm.tar.xz"  # no such port
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256="0" * 64, backoff_base=0.01)
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message.startswith(f"request to {url} failed: "), caught.value.message
+    assert "99999" in caught.value.message.removeprefix(f"request to {url} failed: ")
     nothing_staged(cache_dir)
 
 
@@ -315,6 +411,100 @@ def test_failed_apt_get_falls_back_to_the_llvm_archive(server: FaultServer, tmp_
     assert result.libcxx is not None
     assert manifest_of(result.libcxx.root)["sources"][0]["source"] == url  # type: ignore[index]
     assert (result.libcxx.lib_dir / "libunwind.so.1").read_bytes() == libs["libunwind.so.1"]
+
+
+def test_apt_get_runs_in_the_users_environment_with_the_c_locale(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """apt-get gets the user's environment (a proxy's variables, say), in the C locale; here it fails,
+    and the trio comes from the LLVM archive."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    seen = tmp_path / "apt-get.env"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text(f'#!/bin/sh\necho "$LC_ALL|$http_proxy|$*" > {seen}\nexit 100\n')
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9/proxy")
+    result = stage_runtime(cache, None, RuntimeRequest(force=True, llvm_url=url, llvm_sha256=sha256_of(data)),
+                           os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    assert seen.read_text() == f"C|http://127.0.0.1:9/proxy|download {' '.join(TRIO_DEBS)}\n"
+
+
+APT_SHIMS = {
+    "downloads": "cp {debs}/*.deb .\nexit 0\n",
+    "downloads-two": "cp {debs}/test-libcxx_*.deb {debs}/test-libunwind_*.deb .\nexit 0\n",
+    "fails-after-downloading": "cp {debs}/*.deb .\nexit 100\n",
+    "hangs": "sleep 4\ncp {debs}/*.deb .\nexit 0\n",
+}
+
+
+@pytest.mark.parametrize("shim", [*APT_SHIMS, "cannot-start"])
+def test_what_apt_get_download_leaves_is_used_only_when_it_is_whole(
+        shim: str, server: FaultServer, tmp_path: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The three packages, downloaded by an apt-get that ends well in time; anything else, and the
+    trio comes from the LLVM archive."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    debs = trio_debs(tmp_path / "debs")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    script = APT_SHIMS.get(shim, "").format(debs=tmp_path / "debs")
+    shebang = "#!/no/such/shell\n" if shim == "cannot-start" else "#!/bin/sh\n"
+    (fake / "apt-get").write_text(shebang + script)
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(sources_module, "APT_TIMEOUT", 1.0)
+    result = stage_runtime(cache, None, RuntimeRequest(force=True, llvm_url=url, llvm_sha256=sha256_of(data)),
+                           os.environ)
+    assert result.libcxx is not None
+    sources = manifest_of(result.libcxx.root)["sources"]
+    if shim == "downloads":
+        assert sorted(record["source"] for record in sources) == sorted(  # type: ignore[attr-defined]
+            f"apt-get download {deb.name}" for deb in debs)
+        assert result.libcxx.name == "libcxx-1.0"
+        assert sorted(p.name for p in result.libcxx.lib_dir.iterdir()) == sorted(TRIO)
+    else:
+        assert [record["source"] for record in sources] == [url]  # type: ignore[attr-defined]
+        assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+
+
+def test_without_apt_get_the_trio_comes_from_the_llvm_archive(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Debian host whose PATH has no apt-get (a container's slimmed image)."""
+    data, libs = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    request = RuntimeRequest(force=True, llvm_url=url, llvm_sha256=sha256_of(data))
+    result = stage_runtime(cache, None, request, os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+
+
+def test_an_html_page_in_place_of_the_llvm_archive_is_told_as_such(server: FaultServer, tmp_path: Path,
+                                                                    cache: Cache, cache_dir: Path) -> None:
+    """A proxy's login page, say: told for what it is, not as a damaged archive."""
+    data, _ = llvm_archive(tmp_path, big=1 << 10)
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    server.fail("/llvm.tar.xz", Fault.html())
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message == f"{url} answered with an HTML page, not the LLVM archive"
+    assert caught.value.hint == "check QNNCTL_LLVM_URL and proxy settings"
+    nothing_staged(cache_dir)
+    page = server.add("/login.tar.xz", b"<html><body>Please log in</body></html>", "Text/HTML; charset=UTF-8")
+    with pytest.raises(DownloadError, match="answered with an HTML page"):  # a media type's case is no matter
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=page, llvm_sha256="0" * 64),
+                      os.environ)
+    # A server that names no type at all sends what it sends: the archive, held to its sha256.
+    server.fail("/llvm.tar.xz", Fault.bare())
+    assert stage_runtime(cache, None, request, os.environ).libcxx is not None
 
 
 def test_llvm_archive_given_as_a_file(tmp_path: Path, cache: Cache) -> None:
@@ -370,6 +560,34 @@ def test_a_partial_trio_is_refused(tmp_path: Path, cache: Cache, cache_dir: Path
     nothing_staged(cache_dir)
 
 
+def test_a_partial_trio_is_refused_with_what_to_give(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    libs = stub_trio(tmp_path / "real")
+    folder = tmp_path / "given"
+    folder.mkdir()
+    for soname in (TRIO[0], TRIO[2]):
+        (folder / soname).write_bytes(libs[soname])
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(folder,), force=True, use_apt=False), os.environ)
+    assert caught.value.message == ("the files given with --runtime-from hold libc++.so.1, libunwind.so.1 "
+                                    "but not libc++abi.so.1")
+    assert caught.value.hint == "give all three libraries (from one LLVM release) or none of them"
+    nothing_staged(cache_dir)
+
+
+def test_an_llvm_archive_without_the_whole_trio_is_refused(server: FaultServer, tmp_path: Path, cache: Cache,
+                                                           cache_dir: Path) -> None:
+    """Vouched for by its sha256, and sound, but not the release it should be: it lacks libunwind."""
+    libs = stub_trio(tmp_path / "stubs")
+    data, _ = llvm_archive(tmp_path, big=1 << 10, libs={n: libs[n] for n in TRIO[:2]})
+    url = server.add("/llvm.tar.xz", data, "application/x-xz")
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message == f"{url} does not hold libunwind.so.1"
+    assert caught.value.hint == "check QNNCTL_LLVM_URL; it must be the LLVM 14 release archive for Linux x86_64"
+    nothing_staged(cache_dir)
+
+
 def test_staged_runtime_is_reused(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
     libs = stub_trio(tmp_path / "real")
     folder = tmp_path / "given"
@@ -418,6 +636,36 @@ def test_files_given_when_nothing_is_to_be_staged_are_named_with_the_reason(
     assert [p.name for p in cache.runtime.iterdir()] == [first.libcxx.name]
 
 
+def test_install_runtime_force_stages_again_as_the_reasons_say(tmp_path: Path, cache_dir: Path,
+                                                                mirror: FaultServer) -> None:
+    """A trio already staged: the file given is not used, "(--force stages it again)"; with
+    `install --runtime --force` it is, as that reason and the lock's hint
+    (`qnnctl install --runtime --force --runtime-from FILE`) tell the user."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    stub_trio(first)
+    libs = marked_trio_of(second, 666)
+    assert run_qnnctl("install", VERSION, "--runtime", "--runtime-from", str(first)).returncode == 0
+    again = run_qnnctl("install", VERSION, "--runtime", "--runtime-from", str(second))
+    assert again.returncode == 0, again.stderr
+    assert "(--force stages it again)" in again.stderr
+    forced = run_qnnctl("install", VERSION, "--runtime", "--force", "--runtime-from", str(second))
+    assert forced.returncode == 0, forced.stderr
+    assert "is not used" not in forced.stderr
+    staged = current(Cache(cache_dir), LIBCXX)  # the newest stage, which the SDK's libraries load
+    assert staged is not None
+    assert {n: (staged.lib_dir / n).read_bytes() for n in TRIO} == libs
+
+
+def marked_trio_of(folder: Path, mark: int) -> dict[str, bytes]:
+    """The trio's sonames, with bytes of their own (`mark`), unlike stub_trio's."""
+    built = {}
+    for soname in TRIO:
+        stem = soname.split(".")[0].replace("+", "x")
+        built[soname] = compile_shared(folder / soname, f"int {stem}_mark(void) {{ return {mark}; }}\n",
+                                       extra=[f"-Wl,-soname,{soname}"]).read_bytes()
+    return built
+
+
 def test_a_file_that_is_no_package_is_refused_even_when_nothing_is_to_be_staged(
         tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk) -> None:
     junk = tmp_path / "random.bin"
@@ -443,6 +691,54 @@ def trio_debs(folder: Path) -> list[Path]:
     return [build_deb(folder / f"{package}_1.0_amd64.deb", package, "1.0",
                       [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", libs[soname])])
             for package, soname in zip(("test-libcxx", "test-libcxxabi", "test-libunwind"), TRIO)]
+
+
+def test_what_is_given_is_checked_and_a_folder_read_for_its_packages_and_libraries(tmp_path: Path) -> None:
+    """check_sources, in the tests' own process: each path once, a folder's packages (by name, files
+    only) in its place, then the folder itself for its bare libraries."""
+    debs = trio_debs(tmp_path / "given")
+    given = tmp_path / "given"
+    (given / "notes.deb").mkdir()  # named as a package, but a folder
+    shutil.copy(debs[0], given / "zz.tar.xz")  # a package by its name; what it holds is read later
+    stub_trio(tmp_path / "stubs")
+    shutil.copy(tmp_path / "stubs" / TRIO[0], given / TRIO[0])
+    assert check_sources([debs[1], given, debs[1]]) == (
+        debs[1], *(deb for deb in sorted(debs) if deb != debs[1]), given / "zz.tar.xz", given)
+    only_packages = tmp_path / "packages"
+    only_packages.mkdir()
+    shutil.copy(debs[0], only_packages / debs[0].name)
+    assert check_sources([only_packages]) == (only_packages / debs[0].name,)
+    empty = tmp_path / "empty"
+    (empty / "lib.so.d").mkdir(parents=True)  # named as a library, but a folder
+    with pytest.raises(UsageError) as caught:
+        check_sources([empty])
+    assert caught.value.message == (f"--runtime-from {empty}: the folder holds no package (.deb, .rpm, .tar.xz) "
+                                    "and none of libc++.so.1, libc++abi.so.1, libunwind.so.1, nor a glibc")
+    assert caught.value.hint == "give the folder that holds the packages or the libraries, or the files themselves"
+    with pytest.raises(UsageError) as missing:
+        check_sources([tmp_path / "nowhere.deb"])
+    assert missing.value.message == f"--runtime-from {tmp_path / 'nowhere.deb'}: no such file or folder"
+    # A path as a user writes it: ~ expanded, a link followed to the file it names.
+    home_deb = Path(os.environ["HOME"]) / "Downloads" / debs[0].name
+    home_deb.parent.mkdir(parents=True)
+    shutil.copy(debs[0], home_deb)
+    (tmp_path / "link.deb").symlink_to(home_deb)
+    assert check_sources([Path("~/Downloads") / debs[0].name, tmp_path / "link.deb"]) == (home_deb,)
+    listening = socket.socket(socket.AF_UNIX)
+    try:
+        listening.bind(str(tmp_path / "a.sock"))
+        with pytest.raises(UsageError) as unreadable:
+            check_sources([tmp_path / "a.sock"])
+    finally:
+        listening.close()
+    assert unreadable.value.message == (f"--runtime-from {tmp_path / 'a.sock'}: cannot read it "
+                                        "(No such device or address)")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("no package\n")
+    with pytest.raises(UsageError) as no_package:
+        check_sources([notes])
+    assert no_package.value.message == f"--runtime-from {notes}: not a .deb, .rpm or tar archive"
+    assert no_package.value.hint == "give a package file (.deb, .rpm, .tar.xz) or a folder holding the libraries"
 
 
 def test_a_folder_of_debs_stages_from_its_debs(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk) -> None:
@@ -507,6 +803,312 @@ def test_a_second_trio_is_named_as_not_used(tmp_path: Path, cache: Cache, caplog
     assert reason.startswith(f"the libc++ trio came from {first}/")
 
 
+def host_glibc_reason() -> str:
+    host = ".".join(str(part) for part in host_glibc() or ())
+    return (f"this host's glibc {host} covers what the SDK needs, so no glibc is staged "
+            "(--force stages one all the same)")
+
+
+def test_a_file_not_used_is_told_why_in_full(tmp_path: Path, cache: Cache, sdk: Sdk,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Each reason whole: what the user reads to decide whether --force is what they meant."""
+    needs_host_without_trio()
+    stub_trio(tmp_path / "first")
+    first = stage_runtime(cache, sdk, RuntimeRequest(sources=(tmp_path / "first",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    other = tmp_path / "other"
+    stub_trio(other)
+    caplog.clear()
+    kept = stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert kept == RuntimeResult(first.libcxx, "reused", None, "not-needed")
+    assert unused_warnings(caplog) == {str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} "
+                                                   f"(--force stages it again), and {host_glibc_reason()}"}
+    # An SDK that ships the trio needs none staged, whatever the cache holds (a glibc too, not needed).
+    stage_runtime(cache, sdk, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc", "2.99"),), force=True,
+                                             use_apt=False), os.environ)
+    assert current(cache, GLIBC) is not None
+    for soname in TRIO:
+        shutil.copy(other / soname, sdk.lib_dir / soname)
+    caplog.clear()
+    assert stage_runtime(cache, sdk, RuntimeRequest(sources=(other,)), os.environ) == RuntimeResult(
+        None, "host", None, "not-needed")
+    assert unused_warnings(caplog) == {
+        str(other): "this host (or the SDK) has libc++.so.1, libc++abi.so.1, libunwind.so.1 (--force stages them "
+                    f"all the same), and {host_glibc_reason()}"}
+
+
+def test_what_stage_runtime_says_of_the_trio_it_did_not_stage(tmp_path: Path, cache: Cache, sdk: Sdk) -> None:
+    """The host's (here the SDK's own) with nothing staged; the one staged before, kept when --force
+    is given a glibc alone."""
+    needs_host_without_trio()
+    assert stage_runtime(cache, None, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc", "2.99"),), force=True,
+                                                     use_apt=False), os.environ).libcxx_action == "missing"
+    stub_trio(tmp_path / "trio")
+    first = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    kept = stage_runtime(cache, None, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc2", "2.99"),), force=True,
+                                                     use_apt=False), os.environ)
+    assert (kept.libcxx, kept.libcxx_action, kept.glibc_action) == (first.libcxx, "reused", "staged")
+    shutil.rmtree(cache.runtime)
+    for soname in TRIO:
+        shutil.copy(tmp_path / "trio" / soname, sdk.lib_dir / soname)
+    assert stage_runtime(cache, sdk, RuntimeRequest(), os.environ) == RuntimeResult(None, "host", None, "not-needed")
+
+
+def fake_glibc(folder: Path, version: str) -> Path:
+    """A folder holding a loader and a libc.so.6 that defines GLIBC_`version` (real ELF libraries,
+    never loaded: the version is read from the libc's version definitions)."""
+    folder.mkdir(parents=True)
+    script = folder.parent / f"{folder.name}.map"
+    script.write_text(f"GLIBC_{version} {{ global: qnn_new_symbol; local: *; }};\n")
+    compile_shared(folder / "libc.so.6", "int qnn_new_symbol(void) { return 1; }\n",
+                   extra=["-Wl,-soname,libc.so.6", f"-Wl,--version-script={script}"])
+    compile_shared(folder / LOADER, "int qnn_loader(void) { return 2; }\n", extra=[f"-Wl,-soname,{LOADER}"])
+    return folder
+
+
+def test_a_glibc_given_when_one_is_staged_is_told_why_in_full(
+        tmp_path: Path, cache: Cache, new_glibc_sdk: Sdk, caplog: pytest.LogCaptureFixture) -> None:
+    stub_trio(tmp_path / "trio")
+    first = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(tmp_path / "trio", fake_glibc(
+        tmp_path / "glibc", "2.99")), use_apt=False), os.environ)
+    assert (first.libcxx_action, first.glibc_action) == ("staged", "staged")
+    assert first.glibc is not None
+    assert first.glibc.name == "glibc-2.99-local"
+    other = fake_glibc(tmp_path / "other", "2.99")
+    caplog.clear()
+    again = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(other,)), os.environ)
+    assert (again.libcxx_action, again.glibc_action) == ("reused", "reused")
+    assert unused_warnings(caplog) == {
+        str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} (--force stages it again), and "  # type: ignore[union-attr]
+                    "glibc 2.99 is already staged, and covers what the SDK needs (--force stages it again)"}
+
+
+def test_a_folder_of_both_kinds_not_used_is_told_where_each_came_from(
+        tmp_path: Path, cache: Cache, caplog: pytest.LogCaptureFixture) -> None:
+    trio, glibc, both = tmp_path / "trio", fake_glibc(tmp_path / "glibc", "2.99"), tmp_path / "both"
+    stub_trio(trio)
+    stub_trio(both)
+    for name in (LOADER, "libc.so.6"):
+        shutil.copy(glibc / name, both / name)
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(trio, glibc, both), force=True, use_apt=False),
+                           os.environ)
+    assert (result.libcxx_action, result.glibc_action) == ("staged", "staged")
+    assert result.libcxx is not None
+    assert result.glibc is not None  # each records the sources it came from, and those alone
+    assert [r["source"] for r in manifest_of(result.libcxx.root)["sources"]] == [  # type: ignore[attr-defined]
+        str(trio / n) for n in sorted(TRIO)]
+    assert [r["source"] for r in manifest_of(result.glibc.root)["sources"]] == [  # type: ignore[attr-defined]
+        str(glibc / n) for n in sorted((LOADER, "libc.so.6"))]
+    from_trio = ", ".join(str(trio / n) for n in sorted(TRIO))
+    from_glibc = ", ".join(str(glibc / n) for n in sorted((LOADER, "libc.so.6")))
+    assert unused_warnings(caplog) == {
+        str(both): f"the libc++ trio came from {from_trio}, and the glibc came from {from_glibc}"}
+
+
+def test_only_a_loader_with_a_libc_is_a_glibc(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """A package with a libc.so.6 but no loader (or a loader but no libc) holds no glibc: given with
+    the trio, it holds nothing of use, and is refused."""
+    stub_trio(tmp_path / "trio")
+    glibc = fake_glibc(tmp_path / "glibc", "2.99")
+    for name, other in ((LOADER, "libc.so.6"), ("libc.so.6", LOADER)):
+        package = build_deb(tmp_path / f"only-{name}_1.0_amd64.deb", "only", "1.0",
+                            [Entry(f"./usr/lib/x86_64-linux-gnu/{name}", (glibc / name).read_bytes())])
+        with pytest.raises(UsageError) as caught:
+            stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", package), force=True, use_apt=False),
+                          os.environ)
+        assert caught.value.message == (f"--runtime-from {package} holds none of libc++.so.1, libc++abi.so.1, "
+                                        f"libunwind.so.1, and no glibc ({LOADER} with libc.so.6)"), other
+        assert caught.value.hint == ("give the packages, the LLVM 14 archive or a folder that hold them; "
+                                     "nothing was staged")
+        nothing_staged(cache_dir)
+
+
+def test_a_folder_is_read_past_what_it_holds_of_no_use(tmp_path: Path, cache: Cache) -> None:
+    """Notes, folders named as libraries and links to nothing are passed over, not the end of the folder."""
+    given = tmp_path / "given"
+    libs = stub_trio(given)
+    (given / "A-README").write_text("notes\n")  # sorted first, and no library
+    (given / "aaa.so").mkdir()  # named as a library, but a folder
+    (given / "libc++.so.0").symlink_to(given / "gone")  # a link to nothing, before the trio
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == libs
+    assert sorted(record["source"] for record in manifest_of(result.libcxx.root)["sources"]) == sorted(  # type: ignore[attr-defined]
+        str(given / n) for n in TRIO)
+
+
+def trio_tar_file(path: Path, libs: dict[str, bytes], compress: Any = lzma.compress) -> Path:
+    """The trio in a tar laid out as LLVM's release archive is, compressed by `compress`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for soname, data in libs.items():
+            info = tarfile.TarInfo(f"{LLVM_TOP}/lib/{soname}")
+            info.size = len(data)
+            info.mode = 0o755
+            tf.addfile(info, io.BytesIO(data))
+    path.write_bytes(compress(buffer.getvalue()))
+    return path
+
+
+def test_what_a_file_given_is_recorded_as_is_its_bytes_and_its_package(tmp_path: Path, cache: Cache) -> None:
+    libs = stub_trio(tmp_path / "stubs")
+    archive = trio_tar_file(tmp_path / "trio.tar.xz", libs)
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.0"  # the LLVM release its top folder names
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(archive), "sha256": sha256_of(archive.read_bytes()), "size": archive.stat().st_size}]
+    debs = trio_debs(tmp_path / "debs")
+    result = stage_runtime(cache, None, RuntimeRequest(sources=tuple(debs), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(deb), "sha256": sha256_of(deb.read_bytes()), "size": deb.stat().st_size,
+         "package": package, "version": "1.0", "architecture": "amd64"}
+        for deb, package in zip(debs, ("test-libcxx", "test-libcxxabi", "test-libunwind"))]
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "stubs",), force=True, use_apt=False),
+                           os.environ)
+    assert result.libcxx is not None
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(tmp_path / "stubs" / soname), "sha256": sha256_of(data), "size": len(data)}
+        for soname, data in sorted(libs.items())]
+    rpm = build_rpm(tmp_path / "trio.rpm", "libcxx-trio", "14.0.6", "3.el9", cpio_newc(cpio_entries(
+        [Entry(f"./usr/lib64/{soname}", data, mode=0o755) for soname, data in libs.items()])))
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(rpm,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.6-3.el9"
+    assert manifest_of(result.libcxx.root)["sources"] == [
+        {"source": str(rpm), "sha256": sha256_of(rpm.read_bytes()), "size": rpm.stat().st_size,
+         "package": "libcxx-trio", "version": "14.0.6-3.el9", "architecture": "x86_64"}]
+
+
+BOUNDED_CHILD = """
+import os, resource, sys
+from pathlib import Path
+from qnnctl.sdk.cache import Cache
+from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+request = RuntimeRequest(sources=(Path(sys.argv[1]),), force=True, use_apt=False)
+print(stage_runtime(Cache.from_env(os.environ), None, request, os.environ).libcxx.root)
+"""
+
+
+def test_an_archive_given_is_read_in_blocks_however_big(tmp_path: Path, cache_dir: Path) -> None:
+    """A tar with 512 MiB of other members (a hole on disk) stages its trio in a process that may
+    map 256 MiB and write files of 4 MiB at most: nothing reads the file whole, not even to tell
+    what kind of file it is, and nothing but the libraries wanted is written."""
+    libs = stub_trio(tmp_path / "stubs")
+    archive = tmp_path / "trio.tar"
+    big = tarfile.TarInfo(f"{LLVM_TOP}/lib/libclang-cpp.so.14")
+    big.size = 512 << 20
+    with open(archive, "wb") as handle:
+        for soname, data in libs.items():  # each member: its header, its data padded to a block
+            info = tarfile.TarInfo(f"{LLVM_TOP}/lib/{soname}")
+            info.size = len(data)
+            handle.write(info.tobuf() + data + bytes(-len(data) % 512))
+        handle.write(big.tobuf())
+        handle.truncate(handle.tell() + big.size + 1024)  # the member's zeros, then the two end blocks
+    with tarfile.open(archive) as read_back:
+        assert read_back.getnames()[-1] == big.name
+    proc = subprocess.run([sys.executable, "-c", BOUNDED_CHILD, str(archive), str(256 << 20)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    root = Path(proc.stdout.strip())
+    assert root == cache_dir / "runtime" / "libcxx-14.0.0"
+    assert {n: (root / "lib" / n).read_bytes() for n in TRIO} == libs
+
+
+def test_a_debian_version_is_named_without_its_epoch_alone(tmp_path: Path, cache: Cache) -> None:
+    """Only the epoch goes: an upstream version may hold colons of its own (Debian policy, where an
+    epoch is given)."""
+    libs = stub_trio(tmp_path / "stubs")
+    deb = build_deb(tmp_path / "libcxx.deb", TRIO_DEBS[0], "1:14.0.6:git2-1",
+                    [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", data) for soname, data in libs.items()])
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(deb,), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.6_git2-1"
+
+
+def test_a_deb_whose_bzip2_data_is_damaged_is_named_as_the_file_given(tmp_path: Path, cache: Cache,
+                                                                      cache_dir: Path) -> None:
+    libs = stub_trio(tmp_path / "stubs")
+    deb = build_deb(tmp_path / "trio_1.0_amd64.deb", "trio", "1.0",
+                    [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", data) for soname, data in libs.items()], "bz2")
+    data = bytearray(deb.read_bytes())
+    middle = len(data) * 3 // 4  # in data.tar.bz2, the last member
+    data[middle:middle + 32] = bytes(b ^ 0x5A for b in data[middle:middle + 32])
+    deb.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(deb,), force=True, use_apt=False), os.environ)
+    assert caught.value.message.startswith("trio_1.0_amd64.deb is corrupt or truncated: "), caught.value.message
+    nothing_staged(cache_dir)
+
+
+def test_the_trio_is_named_by_the_version_of_its_libcxx_package(tmp_path: Path, cache: Cache) -> None:
+    """Given as three packages, whatever their order: the version of libc++1-14's."""
+    libs = stub_trio(tmp_path / "stubs")
+    debs = [build_deb(tmp_path / f"{package}.deb", package, version,
+                      [Entry(f"./usr/lib/x86_64-linux-gnu/{soname}", libs[soname])])
+            for package, version, soname in (("libc++abi1-14", "1:14.0.6-99", TRIO[1]),
+                                             ("libc++1-14", "1:14.0.6-7", TRIO[0]),
+                                             ("libunwind-14", "1:14.0.6-99", TRIO[2]))]
+    result = stage_runtime(cache, None, RuntimeRequest(sources=tuple(debs), force=True, use_apt=False), os.environ)
+    assert result.libcxx is not None
+    assert result.libcxx.name == "libcxx-14.0.6-7"
+
+
+def test_an_rpm_whose_header_is_damaged_is_named_as_the_file_given(tmp_path: Path, cache: Cache,
+                                                                   cache_dir: Path) -> None:
+    rpm = build_rpm(tmp_path / "trio.rpm", "libcxx-trio", "14.0.6", "1", cpio_newc(cpio_entries([])))
+    data = bytearray(rpm.read_bytes())
+    data[96:100] = b"\x00\x00\x00\x00"  # the signature header's magic, after the 96-byte lead
+    rpm.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(rpm,), force=True, use_apt=False), os.environ)
+    assert caught.value.message == "trio.rpm is corrupt or truncated: bad RPM header magic"
+    nothing_staged(cache_dir)
+
+
+def test_an_archive_given_that_holds_nothing_of_use_is_named(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    stub_trio(tmp_path / "trio")
+    unrelated = tmp_path / "docs.tar.xz"
+    unrelated.write_bytes(lzma.compress(tar_bytes_of({"share/doc/README": b"nothing\n"})))
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", unrelated), force=True, use_apt=False),
+                      os.environ)
+    assert caught.value.message.startswith(f"--runtime-from {unrelated} holds none of libc++.so.1, ")
+    nothing_staged(cache_dir)
+
+
+def tar_bytes_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("compress", [lzma.compress, bz2.compress], ids=["xz", "bzip2"])
+def test_a_damaged_archive_given_is_named_as_damaged(compress: Any, tmp_path: Path, cache: Cache,
+                                                     cache_dir: Path) -> None:
+    """Bytes changed in the middle of its compressed stream: the decoder's error names the file given."""
+    whole = trio_tar_file(tmp_path / "whole", stub_trio(tmp_path / "stubs"), compress).read_bytes()
+    damaged = tmp_path / "trio.tar.cmp"
+    middle = len(whole) // 2
+    damaged.write_bytes(whole[:middle] + bytes(b ^ 0x5A for b in whole[middle:middle + 64]) + whole[middle + 64:])
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(damaged,), force=True, use_apt=False), os.environ)
+    assert caught.value.message.startswith("trio.tar.cmp is corrupt or truncated: "), caught.value.message
+    assert caught.value.hint == "download it again or get it from a trusted source; nothing was staged"
+    nothing_staged(cache_dir)
+
+
 def test_a_glibc_alone_fetches_no_trio(tmp_path: Path, cache: Cache, cache_dir: Path, sdk: Sdk,
                                        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Files given are what is used: no `apt-get download`, no LLVM archive behind the user's back."""
@@ -534,6 +1136,22 @@ def test_a_glibc_alone_fetches_no_trio(tmp_path: Path, cache: Cache, cache_dir: 
     with pytest.raises(DownloadError):
         stage_runtime(cache, sdk, RuntimeRequest(backoff_base=0.01), os.environ)
     assert ran.exists()
+
+
+def test_on_an_aarch64_host_nothing_is_staged_and_the_systems_packages_are_named(
+        tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's aarch64 libraries use the system's libstdc++: refused before any file given is read."""
+    monkeypatch.setenv("QNNCTL_FORCE_MACHINE", "aarch64")
+    stub_trio(tmp_path / "trio")
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", tmp_path / "missing.deb"), force=True,
+                                                  use_apt=False), os.environ)
+    assert caught.value.message == (
+        "--runtime stages libc++ and glibc for Linux x86_64; on Linux aarch64 the SDK's libraries use the system's "
+        "GNU libstdc++ and glibc, which qnnctl does not stage")
+    assert caught.value.hint == ("install them with the system's packages (Debian/Ubuntu: `sudo apt-get install "
+                                 "libstdc++6 libatomic1`); `qnnctl doctor` says what is missing")
+    nothing_staged(cache_dir)
 
 
 def test_missing_host_libraries(tmp_path: Path) -> None:
@@ -585,6 +1203,23 @@ def test_bad_deb_is_an_integrity_error_and_stages_nothing(make: object, tmp_path
     with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(sources=(deb, good), force=True, use_apt=False), os.environ)
     assert ("sha256 mismatch" in caught.value.message) == (make is fake_known_deb)
+    if make is corrupt_deb:
+        assert caught.value.message.startswith("libc++1-14.deb is corrupt or truncated: "), caught.value.message
+    if make is fake_known_deb:
+        pinned = PINNED_DEBS[("libc++1-14", "1:14.0.6-12", "amd64")]
+        assert caught.value.message == (f"sha256 mismatch for libc++1-14.deb (libc++1-14 1:14.0.6-12 amd64): "
+                                        f"expected {pinned}, got {sha256_of(deb.read_bytes())}")
+        assert caught.value.hint == "this is not the package Debian published; nothing was staged"
+    nothing_staged(cache_dir)
+
+
+def test_a_deb_without_its_control_file_is_named_as_damaged(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """Read from the private copy staging makes of it, and named as the file the user gave."""
+    deb = build_deb(tmp_path / "libc++1-14.deb", "libc++1-14", "1.0", [Entry("./usr/lib/libc++.so.1", b"\x7fELF")],
+                    control_member=tar_bytes([Entry("./"), Entry("./md5sums", b"")], "gz"))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(deb,), force=True, use_apt=False), os.environ)
+    assert caught.value.message == "libc++1-14.deb is corrupt or truncated: control.tar holds no control file"
     nothing_staged(cache_dir)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.host.llvm import LLVM_SHA256_ENV, LLVM_URL_ENV
-from qnnctl.host.runtime import RuntimeRequest, stage_runtime
+from qnnctl.host.runtime import RuntimeRequest, ensure_trio, stage_runtime
 from qnnctl.host.staged import LOADER, LOADER_GUARD, TRIO
 from qnnctl.run.lower import StagedLoader, under_loader
 from qnnctl.sdk.cache import Cache
@@ -282,6 +282,44 @@ def test_install_of_an_sdk_that_needs_no_libcxx_stages_nothing(llvm: Llvm, apt_l
     assert not (cache_dir / "runtime").exists()
     assert llvm.server.requests == []
     assert not apt_log.exists()
+
+
+def test_ensure_trio_does_nothing_where_the_sdk_finds_its_trio(llvm: Llvm, tmp_path: Path, cache: Cache,
+                                                               cache_dir: Path) -> None:
+    """What `install` and `lower` call, in this process: it stages the trio once, and returns None,
+    having done nothing, while the cache or the SDK has what the SDK's libraries need."""
+    needs_host_without_trio()
+    sdk = Sdk(installed_sdk_needing_libcxx(cache_dir, llvm.stubs), VERSION, "qnnctl cache")
+    staged = ensure_trio(cache, sdk, os.environ, tmp_path)
+    assert staged is not None
+    assert staged.libcxx_action == "staged"
+    assert (staged_dirs(cache_dir), llvm.requests()) == (["libcxx-14.0.0"], 1)
+    assert ensure_trio(cache, sdk, os.environ, tmp_path) is None
+    shutil.rmtree(cache_dir / "runtime")
+    for soname in TRIO:
+        shutil.copy(llvm.stubs / soname, sdk.lib_dir / soname)
+    assert ensure_trio(cache, sdk, os.environ, tmp_path) is None
+    assert (staged_dirs(cache_dir), llvm.requests()) == ([], 1)
+
+
+def test_ensure_trio_reads_the_sdk_for_its_glibc_too(llvm: Llvm, tmp_path: Path, cache: Cache, cache_dir: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The trio is staged for the SDK given: one that also needs a newer glibc than the host's is
+    told that it does (no glibc package was given, so none is staged)."""
+    needs_host_without_trio()
+    sdk = Sdk(installed_sdk_needing_libcxx(cache_dir, llvm.stubs), VERSION, "qnnctl cache")
+    stub = tmp_path / "stub-libc"
+    stub.mkdir()
+    (stub / "v.map").write_text("GLIBC_2.99 { global: qnn_new_symbol; local: *; };\n")
+    libc = compile_shared(stub / "libc.so.6", "int qnn_new_symbol(void) { return 1; }\n",
+                          extra=["-Wl,-soname,libc.so.6", f"-Wl,--version-script={stub / 'v.map'}"])
+    compile_shared(sdk.lib_dir / "libQnnGlibcNeeder.so", "int qnn_new_symbol(void);\n"
+                   "int qnn_needer(void) { return qnn_new_symbol(); }\n", extra=["-nostdlib", str(libc)])
+    staged = ensure_trio(cache, sdk, os.environ, tmp_path)
+    assert staged is not None
+    assert (staged.libcxx_action, staged.glibc_action, staged.glibc) == ("staged", "missing", None)
+    assert "the SDK needs glibc 2.99 and this host has" in caplog.text
+    assert staged_dirs(cache_dir) == ["libcxx-14.0.0"]
 
 
 # -- lower -----------------------------------------------------------------------------

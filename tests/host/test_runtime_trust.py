@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from qnnctl.errors import IntegrityError
+from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.host.llvm import LLVM_URL, Expected, expected_sha256, llvm_source
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
@@ -70,9 +71,11 @@ def test_another_archive_under_the_llvm_name_is_refused_and_nothing_staged(
     with pytest.raises(IntegrityError) as caught:
         stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
     assert caught.value.exit_code == 4
-    assert f"the sha256 LLVM publishes for {LLVM_NAME} is {PUBLISHED}" in caught.value.message
-    assert sha256_of(data) in caught.value.message
-    assert "nothing was staged" in (caught.value.hint or "")
+    assert caught.value.message == (f"sha256 mismatch for {url}: the sha256 LLVM publishes for {LLVM_NAME} is "
+                                    f"{PUBLISHED}, the archive served is {sha256_of(data)} ({len(data)} bytes)")
+    assert caught.value.hint == (
+        "this is not the archive that was vouched for; check QNNCTL_LLVM_URL and QNNCTL_LLVM_SHA256, or give the "
+        "libraries with --runtime-from; nothing was staged")
     assert len(server.requests_for(LLVM_PATH)) == 1  # it was fetched, and refused
     nothing_staged(cache_dir)
 
@@ -134,6 +137,38 @@ def test_an_llvm_url_without_a_sha256_is_refused_before_it_is_fetched(
     proc = run_qnnctl("install", VERSION, "--runtime", env=dict(env, QNNCTL_LLVM_SHA256="abc"))
     assert proc.returncode == 2, proc.stderr
     assert "QNNCTL_LLVM_SHA256='abc' is not a sha256 digest" in proc.stderr
+
+
+def test_what_an_llvm_archive_is_held_to_before_it_is_fetched() -> None:
+    """In the tests' own process: the digest given wins, else the one published for the archive's
+    file name (wherever it is served from); neither is refused, naming the URL without its secrets."""
+    mirror = f"https://user:secret@mirror.example/llvm/{LLVM_NAME}?token=t0k"
+    assert expected_sha256(mirror, None) == Expected(PUBLISHED, f"the sha256 LLVM publishes for {LLVM_NAME}")
+    assert expected_sha256(mirror, "  \n") == expected_sha256(mirror, None)  # an empty setting is none
+    digest = "AB" * 32
+    assert expected_sha256("https://mirror.example/other.tar.xz", f" {digest} ") == Expected(
+        digest.lower(), "QNNCTL_LLVM_SHA256")
+    for bad in ("ab" * 31 + "a", "ab" * 31 + "ag", "ab" * 33):
+        with pytest.raises(UsageError) as refused:
+            expected_sha256(mirror, bad)
+        assert refused.value.message == f"QNNCTL_LLVM_SHA256={bad!r} is not a sha256 digest (64 hex digits)"
+        assert refused.value.hint == f"set it to the archive's sha256, as `sha256sum {LLVM_NAME}` prints it"
+    other = "https://user:secret@mirror.example/llvm-14.tar.xz"
+    with pytest.raises(IntegrityError) as unknown:
+        expected_sha256(other, None)
+    assert unknown.value.message == (
+        f"https://***@mirror.example/llvm-14.tar.xz is not LLVM's release archive {LLVM_NAME}, and no sha256 "
+        "was given for it: qnnctl cannot check the libraries it would stage from it")
+    assert unknown.value.hint == (
+        f"set QNNCTL_LLVM_SHA256 to the archive's sha256 (from a copy you trust), or point QNNCTL_LLVM_URL at a "
+        f"copy of {LLVM_NAME} under that name, or give the libraries with --runtime-from; nothing was fetched")
+    # Where the URL and the digest come from: the request's, else the environment's, else LLVM's own.
+    environ = {"QNNCTL_LLVM_URL": "https://env.example/llvm.tar.xz", "QNNCTL_LLVM_SHA256": "cd" * 32}
+    assert llvm_source(environ, None, None) == ("https://env.example/llvm.tar.xz",
+                                                Expected("cd" * 32, "QNNCTL_LLVM_SHA256"))
+    assert llvm_source(environ, mirror, "ef" * 32) == (mirror, Expected("ef" * 32, "QNNCTL_LLVM_SHA256"))
+    assert llvm_source({}, None, None) == (LLVM_URL, expected_sha256(LLVM_URL, None))
+    assert llvm_source(environ, mirror, "") == (mirror, expected_sha256(mirror, None))  # given empty: not the env's
 
 
 # -- a file given with --runtime-from, swapped while it is read -----------------------------
@@ -219,6 +254,23 @@ def test_a_file_swapped_while_it_is_read_is_never_staged_under_the_first_ones_di
     # The swap did come, early enough to be read whole, and too late to be read at all.
     assert (True, True) in seen
     assert (False, False) in seen or (True, False) in seen
+
+
+def test_a_file_swapped_for_no_package_after_the_first_look_is_refused_by_its_name(
+        tmp_path: Path, cache: Cache, cache_dir: Path, swap: dict[str, Any]) -> None:
+    """The first look (before anything is fetched) saw a package; the one reading that stages saw
+    something else, and says which file."""
+    given = tmp_path / "given" / "trio.pkg"
+    given.parent.mkdir()
+    trio_tar(given, tmp_path / "good", 7)
+    junk = tmp_path / "given" / "junk"
+    junk.write_bytes(b"#!/bin/sh\n" * 100)
+    swap.update(path=os.path.realpath(given), other=str(junk), at=2, opens=0, swapped=False)
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+    assert swap["swapped"]
+    assert caught.value.message == f"{given} is not a .deb, .rpm or tar archive"
+    nothing_staged(cache_dir)
 
 
 # -- modes -------------------------------------------------------------------------------------

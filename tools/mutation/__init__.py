@@ -112,4 +112,9 @@ TARGETS: dict[str, Target] = {
     # test_partial's and test_components' installs reach them too, at a minute for each mutant they
     # do not kill, and in mutmut's own run they killed none that test_ranged did not.
     "ranged": Target(("qnnctl/net/ranged.py", "qnnctl/net/sparse.py"), ("tests/net/test_ranged.py",)),
+    # libc++ and glibc staged for an SDK and checked before they are loaded: in the tests' process and by commands.
+    "runtime": Target(("qnnctl/host/runtime.py", "qnnctl/host/llvm.py", "qnnctl/host/sources.py"),
+                      ("tests/host/test_runtime.py", "tests/host/test_runtime_lock.py",
+                       "tests/host/test_runtime_lock_attacks.py", "tests/host/test_runtime_trust.py",
+                       "tests/host/test_runtime_integration.py")),
 }
