@@ -1408,6 +1408,24 @@ def test_folder_entries_and_members_beside_the_sdk_change_no_digest(tmp_path: Pa
     assert zip_digests(beside) == digests
 
 
+@pytest.mark.parametrize("name", ["/etc/cron.d/evil", "../evil", "docs/../../evil", "C:evil"])
+def test_an_archive_with_a_member_extract_refuses_has_no_digests(tmp_path: Path, name: str) -> None:
+    """A name that leads out of the archive (absolute, with a drive letter, or up through `..`)
+    makes the archive one no install takes: zip_digests refuses it as extract does, whether or
+    not the SDK sits at the archive's root, so that `qnnctl mirror` (which reads the archive's
+    names no other way before) never indexes an archive install refuses."""
+    from qnnctl.install.archive import zip_digests
+
+    staging, _ = _staged(tmp_path, top="", link=False)
+    archive = _zip_tree(staging, tmp_path / "sdk.zip", outside={name: b"x"})
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, _work(tmp_path))
+    with pytest.raises(IntegrityError) as digested:
+        zip_digests(archive)
+    assert digested.value.message == refused.value.message
+    assert name in digested.value.message
+
+
 def test_an_archive_that_records_no_unix_modes_holds_no_executables(tmp_path: Path) -> None:
     """An archiver that is not Unix's: the mode bits its external attributes may seem to hold are
     not read, as extract does not read them; the digests are those of a tree without x bits."""
