@@ -1200,7 +1200,8 @@ def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
 
 def test_folders_of_a_tar_get_the_one_folder_mode(tmp_path: Path) -> None:
     """Writable by their owner, so that the tree can always be replaced or removed, and by
-    no one else: 0750 and 0550 are taken as 0755, as 0777 is."""
+    no one else: 0750 and 0550 are taken as 0755, as 0777 is, whatever the umask (under 002,
+    a folder made and left as made would be 0775)."""
     staging = tmp_path / "s"
     build_sdk_tree(staging / TOP)
     (staging / TOP / "docs").chmod(0o750)
@@ -1210,7 +1211,11 @@ def test_folders_of_a_tar_get_the_one_folder_mode(tmp_path: Path) -> None:
     with tarfile.open(archive, "w") as tf:
         tf.add(staging / "qairt", arcname="qairt")
     (staging / TOP / "include").chmod(0o750)  # for the cleanup of tmp_path
-    root = extract(archive, _work(tmp_path)).root
+    umask = os.umask(0o002)
+    try:
+        root = extract(archive, _work(tmp_path)).root
+    finally:
+        os.umask(umask)
     assert stat.S_IMODE((root / "docs").stat().st_mode) == 0o755
     assert stat.S_IMODE((root / "include").stat().st_mode) == 0o755
     assert stat.S_IMODE((root / "share").stat().st_mode) == 0o755
