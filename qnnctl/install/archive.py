@@ -503,7 +503,9 @@ def zip_digests(archive: Path) -> dict[str, str]:
     lines: list[tuple[str, str]] = []
     with open_zip(archive) as zf:
         infos = zf.infolist()
-        names = [PurePosixPath(i.filename.rstrip("/")) for i in infos]
+        # Named as extract names them, which refuses an archive with an unsafe name: a mirror or
+        # a lock then holds no digests of an archive no install would take.
+        names = [member_path(i.filename) for i in infos]
         top = sdk_top(names)
         for info, path in zip(infos, names, strict=True):
             rel = _relative(path, top)

@@ -323,12 +323,14 @@ def test_a_file_of_several_blocks_is_verified_whole(tmp_path: Path, kind: str) -
         assert not digest_matches(path, recorded), place
 
 
-def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sha256", "crc32"])
+def test_verifying_a_large_file_holds_one_block_in_memory(tmp_path: Path, kind: str) -> None:
+    """By its sha256 or by the CRC-32 an earlier qnnctl recorded."""
     size = 48 << 20
     path = tmp_path / "libQnnHtp.so"
     with open(path, "wb") as handle:
         handle.truncate(size)  # 48 MiB of zeros, without writing them
-    recorded = manifest_digest(bytes(size))
+    recorded = manifest_digest(bytes(size)) if kind == "sha256" else crc32_digest(zlib.crc32(bytes(size)))
     matches, peak = _traced(lambda: digest_matches(path, recorded))
     assert matches
     assert peak < 4 * COPY_BUFFER, f"peak {peak >> 20} MiB while verifying a {size >> 20} MiB file"
@@ -1198,7 +1200,8 @@ def test_tar_member_names_with_dot_prefix_are_fine(tmp_path: Path) -> None:
 
 def test_folders_of_a_tar_get_the_one_folder_mode(tmp_path: Path) -> None:
     """Writable by their owner, so that the tree can always be replaced or removed, and by
-    no one else: 0750 and 0550 are taken as 0755, as 0777 is."""
+    no one else: 0750 and 0550 are taken as 0755, as 0777 is, whatever the umask (under 002,
+    a folder made and left as made would be 0775)."""
     staging = tmp_path / "s"
     build_sdk_tree(staging / TOP)
     (staging / TOP / "docs").chmod(0o750)
@@ -1208,7 +1211,11 @@ def test_folders_of_a_tar_get_the_one_folder_mode(tmp_path: Path) -> None:
     with tarfile.open(archive, "w") as tf:
         tf.add(staging / "qairt", arcname="qairt")
     (staging / TOP / "include").chmod(0o750)  # for the cleanup of tmp_path
-    root = extract(archive, _work(tmp_path)).root
+    umask = os.umask(0o002)
+    try:
+        root = extract(archive, _work(tmp_path)).root
+    finally:
+        os.umask(umask)
     assert stat.S_IMODE((root / "docs").stat().st_mode) == 0o755
     assert stat.S_IMODE((root / "include").stat().st_mode) == 0o755
     assert stat.S_IMODE((root / "share").stat().st_mode) == 0o755
@@ -1406,6 +1413,24 @@ def test_folder_entries_and_members_beside_the_sdk_change_no_digest(tmp_path: Pa
     assert zip_digests(_zip_tree(staging, tmp_path / "without.zip", folders=False)) == digests
     beside = _zip_tree(staging, tmp_path / "beside.zip", outside={"README.txt": b"not the SDK's", "qairt/x": b"x"})
     assert zip_digests(beside) == digests
+
+
+@pytest.mark.parametrize("name", ["/etc/cron.d/evil", "../evil", "docs/../../evil", "C:evil"])
+def test_an_archive_with_a_member_extract_refuses_has_no_digests(tmp_path: Path, name: str) -> None:
+    """A name that leads out of the archive (absolute, with a drive letter, or up through `..`)
+    makes the archive one no install takes: zip_digests refuses it as extract does, whether or
+    not the SDK sits at the archive's root, so that `qnnctl mirror` (which reads the archive's
+    names no other way before) never indexes an archive install refuses."""
+    from qnnctl.install.archive import zip_digests
+
+    staging, _ = _staged(tmp_path, top="", link=False)
+    archive = _zip_tree(staging, tmp_path / "sdk.zip", outside={name: b"x"})
+    with pytest.raises(IntegrityError) as refused:
+        extract(archive, _work(tmp_path))
+    with pytest.raises(IntegrityError) as digested:
+        zip_digests(archive)
+    assert digested.value.message == refused.value.message
+    assert name in digested.value.message
 
 
 def test_an_archive_that_records_no_unix_modes_holds_no_executables(tmp_path: Path) -> None:
