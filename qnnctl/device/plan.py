@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
-from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.records import Record
 from qnnctl.run.inspect import Binary, NotAModelError, api_release, shown
 from qnnctl.sdk.cache import read_manifest
@@ -32,7 +32,7 @@ from qnnctl.sdk.components import ALL, ANDROID, HEXAGON, install_command, instal
 from qnnctl.sdk.identity import build_id
 from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.select import reinstall_hint
-from qnnctl.sdk.stores import unsafe_path
+from qnnctl.sdk.stores import first_unsafe
 from qnnctl.sdk.versions import is_full_version, parse_version
 from qnnctl.shell.render import quote_posix
 
@@ -330,14 +330,11 @@ def refuse_unsafe_device_files(sdk: Sdk, paths: Sequence[Path]) -> None:
     """IntegrityError (exit 4) when another user could change one of the SDK's files bound for
     the device, or a folder down to it: selecting the SDK checked its host folders only, and
     these are what runs on the phone."""
-    for path in paths:
-        problem = unsafe_path(path)
-        if problem is not None:
-            raise IntegrityError(
-                f"the device files of SDK {sdk.version} at {sdk.root} are not used: {problem.folder} {problem.why}, "
-                "so another user could put there what runs on the device; nothing was pushed",
-                hint=f"fix it with {problem.fix}, then run the same command again",
-            )
+    problem = first_unsafe(paths)
+    if problem is not None:
+        raise problem.refusal(f"the device files of SDK {sdk.version} at {sdk.root} are not used",
+                              "put there what runs on the device; nothing was pushed",
+                              ", then run the same command again")
 
 
 def plan_push(sdk: Sdk, soc: Soc, dest: str | None = None, extras: Sequence[Path] = (),

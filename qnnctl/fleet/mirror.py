@@ -36,7 +36,7 @@ from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import read_sdk_version
 from qnnctl.sdk.mirrorindex import INDEX_NAME, INDEX_SCHEMA, parse_index
 from qnnctl.sdk.select import resolve_spec, select_sdk
-from qnnctl.sdk.stores import refuse_unsafe_cache, unsafe_path
+from qnnctl.sdk.stores import first_unsafe, refuse_unsafe_cache
 from qnnctl.sdk.versions import archive_name, archive_urls, is_full_version, version_in
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.sdk.work import version_lock, work_folder, work_id
@@ -186,14 +186,11 @@ def refuse_unsafe_mirror(folder: Path, *paths: Path) -> None:
     """IntegrityError (exit 4) when another user could change the mirror's folder, or `paths` in
     it (an archive found there, its version's folder): what the index vouches for to every host
     must be what this user put there."""
-    for path in (folder, *paths):
-        problem = unsafe_path(path)
-        if problem is not None:
-            raise IntegrityError(
-                f"the mirror's folder {folder} is not used: {problem.folder} {problem.why}, so another user could "
-                "change the archives and the index.json that hosts install by; nothing was added to the mirror",
-                hint=f"fix it with {problem.fix}, or give a folder of your own",
-            )
+    problem = first_unsafe((folder, *paths))
+    if problem is not None:
+        raise problem.refusal(f"the mirror's folder {folder} is not used",
+                              "change the archives and the index.json that hosts install by; nothing was added to "
+                              "the mirror", ", or give a folder of your own")
 
 
 def read_local_index(folder: Path) -> dict[str, dict[str, Any]]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from qnnctl.errors import IntegrityError
 from qnnctl.records import TYPE_CHECKING, Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
 from qnnctl.sdk.hosts import this_host
 from qnnctl.sdk.layout import Sdk
-from qnnctl.sdk.stores import folder_problem, unsafe_path
+from qnnctl.sdk.stores import first_unsafe, folder_problem
 
 if TYPE_CHECKING:
     from typing import Any
@@ -132,15 +131,10 @@ def refuse_unsafe_stage(staged: Staged, *files: Path) -> None:
     """IntegrityError (exit 4) when another user could change the staged runtime's libraries,
     its record, `files` (its loader), or a folder down to them: they run as this user, as an
     SDK's do, and are refused as an SDK folder is."""
-    problem = folder_problem(staged.lib_dir)
-    for path in (staged.root / MANIFEST_NAME, *files):
-        problem = problem or unsafe_path(path)
+    problem = folder_problem(staged.lib_dir) or first_unsafe((staged.root / MANIFEST_NAME, *files))
     if problem is not None:
-        raise IntegrityError(
-            f"the host runtime staged at {staged.root} is not used: {problem.folder} {problem.why}, so another "
-            "user could put code there that runs as you",
-            hint=f"fix it with {problem.fix}",
-        )
+        raise problem.refusal(f"the host runtime staged at {staged.root} is not used",
+                              "put code there that runs as you")
 
 
 def sdk_identity() -> ElfIdentity:

@@ -20,7 +20,7 @@ import pwd
 import shlex
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from qnnctl.errors import IntegrityError, NotInstalledError, UsageError
@@ -139,6 +139,18 @@ class Unsafe(Record):
     folder: Path
     why: str
     fix: str
+
+    def refusal(self, refused: str, harm: str, then: str = "") -> IntegrityError:
+        """IntegrityError (exit 4): what is `refused` ("... is not used"), since another user could
+        change it and so `harm` ("put code there that runs as you"); the hint is the fix, then `then`."""
+        return IntegrityError(f"{refused}: {self.folder} {self.why}, so another user could {harm}",
+                              hint=f"fix it with {self.fix}{then}")
+
+
+def first_unsafe(paths: Iterable[Path]) -> Unsafe | None:
+    """Why another user could change the first of `paths` that one could (unsafe_path); None
+    when none."""
+    return next((problem for problem in map(unsafe_path, paths) if problem is not None), None)
 
 
 def unsafe_path(path: Path, uid: int | None = None) -> Unsafe | None:
@@ -278,11 +290,9 @@ def refuse_unsafe_cache(cache: Cache) -> None:
     theirs to change."""
     problem = cache_problem(cache)
     if problem is not None:
-        raise IntegrityError(
-            f"qnnctl's cache {cache.root} is not used: {problem.folder} {problem.why}, so another user could "
-            "change the SDKs installed there and the records that vouch for them; nothing was installed",
-            hint=f"fix it with {problem.fix}, or point QNNCTL_CACHE_DIR at a folder of your own",
-        )
+        raise problem.refusal(f"qnnctl's cache {cache.root} is not used",
+                              "change the SDKs installed there and the records that vouch for them; nothing was "
+                              "installed", ", or point QNNCTL_CACHE_DIR at a folder of your own")
 
 
 def cache_problem(cache: Cache) -> Unsafe | None:
@@ -312,12 +322,9 @@ def refuse_unsafe(root: Path, what: str) -> None:
     warning scrolls by in a CI log while the code it warns of runs."""
     problem = sdk_problem(root)
     if problem is not None:
-        raise IntegrityError(
-            f"{what} is not used: {problem.folder} {problem.why}, so another user could put code there that "
-            "runs as you",
-            hint=f"fix it with {problem.fix}; a cache shared by several users is made read-only for them "
-            "(writable by its owner alone), as a store is",
-        )
+        raise problem.refusal(f"{what} is not used", "put code there that runs as you",
+                              "; a cache shared by several users is made read-only for them (writable by its owner "
+                              "alone), as a store is")
 
 
 _warned: set[tuple[Path, Path]] = set()
