@@ -37,7 +37,7 @@ from qnnctl.doctor.diagnose import run_checks
 from qnnctl.doctor.report import Result
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import require_tool, run_qnnctl
-from tests.phones import BUILD_2_47, BUILD_2_51, Phones, add_device_side, fake_library, standin
+from tests.phones import BUILD_2_47, BUILD_2_51, Phones, add_device_side, fake_library
 from tests.sdkfactory import SdkSpec, build_sdk_tree
 
 V2_51 = "2.51.0.260929"
@@ -46,16 +46,6 @@ DEST = f"{DEVICE_BASE}/{V2_51}"
 DSP = "/vendor/lib/rfsa/adsp;/system/lib/rfsa/adsp;/dsp"
 DEVICE_IDS = ["device.connection", "device.soc", "device.libraries", "device.preinstalled",
               "device.adsp_library_path"]
-
-
-@pytest.fixture(autouse=True)
-def _known_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")
-
-
-@pytest.fixture
-def phones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Phones:
-    return standin(tmp_path, monkeypatch)
 
 
 def make_sdk(tmp_path: Path, version: str = V2_51, build: str | None = BUILD_2_51, device_side: bool = True,

@@ -24,7 +24,7 @@ from qnnctl.doctor.report import Result
 from qnnctl.sdk.identity import build_id
 from tests import genuine
 from tests.conftest import run_qnnctl
-from tests.phones import Phones, standin
+from tests.phones import Phones
 from tests.sdkfactory import EM_AARCH64, SdkSpec, build_sdk_tree
 from tests.test_genuine import require
 
@@ -38,21 +38,11 @@ EM_QDSP6 = 164
 ONE_SOC_PER_ARCH = [pytest.param(next(s for s in socs.SOCS if s.arch == a.number), id=a.name) for a in socs.ARCHES]
 
 
-@pytest.fixture(autouse=True)
-def _known_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")
-
-
 @pytest.fixture
 def sdk(tmp_path: Path) -> Path:
     require(genuine.wheel_path(WHEEL), WHEEL.file_name)
     root = build_sdk_tree(tmp_path / "qairt" / WHEEL.qairt, SdkSpec(version=WHEEL.qairt, build_id=WHEEL.build_id))
     return genuine.lay_out_device_files(WHEEL, root)
-
-
-@pytest.fixture
-def phones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Phones:
-    return standin(tmp_path, monkeypatch)
 
 
 def machine(path: Path) -> int:

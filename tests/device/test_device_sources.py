@@ -14,7 +14,7 @@ import pytest
 
 from qnnctl.device.plan import DEVICE_BASE
 from tests.conftest import run_qnnctl
-from tests.phones import BUILD_2_51, Phones, add_device_side, fake_library, standin
+from tests.phones import BUILD_2_51, Phones, add_device_side, fake_library
 from tests.sdkfactory import SdkSpec, build_sdk_tree, write_zip_from_tree
 
 V2_51 = "2.51.0.260929"
@@ -23,16 +23,6 @@ ANDROID = "lib/aarch64-android"
 SKELS = "lib/hexagon-v79/unsigned"
 
 _as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's takes root")
-
-
-@pytest.fixture(autouse=True)
-def _known_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("QNNCTL_FORCE_CPU_VENDOR", "GenuineIntel")
-
-
-@pytest.fixture
-def phones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Phones:
-    return standin(tmp_path, monkeypatch)
 
 
 def _store_sdk(tmp_path: Path) -> tuple[Path, Path]:
