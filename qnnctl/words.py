@@ -4,8 +4,10 @@ from __future__ import annotations
 
 
 def printable(text: str) -> str:
-    """Text another party chose (a server's reason phrase), fit for a terminal and a log:
-    control characters, and any other that is not printable, escaped (`\\x1b]0;T\\x07`)."""
+    """Text another party chose (a server's reason phrase, a device's name and properties, the
+    names a model gives), fit for a terminal, a log and JSON alike: control characters, and any
+    other character that is not printable, escaped: `Evil\\x1b]0;T\\x07` rather than a new
+    window title."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 

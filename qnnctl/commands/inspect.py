@@ -10,8 +10,9 @@ import click
 
 from qnnctl.commands.common import complete_installed, current_cache
 from qnnctl.errors import QnnctlError
-from qnnctl.run.inspect import inspect_file, shown
+from qnnctl.run.inspect import inspect_file
 from qnnctl.run.inspect import render as render_inspection
+from qnnctl.words import printable
 
 
 @click.command(short_help="A lowered model as the SDK's library reads it, and whether the SDK loads it.")
@@ -39,7 +40,8 @@ def inspect(file: Path, spec: str | None, load: bool, as_json: bool) -> None:
         click.echo(render_inspection(report), nl=False)
     unread = next((b for b in report.binaries if b.error is not None), None)
     if unread is not None:
-        raise QnnctlError(f"{shown(unread.origin)} cannot be read by the SDK's library: {shown(unread.error or '')}",
+        raise QnnctlError(f"{printable(unread.origin)} cannot be read by the SDK's library: "
+                          f"{printable(unread.error or '')}",
                           hint="it is no context binary this SDK reads (cut short, changed, or another file); "
                           "lower the model again")
     if report.sdk is not None and not report.sdk.loads:

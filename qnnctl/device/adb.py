@@ -24,6 +24,7 @@ from typing import NoReturn
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.shell.render import quote_posix
+from qnnctl.words import printable
 
 log = logging.getLogger("qnnctl.device.adb")
 
@@ -46,14 +47,6 @@ _STATES = {
     "authorizing": ("is still being authorized", "wait a moment, then run the same command again"),
     "connecting": ("is still connecting", "wait a moment, then run the same command again"),
 }
-
-
-def printable(text: str) -> str:
-    """Text a device gave, fit for a terminal, a log and JSON alike: control characters (and
-    any other character that is not printable) escaped, `Evil\\x1b]0;T\\x07` rather than a new
-    window title. A device's name, properties, file names and adb's words about it pass here on
-    their way in, so that nothing it says reaches a terminal as it is."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 class AdbNotFoundError(QnnctlError):

@@ -26,7 +26,7 @@ from typing import Any
 from qnnctl.device.socs import Soc, arch, find_soc, known_socs, serves
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.records import Record
-from qnnctl.run.inspect import Binary, NotAModelError, api_release, shown
+from qnnctl.run.inspect import Binary, NotAModelError, api_release
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.components import ALL, ANDROID, HEXAGON, install_command, installed_components
 from qnnctl.sdk.identity import build_id
@@ -35,6 +35,7 @@ from qnnctl.sdk.select import reinstall_hint
 from qnnctl.sdk.stores import first_unsafe
 from qnnctl.sdk.versions import is_full_version, parse_version
 from qnnctl.shell.render import quote_posix
+from qnnctl.words import printable
 
 ANDROID_LIB_DIR = "lib/aarch64-android"
 DEVICE_BASE = "/data/local/tmp/qnnctl"
@@ -302,13 +303,13 @@ def model_problems(binaries: Sequence[Binary], soc: Soc | None, runtime: str | N
     problems: list[str] = []
     fine: list[str] = []
     for b in binaries:
-        origin = shown(b.origin)
+        origin = printable(b.origin)
         if b.error is not None:
-            problems.append(f"{origin} cannot be read by the SDK's libQnnSystem.so ({shown(b.error)}), so no "
+            problems.append(f"{origin} cannot be read by the SDK's libQnnSystem.so ({printable(b.error)}), so no "
                             "runtime loads it")
             continue
         if soc is not None and b.htp_arch is not None and b.htp_arch != soc.arch:
-            problems.append(f"{origin} was compiled for HTP V{b.htp_arch} ({shown(b.soc or 'SoC not named')}), "
+            problems.append(f"{origin} was compiled for HTP V{b.htp_arch} ({printable(b.soc or 'SoC not named')}), "
                             f"the device's {soc.model} is HTP V{soc.arch}: it does not load there; lower it "
                             f"again for {soc.model}")
             continue
@@ -317,11 +318,11 @@ def model_problems(binaries: Sequence[Binary], soc: Soc | None, runtime: str | N
         if needs is not None and have is not None and needs > have:
             problems.append(
                 f"{origin} needs the runtime of QAIRT {needs[0]}.{needs[1]} or newer (its API: core {b.core_api}, "
-                f"backend {b.backend_api}; build string {shown(b.build or '-')}), and {where} is build {runtime}: "
+                f"backend {b.backend_api}; build string {printable(b.build or '-')}), and {where} is build {runtime}: "
                 "it fails to load with error 5000 (`Using newer context binary on old SDK`)")
             continue
         same_soc = "" if soc is None or not b.soc or b.soc == soc.model else (
-            f", compiled for {shown(b.soc)}, the same HTP V{soc.arch} as the device's {soc.model}")
+            f", compiled for {printable(b.soc)}, the same HTP V{soc.arch} as the device's {soc.model}")
         fine.append(f"{origin} (HTP V{b.htp_arch}, API {b.core_api}/{b.backend_api}{same_soc})")
     return problems, fine
 

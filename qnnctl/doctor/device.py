@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from qnnctl.device.adb import Adb, Device, DeviceError, printable
+from qnnctl.device.adb import Adb, Device, DeviceError
 from qnnctl.device.plan import (
     DSP_DEFAULTS,
     MissingDeviceFilesError,
@@ -28,7 +28,7 @@ from qnnctl.run.inspect import NotAModelError, read_model
 from qnnctl.sdk.identity import build_id, version_of_build
 from qnnctl.sdk.layout import read_build_id
 from qnnctl.shell.render import quote_posix
-from qnnctl.words import plural
+from qnnctl.words import plural, printable
 
 # Where a phone keeps libraries of its own that load before the pushed ones unless the pushed
 # folder comes first (a vendor's older libQnnHtp.so, a skel on the DSP's default path).

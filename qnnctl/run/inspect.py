@@ -36,6 +36,7 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import Sdk, read_build_id
 from qnnctl.sdk.select import BY_ENV
 from qnnctl.shell.exports import apply
+from qnnctl.words import printable
 
 log = logging.getLogger("qnnctl.run.inspect")
 
@@ -65,17 +66,12 @@ class NotAModelError(QnnctlError):
     """The file holds no QNN context binary qnnctl can read."""
 
     def __init__(self, path: Path | str, why: str) -> None:
-        super().__init__(f"{shown(str(path))} {why}",
+        super().__init__(f"{printable(str(path))} {why}",
                          hint="give a QNN context binary (`.bin`) or an ONNX model with an EPContext node")
 
 
 class UnreadableError(QnnctlError):
     """The SDK's library could not read a context binary: no verdict is given."""
-
-
-def shown(text: str) -> str:
-    """Text read from a model (names, paths it gives), with control characters escaped for a terminal."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -211,7 +207,7 @@ def _places(path: Path, mapped: mmap.mmap, nodes: list[Node]) -> list[Place]:
         attributes = node.attributes
         if attributes.get("main_context", 1) == 0:
             continue  # shares the binary of another node
-        named = f"the EPContext node '{shown(node.name)}'"
+        named = f"the EPContext node '{printable(node.name)}'"
         context = attributes.get("ep_cache_context")
         if not isinstance(context, Span) or context.length == 0:
             raise NotAModelError(path, f"has {named} with an empty ep_cache_context, which ONNX Runtime refuses")
@@ -222,12 +218,12 @@ def _places(path: Path, mapped: mmap.mmap, nodes: list[Node]) -> list[Place]:
         name = bytes(mapped[context.offset:context.offset + min(context.length, 4096)]).decode("utf-8", "replace")
         beside = external_path(path, name)
         if beside is None:
-            raise NotAModelError(path, f"has {named} naming '{shown(name)}', which leads out of the model's "
+            raise NotAModelError(path, f"has {named} naming '{printable(name)}', which leads out of the model's "
                                  "folder: ONNX Runtime refuses it")
         if beside.is_dir():
-            raise NotAModelError(path, f"has {named} naming {shown(str(beside))}, which is a folder")
+            raise NotAModelError(path, f"has {named} naming {printable(str(beside))}, which is a folder")
         if not beside.is_file():
-            raise NotAModelError(path, f"has {named} naming the context binary {shown(str(beside))}, "
+            raise NotAModelError(path, f"has {named} naming the context binary {printable(str(beside))}, "
                                  "which does not exist")
         size = beside.stat().st_size
         if all((place.path, place.offset, place.length) != (beside, 0, size) for place in found):
@@ -354,27 +350,27 @@ def verdict(binaries: list[Binary], version: str, root: Path, sdk_build: str | N
     unread = [b for b in binaries if b.error is not None]
     if unread:
         b = unread[0]
-        return made(False, f"SDK {version}'s libQnnSystem.so could not read {shown(b.origin)}, so no runtime "
-                    f"loads it ({shown(b.error or '')})")
+        return made(False, f"SDK {version}'s libQnnSystem.so could not read {printable(b.origin)}, so no runtime "
+                    f"loads it ({printable(b.error or '')})")
     for b in binaries:
         provider = providers.get(b.backend_id or -1)
         if provider is None:
-            return made(False, f"{shown(b.origin)} is a {b.backend} binary, and SDK {version} has no library of "
+            return made(False, f"{printable(b.origin)} is a {b.backend} binary, and SDK {version} has no library of "
                         "that backend to load it with")
         if isinstance(provider, str):
-            return made(False, f"whether SDK {version} loads {shown(b.origin)} is unknown: {provider}")
+            return made(False, f"whether SDK {version} loads {printable(b.origin)} is unknown: {provider}")
         built = (_key(b.core_api), _key(b.backend_api))
         have = (_key(provider.core_api), _key(provider.backend_api))
         if None in built or None in have:
-            return made(False, f"whether SDK {version} loads {shown(b.origin)} is unknown: API versions "
+            return made(False, f"whether SDK {version} loads {printable(b.origin)} is unknown: API versions "
                         f"{b.core_api}/{b.backend_api} against {provider.core_api}/{provider.backend_api}")
         newer = [what for what, mine, theirs in (("core", built[0], have[0]), ("backend", built[1], have[1]))
                  if mine is not None and theirs is not None and mine > theirs]
         if newer:
             return made(False, (
                 f"SDK {version} (core API {provider.core_api}, backend API {provider.backend_api}) cannot load "
-                f"{shown(b.origin)}: its {' and '.join(newer)} API ({b.core_api}, {b.backend_api}; build string "
-                f"{shown(b.build or 'none')}) is newer than this runtime's (error 5000, `Using newer context "
+                f"{printable(b.origin)}: its {' and '.join(newer)} API ({b.core_api}, {b.backend_api}; build string "
+                f"{printable(b.build or 'none')}) is newer than this runtime's (error 5000, `Using newer context "
                 "binary on old SDK`)"))
     apis = ", ".join(sorted({f"core {b.core_api}, backend {b.backend_api}" for b in binaries}))
     runtime_apis = f"core {runtime.core_api}, backend {runtime.backend_api}" if runtime else "unknown"
@@ -388,20 +384,20 @@ def real_load(places: list[Place], binaries: list[Binary], environ: Mapping[str,
     for place, b in zip(places, binaries, strict=True):
         library = BACKEND_LIBS.get(b.backend_id or -1)
         if library is None:
-            return False, f"no {b.backend} library to load {shown(b.origin)} with on this host"
+            return False, f"no {b.backend} library to load {printable(b.origin)} with on this host"
         try:
             answer = load_binary(library, place.path, place.offset, place.length, environ)
         except ReadFailure as exc:
-            return False, f"loading {shown(b.origin)} gave no answer: {exc}"
+            return False, f"loading {printable(b.origin)} gave no answer: {exc}"
         if not answer.get("ok"):
             why = explain_load_error(library, str(answer["error"]))
-            return False, f"{library} could not try {shown(b.origin)}: {why}"
+            return False, f"{library} could not try {printable(b.origin)}: {why}"
         status = int(answer["status"])
         if status:
             why = " (`Using newer context binary on old SDK`)" if status == 5000 else ""
-            return False, (f"{library} refused {shown(b.origin)} on this host: contextCreateFromBinary returned "
+            return False, (f"{library} refused {printable(b.origin)} on this host: contextCreateFromBinary returned "
                            f"{status}{why}")
-        done.append(shown(b.origin))
+        done.append(printable(b.origin))
     return True, f"{', '.join(done)} loaded on this host (contextCreateFromBinary returned 0)"
 
 
@@ -444,22 +440,23 @@ def _quant(q: Mapping[str, Any] | None) -> str:
 
 def render(report: Report) -> str:
     """The report for people (the verdict is said on stderr when it is negative)."""
-    lines = [f"{shown(report.file)}: {report.format}"]
+    lines = [f"{printable(report.file)}: {report.format}"]
     for b in report.binaries:
-        lines.append(f"context binary {shown(b.origin)} ({_size(b.size)})")
-        lines.append(f"  read with   {shown(b.read_with or '-')}")
+        lines.append(f"context binary {printable(b.origin)} ({_size(b.size)})")
+        lines.append(f"  read with   {printable(b.read_with or '-')}")
         if b.error is not None:
             lines.append("  unreadable  by the SDK's library (the error says why)")
             continue
-        lines.append(f"  APIs        core {b.core_api}, backend {b.backend_api} (build string {shown(b.build or '-')})")
+        lines.append(f"  APIs        core {b.core_api}, backend {b.backend_api} "
+                     f"(build string {printable(b.build or '-')})")
         if b.build_disagrees:
-            lines.append(f"  mismatch    {shown(b.build_disagrees)}")
+            lines.append(f"  mismatch    {printable(b.build_disagrees)}")
         target = ", ".join(x for x in (b.backend, f"V{b.htp_arch}" if b.htp_arch else None,
                                        b.soc, f"soc_model={b.soc_model}" if b.soc_model else None) if x)
         lines.append(f"  target      {target}")
         lines.append(f"  blob        version {b.blob_version}, {_size(b.blob_size)}")
         for g in b.graphs:
-            lines.append(f"  graph {shown(g.name)}")
+            lines.append(f"  graph {printable(g.name)}")
             if g.htp:
                 h = g.htp
                 lines.append(f"    htp      VTCM {_size(h.get('vtcm_size'))}, "
@@ -471,9 +468,9 @@ def render(report: Report) -> str:
                                  f"shared weights {_size(h['shared_weights_size'])}")
             for kind, tensors in (("input", g.inputs), ("output", g.outputs)):
                 for t in tensors:
-                    lines.append(f"    {kind:6}   {shown(t.name)} {t.dtype}{list(t.shape)}{_quant(t.quantization)}")
+                    lines.append(f"    {kind:6}   {printable(t.name)} {t.dtype}{list(t.shape)}{_quant(t.quantization)}")
     if report.sdk is not None and report.ok:
-        lines.append(f"loads: {shown(report.sdk.reason)}")
+        lines.append(f"loads: {printable(report.sdk.reason)}")
     return "\n".join(lines) + "\n"
 
 
@@ -484,7 +481,7 @@ def inspect_file(path: Path, spec: str | None, environ: Mapping[str, str], cwd: 
     binaries_of(path)  # a file that is no model is refused before an SDK is looked for
     selection, sdk = resolve_sdk(spec, environ, cwd, cache, allow_install=False)
     if sdk is None:
-        raise QnnctlError(f"no SDK to read {shown(str(path))} with: QNN_SDK_ROOT is set but empty, so the "
+        raise QnnctlError(f"no SDK to read {printable(str(path))} with: QNN_SDK_ROOT is set but empty, so the "
                           "caller manages the SDK", hint="give one with --sdk VERSION|PATH")
     child = apply(environ, environment_for(sdk, environ, cache, owns_root=selection.reason != BY_ENV))
     return inspect(path, sdk, child, load)
