@@ -26,6 +26,7 @@ from qnnctl.files import require_free_space
 from qnnctl.net.retry import (
     BodyBroke,
     Policy,
+    answered,
     attempts_made,
     describe,
     quiet_urllib3_retries,
@@ -35,7 +36,7 @@ from qnnctl.net.retry import (
 from qnnctl.net.urls import redact
 from qnnctl.paths import write_json_atomic
 from qnnctl.version import __version__
-from qnnctl.words import human_size, printable
+from qnnctl.words import human_size
 
 if TYPE_CHECKING:
     import requests
@@ -421,8 +422,7 @@ class Downloader:
             # What urllib3 spent on this request, for the next one.
             spent: Policy = getattr(response.raw, "retries", None) or policy
             status = response.status_code
-            # A status without a reason phrase (an unregistered code) is said without one.
-            answer = f"HTTP {status} {printable(response.reason or '')}".rstrip()
+            answer = answered(status, response.reason)
             if status == 416:
                 # Our partial file does not fit the file on the server: start over.
                 log.warning("the server refused to resume (HTTP 416); starting over")

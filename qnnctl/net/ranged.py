@@ -40,11 +40,11 @@ from qnnctl.net.download import (
     retry_policy,
     strong_etag,
 )
-from qnnctl.net.retry import BodyBroke, attempts_made, describe
+from qnnctl.net.retry import BodyBroke, answered, attempts_made, describe
 from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.net.urls import redact
 from qnnctl.threads import start_daemon, wait_ended
-from qnnctl.words import human_size, printable
+from qnnctl.words import human_size
 
 if TYPE_CHECKING:
     import requests
@@ -139,7 +139,7 @@ def _check_status(response: requests.Response, shown: str, policy: Policy) -> No
     if status in RETRY_STATUSES:
         spent: Policy = getattr(response.raw, "retries", None) or policy
         raise Downloader._gave_up(shown, spent.attempts,
-                                  f"the last answer was HTTP {status} {printable(response.reason or '')}".rstrip())
+                                  f"the last answer was {answered(status, response.reason)}")
     if "text/html" in response.headers.get("Content-Type", "").lower():
         raise DownloadError(
             f"{shown} answered with an HTML page, not an archive "
@@ -148,9 +148,7 @@ def _check_status(response: requests.Response, shown: str, policy: Policy) -> No
             "`qnnctl install --file ARCHIVE`",
         )
     if status not in (200, 206, 404, 416):
-        # A status without a reason phrase (an unregistered code) is said without one.
-        answer = f"HTTP {status} {printable(response.reason or '')}".rstrip()
-        raise DownloadError(f"{answer} from {shown}",
+        raise DownloadError(f"{answered(status, response.reason)} from {shown}",
                             hint="check the URL, the version, or your access to the mirror")
 
 

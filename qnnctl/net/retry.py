@@ -158,8 +158,14 @@ class Policy(Retry):
         if error is not None:
             return f"cannot reach {self.shown}: {describe(error)}"
         if response is not None:
-            return f"{self.shown} answered HTTP {response.status} {printable(response.reason or '')}".rstrip()
+            return f"{self.shown} answered {answered(response.status, response.reason)}"
         return f"the request for {self.shown} failed"
+
+
+def answered(status: int, reason: str | None) -> str:
+    """`HTTP 403 Forbidden`: a status with the reason phrase the server sent, escaped (its words
+    reach a terminal); the status alone when there is none (an unregistered code)."""
+    return f"HTTP {status} {printable(reason or '')}".rstrip()
 
 
 class _OwnRetriesFilter(logging.Filter):
