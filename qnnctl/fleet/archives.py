@@ -21,10 +21,9 @@ from typing import IO
 from urllib.parse import unquote, urlparse
 
 from qnnctl.errors import IntegrityError, UsageError
-from qnnctl.fleet.mirror import Mirrored, read_local_index, refuse_unsafe_mirror
+from qnnctl.fleet.mirror import Mirrored, admit_to_mirror, read_local_index, refuse_unsafe_mirror
 from qnnctl.install.archive import extract, zip_digests
 from qnnctl.install.commit import identify
-from qnnctl.install.door import admit_listing
 from qnnctl.net.download import file_sha256
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache, read_manifest
@@ -99,11 +98,7 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
             return Mirrored(version, dest, digest, size, build, "kept"), None
         locked = lock.expected(version) if lock is not None else None
         if locked is not None:
-            try:
-                admit_listing([locked], str(archive), digest, size, components, None)
-            except IntegrityError as exc:
-                raise IntegrityError(exc.message.replace("nothing was installed", "nothing was added to the mirror"),
-                                     hint=exc.hint) from None
+            admit_to_mirror([locked], str(archive), digest, size, components, None)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, dest)
     finally:

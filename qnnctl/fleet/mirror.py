@@ -30,7 +30,7 @@ from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.records import Record
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.gate import agree, size_limit
+from qnnctl.sdk.gate import Expected, agree, size_limit
 from qnnctl.sdk.hosts import HOSTS
 from qnnctl.sdk.identity import IDENTITY_LIBS, build_id, version_of_build
 from qnnctl.sdk.layout import read_sdk_version
@@ -273,8 +273,15 @@ def _admit_found(dest: Path, version: str, digest: str, size: int, digests: dict
     vouched = vouchers(environ, cwd)
     expected = [e for e in (vouched.mirror.expected(version) if vouched.mirror is not None else None,
                             vouched.lock.expected(version) if vouched.lock is not None else None) if e is not None]
+    admit_to_mirror(expected, str(dest), digest, size, digests, file_directory_sha256(dest))
+
+
+def admit_to_mirror(expected: list[Expected], shown: str, digest: str, size: int, components: dict[str, str],
+                    directory_sha256: str | None) -> None:
+    """The install's gate for an archive about to be indexed (qnnctl.install.door.admit_listing),
+    its refusal saying that nothing was added to the mirror."""
     try:
-        admit_listing(expected, str(dest), digest, size, digests, file_directory_sha256(dest))
+        admit_listing(expected, shown, digest, size, components, directory_sha256)
     except IntegrityError as exc:
         raise IntegrityError(exc.message.replace("nothing was installed", "nothing was added to the mirror"),
                              hint=exc.hint) from None
