@@ -18,11 +18,10 @@ from qnnctl.device.plan import Plan, check_dest, default_dest, plan_push, remote
 from qnnctl.device.push import PushResult, push_plan
 from qnnctl.device.socs import arch, find_soc
 from qnnctl.errors import UsageError
-from qnnctl.run.environment import hold_sdk_to_lock
+from qnnctl.run.environment import hold_checked
 from qnnctl.run.envplan import environment_for
 from qnnctl.run.inspect import Binary, read_model
 from qnnctl.sdk.cache import Cache
-from qnnctl.sdk.holds import hold_sdk
 from qnnctl.sdk.layout import Sdk, read_sdk_version
 from qnnctl.sdk.select import resolve_installed, select_sdk
 from qnnctl.shell.exports import apply
@@ -111,9 +110,8 @@ def push(
     if dest is not None:
         check_dest(dest)
     sdk = device_sdk(spec, environ, cwd, cache)
-    held = hold_sdk(sdk.root, cache)
+    held = hold_checked(sdk, cache, cwd)
     try:
-        hold_sdk_to_lock(sdk, cache, cwd)
         return _push_from(sdk, environ, cache, serial, soc, dest, extras, dry_run)
     finally:
         if held is not None:

@@ -68,6 +68,13 @@ def resolve_and_hold(
     selection, sdk = _choose(spec, environ, cwd, cache, allow_install, terminal)
     if sdk is None:
         return selection, None, None
+    return selection, sdk, hold_checked(sdk, cache, cwd)
+
+
+def hold_checked(sdk: Sdk, cache: Cache, cwd: Path) -> int | None:
+    """The SDK's hold, taken before the SDK is held to the project's lock (hold_sdk_to_lock): the
+    descriptor, the caller's to close (None when nothing could be held); nothing stays held when
+    the lock refuses it."""
     held = hold_sdk(sdk.root, cache)
     try:
         hold_sdk_to_lock(sdk, cache, cwd)
@@ -75,7 +82,7 @@ def resolve_and_hold(
         if held is not None:
             os.close(held)
         raise
-    return selection, sdk, held
+    return held
 
 
 def _choose(spec: str | None, environ: Mapping[str, str], cwd: Path, cache: Cache, allow_install: bool,
