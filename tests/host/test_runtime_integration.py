@@ -86,6 +86,15 @@ def htp_needing_libcxx(stubs: Path, dest: Path) -> bytes:
     return built.read_bytes()
 
 
+def glibc_beside_loader(libc: Path, folder: Path) -> Path:
+    """`folder`, made, holding `libc` as libc.so.6 beside this host's loader: a glibc to stage
+    (the stub libc of htp_needing_glibc_2_99 makes it a glibc 2.99)."""
+    folder.mkdir()
+    shutil.copy(host_loader_dir() / LOADER, folder / LOADER)
+    shutil.copy(libc, folder / "libc.so.6")
+    return folder
+
+
 def htp_needing_glibc_2_99(lib_dir: Path, work: Path) -> Path:
     """Replace the SDK's libQnnHtp.so by one referencing GLIBC_2.99; the stub libc that defines it.
 
@@ -404,10 +413,7 @@ def test_doctor_glibc_points_at_staging_and_knows_a_staged_glibc(tmp_path: Path,
     assert "`qnnctl install --runtime --runtime-from GLIBC.deb|GLIBC.rpm`" in str(before["hint"])
 
     # A glibc 2.99 (the stub libc, beside this host's loader) staged the way install does it.
-    glibc = tmp_path / "glibc"
-    glibc.mkdir()
-    shutil.copy(host_loader_dir() / LOADER, glibc / LOADER)
-    shutil.copy(libc, glibc / "libc.so.6")
+    glibc = glibc_beside_loader(libc, tmp_path / "glibc")
     stub_trio(tmp_path / "trio")
     sources = (tmp_path / "trio", glibc)
     result = stage_runtime(Cache(cache_dir), Sdk(root, VERSION, "qnnctl cache"),
@@ -443,10 +449,7 @@ def test_lower_plan_starts_under_the_staged_loader_once(tmp_path: Path, cache_di
     root = install_tree_into_cache(cache_dir)
     lib = str(root / HOST_LIB_DIR)
     libc = htp_needing_glibc_2_99(root / HOST_LIB_DIR, tmp_path)
-    glibc = tmp_path / "glibc"
-    glibc.mkdir()
-    shutil.copy(host_loader_dir() / LOADER, glibc / LOADER)
-    shutil.copy(libc, glibc / "libc.so.6")
+    glibc = glibc_beside_loader(libc, tmp_path / "glibc")
     stub_trio(tmp_path / "trio")
     result = stage_runtime(Cache(cache_dir), Sdk(root, VERSION, "qnnctl cache"),
                            RuntimeRequest(sources=(tmp_path / "trio", glibc), force=True, use_apt=False),
@@ -535,10 +538,7 @@ def test_a_script_command_runs_under_the_staged_loader(tmp_path: Path, cache_dir
 def test_which_resolves_as_the_staged_loader_would(tmp_path: Path, cache_dir: Path) -> None:
     root = install_tree_into_cache(cache_dir)
     libc = htp_needing_glibc_2_99(root / HOST_LIB_DIR, tmp_path)
-    glibc = tmp_path / "glibc"
-    glibc.mkdir()
-    shutil.copy(host_loader_dir() / LOADER, glibc / LOADER)
-    shutil.copy(libc, glibc / "libc.so.6")
+    glibc = glibc_beside_loader(libc, tmp_path / "glibc")
     result = stage_runtime(Cache(cache_dir), Sdk(root, VERSION, "qnnctl cache"),
                            RuntimeRequest(sources=(glibc,), force=True, use_apt=False), os.environ)
     assert result.glibc is not None

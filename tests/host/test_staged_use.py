@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR, Sdk
 from tests.conftest import run_qnnctl
 from tests.host.test_runtime import stub_trio
-from tests.host.test_runtime_integration import host_loader_dir, htp_needing_glibc_2_99
+from tests.host.test_runtime_integration import glibc_beside_loader, htp_needing_glibc_2_99
 from tests.host.test_runtime_trust import open_trio_tar
 from tests.lowerkit import write
 from tests.sdkfactory import VERSION, install_tree_into_cache
@@ -87,10 +86,7 @@ def test_a_staged_loader_another_user_could_change_does_not_start_the_pipeline(t
     host's: a loader of another user's would run it."""
     root = install_tree_into_cache(cache_dir)
     libc = htp_needing_glibc_2_99(root / HOST_LIB_DIR, tmp_path)
-    glibc = tmp_path / "glibc"
-    glibc.mkdir()
-    shutil.copy(host_loader_dir() / LOADER, glibc / LOADER)
-    shutil.copy(libc, glibc / "libc.so.6")
+    glibc = glibc_beside_loader(libc, tmp_path / "glibc")
     stub_trio(tmp_path / "trio")
     result = stage_runtime(Cache(cache_dir), Sdk(root, VERSION, "qnnctl cache"),
                            RuntimeRequest(sources=(tmp_path / "trio", glibc), force=True, use_apt=False), os.environ)
