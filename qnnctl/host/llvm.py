@@ -25,9 +25,9 @@ import urllib3
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import remove_tree
-from qnnctl.host.packages import collect, tar_members
+from qnnctl.host.packages import Limits, collect, tar_members
 from qnnctl.host.sources import Scan, llvm_version, trio_only
-from qnnctl.host.streams import COPY_BUFFER, HashingReader
+from qnnctl.host.streams import COPY_BUFFER, HashingReader, Overrun
 from qnnctl.net.download import (
     BACKOFF_MAX,
     CONNECT_TIMEOUT,
@@ -50,6 +50,11 @@ LLVM_URL = f"https://github.com/llvm/llvm-project/releases/download/llvmorg-{LLV
 LLVM_URL_ENV = "QNNCTL_LLVM_URL"  # another copy of the release archive (a mirror), or another archive
 LLVM_SHA256_ENV = "QNNCTL_LLVM_SHA256"  # the sha256 of the archive QNNCTL_LLVM_URL names
 LLVM_ATTEMPTS = 3
+# The most qnnctl reads of an LLVM archive, whoever serves it, each several times what a release
+# holds (LLVM 14's archive is about 575 MB, its trio a few MB): a server that goes past them is
+# refused before it fills the disk or the memory, or is read for ever, whatever digest it would have.
+LLVM_MOST = 4 << 30  # bytes of the archive
+LLVM_LIMITS = Limits(members=200_000, unpacked=32 << 30, kept=256 << 20)
 
 
 class Published(Record):
@@ -156,13 +161,19 @@ def _stream_once(session: Any, url: str, expected: Expected, dest: Path) -> Scan
             raise DownloadError(f"{shown} answered with an HTML page, not the LLVM archive",
                                 hint="check QNNCTL_LLVM_URL and proxy settings")
         # Every byte the reader sees passes through the hash, and the rest is read to the end.
-        hashing = HashingReader(response.raw)
+        hashing = HashingReader(response.raw, LLVM_MOST)
         try:
             collected = collect(tar_members(io.BufferedReader(hashing, COPY_BUFFER), shown), trio_only, dest,
-                                shown)
+                                shown, LLVM_LIMITS)
             hashing.drain()
         except (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
             raise Retry(f"the connection to {shown} broke: {describe(exc)}") from None
+        except Overrun as exc:
+            raise IntegrityError(
+                f"{shown} sent {exc}, more than any LLVM archive qnnctl reads: it was stopped there",
+                hint="this is not the archive that was vouched for; check QNNCTL_LLVM_URL, or give the libraries "
+                "with --runtime-from; nothing was staged",
+            ) from None
     digest = hashing.sha256.hexdigest()
     if digest != expected.sha256:
         raise IntegrityError(

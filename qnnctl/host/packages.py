@@ -37,7 +37,7 @@ from debian.debfile import INFO_PART, PART_EXTS, DebFile
 from rpmfile.errors import RPMError
 from rpmfile.headers import get_headers
 
-from qnnctl.errors import UsageError
+from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.host.streams import (
     BZIP2_MAGIC,
     COPY_BUFFER,
@@ -476,16 +476,56 @@ class Collected:
         return final if final in self.files else None
 
 
-def collect(members: Iterable[Member], wanted: Callable[[str], bool], dest: Path, source: str) -> Collected:
+@dataclass(frozen=True)
+class Limits:
+    """The most a package from a source that could lie may hold, checked against each member's
+    header before its bytes are read: it cannot fill the disk, nor the memory with links."""
+
+    members: int  # entries of any kind
+    unpacked: int  # bytes its files say they hold, together
+    kept: int  # bytes of the wanted files, written together
+
+
+class _Budget:
+    """What a package has used of its limits so far."""
+
+    def __init__(self, limits: Limits, source: str) -> None:
+        self.limits = limits
+        self.source = source
+        self.members = self.unpacked = self.kept = 0
+
+    def take(self, member: Member, kept: bool) -> None:
+        self.members += 1
+        self._check(self.members, self.limits.members, "entries")
+        self.unpacked += member.size
+        self._check(self.unpacked, self.limits.unpacked, "bytes in its files")
+        if kept:
+            self.kept += member.size
+            self._check(self.kept, self.limits.kept, "bytes in the files qnnctl keeps of it")
+
+    def _check(self, used: int, most: int, what: str) -> None:
+        if used > most:
+            raise IntegrityError(
+                f"{self.source} holds more than {most} {what}: more than the package it stands for could",
+                hint="it is not the package that was asked for; nothing was staged",
+            )
+
+
+def collect(members: Iterable[Member], wanted: Callable[[str], bool], dest: Path, source: str,
+            limits: Limits | None = None) -> Collected:
     """Write the wanted regular files under `dest` (numbered names); keep every link as data.
 
     Every link is kept, wanted or not, so a wanted name can be followed through folders
-    that are themselves links.
+    that are themselves links. With `limits`, a member past them is refused (IntegrityError)
+    before its bytes are read.
     """
     dest.mkdir(parents=True, exist_ok=True)
     found = Collected()
+    budget = _Budget(limits, source) if limits is not None else None
     try:
         for member in members:
+            if budget is not None:
+                budget.take(member, member.kind == FILE and wanted(member.name))
             if member.kind == SYMLINK:
                 found.symlinks[member.name] = member.linkname
             elif member.kind == HARDLINK and wanted(member.name):

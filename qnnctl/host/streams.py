@@ -61,13 +61,19 @@ class Bounded(io.RawIOBase):
                 break
 
 
-class HashingReader(io.RawIOBase):
-    """Passes a stream through, counting and hashing every byte read from it."""
+class Overrun(Exception):
+    """A stream went on past the most bytes its reader takes."""
 
-    def __init__(self, stream: Any) -> None:
+
+class HashingReader(io.RawIOBase):
+    """Passes a stream through, counting and hashing every byte read from it; Overrun past
+    `most` bytes, when given."""
+
+    def __init__(self, stream: Any, most: int | None = None) -> None:
         self.stream = stream
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self.most = most
 
     def readable(self) -> bool:
         return True
@@ -80,6 +86,8 @@ class HashingReader(io.RawIOBase):
         view[: len(data)] = data
         self.sha256.update(data)
         self.size += len(data)
+        if self.most is not None and self.size > self.most:
+            raise Overrun(f"more than {self.most} bytes")
         return len(data)
 
     def drain(self) -> None:

@@ -27,6 +27,7 @@ import pytest
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
 from qnnctl.host.packages import (
     Collected,
+    Limits,
     ar_members,
     collect,
     deb_info,
@@ -36,6 +37,7 @@ from qnnctl.host.packages import (
     parse_control,
     rpm_info,
     rpm_members,
+    tar_members,
 )
 from tests.conftest import IN_CI, require_tool
 
@@ -238,6 +240,37 @@ def test_deb_data_is_streamed_and_links_followed(tmp_path: Path, compression: st
     assert package_kind(deb) == "deb"
     found = collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
     check_tree(found, tmp_path / "out")
+
+
+LIMITED = Limits(members=6, unpacked=4000, kept=1000)
+KEEP = [Entry("lib/a.so.1", b"a" * 400), Entry("lib/b.so.1", b"b" * 400), Entry("share/doc", b"d" * 1000)]
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    # The third kept file would take 1,200 bytes of the 1,000 kept: refused from its header, unwritten.
+    ([Entry("lib/c.so.1", b"c" * 400)], "holds more than 1000 bytes in the files qnnctl keeps of it"),
+    # Unwanted files are not written, but read through: 4,000 bytes at most of them all.
+    ([Entry("share/big", b"x" * 2500)], "holds more than 4000 bytes in its files"),
+    # Links cost no bytes, only memory: 6 entries at most, of any kind.
+    ([Entry(f"lib/l{i}", target="a.so.1") for i in range(4)], "holds more than 6 entries"),
+], ids=["kept", "unpacked", "members"])
+def test_a_package_past_its_limits_is_refused_before_the_member_past_them_is_read(
+        tmp_path: Path, extra: list[Entry], said: str) -> None:
+    data = tar_bytes(KEEP + extra)
+    out = tmp_path / "out"
+    with pytest.raises(IntegrityError) as caught:
+        collect(tar_members(io.BytesIO(data), "p.tar.xz"), is_lib, out, "p.tar.xz", LIMITED)
+    assert caught.value.message == f"p.tar.xz {said}: more than the package it stands for could"
+    assert caught.value.hint == "it is not the package that was asked for; nothing was staged"
+    assert sorted(p.read_bytes() for p in out.iterdir()) == [b"a" * 400, b"b" * 400]
+    # Within them, the same package is collected whole.
+    roomy = Limits(members=7, unpacked=5000, kept=1200)
+    found = collect(tar_members(io.BytesIO(data), "p.tar.xz"), is_lib, tmp_path / "roomy", "p.tar.xz", roomy)
+    assert sorted(found.files) == sorted(e.name for e in KEEP + extra if e.target is None and is_lib(e.name))
+
+
+def is_lib(name: str) -> bool:
+    return name.startswith("lib/") and ".so" in name
 
 
 def test_parse_control_stops_at_the_first_paragraph() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.host import llvm
 from qnnctl.host.llvm import LLVM_URL, Expected, expected_sha256, llvm_source
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 from qnnctl.host.staged import TRIO
@@ -37,7 +38,7 @@ from tests.host.test_runtime import (
     nothing_staged,
     stub_trio,
 )
-from tests.httpserver import FaultServer
+from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import VERSION, compile_shared, install_tree_into_cache
 
 LLVM_NAME = f"{LLVM_TOP}.tar.xz"
@@ -91,6 +92,45 @@ def test_another_archive_under_the_llvm_name_exits_4_on_the_command_line(
     assert proc.stdout == ""
     assert "sha256 mismatch" in proc.stderr
     assert PUBLISHED in proc.stderr
+    nothing_staged(cache_dir)
+
+
+def claimed(name: str, size: int, then: bytes = b"") -> bytes:
+    """A tar.xz whose one member's header says `size` bytes, followed by only `then`."""
+    info = tarfile.TarInfo(f"{LLVM_TOP}/{name}")
+    info.size = size
+    return lzma.compress(info.tobuf(tarfile.GNU_FORMAT) + then, preset=0)
+
+
+@pytest.mark.parametrize(("name", "size", "said"), [
+    ("lib/libc++.so.1.0", 300 << 20, f"holds more than {256 << 20} bytes in the files qnnctl keeps of it"),
+    ("lib/libclang-cpp.so.14", 40 << 30, f"holds more than {32 << 30} bytes in its files"),
+], ids=["kept", "unpacked"])
+def test_an_llvm_archive_past_what_qnnctl_reads_is_refused_from_a_header(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path, name: str, size: int, said: str) -> None:
+    """A server could send a trio member, or any member, of any size: written or read through, it
+    would fill the disk or take for ever before the digest refused it. Its header says so first."""
+    data = claimed(name, size, b"\x7fELF" + bytes(1 << 20))
+    url = server.add(LLVM_PATH, data, "application/x-xz")
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.message == f"{url} {said}: more than the package it stands for could"
+    nothing_staged(cache_dir)
+
+
+def test_an_llvm_archive_that_never_ends_is_stopped_at_the_most_qnnctl_reads(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole tar, then bytes without end: the trio is written, but the rest is read only up to the
+    most any LLVM archive could hold (made small here), and nothing is staged."""
+    monkeypatch.setattr(llvm, "LLVM_MOST", 8 << 20)
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add(LLVM_PATH, b"", "application/x-xz")
+    server.fail(LLVM_PATH, Fault.endless(data, 256 << 20))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.message == (f"{url} sent more than {8 << 20} bytes, more than any LLVM archive qnnctl reads: "
+                                    "it was stopped there")
+    assert server.bytes_served(LLVM_PATH) < 64 << 20, server.bytes_served(LLVM_PATH)
     nothing_staged(cache_dir)
 
 
