@@ -16,7 +16,8 @@ import shutil
 import stat
 import time
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install.archive import zip_digests
 from qnnctl.install.commit import download_name
 from qnnctl.install.door import admit_archive, admit_listing
+from qnnctl.install.sources import LocalArchive, pinned_file
 from qnnctl.install.zipindex import file_directory_sha256
-from qnnctl.net.download import Downloader, PlainProgress, file_sha256, make_session, terminal_progress
+from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
 from qnnctl.net.urls import check_url, redact
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.records import Record
@@ -59,9 +61,10 @@ class FetchedArchive(Record):
 # -- an archive's build id ---------------------------------------------------------------------
 
 
-def archive_build_id(archive: Path, scratch: Path) -> str | None:
+def archive_build_id(archive: Path, scratch: Path, shown: str | None = None) -> str | None:
     """The build id the host libraries inside a zip archive carry (see qnnctl.sdk.identity), read
-    from one library copied into `scratch`; None when they carry none."""
+    from one library copied into `scratch`; None when they carry none. `shown`: the archive's
+    name in messages (its path by default)."""
     try:
         with zipfile.ZipFile(archive) as zf:
             members: dict[str, zipfile.ZipInfo] = {}
@@ -86,9 +89,43 @@ def archive_build_id(archive: Path, scratch: Path) -> str | None:
                 if found is not None:
                     return found
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise IntegrityError(f"{archive} is not a readable zip archive: {exc}",
+        raise IntegrityError(f"{shown or archive} is not a readable zip archive: {exc}",
                              hint="remove it and fetch it again") from None
     return None
+
+
+class Listing(Record):
+    """What one archive holds, all read from the bytes of one open of it."""
+
+    sha256: str
+    size: int
+    build_id: str | None
+    components: dict[str, str]  # component -> digest
+    central_directory_sha256: str
+
+
+class Pinned(Record):
+    """An archive opened once: `local.path` reads the very bytes hashed (qnnctl.install.sources)."""
+
+    local: LocalArchive
+    scratch: Path  # a work folder of the cache's, for as long as the archive is pinned
+
+    def listing(self, shown: str) -> Listing:
+        """Its sha256 and size, its libraries' build id, its components' digests and its central
+        directory's sha256, all of the same bytes, whatever happens to its path meanwhile."""
+        path = self.local.path
+        return Listing(self.local.sha256, self.local.size, archive_build_id(path, self.scratch, shown),
+                       zip_digests(path), file_directory_sha256(path))
+
+
+@contextmanager
+def pinned_archive(path: Path, version: str, cache: Cache) -> Iterator[Pinned]:
+    """The archive at `path`, opened once and hashed; read through nothing else until the end."""
+    cache.ensure()
+    refuse_unsafe_cache(cache)
+    with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch, \
+            pinned_file(path, scratch / "source") as local:
+        yield Pinned(local, scratch)
 
 
 def _true_version(build: str | None, version: str, shown: str) -> None:
@@ -102,11 +139,13 @@ def _true_version(build: str | None, version: str, shown: str) -> None:
 # -- fetching one archive into the cache ---------------------------------------------------------
 
 
-def _finished_download(cache: Cache, version: str) -> tuple[Path, str, str] | None:
-    """A complete archive of `version` already in the cache's downloads (a download that an
-    install did not get to use): (path, its recorded sha256, checked again, the URL recorded)."""
+def _finished_downloads(cache: Cache, version: str) -> list[tuple[Path, str, str]]:
+    """Complete archives of `version` in the cache's downloads (downloads that an install did not
+    get to use), by their records: (path, the sha256 recorded, the URL recorded). Each is still
+    to be read and held to its record."""
     if not cache.downloads.is_dir():
-        return None
+        return []
+    found = []
     for record in sorted(cache.downloads.glob("*.json")):
         archive = record.with_suffix("")
         if version_in(archive.name) != version or archive.suffix != ".zip" or not archive.is_file():
@@ -116,11 +155,11 @@ def _finished_download(cache: Cache, version: str) -> tuple[Path, str, str] | No
         except (OSError, ValueError):
             continue
         recorded = data.get("sha256") if isinstance(data, dict) else None
-        if isinstance(recorded, str) and file_sha256(archive) == recorded:
+        if isinstance(recorded, str):
             url = data.get("url")
             # Records are written redacted; one of an earlier qnnctl may not be.
-            return archive, recorded, redact(url) if isinstance(url, str) else str(archive)
-    return None
+            found.append((archive, recorded, redact(url) if isinstance(url, str) else str(archive)))
+    return found
 
 
 def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], terminal: bool = False,
@@ -140,34 +179,41 @@ def fetch_archive(version: str, cache: Cache, environ: Mapping[str, str], termin
         indexed = mirror.expected(version) if mirror is not None else None
         expected = [e for e in (indexed, locked) if e is not None]
         agree(expected)
-        found = _finished_download(cache, version)
-        if found is not None:
-            path, digest, shown = found
-            log.info("using %s, downloaded earlier from %s", path, shown)
-        else:
-            downloader = Downloader(make_session(), cache.downloads,
-                                    terminal_progress if terminal else PlainProgress)
-            log.info("downloading SDK %s from %s", version, redact(urls[0]))
-            fetched = downloader.fetch(urls, download_name(urls[0], version), limit=size_limit(expected))
-            path, digest, shown = fetched.path, fetched.sha256, fetched.url
-        record = path.with_name(path.name + ".json")
-        try:
-            admit_archive(expected, shown, digest, path.stat().st_size)
-            with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
-                build = archive_build_id(path, scratch)
-            _true_version(build, version, shown)
-            digests = zip_digests(path)
-            directory = file_directory_sha256(path)
-            admit_listing(expected, shown, digest, path.stat().st_size, digests, directory)
-        except IntegrityError:
-            path.unlink(missing_ok=True)
-            record.unlink(missing_ok=True)
-            raise
-        result = FetchedArchive(path, shown, digest, path.stat().st_size, build, digests, directory)
-        if not keep:
-            path.unlink(missing_ok=True)
-            record.unlink(missing_ok=True)
-        return result
+        for path, recorded, shown in _finished_downloads(cache, version):
+            with pinned_archive(path, version, cache) as pinned:
+                if pinned.local.sha256 == recorded:  # else not the file its record names: passed over
+                    log.info("using %s, downloaded earlier from %s", path, shown)
+                    return _admitted(pinned, expected, version, shown, keep)
+        downloader = Downloader(make_session(), cache.downloads, terminal_progress if terminal else PlainProgress)
+        log.info("downloading SDK %s from %s", version, redact(urls[0]))
+        fetched = downloader.fetch(urls, download_name(urls[0], version), limit=size_limit(expected))
+        with pinned_archive(fetched.path, version, cache) as pinned:
+            if pinned.local.sha256 != fetched.sha256:
+                raise IntegrityError(f"{fetched.path} changed on disk after it was downloaded",
+                                     hint="check what else writes to qnnctl's cache, and run the command again")
+            return _admitted(pinned, expected, version, fetched.url, keep)
+
+
+def _admitted(pinned: Pinned, expected: list[Expected], version: str, shown: str, keep: bool) -> FetchedArchive:
+    """A download through the gate: its sha256 and size before it is opened as a zip, then its
+    build id and components. Removed with its record when refused, and without `keep`."""
+    path = pinned.local.given
+    record = path.with_name(path.name + ".json")
+    try:
+        admit_archive(expected, shown, pinned.local.sha256, pinned.local.size)
+        listing = pinned.listing(shown)
+        _true_version(listing.build_id, version, shown)
+        admit_listing(expected, shown, listing.sha256, listing.size, listing.components,
+                      listing.central_directory_sha256)
+    except IntegrityError:
+        path.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+        raise
+    if not keep:
+        path.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+    return FetchedArchive(path, shown, listing.sha256, listing.size, listing.build_id, listing.components,
+                          listing.central_directory_sha256)
 
 
 # -- qnnctl mirror DIR [VERSION]... --------------------------------------------------------------
@@ -231,24 +277,22 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
         refuse_unsafe_mirror(folder, dest)
         entry = index.get(version)
         if dest.is_file():
-            digest = file_sha256(dest)
-            # An entry of an earlier qnnctl, without components' digests, is indexed again.
-            if entry is not None and entry.get("sha256") == digest and isinstance(entry.get("components"), dict):
-                done.append(Mirrored(version, dest, digest, dest.stat().st_size, entry.get("build_id"), "kept"))
-                log.info("SDK %s is in the mirror already (%s)", version, dest)
-                continue
-            if entry is not None and entry.get("sha256") != digest:
-                raise IntegrityError(
-                    f"{dest} has sha256 {digest}, but {folder / INDEX_NAME} says {entry.get('sha256')}",
-                    hint=f"remove {dest} and run `qnnctl mirror {folder} {version}` again",
-                )
-            cache.ensure()
-            refuse_unsafe_cache(cache)
-            with work_folder(cache.tmp / f"{version}.identify.{work_id()}") as scratch:
-                build = archive_build_id(dest, scratch)
+            with pinned_archive(dest, version, cache) as pinned:
+                digest = pinned.local.sha256
+                # An entry of an earlier qnnctl, without components' digests, is indexed again.
+                if entry is not None and entry.get("sha256") == digest and isinstance(entry.get("components"), dict):
+                    done.append(Mirrored(version, dest, digest, pinned.local.size, entry.get("build_id"), "kept"))
+                    log.info("SDK %s is in the mirror already (%s)", version, dest)
+                    continue
+                if entry is not None and entry.get("sha256") != digest:
+                    raise IntegrityError(
+                        f"{dest} has sha256 {digest}, but {folder / INDEX_NAME} says {entry.get('sha256')}",
+                        hint=f"remove {dest} and run `qnnctl mirror {folder} {version}` again",
+                    )
+                listing = pinned.listing(str(dest))
+            size, build, digests = listing.size, listing.build_id, listing.components
             _true_version(build, version, str(dest))
-            size, digests = dest.stat().st_size, zip_digests(dest)
-            _admit_found(dest, version, digest, size, digests, environ, cwd)
+            _admit_found(listing, dest, version, environ, cwd)
             action = "indexed"
         else:
             fetched = fetch_archive(version, cache, environ, terminal=terminal, cwd=cwd)
@@ -266,14 +310,14 @@ def make_mirror(folder: Path, specs: Sequence[str], environ: Mapping[str, str], 
     return done
 
 
-def _admit_found(dest: Path, version: str, digest: str, size: int, digests: dict[str, str],
-                 environ: Mapping[str, str], cwd: Path) -> None:
+def _admit_found(listing: Listing, dest: Path, version: str, environ: Mapping[str, str], cwd: Path) -> None:
     """An archive found in the mirror, held to what a fetched one is: the project's lock and the
     upstream mirror's index (IntegrityError, nothing indexed, when it differs)."""
     vouched = vouchers(environ, cwd)
     expected = [e for e in (vouched.mirror.expected(version) if vouched.mirror is not None else None,
                             vouched.lock.expected(version) if vouched.lock is not None else None) if e is not None]
-    admit_to_mirror(expected, str(dest), digest, size, digests, file_directory_sha256(dest))
+    admit_to_mirror(expected, str(dest), listing.sha256, listing.size, listing.components,
+                    listing.central_directory_sha256)
 
 
 def admit_to_mirror(expected: list[Expected], shown: str, digest: str, size: int, components: dict[str, str],

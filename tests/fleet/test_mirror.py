@@ -20,15 +20,17 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
 
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+from qnnctl.fleet import mirror
 from qnnctl.fleet.mirror import (
     FetchedArchive,
     Mirrored,
-    _finished_download,
+    _finished_downloads,
     _move,
     _true_version,
     archive_build_id,
@@ -38,6 +40,7 @@ from qnnctl.fleet.mirror import (
     read_local_index,
 )
 from qnnctl.install.archive import zip_digests
+from qnnctl.net.download import Downloader
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.lockfile import LockedSdk, write_lock
@@ -245,10 +248,10 @@ def test_an_archive_whose_libraries_name_another_version_is_refused() -> None:
 
 
 def test_a_download_finished_earlier_is_found_by_its_record(cache: Cache) -> None:
-    assert _finished_download(cache, VERSION) is None  # no downloads folder yet
+    assert _finished_downloads(cache, VERSION) == []  # no downloads folder yet
     downloads = cache.downloads
     downloads.mkdir(parents=True)
-    assert _finished_download(cache, VERSION) is None
+    assert _finished_downloads(cache, VERSION) == []
     data = b"an archive's bytes"
     digest = _sha256(data)
 
@@ -257,12 +260,11 @@ def test_a_download_finished_earlier_is_found_by_its_record(cache: Cache) -> Non
         path.write_bytes(content)
         return path
 
-    # Records that say nothing usable, sorted before the good one: each is passed over.
+    # Records that say nothing usable: each is passed over.
     _record(put(f"a-{VERSION}.zip"), sha256=digest).write_text("not json")
     _record(put(f"b-{VERSION}.zip"), sha256=digest).write_bytes(b'{"sha256": "\xff"}')
     _record(put(f"c-{VERSION}.zip"), sha256=digest).write_text(json.dumps([digest]))
     _record(put(f"d-{VERSION}.zip"), sha256=5)
-    _record(put(f"e-{VERSION}.zip"), sha256="0" * 64)  # the file is not the one recorded
     put(f"f-{VERSION}.zip")
     (downloads / f"f-{VERSION}.zip.json").mkdir()  # no record to read
     _record(put(f"g-{VERSION}.tar.gz"), sha256=digest)  # not a zip
@@ -270,18 +272,17 @@ def test_a_download_finished_earlier_is_found_by_its_record(cache: Cache) -> Non
     _record(downloads / f"i-{VERSION}.zip", sha256=digest)  # its archive is gone
     (downloads / f"j-{VERSION}.zip").mkdir()
     _record(downloads / f"j-{VERSION}.zip", sha256=digest)  # its archive is no file
-    assert _finished_download(cache, VERSION) is None
-    # A record of an earlier qnnctl that holds a password in its URL: said redacted.
+    assert _finished_downloads(cache, VERSION) == []
+    # A record of an earlier qnnctl that holds a password in its URL: said redacted. Each is listed
+    # with what its record says, in the records' order; the bytes are read, and held to it, by the caller.
     good = put(f"v{VERSION}.zip")
     _record(good, sha256=digest, url=f"https://ci:s3cret@mirror.example{PATH}")
     later = put(f"w-{VERSION}.zip")
-    _record(later, sha256=digest)
-    assert _finished_download(cache, VERSION) == (good, digest, f"https://***@mirror.example{PATH}")
-    assert _finished_download(cache, OTHER_VERSION) == (downloads / f"h-{OTHER_VERSION}.zip", digest,
-                                                        str(downloads / f"h-{OTHER_VERSION}.zip"))
-    # A record without a URL names the file itself.
-    good.unlink()
-    assert _finished_download(cache, VERSION) == (later, digest, str(later))
+    _record(later, sha256="0" * 64)
+    assert _finished_downloads(cache, VERSION) == [(good, digest, f"https://***@mirror.example{PATH}"),
+                                                   (later, "0" * 64, str(later))]
+    assert _finished_downloads(cache, OTHER_VERSION) == [(downloads / f"h-{OTHER_VERSION}.zip", digest,
+                                                          str(downloads / f"h-{OTHER_VERSION}.zip"))]
 
 
 def test_index_and_records_are_read_as_utf_8_whatever_the_locale(tmp_path: Path, cache: Cache) -> None:
@@ -296,16 +297,16 @@ def test_index_and_records_are_read_as_utf_8_whatever_the_locale(tmp_path: Path,
         json.dumps({"sha256": _sha256(b"bytes"), "url": "https://dépôt.example/a.zip"}, ensure_ascii=False),
         encoding="utf-8")
     code = ("import json, sys\nfrom pathlib import Path\n"
-            "from qnnctl.fleet.mirror import _finished_download, read_local_index\n"
+            "from qnnctl.fleet.mirror import _finished_downloads, read_local_index\n"
             "from qnnctl.sdk.cache import Cache\n"
-            "found = _finished_download(Cache(Path(sys.argv[2])), sys.argv[3])\n"
-            "print(json.dumps([read_local_index(Path(sys.argv[1])), found and [str(p) for p in found]]))\n")
+            "found = _finished_downloads(Cache(Path(sys.argv[2])), sys.argv[3])\n"
+            "print(json.dumps([read_local_index(Path(sys.argv[1])), [[str(p) for p in f] for f in found]]))\n")
     env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
     proc = subprocess.run([sys.executable, "-c", code, str(folder), str(cache.root), VERSION], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [{VERSION: {"note": "dépôt"}},
-                                       [str(archive), _sha256(b"bytes"), "https://dépôt.example/a.zip"]]
+                                       [[str(archive), _sha256(b"bytes"), "https://dépôt.example/a.zip"]]]
 
 
 # -- fetching one archive into the cache ---------------------------------------------------------
@@ -326,6 +327,60 @@ def test_an_archive_is_fetched_from_the_mirror_and_described_whole(server: Fault
     assert capsys.readouterr().err == ""  # no bar unless on a terminal
     # Fetched again: the archive there already is used, with the URL it came from.
     assert fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path) == fetched
+    assert len(server.requests_for(PATH)) == 1
+
+
+def swap_when_read(monkeypatch: pytest.MonkeyPatch, target: Path, other: Path) -> None:
+    """Rename `other` over `target` once the archive has been hashed, as its libraries are about
+    to be read: what another writer of the file's folder could do between two opens by path."""
+    read = mirror.archive_build_id
+
+    def swapped(archive: Path, scratch: Path, shown: str | None = None) -> str | None:
+        if other.exists():
+            os.replace(other, target)
+        return read(archive, scratch, shown)
+
+    monkeypatch.setattr(mirror, "archive_build_id", swapped)
+
+
+def test_a_download_is_described_from_the_bytes_hashed_whatever_its_path_holds_meanwhile(
+        server: FaultServer, served: bytes, cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = _archive(tmp_path / "other", payload=b"other")  # the same version, other bytes
+    path = cache.downloads / f"v{VERSION}.zip"
+    swap_when_read(monkeypatch, path, other)
+    fetched = fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    good = tmp_path / "good.zip"
+    good.write_bytes(served)
+    assert (fetched.sha256, fetched.components, fetched.central_directory_sha256) == (
+        _sha256(served), zip_digests(good), _directory_sha256(served))
+    assert fetched.components != zip_digests(path)  # what the path holds now
+
+
+def test_a_download_changed_on_disk_before_it_was_read_is_refused(
+        server: FaultServer, served: bytes, cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fetch = Downloader.fetch
+    other = _archive(tmp_path / "other", payload=b"other").read_bytes()
+
+    def changed(self: Downloader, *args: Any, **kwargs: Any) -> Any:
+        fetched = fetch(self, *args, **kwargs)
+        fetched.path.write_bytes(other)
+        return fetched
+
+    monkeypatch.setattr(Downloader, "fetch", changed)
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert refused.value.message == f"{cache.downloads / f'v{VERSION}.zip'} changed on disk after it was downloaded"
+
+
+def test_a_finished_download_that_is_not_its_records_is_passed_over(server: FaultServer, served: bytes,
+                                                                    cache: Cache, tmp_path: Path) -> None:
+    cache.downloads.mkdir(parents=True)
+    stale = cache.downloads / f"a-v{VERSION}.zip"
+    stale.write_bytes(_archive(tmp_path / "other", payload=b"other").read_bytes())
+    _record(stale, sha256=_sha256(served))  # its record names the served archive's digest
+    assert [found[0] for found in _finished_downloads(cache, VERSION)] == [stale]
+    fetched = fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert (fetched.path, fetched.sha256) == (cache.downloads / f"v{VERSION}.zip", _sha256(served))
     assert len(server.requests_for(PATH)) == 1
 
 
@@ -704,6 +759,21 @@ def test_an_archive_put_in_the_mirror_by_hand_is_indexed_if_it_is_the_version(se
     assert (changed.value.message, changed.value.hint) == (
         f"{dest} has sha256 {_sha256(dest.read_bytes())}, but {folder / 'index.json'} says {_sha256(data)}",
         f"remove {dest} and run `qnnctl mirror {folder} {VERSION}` again")
+
+
+def test_an_archive_in_the_mirror_is_indexed_from_the_bytes_hashed(
+        server: FaultServer, cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    data = _archive(tmp_path / "right").read_bytes()
+    dest.write_bytes(data)
+    swap_when_read(monkeypatch, dest, _archive(tmp_path / "other", payload=b"other"))
+    assert make_mirror(folder, [VERSION], {"QNNCTL_MIRROR": server.base}, tmp_path, cache) == [
+        Mirrored(VERSION, dest, _sha256(data), len(data), BUILD, "indexed")]
+    good = tmp_path / "good.zip"
+    good.write_bytes(data)
+    assert _index_of(folder)[VERSION]["components"] == zip_digests(good) != zip_digests(dest)
 
 
 def test_what_a_mirror_finished_is_indexed_when_a_later_version_fails(server: FaultServer, served: bytes,
