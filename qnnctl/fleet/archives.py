@@ -24,6 +24,7 @@ from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.fleet.mirror import Mirrored, admit_to_mirror, read_local_index, refuse_unsafe_mirror
 from qnnctl.install.archive import extract, zip_digests
 from qnnctl.install.commit import identify
+from qnnctl.install.zipindex import file_directory_sha256
 from qnnctl.net.download import file_sha256
 from qnnctl.paths import user_path, write_json_atomic
 from qnnctl.sdk.cache import Cache, read_manifest
@@ -81,7 +82,7 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
             os.set_blocking(source.fileno(), True)
             with open(partial, "xb+") as copy:
                 digest, size = _copy_hashing(source, copy)
-                version, build, components = _check_copy(copy, str(archive), cache)
+                version, build, components, directory = _check_copy(copy, str(archive), cache)
         dest = folder / version / archive_name(version)
         refuse_unsafe_mirror(folder, dest)
         entry = index.get(version)
@@ -98,7 +99,7 @@ def _add_one(folder: Path, archive: Path, index: Mapping[str, Mapping[str, objec
             return Mirrored(version, dest, digest, size, build, "kept"), None
         locked = lock.expected(version) if lock is not None else None
         if locked is not None:
-            admit_to_mirror([locked], str(archive), digest, size, components, None)
+            admit_to_mirror([locked], str(archive), digest, size, components, directory)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, dest)
     finally:
@@ -121,8 +122,9 @@ def _copy_hashing(source: IO[bytes], copy: IO[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _check_copy(copy: IO[bytes], shown: str, cache: Cache) -> tuple[str, str | None, dict[str, str]]:
-    """(version, build id, components' digests) of the archive copied into `copy`, checked as
+def _check_copy(copy: IO[bytes], shown: str, cache: Cache) -> tuple[str, str | None, dict[str, str], str]:
+    """(version, build id, components' digests, central directory's sha256) of the archive copied
+    into `copy`, checked as
     `install --file` checks an archive, read through the open file (its /proc/self/fd name
     opens that very file, whatever becomes of the name it was created under)."""
     opened = Path(f"/proc/self/fd/{copy.fileno()}")
@@ -142,7 +144,7 @@ def _check_copy(copy: IO[bytes], shown: str, cache: Cache) -> tuple[str, str | N
                              "top folder name one",
                              hint=f"check that it is a QAIRT SDK archive; `qnnctl install VERSION --file {shown}` "
                              "installs one under a version you give")
-        return version, build, zip_digests(opened)
+        return version, build, zip_digests(opened), file_directory_sha256(opened)
     except IntegrityError as exc:
         # Said of the archive the user named, not of the file descriptor it was read through.
         message = exc.message.replace(str(opened), shown)

@@ -189,18 +189,16 @@ def _check_one(e: Expected, o: Observed) -> None:
         _same(e, o, "its sha256", e.sha256, o.sha256)
         if e.size is not None and o.size is not None:
             _same(e, o, "its size", str(e.size), str(o.size))
+        # The archive is the one pinned; its components and its central directory must then be
+        # the ones pinned too, or the source contradicts itself (an edited lock) and vouches for nothing.
         if e.components is not None and o.components is not None:
-            # The archive is the one pinned; its components must then be the ones pinned too, or
-            # the source contradicts itself (an edited lock) and vouches for nothing.
             for name, digest in sorted(o.components.items()):
                 wanted = e.components.get(name)
                 if wanted != digest:
-                    raise IntegrityError(
-                        f"{e.source} contradicts itself: the archive from {o.shown} has the sha256 {e.name} "
-                        f"{e.says}, but the digest of its component {name} is {digest}, and {e.name} {e.says} "
-                        f"{wanted or 'none'}; nothing was installed",
-                        hint=e.hint,
-                    )
+                    raise _contradicts(e, o, f"the digest of its component {name}", digest, wanted)
+        directory = o.central_directory_sha256
+        if e.central_directory_sha256 is not None and directory is not None and e.central_directory_sha256 != directory:
+            raise _contradicts(e, o, "its central directory's sha256", directory, e.central_directory_sha256)
         return
     checked = False
     if e.components is not None and o.components is not None:
@@ -215,6 +213,14 @@ def _check_one(e: Expected, o: Observed) -> None:
         checked = checked or e.by_directory
     if not checked:
         raise _cannot(e, o, _what_is_missing(e, o))
+
+
+def _contradicts(e: Expected, o: Observed, what: str, observed: str, wanted: str | None) -> IntegrityError:
+    return IntegrityError(
+        f"{e.source} contradicts itself: the archive from {o.shown} has the sha256 {e.name} {e.says}, but {what} "
+        f"is {observed}, and {e.name} {e.says} {wanted or 'none'}; nothing was installed",
+        hint=e.hint,
+    )
 
 
 def _what_is_missing(e: Expected, o: Observed) -> str:

@@ -244,7 +244,8 @@ def compare(lock: LockedSdk, sdk: Sdk, cache: Cache) -> tuple[list[str], str | N
     SDK qnnctl installed into this cache, by the sha256 of the archive it came from and each
     component's digest it records; any other folder (a link, a store, ExecuTorch's cache, another
     cache), whatever file it carries, is checked by hashing what it holds. A lock whose sha256
-    matches while a component's digest does not contradicts itself, and is refused too."""
+    matches while a component's digest or its central directory's does not contradicts itself, and is
+    refused too."""
     name = lock.path.name
     manifest = own_manifest(sdk, cache) or {}
     found: list[str] = []
@@ -271,6 +272,12 @@ def compare(lock: LockedSdk, sdk: Sdk, cache: Cache) -> tuple[list[str], str | N
                 what = f"{name} contradicts itself: its sha256 is the archive's, but " if whole and not found else ""
                 found.append(f"{what}the files of component {component} of SDK {sdk.version} at {sdk.root} "
                              f"({sdk.origin}) have digest {got or 'none'}; {name} pins {pinned or 'none'}")
+    directory = manifest.get("central_directory_sha256")
+    if whole and recorded == lock.sha256 and lock.central_directory_sha256 not in (None, directory) \
+            and is_sha256(directory):
+        found.append(f"{name} contradicts itself: its sha256 is the archive's, but the central directory of the "
+                     f"archive SDK {sdk.version} at {sdk.root} ({sdk.origin}) was installed from has sha256 "
+                     f"{directory}; {name} pins {lock.central_directory_sha256}")
     build = read_build_id(sdk.root)
     if build is not None and lock.build_id is not None and build != lock.build_id:
         found.append(f"the libraries of SDK {sdk.version} at {sdk.root} ({sdk.origin}) are build {build}; "

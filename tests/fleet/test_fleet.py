@@ -1664,6 +1664,26 @@ def test_a_lock_whose_sha256_matches_while_a_component_does_not_contradicts_itse
         f"the files of component host of {where} have digest {digests['host']}; qnnctl.lock pins {'e' * 64}"]
 
 
+def test_a_lock_whose_sha256_matches_while_its_central_directory_does_not_contradicts_itself(
+        tmp_path: Path) -> None:
+    from qnnctl.sdk.layout import Sdk
+    from qnnctl.sdk.lockfile import LockedSdk, compare
+
+    sdk = _sdk_with(tmp_path, None, None)
+    assert isinstance(sdk, Sdk)
+    cache = Cache(tmp_path)
+    (sdk.root / ".qnnctl.json").write_text(json.dumps({"sha256": "a" * 64, "central_directory_sha256": "c" * 64}))
+    lock = LockedSdk(tmp_path / "qnnctl.lock", VERSION, "a" * 64, central_directory_sha256="c" * 64)
+    assert compare(lock, sdk, cache) == ([], "the sha256 of the archive it was installed from")
+    where = f"SDK {VERSION} at {sdk.root} (--sdk)"
+    assert compare(lock._replace(central_directory_sha256="d" * 64), sdk, cache)[0] == [
+        f"qnnctl.lock contradicts itself: its sha256 is the archive's, but the central directory of the archive "
+        f"{where} was installed from has sha256 {'c' * 64}; qnnctl.lock pins {'d' * 64}"]
+    # Another archive's sha256: said, and the central directory's disagreement follows from it.
+    assert compare(lock._replace(sha256="b" * 64, central_directory_sha256="d" * 64), sdk, cache)[0] == [
+        f"{where} was installed from an archive whose sha256 is {'a' * 64}; qnnctl.lock pins {'b' * 64}"]
+
+
 def test_the_components_a_projects_lock_names_for_a_version(tmp_path: Path) -> None:
     from qnnctl.errors import UsageError
     from qnnctl.sdk.lockfile import ProjectLock

@@ -27,6 +27,7 @@ from filelock import FileLock
 
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
 from qnnctl.fleet import mirror
+from qnnctl.fleet.archives import add_archives
 from qnnctl.fleet.mirror import (
     FetchedArchive,
     Mirrored,
@@ -45,7 +46,7 @@ from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.lockfile import LockedSdk, write_lock
 from tests.conftest import run_qnnctl
-from tests.httpserver import FaultServer
+from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import (
     OTHER_VERSION,
     VERSION,
@@ -369,7 +370,9 @@ def test_a_download_changed_on_disk_before_it_was_read_is_refused(
     monkeypatch.setattr(Downloader, "fetch", changed)
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
-    assert refused.value.message == f"{cache.downloads / f'v{VERSION}.zip'} changed on disk after it was downloaded"
+    assert (refused.value.message, refused.value.hint) == (
+        f"{cache.downloads / f'v{VERSION}.zip'} changed on disk after it was downloaded",
+        "check what else writes to qnnctl's cache, and run the command again")
 
 
 def test_a_finished_download_that_is_not_its_records_is_passed_over(server: FaultServer, served: bytes,
@@ -435,6 +438,41 @@ def test_an_archive_is_held_to_its_size_before_it_is_opened_as_a_zip(server: Fau
     assert (refused.value.message, refused.value.hint) == (
         f"the archive from {server.base}{PATH} does not match the mirror's {where}: its size is {len(garbage)}, "
         f"the index says {len(garbage) + 1}; nothing was installed", INDEX_HINT)
+    assert _entries(cache.downloads) == []
+
+
+def test_a_fetched_archive_that_is_no_zip_is_refused_naming_where_it_came_from(server: FaultServer, cache: Cache,
+                                                                             tmp_path: Path) -> None:
+    server.add(PATH, b"no zip at all" * 100)
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert (refused.value.message, refused.value.hint) == (
+        f"{server.base}{PATH} is not a readable zip archive: File is not a zip file", "remove it and fetch it again")
+    assert _entries(cache.downloads) == []
+
+
+def test_a_lock_whose_central_directory_contradicts_its_sha256_is_refused(server: FaultServer, served: bytes,
+                                                                         cache: Cache, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    lock = project / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, _sha256(served), len(served), central_directory_sha256="3" * 64),
+               "trusted")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=project)
+    assert "contradicts itself" in refused.value.message, refused.value.message
+    assert _directory_sha256(served) in refused.value.message, refused.value.message
+    assert _entries(cache.downloads) == []
+
+
+def test_a_body_longer_than_the_index_pins_is_cut_off_there(server: FaultServer, served: bytes, cache: Cache,
+                                                            tmp_path: Path) -> None:
+    server.add("/index.json", _index({VERSION: {"sha256": _sha256(served), "size": len(served)}}), "application/json")
+    server.fail(PATH, Fault.endless(served, 64 << 20))
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert f"sent more than {len(served)} bytes" in refused.value.message, refused.value.message
+    assert server.bytes_served(PATH) < 32 << 20
     assert _entries(cache.downloads) == []
 
 
@@ -774,6 +812,71 @@ def test_an_archive_in_the_mirror_is_indexed_from_the_bytes_hashed(
     good = tmp_path / "good.zip"
     good.write_bytes(data)
     assert _index_of(folder)[VERSION]["components"] == zip_digests(good) != zip_digests(dest)
+
+
+def test_a_mirror_folder_others_can_write_is_refused_before_its_index_is_read(cache: Cache, tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    (folder / "index.json").write_text("planted, and no JSON")
+    folder.chmod(0o777)
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], {}, tmp_path, cache)
+    assert refused.value.message == (
+        f"the mirror's folder {folder} is not used: {folder} is writable by its group and others (mode 0777), so "
+        "another user could change the archives and the index.json that hosts install by; nothing was added to the "
+        "mirror")
+    hint = refused.value.hint or ""
+    assert hint.startswith("fix it with "), hint
+    assert hint.endswith(", or give a folder of your own"), hint
+
+
+def test_an_archive_in_the_mirror_that_is_no_zip_is_refused_naming_it(cache: Cache, tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(b"no zip at all" * 100)
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], {}, tmp_path, cache)
+    assert refused.value.message == f"{dest} is not a readable zip archive: File is not a zip file"
+
+
+def test_an_archive_in_the_mirror_is_held_to_the_upstream_index(server: FaultServer, cache: Cache,
+                                                                tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    data = _archive(tmp_path / "found").read_bytes()
+    dest.write_bytes(data)
+    server.add("/index.json", _index({VERSION: {"sha256": "0" * 64, "size": len(data)}}), "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], {"QNNCTL_MIRROR": server.base}, tmp_path, cache)
+    assert refused.value.message == (
+        f"the archive from {dest} does not match the mirror's {server.base}/index.json: its sha256 is "
+        f"{_sha256(data)}, the index says {'0' * 64}; nothing was added to the mirror")
+    assert refused.value.hint == INDEX_HINT
+    assert not (folder / "index.json").exists()
+
+
+@pytest.mark.parametrize("contradicted", ["components", "central directory"])
+def test_an_archive_added_is_refused_by_a_lock_that_contradicts_itself(contradicted: str, tmp_path: Path,
+                                                                       cache: Cache) -> None:
+    archive = _archive(tmp_path / "a")
+    data = archive.read_bytes()
+    project = tmp_path / "project"
+    project.mkdir()
+    lock = project / "qnnctl.lock"
+    components = {name: "5" * 64 for name in zip_digests(archive)} if contradicted == "components" else None
+    directory = "6" * 64 if contradicted == "central directory" else _directory_sha256(data)
+    write_lock(lock, LockedSdk(lock, VERSION, _sha256(data), len(data), central_directory_sha256=directory,
+                               component_sha256=components), "trusted")
+    folder = tmp_path / "mirror"
+    with pytest.raises(IntegrityError) as refused:
+        add_archives(folder, [archive], {}, project, cache)
+    assert refused.value.message.startswith(f"{lock} contradicts itself: the archive from {archive} has the sha256 "
+                                            "the lock pins, but "), refused.value.message
+    assert refused.value.message.endswith("; nothing was added to the mirror"), refused.value.message
+    assert refused.value.hint == LOCK_HINT
+    assert not (folder / VERSION).exists()
 
 
 def test_what_a_mirror_finished_is_indexed_when_a_later_version_fails(server: FaultServer, served: bytes,

@@ -366,10 +366,15 @@ def test_the_whole_archive_is_checked_by_sha256_and_size() -> None:
     longer = refusal([LOCK], gate.Observed("sdk.zip", sha256=A, size=11))
     assert longer.message == ("the archive from sdk.zip does not match project/qnnctl.lock: its size is 11, "
                               "the lock pins 10; nothing was installed")
-    # Read whole, the archive's sha256 decides; its components, once extracted, must then be the
-    # ones the lock pins, or the lock contradicts itself (an edited lock vouches for nothing).
+    # Read whole, the archive's sha256 decides; its components, once extracted, and its central
+    # directory must then be the ones the lock pins, or the lock contradicts itself (an edited lock
+    # vouches for nothing).
     gate.check([LOCK], gate.Observed("sdk.zip", sha256=A, size=10, components={"host": "h" * 64},
-                                     central_directory_sha256="x" * 64))
+                                     central_directory_sha256="c" * 64))
+    directory = refusal([LOCK], gate.Observed("sdk.zip", sha256=A, size=10, central_directory_sha256="x" * 64))
+    assert directory.message == (
+        f"project/qnnctl.lock contradicts itself: the archive from sdk.zip has the sha256 the lock pins, but its "
+        f"central directory's sha256 is {'x' * 64}, and the lock pins {'c' * 64}; nothing was installed")
     contradicted = refusal([LOCK], gate.Observed("sdk.zip", sha256=A, size=10, components={"host": "x" * 64}))
     assert contradicted.message == (
         f"project/qnnctl.lock contradicts itself: the archive from sdk.zip has the sha256 the lock pins, but the "
