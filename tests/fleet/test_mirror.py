@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import stat
 import struct
@@ -828,6 +829,47 @@ def test_a_mirror_folder_others_can_write_is_refused_before_its_index_is_read(ca
     hint = refused.value.hint or ""
     assert hint.startswith("fix it with "), hint
     assert hint.endswith(", or give a folder of your own"), hint
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
+def test_an_index_another_user_could_change_is_refused_in_a_folder_of_ones_own(cache: Cache, tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    index = folder / "index.json"
+    index.write_text(json.dumps({"schema": 1, "versions": {}}))
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(index, nobody, -1)
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], {}, tmp_path, cache)
+    assert refused.value.message.startswith(f"the mirror's folder {folder} is not used: {index} belongs to user "
+                                            f"nobody (uid {nobody})"), refused.value.message
+
+
+@pytest.mark.parametrize("contradicted", [None, "components", "central directory"])
+def test_an_archive_in_the_mirror_is_refused_by_a_lock_that_contradicts_itself(
+        contradicted: str | None, cache: Cache, tmp_path: Path) -> None:
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    data = _archive(tmp_path / "found").read_bytes()
+    dest.write_bytes(data)
+    project = tmp_path / "project"
+    project.mkdir()
+    lock = project / "qnnctl.lock"
+    components = zip_digests(dest)
+    if contradicted == "components":
+        components = {name: "5" * 64 for name in components}
+    directory = "6" * 64 if contradicted == "central directory" else _directory_sha256(data)
+    write_lock(lock, LockedSdk(lock, VERSION, _sha256(data), len(data), central_directory_sha256=directory,
+                               component_sha256=components), "trusted")
+    if contradicted is None:  # no mirror to ask, and a lock that holds: indexed
+        assert make_mirror(folder, [VERSION], {}, project, cache)[0].action == "indexed"
+        return
+    with pytest.raises(IntegrityError) as refused:
+        make_mirror(folder, [VERSION], {}, project, cache)
+    assert refused.value.message.startswith(f"{lock} contradicts itself: the archive from {dest} has the sha256 "
+                                            "the lock pins, but "), refused.value.message
+    assert not (folder / "index.json").exists()
 
 
 def test_an_archive_in_the_mirror_that_is_no_zip_is_refused_naming_it(cache: Cache, tmp_path: Path) -> None:
