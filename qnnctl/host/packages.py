@@ -27,6 +27,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -47,11 +48,13 @@ from qnnctl.host.streams import (
     Bounded,
     HashingReader,
     Passthrough,
+    bounded_headers,
     buffered,
     corrupt,
     decompressed,
     peek,
     read_exact,
+    tar_header,
 )
 
 if TYPE_CHECKING:
@@ -99,8 +102,13 @@ def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
     """The members of a tar stream (plain or compressed), read once, in order."""
     stream = buffered(Passthrough(stream)) if not hasattr(stream, "peek") else stream
     plain = decompressed(stream, peek(stream, 8), source)
-    with tarfile.open(fileobj=plain, mode="r|") as tf:
-        for info in tf:
+    opened = partial(tarfile.open, fileobj=plain, mode="r|", tarinfo=bounded_headers(source))
+    with tar_header(opened, source) as tf:  # a stream's first header is read by open()
+        while True:
+            info = tar_header(tf.next, source)
+            if info is None:
+                return
+            cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
             name = member_name(info.name)
             if info.isreg():
                 yield Member(name, FILE, info.size, stat.S_IMODE(info.mode), "", tf.extractfile(info))

@@ -1,6 +1,7 @@
 """Readers over the streams packages come in: part of a stream, a stream hashed on the way
 through, a stream decompressed by its first bytes (xz, zstd, gzip, bzip2, lzma), each turning
-a decompressor's own error into IntegrityError naming the package.
+a decompressor's own error into IntegrityError naming the package; and the bounds a tar's
+headers are read within.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import hashlib
 import importlib
 import io
 import lzma
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, TypeVar, cast
 
 from qnnctl.errors import IntegrityError, QnnctlError
+
+_T = TypeVar("_T")
 
 COPY_BUFFER = 1 << 20
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -208,3 +213,52 @@ def copy_hashed(stream: IO[bytes], target: Path) -> tuple[str, int]:
             out.write(block)
             size += len(block)
     return digest.hexdigest(), size
+
+
+# -- tar headers -------------------------------------------------------------------------
+
+# tarfile reads a member's extended headers (GNU long names, pax records, sparse maps) whole into
+# memory, one header calling the reading of the next: the most qnnctl lets it read of them. A name
+# is at most PATH_MAX (4096); a pax header holds a path and a link's target, and its records are
+# parsed in time quadratic in their length by Pythons before 3.11.10 (CVE-2024-6232).
+MOST_EXTENDED = 8 << 10  # bytes of one extended header
+MOST_CHAINED = 8  # extended headers before one member's own
+EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+            tarfile.SOLARIS_XHDTYPE)
+
+
+def bounded_headers(source: str) -> type[tarfile.TarInfo]:
+    """A TarInfo that refuses, before reading it, an extended header past the bounds above and
+    a sparse member (whose map tarfile reads without bound); no package qnnctl reads has one."""
+    chained = 0
+
+    class Bounded(tarfile.TarInfo):
+        def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+            nonlocal chained
+            if self.type == tarfile.GNUTYPE_SPARSE:
+                raise corrupt(source, f"{self.name!r} is a sparse member")
+            if self.type not in EXTENDED:
+                return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
+            if self.size > MOST_EXTENDED:
+                raise corrupt(source, f"an extended tar header of {self.size} bytes (at most {MOST_EXTENDED})")
+            chained += 1
+            if chained > MOST_CHAINED:
+                raise corrupt(source, f"more than {MOST_CHAINED} extended tar headers in a row")
+            try:
+                return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
+            finally:
+                chained -= 1
+
+        def _proc_gnusparse_10(self, next: tarfile.TarInfo, *_: object) -> None:
+            raise corrupt(source, f"{next.name!r} is a sparse member")
+
+    return Bounded
+
+
+def tar_header(read: Callable[[], _T], source: str) -> _T:
+    """What `read` reads of a tar's headers; IntegrityError for a number in a pax record that
+    tarfile does not check (a sparse map's, a ValueError)."""
+    try:
+        return read()
+    except ValueError as exc:
+        raise corrupt(source, f"bad tar header: {exc}") from None

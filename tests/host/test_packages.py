@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,22 @@ def test_a_package_past_its_limits_is_refused_before_the_member_past_them_is_rea
     roomy = Limits(members=7, unpacked=5000, kept=1200)
     found = collect(tar_members(io.BytesIO(data), "p.tar.xz"), is_lib, tmp_path / "roomy", "p.tar.xz", roomy)
     assert sorted(found.files) == sorted(e.name for e in KEEP + extra if e.target is None and is_lib(e.name))
+
+
+def test_a_tar_streamed_holds_no_member_it_has_passed() -> None:
+    """tarfile keeps every header it read, long names and all: 3,000 links of 8,000-byte names
+    (24 MB, a few kilobytes compressed) would be held until the end, and a server's archive may
+    have 200,000 entries. Read as a stream, each is let go once the next is read."""
+    names = [f"{i:04d}" + "n" * 7996 for i in range(3000)]
+    data = tar_bytes([Entry(name, target="t") for name in names])
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in tar_members(io.BytesIO(data), "p.tar.xz"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 3000
+    assert peak < 8 << 20, peak
 
 
 def is_lib(name: str) -> bool:

@@ -24,6 +24,7 @@ import pytest
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.host import llvm
 from qnnctl.host.llvm import LLVM_URL, Expected, expected_sha256, llvm_source
+from qnnctl.host.packages import tar_members
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
@@ -132,6 +133,75 @@ def test_an_llvm_archive_that_never_ends_is_stopped_at_the_most_qnnctl_reads(
                                     "it was stopped there")
     assert server.bytes_served(LLVM_PATH) < 64 << 20, server.bytes_served(LLVM_PATH)
     nothing_staged(cache_dir)
+
+
+def extended(kind: bytes, payload: bytes) -> bytes:
+    """One extended tar header (a GNU long name, a pax header...) of `payload`, in its blocks."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = kind, len(payload)
+    return info.tobuf(tarfile.GNU_FORMAT) + payload + bytes(-len(payload) % tarfile.BLOCKSIZE)
+
+
+def pax(records: dict[str, str]) -> bytes:
+    """A pax header of `records`, each as `LEN KEY=VALUE\n`."""
+    lines = b""
+    for key, value in records.items():
+        line = f" {key}={value}\n".encode()
+        size = len(line) + len(str(len(line)))
+        size += len(str(size)) - len(str(len(line)))
+        lines += str(size).encode() + line
+    return extended(tarfile.XHDTYPE, lines)
+
+
+def trio_member() -> bytes:
+    info = tarfile.TarInfo(f"{LLVM_TOP}/lib/libc++.so.1")
+    info.size = 4
+    return info.tobuf(tarfile.GNU_FORMAT) + b"\x7fELF" + bytes(508) + bytes(1024)
+
+
+def old_sparse() -> bytes:
+    """A GNU sparse member (type S), whose extension blocks tarfile reads without end."""
+    info = tarfile.TarInfo(f"{LLVM_TOP}/lib/libc++.so.1")
+    info.type = tarfile.GNUTYPE_SPARSE
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+@pytest.mark.parametrize(("headers", "said"), [
+    # Each GNU long name makes tarfile read the next header from inside its own reading: a few
+    # hundred of them (a kilobyte compressed) ran Python out of stack, an "unexpected error".
+    (b"".join(extended(tarfile.GNUTYPE_LONGNAME, f"{LLVM_TOP}/n{i}".encode()) for i in range(400)),
+     "more than 8 extended tar headers in a row"),
+    # A long name is read whole into memory: 64 MiB here, compressed to a few kilobytes (a gigabyte
+    # of it, 150 kB compressed, took 7 GB of memory before the digest refused it).
+    (extended(tarfile.GNUTYPE_LONGNAME, b"a" * (64 << 20)),
+     f"an extended tar header of {64 << 20} bytes (at most 8192)"),
+    (extended(tarfile.XHDTYPE, b"1" * (64 << 10)), f"an extended tar header of {64 << 10} bytes (at most 8192)"),
+    # A sparse map is read by tarfile without bound, or parsed unchecked (ValueError).
+    (pax({"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "x"}),
+     f"'{LLVM_TOP}/lib/libc++.so.1' is a sparse member"),
+    (pax({"GNU.sparse.map": "x,y"}), "bad tar header: invalid literal for int() with base 10: 'x'"),
+    (old_sparse(), f"'{LLVM_TOP}/lib/libc++.so.1' is a sparse member"),
+], ids=["chained", "long-name", "pax", "sparse-1.0", "sparse-map", "sparse"])
+def test_an_llvm_archive_whose_tar_headers_pass_what_qnnctl_reads_is_refused_before_they_are_read(
+        server: FaultServer, cache: Cache, cache_dir: Path, headers: bytes, said: str) -> None:
+    """Before the digest can refuse it, a server's archive is read by tarfile: its extended headers
+    are bounded in size and in number before tarfile reads them, and a sparse member is refused."""
+    url = server.add(LLVM_PATH, lzma.compress(headers + trio_member(), preset=0), "application/x-xz")
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.message == f"{url} is corrupt or truncated: {said}"
+    nothing_staged(cache_dir)
+
+
+def test_extended_tar_headers_within_the_bounds_are_read(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """Long names in both forms, pax's and GNU's, up to 8 in a row and PATH_MAX long: read as before."""
+    long = "d/" * 2000 + "libc++.so.1"
+    headers = (pax({"comment": "c" * 4000}) + pax({"path": f"{LLVM_TOP}/{long}", "linkpath": "l" * 4000})
+               + extended(tarfile.GNUTYPE_LONGNAME, f"{LLVM_TOP}/{long}".encode()))
+    data = lzma.compress(headers + trio_member(), preset=0)
+    found = list(tar_members(io.BytesIO(data), "p.tar.xz"))
+    assert [(m.name, m.size) for m in found] == [(f"{LLVM_TOP}/{long}", 4)]
 
 
 def no_apt(tmp_path: Path) -> str:
