@@ -102,10 +102,10 @@ def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
     """The members of a tar stream (plain or compressed), read once, in order."""
     stream = buffered(Passthrough(stream)) if not hasattr(stream, "peek") else stream
     plain = decompressed(stream, peek(stream, 8), source)
-    opened = partial(tarfile.open, fileobj=plain, mode="r|", tarinfo=bounded_headers(source))
-    with tar_header(opened, source) as tf:  # a stream's first header is read by open()
+    opened = partial(tarfile.open, fileobj=plain, mode="r|", tarinfo=bounded_headers())
+    with tar_header(opened) as tf:  # a stream's first header is read by open()
         while True:
-            info = tar_header(tf.next, source)
+            info = tar_header(tf.next)
             if info is None:
                 return
             cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none

@@ -227,38 +227,39 @@ EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
             tarfile.SOLARIS_XHDTYPE)
 
 
-def bounded_headers(source: str) -> type[tarfile.TarInfo]:
-    """A TarInfo that refuses, before reading it, an extended header past the bounds above and
-    a sparse member (whose map tarfile reads without bound); no package qnnctl reads has one."""
+def bounded_headers() -> type[tarfile.TarInfo]:
+    """A TarInfo for one archive that refuses (tarfile.ReadError), before reading it, an extended
+    header past the bounds above and a sparse member (whose map tarfile reads without bound): no
+    archive qnnctl reads has one."""
     chained = 0
 
     class Bounded(tarfile.TarInfo):
         def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
             nonlocal chained
             if self.type == tarfile.GNUTYPE_SPARSE:
-                raise corrupt(source, f"{self.name!r} is a sparse member")
+                raise tarfile.ReadError(f"{self.name!r} is a sparse member")
             if self.type not in EXTENDED:
                 return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
             if self.size > MOST_EXTENDED:
-                raise corrupt(source, f"an extended tar header of {self.size} bytes (at most {MOST_EXTENDED})")
+                raise tarfile.ReadError(f"an extended tar header of {self.size} bytes (at most {MOST_EXTENDED})")
             chained += 1
             if chained > MOST_CHAINED:
-                raise corrupt(source, f"more than {MOST_CHAINED} extended tar headers in a row")
+                raise tarfile.ReadError(f"more than {MOST_CHAINED} extended tar headers in a row")
             try:
                 return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
             finally:
                 chained -= 1
 
-        def _proc_gnusparse_10(self, next: tarfile.TarInfo, *_: object) -> None:
-            raise corrupt(source, f"{next.name!r} is a sparse member")
+        def _proc_gnusparse_10(self, following: tarfile.TarInfo, *_: object) -> None:
+            raise tarfile.ReadError(f"{following.name!r} is a sparse member")
 
     return Bounded
 
 
-def tar_header(read: Callable[[], _T], source: str) -> _T:
-    """What `read` reads of a tar's headers; IntegrityError for a number in a pax record that
+def tar_header(read: Callable[[], _T]) -> _T:
+    """What `read` reads of a tar's headers; tarfile.ReadError for a number in a pax record that
     tarfile does not check (a sparse map's, a ValueError)."""
     try:
         return read()
     except ValueError as exc:
-        raise corrupt(source, f"bad tar header: {exc}") from None
+        raise tarfile.ReadError(f"bad tar header: {exc}") from None
