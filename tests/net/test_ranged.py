@@ -622,13 +622,29 @@ def test_probe_refuses_what_no_archive_comes_from(archive: FaultServer, fault: F
      f"answered a request for its end with 'bytes {TAIL_START}-{SIZE - 1}/*'"),
     (Fault("status", 206, {"Content-Range": f"bytes -5-{SIZE - 1}/{SIZE}"}),
      f"answered a request for its end with 'bytes -5-{SIZE - 1}/{SIZE}'"),
-], ids=["200", "416", "no-content-range", "short", "another-unit", "no-length", "unknown-length", "negative"])
+    # More than the end asked for: not read (a "tail" of gigabytes was held whole in memory).
+    (Fault.misplaced_range(-1000),
+     f"answered a request for its end with 'bytes {TAIL_START - 1000}-{SIZE - 1}/{SIZE}'"),
+], ids=["200", "416", "no-content-range", "short", "another-unit", "no-length", "unknown-length", "negative",
+        "longer"])
 def test_probe_of_a_server_that_does_not_serve_the_end_as_a_range(archive: FaultServer, fault: Fault,
                                                                   words: str) -> None:
     archive.fail(PATH, fault)
     with pytest.raises(RangesIgnored) as caught:
         probe([url_of(archive)])
     assert str(caught.value) == f"{shown_of(archive)} {words}"
+
+
+def test_probe_reads_no_further_than_the_end_it_was_answered(archive: FaultServer) -> None:
+    """The end, as asked, then bytes without end and no Content-Length: read up to one byte past
+    the range, not to the end of the server's patience (it was read whole, into memory)."""
+    archive.fail(PATH, Fault.endless(bytes(1 << 16), 256 << 20, 206,
+                                     {"Content-Range": f"bytes {TAIL_START}-{SIZE - 1}/{SIZE}"}))
+    with pytest.raises(DownloadError) as caught:
+        probe([url_of(archive)])
+    assert str(caught.value) == f"the end of {shown_of(archive)} went on past the {END} bytes its Content-Range holds"
+    assert caught.value.hint == "run the same command again"
+    assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
 
 
 def test_probe_of_an_end_that_comes_short(archive: FaultServer) -> None:
