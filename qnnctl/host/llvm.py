@@ -54,7 +54,7 @@ LLVM_ATTEMPTS = 3
 # holds (LLVM 14's archive is about 575 MB, its trio a few MB): a server that goes past them is
 # refused before it fills the disk or the memory, or is read for ever, whatever digest it would have.
 LLVM_MOST = 4 << 30  # bytes of the archive
-LLVM_LIMITS = Limits(members=200_000, unpacked=32 << 30, kept=256 << 20)
+LLVM_LIMITS = Limits(members=200_000, unpacked=32 << 30, kept=256 << 20, names=16 << 20)
 
 
 class Published(Record):

@@ -492,6 +492,7 @@ class Limits:
     members: int  # entries of any kind
     unpacked: int  # bytes its files say they hold, together
     kept: int  # bytes of the wanted files, written together
+    names: int  # bytes of the names (and links' targets) of the members kept, held in memory, together
 
 
 class _Budget:
@@ -500,16 +501,19 @@ class _Budget:
     def __init__(self, limits: Limits, source: str) -> None:
         self.limits = limits
         self.source = source
-        self.members = self.unpacked = self.kept = 0
+        self.members = self.unpacked = self.kept = self.names = 0
 
     def take(self, member: Member, kept: bool) -> None:
         self.members += 1
         self._check(self.members, self.limits.members, "entries")
         self.unpacked += member.size
         self._check(self.unpacked, self.limits.unpacked, "bytes in its files")
-        if kept:
-            self.kept += member.size
-            self._check(self.kept, self.limits.kept, "bytes in the files qnnctl keeps of it")
+        if not kept:
+            return
+        self.names += len(member.name) + len(member.linkname)
+        self._check(self.names, self.limits.names, "bytes in the names and link targets qnnctl keeps of it")
+        self.kept += member.size if member.kind == FILE else 0
+        self._check(self.kept, self.limits.kept, "bytes in the files qnnctl keeps of it")
 
     def _check(self, used: int, most: int, what: str) -> None:
         if used > most:
@@ -533,7 +537,7 @@ def collect(members: Iterable[Member], wanted: Callable[[str], bool], dest: Path
     try:
         for member in members:
             if budget is not None:
-                budget.take(member, member.kind == FILE and wanted(member.name))
+                budget.take(member, member.kind == SYMLINK or (member.kind in (FILE, HARDLINK) and wanted(member.name)))
             if member.kind == SYMLINK:
                 found.symlinks[member.name] = member.linkname
             elif member.kind == HARDLINK and wanted(member.name):

@@ -119,6 +119,24 @@ def test_an_llvm_archive_past_what_qnnctl_reads_is_refused_from_a_header(
     nothing_staged(cache_dir)
 
 
+def test_an_llvm_archive_of_links_past_what_qnnctl_holds_is_refused_from_their_headers(
+        server: FaultServer, cache: Cache, cache_dir: Path) -> None:
+    """Every link is kept, in memory, with its name and its target: 2,100 links of 16 kB each
+    (a few hundred kilobytes compressed) pass the 16 MiB qnnctl holds of them (200,000 of them,
+    1.5 MB compressed, held 3 GB before the digest refused the archive)."""
+    links = []
+    for i in range(2100):
+        info = tarfile.TarInfo(f"{LLVM_TOP}/{i:05d}" + "d" * 7900)
+        info.type, info.linkname = tarfile.SYMTYPE, "t" * 8000
+        links.append(info.tobuf(tarfile.GNU_FORMAT))
+    url = server.add(LLVM_PATH, lzma.compress(b"".join(links) + bytes(1024), preset=0), "application/x-xz")
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.message == (f"{url} holds more than {16 << 20} bytes in the names and link targets qnnctl "
+                                    "keeps of it: more than the package it stands for could")
+    nothing_staged(cache_dir)
+
+
 def test_an_llvm_archive_that_never_ends_is_stopped_at_the_most_qnnctl_reads(
         server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole tar, then bytes without end: the trio is written, but the rest is read only up to the
