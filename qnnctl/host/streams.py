@@ -13,6 +13,7 @@ import importlib
 import io
 import lzma
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
@@ -70,22 +71,29 @@ class Overrun(Exception):
     """A stream went on past the most bytes its reader takes."""
 
 
+class Late(Exception):
+    """A stream went on past the time its reader gives it."""
+
+
 class HashingReader(io.RawIOBase):
     """Passes a stream through, counting and hashing every byte read from it; Overrun past
-    `most` bytes, when given."""
+    `most` bytes, and Late past the `deadline` (time.monotonic()), when given."""
 
-    def __init__(self, stream: Any, most: int | None = None) -> None:
+    def __init__(self, stream: Any, most: int | None = None, deadline: float | None = None) -> None:
         self.stream = stream
         self.sha256 = hashlib.sha256()
         self.size = 0
         self.most = most
+        self.deadline = deadline
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        data = self.stream.read(len(view))
+        # What has arrived, not all that was asked for: a read that waits for a megabyte from a
+        # server sending a byte a minute would never reach the deadline.
+        data = getattr(self.stream, "read1", self.stream.read)(len(view))
         if not data:
             return 0
         view[: len(data)] = data
@@ -93,6 +101,8 @@ class HashingReader(io.RawIOBase):
         self.size += len(data)
         if self.most is not None and self.size > self.most:
             raise Overrun(f"more than {self.most} bytes")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Late(f"{self.size} bytes")
         return len(data)
 
     def drain(self) -> None:

@@ -12,16 +12,18 @@ import io
 import json
 import lzma
 import os
+import re
 import stat
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.host import llvm
 from qnnctl.host.llvm import LLVM_URL, Expected, expected_sha256, llvm_source
 from qnnctl.host.packages import tar_members
@@ -220,6 +222,27 @@ def test_extended_tar_headers_within_the_bounds_are_read(
     data = lzma.compress(headers + trio_member(), preset=0)
     found = list(tar_members(io.BytesIO(data), "p.tar.xz"))
     assert [(m.name, m.size) for m in found] == [(f"{LLVM_TOP}/{long}", 4)]
+
+
+def test_an_llvm_archive_sent_slowly_is_stopped_at_the_time_qnnctl_gives_it(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read comes within its timeout, but the whole never comes: a server can send a byte a
+    minute for ever. The stream is stopped at its deadline (made short here), not retried."""
+    monkeypatch.setattr(llvm, "LLVM_DEADLINE", 0.5)
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add(LLVM_PATH, data, "application/x-xz")
+    server.fail(LLVM_PATH, Fault.slow(64, 0.1))  # 4 s for the 2.5 kB it is
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert time.monotonic() - started < 2  # the whole would take 4 s: stopped in the middle of a read
+    assert re.fullmatch(rf"streaming {re.escape(url)} took more than 0.5 s \(\d+ bytes read\): it was stopped there",
+                        caught.value.message), caught.value.message
+    assert caught.value.hint == (
+        f"download {LLVM_NAME} (or the libc++1-14 libc++abi1-14 libunwind-14 packages) by other means and give the "
+        "file with --runtime-from, or set QNNCTL_LLVM_URL to a faster mirror; nothing was staged")
+    assert len(server.requests_for(LLVM_PATH)) == 1
+    nothing_staged(cache_dir)
 
 
 def no_apt(tmp_path: Path) -> str:
