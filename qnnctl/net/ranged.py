@@ -389,6 +389,8 @@ class Fetcher:
                 for block in response.iter_content(NET_CHUNK):
                     if self._stop.is_set():
                         return position
+                    if position >= span[1]:
+                        break  # what comes past the range is not read: it may never end
                     block = block[: span[1] - position]
                     self.sparse.write(position, block)
                     position += len(block)

@@ -926,6 +926,19 @@ def test_bytes_past_the_range_in_a_body_are_not_written(archive: FaultServer, sp
     assert sleeps == []
 
 
+def test_a_body_that_goes_on_past_its_range_is_read_no_further(archive: FaultServer, sparse: SparseFile) -> None:
+    """The range, then bytes without end: the range is written and the rest left unread (it was
+    read, and thrown away, for as long as the server went on)."""
+    archive.fail(PATH, Fault.endless(b"\xee" * (1 << 16), 256 << 20, 206,
+                                     {"Content-Range": f"bytes 20000-29999/{SIZE}"}))
+    fetcher = Fetcher(sparse, threads=1)
+    fetcher.fetch([(20_000, 30_000)], "host")
+    assert sparse.held() == [(20_000, 30_000), (TAIL_START, SIZE)]
+    assert sparse.read_at(20_000, 10_000) == b"\xee" * 10_000
+    assert fetcher.received == 10_000
+    assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
+
+
 def test_a_server_that_ignores_the_range(archive: FaultServer, sparse: SparseFile) -> None:
     archive.fail(PATH, Fault.ignore_range())
     with pytest.raises(RangesIgnored) as caught:
