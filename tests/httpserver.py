@@ -146,10 +146,11 @@ class Fault:
         return cls("bare")
 
     @classmethod
-    def endless(cls, block: bytes, limit: int = 64 << 20) -> Fault:
-        """Answer 200 with no Content-Length and `block` over and over, as a server that never
-        stops would; it stops by itself after `limit` bytes, or when the client goes."""
-        return cls("endless", (block, limit))
+    def endless(cls, block: bytes, limit: int = 64 << 20, status: int = 200,
+                headers: dict[str, str] | None = None) -> Fault:
+        """Answer `status` (200) with `headers`, no Content-Length and `block` over and over, as a
+        server that never stops would; it stops by itself after `limit` bytes, or when the client goes."""
+        return cls("endless", (block, limit, status), headers or {})
 
     @classmethod
     def none(cls) -> Fault:
@@ -364,9 +365,11 @@ class FaultServer:
                 h.wfile.write(body)
             return
         if fault is not None and fault.kind == "endless":
-            block, limit = fault.arg
-            h.send_response(200)
+            block, limit, status = fault.arg
+            h.send_response(status)
             h.send_header("Content-Type", "application/json")
+            for name, value in fault.headers.items():
+                h.send_header(name, value)
             h.end_headers()
             h.close_connection = True
             sent = 0

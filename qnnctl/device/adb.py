@@ -16,20 +16,26 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, NoReturn
 
 from qnnctl.errors import QnnctlError, UsageError
 from qnnctl.paths import user_path
 from qnnctl.shell.render import quote_posix
-from qnnctl.words import printable
+from qnnctl.threads import start_daemon
+from qnnctl.words import human_size, printable
 
 log = logging.getLogger("qnnctl.device.adb")
 
 READY = "device"
 QUERY_TIMEOUT = 120.0
+# The most qnnctl reads of what adb prints for one command, whatever the device says: getprop's
+# answer is about 100 kB, and QAIRT 2.51's largest device library (libQnnHtpPrepare.so) 90 MB.
+ANSWER_MOST = 16 << 20
+FILE_MOST = 256 << 20
+OUTPUT_GRACE = 5.0  # seconds to wait for the rest of what an ended adb printed
 ADB_HINT = ("install adb: `sudo apt-get install adb` (Debian/Ubuntu), or Android's platform-tools "
             "(https://developer.android.com/tools/releases/platform-tools); then put it on PATH, "
             "or set ADB to its path")
@@ -126,6 +132,11 @@ def parse_props(text: str) -> dict[str, str]:
     return props
 
 
+def _text(data: bytes) -> str:
+    """What adb printed, as text mode reads it: undecodable bytes replaced, newlines made \\n."""
+    return data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return printable(lines[-1]) if lines else ""
@@ -147,15 +158,52 @@ class Adb:
 
     def run(self, args: Sequence[str], timeout: float | None = QUERY_TIMEOUT) -> subprocess.CompletedProcess[str]:
         log.debug("running %s %s", self.path, " ".join(args))
+        proc = self.capture(args, timeout, ANSWER_MOST)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, _text(proc.stdout), _text(proc.stderr))
+
+    def capture(self, args: Sequence[str], timeout: float | None, most: int) -> subprocess.CompletedProcess[bytes]:
+        """`adb ARGS` and what it prints, at most `most` bytes of each stream: a device says what it
+        likes, as fast as its cable goes, for as long as it likes (DeviceError past either)."""
+        shown = f"`adb {' '.join(args)}`"
         try:
-            return subprocess.run([self.path, *args], env=self.environ, capture_output=True, text=True,
-                                  errors="replace", stdin=subprocess.DEVNULL, timeout=timeout)
+            proc = subprocess.Popen([self.path, *args], env=self.environ, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except (FileNotFoundError, PermissionError) as exc:
             raise AdbNotFoundError(f"{self.path}: {exc.strerror}") from None
+        kept = (bytearray(), bytearray())
+        over: list[bool] = []
+
+        def drain(stream: IO[bytes], into: bytearray) -> Callable[[], None]:
+            def read() -> None:
+                while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+                    if len(into) + len(chunk) > most:
+                        over.append(True)
+                        proc.kill()
+                        return
+                    into.extend(chunk)
+            return read
+
+        streams = [(stream, into) for stream, into in ((proc.stdout, kept[0]), (proc.stderr, kept[1]))
+                   if stream is not None]
+        ended = [start_daemon(drain(stream, into), "adb-output") for stream, into in streams]
+        try:
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise DeviceError(f"`adb {' '.join(args)}` did not answer in {timeout:.0f} s",
+            raise DeviceError(f"{shown} did not answer in {timeout:.0f} s",
                               hint="check the device and its cable (`adb devices`), then run the same "
                               "command again") from None
+        finally:
+            proc.kill()  # no-op once it has ended
+            proc.wait()
+            for done, (stream, _) in zip(ended, streams, strict=True):
+                # A pipe that an adb server it started holds open is not waited for.
+                if done.wait(OUTPUT_GRACE):
+                    stream.close()
+        if over:
+            raise DeviceError(f"{shown} printed more than {human_size(most)}, more than qnnctl reads of it: "
+                              "it was stopped there", hint="check what the device answers to it (`adb "
+                              f"{' '.join(args)}`); a phone that says that much is not one qnnctl can use")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, bytes(kept[0]), bytes(kept[1]))
 
     def devices(self) -> list[Listed]:
         proc = self.run(["devices", "-l"])
@@ -268,13 +316,8 @@ class Device:
         log.debug("%s", _last_line(proc.stdout))
 
     def read(self, path: str) -> bytes:
-        """A file's bytes, unmangled (`adb exec-out cat`)."""
-        try:
-            proc = subprocess.run([self.adb.path, *self._args("exec-out", "cat " + quote_posix(path))],
-                                  env=self.adb.environ, capture_output=True, stdin=subprocess.DEVNULL,
-                                  timeout=QUERY_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            raise DeviceError(f"reading {self.serial}:{path} did not finish in {QUERY_TIMEOUT:.0f} s") from None
+        """A file's bytes, unmangled (`adb exec-out cat`), at most FILE_MOST of them."""
+        proc = self.adb.capture(self._args("exec-out", "cat " + quote_posix(path)), QUERY_TIMEOUT, FILE_MOST)
         if proc.returncode != 0:
             raise DeviceError(f"cannot read {self.serial}:{path}: "
                               + (_last_line(proc.stderr.decode(errors="replace")) or f"exit {proc.returncode}"))

@@ -26,8 +26,8 @@ import urllib3
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import remove_tree
 from qnnctl.host.packages import Limits, collect, tar_members
-from qnnctl.host.sources import Scan, llvm_version, trio_only
-from qnnctl.host.streams import COPY_BUFFER, HashingReader, Overrun
+from qnnctl.host.sources import APT_PACKAGES, Scan, llvm_version, trio_only
+from qnnctl.host.streams import COPY_BUFFER, HashingReader, Late, Overrun
 from qnnctl.net.download import (
     BACKOFF_MAX,
     CONNECT_TIMEOUT,
@@ -54,7 +54,11 @@ LLVM_ATTEMPTS = 3
 # holds (LLVM 14's archive is about 575 MB, its trio a few MB): a server that goes past them is
 # refused before it fills the disk or the memory, or is read for ever, whatever digest it would have.
 LLVM_MOST = 4 << 30  # bytes of the archive
-LLVM_LIMITS = Limits(members=200_000, unpacked=32 << 30, kept=256 << 20)
+LLVM_LIMITS = Limits(members=200_000, unpacked=32 << 30, kept=256 << 20, names=16 << 20)
+# The longest one attempt takes, whatever a server sends and however slowly (a byte a minute keeps
+# every read within its timeout): LLVM 14's archive at 80 kB/s. A slower link takes the archive
+# from a copy: `install --runtime --runtime-from` the file.
+LLVM_DEADLINE = 2 * 3600.0
 
 
 class Published(Record):
@@ -161,7 +165,7 @@ def _stream_once(session: Any, url: str, expected: Expected, dest: Path) -> Scan
             raise DownloadError(f"{shown} answered with an HTML page, not the LLVM archive",
                                 hint="check QNNCTL_LLVM_URL and proxy settings")
         # Every byte the reader sees passes through the hash, and the rest is read to the end.
-        hashing = HashingReader(response.raw, LLVM_MOST)
+        hashing = HashingReader(response.raw, LLVM_MOST, time.monotonic() + LLVM_DEADLINE)
         try:
             collected = collect(tar_members(io.BufferedReader(hashing, COPY_BUFFER), shown), trio_only, dest,
                                 shown, LLVM_LIMITS)
@@ -173,6 +177,12 @@ def _stream_once(session: Any, url: str, expected: Expected, dest: Path) -> Scan
                 f"{shown} sent {exc}, more than any LLVM archive qnnctl reads: it was stopped there",
                 hint="this is not the archive that was vouched for; check QNNCTL_LLVM_URL, or give the libraries "
                 "with --runtime-from; nothing was staged",
+            ) from None
+        except Late as exc:
+            raise DownloadError(
+                f"streaming {shown} took more than {LLVM_DEADLINE:g} s ({exc} read): it was stopped there",
+                hint=f"download {LLVM_ARCHIVE} (or the {' '.join(APT_PACKAGES)} packages) by other means and give "
+                "the file with --runtime-from, or set QNNCTL_LLVM_URL to a faster mirror; nothing was staged",
             ) from None
     digest = hashing.sha256.hexdigest()
     if digest != expected.sha256:

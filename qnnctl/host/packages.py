@@ -27,6 +27,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -47,11 +48,13 @@ from qnnctl.host.streams import (
     Bounded,
     HashingReader,
     Passthrough,
+    bounded_headers,
     buffered,
     corrupt,
     decompressed,
     peek,
     read_exact,
+    tar_header,
 )
 
 if TYPE_CHECKING:
@@ -99,8 +102,13 @@ def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
     """The members of a tar stream (plain or compressed), read once, in order."""
     stream = buffered(Passthrough(stream)) if not hasattr(stream, "peek") else stream
     plain = decompressed(stream, peek(stream, 8), source)
-    with tarfile.open(fileobj=plain, mode="r|") as tf:
-        for info in tf:
+    opened = partial(tarfile.open, fileobj=plain, mode="r|", tarinfo=bounded_headers())
+    with tar_header(opened) as tf:  # a stream's first header is read by open()
+        while True:
+            info = tar_header(tf.next)
+            if info is None:
+                return
+            cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
             name = member_name(info.name)
             if info.isreg():
                 yield Member(name, FILE, info.size, stat.S_IMODE(info.mode), "", tf.extractfile(info))
@@ -484,6 +492,7 @@ class Limits:
     members: int  # entries of any kind
     unpacked: int  # bytes its files say they hold, together
     kept: int  # bytes of the wanted files, written together
+    names: int  # bytes of the names (and links' targets) of the members kept, held in memory, together
 
 
 class _Budget:
@@ -492,16 +501,19 @@ class _Budget:
     def __init__(self, limits: Limits, source: str) -> None:
         self.limits = limits
         self.source = source
-        self.members = self.unpacked = self.kept = 0
+        self.members = self.unpacked = self.kept = self.names = 0
 
     def take(self, member: Member, kept: bool) -> None:
         self.members += 1
         self._check(self.members, self.limits.members, "entries")
         self.unpacked += member.size
         self._check(self.unpacked, self.limits.unpacked, "bytes in its files")
-        if kept:
-            self.kept += member.size
-            self._check(self.kept, self.limits.kept, "bytes in the files qnnctl keeps of it")
+        if not kept:
+            return
+        self.names += len(member.name) + len(member.linkname)
+        self._check(self.names, self.limits.names, "bytes in the names and link targets qnnctl keeps of it")
+        self.kept += member.size if member.kind == FILE else 0
+        self._check(self.kept, self.limits.kept, "bytes in the files qnnctl keeps of it")
 
     def _check(self, used: int, most: int, what: str) -> None:
         if used > most:
@@ -525,7 +537,7 @@ def collect(members: Iterable[Member], wanted: Callable[[str], bool], dest: Path
     try:
         for member in members:
             if budget is not None:
-                budget.take(member, member.kind == FILE and wanted(member.name))
+                budget.take(member, member.kind == SYMLINK or (member.kind in (FILE, HARDLINK) and wanted(member.name)))
             if member.kind == SYMLINK:
                 found.symlinks[member.name] = member.linkname
             elif member.kind == HARDLINK and wanted(member.name):

@@ -1,6 +1,7 @@
 """Readers over the streams packages come in: part of a stream, a stream hashed on the way
 through, a stream decompressed by its first bytes (xz, zstd, gzip, bzip2, lzma), each turning
-a decompressor's own error into IntegrityError naming the package.
+a decompressor's own error into IntegrityError naming the package; and the bounds a tar's
+headers are read within.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import hashlib
 import importlib
 import io
 import lzma
+import tarfile
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, TypeVar, cast
 
 from qnnctl.errors import IntegrityError, QnnctlError
+
+_T = TypeVar("_T")
 
 COPY_BUFFER = 1 << 20
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -65,22 +71,29 @@ class Overrun(Exception):
     """A stream went on past the most bytes its reader takes."""
 
 
+class Late(Exception):
+    """A stream went on past the time its reader gives it."""
+
+
 class HashingReader(io.RawIOBase):
     """Passes a stream through, counting and hashing every byte read from it; Overrun past
-    `most` bytes, when given."""
+    `most` bytes, and Late past the `deadline` (time.monotonic()), when given."""
 
-    def __init__(self, stream: Any, most: int | None = None) -> None:
+    def __init__(self, stream: Any, most: int | None = None, deadline: float | None = None) -> None:
         self.stream = stream
         self.sha256 = hashlib.sha256()
         self.size = 0
         self.most = most
+        self.deadline = deadline
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        data = self.stream.read(len(view))
+        # What has arrived, not all that was asked for: a read that waits for a megabyte from a
+        # server sending a byte a minute would never reach the deadline.
+        data = getattr(self.stream, "read1", self.stream.read)(len(view))
         if not data:
             return 0
         view[: len(data)] = data
@@ -88,6 +101,8 @@ class HashingReader(io.RawIOBase):
         self.size += len(data)
         if self.most is not None and self.size > self.most:
             raise Overrun(f"more than {self.most} bytes")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Late(f"{self.size} bytes")
         return len(data)
 
     def drain(self) -> None:
@@ -208,3 +223,53 @@ def copy_hashed(stream: IO[bytes], target: Path) -> tuple[str, int]:
             out.write(block)
             size += len(block)
     return digest.hexdigest(), size
+
+
+# -- tar headers -------------------------------------------------------------------------
+
+# tarfile reads a member's extended headers (GNU long names, pax records, sparse maps) whole into
+# memory, one header calling the reading of the next: the most qnnctl lets it read of them. A name
+# is at most PATH_MAX (4096); a pax header holds a path and a link's target, and its records are
+# parsed in time quadratic in their length by Pythons before 3.11.10 (CVE-2024-6232).
+MOST_EXTENDED = 8 << 10  # bytes of one extended header
+MOST_CHAINED = 8  # extended headers before one member's own
+EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+            tarfile.SOLARIS_XHDTYPE)
+
+
+def bounded_headers() -> type[tarfile.TarInfo]:
+    """A TarInfo for one archive that refuses (tarfile.ReadError), before reading it, an extended
+    header past the bounds above and a sparse member (whose map tarfile reads without bound): no
+    archive qnnctl reads has one."""
+    chained = 0
+
+    class Bounded(tarfile.TarInfo):
+        def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+            nonlocal chained
+            if self.type == tarfile.GNUTYPE_SPARSE:
+                raise tarfile.ReadError(f"{self.name!r} is a sparse member")
+            if self.type not in EXTENDED:
+                return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
+            if self.size > MOST_EXTENDED:
+                raise tarfile.ReadError(f"an extended tar header of {self.size} bytes (at most {MOST_EXTENDED})")
+            chained += 1
+            if chained > MOST_CHAINED:
+                raise tarfile.ReadError(f"more than {MOST_CHAINED} extended tar headers in a row")
+            try:
+                return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
+            finally:
+                chained -= 1
+
+        def _proc_gnusparse_10(self, following: tarfile.TarInfo, *_: object) -> None:
+            raise tarfile.ReadError(f"{following.name!r} is a sparse member")
+
+    return Bounded
+
+
+def tar_header(read: Callable[[], _T]) -> _T:
+    """What `read` reads of a tar's headers; tarfile.ReadError for a number in a pax record that
+    tarfile does not check (a sparse map's, a ValueError)."""
+    try:
+        return read()
+    except ValueError as exc:
+        raise tarfile.ReadError(f"bad tar header: {exc}") from None

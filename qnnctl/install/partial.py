@@ -23,11 +23,13 @@ import shutil
 import tarfile
 import zipfile
 from collections.abc import Collection, Iterable, Mapping
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import require_free_space
+from qnnctl.host.streams import bounded_headers, tar_header
 from qnnctl.install.archive import MAX_LINK_TARGET, archive_kind, extract
 from qnnctl.install.commit import commit, identify, require_version, used_up
 from qnnctl.install.confine import check_links_inside, member_path, sdk_top, unsafe
@@ -120,8 +122,11 @@ def tar_members(archive: Path) -> tuple[dict[PurePosixPath, Member], dict[PurePo
     members: dict[PurePosixPath, Member] = {}
     targets: dict[PurePosixPath, str] = {}
     try:
-        with tarfile.open(archive, mode="r|*") as tf:
-            for entry in tf:
+        # Its headers within bounds: an archive no one vouched for may be read here (--file).
+        opened = partial(tarfile.open, archive, mode="r|*", tarinfo=bounded_headers())
+        with tar_header(opened) as tf:
+            while (entry := tar_header(tf.next)) is not None:
+                cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
                 path = member_path(entry.name)
                 if not path.parts:
                     continue

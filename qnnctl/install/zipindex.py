@@ -47,6 +47,9 @@ _UTF8 = 0x800
 MAX_COMMENT = 0xFFFF
 # What the end of an archive takes at most: the comment, the record, the zip64 locator and record.
 MAX_TAIL = MAX_COMMENT + _EOCD.size + _LOCATOR.size + _ZIP64_END.size
+# The most central directory read, fetched by parts and held whole in memory by zipfile, before
+# anything can vouch for it: QAIRT 2.42's 10,910 entries take a few MB (46 bytes, a name and extras each).
+MAX_DIRECTORY = 64 << 20
 # A member's bytes beyond its local header, name and data: an extra field, a data descriptor.
 _MAX_EXTRA = 0xFFFF
 _MAX_DESCRIPTOR = 24
@@ -117,6 +120,8 @@ def end_records(tail: bytes, size: int) -> EndRecords:
             raise _bad("a multi-part (spanned) archive")
         tail_start = base + record
         zip64 = True
+    if cd_size > MAX_DIRECTORY:
+        raise _bad(f"its central directory of {cd_size} bytes is larger than any SDK's (at most {MAX_DIRECTORY})")
     cd_start = tail_start - cd_size
     if cd_size < 0 or cd_start < 0 or cd_start < cd_offset:
         raise _bad(f"its central directory ({cd_size} bytes at {cd_offset}) does not fit before its end records "

@@ -203,21 +203,29 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
         if response.status_code == 200:
             raise RangesIgnored(f"{shown} answered a ranged request with the whole file (HTTP 200)")
         span = _content_range(response.headers.get("Content-Range"))
-        if span is None or span[1] != span[2]:
+        # More than the end asked for is no answer to it, and is held in memory: not read.
+        if span is None or span[1] != span[2] or span[2] - span[0] > TAIL:
             raise RangesIgnored(f"{shown} answered a request for its end with "
                                 f"{response.headers.get('Content-Range')!r}")
         start, _, size = span
         etag = response.headers.get("ETag")
         remote = Remote(url, shown, size, etag if strong_etag(etag) else None, response.headers.get("Last-Modified"))
+        tail = bytearray()
         try:
-            tail = response.content
+            for block in response.iter_content(NET_CHUNK):
+                tail += block
+                if len(tail) > size - start:
+                    break
         except Exception as exc:  # a body that broke off: the caller asks again
             raise DownloadError(f"cannot read the end of {shown}: {describe(exc)}",
                                 hint="run the same command again") from None
+        if len(tail) > size - start:
+            raise DownloadError(f"the end of {shown} went on past the {size - start} bytes its Content-Range holds",
+                                hint="run the same command again")
         if len(tail) != size - start:
             raise DownloadError(f"the end of {shown} came short ({len(tail)} of {size - start} bytes)",
                                 hint="run the same command again")
-        return remote, start, tail
+        return remote, start, bytes(tail)
 
 
 class Fetcher:
@@ -381,6 +389,8 @@ class Fetcher:
                 for block in response.iter_content(NET_CHUNK):
                     if self._stop.is_set():
                         return position
+                    if position >= span[1]:
+                        break  # what comes past the range is not read: it may never end
                     block = block[: span[1] - position]
                     self.sparse.write(position, block)
                     position += len(block)

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,7 +243,7 @@ def test_deb_data_is_streamed_and_links_followed(tmp_path: Path, compression: st
     check_tree(found, tmp_path / "out")
 
 
-LIMITED = Limits(members=6, unpacked=4000, kept=1000)
+LIMITED = Limits(members=6, unpacked=4000, kept=1000, names=1000)
 KEEP = [Entry("lib/a.so.1", b"a" * 400), Entry("lib/b.so.1", b"b" * 400), Entry("share/doc", b"d" * 1000)]
 
 
@@ -253,7 +254,10 @@ KEEP = [Entry("lib/a.so.1", b"a" * 400), Entry("lib/b.so.1", b"b" * 400), Entry(
     ([Entry("share/big", b"x" * 2500)], "holds more than 4000 bytes in its files"),
     # Links cost no bytes, only memory: 6 entries at most, of any kind.
     ([Entry(f"lib/l{i}", target="a.so.1") for i in range(4)], "holds more than 6 entries"),
-], ids=["kept", "unpacked", "members"])
+    # A link's name and target are held in memory, up to 8 KiB each: 1,000 bytes at most of them all.
+    ([Entry(f"lib/l{i}" + "x" * 400, target="a.so.1") for i in range(3)],
+     "holds more than 1000 bytes in the names and link targets qnnctl keeps of it"),
+], ids=["kept", "unpacked", "members", "names"])
 def test_a_package_past_its_limits_is_refused_before_the_member_past_them_is_read(
         tmp_path: Path, extra: list[Entry], said: str) -> None:
     data = tar_bytes(KEEP + extra)
@@ -264,9 +268,25 @@ def test_a_package_past_its_limits_is_refused_before_the_member_past_them_is_rea
     assert caught.value.hint == "it is not the package that was asked for; nothing was staged"
     assert sorted(p.read_bytes() for p in out.iterdir()) == [b"a" * 400, b"b" * 400]
     # Within them, the same package is collected whole.
-    roomy = Limits(members=7, unpacked=5000, kept=1200)
+    roomy = Limits(members=7, unpacked=5000, kept=1200, names=2000)
     found = collect(tar_members(io.BytesIO(data), "p.tar.xz"), is_lib, tmp_path / "roomy", "p.tar.xz", roomy)
     assert sorted(found.files) == sorted(e.name for e in KEEP + extra if e.target is None and is_lib(e.name))
+
+
+def test_a_tar_streamed_holds_no_member_it_has_passed() -> None:
+    """tarfile keeps every header it read, long names and all: 3,000 links of 8,000-byte names
+    (24 MB, a few kilobytes compressed) would be held until the end, and a server's archive may
+    have 200,000 entries. Read as a stream, each is let go once the next is read."""
+    names = [f"{i:04d}" + "n" * 7996 for i in range(3000)]
+    data = tar_bytes([Entry(name, target="t") for name in names])
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in tar_members(io.BytesIO(data), "p.tar.xz"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 3000
+    assert peak < 8 << 20, peak
 
 
 def is_lib(name: str) -> bool:

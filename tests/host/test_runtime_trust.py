@@ -12,18 +12,21 @@ import io
 import json
 import lzma
 import os
+import re
 import stat
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from qnnctl.errors import IntegrityError, UsageError
+from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.host import llvm
 from qnnctl.host.llvm import LLVM_URL, Expected, expected_sha256, llvm_source
+from qnnctl.host.packages import tar_members
 from qnnctl.host.runtime import RuntimeRequest, stage_runtime
 from qnnctl.host.staged import TRIO
 from qnnctl.sdk.cache import Cache
@@ -118,6 +121,24 @@ def test_an_llvm_archive_past_what_qnnctl_reads_is_refused_from_a_header(
     nothing_staged(cache_dir)
 
 
+def test_an_llvm_archive_of_links_past_what_qnnctl_holds_is_refused_from_their_headers(
+        server: FaultServer, cache: Cache, cache_dir: Path) -> None:
+    """Every link is kept, in memory, with its name and its target: 2,100 links of 16 kB each
+    (a few hundred kilobytes compressed) pass the 16 MiB qnnctl holds of them (200,000 of them,
+    1.5 MB compressed, held 3 GB before the digest refused the archive)."""
+    links = []
+    for i in range(2100):
+        info = tarfile.TarInfo(f"{LLVM_TOP}/{i:05d}" + "d" * 7900)
+        info.type, info.linkname = tarfile.SYMTYPE, "t" * 8000
+        links.append(info.tobuf(tarfile.GNU_FORMAT))
+    url = server.add(LLVM_PATH, lzma.compress(b"".join(links) + bytes(1024), preset=0), "application/x-xz")
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.message == (f"{url} holds more than {16 << 20} bytes in the names and link targets qnnctl "
+                                    "keeps of it: more than the package it stands for could")
+    nothing_staged(cache_dir)
+
+
 def test_an_llvm_archive_that_never_ends_is_stopped_at_the_most_qnnctl_reads(
         server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole tar, then bytes without end: the trio is written, but the rest is read only up to the
@@ -131,6 +152,96 @@ def test_an_llvm_archive_that_never_ends_is_stopped_at_the_most_qnnctl_reads(
     assert caught.value.message == (f"{url} sent more than {8 << 20} bytes, more than any LLVM archive qnnctl reads: "
                                     "it was stopped there")
     assert server.bytes_served(LLVM_PATH) < 64 << 20, server.bytes_served(LLVM_PATH)
+    nothing_staged(cache_dir)
+
+
+def extended(kind: bytes, payload: bytes) -> bytes:
+    """One extended tar header (a GNU long name, a pax header...) of `payload`, in its blocks."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = kind, len(payload)
+    return info.tobuf(tarfile.GNU_FORMAT) + payload + bytes(-len(payload) % tarfile.BLOCKSIZE)
+
+
+def pax(records: dict[str, str]) -> bytes:
+    """A pax header of `records`, each as `LEN KEY=VALUE\n`."""
+    lines = b""
+    for key, value in records.items():
+        line = f" {key}={value}\n".encode()
+        size = len(line) + len(str(len(line)))
+        size += len(str(size)) - len(str(len(line)))
+        lines += str(size).encode() + line
+    return extended(tarfile.XHDTYPE, lines)
+
+
+def trio_member() -> bytes:
+    info = tarfile.TarInfo(f"{LLVM_TOP}/lib/libc++.so.1")
+    info.size = 4
+    return info.tobuf(tarfile.GNU_FORMAT) + b"\x7fELF" + bytes(508) + bytes(1024)
+
+
+def old_sparse() -> bytes:
+    """A GNU sparse member (type S), whose extension blocks tarfile reads without end."""
+    info = tarfile.TarInfo(f"{LLVM_TOP}/lib/libc++.so.1")
+    info.type = tarfile.GNUTYPE_SPARSE
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+@pytest.mark.parametrize(("headers", "said"), [
+    # Each GNU long name makes tarfile read the next header from inside its own reading: a few
+    # hundred of them (a kilobyte compressed) ran Python out of stack, an "unexpected error".
+    (b"".join(extended(tarfile.GNUTYPE_LONGNAME, f"{LLVM_TOP}/n{i}".encode()) for i in range(400)),
+     "more than 8 extended tar headers in a row"),
+    # A long name is read whole into memory: 64 MiB here, compressed to a few kilobytes (a gigabyte
+    # of it, 150 kB compressed, took 7 GB of memory before the digest refused it).
+    (extended(tarfile.GNUTYPE_LONGNAME, b"a" * (64 << 20)),
+     f"an extended tar header of {64 << 20} bytes (at most 8192)"),
+    (extended(tarfile.XHDTYPE, b"1" * (64 << 10)), f"an extended tar header of {64 << 10} bytes (at most 8192)"),
+    # A sparse map is read by tarfile without bound, or parsed unchecked (ValueError).
+    (pax({"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "x"}),
+     f"'{LLVM_TOP}/lib/libc++.so.1' is a sparse member"),
+    (pax({"GNU.sparse.map": "x,y"}), "bad tar header: invalid literal for int() with base 10: 'x'"),
+    (old_sparse(), f"'{LLVM_TOP}/lib/libc++.so.1' is a sparse member"),
+], ids=["chained", "long-name", "pax", "sparse-1.0", "sparse-map", "sparse"])
+def test_an_llvm_archive_whose_tar_headers_pass_what_qnnctl_reads_is_refused_before_they_are_read(
+        server: FaultServer, cache: Cache, cache_dir: Path, headers: bytes, said: str) -> None:
+    """Before the digest can refuse it, a server's archive is read by tarfile: its extended headers
+    are bounded in size and in number before tarfile reads them, and a sparse member is refused."""
+    url = server.add(LLVM_PATH, lzma.compress(headers + trio_member(), preset=0), "application/x-xz")
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert caught.value.message == f"{url} is corrupt or truncated: {said}"
+    nothing_staged(cache_dir)
+
+
+def test_extended_tar_headers_within_the_bounds_are_read(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """Long names in both forms, pax's and GNU's, up to 8 in a row and PATH_MAX long: read as before."""
+    long = "d/" * 2000 + "libc++.so.1"
+    headers = (pax({"comment": "c" * 4000}) + pax({"path": f"{LLVM_TOP}/{long}", "linkpath": "l" * 4000})
+               + extended(tarfile.GNUTYPE_LONGNAME, f"{LLVM_TOP}/{long}".encode()))
+    data = lzma.compress(headers + trio_member(), preset=0)
+    found = list(tar_members(io.BytesIO(data), "p.tar.xz"))
+    assert [(m.name, m.size) for m in found] == [(f"{LLVM_TOP}/{long}", 4)]
+
+
+def test_an_llvm_archive_sent_slowly_is_stopped_at_the_time_qnnctl_gives_it(
+        server: FaultServer, tmp_path: Path, cache: Cache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read comes within its timeout, but the whole never comes: a server can send a byte a
+    minute for ever. The stream is stopped at its deadline (made short here), not retried."""
+    monkeypatch.setattr(llvm, "LLVM_DEADLINE", 0.5)
+    data, _ = llvm_archive(tmp_path, big=1 << 20)
+    url = server.add(LLVM_PATH, data, "application/x-xz")
+    server.fail(LLVM_PATH, Fault.slow(64, 0.1))  # 4 s for the 2.5 kB it is
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
+    assert time.monotonic() - started < 2  # the whole would take 4 s: stopped in the middle of a read
+    assert re.fullmatch(rf"streaming {re.escape(url)} took more than 0.5 s \(\d+ bytes read\): it was stopped there",
+                        caught.value.message), caught.value.message
+    assert caught.value.hint == (
+        f"download {LLVM_NAME} (or the libc++1-14 libc++abi1-14 libunwind-14 packages) by other means and give the "
+        "file with --runtime-from, or set QNNCTL_LLVM_URL to a faster mirror; nothing was staged")
+    assert len(server.requests_for(LLVM_PATH)) == 1
     nothing_staged(cache_dir)
 
 

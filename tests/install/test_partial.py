@@ -6,6 +6,7 @@ served is what the transfer is measured by; archives built at test time in the r
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -943,6 +944,26 @@ def test_tar_file_with_components(tmp_path: Path, cache_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     root = Path(result.stdout.strip())
     assert files_in(root) == HOST_FILES | ANDROID_FILES | {"lib/x86_64-linux-clang/libQnnHtp.so.2"}
+
+
+def test_a_tar_whose_headers_pass_the_bounds_is_refused_before_components_are_chosen(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """Each GNU long name makes tarfile read the next header from inside its own reading: 400 of
+    them (a kilobyte compressed) ran Python out of stack, an "unexpected error"."""
+    chain = b""
+    for i in range(400):
+        name = f"{TOP}n{i}".encode()
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
+        chain += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
+    last = tarfile.TarInfo(f"{TOP}sdk.yaml")
+    archive = tmp_path / f"v{VERSION}.tar.gz"
+    archive.write_bytes(gzip.compress(chain + last.tobuf(tarfile.GNU_FORMAT) + bytes(1024)))
+    result = run_qnnctl("install", VERSION, "--file", str(archive), "--components", "android")
+    assert result.returncode == 4, result.stderr
+    assert (f"{archive.name} is corrupt or truncated: more than 8 extended tar headers in a row"
+            in result.stderr)
+    assert not (cache_dir / "sdks" / VERSION).exists()
 
 
 def test_pinned_components(parts_mirror: FaultServer, cache_dir: Path) -> None:

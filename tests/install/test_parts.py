@@ -633,6 +633,26 @@ def test_opening_reads_the_end_of_the_archive_and_its_directory(job: RangedInsta
     assert list((cache_dir / "downloads").iterdir()) == []
 
 
+def test_a_central_directory_larger_than_any_sdks_is_refused_before_it_is_fetched(
+        server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
+    """The end records say where the directory is and how long: a server's word, read before
+    anything vouches for it. One of 96 MiB (a server could say 32 GiB, and fill the disk with it
+    before zipfile held it whole in memory) is refused from the end records, unfetched."""
+    claimed = 96 << 20
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, claimed, 0, 0)
+    server.add(PATH, bytes(claimed) + end)
+    job = _job(server, Cache(cache_dir), tmp_path / "work")
+    try:
+        with pytest.raises(IntegrityError) as caught:
+            job.open()
+    finally:
+        job.close()
+        job.remove()
+    assert caught.value.message == (f"unsafe archive: its central directory of {claimed} bytes is larger than any "
+                                    f"SDK's (at most {64 << 20})")
+    assert server.bytes_served(PATH) < 1 << 20, server.bytes_served(PATH)
+
+
 def test_an_end_record_further_than_the_first_read_is_fetched(server: FaultServer, cache_dir: Path,
                                                               tmp_path: Path) -> None:
     data = sdk_zip(tmp_path / "a", comment=b"c" * 60_000).read_bytes()

@@ -622,13 +622,29 @@ def test_probe_refuses_what_no_archive_comes_from(archive: FaultServer, fault: F
      f"answered a request for its end with 'bytes {TAIL_START}-{SIZE - 1}/*'"),
     (Fault("status", 206, {"Content-Range": f"bytes -5-{SIZE - 1}/{SIZE}"}),
      f"answered a request for its end with 'bytes -5-{SIZE - 1}/{SIZE}'"),
-], ids=["200", "416", "no-content-range", "short", "another-unit", "no-length", "unknown-length", "negative"])
+    # More than the end asked for: not read (a "tail" of gigabytes was held whole in memory).
+    (Fault.misplaced_range(-1000),
+     f"answered a request for its end with 'bytes {TAIL_START - 1000}-{SIZE - 1}/{SIZE}'"),
+], ids=["200", "416", "no-content-range", "short", "another-unit", "no-length", "unknown-length", "negative",
+        "longer"])
 def test_probe_of_a_server_that_does_not_serve_the_end_as_a_range(archive: FaultServer, fault: Fault,
                                                                   words: str) -> None:
     archive.fail(PATH, fault)
     with pytest.raises(RangesIgnored) as caught:
         probe([url_of(archive)])
     assert str(caught.value) == f"{shown_of(archive)} {words}"
+
+
+def test_probe_reads_no_further_than_the_end_it_was_answered(archive: FaultServer) -> None:
+    """The end, as asked, then bytes without end and no Content-Length: read up to one byte past
+    the range, not to the end of the server's patience (it was read whole, into memory)."""
+    archive.fail(PATH, Fault.endless(bytes(1 << 16), 256 << 20, 206,
+                                     {"Content-Range": f"bytes {TAIL_START}-{SIZE - 1}/{SIZE}"}))
+    with pytest.raises(DownloadError) as caught:
+        probe([url_of(archive)])
+    assert str(caught.value) == f"the end of {shown_of(archive)} went on past the {END} bytes its Content-Range holds"
+    assert caught.value.hint == "run the same command again"
+    assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
 
 
 def test_probe_of_an_end_that_comes_short(archive: FaultServer) -> None:
@@ -908,6 +924,19 @@ def test_bytes_past_the_range_in_a_body_are_not_written(archive: FaultServer, sp
     assert sparse.read_at(30_000, 5000) == bytes(5000)
     assert fetcher.received == 10_000
     assert sleeps == []
+
+
+def test_a_body_that_goes_on_past_its_range_is_read_no_further(archive: FaultServer, sparse: SparseFile) -> None:
+    """The range, then bytes without end: the range is written and the rest left unread (it was
+    read, and thrown away, for as long as the server went on)."""
+    archive.fail(PATH, Fault.endless(b"\xee" * (1 << 16), 256 << 20, 206,
+                                     {"Content-Range": f"bytes 20000-29999/{SIZE}"}))
+    fetcher = Fetcher(sparse, threads=1)
+    fetcher.fetch([(20_000, 30_000)], "host")
+    assert sparse.held() == [(20_000, 30_000), (TAIL_START, SIZE)]
+    assert sparse.read_at(20_000, 10_000) == b"\xee" * 10_000
+    assert fetcher.received == 10_000
+    assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
 
 
 def test_a_server_that_ignores_the_range(archive: FaultServer, sparse: SparseFile) -> None:

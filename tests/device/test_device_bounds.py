@@ -1,0 +1,65 @@
+"""What a device says is read within bounds: a phone (or what answers in its place) may print
+without end, or hold a "library" of any size; qnnctl reads at most what no real answer passes,
+then stops it and says so, rather than filling the memory and the disk."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from qnnctl.device import adb
+from qnnctl.device.adb import Adb, Device, DeviceError
+from qnnctl.doctor.context import Context
+from qnnctl.doctor.device import DEVICE_CHECKS
+from qnnctl.doctor.diagnose import run_checks
+from tests.conftest import run_qnnctl
+from tests.device.test_device import make_sdk
+from tests.phones import BUILD_2_47, Phones, fake_library
+
+
+def device(serial: str) -> Device:
+    return Device(Adb(os.environ), serial)
+
+
+def test_a_device_file_past_what_qnnctl_reads_is_stopped_there(
+        phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adb, "FILE_MOST", 1 << 20)
+    root = phones.add("R5CT1")
+    small = bytes(range(256)) * 4096 + b"\r\n\r"  # 1 MiB and 3 bytes: read as they are, unmangled
+    (root / "data" / "small").write_bytes(small[: 1 << 20])
+    assert device("R5CT1").read("/data/small") == small[: 1 << 20]
+    (root / "data" / "big").write_bytes(small)
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/big")
+    assert caught.value.message == ("`adb -s R5CT1 exec-out cat '/data/big'` printed more than 1.0 MiB, more than "
+                                    "qnnctl reads of it: it was stopped there")
+
+
+def test_a_preinstalled_library_past_what_qnnctl_reads_is_unreadable_to_doctor(
+        tmp_path: Path, phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor reads a phone's own libQnn* whole to find its build: one of gigabytes (a sparse file,
+    a device that lies) took twice its size in memory, and as much of the disk."""
+    monkeypatch.setattr(adb, "FILE_MOST", 1 << 20)
+    sdk = make_sdk(tmp_path)
+    root = phones.add("R5CT1", soc="SM8750")
+    with open(root / "vendor" / "lib64" / "libQnnHtp.so", "wb") as big:
+        big.write(fake_library("libQnnHtp.so", BUILD_2_47))
+        big.truncate(4 << 20)
+    ctx = Context(spec=str(sdk), environ=dict(os.environ), cwd=Path.cwd(), offline=True, device="")
+    found = {r.id: r for r in run_checks(ctx, DEVICE_CHECKS)}["device.preinstalled"]
+    assert found.status == "warn"
+    assert found.detail.startswith("preinstalled /vendor/lib64/libQnnHtp.so (unreadable), not the host SDK's")
+
+
+def test_a_device_that_answers_past_what_qnnctl_reads_is_stopped_on_the_command_line(phones: Phones) -> None:
+    """A property of 17 MiB: getprop's answer passes the 16 MiB qnnctl reads of any answer. The
+    device is listed without what it would not say within them, and why is said."""
+    phones.add("R5CT1", props={"ro.qnnctl.flood": "x" * (17 << 20)})
+    proc = run_qnnctl("device", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(row["serial"], row["soc"]) for row in json.loads(proc.stdout)["devices"]] == [("R5CT1", None)]
+    assert proc.stderr == ("qnnctl: warning: `adb -s R5CT1 shell getprop` printed more than 16.0 MiB, more than "
+                           "qnnctl reads of it: it was stopped there\n")
