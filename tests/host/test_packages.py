@@ -42,6 +42,10 @@ from qnnctl.host.packages import (
 )
 from tests.conftest import IN_CI, require_tool
 
+# tarfile's reading of headers (extended ones bounded by overriding its own steps), zlib, lzma, gzip:
+# the same on every Python the README names.
+pytestmark = pytest.mark.stdlib
+
 # -- builders ----------------------------------------------------------------------------
 
 
