@@ -22,7 +22,7 @@ import pytest
 
 from qnnctl.errors import IntegrityError, UsageError
 from qnnctl.install import zipindex
-from qnnctl.install.zipindex import NeedMore, end_records, extents
+from qnnctl.install.zipindex import MAX_DIRECTORY, NeedMore, end_records, extents
 from qnnctl.net.ranged import plan
 from qnnctl.net.sparse import Remote, SparseFile, _read_record
 from qnnctl.sdk.components import (
@@ -369,6 +369,21 @@ def test_end_records() -> None:
     assert end_records(commented, len(commented)).entries == 2
     with pytest.raises(IntegrityError, match="no end of central directory record"):
         end_records(b"\0" * 1000, 1000)
+
+
+def test_a_central_directory_bigger_than_any_sdks_is_refused_from_the_end_records() -> None:
+    """Its size is read from the end record before a byte of it is fetched: past MAX_DIRECTORY, no
+    SDK's archive is that, and an install by parts would fetch it all and hold it in memory."""
+    def tail(cd_size: int) -> tuple[bytes, int]:
+        # An end record, with no comment, saying the directory fills the archive before it.
+        return struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, cd_size, 0, 0), cd_size + 22
+
+    records = end_records(*tail(MAX_DIRECTORY))
+    assert (records.cd_start, records.entries) == (0, 1)
+    with pytest.raises(IntegrityError) as refused:
+        end_records(*tail(MAX_DIRECTORY + 1))
+    assert refused.value.message == (f"unsafe archive: its central directory of {MAX_DIRECTORY + 1} bytes is larger "
+                                     f"than any SDK's (at most {MAX_DIRECTORY})")
 
 
 def test_extents_refuse_overlaps() -> None:
