@@ -635,11 +635,21 @@ def test_probe_of_a_server_that_does_not_serve_the_end_as_a_range(archive: Fault
     assert str(caught.value) == f"{shown_of(archive)} {words}"
 
 
+def test_a_content_range_is_read_one_way() -> None:
+    assert ranged._content_range(f"bytes 100-199/{SIZE}") == (100, 200, SIZE)
+    # A first byte that is no number is no range, whatever the dashes: not a negative start.
+    assert ranged._content_range("bytes -5-9/10") is None
+    assert ranged._content_range("bytes 5-9") is None
+
+
 def test_probe_reads_no_further_than_the_end_it_was_answered(archive: FaultServer) -> None:
     """The end, as asked, then bytes without end and no Content-Length: read up to one byte past
-    the range, not to the end of the server's patience (it was read whole, into memory)."""
+    the range, not to the end of the server's patience (it was read whole, into memory). Of an
+    archive said to be 1 GiB, so that reading to any other bound than the range's end would read
+    more than the server's 256 MiB."""
+    size = 1 << 30
     archive.fail(PATH, Fault.endless(bytes(1 << 16), 256 << 20, 206,
-                                     {"Content-Range": f"bytes {TAIL_START}-{SIZE - 1}/{SIZE}"}))
+                                     {"Content-Range": f"bytes {size - END}-{size - 1}/{size}"}))
     with pytest.raises(DownloadError) as caught:
         probe([url_of(archive)])
     assert str(caught.value) == f"the end of {shown_of(archive)} went on past the {END} bytes its Content-Range holds"
