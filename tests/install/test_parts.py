@@ -755,6 +755,21 @@ def test_a_job_never_opened_has_nothing_to_close_or_remove(served: FaultServer, 
     assert job.records is None
 
 
+def test_a_tar_whose_extended_headers_pass_the_bounds_is_refused(tmp_path: Path) -> None:
+    """Each GNU long name makes tarfile read the next header from inside its own reading: 400 of
+    them (a kilobyte compressed) ran Python out of stack."""
+    chain = b""
+    for i in range(400):
+        name = f"qairt/{VERSION}/n{i}".encode()
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
+        chain += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
+    archive = tmp_path / "deep.tar"
+    archive.write_bytes(chain + tarfile.TarInfo(f"qairt/{VERSION}/sdk.yaml").tobuf(tarfile.GNU_FORMAT) + bytes(1024))
+    with pytest.raises(IntegrityError, match="more than 8 extended tar headers in a row"):
+        tar_members(archive)
+
+
 # -- install_components ----------------------------------------------------------------------------
 
 
@@ -834,6 +849,20 @@ def test_from_a_server_that_ignores_ranges_the_whole_archive(served: FaultServer
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == [f"{served.url(PATH)} answered a ranged request with the whole file (HTTP 200): downloading "
                       "the whole archive instead, then installing only host, android"]
+    assert list((cache_dir / "downloads").iterdir()) == []
+
+
+def test_a_whole_download_of_a_pinned_archive_stops_at_the_size_pinned(served: FaultServer, plain_zip: bytes,
+                                                                     cache_dir: Path) -> None:
+    """A pin of the whole archive alone has it fetched whole (its sha256 is all that can check it),
+    and says its size: a server sending without end is stopped there."""
+    served.fail(PATH, Fault.endless(b"PK\x03\x04" + bytes(1 << 16), 256 << 20))
+    pinned = Expected("the lock", "the lock", "pins", "lock it again", sha256=hashlib.sha256(plain_zip).hexdigest(),
+                      size=len(plain_zip))
+    with pytest.raises(IntegrityError) as refused:
+        _install(served, cache_dir, ["host"], expected=[pinned])
+    assert f"sent more than {len(plain_zip)} bytes" in refused.value.message, refused.value.message
+    assert served.bytes_served(PATH) < 32 << 20
     assert list((cache_dir / "downloads").iterdir()) == []
 
 
