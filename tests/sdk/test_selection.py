@@ -157,6 +157,26 @@ def test_a_bad_pin_names_its_file(mirror: FaultServer, content: bytes) -> None:
     assert mirror.requests == []
 
 
+def test_a_pin_larger_than_a_pin_can_be_is_refused_unread(mirror: FaultServer, tmp_path: Path) -> None:
+    """A project's pin may be a link to any file, and `qnnctl env` reads it at every prompt: one of
+    400 MB took 9 s and 800 MB of memory. Past 64 KiB it is refused; within them, read whole."""
+    big = tmp_path / "big"
+    big.write_text(f"{VERSION}\n" + "#" * (1 << 20) + "\n")
+    pin = Path.cwd() / ".qnn-version"
+    pin.symlink_to(big)
+    for command in (("install",), ("env",), ("lower", "--dry-run", "--", "true")):
+        result = run_qnnctl(*command)
+        assert result.returncode == 2, result.stderr
+        assert f"qnnctl: error: {pin} is larger than a pin can be (65536 bytes)" in result.stderr
+        assert "unexpected" not in result.stderr
+    assert mirror.requests == []
+    big.write_text("# " + "c" * ((64 << 10) - 40) + f"\n{VERSION}\nhost\n")
+    from qnnctl.sdk.pin import read_pin_components
+    from qnnctl.sdk.select import read_pin
+
+    assert (read_pin(pin), read_pin_components(pin)) == (VERSION, ("host",))
+
+
 @pytest.mark.parametrize(("spec", "where"), [
     ("/nowhere/sdk", "/nowhere/sdk"), ("./gone", "gone"), ("../gone", "../gone"), (".hidden-sdk", ".hidden-sdk"),
     ("~", "home"), ("~/gone", "home/gone"), ("vendor/gone", "vendor/gone"),
