@@ -1206,6 +1206,30 @@ def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path:
     assert version_claims(root) == {"sdk.yaml": VERSION}
 
 
+def test_sdk_yaml_is_read_no_further_than_its_first_lines(tmp_path: Path) -> None:
+    """An archive's sdk.yaml may inflate to gigabytes (1 GiB from a 1 MB zip took 2 GB of memory
+    at `install --file`): its version is read from its first 64 KiB, the rest left unread."""
+    import tracemalloc
+
+    from qnnctl.sdk.layout import version_claims
+
+    root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
+    with open(root / "sdk.yaml", "wb") as yaml:
+        yaml.write(b"version: " + VERSION.encode() + b"\n")
+        yaml.truncate(256 << 20)  # a sparse file: nothing on the disk, 256 MiB to read
+    tracemalloc.start()
+    try:
+        assert version_claims(root) == {"sdk.yaml": VERSION}
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    # A version past them names nothing.
+    with open(root / "sdk.yaml", "wb") as yaml:
+        yaml.write(b"#" * (64 << 10) + b"\nversion: " + VERSION.encode() + b"\n")
+    assert version_claims(root) == {}
+
+
 def test_a_folder_that_is_no_sdk_root_is_refused_with_where_it_was_named(tmp_path: Path) -> None:
     from qnnctl.errors import InvalidSdkError
     from qnnctl.sdk.layout import sdk_from_root
