@@ -939,6 +939,22 @@ def test_a_body_that_goes_on_past_its_range_is_read_no_further(archive: FaultSer
     assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
 
 
+def test_a_range_sent_slowly_is_asked_again_from_where_it_got_to_at_its_deadline(
+        archive: FaultServer, sparse: SparseFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read comes within its timeout, but the whole would take for ever (a byte a minute):
+    a request has a read timeout's time and its bytes' at 64 KiB/s (made short here), then it is
+    asked again, as one that broke off is."""
+    monkeypatch.setattr(ranged, "REQUEST_TIME", 0.5)
+    archive.fail(PATH, Fault.slow(100, 0.2))  # 10,000 bytes in 20 s
+    sleeps: list[float] = []
+    started = time.monotonic()
+    Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(20_000, 30_000)], "host")
+    assert time.monotonic() - started < 5
+    assert sparse.read_at(20_000, 10_000) == DATA[20_000:30_000]
+    assert asked(archive) == ["bytes=20000-29999"] * 2  # no whole block came in its 0.65 s
+    assert sleeps == [1.0]
+
+
 def test_a_server_that_ignores_the_range(archive: FaultServer, sparse: SparseFile) -> None:
     archive.fail(PATH, Fault.ignore_range())
     with pytest.raises(RangesIgnored) as caught:
