@@ -217,11 +217,15 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
         etag = response.headers.get("ETag")
         remote = Remote(url, shown, size, etag if strong_etag(etag) else None, response.headers.get("Last-Modified"))
         tail = bytearray()
+        allowed = REQUEST_TIME + TAIL / SLOWEST
         try:
-            for block in response.iter_content(NET_CHUNK):
+            for block in _blocks(response, time.monotonic() + allowed):
                 tail += block
                 if len(tail) > size - start:
                     break
+        except _Late:
+            raise DownloadError(f"the end of {shown} took more than {allowed:g} s to come ({len(tail)} of "
+                                f"{size - start} bytes)", hint="run the same command again") from None
         except Exception as exc:  # a body that broke off: the caller asks again
             raise DownloadError(f"cannot read the end of {shown}: {describe(exc)}",
                                 hint="run the same command again") from None

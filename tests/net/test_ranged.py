@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import stat
@@ -645,6 +646,20 @@ def test_probe_reads_no_further_than_the_end_it_was_answered(archive: FaultServe
     assert str(caught.value) == f"the end of {shown_of(archive)} went on past the {END} bytes its Content-Range holds"
     assert caught.value.hint == "run the same command again"
     assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
+
+
+def test_probe_of_an_end_sent_slowly_stops_at_its_deadline(archive: FaultServer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of the archive a byte at a time: each read within its timeout, the whole never."""
+    monkeypatch.setattr(ranged, "REQUEST_TIME", 0.5)
+    archive.fail(PATH, Fault.slow(100, 0.2))  # its 16 KiB in 33 s
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as caught:
+        probe([url_of(archive)])
+    assert time.monotonic() - started < 5
+    assert re.fullmatch(rf"the end of {re.escape(shown_of(archive))} took more than 0\.75 s to come \(\d+ of {END} "
+                        r"bytes\)", str(caught.value)), str(caught.value)
+    assert caught.value.hint == "run the same command again"
 
 
 def test_probe_of_an_end_that_comes_short(archive: FaultServer) -> None:
