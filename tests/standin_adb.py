@@ -16,8 +16,10 @@ It answers the adb commands qnnctl sends, as adb and a device answer them, from 
   are mapped into fs/<serial>/ and mapped back in what it prints, which streams as it comes; its
   exit status is adb's (128+N for a signal, as the device's sh reports it);
 - `push LOCAL REMOTE` copies the file (mode kept, folders made), printing adb's summary; the
-  faults `push_dies` (half the file written, then adb's error and exit 1) and `push_corrupts`
-  (a flipped byte, reported as success) apply to a named file a given number of times.
+  faults `push_dies` (half the file written, then adb's error and exit 1), `push_corrupts`
+  (a flipped byte, reported as success) and `push_hangs` (half the file written, then nothing
+  more for half a minute: a device that stopped answering) apply to a named file a given number
+  of times.
 
 Run as `adb` through a wrapper a test fixture writes (tests/phones.py).
 """
@@ -32,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -172,6 +175,10 @@ def push(data: dict[str, Any], device: dict[str, Any], local: str, remote: str) 
     if take_fault(data, device, "push_dies", name):
         target.write_bytes(payload[: len(payload) // 2])
         return fail(f"adb: error: failed to copy '{local}' to '{remote}': no response: Connection reset by peer")
+    if take_fault(data, device, "push_hangs", name):
+        target.write_bytes(payload[: len(payload) // 2])
+        time.sleep(30)
+        return fail(f"adb: error: failed to copy '{local}' to '{remote}': no response")
     if take_fault(data, device, "push_corrupts", name):
         payload = bytes([payload[0] ^ 0xFF]) + payload[1:]
     target.write_bytes(payload)

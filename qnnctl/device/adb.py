@@ -36,6 +36,7 @@ QUERY_TIMEOUT = 120.0
 ANSWER_MOST = 16 << 20
 FILE_MOST = 256 << 20
 OUTPUT_GRACE = 5.0  # seconds to wait for the rest of what an ended adb printed
+PUSH_SLOWEST = 256 << 10  # bytes a second a push may take at the slowest (USB 2 does 20 MB/s and more)
 ADB_HINT = ("install adb: `sudo apt-get install adb` (Debian/Ubuntu), or Android's platform-tools "
             "(https://developer.android.com/tools/releases/platform-tools); then put it on PATH, "
             "or set ADB to its path")
@@ -305,8 +306,10 @@ class Device:
                 if re.fullmatch(r"[0-9a-f]{64}", digest)}
 
     def push(self, local: Path, remote: str) -> None:
-        # No timeout: a large library over a slow cable takes its time.
-        proc = self.adb.run(self._args("push", str(local), remote), timeout=None)
+        # A large library over a slow cable takes its time, but a device that stopped answering
+        # would take for ever: the time a query has, and the file at PUSH_SLOWEST.
+        timeout = QUERY_TIMEOUT + local.stat().st_size / PUSH_SLOWEST
+        proc = self.adb.run(self._args("push", str(local), remote), timeout=timeout)
         if proc.returncode != 0:
             raise DeviceError(
                 f"pushing {local} to {self.serial}:{remote} failed: {_adb_message(proc)}",

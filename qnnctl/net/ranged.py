@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import MaxRetryError
 
@@ -62,6 +63,11 @@ THREADS = 4  # requests at a time
 # trip, a few kilobytes read for nothing cost less than that.
 MERGE_GAP = 256 << 10
 MERGE_SHARE = 0.02
+# The longest one request takes: a read's timeout, and its bytes at SLOWEST. Each read of a server
+# that sends a byte a minute comes within its timeout; the whole would never come. A request past
+# it is asked again from where it got to, as one that broke off is, within the same budget.
+REQUEST_TIME = READ_TIMEOUT
+SLOWEST = 64 << 10  # bytes a second
 
 
 class RangesIgnored(Exception):
@@ -211,11 +217,15 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
         etag = response.headers.get("ETag")
         remote = Remote(url, shown, size, etag if strong_etag(etag) else None, response.headers.get("Last-Modified"))
         tail = bytearray()
+        allowed = REQUEST_TIME + TAIL / SLOWEST
         try:
-            for block in response.iter_content(NET_CHUNK):
+            for block in _blocks(response, time.monotonic() + allowed):
                 tail += block
                 if len(tail) > size - start:
                     break
+        except _Late:
+            raise DownloadError(f"the end of {shown} took more than {allowed:g} s to come ({len(tail)} of "
+                                f"{size - start} bytes)", hint="run the same command again") from None
         except Exception as exc:  # a body that broke off: the caller asks again
             raise DownloadError(f"cannot read the end of {shown}: {describe(exc)}",
                                 hint="run the same command again") from None
@@ -385,8 +395,10 @@ class Fetcher:
                                               f"{response.headers.get('Content-Range')!r}, which holds none "
                                               "of them"), start)
             position = start
+            allowed = REQUEST_TIME + (end - start) / SLOWEST
+            deadline = time.monotonic() + allowed
             try:
-                for block in response.iter_content(NET_CHUNK):
+                for block in _blocks(response, deadline):
                     if self._stop.is_set():
                         return position
                     if position >= span[1]:
@@ -399,13 +411,42 @@ class Fetcher:
                     with self._changed:
                         self.received += len(block)
                         self._changed.notify_all()
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+            except _Late:
+                if position < span[1]:
+                    raise _Broke(spent, BodyBroke(f"a range of {remote.shown} took more than {allowed:g} s, at "
+                                                  f"{position - start} of {end - start} bytes"), position) from None
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                    urllib3.exceptions.HTTPError) as exc:
                 raise _Broke(spent, BodyBroke(f"a range of {remote.shown} stopped at {position - start} of "
                                               f"{end - start} bytes: {describe(exc)}"), position) from None
             if position < span[1]:
                 raise _Broke(spent, BodyBroke(f"a range of {remote.shown} ended early, at {position - start} of "
                                               f"{span[1] - start} bytes"), position)
             return position
+
+
+class _Late(Exception):
+    """A request went on past its deadline."""
+
+
+def _blocks(response: requests.Response, deadline: float) -> Iterator[bytes]:
+    """The body in blocks of NET_CHUNK (the last one shorter), as iter_content gives them, but
+    read as the bytes arrive, so that `deadline` is met within a read's timeout however slowly
+    a server sends (_Late past it): a read that waits to fill a block would wait for ever."""
+    read1 = getattr(response.raw, "read1", None)
+    if read1 is None:  # pragma: no cover - urllib3 before 2.1
+        yield from response.iter_content(NET_CHUNK)
+        return
+    block = bytearray()
+    while piece := read1(NET_CHUNK - len(block)):
+        block += piece
+        if len(block) == NET_CHUNK:
+            yield bytes(block)
+            block.clear()
+        if time.monotonic() > deadline:
+            raise _Late
+    if block:
+        yield bytes(block)
 
 
 class _Broke(Exception):

@@ -54,6 +54,7 @@ def hosts_of(root: Path) -> list[HostPlatform]:
     return [host for host in HOSTS if not missing_layout(root, host)]
 
 
+SDK_YAML_MOST = 64 << 10  # bytes of sdk.yaml read: the version is on its first lines
 _YAML_VERSION = re.compile(r"""^\s*version\s*:\s*["']?([0-9][0-9.]*[0-9])["']?\s*$""", re.M)
 
 
@@ -78,7 +79,9 @@ def version_claims(root: Path, manifest: Mapping[str, object] | None = None) -> 
     `sdk.yaml`, the folder's name, the manifest, the archive's name (from the manifest)."""
     claims: dict[str, str] = {}
     try:
-        text = (root / "sdk.yaml").read_text(encoding="utf-8", errors="replace")
+        # Its first lines say the version; the rest is not read (an archive's may be gigabytes).
+        with open(root / "sdk.yaml", "rb") as handle:
+            text = handle.read(SDK_YAML_MOST).decode("utf-8", errors="replace")
     except OSError:
         text = ""
     match = _YAML_VERSION.search(text)

@@ -13,19 +13,13 @@ from pathlib import Path
 
 from qnnctl.errors import UsageError
 from qnnctl.sdk.components import parse_components
-from qnnctl.sdk.select import PIN_FILE
+from qnnctl.sdk.select import PIN_FILE, pin_text
 from qnnctl.sdk.versions import resolve_version
 
 
 def _lines(path: Path) -> list[str]:
     """The pin's lines that say something: comments and blank lines left out."""
-    try:
-        # utf-8-sig: editors on Windows start the file with a byte-order mark.
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the pin {path}: {exc}",
-                         hint="fix it, or rewrite it with `qnnctl use VERSION`") from None
-    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
+    return [line.split("#", 1)[0].strip() for line in pin_text(path).splitlines() if line.split("#", 1)[0].strip()]
 
 
 def read_pin_components(path: Path) -> tuple[str, ...] | None:

@@ -37,6 +37,7 @@ from qnnctl.sdk.versions import DEFAULT_VERSION, is_full_version, parse_version,
 from qnnctl.shell.exports import apply, read_marker, unset_environment
 
 PIN_FILE = ".qnn-version"
+PIN_MOST = 64 << 10  # bytes of a pin read: a version and a line of components
 # The project's lock (qnnctl.sdk.lockfile reads it), found upward as the pin is.
 LOCK_FILE = "qnnctl.lock"
 # The file of an installed ExecuTorch that names the SDK version it was built against.
@@ -120,16 +121,27 @@ def find_lock(cwd: Path) -> Path | None:
     return None
 
 
-def read_pin(path: Path, pools: Iterable[tuple[str, Collection[str]]] = ()) -> str:
-    """The full version a `.qnn-version` file names (a prefix resolved as `resolve_version`
-    does, with `pools`); errors name the file."""
+def pin_text(path: Path) -> str:
+    """What a `.qnn-version` file says; UsageError naming it when it cannot be read, or is larger
+    than a pin can be: a project's pin may be a link to any file, and `qnnctl env` reads it at
+    every prompt."""
     try:
+        with open(path, "rb") as handle:
+            raw = handle.read(PIN_MOST + 1)
+        if len(raw) > PIN_MOST:
+            raise UsageError(f"{path} is larger than a pin can be ({PIN_MOST} bytes)",
+                             hint="fix it, or rewrite it with `qnnctl use VERSION`")
         # utf-8-sig: editors on Windows start the file with a byte-order mark.
-        text = path.read_text(encoding="utf-8-sig")
+        return raw.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the pin {path}: {exc}",
                          hint="fix it, or rewrite it with `qnnctl use VERSION`") from None
-    for line in text.splitlines():
+
+
+def read_pin(path: Path, pools: Iterable[tuple[str, Collection[str]]] = ()) -> str:
+    """The full version a `.qnn-version` file names (a prefix resolved as `resolve_version`
+    does, with `pools`); errors name the file."""
+    for line in pin_text(path).splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             try:

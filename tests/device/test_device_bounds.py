@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
 
 from qnnctl.device import adb
 from qnnctl.device.adb import Adb, Device, DeviceError
+from qnnctl.device.plan import plan_push, resolve_soc
+from qnnctl.device.push import push_plan
 from qnnctl.doctor.context import Context
 from qnnctl.doctor.device import DEVICE_CHECKS
 from qnnctl.doctor.diagnose import run_checks
+from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
-from tests.device.test_device import make_sdk
+from tests.device.test_device import V2_51, make_sdk
 from tests.phones import BUILD_2_47, Phones, fake_library
 
 
@@ -63,3 +68,23 @@ def test_a_device_that_answers_past_what_qnnctl_reads_is_stopped_on_the_command_
     assert [(row["serial"], row["soc"]) for row in json.loads(proc.stdout)["devices"]] == [("R5CT1", None)]
     assert proc.stderr == ("qnnctl: warning: `adb -s R5CT1 shell getprop` printed more than 16.0 MiB, more than "
                            "qnnctl reads of it: it was stopped there\n")
+
+
+def test_a_push_to_a_device_that_stopped_answering_is_stopped_in_time(
+        tmp_path: Path, phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A push had no timeout at all (a large library over a slow cable takes its time): a device
+    that stopped answering held it for ever. It has a query's time (made short here) and its
+    file's at 256 kB/s, and nothing is put in place."""
+    monkeypatch.setattr(adb, "QUERY_TIMEOUT", 1.0)
+    sdk = make_sdk(tmp_path)
+    phones.add("R5CT1", soc="SM8650")
+    phones.set("R5CT1", push_hangs={"name": "libQnnHtp.so", "times": 1})
+    plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
+    started = time.monotonic()
+    with pytest.raises(DeviceError) as caught:
+        push_plan(device("R5CT1"), plan)
+    assert time.monotonic() - started < 15
+    assert re.fullmatch(r"`adb -s R5CT1 push \S+/libQnnHtp\.so \S+/libQnnHtp\.so\.qnnctl-part` did not answer in 1 s",
+                        caught.value.message), caught.value.message
+    folder = phones.path("R5CT1", plan.dest)
+    assert sorted(p.name for p in folder.iterdir()) == ["libQnnHtp.so.qnnctl-part"]  # half of it, not in place

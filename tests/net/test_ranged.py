@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import stat
@@ -657,6 +658,20 @@ def test_probe_reads_no_further_than_the_end_it_was_answered(archive: FaultServe
     assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
 
 
+def test_probe_of_an_end_sent_slowly_stops_at_its_deadline(archive: FaultServer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of the archive a byte at a time: each read within its timeout, the whole never."""
+    monkeypatch.setattr(ranged, "REQUEST_TIME", 0.5)
+    archive.fail(PATH, Fault.slow(100, 0.2))  # its 16 KiB in 33 s
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as caught:
+        probe([url_of(archive)])
+    assert time.monotonic() - started < 5
+    assert re.fullmatch(rf"the end of {re.escape(shown_of(archive))} took more than 0\.75 s to come \(\d+ of {END} "
+                        r"bytes\)", str(caught.value)), str(caught.value)
+    assert caught.value.hint == "run the same command again"
+
+
 def test_probe_of_an_end_that_comes_short(archive: FaultServer) -> None:
     start = SIZE - 100
     archive.fail(PATH, Fault("status", 206, {"Content-Range": f"bytes {start}-{SIZE - 1}/{SIZE}"}))  # and no body
@@ -947,6 +962,22 @@ def test_a_body_that_goes_on_past_its_range_is_read_no_further(archive: FaultSer
     assert sparse.read_at(20_000, 10_000) == b"\xee" * 10_000
     assert fetcher.received == 10_000
     assert archive.bytes_served(PATH) < 32 << 20, archive.bytes_served(PATH)
+
+
+def test_a_range_sent_slowly_is_asked_again_from_where_it_got_to_at_its_deadline(
+        archive: FaultServer, sparse: SparseFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read comes within its timeout, but the whole would take for ever (a byte a minute):
+    a request has a read timeout's time and its bytes' at 64 KiB/s (made short here), then it is
+    asked again, as one that broke off is."""
+    monkeypatch.setattr(ranged, "REQUEST_TIME", 0.5)
+    archive.fail(PATH, Fault.slow(100, 0.2))  # 10,000 bytes in 20 s
+    sleeps: list[float] = []
+    started = time.monotonic()
+    Fetcher(sparse, threads=1, sleep=sleeps.append).fetch([(20_000, 30_000)], "host")
+    assert time.monotonic() - started < 5
+    assert sparse.read_at(20_000, 10_000) == DATA[20_000:30_000]
+    assert asked(archive) == ["bytes=20000-29999"] * 2  # no whole block came in its 0.65 s
+    assert sleeps == [1.0]
 
 
 def test_a_server_that_ignores_the_range(archive: FaultServer, sparse: SparseFile) -> None:

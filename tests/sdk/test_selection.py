@@ -157,6 +157,26 @@ def test_a_bad_pin_names_its_file(mirror: FaultServer, content: bytes) -> None:
     assert mirror.requests == []
 
 
+def test_a_pin_larger_than_a_pin_can_be_is_refused_unread(mirror: FaultServer, tmp_path: Path) -> None:
+    """A project's pin may be a link to any file, and `qnnctl env` reads it at every prompt: one of
+    400 MB took 9 s and 800 MB of memory. Past 64 KiB it is refused; within them, read whole."""
+    big = tmp_path / "big"
+    big.write_text(f"{VERSION}\n" + "#" * (1 << 20) + "\n")
+    pin = Path.cwd() / ".qnn-version"
+    pin.symlink_to(big)
+    for command in (("install",), ("env",), ("lower", "--dry-run", "--", "true")):
+        result = run_qnnctl(*command)
+        assert result.returncode == 2, result.stderr
+        assert f"qnnctl: error: {pin} is larger than a pin can be (65536 bytes)" in result.stderr
+        assert "unexpected" not in result.stderr
+    assert mirror.requests == []
+    big.write_text("# " + "c" * ((64 << 10) - 40) + f"\n{VERSION}\nhost\n")
+    from qnnctl.sdk.pin import read_pin_components
+    from qnnctl.sdk.select import read_pin
+
+    assert (read_pin(pin), read_pin_components(pin)) == (VERSION, ("host",))
+
+
 @pytest.mark.parametrize(("spec", "where"), [
     ("/nowhere/sdk", "/nowhere/sdk"), ("./gone", "gone"), ("../gone", "../gone"), (".hidden-sdk", ".hidden-sdk"),
     ("~", "home"), ("~/gone", "home/gone"), ("vendor/gone", "vendor/gone"),
@@ -1184,6 +1204,30 @@ def test_sdk_yaml_with_a_byte_that_is_not_utf8_still_names_the_version(tmp_path:
     root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
     (root / "sdk.yaml").write_bytes(b"# \xe9dition Qualcomm\nversion: " + VERSION.encode() + b"\n")
     assert version_claims(root) == {"sdk.yaml": VERSION}
+
+
+def test_sdk_yaml_is_read_no_further_than_its_first_lines(tmp_path: Path) -> None:
+    """An archive's sdk.yaml may inflate to gigabytes (1 GiB from a 1 MB zip took 2 GB of memory
+    at `install --file`): its version is read from its first 64 KiB, the rest left unread."""
+    import tracemalloc
+
+    from qnnctl.sdk.layout import version_claims
+
+    root = build_sdk_tree(tmp_path / "unpacked", SdkSpec(sdk_yaml=False))
+    with open(root / "sdk.yaml", "wb") as yaml:
+        yaml.write(b"version: " + VERSION.encode() + b"\n")
+        yaml.truncate(256 << 20)  # a sparse file: nothing on the disk, 256 MiB to read
+    tracemalloc.start()
+    try:
+        assert version_claims(root) == {"sdk.yaml": VERSION}
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    # A version past them names nothing.
+    with open(root / "sdk.yaml", "wb") as yaml:
+        yaml.write(b"#" * (64 << 10) + b"\nversion: " + VERSION.encode() + b"\n")
+    assert version_claims(root) == {}
 
 
 def test_a_folder_that_is_no_sdk_root_is_refused_with_where_it_was_named(tmp_path: Path) -> None:
