@@ -28,11 +28,13 @@ import zipfile
 import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import IO, Protocol
+from typing import IO, Any, Protocol, cast
 
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import require_free_space
+from qnnctl.host.streams import bounded_headers, tar_header
 from qnnctl.install.confine import Link, make_links, member_path, sdk_top, unsafe
 from qnnctl.install.memberdata import COPY_BUFFER, LocalHeader, member_data, zlib_module
 from qnnctl.install.pool import Stopped, extraction_threads, in_processes, in_threads, proc_status
@@ -52,6 +54,8 @@ log = logging.getLogger("qnnctl.install.archive")
 
 FOLLOW_BLOCK = 256 << 10  # what a thread following a fetch reads at a time (see _extract_zip)
 MAX_LINK_TARGET = 4096  # PATH_MAX: a longer symlink target is not a path
+# A tar that unpacks to more than this many times its size is no SDK (they compress about 3:1): a bomb.
+TAR_MOST_RATIO = 20
 _FILE_COST = 32 << 10  # what creating one file weighs, in bytes inflated
 STREAMED_MODE = 0o644  # the mode of most files streamed (qnnctl.install.stream); only the central directory tells
 # Never through a link, never over an existing file.
@@ -456,11 +460,19 @@ def _extract_tar(archive: Path, writer: Writer, choice: _Choice | None = None
                  ) -> tuple[list[PurePosixPath], list[Link]]:
     names: list[PurePosixPath] = []
     links: list[Link] = []
-    # The uncompressed size is unknown until the end; a typical SDK compresses about 3:1.
-    require_free_space(writer.work, 3 * archive.stat().st_size, "extract the archive")
-    # "r|*" streams the archive once, in order, whatever its compression.
-    with tarfile.open(archive, mode="r|*") as tf:
-        for member in tf:
+    # The uncompressed size is unknown until the end: a typical SDK compresses about 3:1, which is
+    # asked for up front, and none unpacks to more than TAR_MOST_RATIO times its size. Past three
+    # times, each member is held to the free space left, and every one to that most, from its
+    # header, before a byte of it is written.
+    size = archive.stat().st_size
+    require_free_space(writer.work, 3 * size, "extract the archive")
+    unpacked = 0
+    # "r|*" streams the archive once, in order, whatever its compression; its headers within
+    # bounds (an archive no one vouched for is read here: --file, --url).
+    opened = partial(tarfile.open, archive, mode="r|*", tarinfo=bounded_headers())
+    with tar_header(opened) as tf:
+        while (member := tar_header(tf.next)) is not None:
+            cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
             name = member_path(member.name)
             if not name.parts:
                 continue
@@ -478,6 +490,11 @@ def _extract_tar(archive: Path, writer: Writer, choice: _Choice | None = None
             elif member.islnk():
                 links.append(Link(name, member.linkname, hard=True))
             elif member.isreg():
+                unpacked += member.size
+                if unpacked > TAR_MOST_RATIO * size:
+                    raise unsafe(f"it unpacks to more than {TAR_MOST_RATIO} times its {size} bytes, as no SDK does")
+                if unpacked > 3 * size:  # past what was asked for up front: each member as it comes
+                    require_free_space(writer.work, member.size, "extract the archive")
                 source = tf.extractfile(member)
                 if source is None:  # pragma: no cover - isreg() members always have data
                     raise IntegrityError(f"cannot read {member.name!r} from the archive")

@@ -624,8 +624,9 @@ def test_extraction_checks_free_space_first(tmp_path: Path, monkeypatch: pytest.
 
 def test_tar_extraction_needs_three_times_the_archive_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tar's uncompressed size is known only at its end: three times the archive is asked
-    for (with the margin), before anything is written."""
-    archive = build_archive(tmp_path, "tar.gz")
+    for (with the margin), before anything is written. (Of an archive that unpacks to less than
+    that: its bytes do not compress.)"""
+    archive = build_archive(tmp_path, "tar.gz", SdkSpec(extra_files={"docs/noise.bin": os.urandom(256 << 10)}))
     needed = 3 * archive.stat().st_size
     wanted = needed + space_margin(needed)
     real = shutil.disk_usage
@@ -640,6 +641,55 @@ def test_tar_extraction_needs_three_times_the_archive_free(tmp_path: Path, monke
     assert list(work.iterdir()) == []
     free = wanted  # just enough
     assert (extract(archive, work).root / "sdk.yaml").is_file()
+
+
+def test_past_three_times_its_size_each_tar_member_is_held_to_the_free_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' SDK unpacks to about 14 times its tar.gz: with three times free, and the margin,
+    the member that goes past it is refused from its header, before it is written."""
+    archive = build_archive(tmp_path, "tar.gz")
+    needed = 3 * archive.stat().st_size
+    free = needed + space_margin(needed)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=free))
+    with pytest.raises(DiskSpaceError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.free == free
+    assert caught.value.needed is not None
+    assert caught.value.needed > free
+
+
+@pytest.mark.parametrize("chain", [400, 9])
+def test_a_tar_whose_extended_headers_pass_the_bounds_is_refused_as_damaged(tmp_path: Path, chain: int) -> None:
+    """Each GNU long name has tarfile read the next header from inside its own reading: 400 of
+    them ran Python out of stack (an unexpected error); more than 8 in a row are refused."""
+    headers = b""
+    for i in range(chain):
+        name = f"{TOP}/n{i}".encode()
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
+        headers += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
+    archive = tmp_path / f"v{VERSION}.tar"
+    archive.write_bytes(headers + tarfile.TarInfo(f"{TOP}/sdk.yaml").tobuf(tarfile.GNU_FORMAT) + bytes(1024))
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert "more than 8 extended tar headers in a row" in caught.value.message, caught.value.message
+
+
+def test_a_tar_that_unpacks_to_more_than_any_sdk_is_refused_before_the_member_is_written(tmp_path: Path) -> None:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tf:
+        info = tarfile.TarInfo(f"{TOP}/lib/bomb.so")
+        info.size = 64 << 20
+        tf.addfile(info, io.BytesIO(bytes(info.size)))  # zeros: about a thousand times smaller
+    archive = tmp_path / f"v{VERSION}.tar.gz"
+    archive.write_bytes(data.getvalue())
+    work = _work(tmp_path)
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, work)
+    assert caught.value.message == (f"unsafe archive: it unpacks to more than 20 times its {len(data.getvalue())} "
+                                    "bytes, as no SDK does")
+    assert not list(work.rglob("bomb.so"))
 
 
 @pytest.mark.parametrize("fmt", ["zip", "tar.gz"])
