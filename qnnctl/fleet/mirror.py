@@ -61,6 +61,10 @@ class FetchedArchive(Record):
 # -- an archive's build id ---------------------------------------------------------------------
 
 
+# The largest library read for its build id (libQnnHtpPrepare.so, the largest, is some tens of MB).
+MOST_LIBRARY = 512 << 20
+
+
 def archive_build_id(archive: Path, scratch: Path, shown: str | None = None) -> str | None:
     """The build id the host libraries inside a zip archive carry (see qnnctl.sdk.identity), read
     from one library copied into `scratch`; None when they carry none. `shown`: the archive's
@@ -79,6 +83,11 @@ def archive_build_id(archive: Path, scratch: Path, shown: str | None = None) -> 
                 member = members.get(name)
                 if member is None:
                     continue
+                if member.file_size > MOST_LIBRARY:
+                    # An archive no one vouched for yet: not written out past what a library could be.
+                    raise IntegrityError(
+                        f"{shown or archive} holds a {name} of {member.file_size} bytes, more than any SDK's library "
+                        f"(at most {MOST_LIBRARY})", hint="remove it and fetch it again")
                 copy = scratch / name
                 with zf.open(member) as source, open(copy, "wb") as target:
                     shutil.copyfileobj(source, target, 1 << 20)

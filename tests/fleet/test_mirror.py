@@ -213,6 +213,26 @@ def test_the_libraries_are_read_most_telling_first_until_one_carries_a_build(tmp
     assert _entries(scratch) == []
 
 
+def test_a_library_bigger_than_any_sdks_is_not_written_out_for_its_build(tmp_path: Path) -> None:
+    """Read from an archive no one vouched for yet, a library's size comes from the archive: one
+    said to be past MOST_LIBRARY is refused from the central directory, before a byte is written."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = _zip(tmp_path / "a.zip", (f"qairt/{VERSION}/{HOST_LIB_DIR}/libQnnHtp.so", b"\x7fELF small", FILE))
+    data = bytearray(path.read_bytes())
+    central = data.rindex(b"PK\x01\x02")
+    struct.pack_into("<L", data, central + 24, mirror.MOST_LIBRARY + 1)  # its uncompressed size
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as refused:
+        archive_build_id(path, scratch, "the archive")
+    assert refused.value.message == (f"the archive holds a libQnnHtp.so of {mirror.MOST_LIBRARY + 1} bytes, more than "
+                                     f"any SDK's library (at most {mirror.MOST_LIBRARY})")
+    assert _entries(scratch) == []
+    struct.pack_into("<L", data, central + 24, mirror.MOST_LIBRARY)
+    path.write_bytes(bytes(data))
+    assert archive_build_id(path, scratch, "the archive") is None  # read: a library of that size may be
+
+
 def test_an_archive_that_cannot_be_read_is_refused_naming_it(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
