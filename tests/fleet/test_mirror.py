@@ -43,6 +43,7 @@ from qnnctl.fleet.mirror import (
 )
 from qnnctl.install.archive import zip_digests
 from qnnctl.net.download import Downloader
+from qnnctl.sdk import gate
 from qnnctl.sdk.cache import Cache
 from qnnctl.sdk.layout import HOST_LIB_DIR
 from qnnctl.sdk.lockfile import LockedSdk, write_lock
@@ -493,6 +494,19 @@ def test_a_body_longer_than_the_index_pins_is_cut_off_there(server: FaultServer,
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
     assert f"sent more than {len(served)} bytes" in refused.value.message, refused.value.message
+    assert server.bytes_served(PATH) < 32 << 20
+    assert _entries(cache.downloads) == []
+
+
+def test_a_body_that_never_ends_is_cut_off_at_the_most_any_archive_is_when_nothing_pins_it(
+        server: FaultServer, cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gate, "MOST_ARCHIVE", 1 << 20)  # 16 GiB, as served here
+    server.fail(PATH, Fault.endless(b"PK\x03\x04" + bytes(1 << 16), 256 << 20))
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert refused.value.message.startswith(
+        f"{server.base}{PATH} sent more than {1 << 20} bytes, the size qnnctl takes as the most any SDK archive is "
+        "(the body went on past them)"), refused.value.message
     assert server.bytes_served(PATH) < 32 << 20
     assert _entries(cache.downloads) == []
 
