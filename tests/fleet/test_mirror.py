@@ -228,6 +228,7 @@ def test_a_library_bigger_than_any_sdks_is_not_written_out_for_its_build(tmp_pat
         archive_build_id(path, scratch, "the archive")
     assert refused.value.message == (f"the archive holds a libQnnHtp.so of {mirror.MOST_LIBRARY + 1} bytes, more than "
                                      f"any SDK's library (at most {mirror.MOST_LIBRARY})")
+    assert refused.value.hint == "remove it and fetch it again"
     assert _entries(scratch) == []
     struct.pack_into("<L", data, central + 24, mirror.MOST_LIBRARY)
     path.write_bytes(bytes(data))
