@@ -233,6 +233,10 @@ def copy_hashed(stream: IO[bytes], target: Path) -> tuple[str, int]:
 # parsed in time quadratic in their length by Pythons before 3.11.10 (CVE-2024-6232).
 MOST_EXTENDED = 8 << 10  # bytes of one extended header
 MOST_CHAINED = 8  # extended headers before one member's own
+# Bytes of extended headers in one archive, together: each costs its parse (quadratic in a pax
+# header's length before Python 3.11.10, CVE-2024-6232: some minutes of CPU at most, here), and an
+# SDK's or LLVM's archive holds at most a few MB of long names.
+MOST_EXTENDED_TOTAL = 32 << 20
 EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
             tarfile.SOLARIS_XHDTYPE)
 
@@ -242,16 +246,20 @@ def bounded_headers() -> type[tarfile.TarInfo]:
     header past the bounds above and a sparse member (whose map tarfile reads without bound): no
     archive qnnctl reads has one."""
     chained = 0
+    extended = 0
 
     class Bounded(tarfile.TarInfo):
         def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
-            nonlocal chained
+            nonlocal chained, extended
             if self.type == tarfile.GNUTYPE_SPARSE:
                 raise tarfile.ReadError(f"{self.name!r} is a sparse member")
             if self.type not in EXTENDED:
                 return cast(tarfile.TarInfo, super()._proc_member(tf))  # type: ignore[misc]
             if self.size > MOST_EXTENDED:
                 raise tarfile.ReadError(f"an extended tar header of {self.size} bytes (at most {MOST_EXTENDED})")
+            extended += self.size
+            if extended > MOST_EXTENDED_TOTAL:
+                raise tarfile.ReadError(f"more than {MOST_EXTENDED_TOTAL} bytes of extended tar headers")
             chained += 1
             if chained > MOST_CHAINED:
                 raise tarfile.ReadError(f"more than {MOST_CHAINED} extended tar headers in a row")

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from qnnctl.errors import IntegrityError, QnnctlError, UsageError
+from qnnctl.host import streams
 from qnnctl.host.packages import (
     Collected,
     Limits,
@@ -291,6 +292,19 @@ def test_a_tar_streamed_holds_no_member_it_has_passed() -> None:
         tracemalloc.stop()
     assert count == 3000
     assert peak < 8 << 20, peak
+
+
+def test_a_tar_whose_extended_headers_pass_the_most_together_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """Each within the most one may be, and none chained: their bytes together are bounded too,
+    each header's parse costing time (32 MiB; 64 KiB here)."""
+    monkeypatch.setattr(streams, "MOST_EXTENDED_TOTAL", 64 << 10)
+    within = tar_bytes([Entry(f"{i:02d}" + "n" * 4000, b"x") for i in range(15)])  # 15 long names of 4 KB
+    assert sum(1 for _ in tar_members(io.BytesIO(within), "p.tar.xz")) == 15
+    past = tar_bytes([Entry(f"{i:02d}" + "n" * 4000, b"x") for i in range(17)])
+    with pytest.raises(IntegrityError) as refused:
+        collect(tar_members(io.BytesIO(past), "p.tar.xz"), is_lib, tmp_path / "out", "p.tar.xz")
+    assert refused.value.message == "p.tar.xz is corrupt or truncated: more than 65536 bytes of extended tar headers"
 
 
 def is_lib(name: str) -> bool:
