@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from qnnctl import __version__
-from qnnctl.errors import DiskSpaceError, DownloadError
+from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import space_margin
 from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.sdk.cache import read_manifest
@@ -1233,3 +1233,37 @@ def test_a_record_written_with_the_url_as_given_is_resumed_and_kept_redacted(ser
     record = (tmp_path / "downloads" / f"{NAME}.json").read_text()
     assert json.loads(record)["url"] == shown
     assert "s3cret" not in record
+
+
+# -- a size pinned ---------------------------------------------------------------------------
+
+PINNED = "the lock pins"  # who pins the size, as the caller names it (qnnctl.sdk.gate.size_limit)
+
+
+def _too_long(url: str, size: int, how: str) -> tuple[str, str]:
+    return (f"{url} sent more than {size} bytes, the size {PINNED} ({how}): it is not that archive; the download "
+            "was stopped and removed, and nothing was installed",
+            "check the server or proxy that answers for that URL; run the same command again once it serves the "
+            "archive")
+
+
+def test_a_download_stops_at_the_first_byte_past_the_size_pinned(server: FaultServer, served: bytes,
+                                                                 tmp_path: Path) -> None:
+    """A body as long as the size pinned is downloaded, with a length or without; a length one
+    byte longer is refused before a byte is written, and a body without one is stopped where it
+    passes the size: neither leaves a partial file or a record to resume from."""
+    url, folder = server.url(PATH), tmp_path / "downloads"
+    downloader = _downloader(tmp_path)
+    with pytest.raises(IntegrityError) as announced:
+        downloader.fetch([url], NAME, limit=(len(served) - 1, PINNED))
+    assert (announced.value.message, announced.value.hint) == _too_long(
+        url, len(served) - 1, f"it says the file is {len(served)} bytes")
+    assert list(folder.iterdir()) == []
+    server.fail(PATH, Fault.bare())
+    with pytest.raises(IntegrityError) as sent:
+        downloader.fetch([url], NAME, limit=(len(served) - 1, PINNED))
+    assert (sent.value.message, sent.value.hint) == _too_long(url, len(served) - 1, "the body went on past them")
+    assert list(folder.iterdir()) == []
+    assert downloader.fetch([url], NAME, limit=(len(served), PINNED)).path.read_bytes() == served
+    server.fail(PATH, Fault.bare())
+    assert downloader.fetch([url], f"bare-{NAME}", limit=(len(served), PINNED)).path.read_bytes() == served
