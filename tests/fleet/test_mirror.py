@@ -766,7 +766,8 @@ def test_an_archive_put_in_the_mirror_by_hand_is_held_to_the_upstream_mirrors_in
     assert server.requests_for(PATH) == []
 
 
-def test_a_mirror_folder_or_index_others_can_write_is_refused_before_the_index_is_read(cache: Cache,
+def test_a_mirror_folder_or_index_others_can_write_is_refused_before_the_index_is_read(server: FaultServer,
+                                                                                       cache: Cache,
                                                                                        tmp_path: Path) -> None:
     """The folder whose index.json every host installs by, and that file, are this user's alone:
     the refusal names which one others can write and how to fix it; an index in such a folder is
@@ -777,8 +778,9 @@ def test_a_mirror_folder_or_index_others_can_write_is_refused_before_the_index_i
 
     def refusal() -> tuple[str, str | None]:
         with pytest.raises(IntegrityError) as refused:
-            make_mirror(folder, [VERSION], {}, tmp_path, cache)
+            make_mirror(folder, [VERSION], {"QNNCTL_MIRROR": server.base}, tmp_path, cache)
         assert _entries(folder) == (["index.json"] if index.exists() else [])
+        assert server.requests == []
         return refused.value.message, refused.value.hint
 
     def said(culprit: Path, mode: int) -> tuple[str, str]:
