@@ -709,6 +709,11 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
     assert lines == [*(f"v.zip: {p:3d}% of 1000 B" for p in range(10, 100, 10)), "v.zip: 1000 B in 30.0s"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
+        bar = PlainProgress("v.zip", 1000, 0)
+        clock.now += PLAIN_INTERVAL
+        bar.update(50)  # short of the first tenth, however late: not said
+    assert caplog.records == []
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 999, 0)
         clock.now += PLAIN_INTERVAL
         bar.update(99)  # exactly at the first mark (a tenth, rounded down): said
@@ -720,7 +725,9 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
     with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         unknown = PlainProgress("v.zip", None, 0)
         clock.now += PLAIN_INTERVAL
-        unknown.update((256 << 20) - 1)
+        unknown.update(128 << 20)  # half-way to the first 256 MiB, however late: not said
+        clock.now += PLAIN_INTERVAL
+        unknown.update((128 << 20) - 1)
         unknown.update(1)
     assert [r.getMessage() for r in caplog.records] == ["v.zip: 256.0 MiB"]
 
@@ -777,8 +784,9 @@ def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch,
         finally:
             bar.close()
         bar.close()
-    assert "v.zip" in stderr.getvalue()
-    assert "1.00MiB/4.00MiB" in stderr.getvalue()
+    # The bar is the label, then tqdm's bar and the sizes and rate in MiB: nothing around them.
+    drawn = stderr.getvalue()
+    assert re.search(r"\rv\.zip: +25%\|[^|\r]*\| 1\.00MiB/4\.00MiB \[[^]\r]*iB/s\]\r", drawn), drawn
     assert [r.getMessage() for r in caplog.records][1:] == [
         "v.zip: 3.0 MiB in 2.0s (resumed at 1.0 MiB; 4.0 MiB in all)"]
 
