@@ -1275,3 +1275,40 @@ def test_a_download_stops_at_the_first_byte_past_the_size_pinned(server: FaultSe
     assert downloader.fetch([url], NAME, limit=(len(served), PINNED)).path.read_bytes() == served
     server.fail(PATH, Fault.bare())
     assert downloader.fetch([url], f"bare-{NAME}", limit=(len(served), PINNED)).path.read_bytes() == served
+
+
+def test_a_file_sent_whole_again_leaves_nothing_of_a_longer_partial_one(server: FaultServer, served: bytes,
+                                                                        tmp_path: Path) -> None:
+    """A server that sends the whole file where the rest was asked for (it ignores the range, or
+    the file changed since): the download starts over, and a partial file longer than the file
+    leaves no tail behind it."""
+    url = server.url(PATH)
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / f"{NAME}.json").write_text(json.dumps({"url": url}))
+    (folder / f"{NAME}.part").write_bytes(os.urandom(len(served) + 1000))
+    server.fail(PATH, Fault.ignore_range())
+    fetched = _downloader(tmp_path).fetch([url], NAME)
+    assert _range_start(server.requests_for(PATH)[0].headers) == len(served) + 1000
+    assert (fetched.path.read_bytes(), fetched.size) == (served, len(served))
+
+
+def test_a_partial_file_is_never_wider_than_its_owners_even_before_its_fchmod(
+        server: FaultServer, served: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a umask of 0, the partial file is made readable and writable by its owner alone, not
+    made wider and narrowed a moment later: its mode as its fchmod is called."""
+    seen: dict[str, int] = {}
+    fchmod = os.fchmod
+
+    def recording(fd: int, mode: int) -> None:
+        seen[os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))] = os.fstat(fd).st_mode & 0o7777
+        fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", recording)
+    umask = os.umask(0)
+    try:
+        fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    finally:
+        os.umask(umask)
+    assert seen[f"{NAME}.part"] == 0o600
+    assert fetched.path.stat().st_mode & 0o7777 == 0o600
