@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pwd
+import shlex
 import shutil
 import stat
 import struct
@@ -509,6 +510,24 @@ def test_a_body_that_never_ends_is_cut_off_at_the_most_any_archive_is_when_nothi
         f"{server.base}{PATH} sent more than {1 << 20} bytes, the size qnnctl takes as the most any SDK archive is "
         "(the body went on past them)"), refused.value.message
     assert server.bytes_served(PATH) < 32 << 20
+
+
+def test_a_body_longer_than_the_size_pinned_is_stopped_before_it_is_written(server: FaultServer, cache: Cache,
+                                                                            tmp_path: Path) -> None:
+    """The download stops at the size the index pins: a server that says the body is longer is
+    refused for it before a byte is written, not after the whole body filled the disk."""
+    data = _archive(tmp_path / "served").read_bytes()
+    longer = data + bytes(1 << 20)
+    server.add(PATH, longer)
+    where = f"{server.base}/index.json"
+    server.add("/index.json", _index({VERSION: {"sha256": _sha256(data), "size": len(data)}}), "application/json")
+    with pytest.raises(IntegrityError) as refused:
+        fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
+    assert (refused.value.message, refused.value.hint) == (
+        f"{server.base}{PATH} sent more than {len(data)} bytes, the size the mirror's {where} says (it says the "
+        f"file is {len(longer)} bytes): it is not that archive; the download was stopped and removed, and nothing "
+        "was installed",
+        "check the server or proxy that answers for that URL; run the same command again once it serves the archive")
     assert _entries(cache.downloads) == []
 
 
@@ -954,6 +973,81 @@ def test_an_archive_added_is_refused_by_a_lock_that_contradicts_itself(contradic
     assert refused.value.message.endswith("; nothing was added to the mirror"), refused.value.message
     assert refused.value.hint == LOCK_HINT
     assert not (folder / VERSION).exists()
+
+
+def test_an_archive_put_in_the_mirror_by_hand_is_held_to_the_upstream_mirrors_index(server: FaultServer,
+                                                                                    cache: Cache,
+                                                                                    tmp_path: Path) -> None:
+    """Found in the folder, an archive passes the gate a fetched one passes: without a lock or a
+    QNNCTL_MIRROR it is indexed as it is; with one, it is held to that mirror's index (its
+    sha256, its size, its components' digests), and nothing is indexed when it differs."""
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    data = _archive(tmp_path / "by hand").read_bytes()
+    dest.write_bytes(data)
+    digest, where, components = _sha256(data), f"{server.base}/index.json", zip_digests(dest)
+    indexed = [Mirrored(VERSION, dest, digest, len(data), BUILD, "indexed")]
+    assert make_mirror(folder, [VERSION], {}, tmp_path, cache) == indexed
+    (folder / "index.json").unlink()
+    env = {"QNNCTL_MIRROR": server.base}
+
+    def refusal(entry: dict[str, object]) -> tuple[str, str | None]:
+        server.add("/index.json", _index({VERSION: entry}), "application/json")
+        with pytest.raises(IntegrityError) as refused:
+            make_mirror(folder, [VERSION], env, tmp_path, cache)
+        assert not (folder / "index.json").exists()
+        return refused.value.message, refused.value.hint
+
+    assert refusal({"sha256": "1" * 64, "size": len(data)}) == (
+        f"the archive from {dest} does not match the mirror's {where}: its sha256 is {digest}, the index says "
+        f"{'1' * 64}; nothing was added to the mirror", INDEX_HINT)
+    assert refusal({"sha256": digest, "size": len(data) + 1}) == (
+        f"the archive from {dest} does not match the mirror's {where}: its size is {len(data)}, the index says "
+        f"{len(data) + 1}; nothing was added to the mirror", INDEX_HINT)
+    assert refusal({"sha256": digest, "size": len(data), "components": dict(components, android="2" * 64)}) == (
+        f"the mirror's {where} contradicts itself: the archive from {dest} has the sha256 the index says, but the "
+        f"digest of its component android is {components['android']}, and the index says {'2' * 64}; nothing was "
+        "added to the mirror", INDEX_HINT)
+    server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(data), "components": components}}),
+               "application/json")
+    assert make_mirror(folder, [VERSION], env, tmp_path, cache) == indexed
+    assert server.requests_for(PATH) == []
+
+
+def test_a_mirror_folder_or_index_others_can_write_is_refused_before_the_index_is_read(server: FaultServer,
+                                                                                       cache: Cache,
+                                                                                       tmp_path: Path) -> None:
+    """The folder whose index.json every host installs by, and that file, are this user's alone:
+    the refusal names which one others can write and how to fix it; an index in such a folder is
+    not read (a sticky folder, where another user's file may stand in for it, included)."""
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    index = folder / "index.json"
+
+    def refusal() -> tuple[str, str | None]:
+        with pytest.raises(IntegrityError) as refused:
+            make_mirror(folder, [VERSION], {"QNNCTL_MIRROR": server.base}, tmp_path, cache)
+        assert _entries(folder) == (["index.json"] if index.exists() else [])
+        assert server.requests == []
+        return refused.value.message, refused.value.hint
+
+    def said(culprit: Path, mode: int) -> tuple[str, str]:
+        return (f"the mirror's folder {folder} is not used: {culprit} is writable by its group and others (mode "
+                f"{mode:04o}), so another user could change the archives and the index.json that hosts install by; "
+                "nothing was added to the mirror",
+                f"fix it with `chmod go-w {shlex.quote(str(culprit))}`, or give a folder of your own")
+
+    folder.chmod(0o777)
+    assert refusal() == said(folder, 0o777)
+    folder.chmod(0o755)
+    index.write_text(json.dumps({"schema": 1, "versions": {}}))
+    index.chmod(0o666)
+    assert refusal() == said(index, 0o666)
+    index.write_text("not an index")
+    index.chmod(0o644)
+    folder.chmod(0o1777)
+    assert refusal() == said(folder, 0o1777)
 
 
 def test_what_a_mirror_finished_is_indexed_when_a_later_version_fails(server: FaultServer, served: bytes,

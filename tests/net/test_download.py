@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from qnnctl import __version__
-from qnnctl.errors import DiskSpaceError, DownloadError
+from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import space_margin
 from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
 from qnnctl.sdk.cache import read_manifest
@@ -191,13 +191,25 @@ def test_malformed_sha256_is_a_usage_error(mirror: FaultServer) -> None:
     assert mirror.requests == []
 
 
-def test_not_enough_space_for_the_download(mirror: FaultServer, cache_dir: Path) -> None:
+def test_not_enough_space_for_the_download(server: FaultServer, tmp_path: Path) -> None:
     """The server announces more bytes than the disk holds; nothing is written."""
+    server.add(PATH, b"PK" + bytes(1000))
+    server.fail(PATH, Fault.claim_length(1 << 60))
+    with pytest.raises(DiskSpaceError) as caught:
+        _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    assert "not enough free space" in caught.value.message
+    assert "QNNCTL_CACHE_DIR" in (caught.value.hint or "")
+    assert not (tmp_path / "downloads" / f"{NAME}.part").exists()
+
+
+def test_a_length_past_any_sdk_archive_is_refused_before_a_byte_is_written(mirror: FaultServer,
+                                                                           cache_dir: Path) -> None:
+    """Nothing pins the archive: the server announces more than any SDK archive is (16 GiB)."""
     mirror.fail(PATH, Fault.claim_length(1 << 60))
     result = run_qnnctl("install")
-    assert result.returncode == 1, result.stderr
-    assert "not enough free space" in result.stderr
-    assert "QNNCTL_CACHE_DIR" in result.stderr
+    assert result.returncode == 4, result.stderr
+    assert (f"sent more than {16 << 30} bytes, the size qnnctl takes as the most any SDK archive is (it says the "
+            f"file is {1 << 60} bytes)") in result.stderr
     _nothing_installed(cache_dir)
     assert not (cache_dir / "downloads" / f"{NAME}.part").exists()
 
@@ -709,6 +721,11 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
     assert lines == [*(f"v.zip: {p:3d}% of 1000 B" for p in range(10, 100, 10)), "v.zip: 1000 B in 30.0s"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
+        bar = PlainProgress("v.zip", 1000, 0)
+        clock.now += PLAIN_INTERVAL
+        bar.update(50)  # short of the first tenth, however late: not said
+    assert caplog.records == []
+    with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         bar = PlainProgress("v.zip", 999, 0)
         clock.now += PLAIN_INTERVAL
         bar.update(99)  # exactly at the first mark (a tenth, rounded down): said
@@ -720,7 +737,9 @@ def test_plain_progress_says_every_tenth(caplog: pytest.LogCaptureFixture, monke
     with caplog.at_level(logging.INFO, logger="qnnctl.net.download"):
         unknown = PlainProgress("v.zip", None, 0)
         clock.now += PLAIN_INTERVAL
-        unknown.update((256 << 20) - 1)
+        unknown.update(128 << 20)  # half-way to the first 256 MiB, however late: not said
+        clock.now += PLAIN_INTERVAL
+        unknown.update((128 << 20) - 1)
         unknown.update(1)
     assert [r.getMessage() for r in caplog.records] == ["v.zip: 256.0 MiB"]
 
@@ -777,8 +796,9 @@ def test_the_bar_on_a_terminal_counts_bytes(monkeypatch: pytest.MonkeyPatch,
         finally:
             bar.close()
         bar.close()
-    assert "v.zip" in stderr.getvalue()
-    assert "1.00MiB/4.00MiB" in stderr.getvalue()
+    # The bar is the label, then tqdm's bar and the sizes and rate in MiB: nothing around them.
+    drawn = stderr.getvalue()
+    assert re.search(r"\rv\.zip: +25%\|[^|\r]*\| 1\.00MiB/4\.00MiB \[[^]\r]*iB/s\]\r", drawn), drawn
     assert [r.getMessage() for r in caplog.records][1:] == [
         "v.zip: 3.0 MiB in 2.0s (resumed at 1.0 MiB; 4.0 MiB in all)"]
 
@@ -1233,3 +1253,74 @@ def test_a_record_written_with_the_url_as_given_is_resumed_and_kept_redacted(ser
     record = (tmp_path / "downloads" / f"{NAME}.json").read_text()
     assert json.loads(record)["url"] == shown
     assert "s3cret" not in record
+
+
+# -- a size pinned ---------------------------------------------------------------------------
+
+PINNED = "the lock pins"  # who pins the size, as the caller names it (qnnctl.sdk.gate.size_limit)
+
+
+def _too_long(url: str, size: int, how: str) -> tuple[str, str]:
+    return (f"{url} sent more than {size} bytes, the size {PINNED} ({how}): it is not that archive; the download "
+            "was stopped and removed, and nothing was installed",
+            "check the server or proxy that answers for that URL; run the same command again once it serves the "
+            "archive")
+
+
+def test_a_download_stops_at_the_first_byte_past_the_size_pinned(server: FaultServer, served: bytes,
+                                                                 tmp_path: Path) -> None:
+    """A body as long as the size pinned is downloaded, with a length or without; a length one
+    byte longer is refused before a byte is written, and a body without one is stopped where it
+    passes the size: neither leaves a partial file or a record to resume from."""
+    url, folder = server.url(PATH), tmp_path / "downloads"
+    downloader = _downloader(tmp_path)
+    with pytest.raises(IntegrityError) as announced:
+        downloader.fetch([url], NAME, limit=(len(served) - 1, PINNED))
+    assert (announced.value.message, announced.value.hint) == _too_long(
+        url, len(served) - 1, f"it says the file is {len(served)} bytes")
+    assert list(folder.iterdir()) == []
+    server.fail(PATH, Fault.bare())
+    with pytest.raises(IntegrityError) as sent:
+        downloader.fetch([url], NAME, limit=(len(served) - 1, PINNED))
+    assert (sent.value.message, sent.value.hint) == _too_long(url, len(served) - 1, "the body went on past them")
+    assert list(folder.iterdir()) == []
+    assert downloader.fetch([url], NAME, limit=(len(served), PINNED)).path.read_bytes() == served
+    server.fail(PATH, Fault.bare())
+    assert downloader.fetch([url], f"bare-{NAME}", limit=(len(served), PINNED)).path.read_bytes() == served
+
+
+def test_a_file_sent_whole_again_leaves_nothing_of_a_longer_partial_one(server: FaultServer, served: bytes,
+                                                                        tmp_path: Path) -> None:
+    """A server that sends the whole file where the rest was asked for (it ignores the range, or
+    the file changed since): the download starts over, and a partial file longer than the file
+    leaves no tail behind it."""
+    url = server.url(PATH)
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / f"{NAME}.json").write_text(json.dumps({"url": url}))
+    (folder / f"{NAME}.part").write_bytes(os.urandom(len(served) + 1000))
+    server.fail(PATH, Fault.ignore_range())
+    fetched = _downloader(tmp_path).fetch([url], NAME)
+    assert _range_start(server.requests_for(PATH)[0].headers) == len(served) + 1000
+    assert (fetched.path.read_bytes(), fetched.size) == (served, len(served))
+
+
+def test_a_partial_file_is_never_wider_than_its_owners_even_before_its_fchmod(
+        server: FaultServer, served: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a umask of 0, the partial file is made readable and writable by its owner alone, not
+    made wider and narrowed a moment later: its mode as its fchmod is called."""
+    seen: dict[str, int] = {}
+    fchmod = os.fchmod
+
+    def recording(fd: int, mode: int) -> None:
+        seen[os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))] = os.fstat(fd).st_mode & 0o7777
+        fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", recording)
+    umask = os.umask(0)
+    try:
+        fetched = _downloader(tmp_path).fetch([server.url(PATH)], NAME)
+    finally:
+        os.umask(umask)
+    assert seen[f"{NAME}.part"] == 0o600
+    assert fetched.path.stat().st_mode & 0o7777 == 0o600

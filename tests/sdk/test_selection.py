@@ -1614,6 +1614,41 @@ def test_an_sdk_used_without_install_is_held_to_the_projects_lock(cache_dir: Pat
         f"trust, write the lock again: `qnnctl lock {VERSION}`")
 
 
+def test_an_sdk_used_is_held_then_held_to_the_lock_and_let_go_when_the_lock_refuses(cache_dir: Path) -> None:
+    """What a command that uses an SDK takes (hold_checked): a hold on it, this process's, then the
+    project's lock's check; the SDK the lock refuses is held no longer, and the refusal is the
+    lock's, with the hint for an SDK of the cache."""
+    import json
+    import os
+
+    from qnnctl.errors import IntegrityError
+    from qnnctl.run.environment import hold_checked
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.holds import held_by
+    from qnnctl.sdk.lockfile import LockedSdk, write_lock
+
+    cache = Cache(cache_dir)
+    root = install_tree_into_cache(cache_dir, VERSION)
+    sdk = Sdk(root, VERSION, "qnnctl cache")
+    held = hold_checked(sdk, cache, Path.cwd())  # no lock: held, nothing to check it against
+    assert held is not None
+    try:
+        assert [holder.pid for holder in held_by(cache, VERSION)] == [os.getpid()]
+    finally:
+        os.close(held)
+    assert held_by(cache, VERSION) == []
+    lock = Path.cwd() / "qnnctl.lock"
+    write_lock(lock, LockedSdk(lock, VERSION, "a" * 64), "trusted")
+    manifest = json.loads((root / ".qnnctl.json").read_text())
+    (root / ".qnnctl.json").write_text(json.dumps({**manifest, "sha256": "b" * 64}))
+    with pytest.raises(IntegrityError) as caught:
+        hold_checked(sdk, cache, Path.cwd())
+    assert caught.value.message.endswith(f"{'b' * 64}; qnnctl.lock pins {'a' * 64}")
+    assert caught.value.hint == (
+        f"reinstall the locked archive: `qnnctl install --force {VERSION}`, or, if the SDK in use is the one to "
+        f"trust, write the lock again: `qnnctl lock {VERSION}`")
+    assert held_by(cache, VERSION) == []
+
 @pytest.mark.parametrize("origin", ["QNN_SDK_ROOT", "--sdk", "qnnctl env"])
 def test_a_folder_named_by_path_that_the_lock_refuses_is_told_how_to_use_the_locked_sdk(
         cache_dir: Path, tmp_path: Path, origin: str) -> None:
