@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from qnnctl.errors import DownloadError
+from qnnctl.install.pipeline import as_the_mirror_holds
+from qnnctl.sdk.cache import Cache
+from qnnctl.sdk.mirrorindex import MirrorIndex
+from qnnctl.sdk.select import BY_ARGUMENT, BY_DEFAULT, BY_PIN, Selection
 from tests.conftest import read_terminal, run_qnnctl, run_qnnctl_on_a_terminal
 from tests.httpserver import FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, build_archive, build_sdk_tree, install_tree_into_cache
@@ -209,6 +214,50 @@ def test_a_mirror_without_an_index_is_used_as_before(mirror: FaultServer, cache_
     proc = run_qnnctl("install")
     assert (proc.returncode, proc.stdout) == (0, f"{cache_dir}/sdks/{VERSION}\n"), proc.stderr
     assert archive_requests(mirror) == [f"/{VERSION}/v{VERSION}.zip"]
+
+
+def test_what_the_mirror_holds_is_its_full_versions_newest_by_number(server: FaultServer, cache_dir: Path) -> None:
+    """In the tests' own process: the newest of 2.9 and 2.10 is 2.10 (not by the text), a key of the
+    index that is no full version is no SDK the mirror holds, and a version asked for is refused
+    naming each one it holds, with the pin's command only for a pinned version."""
+    older, newer = "2.9.0.250101", "2.10.0.250201"
+    entry = {"sha256": "0" * 64, "size": 1}
+    server.add("/index.json", json.dumps({"schema": 1, "versions": {
+        newer: entry, "latest": entry, older: entry}}).encode(), "application/json")
+    index, cache, where = MirrorIndex(server.base), Cache(cache_dir), f"{server.base}/index.json"
+
+    default = Selection(BY_DEFAULT, "qnnctl's default", version=VERSION)
+    assert as_the_mirror_holds(default, index, cache, os.environ) == Selection(
+        BY_DEFAULT, f"the newest SDK that QNNCTL_MIRROR holds ({where} lists no {VERSION}, qnnctl's default)",
+        version=newer)
+    hint = (f"add SDK {VERSION} to the mirror's folder DIR (`qnnctl mirror DIR {VERSION}`, or `qnnctl mirror DIR "
+            f"--file ARCHIVE` from an archive you have), or use one it holds: `qnnctl install {newer}`")
+    for reason, detail, more in ((BY_ARGUMENT, "given as 2.37", ""),
+                                 (BY_PIN, f"pinned in {Path.cwd()}/.qnn-version",
+                                  f" and pin it with `qnnctl use {newer}`")):
+        with pytest.raises(DownloadError) as refused:
+            as_the_mirror_holds(Selection(reason, detail, version=VERSION), index, cache, os.environ)
+        assert (refused.value.message, refused.value.hint) == (
+            f"the mirror's {where} lists no SDK {VERSION} ({detail}); it holds {older}, {newer}; nothing was fetched",
+            hint + more)
+    # Installed already: what the mirror lists does not matter.
+    install_tree_into_cache(cache_dir, VERSION)
+    pinned = Selection(BY_PIN, "pinned", version=VERSION)
+    assert as_the_mirror_holds(pinned, index, cache, os.environ) is pinned
+
+
+def test_a_mirror_that_holds_no_sdk_refuses_even_qnnctls_default(server: FaultServer, cache_dir: Path) -> None:
+    """An index that lists no full version: there is no newest to take, and the hint has none to name."""
+    server.add("/index.json", json.dumps({"schema": 1, "versions": {"latest": {"sha256": "0" * 64}}}).encode(),
+               "application/json")
+    where = f"{server.base}/index.json"
+    with pytest.raises(DownloadError) as refused:
+        as_the_mirror_holds(Selection(BY_DEFAULT, "qnnctl's default", version=VERSION), MirrorIndex(server.base),
+                            Cache(cache_dir), os.environ)
+    assert (refused.value.message, refused.value.hint) == (
+        f"the mirror's {where} lists no SDK {VERSION} (qnnctl's default); it holds none; nothing was fetched",
+        f"add SDK {VERSION} to the mirror's folder DIR (`qnnctl mirror DIR {VERSION}`, or `qnnctl mirror DIR "
+        "--file ARCHIVE` from an archive you have), or use one it holds: `qnnctl install VERSION`")
 
 
 # -- 4: doctor checks the network for the SDK it selected -------------------------------------------

@@ -187,6 +187,45 @@ def test_an_sdk_installed_while_waiting_for_the_lock_is_reused(mirror: FaultServ
     assert mirror.requests == []
 
 
+def test_a_reinstall_of_an_sdk_in_use_is_refused_before_the_download_or_waits_for_it(mirror: FaultServer,
+                                                                                  cache_dir: Path) -> None:
+    """In the tests' own process, which holds the SDK (as a pipeline using it does): `install --force`
+    names it in use and fetches nothing; with --wait it waits for the hold to end, then reinstalls."""
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.holds import HeldError, hold_sdk, wait_for_holders
+    from tests.sdkfactory import install_tree_into_cache
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    cache, env, request = Cache(cache_dir), dict(os.environ), InstallRequest(spec=VERSION, force=True)
+    fd = hold_sdk(root, cache)
+    assert fd is not None
+    try:
+        with pytest.raises(HeldError) as refused:
+            install(request, cache, env, Path.cwd(), vouchers(env, Path.cwd()))
+    finally:
+        os.close(fd)
+    assert refused.value.message.startswith(f"SDK {VERSION} ({root}) is in use by PID {os.getpid()} ")
+    assert refused.value.message.endswith("; it was not replaced")
+    assert refused.value.hint == ("run it again once that process has ended, or the same `qnnctl install` with "
+                                  "--wait to wait for it")
+    assert [r.path for r in mirror.requests if r.path != "/index.json"] == []
+    fd = hold_sdk(root, cache)
+    assert fd is not None
+    threading.Timer(0.5, os.close, (fd,)).start()
+    waiting = wait_for_holders.set(True)
+    try:
+        started = time.monotonic()
+        result = install(request, cache, env, Path.cwd(), vouchers(env, Path.cwd()))
+    finally:
+        wait_for_holders.reset(waiting)
+    assert time.monotonic() - started >= 0.5
+    assert (result.sdk is not None and result.sdk.root, result.action) == (root, "installed")
+    manifest = read_manifest(root)
+    assert manifest is not None
+    assert manifest["sha256"] == hashlib.sha256(mirror.files[PATH]).hexdigest()
+
+
 def test_cache_hit_makes_no_request(mirror: FaultServer, cache_dir: Path) -> None:
     first = run_qnnctl("install")
     assert first.returncode == 0, first.stderr
