@@ -1235,6 +1235,23 @@ def test_extract_takes_what_was_streamed_once_the_central_directory_is_read(
     assert calls == ["finish"]  # nothing of a tar is streamed; the threads are still stopped
 
 
+def test_a_member_streamed_from_other_bytes_than_the_archive_is_written_again(
+    tmp_path: Path, feed: Callable[..., _Feed]
+) -> None:
+    """What the stream wrote is kept only where the local header it read is the one the central
+    directory describes: a member streamed from other bytes (the same name and size, another
+    CRC-32) is written again from the archive extracted, as if nothing had been streamed."""
+    name = f"{TOP}/docs/guide.txt"
+    stream = feed(_archive_with(tmp_path, "docs/guide.txt", b"guide " * 1000))
+    streamed = stream.finish()
+    assert name in _names(streamed)
+    archive = tmp_path / "archive.zip"
+    archive.write_bytes(_archive_with(tmp_path, "docs/guide.txt", b"GUIDE " * 1000))
+    result = extract(archive, stream.work, lambda: streamed)
+    assert (result.root / "docs/guide.txt").read_bytes() == b"GUIDE " * 1000
+    assert _tree(result.root) == _tree(extract(archive, tmp_path / "plain").root)
+
+
 def test_a_stream_that_kept_nothing_leaves_extract_a_work_folder(tmp_path: Path) -> None:
     """A stream whose download started over keeps nothing and removes the work folder when
     extract() asks for it, after extract() made the folder: extract() makes it again and writes
