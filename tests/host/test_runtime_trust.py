@@ -151,6 +151,8 @@ def test_an_llvm_archive_that_never_ends_is_stopped_at_the_most_qnnctl_reads(
         stage_runtime(cache, None, RuntimeRequest(force=True, use_apt=False, llvm_url=url), os.environ)
     assert caught.value.message == (f"{url} sent more than {8 << 20} bytes, more than any LLVM archive qnnctl reads: "
                                     "it was stopped there")
+    assert caught.value.hint == ("this is not the archive that was vouched for; check QNNCTL_LLVM_URL, or give the "
+                                 "libraries with --runtime-from; nothing was staged")
     assert server.bytes_served(LLVM_PATH) < 64 << 20, server.bytes_served(LLVM_PATH)
     nothing_staged(cache_dir)
 
