@@ -61,7 +61,7 @@ class FetchedArchive(Record):
 # -- an archive's build id ---------------------------------------------------------------------
 
 
-# The largest library read for its build id (libQnnHtpPrepare.so, the largest, is some tens of MB).
+# The largest library read for its build id (a QAIRT host library is at most about 100 MB: libQnnHtp.so).
 MOST_LIBRARY = 512 << 20
 
 
