@@ -244,6 +244,18 @@ def add_tar_entry(tf: tarfile.TarFile, name: str, data: bytes = b"", *,
     tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
 
 
+def long_name_chain(top: str, count: int) -> bytes:
+    """A plain tar whose one member (`top`/sdk.yaml) comes after `count` GNU long-name headers in a
+    row: tarfile reads each next header from inside its reading of the one before."""
+    chain = b""
+    for i in range(count):
+        name = f"{top}/n{i}".encode()
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
+        chain += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
+    return chain + tarfile.TarInfo(f"{top}/sdk.yaml").tobuf(tarfile.GNU_FORMAT) + bytes(1024)
+
+
 def install_tree_into_cache(cache_dir: Path, version: str = VERSION) -> Path:
     """An SDK placed straight into qnnctl's cache with a manifest (no download)."""
     import json

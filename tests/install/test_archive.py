@@ -38,6 +38,7 @@ from tests.sdkfactory import (
     add_zip_entry,
     build_archive,
     build_sdk_tree,
+    long_name_chain,
     manifest_digest,
     write_zip_from_tree,
 )
@@ -663,14 +664,8 @@ def test_past_three_times_its_size_each_tar_member_is_held_to_the_free_space(
 def test_a_tar_whose_extended_headers_pass_the_bounds_is_refused_as_damaged(tmp_path: Path, chain: int) -> None:
     """Each GNU long name has tarfile read the next header from inside its own reading: 400 of
     them ran Python out of stack (an unexpected error); more than 8 in a row are refused."""
-    headers = b""
-    for i in range(chain):
-        name = f"{TOP}/n{i}".encode()
-        info = tarfile.TarInfo("././@LongLink")
-        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
-        headers += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
     archive = tmp_path / f"v{VERSION}.tar"
-    archive.write_bytes(headers + tarfile.TarInfo(f"{TOP}/sdk.yaml").tobuf(tarfile.GNU_FORMAT) + bytes(1024))
+    archive.write_bytes(long_name_chain(TOP, chain))
     with pytest.raises(IntegrityError) as caught:
         extract(archive, _work(tmp_path))
     assert "more than 8 extended tar headers in a row" in caught.value.message, caught.value.message

@@ -39,7 +39,15 @@ from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl, run_qnnctl_on_a_terminal, with_default_sigint
 from tests.httpserver import Fault, FaultServer
-from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, add_zip_entry, build_archive, manifest_digest
+from tests.sdkfactory import (
+    OTHER_VERSION,
+    VERSION,
+    SdkSpec,
+    add_zip_entry,
+    build_archive,
+    long_name_chain,
+    manifest_digest,
+)
 
 PATH = f"/{VERSION}/v{VERSION}.zip"
 TOP = f"qairt/{VERSION}/"
@@ -950,15 +958,8 @@ def test_a_tar_whose_headers_pass_the_bounds_is_refused_before_components_are_ch
         tmp_path: Path, cache_dir: Path) -> None:
     """Each GNU long name makes tarfile read the next header from inside its own reading: 400 of
     them (a kilobyte compressed) ran Python out of stack, an "unexpected error"."""
-    chain = b""
-    for i in range(400):
-        name = f"{TOP}n{i}".encode()
-        info = tarfile.TarInfo("././@LongLink")
-        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
-        chain += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
-    last = tarfile.TarInfo(f"{TOP}sdk.yaml")
     archive = tmp_path / f"v{VERSION}.tar.gz"
-    archive.write_bytes(gzip.compress(chain + last.tobuf(tarfile.GNU_FORMAT) + bytes(1024)))
+    archive.write_bytes(gzip.compress(long_name_chain(TOP.rstrip("/"), 400)))
     result = run_qnnctl("install", VERSION, "--file", str(archive), "--components", "android")
     assert result.returncode == 4, result.stderr
     assert (f"{archive.name} is corrupt or truncated: more than 8 extended tar headers in a row"

@@ -66,6 +66,7 @@ from tests.sdkfactory import (
     build_archive,
     build_sdk_tree,
     build_two_host_archive,
+    long_name_chain,
 )
 
 TOP = PurePosixPath(f"qairt/{VERSION}")
@@ -758,14 +759,8 @@ def test_a_job_never_opened_has_nothing_to_close_or_remove(served: FaultServer, 
 def test_a_tar_whose_extended_headers_pass_the_bounds_is_refused(tmp_path: Path) -> None:
     """Each GNU long name makes tarfile read the next header from inside its own reading: 400 of
     them (a kilobyte compressed) ran Python out of stack."""
-    chain = b""
-    for i in range(400):
-        name = f"qairt/{VERSION}/n{i}".encode()
-        info = tarfile.TarInfo("././@LongLink")
-        info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(name)
-        chain += info.tobuf(tarfile.GNU_FORMAT) + name + bytes(-len(name) % tarfile.BLOCKSIZE)
     archive = tmp_path / "deep.tar"
-    archive.write_bytes(chain + tarfile.TarInfo(f"qairt/{VERSION}/sdk.yaml").tobuf(tarfile.GNU_FORMAT) + bytes(1024))
+    archive.write_bytes(long_name_chain(f"qairt/{VERSION}", 400))
     with pytest.raises(IntegrityError, match="more than 8 extended tar headers in a row"):
         tar_members(archive)
 
