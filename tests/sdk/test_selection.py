@@ -1875,3 +1875,32 @@ def test_an_sdk_named_by_path_in_a_locked_project_is_held_to_the_lock(cache_dir:
     with pytest.raises(IntegrityError) as caught:
         resolve_sdk(str(root), dict(os.environ), Path.cwd(), Cache(cache_dir))
     assert str(root) in caught.value.message
+
+
+def test_a_pin_is_read_no_further_than_a_pin_can_be(tmp_path: Path) -> None:
+    """A project's `.qnn-version` may be a link to any file: at most PIN_MOST bytes are read of it,
+    one byte more is refused naming it, and a file of gigabytes costs no more memory than that."""
+    import tracemalloc
+
+    from qnnctl.sdk.select import PIN_MOST, pin_text
+
+    pin = tmp_path / ".qnn-version"
+    text = f"{VERSION}\n" + "#" * (PIN_MOST - len(VERSION) - 2) + "\n"
+    pin.write_text(text)
+    assert pin_text(pin) == text  # exactly the most
+    pin.write_text(text + "#")
+    with pytest.raises(UsageError) as refused:
+        pin_text(pin)
+    assert (refused.value.message, refused.value.hint) == (
+        f"{pin} is larger than a pin can be ({PIN_MOST} bytes)", "fix it, or rewrite it with `qnnctl use VERSION`")
+    with open(pin, "r+b") as handle:
+        handle.truncate(1 << 30)  # a gigabyte, sparse
+    tracemalloc.start()
+    try:
+        with pytest.raises(UsageError):
+            pin_text(pin)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * PIN_MOST, peak
+
