@@ -27,7 +27,6 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -48,13 +47,12 @@ from qnnctl.host.streams import (
     Bounded,
     HashingReader,
     Passthrough,
-    bounded_headers,
+    bounded_tar,
     buffered,
     corrupt,
     decompressed,
     peek,
     read_exact,
-    tar_header,
 )
 
 if TYPE_CHECKING:
@@ -102,24 +100,18 @@ def tar_members(stream: IO[bytes], source: str) -> Iterator[Member]:
     """The members of a tar stream (plain or compressed), read once, in order."""
     stream = buffered(Passthrough(stream)) if not hasattr(stream, "peek") else stream
     plain = decompressed(stream, peek(stream, 8), source)
-    opened = partial(tarfile.open, fileobj=plain, mode="r|", tarinfo=bounded_headers())
-    with tar_header(opened) as tf:  # a stream's first header is read by open()
-        while True:
-            info = tar_header(tf.next)
-            if info is None:
-                return
-            cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
-            name = member_name(info.name)
-            if info.isreg():
-                yield Member(name, FILE, info.size, stat.S_IMODE(info.mode), "", tf.extractfile(info))
-            elif info.issym():
-                yield Member(name, SYMLINK, 0, 0o777, info.linkname)
-            elif info.islnk():
-                yield Member(name, HARDLINK, 0, stat.S_IMODE(info.mode), member_name(info.linkname))
-            elif info.isdir():
-                yield Member(name, DIRECTORY, 0, stat.S_IMODE(info.mode))
-            else:
-                yield Member(name, OTHER)
+    for tf, info in bounded_tar(fileobj=plain, mode="r|"):
+        name = member_name(info.name)
+        if info.isreg():
+            yield Member(name, FILE, info.size, stat.S_IMODE(info.mode), "", tf.extractfile(info))
+        elif info.issym():
+            yield Member(name, SYMLINK, 0, 0o777, info.linkname)
+        elif info.islnk():
+            yield Member(name, HARDLINK, 0, stat.S_IMODE(info.mode), member_name(info.linkname))
+        elif info.isdir():
+            yield Member(name, DIRECTORY, 0, stat.S_IMODE(info.mode))
+        else:
+            yield Member(name, OTHER)
 
 
 # -- ar and .deb -------------------------------------------------------------------------

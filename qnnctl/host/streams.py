@@ -14,7 +14,8 @@ import io
 import lzma
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
 
@@ -281,3 +282,16 @@ def tar_header(read: Callable[[], _T]) -> _T:
         return read()
     except ValueError as exc:
         raise tarfile.ReadError(f"bad tar header: {exc}") from None
+
+
+def bounded_tar(name: Path | None = None, fileobj: IO[bytes] | None = None, mode: str = "r|*"
+                ) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
+    """Each member of a tar read once, as a stream, in order, with its headers within the bounds
+    above (tarfile.ReadError past them), and the tar it comes from (for extractfile()); no header
+    is held once the next is read."""
+    opened = partial(tarfile.open, name, mode=mode, fileobj=fileobj, tarinfo=bounded_headers())
+    with tar_header(opened) as tf:  # a stream's first header is read by open()
+        while (info := tar_header(tf.next)) is not None:
+            cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
+            yield tf, info
+

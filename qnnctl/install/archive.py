@@ -28,13 +28,12 @@ import zipfile
 import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Protocol, cast
+from typing import IO, Protocol
 
 from qnnctl.errors import DiskSpaceError, IntegrityError
 from qnnctl.files import require_free_space
-from qnnctl.host.streams import bounded_headers, tar_header
+from qnnctl.host.streams import bounded_tar
 from qnnctl.install.confine import Link, make_links, member_path, sdk_top, unsafe
 from qnnctl.install.memberdata import COPY_BUFFER, LocalHeader, member_data, zlib_module
 from qnnctl.install.pool import Stopped, extraction_threads, in_processes, in_threads, proc_status
@@ -469,39 +468,36 @@ def _extract_tar(archive: Path, writer: Writer, choice: _Choice | None = None
     unpacked = 0
     # "r|*" streams the archive once, in order, whatever its compression; its headers within
     # bounds (an archive no one vouched for is read here: --file, --url).
-    opened = partial(tarfile.open, archive, mode="r|*", tarinfo=bounded_headers())
-    with tar_header(opened) as tf:
-        while (member := tar_header(tf.next)) is not None:
-            cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
-            name = member_path(member.name)
-            if not name.parts:
-                continue
-            names.append(name)
-            if choice is not None:
-                if not (member.isdir() or member.issym() or member.islnk() or member.isreg()):
-                    raise unsafe(f"{member.name!r} is a device or special file")
-                choice.saw(name, "dir" if member.isdir() else "link" if member.issym() else "file")
-                if name not in choice:
-                    continue
-            if member.isdir():
-                writer.directory(name, stat.S_IMODE(member.mode))
-            elif member.issym():
-                links.append(Link(name, member.linkname, hard=False))
-            elif member.islnk():
-                links.append(Link(name, member.linkname, hard=True))
-            elif member.isreg():
-                unpacked += member.size
-                if unpacked > TAR_MOST_RATIO * size:
-                    raise unsafe(f"it unpacks to more than {TAR_MOST_RATIO} times its {size} bytes, as no SDK does")
-                if unpacked > 3 * size:  # past what was asked for up front: each member as it comes
-                    require_free_space(writer.work, member.size, "extract the archive")
-                source = tf.extractfile(member)
-                if source is None:  # pragma: no cover - isreg() members always have data
-                    raise IntegrityError(f"cannot read {member.name!r} from the archive")
-                with source:
-                    writer.file(name, source, stat.S_IMODE(member.mode))
-            else:
+    for tf, member in bounded_tar(archive):
+        name = member_path(member.name)
+        if not name.parts:
+            continue
+        names.append(name)
+        if choice is not None:
+            if not (member.isdir() or member.issym() or member.islnk() or member.isreg()):
                 raise unsafe(f"{member.name!r} is a device or special file")
+            choice.saw(name, "dir" if member.isdir() else "link" if member.issym() else "file")
+            if name not in choice:
+                continue
+        if member.isdir():
+            writer.directory(name, stat.S_IMODE(member.mode))
+        elif member.issym():
+            links.append(Link(name, member.linkname, hard=False))
+        elif member.islnk():
+            links.append(Link(name, member.linkname, hard=True))
+        elif member.isreg():
+            unpacked += member.size
+            if unpacked > TAR_MOST_RATIO * size:
+                raise unsafe(f"it unpacks to more than {TAR_MOST_RATIO} times its {size} bytes, as no SDK does")
+            if unpacked > 3 * size:  # past what was asked for up front: each member as it comes
+                require_free_space(writer.work, member.size, "extract the archive")
+            source = tf.extractfile(member)
+            if source is None:  # pragma: no cover - isreg() members always have data
+                raise IntegrityError(f"cannot read {member.name!r} from the archive")
+            with source:
+                writer.file(name, source, stat.S_IMODE(member.mode))
+        else:
+            raise unsafe(f"{member.name!r} is a device or special file")
     return names, links
 
 

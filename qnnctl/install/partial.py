@@ -23,13 +23,12 @@ import shutil
 import tarfile
 import zipfile
 from collections.abc import Collection, Iterable, Mapping
-from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import require_free_space
-from qnnctl.host.streams import bounded_headers, tar_header
+from qnnctl.host.streams import bounded_tar
 from qnnctl.install.archive import MAX_LINK_TARGET, archive_kind, extract
 from qnnctl.install.commit import commit, identify, require_version, used_up
 from qnnctl.install.confine import check_links_inside, member_path, sdk_top, unsafe
@@ -123,23 +122,20 @@ def tar_members(archive: Path) -> tuple[dict[PurePosixPath, Member], dict[PurePo
     targets: dict[PurePosixPath, str] = {}
     try:
         # Its headers within bounds: an archive no one vouched for may be read here (--file).
-        opened = partial(tarfile.open, archive, mode="r|*", tarinfo=bounded_headers())
-        with tar_header(opened) as tf:
-            while (entry := tar_header(tf.next)) is not None:
-                cast(Any, tf).members.clear()  # a stream's members are not looked up again: hold none
-                path = member_path(entry.name)
-                if not path.parts:
-                    continue
-                if entry.isdir():
-                    kind = "dir"
-                elif entry.issym():
-                    kind = "link"
-                    targets[path] = entry.linkname
-                elif entry.isreg() or entry.islnk():
-                    kind = "file"
-                else:
-                    raise unsafe(f"{entry.name!r} is a device or special file")
-                members[path] = Member(path, kind)
+        for _, entry in bounded_tar(archive):
+            path = member_path(entry.name)
+            if not path.parts:
+                continue
+            if entry.isdir():
+                kind = "dir"
+            elif entry.issym():
+                kind = "link"
+                targets[path] = entry.linkname
+            elif entry.isreg() or entry.islnk():
+                kind = "file"
+            else:
+                raise unsafe(f"{entry.name!r} is a device or special file")
+            members[path] = Member(path, kind)
     except (tarfile.TarError, EOFError, OSError) as exc:
         if isinstance(exc, OSError) and not isinstance(exc, EOFError) and exc.errno is not None:
             raise
