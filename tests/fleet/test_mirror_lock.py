@@ -17,16 +17,23 @@ from tests.httpserver import FaultServer
 from tests.sdkfactory import VERSION, SdkSpec, build_archive
 
 
+def _planted(tmp_path: Path, extra: str) -> tuple[Path, Path, Path]:
+    """(the mirror's folder, its archive of VERSION, the archive copied there): an archive of
+    VERSION that is not the one locked or indexed (it holds `extra`), put in the mirror's place."""
+    (tmp_path / "another").mkdir()
+    archive = build_archive(tmp_path / "another", "zip", SdkSpec(extra_files={extra: b"x\n"}))
+    folder = tmp_path / "mirror"
+    dest = folder / VERSION / f"v{VERSION}.zip"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(archive, dest)
+    return folder, dest, archive
+
+
 def test_an_archive_found_in_the_mirror_is_held_to_the_lock(mirror: FaultServer, tmp_path: Path,
                                                             cache_dir: Path) -> None:
     locked = run_qnnctl("lock", VERSION)
     assert locked.returncode == 0, locked.stderr
-    (tmp_path / "another").mkdir()
-    other = build_archive(tmp_path / "another", "zip", SdkSpec(extra_files={"docs/not-locked.txt": b"x\n"}))
-    folder = tmp_path / "mirror"
-    dest = folder / VERSION / f"v{VERSION}.zip"
-    dest.parent.mkdir(parents=True)
-    shutil.copyfile(other, dest)
+    folder, dest, other = _planted(tmp_path, "docs/not-locked.txt")
     # As an archive you have: refused.
     added = run_qnnctl("mirror", str(tmp_path / "second"), "--file", str(other))
     assert (added.returncode, added.stdout) == (4, ""), added.stderr
@@ -77,12 +84,7 @@ def test_a_mirror_folder_another_user_could_change_is_not_indexed(how: str, mirr
                                                                   cache_dir: Path) -> None:
     """What another user put in the mirror's folder (an archive, a folder for its version) is not
     vouched for by the index that every host installs by."""
-    (tmp_path / "another").mkdir()
-    planted = build_archive(tmp_path / "another", "zip", SdkSpec(extra_files={"docs/planted.txt": b"x\n"}))
-    folder = tmp_path / "mirror"
-    dest = folder / VERSION / f"v{VERSION}.zip"
-    dest.parent.mkdir(parents=True)
-    shutil.copyfile(planted, dest)
+    folder, dest, planted = _planted(tmp_path, "docs/planted.txt")
     if how == "version folder of nobody's":
         culprit, why = dest.parent, f"belongs to user nobody (uid {_nobody()})"
         os.chown(dest.parent, _nobody(), -1)
