@@ -32,8 +32,9 @@ TARGETS: dict[str, Target] = {
     "elf": Target(("qnnctl/host/elf.py",), ("tests/host/test_elf.py", "tests/doctor/test_doctor.py")),
     # A body past the size a lock or an index pins, and a server's words shown escaped (test_endless_body,
     # test_server_words), beside the downloader's own tests.
-    "download": Target(("qnnctl/net/download.py",), ("tests/net/test_download.py", "tests/install/test_endless_body.py",
-                                                      "tests/net/test_server_words.py")),
+    "download": Target(("qnnctl/net/download.py", "qnnctl/net/body.py"),
+                       ("tests/net/test_download.py", "tests/install/test_endless_body.py",
+                        "tests/net/test_server_words.py")),
     # The links and member filter of partial installs, and doctor --verify's digests, are archive's too; so
     # are the modules split from it (its workers, one member's data, extracting while downloading, links).
     "archive": Target(("qnnctl/install/archive.py", "qnnctl/install/pool.py", "qnnctl/install/memberdata.py",
