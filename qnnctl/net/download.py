@@ -466,7 +466,7 @@ class Downloader:
             )
             meta.pop("sha256", None)
             if limit is not None and (meta["total"] or 0) > limit[0]:  # said before a byte is written
-                raise _too_long(shown, limit, f"it says the file is {meta['total']} bytes")
+                raise too_long(shown, limit, f"it says the file is {meta['total']} bytes")
             if body_length is not None:
                 require_free_space(part.parent, body_length, "download the archive")
             self._write_meta(meta_path, meta)
@@ -499,7 +499,7 @@ class Downloader:
                         digest.update(block)
                         received += len(block)
                         if limit is not None and offset + received > limit[0]:
-                            raise _too_long(shown, limit, "the body went on past them")
+                            raise too_long(shown, limit, "the body went on past them")
                         bar.update(len(block))
                         if sink is not None and received - announced >= CHUNK:
                             out.flush()
@@ -530,7 +530,7 @@ class Downloader:
             return digest.hexdigest(), size
 
 
-def _too_long(shown: str, limit: tuple[int, str], how: str) -> IntegrityError:
+def too_long(shown: str, limit: tuple[int, str], how: str) -> IntegrityError:
     size, who = limit
     return IntegrityError(
         f"{shown} sent more than {size} bytes, the size {who} ({how}): it is not that archive; the download "
