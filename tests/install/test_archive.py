@@ -660,6 +660,60 @@ def test_past_three_times_its_size_each_tar_member_is_held_to_the_free_space(
     assert caught.value.needed > free
 
 
+def _tar_that_unpacks_to(tmp_path: Path, times: int, more: int = 0) -> tuple[Path, int]:
+    """The tests' SDK as a tar.gz with a file of zeros, padded past its end (where a tar reader
+    never reads) to a size S at which its files come to exactly `times` * S bytes, and `more`."""
+    base = build_archive(tmp_path / "base", "tar.gz")
+    with tarfile.open(base) as tf:
+        files = sum(member.size for member in tf if member.isreg())
+    size = max(2 * base.stat().st_size, -(-files // times))
+    spec = SdkSpec(extra_files={"docs/zeros.bin": bytes(times * size + more - files)})
+    archive = build_archive(tmp_path / "sized", "tar.gz", spec)
+    assert archive.stat().st_size <= size
+    with open(archive, "ab") as out:
+        out.write(bytes(size - archive.stat().st_size))
+    return archive, size
+
+
+@pytest.mark.parametrize("more", [0, 1], ids=["twenty-times", "a-byte-more"])
+def test_a_tar_may_unpack_to_twenty_times_its_size_and_no_more(tmp_path: Path, more: int) -> None:
+    archive, size = _tar_that_unpacks_to(tmp_path, 20, more)
+    work = _work(tmp_path)
+    if not more:
+        assert (extract(archive, work).root / "sdk.yaml").is_file()
+        return
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, work)
+    assert caught.value.message == f"unsafe archive: it unpacks to more than 20 times its {size} bytes, as no SDK does"
+
+
+@pytest.mark.parametrize("more", [0, 1], ids=["three-times", "a-byte-more"])
+def test_past_three_times_its_size_each_tar_member_is_held_to_what_is_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: int) -> None:
+    """Three times the archive is asked for up front; once its files go past that, each member is
+    held to the free space left, from its header: a disk that filled up after the first look (here
+    nothing is left) refuses the member that goes past, and none before it."""
+    archive, _ = _tar_that_unpacks_to(tmp_path, 3, more)
+    real = shutil.disk_usage
+    looks: list[Any] = []
+
+    def usage(path: Any) -> Any:
+        looks.append(path)
+        return real(path) if len(looks) == 1 else real(path)._replace(free=0)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    work = _work(tmp_path)
+    if not more:
+        assert (extract(archive, work).root / "sdk.yaml").is_file()
+        assert len(looks) == 1
+        return
+    with pytest.raises(DiskSpaceError) as caught:
+        extract(archive, work)
+    assert caught.value.message.startswith(f"not enough free space in {work} to extract the archive: need "), \
+        caught.value.message
+    assert caught.value.free == 0
+
+
 @pytest.mark.parametrize("chain", [400, 9])
 def test_a_tar_whose_extended_headers_pass_the_bounds_is_refused_as_damaged(tmp_path: Path, chain: int) -> None:
     """Each GNU long name has tarfile read the next header from inside its own reading: 400 of
