@@ -988,7 +988,8 @@ def test_only_a_loader_with_a_libc_is_a_glibc(tmp_path: Path, cache: Cache, cach
             stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", package), force=True, use_apt=False),
                           os.environ)
         assert caught.value.message == (f"--runtime-from {package} holds none of libc++.so.1, libc++abi.so.1, "
-                                        f"libunwind.so.1, and no glibc ({LOADER} with libc.so.6)"), other
+                                        f"libunwind.so.1, and no glibc ({LOADER} with libc.so.6) (libraries of "
+                                        "another class or machine than the SDK's do not count)"), other
         assert caught.value.hint == ("give the packages, the LLVM 14 archive or a folder that hold them; "
                                      "nothing was staged")
         nothing_staged(cache_dir)
@@ -1012,6 +1013,48 @@ def test_a_glibc_behind_links_is_found_past_links_of_its_names_elsewhere(tmp_pat
     assert result.glibc.name == "glibc-2.99-local"
     assert {name: (result.glibc.root / name).read_bytes() for name in result.glibc.manifest["files"]} == {
         f"lib/{LOADER}": (glibc / LOADER).read_bytes(), "lib/libc.so.6": (glibc / "libc.so.6").read_bytes()}
+
+
+def _of_class(elf: bytes, bits: int = 32, machine: int = 3) -> bytes:
+    """`elf` with the header of another class and machine (ELFCLASS32, i386 by default): what the
+    loader reads to pass a library over."""
+    return elf[:4] + bytes([1 if bits == 32 else 2]) + elf[5:18] + machine.to_bytes(2, "little") + elf[20:]
+
+
+@pytest.mark.parametrize("foreign_in", ["usr/lib", "lib64"], ids=["multilib-usr-lib", "a-folder-looked-in-first"])
+def test_a_glibc_of_another_class_is_passed_over_as_the_loader_passes_it(tmp_path: Path, cache: Cache,
+                                                                       foreign_in: str) -> None:
+    """A multilib tree: a 32-bit libc comes first in the archive, the x86-64 one after it. A libc
+    of another class or machine than the loader's is passed over, as the loader passes it over:
+    the x86-64 libc is staged, beside the x86-64 loader, never the other."""
+    glibc = fake_glibc(tmp_path / "glibc", "2.99")
+    libc = (glibc / "libc.so.6").read_bytes()
+    archive = tmp_path / "sysroot.tar.xz"
+    archive.write_bytes(tar_bytes([
+        Entry(f"./{foreign_in}/libc.so.6", _of_class(libc), mode=0o755),
+        Entry(f"./{foreign_in}/libm.so.6", _of_class(libc), mode=0o755),  # a 32-bit library alone
+        Entry(f"./usr/lib64/{LOADER}", (glibc / LOADER).read_bytes(), mode=0o755),
+        Entry("./usr/lib64/libc.so.6", libc, mode=0o755),
+    ]))
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False), os.environ)
+    assert result.glibc is not None
+    assert result.glibc.name == "glibc-2.99-local"
+    assert {name: (result.glibc.root / name).read_bytes() for name in result.glibc.manifest["files"]} == {
+        f"lib/{LOADER}": (glibc / LOADER).read_bytes(), "lib/libc.so.6": libc}
+
+
+def test_a_trio_of_another_machine_is_no_trio(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """An i386 package's libc++ (ELFCLASS32, EM_386) is no library the SDK's can load: a source that
+    holds only that holds none of the trio, and says why."""
+    given = tmp_path / "i386"
+    for soname, data in stub_trio(tmp_path / "stubs").items():
+        given.mkdir(exist_ok=True)
+        (given / soname).write_bytes(_of_class(data))
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+    assert caught.value.message.startswith(f"--runtime-from {given} holds none of libc++.so.1, ")
+    assert caught.value.message.endswith("(libraries of another class or machine than the SDK's do not count)")
+    nothing_staged(cache_dir)
 
 
 def test_a_folder_is_read_past_what_it_holds_of_no_use(tmp_path: Path, cache: Cache) -> None:
