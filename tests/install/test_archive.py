@@ -660,6 +660,17 @@ def test_past_three_times_its_size_each_tar_member_is_held_to_the_free_space(
     assert caught.value.needed > free
 
 
+def test_a_file_that_starts_as_an_empty_zip_is_read_as_a_zip_and_refused_as_damaged(tmp_path: Path) -> None:
+    """Its first bytes are a zip's end record (a zip of no member starts so), then a megabyte of
+    something else: told as a damaged zip, not as no archive at all."""
+    archive = tmp_path / "v.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18) + b"\xff" * (1 << 20))
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message.endswith("v.zip is corrupt or truncated: no end of central directory record: not a "
+                                         "zip archive, or cut short"), caught.value.message
+
+
 def _tar_that_unpacks_to(tmp_path: Path, times: int, more: int = 0) -> tuple[Path, int]:
     """The tests' SDK as a tar.gz with a file of zeros, padded past its end (where a tar reader
     never reads) to a size S at which its files come to exactly `times` * S bytes, and `more`."""
