@@ -28,10 +28,13 @@ def blocks(response: requests.Response, size: int, check: Callable[[int], None])
     and hashed is what came. No decompression bomb of a hostile server is ever inflated here."""
     block = bytearray()
     while piece := response.raw.read1(size - len(block), decode_content=False):
-        block += piece
-        if len(block) == size:
-            yield bytes(block)
-            block.clear()
+        if len(piece) == size:  # a whole block at once, as most reads bring it: not copied again
+            yield piece
+        else:
+            block += piece
+            if len(block) == size:
+                yield bytes(block)
+                block.clear()
         check(len(piece))
     if block:
         yield bytes(block)

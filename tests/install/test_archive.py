@@ -25,7 +25,7 @@ import pytest
 
 import qnnctl.install.archive
 import qnnctl.install.pool
-from qnnctl.errors import DiskSpaceError, IntegrityError
+from qnnctl.errors import DiskSpaceError, IntegrityError, NoHostLibrariesError
 from qnnctl.files import space_margin
 from qnnctl.install.archive import extract
 from qnnctl.install.memberdata import COPY_BUFFER, crc32_digest, digest_matches
@@ -658,6 +658,40 @@ def test_past_three_times_its_size_each_tar_member_is_held_to_the_free_space(
     assert caught.value.free == free
     assert caught.value.needed is not None
     assert caught.value.needed > free
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar"])
+def test_an_archive_with_another_hosts_libraries_only_holds_no_sdk_for_this_host(tmp_path: Path, fmt: str) -> None:
+    """Linux aarch64's libraries alone (as an SDK built for an aarch64 board ships them): not "no
+    SDK", but none for this host, named, with the host's folder and exit 5."""
+    archive = tmp_path / f"v{VERSION}.{fmt}"
+    name = f"{TOP}/lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so"
+    if fmt == "zip":
+        with zipfile.ZipFile(archive, "w") as zf:
+            add_zip_entry(zf, name, b"\x7fELF", stat.S_IFREG | 0o644)
+    else:
+        with tarfile.open(archive, "w") as tf:
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tf.addfile(info, io.BytesIO(b"\x7fELF"))
+    with pytest.raises(NoHostLibrariesError) as caught:
+        extract(archive, _work(tmp_path))
+    assert (caught.value.message, caught.value.hint, caught.value.exit_code) == (
+        "the archive has host libraries for Linux aarch64 (lib/aarch64-oe-linux-gcc11.2/) only, none for this Linux "
+        "x86_64 host (lib/x86_64-linux-clang/)",
+        "use an SDK archive with lib/x86_64-linux-clang/ (QAIRT 2.47 or newer for Linux aarch64), or install it on "
+        "one of the hosts it has libraries for", 5)
+
+
+def test_a_file_that_starts_as_an_empty_zip_is_read_as_a_zip_and_refused_as_damaged(tmp_path: Path) -> None:
+    """Its first bytes are a zip's end record (a zip of no member starts so), then a megabyte of
+    something else: told as a damaged zip, not as no archive at all."""
+    archive = tmp_path / "v.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18) + b"\xff" * (1 << 20))
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message.endswith("v.zip is corrupt or truncated: no end of central directory record: not a "
+                                         "zip archive, or cut short"), caught.value.message
 
 
 def _tar_that_unpacks_to(tmp_path: Path, times: int, more: int = 0) -> tuple[Path, int]:

@@ -635,6 +635,20 @@ def test_opening_reads_the_end_of_the_archive_and_its_directory(job: RangedInsta
     assert list((cache_dir / "downloads").iterdir()) == []
 
 
+def _refused_opening(server: FaultServer, cache: Cache, work: Path,
+                     limit: tuple[int, str] = UNPINNED) -> IntegrityError:
+    """What opening the archive `server` serves is refused with; the job closed and removed."""
+    job = _job(server, cache, work)
+    try:
+        with pytest.raises(IntegrityError) as caught:
+            job.open(limit)
+        assert job.sparse is None or job.records is None
+    finally:
+        job.close()
+        job.remove()
+    return caught.value
+
+
 def test_a_central_directory_larger_than_any_sdks_is_refused_before_it_is_fetched(
         server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     """The end records say where the directory is and how long: a server's word, read before
@@ -643,16 +657,16 @@ def test_a_central_directory_larger_than_any_sdks_is_refused_before_it_is_fetche
     claimed = 96 << 20
     end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, claimed, 0, 0)
     server.add(PATH, bytes(claimed) + end)
-    job = _job(server, Cache(cache_dir), tmp_path / "work")
-    try:
-        with pytest.raises(IntegrityError) as caught:
-            job.open(UNPINNED)
-    finally:
-        job.close()
-        job.remove()
-    assert caught.value.message == (f"unsafe archive: its central directory of {claimed} bytes is larger than any "
-                                    f"SDK's (at most {64 << 20})")
+    refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work")
+    assert refused.message == (f"unsafe archive: its central directory of {claimed} bytes is larger than any "
+                               f"SDK's (at most {64 << 20})")
     assert server.bytes_served(PATH) < 1 << 20, server.bytes_served(PATH)
+
+
+def _end_of(said: int, tail: int = 16 << 10) -> Fault:
+    """The answer to the probe of an archive that the server says is `said` bytes long."""
+    return Fault.raw(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\nContent-Length: %d\r\n\r\n"
+                     % (said - tail, said - 1, said, tail) + bytes(tail))
 
 
 @pytest.mark.parametrize("said", [MOST_ARCHIVE + 1, 1 << 62], ids=["a-byte-past-the-most", "2**62"])
@@ -661,36 +675,18 @@ def test_an_archive_said_to_be_longer_than_the_size_allowed_is_refused_before_a_
     """The probe's Content-Range names the archive's size: a server's word, held to the size pinned
     (or the most any archive is) before the sparse file is made. A sparse file of 2**62 bytes once
     ended in "cannot use: File too large", and one of 16 GiB would have been kept."""
-    tail = 16 << 10
     server.add(PATH, b"")
-    server.fail(PATH, Fault.raw(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
-                                b"Content-Length: %d\r\n\r\n" % (said - tail, said - 1, said, tail) + bytes(tail)))
-    job = _job(server, Cache(cache_dir), tmp_path / "work")
-    try:
-        with pytest.raises(IntegrityError) as caught:
-            job.open(UNPINNED)
-    finally:
-        job.close()
-        job.remove()
-    url = server.url(PATH)
-    assert caught.value.message == (
-        f"{url} sent more than {MOST_ARCHIVE} bytes, the size qnnctl takes as the most any SDK archive is (it says "
-        f"the file is {said} bytes): it is not that archive; the download was stopped and removed, and nothing was "
-        "installed")
-    assert job.sparse is None
+    server.fail(PATH, _end_of(said))
+    refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work")
+    assert refused.message == (
+        f"{server.url(PATH)} sent more than {MOST_ARCHIVE} bytes, the size qnnctl takes as the most any SDK archive "
+        f"is (it says the file is {said} bytes): it is not that archive; the download was stopped and removed, and "
+        "nothing was installed")
     assert not any((cache_dir / "downloads").glob("*.sparse*"))
-    pinned = (1 << 20, "the lock pins")
-    job = _job(server, Cache(cache_dir), tmp_path / "work")
-    server.fail(PATH, Fault.raw(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
-                                b"Content-Length: %d\r\n\r\n" % ((1 << 20) + 1 - tail, 1 << 20, (1 << 20) + 1, tail)
-                                + bytes(tail)))
-    try:
-        with pytest.raises(IntegrityError, match=rf"more than {1 << 20} bytes, the size the lock pins \(it says the "
-                           rf"file is {(1 << 20) + 1} bytes\)"):
-            job.open(pinned)
-    finally:
-        job.close()
-        job.remove()
+    server.fail(PATH, _end_of((1 << 20) + 1))
+    refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work", (1 << 20, "the lock pins"))
+    assert f"more than {1 << 20} bytes, the size the lock pins (it says the file is {(1 << 20) + 1} bytes)" \
+        in refused.message
 
 
 def test_an_end_record_further_than_the_first_read_is_fetched(server: FaultServer, cache_dir: Path,

@@ -1389,6 +1389,10 @@ def test_the_pace_is_counted_in_windows() -> None:
         pace(0)
     assert str(caught.value) == "less than 100 B came in 10 s"
     assert isinstance(caught.value, BodyBroke)
+    first = Pace(100, 10.0, clock=lambda: now[0])  # the first window counts from nothing too
+    now[0] += 10.0
+    with pytest.raises(TooSlow):
+        first(99)
     quick = Pace(1 << 20, 0.5, clock=lambda: now[0])
     now[0] += 0.5
     with pytest.raises(TooSlow, match=r"^less than 1\.0 MiB came in 0\.5 s$"):
@@ -1400,33 +1404,14 @@ def test_a_download_keeps_at_least_64_kib_a_minute_unless_told_otherwise(tmp_pat
     assert Downloader(make_session(), tmp_path).slowest == (64 << 10, 60.0)
 
 
-def test_a_body_is_kept_as_it_was_sent_never_decoded(tmp_path: Path) -> None:
+def test_a_body_is_kept_as_it_was_sent_never_decoded(server: FaultServer, tmp_path: Path) -> None:
     """A server that encodes the archive although qnnctl asks for it as stored: what is kept and
     hashed is what came, which the archive's checks then refuse; nothing is inflated here."""
     import gzip
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     sent = gzip.compress(b"PK\x03\x04" + b"\0" * (1 << 20))
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/zip")
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(sent)))
-            self.end_headers()
-            self.wfile.write(sent)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/{NAME}"
-        fetched = _paced(tmp_path, Sleeps(), (8 << 10, 60.0)).fetch([url], NAME)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    server.add(PATH, b"")
+    server.fail(PATH, Fault.raw(b"HTTP/1.1 200 OK\r\nContent-Type: application/zip\r\nContent-Encoding: gzip\r\n"
+                                b"Content-Length: %d\r\n\r\n" % len(sent) + sent))
+    fetched = _paced(tmp_path, Sleeps(), (8 << 10, 60.0)).fetch([server.url(PATH)], NAME)
     assert (fetched.path.read_bytes(), fetched.sha256, fetched.size) == (sent, _sha256(sent), len(sent))
