@@ -96,7 +96,7 @@ def test_hashing_reader_returns_what_has_arrived_without_waiting_for_more() -> N
         theirs.sendall(b"y" * 10)
         hashing = HashingReader(ours.makefile("rb"), deadline=time.monotonic() + 600)
         assert hashing.read(COPY_BUFFER) == b"y" * 10
-        hashing.deadline = time.monotonic()
+        hashing.deadline = time.monotonic() - 1
         theirs.sendall(b"z" * 5)
         with pytest.raises(Late) as late:
             hashing.read(COPY_BUFFER)
@@ -180,18 +180,22 @@ def test_each_compression_is_read_by_its_first_bytes(packed: object) -> None:
 
 
 def damaged(data: bytes) -> bytes:
-    return data[:10] + b"\0" * 20 + data[30:]
+    return data[:8] + b"\xff" * 20 + data[28:]
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    (damaged(bz2.compress(PLAIN)), "p.tar is corrupt or truncated: bzip2: Invalid data stream"),
-    (compress(PLAIN, "zst")[:8] + b"\xff" * 20 + compress(PLAIN, "zst")[28:],
-     "p.tar is corrupt or truncated: zstd: zstd decompress error: Data corruption detected"),
-], ids=["bzip2", "zstd"])
-def test_damaged_data_is_an_integrity_error_naming_the_package_and_codec(data: bytes, message: str) -> None:
+@pytest.mark.parametrize(("codec", "message"), [
+    ("bz2", "p.tar is corrupt or truncated: bzip2: Invalid data stream"),
+    ("zst", "p.tar is corrupt or truncated: zstd: zstd decompress error: Data corruption detected"),
+])
+def test_damaged_data_is_an_integrity_error_naming_the_package_and_codec(codec: str, message: str) -> None:
+    data = damaged(compress(PLAIN, codec))
     with pytest.raises(IntegrityError) as caught:
         decompressed(io.BufferedReader(io.BytesIO(data)), data[:8], "p.tar").read()
-    assert caught.value.message == message
+    if codec == "zst" and sys.version_info >= (3, 14):  # compression.zstd's own words follow
+        message = "p.tar is corrupt or truncated: zstd: "
+        assert caught.value.message.startswith(message)
+    else:
+        assert caught.value.message == message
     assert caught.value.hint == "download it again or get it from a trusted source; nothing was staged"
 
 
