@@ -22,6 +22,7 @@ import tracemalloc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,7 +170,7 @@ def rpm_header(tags: Sequence[tuple[int, int, object]]) -> bytes:
             store += b"\x00" * (-len(store) % 4)
             ints = list(value) if isinstance(value, list) else [value]
             data, count = struct.pack(f">{len(ints)}I", *ints), len(ints)
-        elif kind == _STRING_ARRAY:
+        elif kind == _STRING_ARRAY or isinstance(value, list):  # a list as a string: its count, 0 too
             strings = value if isinstance(value, list) else [value]
             data, count = b"".join(str(s).encode() + b"\x00" for s in strings), len(strings)
         else:
@@ -657,3 +658,87 @@ def test_links_kept_cost_names_not_bytes(tmp_path: Path) -> None:
                 "p.tar.xz", LIMITED)
     assert caught.value.message == ("p.tar.xz holds more than 1000 bytes in the names and link targets"
                                     " qnnctl keeps of it: more than the package it stands for could")
+
+
+def tar_of_each_kind() -> bytes:
+    """The first member's name begins as a bzip2 stream does: read as the plain tar it is."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tf:
+        for name, kind, mode, link, data in [
+            ("BZh91AY&SY notes", tarfile.REGTYPE, 0o750, "", b"run"),
+            ("./usr/lib/link", tarfile.SYMTYPE, 0o644, "../x", b""),
+            ("./usr/lib/hard", tarfile.LNKTYPE, 0o640, "./BZh91AY&SY notes", b""),
+            ("./usr/share/", tarfile.DIRTYPE, 0o750, "", b""),
+            ("./dev/fifo", tarfile.FIFOTYPE, 0o600, "", b""),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.linkname, info.size = kind, mode, link, len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return compress(buffer.getvalue(), "xz")
+
+
+def test_tar_members_yield_each_kind_as_stored() -> None:
+    assert seen(tar_members(io.BytesIO(tar_of_each_kind()), "p.tar.xz")) == [
+        ("BZh91AY&SY notes", FILE, 3, 0o750, "", b"run"),
+        ("usr/lib/link", SYMLINK, 0, 0o777, "../x", None),
+        ("usr/lib/hard", HARDLINK, 0, 0o640, "BZh91AY&SY notes", None),
+        ("usr/share", DIRECTORY, 0, 0o750, "", None),
+        ("dev/fifo", OTHER, 0, 0o644, "", None),
+    ]
+
+
+def rpm_cut(path: Path, end: Callable[[bytes, int], int], **kwargs: Any) -> Path:
+    """An RPM cut to `end(its bytes, where its payload starts)` bytes."""
+    build_rpm(path, "glibc", "2.36", "1", rpm_tree(), **kwargs)
+    data = path.read_bytes()
+    path.write_bytes(data[: end(data, rpm_info_of(path).payload_offset)])
+    return path
+
+
+def rpm_changed(path: Path, at: int, byte: bytes) -> Path:
+    build_rpm(path, "glibc", "2.36", "1", rpm_tree())
+    data = bytearray(path.read_bytes())
+    data[at : at + len(byte)] = byte
+    path.write_bytes(bytes(data))
+    return path
+
+
+def header_start(path: Path) -> int:
+    """Where an RPM's header (after the lead and signature) starts."""
+    data = path.read_bytes()
+    return data.index(b"\x8e\xad\xe8\x01", 100)
+
+
+@pytest.mark.parametrize(("build", "error", "said"), [
+    (lambda p: rpm_cut(p, lambda d, end: 50), UsageError, "p.rpm is not an RPM package"),
+    (lambda p: rpm_cut(p, lambda d, end: 96), IntegrityError,
+     "p.rpm is corrupt or truncated: the RPM header runs past the end of the file"),
+    (lambda p: rpm_cut(p, lambda d, end: 98), IntegrityError,
+     "p.rpm is corrupt or truncated: the RPM header runs past the end of the file"),
+    (lambda p: rpm_cut(p, lambda d, end: end - 1), IntegrityError,
+     "p.rpm is corrupt or truncated: the RPM header runs past the end of the file"),
+    (lambda p: rpm_changed(p, 4, b"\x02"), UsageError, "p.rpm: RPM format 2 is too old to read"),
+    (lambda p: rpm_changed(p, 99, b"\x02"), IntegrityError, "p.rpm is corrupt or truncated: bad RPM header magic"),
+    (lambda p: rpm_changed(p, header_start(build_rpm(p, "glibc", "2.36", "1", rpm_tree())) + 3, b"\x02"),
+     IntegrityError, "p.rpm is corrupt or truncated: bad RPM header magic"),
+    (lambda p: build_rpm(p, "glibc", "2.36", "1", rpm_tree(), tags={1000: (_STRING, [])}), IntegrityError,
+     "p.rpm is corrupt or truncated: bad RPM header: AssertionError"),
+    (lambda p: build_rpm(p, "glibc", "2.36", "1", rpm_tree(), tags={1124: (_STRING, "drpm")}), UsageError,
+     "p.rpm: RPM payload format 'drpm' is not supported"),
+], ids=["short", "lead-only", "half-magic", "header-short-by-one", "old-format", "signature-magic",
+        "header-magic", "string-of-none", "not-cpio"])
+def test_rpm_info_refuses_what_it_cannot_read(tmp_path: Path, build: Callable[[Path], Path],
+                                              error: type[QnnctlError], said: str) -> None:
+    rpm = build(tmp_path / "p.rpm")
+    with pytest.raises(error) as caught:
+        rpm_info_of(rpm)
+    assert type(caught.value) is error
+    assert caught.value.message == said
+
+
+def test_rpm_payload_digest_is_kept_only_when_sha256(tmp_path: Path) -> None:
+    md5 = build_rpm(tmp_path / "md5.rpm", "glibc", "2.36", "1", rpm_tree(), payload_digest="AB" * 16,
+                    tags={5093: (_INT32, [1])})
+    assert rpm_info_of(md5).payload_sha256 is None
+    upper = build_rpm(tmp_path / "upper.rpm", "glibc", "2.36", "1", rpm_tree(), payload_digest="AB" * 32)
+    assert rpm_info_of(upper).payload_sha256 == "ab" * 32
