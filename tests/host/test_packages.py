@@ -64,7 +64,7 @@ pytestmark = pytest.mark.stdlib
 def ar_archive(members: Sequence[tuple[str, bytes]]) -> bytes:
     out = bytearray(b"!<arch>\n")
     for name, data in members:
-        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode()
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode(errors="surrogateescape")
         out += data
         if len(data) % 2:
             out += b"\n"
@@ -340,8 +340,10 @@ def test_truncated_deb_is_an_integrity_error(tmp_path: Path) -> None:
     deb = build_deb(tmp_path / "p.deb", "x", "1", TREE)
     data = deb.read_bytes()
     deb.write_bytes(data[: len(data) - 40])
-    with pytest.raises(IntegrityError, match="runs past the end"):
+    with pytest.raises(IntegrityError) as caught:
         list(deb_members(deb))
+    assert caught.value.message == ("p.deb is corrupt or truncated: ar member 'data.tar.xz' runs past"
+                                    " the end of the file")
 
 
 def test_damaged_data_tar_is_an_integrity_error(tmp_path: Path) -> None:
@@ -365,8 +367,9 @@ def test_bad_ar_header_is_an_integrity_error(tmp_path: Path) -> None:
 def test_not_a_package_is_a_usage_error(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("hello\n" * 100)
-    with pytest.raises(UsageError, match=r"not a \.deb, \.rpm or tar"):
+    with pytest.raises(UsageError) as caught:
         list(package_members(path))
+    assert caught.value.message == f"{path} is not a .deb, .rpm or tar archive"
 
 
 def test_tar_archive_members(tmp_path: Path) -> None:
@@ -520,6 +523,8 @@ def test_cpio_members_yield_each_kind_as_stored() -> None:
         ("./usr/share/", stat.S_IFDIR | 0o750, b"", 5, 2),
         ("./dev/fifo", stat.S_IFIFO | 0o600, b"", 6, 1),
         ("./usr/lib/caf\udce9X", stat.S_IFREG | 0o644, b"x", 7, 1),  # not UTF-8, ends in "X"
+        ("./X11/a\x00b", stat.S_IFREG | 0o644, b"y", 10, 1),  # a NUL inside the name is dropped
+        (".", stat.S_IFDIR | 0o755, b"", 11, 2),
         # Two hard-linked pairs, interleaved: each empty name repeats its own inode's data.
         ("./a1", stat.S_IFREG | 0o640, b"", 8, 2),
         ("./b1", stat.S_IFREG | 0o604, b"", 9, 2),
@@ -534,6 +539,8 @@ def test_cpio_members_yield_each_kind_as_stored() -> None:
         ("usr/share", DIRECTORY, 0, 0o750, "", None),
         ("dev/fifo", OTHER, 0, 0o644, "", None),
         ("usr/lib/caf\udce9X", FILE, 1, 0o644, "", b"x"),
+        ("X11/ab", FILE, 1, 0o644, "", b"y"),
+        ("", DIRECTORY, 0, 0o755, "", None),
         ("a2", FILE, 2, 0o640, "", b"AA"),
         ("a1", HARDLINK, 0, 0o640, "a2", None),
         ("b2", FILE, 3, 0o604, "", b"BBB"),
@@ -742,3 +749,89 @@ def test_rpm_payload_digest_is_kept_only_when_sha256(tmp_path: Path) -> None:
     assert rpm_info_of(md5).payload_sha256 is None
     upper = build_rpm(tmp_path / "upper.rpm", "glibc", "2.36", "1", rpm_tree(), payload_digest="AB" * 32)
     assert rpm_info_of(upper).payload_sha256 == "ab" * 32
+
+
+def test_ar_members_skip_a_symbol_table_and_keep_empty_members(tmp_path: Path) -> None:
+    path = tmp_path / "x.a"
+    path.write_bytes(ar_archive([("/", b"\x00" * 4), ("empty", b""), ("caf\udce9", b"ab"), ("last", b"xyz")]))
+    with open(path, "rb") as handle:
+        assert [(m.name, m.size) for m in ar_members(handle, "x.a")] == [
+            ("empty", 0), ("caf\udce9", 2), ("last", 3)]
+
+
+@pytest.mark.parametrize(("data", "error", "said"), [
+    (ar_archive([("a", b"12"), ("last", b"xyz")])[:-2], IntegrityError,  # the pad, and a byte of "xyz"
+     "x.a is corrupt or truncated: ar member 'last' runs past the end of the file"),
+    (b"!<arch>\r" + b"\x00" * 60, UsageError, "x.a is not an ar archive (.deb)"),
+], ids=["one-byte-short", "not-ar"])
+def test_ar_members_refuse(tmp_path: Path, data: bytes, error: type[QnnctlError], said: str) -> None:
+    path = tmp_path / "x.a"
+    path.write_bytes(data)
+    with open(path, "rb") as handle, pytest.raises(error) as caught:
+        ar_members(handle, "x.a")
+    assert caught.value.message == said
+
+
+def deb_version_3(path: Path) -> Path:
+    path.write_bytes(ar_archive([("debian-binary", b"3.0\n"), ("control.tar.gz", tar_bytes([], "gz")),
+                                 ("data.tar.gz", tar_bytes([], "gz"))]))
+    return path
+
+
+def deb_with_control(path: Path, control: bytes, compression: str = "gz") -> Path:
+    control_tar = tar_bytes([Entry("./"), Entry("./control", control)], compression) if control else \
+        tar_bytes([Entry("./md5sums", b"")], compression)
+    return build_deb(path, "x", "1", TREE, control_member=control_tar)
+
+
+def test_deb_info_takes_fields_as_they_are(tmp_path: Path) -> None:
+    bare = deb_info(deb_with_control(tmp_path / "bare.deb", b"Description: no name\n"))
+    assert (bare.package, bare.version, bare.architecture) == ("", "", "")
+    odd = deb_info(deb_with_control(tmp_path / "odd.deb", b"Package: caf\xe9\nVersion: 1\n"))
+    assert (odd.package, odd.version) == ("caf\ufffd", "1")
+    # Only the first MiB of a control file is read.
+    long = b"Package: big\nDescription: " + b"x" * (1 << 20) + b"\nVersion: 2\n"
+    big = deb_info(deb_with_control(tmp_path / "big.deb", long))
+    assert (big.package, big.version) == ("big", "")
+
+
+@pytest.mark.parametrize(("build", "error", "said"), [
+    (lambda p: deb_with_control(p, b""), IntegrityError,
+     "p.deb is corrupt or truncated: control.tar holds no control file"),
+    (lambda p: build_deb(p, "x", "1", TREE, control_member=gzip.compress(b"not a tar" * 200)), IntegrityError,
+     "p.deb is corrupt or truncated: invalid header"),
+    (lambda p: deb_with_control(p, b"Package: x\n", "zst"), QnnctlError,
+     "p.deb is compressed with zstd, and Python here has no zstd module"),
+    (lambda p: deb_version_3(p), UsageError,
+     "p.deb: unsupported .deb format version"),
+], ids=["no-control", "not-a-tar", "zstd", "version-3"])
+def test_deb_info_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: Callable[[Path], Path],
+                          error: type[QnnctlError], said: str) -> None:
+    deb = build(tmp_path / "p.deb")
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    monkeypatch.setitem(sys.modules, "compression.zstd", None)
+    with pytest.raises(error) as caught:
+        deb_info(deb)
+    assert type(caught.value) is error
+    assert caught.value.message == said
+
+
+def test_rpm_without_payload_has_its_header_read_to_the_last_byte(tmp_path: Path) -> None:
+    rpm = rpm_cut(tmp_path / "p.rpm", lambda d, end: end)
+    assert rpm_info_of(rpm).payload_offset == rpm.stat().st_size
+
+
+def test_collect_writes_into_a_folder_made_or_there_already(tmp_path: Path) -> None:
+    big = b"\x7fELF" + bytes(range(256)) * 5000  # more than one block of copying
+    data = tar_bytes([Entry("lib/a.so.1", big, mode=0o755)])
+    for dest in (tmp_path / "new" / "deeper", tmp_path):
+        found = collect(tar_members(io.BytesIO(data), "p.tar.xz"), is_lib, dest, "p.tar.xz")
+        kept = found.files["lib/a.so.1"]
+        assert (kept.path.read_bytes(), kept.size, kept.mode) == (big, len(big), 0o755)
+
+
+def test_a_member_shorter_than_it_says_is_corrupt(tmp_path: Path) -> None:
+    short = Member("lib/a.so.1", FILE, 5, 0o644, "", io.BytesIO(b"abc"))
+    with pytest.raises(IntegrityError) as caught:
+        collect([short], is_lib, tmp_path / "out", "p.tar.xz")
+    assert caught.value.message == "p.tar.xz is corrupt or truncated: lib/a.so.1: 3 of 5 bytes"
