@@ -1389,6 +1389,10 @@ def test_the_pace_is_counted_in_windows() -> None:
         pace(0)
     assert str(caught.value) == "less than 100 B came in 10 s"
     assert isinstance(caught.value, BodyBroke)
+    first = Pace(100, 10.0, clock=lambda: now[0])  # the first window counts from nothing too
+    now[0] += 10.0
+    with pytest.raises(TooSlow):
+        first(99)
     quick = Pace(1 << 20, 0.5, clock=lambda: now[0])
     now[0] += 0.5
     with pytest.raises(TooSlow, match=r"^less than 1\.0 MiB came in 0\.5 s$"):

@@ -124,9 +124,12 @@ TARGETS: dict[str, Target] = {
                        "tests/host/test_runtime_integration.py")),
     # What a .deb, an RPM, a tar and LLVM's archive may hold before their bytes are read (header bounds,
     # member counts, sizes, names), and the hashing, bounded reads they come through: real archives built
-    # in the tests' process, damaged and hostile ones (test_package_damage).
+    # in the tests' process, damaged and hostile ones (test_package_damage), and the packages staging
+    # reads (test_runtime: .debs, RPMs, tars and folders given with --runtime-from, in the tests' process),
+    # and the streams' readers alone, on real streams, at and past their bounds (test_streams).
     "packages": Target(("qnnctl/host/packages.py", "qnnctl/host/streams.py"),
-                       ("tests/host/test_packages.py", "tests/host/test_package_damage.py")),
+                       ("tests/host/test_packages.py", "tests/host/test_package_damage.py",
+                        "tests/host/test_runtime.py", "tests/host/test_streams.py")),
     # adb's answers and a device's files, each bounded, against a stand-in adb that behaves as the real
     # one does, failures included.
     "adb": Target(("qnnctl/device/adb.py",), ("tests/device/test_device_bounds.py", "tests/device/test_device.py")),
