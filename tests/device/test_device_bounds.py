@@ -129,3 +129,10 @@ def test_adbs_own_words_for_a_failure(stderr: str, stdout: str, said: str) -> No
 
     proc = subprocess.CompletedProcess(["adb"], 7, stdout, stderr)
     assert adb._adb_message(proc) == said
+
+
+def test_a_device_file_that_cannot_be_read_is_named_with_what_the_device_said(phones: Phones) -> None:
+    phones.add("R5CT1")
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/none")
+    assert caught.value.message == "cannot read R5CT1:/data/none: cat: /data/none: No such file or directory"
