@@ -22,7 +22,7 @@ from qnnctl.doctor.diagnose import run_checks
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
 from tests.device.test_device import V2_51, make_sdk
-from tests.phones import BUILD_2_47, Phones, fake_library
+from tests.phones import BUILD_2_47, BUILD_2_51, Phones, fake_library
 
 
 def device(serial: str) -> Device:
@@ -88,3 +88,51 @@ def test_a_push_to_a_device_that_stopped_answering_is_stopped_in_time(
                         caught.value.message), caught.value.message
     folder = phones.path("R5CT1", plan.dest)
     assert sorted(p.name for p in folder.iterdir()) == ["libQnnHtp.so.qnnctl-part"]  # half of it, not in place
+
+
+def test_doctor_reads_no_more_than_64_of_a_phones_own_libraries(tmp_path: Path, phones: Phones) -> None:
+    """Each preinstalled libQnn* is read whole for its build: a phone (or what answers in its place)
+    that lists thousands kept doctor reading one after the other. The first 64 are read, the rest
+    counted, and doctor says they were not read."""
+    sdk = make_sdk(tmp_path)
+    root = phones.add("R5CT1", soc="SM8750")
+    for i in range(64 + 6):  # all of the host SDK's build
+        (root / "vendor" / "lib64" / f"libQnnX{i:03d}.so").write_bytes(fake_library("libQnnHtp.so", BUILD_2_51))
+    phones.clear_calls()
+    ctx = Context(spec=str(sdk), environ=dict(os.environ), cwd=Path.cwd(), offline=True, device="")
+    found = {r.id: r for r in run_checks(ctx, DEVICE_CHECKS)}["device.preinstalled"]
+    assert found.status == "warn"
+    assert found.detail.startswith("preinstalled 6 more libQnn* (not read: qnnctl reads the first 64), not the host "
+                                   f"SDK's {BUILD_2_51.removeprefix('v')}: they load instead"), found.detail
+    read = sorted(m for c in phones.calls() for a in c for m in re.findall(r"/vendor/lib64/libQnnX\d+\.so", a))
+    assert read == [f"/vendor/lib64/libQnnX{i:03d}.so" for i in range(64)]
+    for i in range(64, 70):
+        (root / "vendor" / "lib64" / f"libQnnX{i:03d}.so").unlink()
+    found = {r.id: r for r in run_checks(ctx, DEVICE_CHECKS)}["device.preinstalled"]
+    assert (found.status, found.detail) == ("ok", f"64 preinstalled libQnn* of build {BUILD_2_51.removeprefix('v')}, "
+                                                  "the host SDK's")
+
+
+@pytest.mark.parametrize(("stderr", "stdout", "said"), [
+    ("* daemon started successfully\nerror: no devices/emulators found\n", "", "error: no devices/emulators found"),
+    ("", "pushing...\nadb: error: failed to copy 'a' to '/b': No space left\n",
+     "adb: error: failed to copy 'a' to '/b': No space left"),
+    ("* daemon started successfully\nadb: unknown command foo\n", "", "adb: unknown command foo"),
+    ("first words", "second words\n", "first words"),  # stderr's last line and stdout's first stay apart
+    ("", "\n  only this  \n", "only this"),
+    ("", "", "exit status 7"),
+    ("error: \x1b]0;title\x07\n", "", "error: \\x1b]0;title\\x07"),
+], ids=["error", "adb-error", "adb", "no-error-line", "stripped", "nothing", "escaped"])
+def test_adbs_own_words_for_a_failure(stderr: str, stdout: str, said: str) -> None:
+    """Its first error line (stderr's first), else its first line, else its exit status; escaped."""
+    import subprocess
+
+    proc = subprocess.CompletedProcess(["adb"], 7, stdout, stderr)
+    assert adb._adb_message(proc) == said
+
+
+def test_a_device_file_that_cannot_be_read_is_named_with_what_the_device_said(phones: Phones) -> None:
+    phones.add("R5CT1")
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/none")
+    assert caught.value.message == "cannot read R5CT1:/data/none: cat: /data/none: No such file or directory"
