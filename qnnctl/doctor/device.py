@@ -33,6 +33,9 @@ from qnnctl.words import plural, printable
 # Where a phone keeps libraries of its own that load before the pushed ones unless the pushed
 # folder comes first (a vendor's older libQnnHtp.so, a skel on the DSP's default path).
 PREINSTALLED = ("/vendor/lib64", "/odm/lib64", "/vendor/lib/rfsa/adsp")
+# A phone's folders hold a few dozen libQnn* at the most; past this many, each read whole for its
+# build, the rest are named as not read, not read one after the other for as long as a device lists.
+MOST_PREINSTALLED = 64
 
 
 def _device(ctx: Context) -> Device:
@@ -171,7 +174,7 @@ def check_preinstalled(ctx: Context) -> Outcome:
     except Skip:
         ours = None
     other: list[str] = []
-    for path in found:
+    for path in found[:MOST_PREINSTALLED]:
         try:
             build = _device_build(device, path)
         except DeviceError:  # unreadable without root: still a library that may load first
@@ -179,6 +182,9 @@ def check_preinstalled(ctx: Context) -> Outcome:
             continue
         if ours is None or build != ours:
             other.append(f"{path} (build {build or 'unknown'})")
+    if len(found) > MOST_PREINSTALLED:
+        other.append(f"{len(found) - MOST_PREINSTALLED} more libQnn* (not read: qnnctl reads the first "
+                     f"{MOST_PREINSTALLED})")
     if not other:
         return ok(f"{len(found)} preinstalled libQnn* of build {ours}, the host SDK's")
     versus = f", not the host SDK's {ours}" if ours else ""

@@ -23,7 +23,17 @@ from qnnctl.host.elf import glibc_provided_by
 from qnnctl.host.needs import dotted
 from qnnctl.host.packages import CollectedFile
 from qnnctl.host.sources import GLIBC_DIRS, LIBC, Scan, find
-from qnnctl.host.staged import GLIBC, LIBCXX, LOADER, Staged, Version, current, refuse_unsafe_stage
+from qnnctl.host.staged import (
+    GLIBC,
+    LIBCXX,
+    LOADER,
+    Staged,
+    Version,
+    current,
+    elf_identity,
+    refuse_unsafe_stage,
+    sdk_identity,
+)
 from qnnctl.host.streams import COPY_BUFFER
 from qnnctl.paths import fsync_dir, write_json_atomic
 from qnnctl.records import Record
@@ -122,8 +132,8 @@ def glibc_tree(scans: Sequence[Scan], work: Path, needed: Version | None, sdk: S
             if posixpath.dirname(name) != folder or not _SONAME.match(base) or f"lib/{base}" in files:
                 continue
             target = scan.collected.resolve(name)
-            if target is None:
-                continue
+            if target is None or elf_identity(scan.collected.files[target].path) not in (sdk_identity(), None):
+                continue  # none, or of another class or machine, which the loader passes over
             file = scan.collected.files[target]
             place(file, tree / "lib" / base)
             files[f"lib/{base}"] = file.sha256

@@ -225,7 +225,7 @@ def _unused_sources(cache: Cache, plan: _Plan, scans: Sequence[Scan], trees: Seq
         if not reasons:
             raise UsageError(
                 f"--runtime-from {source.label} holds none of {', '.join(TRIO)}, and no glibc "
-                f"({LOADER} with {LIBC})",
+                f"({LOADER} with {LIBC}) (libraries of another class or machine than the SDK's do not count)",
                 hint="give the packages, the LLVM 14 archive or a folder that hold them; nothing was staged",
             )
         unused[source.label] = ", and ".join(reasons)

@@ -38,7 +38,7 @@ from qnnctl.host.packages import (
     rpm_info,
     tar_members,
 )
-from qnnctl.host.staged import LOADER, TRIO
+from qnnctl.host.staged import LOADER, TRIO, elf_identity, sdk_identity
 from qnnctl.host.streams import COPY_BUFFER, HashingReader, copy_hashed
 from qnnctl.paths import user_path
 
@@ -100,14 +100,18 @@ def llvm_version(collected: Collected) -> str | None:
 
 
 def find(scan: Scan, soname: str, dirs: Sequence[str] | None = None) -> tuple[str, CollectedFile] | None:
-    """The file a member named `soname` (in one of `dirs`) leads to, following links."""
+    """The file a member named `soname` (in one of `dirs`) leads to, following links. An ELF object
+    of another class or machine than the SDK's libraries (the 32-bit libc of a multilib tree, an
+    i386 package's) is passed over, as the loader passes it over; any other file is found, as the
+    loader stops at it (and staging refuses it)."""
+    want = sdk_identity()
     for name in scan.collected.names():
         if posixpath.basename(name) != soname:
             continue
         if dirs is not None and posixpath.dirname(name) not in dirs:
             continue
         target = scan.collected.resolve(name)
-        if target is not None:
+        if target is not None and elf_identity(scan.collected.files[target].path) in (want, None):
             return name, scan.collected.files[target]
     return None
 

@@ -46,7 +46,7 @@ from qnnctl.install.zipindex import (
     read_file_at,
     same_reading,
 )
-from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress
+from qnnctl.net.download import Downloader, PlainProgress, make_session, terminal_progress, too_long
 from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, probe
 from qnnctl.net.sparse import SparseFile
 from qnnctl.records import Record
@@ -255,11 +255,14 @@ class RangedInstall:
         self.sparse: SparseFile | None = None
         self.records: EndRecords | None = None
 
-    def open(self) -> None:
+    def open(self, limit: tuple[int, str]) -> None:
         """The end of the archive and its central directory, into the sparse file.
 
-        RangesIgnored when the server does not serve ranges."""
+        RangesIgnored when the server does not serve ranges; IntegrityError when it says the
+        archive is longer than `limit` (the size pinned, who pins it), before a byte is kept."""
         remote, tail_start, tail = probe(self.urls)
+        if remote.size > limit[0]:
+            raise too_long(remote.shown, limit, f"it says the file is {remote.size} bytes")
         log.info("reading the central directory of %s (%s)", remote.shown, human_size(remote.size))
         self.sparse = sparse = SparseFile.open(self.cache.downloads, self.name, remote, tail_start, tail)
         fetcher = Fetcher(sparse)
@@ -486,7 +489,7 @@ def install_components(version: str, urls: list[str], name: str, components: Col
     with work_folder(cache.tmp / f"{version}.{work_id()}") as work:
         job = RangedInstall(version, urls, name, cache, work, progress)
         try:
-            job.open()
+            job.open(size_limit(expected))
             if job.sparse is None:  # pragma: no cover - open() sets it
                 raise RuntimeError("the archive is not open")
             remote = job.sparse.remote

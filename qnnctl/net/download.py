@@ -14,15 +14,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from tqdm import tqdm
 from urllib3.exceptions import MaxRetryError
 
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
+from qnnctl.net.body import Pace, blocks
 from qnnctl.net.retry import (
     BodyBroke,
     Policy,
@@ -38,11 +40,6 @@ from qnnctl.paths import write_json_atomic
 from qnnctl.version import __version__
 from qnnctl.words import human_size
 
-if TYPE_CHECKING:
-    import requests
-
-    from qnnctl.net.retry import BodyBroke, Policy
-
 log = logging.getLogger("qnnctl.net.download")
 
 CHUNK = 1 << 20
@@ -50,6 +47,7 @@ CHUNK = 1 << 20
 NET_CHUNK = 64 << 10
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0
+SLOWEST = (64 << 10, 60.0)  # a body that brings fewer bytes in as many seconds is broken off, and resumed
 # The retry policy (see `retry_policy`): what is tried again, how often, how long to wait.
 MAX_ATTEMPTS = 6  # attempts that make no progress; a resumed download that moves on resets it
 MAX_TOTAL_ATTEMPTS = 30  # requests of one download, however far each one got
@@ -156,8 +154,7 @@ class PlainProgress:
             log.info("%s: resuming at %s", label, _of(initial, total))
 
     def _advance_mark(self) -> None:
-        step = self.total // 10 if self.total else 256 << 20
-        step = max(step, 1)
+        step = max(self.total // 10 if self.total else 256 << 20, 1)
         while self.next_mark <= self.done:
             self.next_mark += step
 
@@ -279,10 +276,12 @@ class Downloader:
         progress: ProgressFactory = PlainProgress,
         sleep: Callable[[float], None] = time.sleep,
         backoff_base: float = BACKOFF_BASE,
+        slowest: tuple[int, float] = SLOWEST,
     ) -> None:
         self.session = session
         self.folder = folder
         self.progress = progress
+        self.slowest = slowest
         self.policy = retry_policy(backoff_base, sleep)
         # urllib3 retries each request by the policy; the downloader hands it the budget
         # that is left before each request (see _fetch).
@@ -467,7 +466,7 @@ class Downloader:
             )
             meta.pop("sha256", None)
             if limit is not None and (meta["total"] or 0) > limit[0]:  # said before a byte is written
-                raise _too_long(shown, limit, f"it says the file is {meta['total']} bytes")
+                raise too_long(shown, limit, f"it says the file is {meta['total']} bytes")
             if body_length is not None:
                 require_free_space(part.parent, body_length, "download the archive")
             self._write_meta(meta_path, meta)
@@ -489,26 +488,24 @@ class Downloader:
                 fd = os.open(part, flags, 0o600)
                 os.fchmod(fd, 0o600)
                 with os.fdopen(fd, mode, buffering=CHUNK) as out:
-                    first = True
-                    for block in response.iter_content(NET_CHUNK):
-                        if first and offset == 0 and _is_html(block):
+                    for block in blocks(response, NET_CHUNK, Pace(*self.slowest)):
+                        if received == 0 and offset == 0 and _is_html(block):
                             raise DownloadError(
                                 f"{shown} answered with an HTML page, not an archive",
                                 hint="check the URL or mirror; download the archive by hand and "
                                 "run `qnnctl install --file ARCHIVE`",
                             )
-                        first = False
                         out.write(block)
                         digest.update(block)
                         received += len(block)
                         if limit is not None and offset + received > limit[0]:
-                            raise _too_long(shown, limit, "the body went on past them")
+                            raise too_long(shown, limit, "the body went on past them")
                         bar.update(len(block))
                         if sink is not None and received - announced >= CHUNK:
                             out.flush()
                             announced = received
                             sink.extend(offset + received)
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+            except urllib3.exceptions.HTTPError as exc:
                 raise _Broke(spent, BodyBroke(
                     f"the download stopped at {_of(offset + received, total)}: {describe(exc)}")) from None
             except (DownloadError, IntegrityError):
@@ -533,7 +530,7 @@ class Downloader:
             return digest.hexdigest(), size
 
 
-def _too_long(shown: str, limit: tuple[int, str], how: str) -> IntegrityError:
+def too_long(shown: str, limit: tuple[int, str], how: str) -> IntegrityError:
     size, who = limit
     return IntegrityError(
         f"{shown} sent more than {size} bytes, the size {who} ({how}): it is not that archive; the download "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -28,6 +28,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import MaxRetryError
 
 from qnnctl.errors import DownloadError
+from qnnctl.net.body import blocks
 from qnnctl.net.download import (
     BACKOFF_BASE,
     CONNECT_TIMEOUT,
@@ -219,7 +220,7 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
         tail = bytearray()
         allowed = REQUEST_TIME + TAIL / SLOWEST
         try:
-            for block in _blocks(response, time.monotonic() + allowed):
+            for block in blocks(response, NET_CHUNK, _by(time.monotonic() + allowed)):
                 tail += block
                 if len(tail) > size - start:
                     break
@@ -398,7 +399,7 @@ class Fetcher:
             allowed = REQUEST_TIME + (end - start) / SLOWEST
             deadline = time.monotonic() + allowed
             try:
-                for block in _blocks(response, deadline):
+                for block in blocks(response, NET_CHUNK, _by(deadline)):
                     if self._stop.is_set():
                         return position
                     if position >= span[1]:
@@ -429,24 +430,13 @@ class _Late(Exception):
     """A request went on past its deadline."""
 
 
-def _blocks(response: requests.Response, deadline: float) -> Iterator[bytes]:
-    """The body in blocks of NET_CHUNK (the last one shorter), as iter_content gives them, but
-    read as the bytes arrive, so that `deadline` is met within a read's timeout however slowly
-    a server sends (_Late past it): a read that waits to fill a block would wait for ever."""
-    read1 = getattr(response.raw, "read1", None)
-    if read1 is None:  # pragma: no cover - urllib3 before 2.1
-        yield from response.iter_content(NET_CHUNK)
-        return
-    block = bytearray()
-    while piece := read1(NET_CHUNK - len(block)):
-        block += piece
-        if len(block) == NET_CHUNK:
-            yield bytes(block)
-            block.clear()
+def _by(deadline: float) -> Callable[[int], None]:
+    """The check `blocks` makes of each piece of a request's body: _Late past `deadline`, however
+    slowly a server sends, within a read's timeout."""
+    def check(_: int) -> None:
         if time.monotonic() > deadline:
             raise _Late
-    if block:
-        yield bytes(block)
+    return check
 
 
 class _Broke(Exception):

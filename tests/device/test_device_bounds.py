@@ -22,7 +22,7 @@ from qnnctl.doctor.diagnose import run_checks
 from qnnctl.sdk.layout import Sdk
 from tests.conftest import run_qnnctl
 from tests.device.test_device import V2_51, make_sdk
-from tests.phones import BUILD_2_47, Phones, fake_library
+from tests.phones import BUILD_2_47, BUILD_2_51, Phones, fake_library
 
 
 def device(serial: str) -> Device:
@@ -88,3 +88,26 @@ def test_a_push_to_a_device_that_stopped_answering_is_stopped_in_time(
                         caught.value.message), caught.value.message
     folder = phones.path("R5CT1", plan.dest)
     assert sorted(p.name for p in folder.iterdir()) == ["libQnnHtp.so.qnnctl-part"]  # half of it, not in place
+
+
+def test_doctor_reads_no_more_than_64_of_a_phones_own_libraries(tmp_path: Path, phones: Phones) -> None:
+    """Each preinstalled libQnn* is read whole for its build: a phone (or what answers in its place)
+    that lists thousands kept doctor reading one after the other. The first 64 are read, the rest
+    counted, and doctor says they were not read."""
+    sdk = make_sdk(tmp_path)
+    root = phones.add("R5CT1", soc="SM8750")
+    for i in range(64 + 6):  # all of the host SDK's build
+        (root / "vendor" / "lib64" / f"libQnnX{i:03d}.so").write_bytes(fake_library("libQnnHtp.so", BUILD_2_51))
+    phones.clear_calls()
+    ctx = Context(spec=str(sdk), environ=dict(os.environ), cwd=Path.cwd(), offline=True, device="")
+    found = {r.id: r for r in run_checks(ctx, DEVICE_CHECKS)}["device.preinstalled"]
+    assert found.status == "warn"
+    assert found.detail.startswith("preinstalled 6 more libQnn* (not read: qnnctl reads the first 64), not the host "
+                                   f"SDK's {BUILD_2_51.removeprefix('v')}: they load instead"), found.detail
+    read = sorted(m for c in phones.calls() for a in c for m in re.findall(r"/vendor/lib64/libQnnX\d+\.so", a))
+    assert read == [f"/vendor/lib64/libQnnX{i:03d}.so" for i in range(64)]
+    for i in range(64, 70):
+        (root / "vendor" / "lib64" / f"libQnnX{i:03d}.so").unlink()
+    found = {r.id: r for r in run_checks(ctx, DEVICE_CHECKS)}["device.preinstalled"]
+    assert (found.status, found.detail) == ("ok", f"64 preinstalled libQnn* of build {BUILD_2_51.removeprefix('v')}, "
+                                                  "the host SDK's")

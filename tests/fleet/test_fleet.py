@@ -319,6 +319,21 @@ def test_install_file_is_checked_against_the_lock(cache_dir: Path, tmp_path: Pat
     _nothing_installed(cache_dir)
 
 
+def test_install_file_is_held_to_the_size_the_lock_pins_too(cache_dir: Path, tmp_path: Path) -> None:
+    """A lock whose sha256 is the archive's but whose size is not contradicts itself: an edited lock
+    vouches for nothing, and the file is refused, naming both sizes."""
+    archive, lock = _install_and_lock(tmp_path)
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    size = archive.stat().st_size
+    text = lock.read_text()
+    assert f"size = {size}\n" in text
+    lock.write_text(text.replace(f"size = {size}\n", f"size = {size + 1}\n"))
+    refused = run_qnnctl("install", "--file", str(archive))
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert f"does not match {lock}: its size is {size}, the lock pins {size + 1}" in refused.stderr, refused.stderr
+    _nothing_installed(cache_dir)
+
+
 def test_an_install_without_the_lock_check_takes_a_file_the_lock_would_refuse(cache_dir: Path,
                                                                              tmp_path: Path) -> None:
     """`check_lock` off (how `qnnctl lock` installs what it is about to pin): no lock is consulted."""

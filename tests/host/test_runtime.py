@@ -437,6 +437,9 @@ def test_apt_get_runs_in_the_users_environment_with_the_c_locale(server: FaultSe
 APT_SHIMS = {
     "downloads": "cp {debs}/*.deb .\nexit 0\n",
     "downloads-two": "cp {debs}/test-libcxx_*.deb {debs}/test-libunwind_*.deb .\nexit 0\n",
+    # Three packages, as asked, but one of them twice: libc++abi.so.1 is not among them.
+    "downloads-three-lacking-one": "cp {debs}/test-libcxx_*.deb .\ncp {debs}/test-libcxx_*.deb ./again.deb\n"
+                                   "cp {debs}/test-libunwind_*.deb .\nexit 0\n",
     "fails-after-downloading": "cp {debs}/*.deb .\nexit 100\n",
     "hangs": "sleep 4\ncp {debs}/*.deb .\nexit 0\n",
 }
@@ -585,6 +588,14 @@ def test_an_llvm_archive_without_the_whole_trio_is_refused(server: FaultServer, 
         stage_runtime(cache, None, request, os.environ)
     assert caught.value.message == f"{url} does not hold libunwind.so.1"
     assert caught.value.hint == "check QNNCTL_LLVM_URL; it must be the LLVM 14 release archive for Linux x86_64"
+    nothing_staged(cache_dir)
+    # Each library it lacks is named, in the trio's order.
+    data, _ = llvm_archive(tmp_path, big=1 << 10, libs={TRIO[0]: libs[TRIO[0]]})
+    url = server.add("/llvm-libcxx-only.tar.xz", data, "application/x-xz")
+    request = RuntimeRequest(force=True, use_apt=False, llvm_url=url, llvm_sha256=sha256_of(data))
+    with pytest.raises(IntegrityError) as caught:
+        stage_runtime(cache, None, request, os.environ)
+    assert caught.value.message == f"{url} does not hold libc++abi.so.1, libunwind.so.1"
     nothing_staged(cache_dir)
 
 
@@ -879,8 +890,11 @@ def test_a_glibc_given_when_one_is_staged_is_told_why_in_full(
     assert first.glibc.name == "glibc-2.99-local"
     other = fake_glibc(tmp_path / "other", "2.99")
     caplog.clear()
+    caplog.set_level("INFO", logger="qnnctl")
     again = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(other,)), os.environ)
     assert (again.libcxx_action, again.glibc_action) == ("reused", "reused")
+    assert again.glibc == first.glibc  # the one staged before, which the loader is started with
+    assert f"glibc 2.99 already staged in {first.glibc.lib_dir}" in caplog.messages
     assert unused_warnings(caplog) == {
         str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} (--force stages it again), and "  # type: ignore[union-attr]
                     "glibc 2.99 is already staged, and covers what the SDK needs (--force stages it again)"}
@@ -908,6 +922,60 @@ def test_a_folder_of_both_kinds_not_used_is_told_where_each_came_from(
         str(both): f"the libc++ trio came from {from_trio}, and the glibc came from {from_glibc}"}
 
 
+def test_a_trio_given_when_only_a_glibc_is_to_be_staged_is_told_why(
+        tmp_path: Path, cache: Cache, new_glibc_sdk: Sdk, caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK needs a newer glibc and its trio is had already: the glibc given is staged, the trio
+    given beside it is not, and the user is told why, as when nothing is staged."""
+    stub_trio(tmp_path / "trio")
+    first = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    other, glibc = tmp_path / "other", fake_glibc(tmp_path / "glibc", "2.99")
+    stub_trio(other)
+    caplog.clear()
+    result = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(other, glibc)), os.environ)
+    assert result.glibc_action == "staged"
+    assert result.glibc is not None
+    assert [r["source"] for r in result.glibc.manifest["sources"]] == [
+        str(glibc / n) for n in sorted((LOADER, "libc.so.6"))]
+    host_has = ("this host (or the SDK) has libc++.so.1, libc++abi.so.1, libunwind.so.1 "
+                "(--force stages them all the same)")
+    if host_has_trio():
+        assert (result.libcxx, result.libcxx_action) == (None, "host")
+        assert unused_warnings(caplog) == {str(other): host_has}
+    else:
+        assert (result.libcxx, result.libcxx_action) == (first.libcxx, "reused")
+        assert unused_warnings(caplog) == {
+            str(other): f"the libc++ trio is already staged in {first.libcxx.lib_dir} (--force stages it again)"}
+    assert sorted(p.name for p in cache.runtime.iterdir()) == sorted((first.libcxx.name, result.glibc.name))
+    # Nothing staged, and an SDK that ships the trio itself: the trio given is not needed.
+    shutil.rmtree(cache.runtime)
+    for soname in TRIO:
+        shutil.copy(other / soname, new_glibc_sdk.lib_dir / soname)
+    caplog.clear()
+    result = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(other, glibc)), os.environ)
+    assert (result.libcxx, result.libcxx_action, result.glibc_action) == (None, "host", "staged")
+    assert unused_warnings(caplog) == {str(other): host_has}
+    assert [p.name for p in cache.runtime.iterdir()] == [result.glibc.name]  # type: ignore[union-attr]
+
+
+def test_a_glibc_given_when_only_the_trio_is_to_be_staged_is_told_why(
+        tmp_path: Path, cache: Cache, new_glibc_sdk: Sdk, caplog: pytest.LogCaptureFixture) -> None:
+    """A glibc that covers what the SDK needs is staged and the trio is missing: the trio given is
+    staged, the glibc given beside it is not, and the user is told why."""
+    needs_host_without_trio()
+    first = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(fake_glibc(tmp_path / "glibc", "2.99"),)),
+                          os.environ)
+    assert (first.libcxx_action, first.glibc_action) == ("missing", "staged")
+    stub_trio(tmp_path / "trio")
+    other = fake_glibc(tmp_path / "other", "2.99")
+    caplog.clear()
+    result = stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(tmp_path / "trio", other)), os.environ)
+    assert (result.libcxx_action, result.glibc, result.glibc_action) == ("staged", first.glibc, "reused")
+    assert unused_warnings(caplog) == {
+        str(other): "glibc 2.99 is already staged, and covers what the SDK needs (--force stages it again)"}
+
+
 def test_only_a_loader_with_a_libc_is_a_glibc(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
     """A package with a libc.so.6 but no loader (or a loader but no libc) holds no glibc: given with
     the trio, it holds nothing of use, and is refused."""
@@ -920,10 +988,73 @@ def test_only_a_loader_with_a_libc_is_a_glibc(tmp_path: Path, cache: Cache, cach
             stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio", package), force=True, use_apt=False),
                           os.environ)
         assert caught.value.message == (f"--runtime-from {package} holds none of libc++.so.1, libc++abi.so.1, "
-                                        f"libunwind.so.1, and no glibc ({LOADER} with libc.so.6)"), other
+                                        f"libunwind.so.1, and no glibc ({LOADER} with libc.so.6) (libraries of "
+                                        "another class or machine than the SDK's do not count)"), other
         assert caught.value.hint == ("give the packages, the LLVM 14 archive or a folder that hold them; "
                                      "nothing was staged")
         nothing_staged(cache_dir)
+
+
+def test_a_glibc_behind_links_is_found_past_links_of_its_names_elsewhere(tmp_path: Path, cache: Cache) -> None:
+    """A tree of a whole system, say: its loader and libc are links in lib64/ (as EL8 lays them out), and
+    a cross toolchain's links of the same names, in folders no glibc is taken from, come before them."""
+    glibc = fake_glibc(tmp_path / "glibc", "2.99")
+    archive = tmp_path / "sysroot.tar.xz"
+    archive.write_bytes(tar_bytes([
+        Entry(f"./usr/x86_64-linux-gnu/lib64/{LOADER}", target=f"../lib/{LOADER}"),
+        Entry("./usr/x86_64-linux-gnu/lib64/libc.so.6", target="../lib/libc.so.6"),
+        Entry("./usr/lib64/ld-2.99.so", (glibc / LOADER).read_bytes(), mode=0o755),
+        Entry("./usr/lib64/libc-2.99.so", (glibc / "libc.so.6").read_bytes(), mode=0o755),
+        Entry(f"./usr/lib64/{LOADER}", target="ld-2.99.so"),
+        Entry("./usr/lib64/libc.so.6", target="libc-2.99.so"),
+    ]))
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False), os.environ)
+    assert result.glibc is not None
+    assert result.glibc.name == "glibc-2.99-local"
+    assert {name: (result.glibc.root / name).read_bytes() for name in result.glibc.manifest["files"]} == {
+        f"lib/{LOADER}": (glibc / LOADER).read_bytes(), "lib/libc.so.6": (glibc / "libc.so.6").read_bytes()}
+
+
+def _of_class(elf: bytes, bits: int = 32, machine: int = 3) -> bytes:
+    """`elf` with the header of another class and machine (ELFCLASS32, i386 by default): what the
+    loader reads to pass a library over."""
+    return elf[:4] + bytes([1 if bits == 32 else 2]) + elf[5:18] + machine.to_bytes(2, "little") + elf[20:]
+
+
+@pytest.mark.parametrize("foreign_in", ["usr/lib", "lib64"], ids=["multilib-usr-lib", "a-folder-looked-in-first"])
+def test_a_glibc_of_another_class_is_passed_over_as_the_loader_passes_it(tmp_path: Path, cache: Cache,
+                                                                       foreign_in: str) -> None:
+    """A multilib tree: a 32-bit libc comes first in the archive, the x86-64 one after it. A libc
+    of another class or machine than the loader's is passed over, as the loader passes it over:
+    the x86-64 libc is staged, beside the x86-64 loader, never the other."""
+    glibc = fake_glibc(tmp_path / "glibc", "2.99")
+    libc = (glibc / "libc.so.6").read_bytes()
+    archive = tmp_path / "sysroot.tar.xz"
+    archive.write_bytes(tar_bytes([
+        Entry(f"./{foreign_in}/libc.so.6", _of_class(libc), mode=0o755),
+        Entry(f"./{foreign_in}/libm.so.6", _of_class(libc), mode=0o755),  # a 32-bit library alone
+        Entry(f"./usr/lib64/{LOADER}", (glibc / LOADER).read_bytes(), mode=0o755),
+        Entry("./usr/lib64/libc.so.6", libc, mode=0o755),
+    ]))
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(archive,), force=True, use_apt=False), os.environ)
+    assert result.glibc is not None
+    assert result.glibc.name == "glibc-2.99-local"
+    assert {name: (result.glibc.root / name).read_bytes() for name in result.glibc.manifest["files"]} == {
+        f"lib/{LOADER}": (glibc / LOADER).read_bytes(), "lib/libc.so.6": libc}
+
+
+def test_a_trio_of_another_machine_is_no_trio(tmp_path: Path, cache: Cache, cache_dir: Path) -> None:
+    """An i386 package's libc++ (ELFCLASS32, EM_386) is no library the SDK's can load: a source that
+    holds only that holds none of the trio, and says why."""
+    given = tmp_path / "i386"
+    for soname, data in stub_trio(tmp_path / "stubs").items():
+        given.mkdir(exist_ok=True)
+        (given / soname).write_bytes(_of_class(data))
+    with pytest.raises(UsageError) as caught:
+        stage_runtime(cache, None, RuntimeRequest(sources=(given,), force=True, use_apt=False), os.environ)
+    assert caught.value.message.startswith(f"--runtime-from {given} holds none of libc++.so.1, ")
+    assert caught.value.message.endswith("(libraries of another class or machine than the SDK's do not count)")
+    nothing_staged(cache_dir)
 
 
 def test_a_folder_is_read_past_what_it_holds_of_no_use(tmp_path: Path, cache: Cache) -> None:
@@ -1371,8 +1502,11 @@ def test_too_old_glibc_package_is_refused(new_glibc_sdk: Sdk, cache: Cache, cach
         shutil.copy(host_lib / name, folder / name)
     stub = tmp_path / "trio"
     stub_trio(stub)
-    with pytest.raises(QnnctlError, match=r"needs 2\.99 or newer"):
+    with pytest.raises(QnnctlError) as caught:
         stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(stub, folder), use_apt=False), os.environ)
+    host = ".".join(str(part) for part in host_glibc() or ())
+    assert caught.value.message == f"{folder} holds glibc {host}; SDK {VERSION} needs 2.99 or newer"
+    assert caught.value.hint == "give a newer glibc package with --runtime-from; nothing was staged"
     nothing_staged(cache_dir)
 
 

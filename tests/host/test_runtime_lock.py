@@ -56,7 +56,9 @@ def test_other_libraries_than_the_lock_pins_are_refused_and_nothing_staged(
         stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "other",), force=True, use_apt=False,
                                                   pins=pins), os.environ)
     assert caught.value.exit_code == 4
-    assert "is not the libcxx runtime qnnctl.lock pins" in caught.value.message
+    given = ", ".join(str(tmp_path / "other" / name) for name in sorted(TRIO))  # the files it would be staged from
+    assert caught.value.message.startswith(f"what would be staged from {given} is not the libcxx runtime "
+                                           "qnnctl.lock pins: lib/libc++.so.1: "), caught.value.message
     assert hashlib.sha256(other["libc++.so.1"]).hexdigest() in caught.value.message
     nothing_staged(cache_dir)
     result = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "locked",), force=True, use_apt=False,
@@ -85,6 +87,12 @@ def test_a_staged_runtime_changed_since_is_refused(tmp_path: Path, cache: Cache)
     assert caught.value.hint == (
         "stage the locked one again: `qnnctl install --runtime --force --runtime-from FILE`, or, if these are the "
         "ones to trust, write the lock again with `qnnctl lock`; nothing was staged")
+    # As the hint says: the locked files, staged again with --force, over the one that was changed.
+    result = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "locked",), force=True, use_apt=False,
+                                                       pins=pins), os.environ)
+    assert result.libcxx_action == "staged"
+    assert {n: (result.libcxx.lib_dir / n).read_bytes() for n in TRIO} == locked  # type: ignore[union-attr]
+    assert stage_runtime(cache, None, RuntimeRequest(pins=pins), os.environ).libcxx_action in ("reused", "host")
 
 
 def test_lock_pins_the_staged_runtime_and_install_locked_refuses_another(tmp_path: Path, cache_dir: Path) -> None:

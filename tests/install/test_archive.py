@@ -25,7 +25,7 @@ import pytest
 
 import qnnctl.install.archive
 import qnnctl.install.pool
-from qnnctl.errors import DiskSpaceError, IntegrityError
+from qnnctl.errors import DiskSpaceError, IntegrityError, NoHostLibrariesError
 from qnnctl.files import space_margin
 from qnnctl.install.archive import extract
 from qnnctl.install.memberdata import COPY_BUFFER, crc32_digest, digest_matches
@@ -658,6 +658,94 @@ def test_past_three_times_its_size_each_tar_member_is_held_to_the_free_space(
     assert caught.value.free == free
     assert caught.value.needed is not None
     assert caught.value.needed > free
+
+
+@pytest.mark.parametrize("fmt", ["zip", "tar"])
+def test_an_archive_with_another_hosts_libraries_only_holds_no_sdk_for_this_host(tmp_path: Path, fmt: str) -> None:
+    """Linux aarch64's libraries alone (as an SDK built for an aarch64 board ships them): not "no
+    SDK", but none for this host, named, with the host's folder and exit 5."""
+    archive = tmp_path / f"v{VERSION}.{fmt}"
+    name = f"{TOP}/lib/aarch64-oe-linux-gcc11.2/libQnnHtp.so"
+    if fmt == "zip":
+        with zipfile.ZipFile(archive, "w") as zf:
+            add_zip_entry(zf, name, b"\x7fELF", stat.S_IFREG | 0o644)
+    else:
+        with tarfile.open(archive, "w") as tf:
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tf.addfile(info, io.BytesIO(b"\x7fELF"))
+    with pytest.raises(NoHostLibrariesError) as caught:
+        extract(archive, _work(tmp_path))
+    assert (caught.value.message, caught.value.hint, caught.value.exit_code) == (
+        "the archive has host libraries for Linux aarch64 (lib/aarch64-oe-linux-gcc11.2/) only, none for this Linux "
+        "x86_64 host (lib/x86_64-linux-clang/)",
+        "use an SDK archive with lib/x86_64-linux-clang/ (QAIRT 2.47 or newer for Linux aarch64), or install it on "
+        "one of the hosts it has libraries for", 5)
+
+
+def test_a_file_that_starts_as_an_empty_zip_is_read_as_a_zip_and_refused_as_damaged(tmp_path: Path) -> None:
+    """Its first bytes are a zip's end record (a zip of no member starts so), then a megabyte of
+    something else: told as a damaged zip, not as no archive at all."""
+    archive = tmp_path / "v.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18) + b"\xff" * (1 << 20))
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, _work(tmp_path))
+    assert caught.value.message.endswith("v.zip is corrupt or truncated: no end of central directory record: not a "
+                                         "zip archive, or cut short"), caught.value.message
+
+
+def _tar_that_unpacks_to(tmp_path: Path, times: int, more: int = 0) -> tuple[Path, int]:
+    """The tests' SDK as a tar.gz with a file of zeros, padded past its end (where a tar reader
+    never reads) to a size S at which its files come to exactly `times` * S bytes, and `more`."""
+    base = build_archive(tmp_path / "base", "tar.gz")
+    with tarfile.open(base) as tf:
+        files = sum(member.size for member in tf if member.isreg())
+    size = max(2 * base.stat().st_size, -(-files // times))
+    spec = SdkSpec(extra_files={"docs/zeros.bin": bytes(times * size + more - files)})
+    archive = build_archive(tmp_path / "sized", "tar.gz", spec)
+    assert archive.stat().st_size <= size
+    with open(archive, "ab") as out:
+        out.write(bytes(size - archive.stat().st_size))
+    return archive, size
+
+
+@pytest.mark.parametrize("more", [0, 1], ids=["twenty-times", "a-byte-more"])
+def test_a_tar_may_unpack_to_twenty_times_its_size_and_no_more(tmp_path: Path, more: int) -> None:
+    archive, size = _tar_that_unpacks_to(tmp_path, 20, more)
+    work = _work(tmp_path)
+    if not more:
+        assert (extract(archive, work).root / "sdk.yaml").is_file()
+        return
+    with pytest.raises(IntegrityError) as caught:
+        extract(archive, work)
+    assert caught.value.message == f"unsafe archive: it unpacks to more than 20 times its {size} bytes, as no SDK does"
+
+
+@pytest.mark.parametrize("more", [0, 1], ids=["three-times", "a-byte-more"])
+def test_past_three_times_its_size_each_tar_member_is_held_to_what_is_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: int) -> None:
+    """Three times the archive is asked for up front; once its files go past that, each member is
+    held to the free space left, from its header: a disk that filled up after the first look (here
+    nothing is left) refuses the member that goes past, and none before it."""
+    archive, _ = _tar_that_unpacks_to(tmp_path, 3, more)
+    real = shutil.disk_usage
+    looks: list[Any] = []
+
+    def usage(path: Any) -> Any:
+        looks.append(path)
+        return real(path) if len(looks) == 1 else real(path)._replace(free=0)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    work = _work(tmp_path)
+    if not more:
+        assert (extract(archive, work).root / "sdk.yaml").is_file()
+        assert len(looks) == 1
+        return
+    with pytest.raises(DiskSpaceError) as caught:
+        extract(archive, work)
+    assert caught.value.message.startswith(f"not enough free space in {work} to extract the archive: need "), \
+        caught.value.message
+    assert caught.value.free == 0
 
 
 @pytest.mark.parametrize("chain", [400, 9])

@@ -570,6 +570,10 @@ def test_file_sha256(tmp_path: Path, cache_dir: Path) -> None:
     reused = run_qnnctl("install", VERSION, "--sha256", _sha256_file(archive))
     assert reused.returncode == 0, reused.stderr
     assert reused.stdout == f"{cache_dir / 'sdks' / VERSION}\n"
+    # Named, installed already, and the file given: the file is held to --sha256 before the SDK
+    # installed is looked at, as when nothing is installed.
+    named = run_qnnctl("install", VERSION, "--file", str(archive), "--sha256", "f" * 64)
+    assert (named.returncode, named.stdout, named.stderr) == (4, "", wrong.stderr)
 
 
 def test_file_already_installed_is_reused(tmp_path: Path, cache_dir: Path) -> None:

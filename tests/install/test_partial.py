@@ -33,6 +33,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from qnnctl.errors import DownloadError
+from qnnctl.install.archive import zip_digests
 from qnnctl.net.ranged import Fetcher, probe
 from qnnctl.net.sparse import SparseFile
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
@@ -939,11 +940,18 @@ def test_file_with_components(tmp_path: Path, cache_dir: Path, archive_bytes: by
     assert "docs/payload.bin" in files_in(root)
     assert HOST_FILES <= files_in(root)
     assert read_manifest(root)["components"] == ["host", "docs"]  # type: ignore[index]
+    # The digests of both, the one installed before kept beside the one added: what the archive's are.
+    digests = read_manifest(root)["component_sha256"]  # type: ignore[index]
+    assert {name: digests.get(name) for name in ("host", "docs")} == {
+        name: zip_digests(archive)[name] for name in ("host", "docs")}
     # Named by version too: what is installed is looked at before the archive, and it lacks android.
     named = run_qnnctl("install", VERSION, "--file", str(archive), "--components", "android")
     assert named.returncode == 0, named.stderr
     assert files_in(root) >= HOST_FILES | ANDROID_FILES
     assert read_manifest(root)["components"] == ["host", "android", "docs"]  # type: ignore[index]
+    digests = read_manifest(root)["component_sha256"]  # type: ignore[index]
+    assert {name: digests.get(name) for name in ("host", "android", "docs")} == {
+        name: zip_digests(archive)[name] for name in ("host", "android", "docs")}
 
 
 def test_tar_file_with_components(tmp_path: Path, cache_dir: Path) -> None:

@@ -53,7 +53,7 @@ from qnnctl.install.partial import (
 from qnnctl.net.download import PlainProgress
 from qnnctl.net.ranged import ArchiveChanged
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache, read_manifest
-from qnnctl.sdk.gate import Expected, Observed
+from qnnctl.sdk.gate import MOST_ARCHIVE, Expected, Observed, size_limit
 from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.members import Member, tree_digests
 from tests.httpserver import Fault, FaultServer
@@ -73,6 +73,7 @@ TOP = PurePosixPath(f"qairt/{VERSION}")
 PATH = f"/{VERSION}/v{VERSION}.zip"
 NAME = f"v{VERSION}.zip"
 _RANDOM = random.Random(20261204)
+UNPINNED = size_limit([])  # the most any archive is, when nothing pins its size
 # Incompressible, so that each member's bytes on the wire are about its size.
 EXTRA = {
     "lib/aarch64-android/libQnnHtpV73Stub.so": _RANDOM.randbytes(24 << 10),
@@ -621,7 +622,7 @@ def job(served: FaultServer, cache_dir: Path, tmp_path: Path) -> Iterator[Ranged
 
 def test_opening_reads_the_end_of_the_archive_and_its_directory(job: RangedInstall, served: FaultServer,
                                                                 plain_zip: bytes, cache_dir: Path) -> None:
-    job.open()
+    job.open(UNPINNED)
     assert job.central_directory_sha256() == directory_sha256(plain_zip)
     assert job.records is not None
     assert job.sparse is not None
@@ -634,6 +635,20 @@ def test_opening_reads_the_end_of_the_archive_and_its_directory(job: RangedInsta
     assert list((cache_dir / "downloads").iterdir()) == []
 
 
+def _refused_opening(server: FaultServer, cache: Cache, work: Path,
+                     limit: tuple[int, str] = UNPINNED) -> IntegrityError:
+    """What opening the archive `server` serves is refused with; the job closed and removed."""
+    job = _job(server, cache, work)
+    try:
+        with pytest.raises(IntegrityError) as caught:
+            job.open(limit)
+        assert job.sparse is None or job.records is None
+    finally:
+        job.close()
+        job.remove()
+    return caught.value
+
+
 def test_a_central_directory_larger_than_any_sdks_is_refused_before_it_is_fetched(
         server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     """The end records say where the directory is and how long: a server's word, read before
@@ -642,16 +657,36 @@ def test_a_central_directory_larger_than_any_sdks_is_refused_before_it_is_fetche
     claimed = 96 << 20
     end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, claimed, 0, 0)
     server.add(PATH, bytes(claimed) + end)
-    job = _job(server, Cache(cache_dir), tmp_path / "work")
-    try:
-        with pytest.raises(IntegrityError) as caught:
-            job.open()
-    finally:
-        job.close()
-        job.remove()
-    assert caught.value.message == (f"unsafe archive: its central directory of {claimed} bytes is larger than any "
-                                    f"SDK's (at most {64 << 20})")
+    refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work")
+    assert refused.message == (f"unsafe archive: its central directory of {claimed} bytes is larger than any "
+                               f"SDK's (at most {64 << 20})")
     assert server.bytes_served(PATH) < 1 << 20, server.bytes_served(PATH)
+
+
+def _end_of(said: int, tail: int = 16 << 10) -> Fault:
+    """The answer to the probe of an archive that the server says is `said` bytes long."""
+    return Fault.raw(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\nContent-Length: %d\r\n\r\n"
+                     % (said - tail, said - 1, said, tail) + bytes(tail))
+
+
+@pytest.mark.parametrize("said", [MOST_ARCHIVE + 1, 1 << 62], ids=["a-byte-past-the-most", "2**62"])
+def test_an_archive_said_to_be_longer_than_the_size_allowed_is_refused_before_a_byte_is_kept(
+        server: FaultServer, cache_dir: Path, tmp_path: Path, said: int) -> None:
+    """The probe's Content-Range names the archive's size: a server's word, held to the size pinned
+    (or the most any archive is) before the sparse file is made. A sparse file of 2**62 bytes once
+    ended in "cannot use: File too large", and one of 16 GiB would have been kept."""
+    server.add(PATH, b"")
+    server.fail(PATH, _end_of(said))
+    refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work")
+    assert refused.message == (
+        f"{server.url(PATH)} sent more than {MOST_ARCHIVE} bytes, the size qnnctl takes as the most any SDK archive "
+        f"is (it says the file is {said} bytes): it is not that archive; the download was stopped and removed, and "
+        "nothing was installed")
+    assert not any((cache_dir / "downloads").glob("*.sparse*"))
+    server.fail(PATH, _end_of((1 << 20) + 1))
+    refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work", (1 << 20, "the lock pins"))
+    assert f"more than {1 << 20} bytes, the size the lock pins (it says the file is {(1 << 20) + 1} bytes)" \
+        in refused.message
 
 
 def test_an_end_record_further_than_the_first_read_is_fetched(server: FaultServer, cache_dir: Path,
@@ -660,7 +695,7 @@ def test_an_end_record_further_than_the_first_read_is_fetched(server: FaultServe
     server.add(PATH, data)
     job = _job(server, Cache(cache_dir), tmp_path / "work")
     try:
-        job.open()
+        job.open(UNPINNED)
         assert job.central_directory_sha256() == directory_sha256(data)
         assert job.records is not None
         end = data.rfind(b"PK\x05\x06")
@@ -672,7 +707,7 @@ def test_an_end_record_further_than_the_first_read_is_fetched(server: FaultServe
 
 def test_installing_some_components_fetches_their_members_only(job: RangedInstall, served: FaultServer,
                                                                plain_zip: bytes, tmp_path: Path) -> None:
-    job.open()
+    job.open(UNPINNED)
     root, top, files, size, version = job.install(["host"], None)
     assert (root, top, version) == (tmp_path / "work" / "x" / TOP, str(TOP), VERSION)
     assert files_below(root) == HOST
@@ -694,7 +729,7 @@ def test_components_added_fetch_only_what_the_sdk_lacks(server: FaultServer, cac
     server.add(PATH, data)
     cache = Cache(cache_dir)
     first = _job(server, cache, tmp_path / "first")
-    first.open()
+    first.open(UNPINNED)
     host_root, _, _, _, _ = first.install(["host"], None)
     first.close()
     first.remove()
@@ -702,7 +737,7 @@ def test_components_added_fetch_only_what_the_sdk_lacks(server: FaultServer, cac
     shutil.rmtree(host_root / "lib/hexagon-v73")
     old = write_manifest(host_root, components=["host"])
     job = _job(server, cache, tmp_path / "second")
-    job.open()
+    job.open(UNPINNED)
     try:
         root, _, files, _, _ = job.install(["android"], old)
     finally:
@@ -717,7 +752,7 @@ def test_a_directory_whose_links_cannot_be_read_is_refused_by_parts(server: Faul
     server.add(PATH, archive.read_bytes())
     job = _job(server, Cache(cache_dir), tmp_path / "work")
     try:
-        job.open()
+        job.open(UNPINNED)
         with pytest.raises(IntegrityError) as refused:
             job.install(["host"], None)
     finally:
@@ -738,7 +773,7 @@ def test_a_member_refused_while_fetching_stops_the_fetch(server: FaultServer, pl
     server.add(PATH, bytes(data))
     job = _job(server, Cache(cache_dir), tmp_path / "work")
     try:
-        job.open()
+        job.open(UNPINNED)
         with pytest.raises(IntegrityError, match="local header that disagrees with the central directory"):
             job.install(["host"], None)
     finally:
@@ -968,7 +1003,7 @@ def _ranged(server: FaultServer, cache_dir: Path, work: Path, components: list[s
             ) -> tuple[Path, str, dict[str, str], int, str | None]:
     job = _job(server, Cache(cache_dir), work)
     try:
-        job.open()
+        job.open(UNPINNED)
         return job.install(components, old)
     finally:
         job.close()
@@ -1282,7 +1317,7 @@ def test_an_archive_not_open_yet_cannot_be_read(served: FaultServer, cache_dir: 
     # Its end read, not its directory: still not open.
     served.add(PATH, b"\0" * 100_000)
     with pytest.raises(IntegrityError):
-        job.open()
+        job.open(UNPINNED)
     assert job.sparse is not None
     with pytest.raises(RuntimeError, match=r"\Athe archive is not open\Z"):
         job.central_directory_sha256()

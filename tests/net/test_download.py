@@ -22,7 +22,9 @@ import pytest
 from qnnctl import __version__
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import space_margin
+from qnnctl.net.body import Pace, TooSlow
 from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
+from qnnctl.net.retry import BodyBroke
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
@@ -1324,3 +1326,92 @@ def test_a_partial_file_is_never_wider_than_its_owners_even_before_its_fchmod(
         os.umask(umask)
     assert seen[f"{NAME}.part"] == 0o600
     assert fetched.path.stat().st_mode & 0o7777 == 0o600
+
+
+# -- the pace a body must keep (qnnctl.net.body) ----------------------------------------------
+
+
+def _paced(tmp_path: Path, sleeps: Sleeps, slowest: tuple[int, float]) -> Downloader:
+    return Downloader(make_session(), tmp_path / "downloads", sleep=sleeps, slowest=slowest)
+
+
+def test_a_body_slower_than_its_pace_is_broken_off_and_asked_for_again(server: FaultServer, served: bytes,
+                                                                        tmp_path: Path) -> None:
+    """A server that answers every read in time with a few bytes (2,000 a second): the body is
+    broken off once half a second brings fewer than 8 KiB, not after the 500 s it would take, and
+    asked for again. Each piece is counted as it lands: a reader that waited to fill a 64 KiB block
+    would count nothing for 32 s."""
+    server.fail(PATH, Fault.slow(100, 0.05))
+    sleeps = Sleeps()
+    fetched = _paced(tmp_path, sleeps, (8 << 10, 0.5)).fetch([server.url(PATH)], NAME)
+    assert (fetched.path.read_bytes(), fetched.sha256) == (served, _sha256(served))
+    first, second = server.requests_for(PATH)
+    # No whole block came before the break: nothing was kept, and the second asks for the whole.
+    assert (_range_start(first.headers), _range_start(second.headers)) == (None, None)
+    assert len(sleeps) == 1
+
+
+def test_a_body_that_never_keeps_its_pace_ends_the_download(server: FaultServer, served: bytes,
+                                                            tmp_path: Path) -> None:
+    server.fail(PATH, *[Fault.slow(100, 0.05)] * 10)
+    sleeps = Sleeps()
+    url = server.url(PATH)
+    with pytest.raises(DownloadError) as caught:
+        _paced(tmp_path, sleeps, (8 << 10, 0.2)).fetch([url], NAME)
+    assert caught.value.message == (f"download of {url} failed after {MAX_ATTEMPTS} attempts: the download "
+                                    "stopped at 0 B of 1.0 MiB: less than 8.0 KiB came in 0.2 s")
+    assert len(server.requests_for(PATH)) == MAX_ATTEMPTS
+
+
+def test_a_body_that_keeps_its_pace_however_slowly_is_read_whole(server: FaultServer, served: bytes,
+                                                                 tmp_path: Path) -> None:
+    """Bursts of 16 KiB every 0.1 s against a pace of 8 KiB in each 0.3 s: one request, whole."""
+    server.fail(PATH, Fault.slow(16 << 10, 0.1))
+    fetched = _paced(tmp_path, Sleeps(), (8 << 10, 0.3)).fetch([server.url(PATH)], NAME)
+    assert fetched.path.read_bytes() == served
+    assert len(server.requests_for(PATH)) == 1
+
+
+def test_the_pace_is_counted_in_windows() -> None:
+    """At least `least` bytes in each window, counted from the last window that closed: a window
+    closes when a piece lands at or past its end."""
+    now = [100.0]
+    pace = Pace(100, 10.0, clock=lambda: now[0])
+    for at, n in [(105.0, 60), (109.99, 39)]:  # 99 bytes, but the window is not over
+        now[0] = at
+        pace(n)
+    now[0] = 110.0
+    pace(1)  # 100 bytes in 10 s: enough; the next window starts here, empty
+    now[0] = 119.99
+    pace(99)
+    now[0] = 120.0
+    with pytest.raises(TooSlow) as caught:
+        pace(0)
+    assert str(caught.value) == "less than 100 B came in 10 s"
+    assert isinstance(caught.value, BodyBroke)
+    first = Pace(100, 10.0, clock=lambda: now[0])  # the first window counts from nothing too
+    now[0] += 10.0
+    with pytest.raises(TooSlow):
+        first(99)
+    quick = Pace(1 << 20, 0.5, clock=lambda: now[0])
+    now[0] += 0.5
+    with pytest.raises(TooSlow, match=r"^less than 1\.0 MiB came in 0\.5 s$"):
+        quick(1 << 10)
+
+
+def test_a_download_keeps_at_least_64_kib_a_minute_unless_told_otherwise(tmp_path: Path) -> None:
+    """The pace of every download, as the README says: slower bodies are broken off and resumed."""
+    assert Downloader(make_session(), tmp_path).slowest == (64 << 10, 60.0)
+
+
+def test_a_body_is_kept_as_it_was_sent_never_decoded(server: FaultServer, tmp_path: Path) -> None:
+    """A server that encodes the archive although qnnctl asks for it as stored: what is kept and
+    hashed is what came, which the archive's checks then refuse; nothing is inflated here."""
+    import gzip
+
+    sent = gzip.compress(b"PK\x03\x04" + b"\0" * (1 << 20))
+    server.add(PATH, b"")
+    server.fail(PATH, Fault.raw(b"HTTP/1.1 200 OK\r\nContent-Type: application/zip\r\nContent-Encoding: gzip\r\n"
+                                b"Content-Length: %d\r\n\r\n" % len(sent) + sent))
+    fetched = _paced(tmp_path, Sleeps(), (8 << 10, 60.0)).fetch([server.url(PATH)], NAME)
+    assert (fetched.path.read_bytes(), fetched.sha256, fetched.size) == (sent, _sha256(sent), len(sent))

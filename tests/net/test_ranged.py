@@ -980,6 +980,36 @@ def test_a_range_sent_slowly_is_asked_again_from_where_it_got_to_at_its_deadline
     assert sleeps == [1.0]
 
 
+def test_a_range_that_never_comes_in_time_ends_the_download_saying_so(
+        archive: FaultServer, sparse: SparseFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every answer slower than the request's time: given up as other failed attempts are, with the
+    time the range had (a read's timeout and its bytes at 64 KiB/s: 0.5 + 10,000 / 65,536 s here) and
+    how far it got."""
+    monkeypatch.setattr(ranged, "REQUEST_TIME", 0.5)
+    archive.fail(PATH, *[Fault.slow(100, 0.2)] * 10)
+    with pytest.raises(DownloadError) as caught:
+        Fetcher(sparse, threads=1, sleep=lambda _: None).fetch([(20_000, 30_000)], "host")
+    shown = shown_of(archive)
+    assert caught.value.message == (f"download of {shown} failed after 6 attempts: a range of {shown} took more "
+                                    f"than {0.5 + 10_000 / 65_536:g} s, at 0 of 10000 bytes")
+    assert asked(archive) == ["bytes=20000-29999"] * 6
+
+
+def test_a_range_whose_last_block_lands_past_its_deadline_is_whole(
+        archive: FaultServer, sparse: SparseFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two blocks of 4 KiB: the first at once, the second's last bytes 0.9 s later, past the
+    request's 0.625 s. Every byte of the range came: it is kept, not asked for again."""
+    monkeypatch.setattr(ranged, "REQUEST_TIME", 0.5)
+    archive.fail(PATH, Fault.slow(8000, 0.9))
+    sleeps: list[float] = []
+    fetcher = Fetcher(sparse, threads=1, sleep=sleeps.append)
+    fetcher.fetch([(20_000, 20_000 + 2 * BLOCK)], "host")
+    assert sparse.read_at(20_000, 2 * BLOCK) == DATA[20_000:20_000 + 2 * BLOCK]
+    assert asked(archive) == [f"bytes=20000-{20_000 + 2 * BLOCK - 1}"]
+    assert fetcher.received == 2 * BLOCK
+    assert sleeps == []  # no failed attempt, waited after
+
+
 def test_a_server_that_ignores_the_range(archive: FaultServer, sparse: SparseFile) -> None:
     archive.fail(PATH, Fault.ignore_range())
     with pytest.raises(RangesIgnored) as caught:
