@@ -287,7 +287,7 @@ def rpm_info(handle: IO[bytes], source: str) -> RpmInfo:
     except _PastTheEnd:
         raise corrupt(source, "the RPM header runs past the end of the file") from None
     except (RPMError, *_RPM_DAMAGE) as exc:
-        raise corrupt(source, f"bad RPM header: {exc or type(exc).__name__}") from None
+        raise corrupt(source, f"bad RPM header: {str(exc) or type(exc).__name__}") from None
     handle.seek(start)
     raw = handle.read(end - start)
     if not raw.startswith(RPM_HEADER_MAGIC):
