@@ -111,3 +111,28 @@ def test_doctor_reads_no_more_than_64_of_a_phones_own_libraries(tmp_path: Path, 
     found = {r.id: r for r in run_checks(ctx, DEVICE_CHECKS)}["device.preinstalled"]
     assert (found.status, found.detail) == ("ok", f"64 preinstalled libQnn* of build {BUILD_2_51.removeprefix('v')}, "
                                                   "the host SDK's")
+
+
+@pytest.mark.parametrize(("stderr", "stdout", "said"), [
+    ("* daemon started successfully\nerror: no devices/emulators found\n", "", "error: no devices/emulators found"),
+    ("", "pushing...\nadb: error: failed to copy 'a' to '/b': No space left\n",
+     "adb: error: failed to copy 'a' to '/b': No space left"),
+    ("* daemon started successfully\nadb: unknown command foo\n", "", "adb: unknown command foo"),
+    ("first words", "second words\n", "first words"),  # stderr's last line and stdout's first stay apart
+    ("", "\n  only this  \n", "only this"),
+    ("", "", "exit status 7"),
+    ("error: \x1b]0;title\x07\n", "", "error: \\x1b]0;title\\x07"),
+], ids=["error", "adb-error", "adb", "no-error-line", "stripped", "nothing", "escaped"])
+def test_adbs_own_words_for_a_failure(stderr: str, stdout: str, said: str) -> None:
+    """Its first error line (stderr's first), else its first line, else its exit status; escaped."""
+    import subprocess
+
+    proc = subprocess.CompletedProcess(["adb"], 7, stdout, stderr)
+    assert adb._adb_message(proc) == said
+
+
+def test_a_device_file_that_cannot_be_read_is_named_with_what_the_device_said(phones: Phones) -> None:
+    phones.add("R5CT1")
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/none")
+    assert caught.value.message == "cannot read R5CT1:/data/none: cat: /data/none: No such file or directory"

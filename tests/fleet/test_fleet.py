@@ -184,6 +184,25 @@ def test_lock_of_an_installed_sdk_comes_from_its_manifest(mirror: FaultServer, c
     assert "no .qnn-version pins" in made.stderr
 
 
+def test_a_download_against_a_lock_that_contradicts_itself_is_refused_naming_where_it_came_from(
+        mirror: FaultServer, cache_dir: Path) -> None:
+    """The archive's sha256 is the one the lock pins, a component's digest is not: an edited lock,
+    refused after the download is unpacked, naming the URL it came from; nothing installed."""
+    assert run_qnnctl("install", VERSION).returncode == 0
+    made = run_qnnctl("lock", VERSION)
+    assert made.returncode == 0, made.stderr
+    lock = Path(made.stdout.strip())
+    host = tomllib.loads(lock.read_text())["sdk"]["component_sha256"]["host"]
+    lock.write_text(lock.read_text().replace(host, "e" * 64))
+    assert run_qnnctl("uninstall", VERSION).returncode == 0
+    refused = run_qnnctl("install", VERSION, "--locked")
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    assert (f"qnnctl: error: {lock} contradicts itself: the archive from {mirror.url(PATH)} has the sha256 the "
+            f"lock pins, but the digest of its component host is {host}, and the lock pins {'e' * 64}; nothing was "
+            "installed\n") in refused.stderr, refused.stderr
+    _nothing_installed(cache_dir)
+
+
 def test_lock_check_doctor_and_install_against_a_lock_that_disagrees(mirror: FaultServer, cache_dir: Path) -> None:
     missing = run_qnnctl("lock", "--check")
     assert missing.returncode == 1

@@ -649,6 +649,11 @@ def _refused_opening(server: FaultServer, cache: Cache, work: Path,
     return caught.value
 
 
+def test_an_archive_of_exactly_the_size_pinned_is_opened(job: RangedInstall, plain_zip: bytes) -> None:
+    job.open((len(plain_zip), "the lock pins"))
+    assert job.central_directory_sha256() == directory_sha256(plain_zip)
+
+
 def test_a_central_directory_larger_than_any_sdks_is_refused_before_it_is_fetched(
         server: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     """The end records say where the directory is and how long: a server's word, read before
