@@ -30,7 +30,7 @@ from qnnctl.host.staged import (
     Staged,
     Version,
     current,
-    elf_identity,
+    loader_stops_at,
     refuse_unsafe_stage,
     sdk_identity,
 )
@@ -123,6 +123,7 @@ def glibc_tree(scans: Sequence[Scan], work: Path, needed: Version | None, sdk: S
     # The folder that holds libc.so.6 first, so its copies win over same-named others.
     first = posixpath.dirname(libc_member)
     order = [first, *(d for d in GLIBC_DIRS if d != first)]
+    want = sdk_identity()
     tree = work / GLIBC
     make_folder(tree)
     files: dict[str, str] = {}
@@ -132,7 +133,7 @@ def glibc_tree(scans: Sequence[Scan], work: Path, needed: Version | None, sdk: S
             if posixpath.dirname(name) != folder or not _SONAME.match(base) or f"lib/{base}" in files:
                 continue
             target = scan.collected.resolve(name)
-            if target is None or elf_identity(scan.collected.files[target].path) not in (sdk_identity(), None):
+            if target is None or not loader_stops_at(scan.collected.files[target].path, want):
                 continue  # none, or of another class or machine, which the loader passes over
             file = scan.collected.files[target]
             place(file, tree / "lib" / base)

@@ -38,7 +38,7 @@ from qnnctl.host.packages import (
     rpm_info,
     tar_members,
 )
-from qnnctl.host.staged import LOADER, TRIO, elf_identity, sdk_identity
+from qnnctl.host.staged import LOADER, TRIO, loader_stops_at, sdk_identity
 from qnnctl.host.streams import COPY_BUFFER, HashingReader, copy_hashed
 from qnnctl.paths import user_path
 
@@ -111,7 +111,7 @@ def find(scan: Scan, soname: str, dirs: Sequence[str] | None = None) -> tuple[st
         if dirs is not None and posixpath.dirname(name) not in dirs:
             continue
         target = scan.collected.resolve(name)
-        if target is not None and elf_identity(scan.collected.files[target].path) in (want, None):
+        if target is not None and loader_stops_at(scan.collected.files[target].path, want):
             return name, scan.collected.files[target]
     return None
 
