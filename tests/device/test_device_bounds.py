@@ -77,17 +77,33 @@ def test_a_push_to_a_device_that_stopped_answering_is_stopped_in_time(
     file's at 256 kB/s, and nothing is put in place."""
     monkeypatch.setattr(adb, "QUERY_TIMEOUT", 1.0)
     sdk = make_sdk(tmp_path)
+    # The file's share of the time: a second, here.
+    monkeypatch.setattr(adb, "PUSH_SLOWEST", (sdk / "lib" / "aarch64-android" / "libQnnHtp.so").stat().st_size)
     phones.add("R5CT1", soc="SM8650")
     phones.set("R5CT1", push_hangs={"name": "libQnnHtp.so", "times": 1})
     plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
     started = time.monotonic()
     with pytest.raises(DeviceError) as caught:
         push_plan(device("R5CT1"), plan)
-    assert time.monotonic() - started < 15
-    assert re.fullmatch(r"`adb -s R5CT1 push \S+/libQnnHtp\.so \S+/libQnnHtp\.so\.qnnctl-part` did not answer in 1 s",
+    assert 1.5 < time.monotonic() - started < 15
+    assert re.fullmatch(r"`adb -s R5CT1 push \S+/libQnnHtp\.so \S+/libQnnHtp\.so\.qnnctl-part` did not answer in 2 s",
                         caught.value.message), caught.value.message
     folder = phones.path("R5CT1", plan.dest)
     assert sorted(p.name for p in folder.iterdir()) == ["libQnnHtp.so.qnnctl-part"]  # half of it, not in place
+
+
+@pytest.mark.timeout(60)
+def test_a_device_file_that_never_ends_is_stopped_in_time(phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device path that blocks its reader (a pipe no one writes, a device node) held `cat` and
+    qnnctl for ever."""
+    monkeypatch.setattr(adb, "QUERY_TIMEOUT", 1.0)
+    root = phones.add("R5CT1")
+    os.mkfifo(root / "data" / "pipe")
+    started = time.monotonic()
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/pipe")
+    assert time.monotonic() - started < 15
+    assert caught.value.message == "`adb -s R5CT1 exec-out cat '/data/pipe'` did not answer in 1 s"
 
 
 def test_doctor_reads_no_more_than_64_of_a_phones_own_libraries(tmp_path: Path, phones: Phones) -> None:
