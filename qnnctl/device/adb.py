@@ -147,7 +147,7 @@ def _adb_message(proc: subprocess.CompletedProcess[str]) -> str:
     """adb's own words for a failure: its first error line (stderr's, then stdout's), else its first
     line, else its exit status."""
     lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(("error:", "adb: error:", "adb:"))]
+    errors = [line for line in lines if line.startswith(("error:", "adb:"))]  # "adb: error:" among them
     return printable((errors or lines or [f"exit status {proc.returncode}"])[0])
 
 

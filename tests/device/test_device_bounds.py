@@ -152,3 +152,25 @@ def test_a_device_file_that_cannot_be_read_is_named_with_what_the_device_said(ph
     with pytest.raises(DeviceError) as caught:
         device("R5CT1").read("/data/none")
     assert caught.value.message == "cannot read R5CT1:/data/none: cat: /data/none: No such file or directory"
+
+
+@pytest.mark.parametrize(("script", "said"), [
+    ("exit 3", "exit 3"),  # nothing on stderr: the exit status is what there is to say
+    (r"printf '\377 not UTF-8\n' >&2; exit 1", "\ufffd not UTF-8"),
+], ids=["silent", "not-utf8"])
+def test_a_device_file_that_cannot_be_read_is_named_with_what_there_is_to_say(
+        tmp_path: Path, phones: Phones, script: str, said: str) -> None:
+    """A device whose cat fails otherwise than toybox's does."""
+    device_bin = tmp_path / "device-bin"
+    device_bin.mkdir()
+    (device_bin / "cat").write_text(f"#!/bin/sh\n{script}\n")
+    (device_bin / "cat").chmod(0o755)
+    phones.add("R5CT1", env={"PATH": f"{device_bin}:/usr/bin:/bin"})
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/local/tmp")
+    assert caught.value.message == f"cannot read R5CT1:/data/local/tmp: {said}"
+
+
+def test_a_device_that_does_not_say_its_model_or_soc_is_described_so(phones: Phones) -> None:
+    phones.add("R5CT1", soc="", model="")
+    assert device("R5CT1").describe() == "R5CT1 (unknown model, Android 15, SoC unknown)"
