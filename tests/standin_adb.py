@@ -92,7 +92,8 @@ def devices_text(devices: list[dict[str, Any]], long: bool) -> str:
             lines.append(f"{device['serial']}\t{device['state']}")
             continue
         line = f"{device['serial']:<22} {device['state']}"
-        usb = "" if ":" in device["serial"] else f" usb:1-{n}"  # a network device (HOST:PORT) has no USB path
+        # A network device (HOST:PORT, or a wireless one found by mDNS) has no USB path.
+        usb = "" if ":" in device["serial"] or device["serial"].endswith("._tcp") else f" usb:1-{n}"
         if device["state"] == "device":
             props = device.get("props", {})
             model = props.get("ro.product.model", "").replace(" ", "_")

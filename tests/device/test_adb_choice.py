@@ -36,6 +36,21 @@ def test_adb_devices_is_read_with_every_field_adb_lists(phones: Phones) -> None:
     assert phones.calls() == [["devices", "-l"]]
 
 
+def test_a_serial_or_a_product_name_with_spaces_is_read_whole(phones: Phones) -> None:
+    """A wireless device adb found twice is listed as `adb-R5CT1-AbCdEf (2)._adb-tls-connect._tcp`,
+    and a product's name as the phone gives it. Read by the places of its words, the serial's
+    second word was taken for the device's state, which was then told to reboot into Android."""
+    wireless = "adb-R5CT1-AbCdEf (2)._adb-tls-connect._tcp"
+    phones.add(wireless, model="Galaxy S25", props={"ro.product.name": "My Phone"})
+    phones.add("(no serial number)", state="unauthorized")
+    assert Adb(os.environ).devices() == [
+        Listed(wireless, "device", {"product": "My Phone", "model": "Galaxy_S25", "device": "phone",
+                                    "transport_id": "1"}),
+        Listed("(no serial number)", "unauthorized", {"usb": "1-2", "transport_id": "2"}),
+    ]
+    assert Adb(os.environ).device(wireless).describe() == f"{wireless} (Galaxy S25, Android 15, SoC SM8750)"
+
+
 def test_a_serial_that_breaks_its_line_hides_no_device_listed_after_it(phones: Phones) -> None:
     """adb prints a serial as the phone gives it (only the fields after it lose their newlines): one
     holding a newline breaks its line in two, the first a word alone. That word is passed over, and
@@ -91,8 +106,10 @@ def test_a_device_that_cannot_be_chosen_is_refused_saying_why_and_what_to_do(
     ("recovery", "is in state 'recovery', not booted into Android", REBOOT_HINT),
     ("sideload", "is in state 'sideload', not booted into Android", REBOOT_HINT),
     ("bootloader", "is in state 'bootloader', not booted into Android", REBOOT_HINT),
+    ("detached", "is detached: adb let go of its USB connection (`adb detach`)",
+     "attach it again with `adb attach`, then run the same command again"),
 ], ids=["unauthorized", "offline", "no-permissions", "authorizing", "connecting", "recovery", "sideload",
-        "bootloader"])
+        "bootloader", "detached"])
 def test_a_device_that_is_not_ready_is_refused_naming_its_state_and_the_fix(
         phones: Phones, state: str, what: str, hint: str) -> None:
     phones.add("R5CT1", state=state)
