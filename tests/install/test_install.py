@@ -21,6 +21,8 @@ import pytest
 
 import qnnctl
 import qnnctl.install.commit
+from qnnctl.install.archive import zip_digests
+from qnnctl.install.commit import directory_digest
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import run_qnnctl, start_qnnctl_waiting
@@ -1225,3 +1227,28 @@ def test_folders_are_exchanged_in_two_steps_where_the_kernel_cannot_in_one(tmp_p
     monkeypatch.setattr(commit, "_libc", lambda: None)
     commit.exchange(*folders())
     assert ((tmp_path / "old/x").read_text(), (tmp_path / "new/x").read_text()) == ("new", "old")
+
+
+@pytest.mark.parametrize("way", ["download", "file"])
+def test_a_lock_whose_sha256_is_right_and_central_directory_wrong_is_refused(
+        server: FaultServer, tmp_path: Path, cache_dir: Path, way: str) -> None:
+    """The archive is the one the lock pins, its central directory is not the one the lock pins
+    beside it: an edited lock, which vouches for nothing (exit 4, nothing installed)."""
+    archive = build_archive(tmp_path, "zip")
+    server.add(PATH, archive.read_bytes())
+    sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
+    directory = directory_digest(archive)["central_directory_sha256"]
+    project = tmp_path / "project"
+    project.mkdir()
+    digests = "".join(f'{name} = "{digest}"\n' for name, digest in sorted(zip_digests(archive).items()))
+    (project / "qnnctl.lock").write_text(f'schema = 2\n[sdk]\nversion = "{VERSION}"\nsha256 = "{sha256}"\n'
+                                         f'central_directory_sha256 = "{"0" * 64}"\n'
+                                         f"[sdk.component_sha256]\n{digests}")
+    given = ("--file", str(archive)) if way == "file" else ()
+    refused = run_qnnctl("install", VERSION, "--locked", *given, cwd=project,
+                         env={**os.environ, "QNNCTL_MIRROR": server.base})
+    assert refused.returncode == 4, refused.stderr
+    assert (f"its central directory's sha256 is {directory}, and the lock pins {'0' * 64}; nothing was "
+            "installed") in refused.stderr, refused.stderr
+    assert "qnnctl.lock contradicts itself" in refused.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
