@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qnnctl.device.adb import Adb, DeviceError, Listed
+from qnnctl.device.adb import Adb, DeviceError, Listed, parse_devices
 from qnnctl.errors import QnnctlError, UsageError
 from tests.phones import Phones
 
@@ -49,6 +49,33 @@ def test_a_serial_or_a_product_name_with_spaces_is_read_whole(phones: Phones) ->
         Listed("(no serial number)", "unauthorized", {"usb": "1-2", "transport_id": "2"}),
     ]
     assert Adb(os.environ).device(wireless).describe() == f"{wireless} (Galaxy S25, Android 15, SoC SM8750)"
+
+
+def test_adb_devices_lines_of_every_shape_are_read_by_adbs_own_format() -> None:
+    """adb prints `%-22s %s` (serial, state), then `key:value` fields of its own keys; a serial, a
+    product's name and a state of another adb may hold anything else."""
+    text = ("List of devices attached\n"
+            # A serial that is the name of a state.
+            "device                 device usb:1-1 product:p model:M device:d transport_id:1\n"
+            # A product's name of two words, the second a state's name, and one with a colon.
+            "R5CT2                  device usb:1-2 product:Test device model:M device:d transport_id:2\n"
+            "R5CT3                  device usb:1-3 product:My qti:phone model:M device:d transport_id:3\n"
+            # A serial of three words, on a device adb may not open.
+            f"(no serial number)     {NO_PERMISSIONS} usb:1-4 transport_id:4\n"
+            # A state this adb does not know, of two words.
+            "R5CT5                  waiting now usb:1-5 transport_id:5\n"
+            # A serial that looks like a field.
+            "model:X                unauthorized usb:1-6 transport_id:6\n")
+    assert parse_devices(text) == [
+        Listed("device", "device", {"usb": "1-1", "product": "p", "model": "M", "device": "d", "transport_id": "1"}),
+        Listed("R5CT2", "device", {"usb": "1-2", "product": "Test device", "model": "M", "device": "d",
+                                   "transport_id": "2"}),
+        Listed("R5CT3", "device", {"usb": "1-3", "product": "My qti:phone", "model": "M", "device": "d",
+                                   "transport_id": "3"}),
+        Listed("(no serial number)", "no permissions"),
+        Listed("R5CT5", "waiting", {"usb": "1-5", "transport_id": "5"}),
+        Listed("model:X", "unauthorized", {"usb": "1-6", "transport_id": "6"}),
+    ]
 
 
 def test_a_serial_that_breaks_its_line_hides_no_device_listed_after_it(phones: Phones) -> None:
