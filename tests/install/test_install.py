@@ -1237,7 +1237,9 @@ def test_a_lock_whose_sha256_is_right_and_central_directory_wrong_is_refused(
     archive = build_archive(tmp_path, "zip")
     server.add(PATH, archive.read_bytes())
     sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
-    directory = directory_digest(archive)["central_directory_sha256"]
+    fields = directory_digest(archive)
+    assert fields is not None
+    directory = fields["central_directory_sha256"]
     project = tmp_path / "project"
     project.mkdir()
     digests = "".join(f'{name} = "{digest}"\n' for name, digest in sorted(zip_digests(archive).items()))
