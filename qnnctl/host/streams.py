@@ -24,6 +24,8 @@ from qnnctl.errors import IntegrityError, QnnctlError
 _T = TypeVar("_T")
 
 COPY_BUFFER = 1 << 20
+# Bytes of zstd data decoded at once: a frame's blocks inflate at most about 32,000 times (8 MiB).
+ZSTD_FEED = 256
 XZ_MAGIC = b"\xfd7zXZ\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 BZIP2_MAGIC = b"BZh"
@@ -146,8 +148,44 @@ def zstd_reader(stream: IO[bytes], source: str) -> IO[bytes]:
             f"{source} is compressed with zstd, and Python here has no zstd module",
             hint="install one (`pip install zstandard`) or use Python 3.14 or later, then run again",
         ) from None
-    reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-    return buffered(_DecoderErrors(reader, zstandard.ZstdError, source, "zstd"))
+    return buffered(_DecoderErrors(_ZstdFrames(stream, zstandard), zstandard.ZstdError, source, "zstd"))
+
+
+class _ZstdFrames(io.RawIOBase):
+    """zstd data decoded frame by frame with python-zstandard, EOFError where it ends inside a
+    frame (its stream reader reads a frame cut short as a whole one: a tar cut at a member's end
+    would read as a shorter tar). Input is fed ZSTD_FEED bytes at a time, so that a frame that
+    inflates without bound is never held whole: at most about 8 MiB of output at once."""
+
+    def __init__(self, stream: IO[bytes], zstandard: Any) -> None:
+        self.stream = stream
+        self.zstandard = zstandard
+        self.decoder: Any = None  # the frame being decoded
+        self.input = memoryview(b"")
+        self.output = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.output:
+            if not self.input:
+                self.input = memoryview(self.stream.read(COPY_BUFFER))
+                if not self.input:
+                    if self.decoder is not None and not self.decoder.eof:
+                        raise EOFError("zstd: the data ends inside a frame")
+                    return 0
+            if self.decoder is None or self.decoder.eof:
+                self.decoder = self.zstandard.ZstdDecompressor().decompressobj()
+            self.output = memoryview(self.decoder.decompress(self.input[:ZSTD_FEED]))
+            self.input = self.input[ZSTD_FEED:]
+            if self.decoder.eof and self.decoder.unused_data:  # the next frame starts in what was fed
+                self.input = memoryview(self.decoder.unused_data + self.input)
+        view = memoryview(buffer).cast("B")
+        size = min(len(view), len(self.output))
+        view[:size] = self.output[:size]
+        self.output = self.output[size:]
+        return size
 
 
 class _DecoderErrors(io.RawIOBase):

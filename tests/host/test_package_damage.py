@@ -155,6 +155,22 @@ def test_zstd_parts_are_read_in_process(tmp_path: Path, monkeypatch: pytest.Monk
     assert found.resolve("usr/lib64/libc++.so.1") == "usr/lib/llvm-14/lib/libc++.so.1.0"
 
 
+def test_zstd_data_cut_where_a_member_ends_is_corrupt(tmp_path: Path) -> None:
+    """data.tar.zst in two frames, the second cut after its header: the tar read would end
+    where the libraries' members begin, as a shorter tar with nothing wrong in it."""
+    zstandard = pytest.importorskip("zstandard")
+    tar = tar_bytes(TREE, "")
+    before_libraries = 2 * 512  # "./" and "./usr/": a header each
+    second = zstandard.ZstdCompressor().compress(tar[before_libraries:])
+    data = zstandard.ZstdCompressor().compress(tar[:before_libraries]) + second[:8]
+    deb = deb_of(tmp_path / "p.deb", [("debian-binary", b"2.0\n"), ("control.tar.gz", control_tar()),
+                                      ("data.tar.zst", data)])
+    with pytest.raises(IntegrityError) as caught:
+        collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
+    assert caught.value.message.startswith("p.deb is corrupt or truncated: ")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("libc++*"))
+
+
 # -- RPM headers (rpmfile) -----------------------------------------------------------------
 
 

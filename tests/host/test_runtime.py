@@ -27,6 +27,7 @@ import pytest
 from qnnctl.errors import DownloadError, IntegrityError, QnnctlError, UsageError
 from qnnctl.host import llvm as llvm_module
 from qnnctl.host import sources as sources_module
+from qnnctl.host.build import RuntimePins
 from qnnctl.host.machine import glibc_version as host_glibc
 from qnnctl.host.needs import glibc_shortfall, missing_host_libraries, sdk_glibc_requirement
 from qnnctl.host.runtime import LOCK_KEY, RuntimeRequest, RuntimeResult, stage_runtime
@@ -1480,6 +1481,23 @@ def new_glibc_sdk(tmp_path: Path, sdk: Sdk) -> Sdk:
     subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", "-o", str(sdk.lib_dir / "libQnnHtp.so"),
                     str(source), str(stub / "libc.so.6")], check=True)
     return sdk
+
+
+def test_a_kept_trio_off_the_lock_is_refused_before_a_glibc_source_is_read(
+        tmp_path: Path, cache: Cache, new_glibc_sdk: Sdk) -> None:
+    """A glibc to stage, the trio kept: the kept trio is held to the lock first, so a stage refused
+    anyway reads no source (nor downloads a package), and the refusal names the kept library."""
+    stub_trio(tmp_path / "trio")
+    first = stage_runtime(cache, None, RuntimeRequest(sources=(tmp_path / "trio",), force=True, use_apt=False),
+                          os.environ)
+    assert first.libcxx is not None
+    pins = RuntimePins("qnnctl.lock", {"libcxx": {
+        f"lib/{name}": hashlib.sha256((first.libcxx.lib_dir / name).read_bytes()).hexdigest() for name in TRIO}})
+    (first.libcxx.lib_dir / "libunwind.so.1").write_bytes(b"\x7fELF changed")
+    damaged = build_deb(tmp_path / "libc6.deb", "libc6", "2.99", [], data_member=b"\xfd7zXZ\x00 cut short")
+    with pytest.raises(IntegrityError, match=r"^the runtime staged in .*: lib/libunwind\.so\.1: [0-9a-f]{64}, pinned"):
+        stage_runtime(cache, new_glibc_sdk, RuntimeRequest(sources=(damaged,), use_apt=False, pins=pins), os.environ)
+    assert current(cache, GLIBC) is None
 
 
 def test_glibc_requirement_is_read_from_the_sdk(new_glibc_sdk: Sdk, sdk: Sdk) -> None:

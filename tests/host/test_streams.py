@@ -185,7 +185,7 @@ def damaged(data: bytes) -> bytes:
 
 @pytest.mark.parametrize(("codec", "message"), [
     ("bz2", "p.tar is corrupt or truncated: bzip2: Invalid data stream"),
-    ("zst", "p.tar is corrupt or truncated: zstd: zstd decompress error: Data corruption detected"),
+    ("zst", "p.tar is corrupt or truncated: zstd: zstd decompressor error: Data corruption detected"),
 ])
 def test_damaged_data_is_an_integrity_error_naming_the_package_and_codec(codec: str, message: str) -> None:
     data = damaged(compress(PLAIN, codec))
@@ -210,6 +210,42 @@ def test_an_error_of_the_stream_under_a_decompressor_is_not_called_damage(tmp_pa
         decompressed(raw, b"BZh9", "p.bz2").read()
     assert type(caught.value) is OSError
     assert caught.value.errno == errno.EBADF
+
+
+@pytest.mark.parametrize("cut", [
+    pytest.param(lambda frame: frame[: len(frame) // 2], id="inside-its-only-frame"),
+    pytest.param(lambda frame: frame[:-1], id="one-byte-short"),
+    # The first frame whole, the second cut after its header: what is read ends where the first
+    # frame's data ends (a tar member's end), as if the data had no more.
+    pytest.param(lambda frame: frame + frame[:8], id="after-a-whole-frame"),
+])
+def test_zstd_cut_inside_a_frame_is_an_eof_error(cut: object) -> None:
+    data = cut(compress(PLAIN, "zst"))  # type: ignore[operator]
+    stream = buffered(streams.Passthrough(io.BytesIO(data)))
+    with pytest.raises(EOFError):
+        decompressed(stream, peek(stream), "p.tar").read()
+
+
+def test_zstd_that_inflates_without_bound_is_never_held_whole() -> None:
+    zstandard = pytest.importorskip("zstandard")
+    packed = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(packed, closefd=False) as writer:
+        zeros = bytes(1 << 20)
+        for _ in range(256):
+            writer.write(zeros)
+    del zeros
+    stream = buffered(streams.Passthrough(io.BytesIO(packed.getvalue())))
+    reader = decompressed(stream, peek(stream), "p.tar")
+    tracemalloc.start()
+    try:
+        size = 0
+        while block := reader.read(1 << 20):
+            size += len(block)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size == 256 << 20
+    assert peak < 32 << 20
 
 
 def test_zstd_without_a_zstd_module_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,11 +7,13 @@ killed it:
 
 - verdicts come back by mutmut's own rule, as if its `mutants/` had been kept: while the
   mutant's function is unchanged (its hash, which the record keeps, is the one mutmut computes
-  now), under the same mutmut settings (the narrowed pyproject.toml: the test files, the
-  timeout) and the same mutmut release (which numbers the mutants). A fix in one function then
-  costs a check of that function's mutants alone. A record without the hashes (an older one)
-  gives verdicts back only while the whole source file is byte for byte the same. Changed
-  tests do not drop them, as in mutmut itself (`--retest` tests the survivors again);
+  now), under the same mutmut settings (the narrowed pyproject.toml's `[tool.mutmut]` and
+  `[tool.pytest]`: the test files, the timeout, pytest's options; not the rest of the file,
+  whose dependencies' floors change no verdict) and the same mutmut release (which numbers the
+  mutants). A fix in one function then costs a check of that function's mutants alone. A
+  record without the hashes (an older one) gives verdicts back only while the whole source
+  file is byte for byte the same. Changed tests do not drop them, as in mutmut itself
+  (`--retest` tests the survivors again);
 - killers come back always: they only order each mutant's tests (ordered_run.py), so a changed
   module is checked again at about one test a killed mutant.
 
@@ -22,11 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from tools.mutation.changes import function_of
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 # mutmut's exit codes for the verdicts a record keeps, by the words it prints (mutmut.stats);
 # "not checked" (and an interrupted check) is kept as not checked.
@@ -62,9 +70,18 @@ SETTINGS = "pyproject.toml"  # in the run folder: [tool.mutmut] narrowed to the 
 def inputs_of(work: Path, sources: tuple[str, ...], mutmut_version: str) -> dict[str, str]:
     """What a run's verdicts depend on besides the tests: the module's sources as exported in
     `work`, the settings mutmut ran with there, and mutmut's release."""
-    found = {name: file_digest(work / name) for name in (*sources, SETTINGS)}
+    found = {name: file_digest(work / name) for name in sources}
+    found[SETTINGS] = settings_digest(work / SETTINGS)
     found["mutmut"] = mutmut_version
     return found
+
+
+def settings_digest(path: Path) -> str:
+    """The sha256 of the settings a verdict depends on: the `[tool.mutmut]` and `[tool.pytest]`
+    tables of the pyproject.toml at `path`, as canonical JSON."""
+    tools = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {})
+    kept = {name: tools[name] for name in ("mutmut", "pytest") if name in tools}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 def file_digest(path: Path) -> str:
@@ -169,7 +186,9 @@ def restore(record: Record, work: Path, sources: tuple[str, ...], mutmut_version
         seeded = len(recorded_killers)
     restored = 0
     now = inputs_of(work, sources, mutmut_version)
-    same_settings = all(record.inputs.get(name) == now[name] for name in (SETTINGS, "mutmut"))
+    # A record written before 2026-12-06 holds the digest of the whole file.
+    settings = {now[SETTINGS], file_digest(work / SETTINGS)}
+    same_settings = record.inputs.get(SETTINGS) in settings and record.inputs.get("mutmut") == now["mutmut"]
     for source in sources:
         meta = work / "mutants" / f"{source}.meta"
         prefix = source.removesuffix(".py").replace("/", ".") + "."

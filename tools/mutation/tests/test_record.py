@@ -70,7 +70,7 @@ def test_a_run_is_recorded_with_each_verdict_and_the_test_that_killed_it(tmp_pat
     found = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
     assert found.commit == "abc123"
     assert found.inputs == {**{s: record.file_digest(work / s) for s in SOURCES},
-                            "pyproject.toml": record.file_digest(work / "pyproject.toml"), "mutmut": MUTMUT}
+                            "pyproject.toml": record.settings_digest(work / "pyproject.toml"), "mutmut": MUTMUT}
     assert found.verdicts == {
         "qnnctl.a.x_f__mutmut_1": record.Verdict("killed", "tests/test_a.py::test_new"),
         # A survivor keeps no killer, whatever killers.tsv says of an earlier run.
@@ -118,7 +118,24 @@ def test_on_another_machine_the_same_sources_get_the_verdicts_back(tmp_path: Pat
                                                         "qnnctl.b.x_f__mutmut_1": "tests/test_b.py::test_b[x y]"}
 
 
-@pytest.mark.parametrize("change", ["settings", "mutmut"])
+def test_a_change_outside_the_settings_of_tests_keeps_the_verdicts(tmp_path: Path) -> None:
+    work = _run_folder(tmp_path, CODES, KILLERS)
+    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
+    fresh = _fresh_folder(tmp_path, work)
+    (fresh / "pyproject.toml").write_text('[project]\ndependencies = ["urllib3>=2.1"]\n\n'
+                                          "[tool.mutmut]\ntimeout_multiplier = 3.0\n", encoding="utf-8")
+    assert record.restore(saved, fresh, SOURCES, MUTMUT, _hashes) == (5, 3)
+
+
+def test_a_record_with_the_digest_of_the_whole_settings_file_still_gives_its_verdicts_back(tmp_path: Path) -> None:
+    work = _run_folder(tmp_path, CODES, KILLERS)
+    saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
+    saved.inputs["pyproject.toml"] = record.file_digest(work / "pyproject.toml")
+    fresh = _fresh_folder(tmp_path, work)
+    assert record.restore(saved, fresh, SOURCES, MUTMUT, _hashes) == (5, 3)
+
+
+@pytest.mark.parametrize("change", ["settings", "pytest", "mutmut"])
 def test_other_settings_get_only_the_killers_back(tmp_path: Path, change: str) -> None:
     work = _run_folder(tmp_path, CODES, KILLERS)
     saved = record.collect(work, SOURCES, STATUS_BY_EXIT_CODE, MUTMUT)
@@ -126,6 +143,9 @@ def test_other_settings_get_only_the_killers_back(tmp_path: Path, change: str) -
     mutmut = MUTMUT
     if change == "settings":  # another list of tests, another timeout
         (fresh / "pyproject.toml").write_text("[tool.mutmut]\ntimeout_multiplier = 15.0\n", encoding="utf-8")
+    elif change == "pytest":  # another option of pytest's
+        (fresh / "pyproject.toml").write_text('[tool.mutmut]\ntimeout_multiplier = 3.0\n\n'
+                                              '[tool.pytest.ini_options]\naddopts = "-x"\n', encoding="utf-8")
     else:  # another release may number the mutants otherwise
         mutmut = "3.9.0"
     assert record.restore(saved, fresh, SOURCES, mutmut, _hashes) == (0, 3)
