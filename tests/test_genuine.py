@@ -682,7 +682,7 @@ def test_the_walk_arounds_are_refused_on_the_genuine_archive(archive: Path, llvm
     server.add(path, served)
     said = {"crc-kept": ["the digest of its component host is"],
             # The lock pins the archive's size too, and the attack is longer: refused from the probe.
-            "two-readings": [f"sent more than {len(data)} bytes, the size {made.stdout.strip()} pins (it says "
+            "two-readings": [f"is longer than {len(data)} bytes, the size {made.stdout.strip()} pins (it says "
                              f"the file is {len(served)} bytes)"],
             "range-ignored": [f"its sha256 is {hashlib.sha256(served).hexdigest()}, the lock pins"],
             "lock-without-parts": ["pins the whole archive's sha256 and no component's: downloading the whole archive",

@@ -60,8 +60,7 @@ def sdk_top(names: Iterable[PurePosixPath]) -> PurePosixPath:
     if others:
         raise NoHostLibrariesError(
             "the archive", no_libraries_for_this_host(others),
-            hint=f"use an SDK archive with {here.lib_dir}/ (QAIRT 2.47 or newer for Linux aarch64), "
-            "or install it on one of the hosts it has libraries for")
+            hint=f"use an SDK archive with {here.lib_dir}/, or install it on one of the hosts it has libraries for")
     raise IntegrityError(
         f"the archive holds no SDK: no member under {here.lib_dir}/",
         hint="check that it is a Qualcomm AI Runtime (QAIRT) SDK archive",

@@ -533,7 +533,7 @@ class Downloader:
 def too_long(shown: str, limit: tuple[int, str], how: str) -> IntegrityError:
     size, who = limit
     return IntegrityError(
-        f"{shown} sent more than {size} bytes, the size {who} ({how}): it is not that archive; the download "
+        f"{shown} is longer than {size} bytes, the size {who} ({how}): it is not that archive; the download "
         "was stopped and removed, and nothing was installed",
         hint="check the server or proxy that answers for that URL; run the same command again once it serves "
         "the archive",

@@ -162,8 +162,8 @@ def not_an_sdk_root(root: Path, missing: list[str], origin: str) -> InvalidSdkEr
     elsewhere = hosts_of(root)
     if elsewhere:
         return InvalidSdkError(str(root), missing, origin, problem=no_libraries_for_this_host(elsewhere),
-                               hint=f"use an SDK with {this_host().lib_dir}/ (QAIRT 2.47 or newer for "
-                               "Linux aarch64), or run on one of the hosts it has libraries for")
+                               hint=f"use an SDK with {this_host().lib_dir}/, or run on one of the hosts it has "
+                               "libraries for")
     below = sdk_roots_below(root)
     if below:
         named = " or ".join(use.get(origin, "{}").format(shlex.quote(str(p))) for p in below)

@@ -495,7 +495,7 @@ def test_a_body_longer_than_the_index_pins_is_cut_off_there(server: FaultServer,
     server.fail(PATH, Fault.endless(served, 64 << 20))
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
-    assert f"sent more than {len(served)} bytes" in refused.value.message, refused.value.message
+    assert f"is longer than {len(served)} bytes" in refused.value.message, refused.value.message
     assert server.bytes_served(PATH) < 32 << 20
     assert _entries(cache.downloads) == []
 
@@ -507,7 +507,7 @@ def test_a_body_that_never_ends_is_cut_off_at_the_most_any_archive_is_when_nothi
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
     assert refused.value.message.startswith(
-        f"{server.base}{PATH} sent more than {1 << 20} bytes, the size qnnctl takes as the most any SDK archive is "
+        f"{server.base}{PATH} is longer than {1 << 20} bytes, the size qnnctl takes as the most any SDK archive is "
         "(the body went on past them)"), refused.value.message
     assert server.bytes_served(PATH) < 32 << 20
 
@@ -524,7 +524,7 @@ def test_a_body_longer_than_the_size_pinned_is_stopped_before_it_is_written(serv
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
     assert (refused.value.message, refused.value.hint) == (
-        f"{server.base}{PATH} sent more than {len(data)} bytes, the size the mirror's {where} says (it says the "
+        f"{server.base}{PATH} is longer than {len(data)} bytes, the size the mirror's {where} says (it says the "
         f"file is {len(longer)} bytes): it is not that archive; the download was stopped and removed, and nothing "
         "was installed",
         "check the server or proxy that answers for that URL; run the same command again once it serves the archive")

@@ -167,7 +167,7 @@ def test_zstd_data_cut_where_a_member_ends_is_corrupt(tmp_path: Path) -> None:
                                       ("data.tar.zst", data)])
     with pytest.raises(IntegrityError) as caught:
         collect(deb_members(deb), wanted, tmp_path / "out", deb.name)
-    assert caught.value.message.startswith("p.deb is corrupt or truncated: ")
+    assert caught.value.message == "p.deb is corrupt or truncated: zstd: the data ends inside a frame"
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("libc++*"))
 
 

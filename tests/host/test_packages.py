@@ -314,6 +314,22 @@ def test_a_tar_streamed_holds_no_member_it_has_passed() -> None:
     assert peak < 8 << 20, peak
 
 
+def test_a_large_library_is_kept_a_block_at_a_time(tmp_path: Path) -> None:
+    """A library is written as it is read, never held whole (the trio's largest is a few MB; the
+    most kept of a package is 256 MiB)."""
+    library = bytes(48 << 20)
+    data = tar_bytes([Entry("./usr/lib/libc++.so.1", library)], "gz")
+    del library
+    tracemalloc.start()
+    try:
+        found = collect(tar_members(io.BytesIO(data), "p.tar.gz"), wanted, tmp_path / "out", "p.tar.gz")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found.files["usr/lib/libc++.so.1"].size == 48 << 20
+    assert peak < 16 << 20, peak
+
+
 def test_a_tar_whose_extended_headers_pass_the_most_together_is_refused(monkeypatch: pytest.MonkeyPatch,
                                                                         tmp_path: Path) -> None:
     """Each within the most one may be, and none chained: their bytes together are bounded too,
@@ -611,6 +627,11 @@ def test_rpm_header_values_missing_empty_or_not_utf8(tmp_path: Path) -> None:
                     tags={1000: (_STRING, b"gl\xffibc"), 5092: (_STRING_ARRAY, [])})
     info = rpm_info_of(odd)
     assert (info.name, info.payload_sha256) == ("gl\ufffdibc", None)
+    # A header of no tags: its index and its store are reads of no bytes, none past the end.
+    empty = build_rpm(tmp_path / "empty.rpm", "glibc", "2.36", "1", rpm_tree(), "gzip",
+                      tags={tag: None for tag in (1000, 1001, 1002, 1022, 1124, 1125, 5092, 5093)})
+    info = rpm_info_of(empty)
+    assert (info.name, info.version, info.release, info.arch, info.compressor) == ("", "", "", "", "gzip")
 
 
 @pytest.mark.parametrize("kind", ["deb", "rpm", "tar"])

@@ -248,6 +248,32 @@ def test_zstd_that_inflates_without_bound_is_never_held_whole() -> None:
     assert peak < 32 << 20
 
 
+def test_zstd_input_is_read_a_block_at_a_time() -> None:
+    """Data that does not compress is not held whole either, on its way in."""
+    zstandard = pytest.importorskip("zstandard")
+    packed = zstandard.ZstdCompressor(level=1).compress(os.urandom(16 << 20))
+    stream = buffered(streams.Passthrough(io.BytesIO(packed)))
+    reader = decompressed(stream, peek(stream), "p.tar")
+    tracemalloc.start()
+    try:
+        size = 0
+        while block := reader.read(1 << 20):
+            size += len(block)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size == 16 << 20
+    assert peak < 8 << 20
+
+
+def test_an_lzma_stream_after_an_xz_one_is_not_read_as_more_of_it() -> None:
+    """xz refuses the file ("Compressed data is corrupt"); Python's reader stops at the end of the
+    xz streams, as it does at any data after them: the .lzma is never read as more of the tar."""
+    data = compress(PLAIN, "xz") + lzma.compress(PLAIN, format=lzma.FORMAT_ALONE)
+    stream = buffered(streams.Passthrough(io.BytesIO(data)))
+    assert decompressed(stream, peek(stream), "p.tar").read() == PLAIN
+
+
 def test_zstd_without_a_zstd_module_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     data = compress(PLAIN, "zst")
     # A None entry makes the import fail as it does where the module is not installed.

@@ -44,7 +44,7 @@ def test_a_body_longer_than_the_pinned_size_is_cut_off_there(command: tuple[str,
     args = [str(tmp_path / "second") if word == "DIR" else word for word in command]
     proc = run_qnnctl(*args)
     assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
-    said = f"sent more than {indexed} bytes, the size the mirror's {mirror.base}/index.json says"
+    said = f"is longer than {indexed} bytes, the size the mirror's {mirror.base}/index.json says"
     assert said in proc.stderr, proc.stderr
     assert "nothing was installed" in proc.stderr or "nothing was added" in proc.stderr, proc.stderr
     # Read up to the size pinned and a block or so more; the rest was never asked for (socket
@@ -62,7 +62,7 @@ def test_a_length_announced_past_the_pinned_size_is_refused_before_the_body(inde
     mirror.fail(ARCHIVE, Fault.claim_length(indexed + 1))
     proc = run_qnnctl("install", VERSION)
     assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
-    assert (f"sent more than {indexed} bytes, the size the mirror's {mirror.base}/index.json says (it says the file "
+    assert (f"is longer than {indexed} bytes, the size the mirror's {mirror.base}/index.json says (it says the file "
             f"is {indexed + 1} bytes)") in proc.stderr, proc.stderr
     assert "hint: check the server or proxy" in proc.stderr
     downloads = cache_dir / "downloads"

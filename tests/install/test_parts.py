@@ -684,13 +684,13 @@ def test_an_archive_said_to_be_longer_than_the_size_allowed_is_refused_before_a_
     server.fail(PATH, _end_of(said))
     refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work")
     assert refused.message == (
-        f"{server.url(PATH)} sent more than {MOST_ARCHIVE} bytes, the size qnnctl takes as the most any SDK archive "
+        f"{server.url(PATH)} is longer than {MOST_ARCHIVE} bytes, the size qnnctl takes as the most any SDK archive "
         f"is (it says the file is {said} bytes): it is not that archive; the download was stopped and removed, and "
         "nothing was installed")
     assert not any((cache_dir / "downloads").glob("*.sparse*"))
     server.fail(PATH, _end_of((1 << 20) + 1))
     refused = _refused_opening(server, Cache(cache_dir), tmp_path / "work", (1 << 20, "the lock pins"))
-    assert f"more than {1 << 20} bytes, the size the lock pins (it says the file is {(1 << 20) + 1} bytes)" \
+    assert f"is longer than {1 << 20} bytes, the size the lock pins (it says the file is {(1 << 20) + 1} bytes)" \
         in refused.message
 
 
@@ -896,7 +896,7 @@ def test_a_whole_download_of_a_pinned_archive_stops_at_the_size_pinned(served: F
                       size=len(plain_zip))
     with pytest.raises(IntegrityError) as refused:
         _install(served, cache_dir, ["host"], expected=[pinned])
-    assert f"sent more than {len(plain_zip)} bytes" in refused.value.message, refused.value.message
+    assert f"is longer than {len(plain_zip)} bytes" in refused.value.message, refused.value.message
     assert served.bytes_served(PATH) < 32 << 20
     assert list((cache_dir / "downloads").iterdir()) == []
 

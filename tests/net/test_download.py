@@ -210,7 +210,7 @@ def test_a_length_past_any_sdk_archive_is_refused_before_a_byte_is_written(mirro
     mirror.fail(PATH, Fault.claim_length(1 << 60))
     result = run_qnnctl("install")
     assert result.returncode == 4, result.stderr
-    assert (f"sent more than {16 << 30} bytes, the size qnnctl takes as the most any SDK archive is (it says the "
+    assert (f"is longer than {16 << 30} bytes, the size qnnctl takes as the most any SDK archive is (it says the "
             f"file is {1 << 60} bytes)") in result.stderr
     _nothing_installed(cache_dir)
     assert not (cache_dir / "downloads" / f"{NAME}.part").exists()
@@ -1263,7 +1263,7 @@ PINNED = "the lock pins"  # who pins the size, as the caller names it (qnnctl.sd
 
 
 def _too_long(url: str, size: int, how: str) -> tuple[str, str]:
-    return (f"{url} sent more than {size} bytes, the size {PINNED} ({how}): it is not that archive; the download "
+    return (f"{url} is longer than {size} bytes, the size {PINNED} ({how}): it is not that archive; the download "
             "was stopped and removed, and nothing was installed",
             "check the server or proxy that answers for that URL; run the same command again once it serves the "
             "archive")

@@ -219,7 +219,7 @@ def test_two_readers_of_one_archive_never_disagree(kit: Kit, server: FaultServer
     if how == "parts":
         # The lock pins the archive's size too, and the attack is longer: refused from the probe's
         # Content-Range, before a byte of it is kept (the two readings are refused below otherwise).
-        assert (f"sent more than {len(kit.genuine)} bytes, the size {locked} pins (it says the file is "
+        assert (f"is longer than {len(kit.genuine)} bytes, the size {locked} pins (it says the file is "
                 f"{len(attack)} bytes)") in said, said
     else:
         assert "more than one end of central directory record" in said
