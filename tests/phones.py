@@ -68,6 +68,12 @@ class Phones:
                 device.update(changes)
         self._save(data)
 
+    def fail_server(self) -> None:
+        """adb's server does not start: every adb command fails, as adb does then."""
+        data = self._load()
+        data["server_fails"] = True
+        self._save(data)
+
     def path(self, serial: str, device_path: str) -> Path:
         return self.state / "fs" / serial / device_path.lstrip("/")
 

@@ -7,7 +7,10 @@ It answers the adb commands qnnctl sends, as adb and a device answer them, from 
     fs/<serial>/      each device's file system: device path /data/x is fs/<serial>/data/x
     calls.jsonl       every invocation's arguments, one JSON list a line
 
-- `devices [-l]` lists them as adb does (`%-22s %s` then `usb:... model:... transport_id:N`);
+- `devices [-l]` lists them as adb does (`%-22s %s` then `usb:... model:... transport_id:N`), and
+  refuses any other argument with adb's usage line;
+- `"server_fails": true` in devices.json: adb's server does not start, and every command fails
+  with adb's words for that and exit status 1;
 - `-s SERIAL` (or $ANDROID_SERIAL) picks one; an unknown serial, none or several, an
   unauthorized or offline device fail with adb's words and exit status 1;
 - `shell getprop [NAME]` answers from the device's properties (`[name]: [value]` lines);
@@ -45,6 +48,13 @@ UNAUTHORIZED = ("error: device unauthorized.\n"
                 "This adb server's $ADB_VENDOR_KEYS is not set\n"
                 "Try 'adb kill-server' if that seems wrong.\n"
                 "Otherwise check for a confirmation dialog on your device.\n")
+SERVER_FAILS = ("* daemon not running; starting now at tcp:5037\n"
+                "ADB server didn't ACK\n"
+                "Full server startup log: /tmp/adb.1000.log\n"
+                "Server had pid: 4242\n"
+                "--- adb starting (pid 4242) ---\n"
+                "* failed to start daemon\n"
+                "adb: failed to check server version: cannot connect to daemon\n")
 
 
 def state_dir() -> Path:
@@ -82,13 +92,15 @@ def devices_text(devices: list[dict[str, Any]], long: bool) -> str:
             lines.append(f"{device['serial']}\t{device['state']}")
             continue
         line = f"{device['serial']:<22} {device['state']}"
+        # A network device (HOST:PORT, or a wireless one found by mDNS) has no USB path.
+        usb = "" if ":" in device["serial"] or device["serial"].endswith("._tcp") else f" usb:1-{n}"
         if device["state"] == "device":
             props = device.get("props", {})
             model = props.get("ro.product.model", "").replace(" ", "_")
-            line += (f" usb:1-{n} product:{props.get('ro.product.name', 'phone')} model:{model} "
+            line += (f"{usb} product:{props.get('ro.product.name', 'phone')} model:{model} "
                      f"device:{props.get('ro.product.device', 'phone')}")
         elif device["state"] == "unauthorized":
-            line += f" usb:1-{n}"
+            line += usb
         lines.append(f"{line} transport_id:{n}")
     return "\n".join(lines) + "\n\n"
 
@@ -198,7 +210,11 @@ def main(argv: list[str]) -> int:
     if not argv:
         return fail("adb: usage: no command specified")
     command, args = argv[0], argv[1:]
+    if data.get("server_fails"):
+        return fail(SERVER_FAILS)
     if command == "devices":
+        if args not in ([], ["-l"]):
+            return fail("adb: usage: adb devices [-l]")
         sys.stdout.write(devices_text(devices, "-l" in args))
         return 0
     if command == "version":

@@ -41,6 +41,12 @@ ADB_HINT = ("install adb: `sudo apt-get install adb` (Debian/Ubuntu), or Android
             "(https://developer.android.com/tools/releases/platform-tools); then put it on PATH, "
             "or set ADB to its path")
 _PROP = re.compile(r"^\[([^\]]+)\]: \[(.*)\]$")
+# adb's states (adb devices -l, second column; `no permissions (...)` is many words) and the keys of
+# the fields after them (adb's transport.cpp, 2025).
+_ADB_STATES = frozenset({"device", "offline", "unauthorized", "authorizing", "connecting", "bootloader",
+                         "recovery", "rescue", "sideload", "host", "detached"})
+_NO_PERMISSIONS = ["no", "permissions"]
+_FIELDS = frozenset({"usb", "product", "model", "device", "transport_id"})
 # What adb's own states mean, and what fixes each (adb devices -l, second column).
 _STATES = {
     "unauthorized": ("is unauthorized: it has not accepted this computer's adb key",
@@ -53,6 +59,8 @@ _STATES = {
                        "tools-common`), or put yourself in the plugdev group, then reconnect it"),
     "authorizing": ("is still being authorized", "wait a moment, then run the same command again"),
     "connecting": ("is still connecting", "wait a moment, then run the same command again"),
+    "detached": ("is detached: adb let go of its USB connection (`adb detach`)",
+                 "attach it again with `adb attach`, then run the same command again"),
 }
 
 
@@ -103,23 +111,39 @@ class Listed:
 
 
 def parse_devices(text: str) -> list[Listed]:
-    """The devices in `adb devices -l` output (its daemon's start-up lines and header aside)."""
+    """The devices in `adb devices -l` output (its daemon's start-up lines and header aside).
+
+    adb prints each as `%-22s %s` (serial, state) and then its fields, `key:value` words, each
+    key one adb writes: a serial or a product's name may hold spaces (a wireless device found
+    twice is `adb-R5CT1-AbCd (2)._adb-tls-connect._tcp`), so the state is found as the first of
+    adb's states after the serial, and a word without a key of adb's goes on the field before it.
+    """
     found: list[Listed] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("*") or line.startswith("List of devices"):
             continue
         # A serial with a control character in it is then one that adb does not know: no loss.
-        parts = [printable(part) for part in line.split()]
-        serial, rest = parts[0], parts[1:]
-        if not rest:
+        words = [printable(word) for word in line.split()]
+        at = next((i for i in range(1, len(words)) if words[i] in _ADB_STATES or words[i:i + 2] == _NO_PERMISSIONS),
+                  1)  # a state adb did not have when this was written: the serial's first word, then it
+        if at >= len(words):
             continue
-        if rest[:2] == ["no", "permissions"]:
-            # `no permissions (missing udev rules? ...); see [http://...]`: a state of two words.
+        serial = " ".join(words[:at])
+        if words[at:at + 2] == _NO_PERMISSIONS:
+            # `no permissions (missing udev rules? ...); see [http://...]`: a state of many words.
             found.append(Listed(serial, "no permissions"))
             continue
-        fields = dict(p.split(":", 1) for p in rest[1:] if ":" in p)
-        found.append(Listed(serial, rest[0], fields))
+        fields: dict[str, str] = {}
+        key = None
+        for word in words[at + 1:]:
+            name, colon, value = word.partition(":")
+            if colon and name in _FIELDS:
+                key = name
+                fields[key] = value
+            elif key is not None:
+                fields[key] += " " + word
+        found.append(Listed(serial, words[at], fields))
     return found
 
 
@@ -147,7 +171,7 @@ def _adb_message(proc: subprocess.CompletedProcess[str]) -> str:
     """adb's own words for a failure: its first error line (stderr's, then stdout's), else its first
     line, else its exit status."""
     lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(("error:", "adb: error:", "adb:"))]
+    errors = [line for line in lines if line.startswith(("error:", "adb:"))]  # "adb: error:" among them
     return printable((errors or lines or [f"exit status {proc.returncode}"])[0])
 
 

@@ -326,7 +326,8 @@ def test_a_push_that_dies_half_way_leaves_the_set_in_place_and_resumes(tmp_path:
     assert (f"pushing {newer}/lib/aarch64-android/libQnnHtpV79Stub.so to R5CT1:{DEST}/libQnnHtpV79Stub.so"
             ".qnnctl-part failed: adb: error: failed to copy") in died.stderr
     assert "Connection reset by peer" in died.stderr
-    assert "run the same command again" in died.stderr
+    assert died.stderr.endswith("qnnctl: hint: check the connection (`adb devices`), then run the same command "
+                                "again: what is already on the device is not sent again\n"), died.stderr
     # The set that was there is whole and untouched; the half file is a part file beside it.
     assert {k: v for k, v in pushed(phones, "R5CT1").items() if not k.endswith(".qnnctl-part")} == before
     part = phones.path("R5CT1", f"{DEST}/libQnnHtpV79Stub.so.qnnctl-part")

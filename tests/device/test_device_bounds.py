@@ -77,17 +77,33 @@ def test_a_push_to_a_device_that_stopped_answering_is_stopped_in_time(
     file's at 256 kB/s, and nothing is put in place."""
     monkeypatch.setattr(adb, "QUERY_TIMEOUT", 1.0)
     sdk = make_sdk(tmp_path)
+    # The file's share of the time: a second, here.
+    monkeypatch.setattr(adb, "PUSH_SLOWEST", (sdk / "lib" / "aarch64-android" / "libQnnHtp.so").stat().st_size)
     phones.add("R5CT1", soc="SM8650")
     phones.set("R5CT1", push_hangs={"name": "libQnnHtp.so", "times": 1})
     plan = plan_push(Sdk(sdk, V2_51, "--sdk"), resolve_soc("SM8650", None))
     started = time.monotonic()
     with pytest.raises(DeviceError) as caught:
         push_plan(device("R5CT1"), plan)
-    assert time.monotonic() - started < 15
-    assert re.fullmatch(r"`adb -s R5CT1 push \S+/libQnnHtp\.so \S+/libQnnHtp\.so\.qnnctl-part` did not answer in 1 s",
+    assert 1.5 < time.monotonic() - started < 15
+    assert re.fullmatch(r"`adb -s R5CT1 push \S+/libQnnHtp\.so \S+/libQnnHtp\.so\.qnnctl-part` did not answer in 2 s",
                         caught.value.message), caught.value.message
     folder = phones.path("R5CT1", plan.dest)
     assert sorted(p.name for p in folder.iterdir()) == ["libQnnHtp.so.qnnctl-part"]  # half of it, not in place
+
+
+@pytest.mark.timeout(60)
+def test_a_device_file_that_never_ends_is_stopped_in_time(phones: Phones, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device path that blocks its reader (a pipe no one writes, a device node) held `cat` and
+    qnnctl for ever."""
+    monkeypatch.setattr(adb, "QUERY_TIMEOUT", 1.0)
+    root = phones.add("R5CT1")
+    os.mkfifo(root / "data" / "pipe")
+    started = time.monotonic()
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/pipe")
+    assert time.monotonic() - started < 15
+    assert caught.value.message == "`adb -s R5CT1 exec-out cat '/data/pipe'` did not answer in 1 s"
 
 
 def test_doctor_reads_no_more_than_64_of_a_phones_own_libraries(tmp_path: Path, phones: Phones) -> None:
@@ -136,3 +152,25 @@ def test_a_device_file_that_cannot_be_read_is_named_with_what_the_device_said(ph
     with pytest.raises(DeviceError) as caught:
         device("R5CT1").read("/data/none")
     assert caught.value.message == "cannot read R5CT1:/data/none: cat: /data/none: No such file or directory"
+
+
+@pytest.mark.parametrize(("script", "said"), [
+    ("exit 3", "exit 3"),  # nothing on stderr: the exit status is what there is to say
+    (r"printf '\377 not UTF-8\n' >&2; exit 1", "\ufffd not UTF-8"),
+], ids=["silent", "not-utf8"])
+def test_a_device_file_that_cannot_be_read_is_named_with_what_there_is_to_say(
+        tmp_path: Path, phones: Phones, script: str, said: str) -> None:
+    """A device whose cat fails otherwise than toybox's does."""
+    device_bin = tmp_path / "device-bin"
+    device_bin.mkdir()
+    (device_bin / "cat").write_text(f"#!/bin/sh\n{script}\n")
+    (device_bin / "cat").chmod(0o755)
+    phones.add("R5CT1", env={"PATH": f"{device_bin}:/usr/bin:/bin"})
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").read("/data/local/tmp")
+    assert caught.value.message == f"cannot read R5CT1:/data/local/tmp: {said}"
+
+
+def test_a_device_that_does_not_say_its_model_or_soc_is_described_so(phones: Phones) -> None:
+    phones.add("R5CT1", soc="", model="")
+    assert device("R5CT1").describe() == "R5CT1 (unknown model, Android 15, SoC unknown)"

@@ -226,6 +226,21 @@ def test_zstd_cut_inside_a_frame_is_an_eof_error(cut: object) -> None:
         decompressed(stream, peek(stream), "p.tar").read()
 
 
+def read_through(data: bytes) -> tuple[int, int]:
+    """How many bytes `data` decompresses to, read a MiB at a time, and the most memory the
+    reading held at once (tracemalloc's peak)."""
+    stream = buffered(streams.Passthrough(io.BytesIO(data)))
+    reader = decompressed(stream, peek(stream), "p.tar")
+    tracemalloc.start()
+    try:
+        size = 0
+        while block := reader.read(1 << 20):
+            size += len(block)
+        return size, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_zstd_that_inflates_without_bound_is_never_held_whole() -> None:
     zstandard = pytest.importorskip("zstandard")
     packed = io.BytesIO()
@@ -234,16 +249,7 @@ def test_zstd_that_inflates_without_bound_is_never_held_whole() -> None:
         for _ in range(256):
             writer.write(zeros)
     del zeros
-    stream = buffered(streams.Passthrough(io.BytesIO(packed.getvalue())))
-    reader = decompressed(stream, peek(stream), "p.tar")
-    tracemalloc.start()
-    try:
-        size = 0
-        while block := reader.read(1 << 20):
-            size += len(block)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    size, peak = read_through(packed.getvalue())
     assert size == 256 << 20
     assert peak < 32 << 20
 
@@ -251,17 +257,7 @@ def test_zstd_that_inflates_without_bound_is_never_held_whole() -> None:
 def test_zstd_input_is_read_a_block_at_a_time() -> None:
     """Data that does not compress is not held whole either, on its way in."""
     zstandard = pytest.importorskip("zstandard")
-    packed = zstandard.ZstdCompressor(level=1).compress(os.urandom(16 << 20))
-    stream = buffered(streams.Passthrough(io.BytesIO(packed)))
-    reader = decompressed(stream, peek(stream), "p.tar")
-    tracemalloc.start()
-    try:
-        size = 0
-        while block := reader.read(1 << 20):
-            size += len(block)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    size, peak = read_through(zstandard.ZstdCompressor(level=1).compress(os.urandom(16 << 20)))
     assert size == 16 << 20
     assert peak < 8 << 20
 
