@@ -20,7 +20,17 @@ from qnnctl.version import __version__
 
 
 def main() -> None:
-    """`qnnctl ...`: the lean `env`, else the full command line."""
+    """`qnnctl ...`: the lean `env`, else the full command line. A Ctrl-C while either is still being
+    imported (each says so itself once it runs) is said as they say it, not with a traceback."""
+    try:
+        _main()
+    except KeyboardInterrupt:
+        if sys.stderr is not None:
+            sys.stderr.write(f"qnnctl: {INTERRUPTED}\n")
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _main() -> None:
     if sys.argv[1:] in (["--version"], ["-V"]) and sys.stdout is not None:
         # What click's version option prints, without loading click and the SDK model to say it.
         sys.stdout.write(f"qnnctl, version {__version__}\n")
@@ -35,9 +45,6 @@ def main() -> None:
                 sys.stdout.write(text)
                 sys.stdout.flush()
                 return
-        except KeyboardInterrupt:
-            sys.stderr.write(f"qnnctl: {INTERRUPTED}\n")
-            sys.exit(EXIT_INTERRUPTED)
         except (OSError, UnicodeError):
             pass  # stdout cannot take the text: the full command line says so, as it does
     if sys.argv[1:2] == ["lower"]:

@@ -31,6 +31,37 @@ def test_a_cache_that_cannot_be_created_is_one_line_and_a_hint(tmp_path: Path) -
         assert "QNNCTL_CACHE_DIR" in result.stderr
 
 
+_INTERRUPTED_IN_IMPORT = """
+import sys
+from qnnctl.launch import main
+
+stopped = sys.argv.pop(1)
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == stopped:
+            raise KeyboardInterrupt  # the user's Ctrl-C, while the module is being imported
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+main()
+"""
+
+
+@pytest.mark.parametrize(("args", "module"), [
+    (["doctor"], "qnnctl.cli"),
+    (["lower", "--", "true"], "qnnctl.commands.leanlower"),
+    (["env"], "qnnctl.commands.leanenv"),
+])
+def test_ctrl_c_before_a_command_has_started_is_said_as_after(args: list[str], module: str) -> None:
+    """A Ctrl-C in the first tenths of a second, while the command line is still being imported,
+    ended in a traceback of the import machinery."""
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_IN_IMPORT, module, *args], capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        130, "", "qnnctl: interrupted; run the same command again to resume\n")
+
+
 @pytest.mark.stdlib
 def test_ctrl_c_during_a_download_says_how_to_resume(mirror: FaultServer, cache_dir: Path, tmp_path: Path) -> None:
     path = f"/{VERSION}/v{VERSION}.zip"
