@@ -36,6 +36,7 @@ QUERY_TIMEOUT = 120.0
 ANSWER_MOST = 16 << 20
 FILE_MOST = 256 << 20
 OUTPUT_GRACE = 5.0  # seconds to wait for the rest of what an ended adb printed
+NO_SHA256SUM = "qnnctl: no sha256sum"  # what the hashing loop prints first on a device without it
 PUSH_SLOWEST = 256 << 10  # bytes a second a push may take at the slowest (USB 2 does 20 MB/s and more)
 ADB_HINT = ("install adb: `sudo apt-get install adb` (Debian/Ubuntu), or Android's platform-tools "
             "(https://developer.android.com/tools/releases/platform-tools); then put it on PATH, "
@@ -316,9 +317,14 @@ class Device:
         # Each file is hashed from stdin, in the order asked: its name is never read back. GNU
         # sha256sum escapes a name holding a backslash or a newline (a backslash before the
         # line, then "\\" and "\n" in the name) and toybox may not: no one reading fits both.
+        # Without sha256sum, every file would read as missing (its failure is one a missing file's).
         quoted = " ".join(quote_posix(p) for p in paths)
-        proc = self.shell(f'for f in {quoted}; do {{ sha256sum < "$f"; }} 2>/dev/null || echo -; done',
-                          check=False)
+        proc = self.shell(f"command -v sha256sum >/dev/null || {{ echo '{NO_SHA256SUM}'; exit 127; }}; "
+                          f'for f in {quoted}; do {{ sha256sum < "$f"; }} 2>/dev/null || echo -; done', check=False)
+        if proc.stdout.splitlines()[:1] == [NO_SHA256SUM]:
+            raise DeviceError(f"{self.serial} has no sha256sum, with which qnnctl checks the files on a device",
+                              hint="Android's own toybox has one: check that `adb shell sha256sum < "
+                              "/system/bin/sh` prints a digest, and what the device's PATH holds")
         if proc.returncode != 0:
             raise DeviceError(f"{self.serial}: sha256sum failed: {_adb_message(proc)}",
                               hint="check the device (`adb devices`), then run the same command again")

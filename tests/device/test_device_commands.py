@@ -68,3 +68,18 @@ def test_a_device_whose_sha256sum_answers_more_or_less_than_once_a_file_is_refus
     assert (caught.value.message, caught.value.hint) == (
         f"R5CT1: sha256sum gave {answers} answers for 2 files",
         "check the device (`adb shell sha256sum < /system/bin/sh`), then run the same command again")
+
+
+def test_a_device_without_sha256sum_is_said_so_not_read_as_missing_files(tmp_path: Path, phones: Phones) -> None:
+    """Each file's `sha256sum` failing read as a file not there: every push sent everything again,
+    then refused what it had sent ("sha256 missing on the device")."""
+    bare = tmp_path / "device-bin"  # a PATH with neither sha256sum nor anything else
+    bare.mkdir()
+    root = phones.add("R5CT1", env={"PATH": str(bare)})
+    (root / "data" / "local" / "tmp" / "a").write_bytes(b"a")
+    with pytest.raises(DeviceError) as caught:
+        device("R5CT1").sha256(["/data/local/tmp/a"])
+    assert (caught.value.message, caught.value.hint) == (
+        "R5CT1 has no sha256sum, with which qnnctl checks the files on a device",
+        "Android's own toybox has one: check that `adb shell sha256sum < /system/bin/sh` prints a digest, "
+        "and what the device's PATH holds")
