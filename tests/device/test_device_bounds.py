@@ -41,6 +41,8 @@ def test_a_device_file_past_what_qnnctl_reads_is_stopped_there(
         device("R5CT1").read("/data/big")
     assert caught.value.message == ("`adb -s R5CT1 exec-out cat '/data/big'` printed more than 1.0 MiB, more than "
                                     "qnnctl reads of it: it was stopped there")
+    assert caught.value.hint == ("check what the device answers to it (`adb -s R5CT1 exec-out cat '/data/big'`); "
+                                 "a phone that says that much is not one qnnctl can use")
 
 
 def test_a_preinstalled_library_past_what_qnnctl_reads_is_unreadable_to_doctor(
@@ -104,6 +106,7 @@ def test_a_device_file_that_never_ends_is_stopped_in_time(phones: Phones, monkey
         device("R5CT1").read("/data/pipe")
     assert time.monotonic() - started < 15
     assert caught.value.message == "`adb -s R5CT1 exec-out cat '/data/pipe'` did not answer in 1 s"
+    assert caught.value.hint == "check the device and its cable (`adb devices`), then run the same command again"
 
 
 def test_doctor_reads_no_more_than_64_of_a_phones_own_libraries(tmp_path: Path, phones: Phones) -> None:

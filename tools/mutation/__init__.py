@@ -133,7 +133,7 @@ TARGETS: dict[str, Target] = {
     # adb's answers and a device's files, each bounded, against a stand-in adb that behaves as the real
     # one does, failures included; the device chosen, or refused in adb's and qnnctl's whole words
     # (test_adb_choice); a shell command and the sha256 of files that fail, in whole words too
-    # (test_device_commands); how adb is run: its environment, its input, its output as text (test_adb_runs).
+    # (test_device_commands); how adb is found and run: its environment, its input, its output as text (test_adb_runs).
     "adb": Target(("qnnctl/device/adb.py",), ("tests/device/test_adb_choice.py", "tests/device/test_device_commands.py",
                                               "tests/device/test_adb_runs.py", "tests/device/test_device_bounds.py",
                                               "tests/device/test_device.py")),
