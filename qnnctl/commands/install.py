@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,12 @@ import click
 from qnnctl.commands.common import complete_known, current_cache
 from qnnctl.commands.stderr import log, stderr_is_terminal
 from qnnctl.errors import EXIT_FAILED, QnnctlError
-from qnnctl.host.build import RuntimePins
-from qnnctl.host.runtime import RuntimeRequest, lock_pins, require_stageable_host, stage_runtime
-from qnnctl.host.sources import check_sources
 from qnnctl.install.pipeline import InstallRequest
 from qnnctl.install.pipeline import install as do_install
 from qnnctl.run.environment import ensure_loadable, hold_runtime_to_lock
 from qnnctl.sdk.components import complete, parse_components
 from qnnctl.sdk.holds import wait_for_holders
+from qnnctl.sdk.layout import Sdk
 from qnnctl.sdk.select import select_sdk
 from qnnctl.sdk.vouchers import vouchers
 from qnnctl.shell.exports import check_cache_path
@@ -61,19 +60,14 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     parts = None
     if components is not None:
         parts = parse_components(components)
-    sources: tuple[Path, ...] = ()
-    if runtime or runtime_from:
-        require_stageable_host()  # before a byte of the SDK is fetched
-    if runtime_from:
-        sources = check_sources(runtime_from)  # before a byte of the SDK is fetched
+    staging = _runtime_staging(runtime_from, force, locked) if runtime or runtime_from else None
     request = InstallRequest(spec=version, url=url, file=file, sha256=sha256, force=force, components=parts)
     wait_for_holders.set(wait)
     terminal = stderr_is_terminal()
     result = do_install(request, current_cache(), os.environ, Path.cwd(), vouchers(os.environ, Path.cwd(), locked),
                         terminal=terminal)
-    if runtime or runtime_from:
-        pins = _runtime_pins(result.sdk.version if result.sdk is not None else None, locked)
-        stage_runtime(current_cache(), result.sdk, RuntimeRequest(sources=sources, force=force, pins=pins), os.environ)
+    if staging is not None:
+        staging(result.sdk)
     elif result.sdk is not None:
         _stage_missing_trio(result.sdk)
         hold_runtime_to_lock(result.sdk, current_cache(), Path.cwd())
@@ -87,13 +81,26 @@ def install(version: str | None, url: str | None, file: Path | None, sha256: str
     click.echo(str(result.sdk.root))
 
 
-def _runtime_pins(version: str | None, locked: bool) -> RuntimePins | None:
-    """What the project's lock pins of the host runtime, for `install --runtime` to hold it to."""
-    pins = lock_pins(version, Path.cwd()) if version is not None else None
-    if pins is None and locked:
-        log.info("the lock pins no host runtime: what is staged is checked by where it comes from "
-                 "(apt's signed lists, LLVM's published sha256, the files given); `qnnctl lock` pins it")
-    return pins
+def _runtime_staging(runtime_from: tuple[Path, ...], force: bool, locked: bool) -> Callable[[Sdk | None], None]:
+    """`--runtime`: what can be checked before a byte of the SDK is fetched (that this host can be
+    staged for, that the files given are packages qnnctl reads), then the staging for the SDK
+    installed, held to what the project's lock pins of the host runtime."""
+    # lazy: the staging, and the readers of Debian's and RPM's packages it brings (about 40 ms of
+    # imports), which every other install would pay before its download starts
+    from qnnctl.host.runtime import RuntimeRequest, lock_pins, require_stageable_host, stage_runtime
+    from qnnctl.host.sources import check_sources  # lazy: as the line above
+
+    require_stageable_host()
+    sources = check_sources(runtime_from) if runtime_from else ()
+
+    def stage(sdk: Sdk | None) -> None:
+        pins = lock_pins(sdk.version, Path.cwd()) if sdk is not None else None
+        if pins is None and locked:
+            log.info("the lock pins no host runtime: what is staged is checked by where it comes from "
+                     "(apt's signed lists, LLVM's published sha256, the files given); `qnnctl lock` pins it")
+        stage_runtime(current_cache(), sdk, RuntimeRequest(sources=sources, force=force, pins=pins), os.environ)
+
+    return stage
 
 
 def _found_where(origin: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -1254,3 +1255,27 @@ def test_a_lock_whose_sha256_is_right_and_central_directory_wrong_is_refused(
             "installed") in refused.stderr, refused.stderr
     assert "qnnctl.lock contradicts itself" in refused.stderr
     assert not (cache_dir / "sdks" / VERSION).exists()
+
+
+_MODULES_AT_EXIT = r"""
+import atexit, json, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+from qnnctl.launch import main
+main()
+"""
+
+
+def test_an_install_without_runtime_imports_no_staging(tmp_path: Path, cache_dir: Path) -> None:
+    """The host runtime's staging, and the readers of Debian's and RPM's packages it brings, are
+    for `--runtime`: every other install paid for their imports before its download started."""
+    archive = build_archive(tmp_path, "zip", SdkSpec())
+    modules = tmp_path / "modules.json"
+    proc = subprocess.run([sys.executable, "-c", _MODULES_AT_EXIT, str(modules), "install", "--file", str(archive)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(modules.read_text())
+    assert "qnnctl.install.pipeline" in loaded
+    staging = ("qnnctl.host.runtime", "qnnctl.host.build", "qnnctl.host.packages", "qnnctl.host.sources",
+               "qnnctl.host.llvm", "debian", "rpmfile", "arpy")
+    assert [m for m in loaded if any(m == name or m.startswith(name + ".") for name in staging)] == []
