@@ -1279,3 +1279,27 @@ def test_an_install_without_runtime_imports_no_staging(tmp_path: Path, cache_dir
     staging = ("qnnctl.host.runtime", "qnnctl.host.build", "qnnctl.host.packages", "qnnctl.host.sources",
                "qnnctl.host.llvm", "debian", "rpmfile", "arpy")
     assert [m for m in loaded if any(m == name or m.startswith(name + ".") for name in staging)] == []
+
+
+@pytest.mark.parametrize("way", ["download", "file"])
+def test_what_an_install_writes_is_checked_as_written_never_read_back(
+        way: str, mirror: FaultServer, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The components' digests are taken over the sha256 of each file as it was written: nothing
+    is read back from the disk to be hashed again (the check would then be of another read, and
+    hash a 1-2 GB SDK twice)."""
+    from qnnctl.install.pipeline import InstallRequest, install
+    from qnnctl.sdk import members
+    from qnnctl.sdk.cache import Cache
+
+    read_back: list[str] = []
+    monkeypatch.setattr(members, "_file_sha256", lambda path: read_back.append(path) or "0" * 64)
+    archive = tmp_path / "v.zip"
+    archive.write_bytes(mirror.files[PATH])
+    request = InstallRequest(spec=VERSION) if way == "download" else InstallRequest(file=archive)
+    env = dict(os.environ)
+    result = install(request, Cache(cache_dir), env, Path.cwd(), vouchers(env, Path.cwd()))
+    assert result.action == "installed"
+    assert read_back == []
+    manifest = read_manifest(cache_dir / "sdks" / VERSION)
+    assert manifest is not None
+    assert manifest["component_sha256"]
