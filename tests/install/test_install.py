@@ -1292,7 +1292,12 @@ def test_what_an_install_writes_is_checked_as_written_never_read_back(
     from qnnctl.sdk.cache import Cache
 
     read_back: list[str] = []
-    monkeypatch.setattr(members, "_file_sha256", lambda path: read_back.append(path) or "0" * 64)
+
+    def read_again(path: str) -> str:
+        read_back.append(path)
+        return "0" * 64
+
+    monkeypatch.setattr(members, "_file_sha256", read_again)
     archive = tmp_path / "v.zip"
     archive.write_bytes(mirror.files[PATH])
     request = InstallRequest(spec=VERSION) if way == "download" else InstallRequest(file=archive)
