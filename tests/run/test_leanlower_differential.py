@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_terminal
+from tests.conftest import read_terminal, with_default_sigint
 from tests.httpserver import FaultServer
 from tests.sdkfactory import VERSION, build_sdk_tree
 
@@ -106,7 +106,7 @@ def test_ctrl_c_during_an_install_on_the_way_reads_the_same(mirror: FaultServer,
     for command, cache, name in zip((LEAN, FULL), caches, ("lean", "full")):
         path = f"/{name}/{VERSION}/v{VERSION}.zip"
         mirror.add(path, archive)
-        proc = subprocess.Popen([*command, "--sdk", VERSION, "--", "true"], stdout=subprocess.PIPE,
+        proc = subprocess.Popen(with_default_sigint([*command, "--sdk", VERSION, "--", "true"]), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                 env={**os.environ, "QNNCTL_CACHE_DIR": str(cache),
                                      "QNNCTL_MIRROR": f"{mirror.base}/{name}"})
