@@ -388,10 +388,10 @@ def run(args: argparse.Namespace, contending: list[Build]) -> None:
         ours = med("qnnctl install", "wall")
         if "curl + unzip" in contenders:
             rounds = [a.wall / b.wall for a, b in zip(results["qnnctl install"], results["curl + unzip"], strict=True)]
-            print(f"\nqnnctl / (curl + unzip) = {ours / med('curl + unzip', 'wall'):.2f}   (target <= 0.7); "
+            print(f"\nqnnctl / (curl + unzip) = {ours / med('curl + unzip', 'wall'):.2f}   (target <= 0.40); "
                   f"median of the rounds' ratios {statistics.median(rounds):.2f}")
         if "reference" in contenders:
-            print(f"qnnctl / reference      = {ours / med('reference', 'wall'):.2f}   (target <= 0.7)")
+            print(f"qnnctl / reference      = {ours / med('reference', 'wall'):.2f}   (target <= 0.55)")
         for earlier in contending[1:]:
             name = f"qnnctl {earlier.label}"
             print(f"qnnctl / {earlier.label} = {ours / med(name, 'wall'):.2f} wall, "
