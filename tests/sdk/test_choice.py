@@ -277,3 +277,23 @@ def test_install_with_the_users_sdk_root_reuses_it(mirror: FaultServer, cache_di
     _reused_by_install(cache_dir, {**os.environ, "QNN_SDK_ROOT": str(root)}, root,
                       "is the one QNN_SDK_ROOT names: nothing to install", BY_ENV)
     assert mirror.requests == []
+
+
+def test_a_pinned_prefix_is_looked_up_in_what_the_mirror_holds(mirror: FaultServer, cache_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """A project's `.qnn-version` of `2.37` behind a mirror: the newest 2.37 the mirror's index
+    lists, as for `qnnctl install 2.37`, not the newest 2.37 qnnctl knows of (which the mirror
+    may not hold, and `install` would then refuse)."""
+    listed = "2.37.9.260101"
+    made = run_qnnctl("mirror", str(tmp_path / "made"), VERSION)
+    assert made.returncode == 0, made.stderr
+    index = json.loads((tmp_path / "made" / "index.json").read_text())
+    index["versions"] = {listed: index["versions"][VERSION]}
+    mirror.add("/index.json", json.dumps(index).encode(), "application/json")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".qnn-version").write_text("2.37\n")
+    proc = run_qnnctl("install", "-v", cwd=project)
+    assert f"chose SDK {listed} (pinned in {project / '.qnn-version'})" in proc.stderr, proc.stderr
+    assert mirror.requests_for(f"/{listed}/v{listed}.zip") != []  # not served there: exit 3, as for 2.37 itself
+    assert proc.returncode == 3, proc.stderr
