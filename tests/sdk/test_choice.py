@@ -297,3 +297,27 @@ def test_a_pinned_prefix_is_looked_up_in_what_the_mirror_holds(mirror: FaultServ
     assert f"chose SDK {listed} (pinned in {project / '.qnn-version'})" in proc.stderr, proc.stderr
     assert mirror.requests_for(f"/{listed}/v{listed}.zip") != []  # not served there: exit 3, as for 2.37 itself
     assert proc.returncode == 3, proc.stderr
+
+
+def test_the_projects_lock_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultServer, cache_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    """`qnnctl install` without a version reuses the SDK this shell was set up for, or the one
+    QNN_SDK_ROOT names: in a project with a qnnctl.lock, that SDK is held to the lock as any other
+    is (exit 4 when it came from another archive), not taken because the shell named it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for args in (("install", VERSION), ("use", VERSION), ("lock",)):
+        done = run_qnnctl(*args, cwd=project)
+        assert done.returncode == 0, done.stderr
+    root = cache_dir / "sdks" / VERSION
+    env_root = {**os.environ, "QNN_SDK_ROOT": str(root)}
+    shells = {"qnnctl env": shell_for(VERSION), "QNN_SDK_ROOT": env_root}
+    for origin, env in shells.items():
+        matching = run_qnnctl("install", env=env, cwd=project)
+        assert (matching.returncode, matching.stdout) == (0, f"{root}\n"), (origin, matching.stderr)
+    manifest_path = root / ".qnnctl.json"
+    manifest_path.write_text(json.dumps({**json.loads(manifest_path.read_text()), "sha256": "0" * 64}))
+    for origin, env in shells.items():
+        other = run_qnnctl("install", env=env, cwd=project)
+        assert (other.returncode, other.stdout) == (4, ""), (origin, other.stderr)
+        assert "0" * 64 in other.stderr, (origin, other.stderr)
