@@ -807,6 +807,31 @@ def test_concurrent_installs_download_once(mirror: FaultServer, cache_dir: Path,
     _cache_is_tidy(cache_dir)
 
 
+
+def test_an_install_that_waited_for_another_holds_what_it_installed_to_its_sha256(mirror: FaultServer,
+                                                                                   cache_dir: Path) -> None:
+    """Two installs at once, the second with --sha256: it waits for the first's lock, then finds
+    the SDK installed meanwhile, which is held to its --sha256 as one installed before would be
+    (exit 4 for another digest), not taken because another qnnctl put it there."""
+    opened = threading.Event()
+    mirror.fail(PATH, Fault.gate(opened))
+    right = hashlib.sha256(mirror.files[PATH]).hexdigest()
+    procs = [_start("install", VERSION)]
+    deadline = time.monotonic() + 60
+    while not mirror.requests_for(PATH) and time.monotonic() < deadline:  # the first holds the lock
+        time.sleep(0.01)
+    procs += [_start("install", VERSION, "--sha256", "0" * 64), _start("install", VERSION, "--sha256", right)]
+    stderr = _Stderr(procs)
+    try:
+        assert stderr.wait_for("waiting for another qnnctl", 2), stderr.lines
+    finally:
+        opened.set()
+    codes = [proc.wait(timeout=120) for proc in procs]
+    assert codes == [0, 4, 0], [stderr.text(i) for i in range(3)]
+    assert f"not {'0' * 64}" in stderr.text(1), stderr.text(1)
+    assert len(mirror.requests_for(PATH)) == 1
+
+
 # -- killed installs ---------------------------------------------------------------------------
 
 
