@@ -1333,3 +1333,24 @@ def test_what_an_install_writes_is_checked_as_written_never_read_back(
     manifest = read_manifest(cache_dir / "sdks" / VERSION)
     assert manifest is not None
     assert manifest["component_sha256"]
+
+
+def test_a_mirror_no_download_can_start_from_is_refused_before_anything(cache_dir: Path) -> None:
+    """A reinstall behind a QNNCTL_MIRROR that is no https or http URL: that is what was typed
+    wrong, said first (exit 2), before the SDK installed is looked at (here held by a running
+    process, which would be exit 1) or any lock is taken."""
+    from qnnctl.sdk.cache import Cache
+    from qnnctl.sdk.holds import hold_sdk
+    from tests.sdkfactory import install_tree_into_cache
+
+    root = install_tree_into_cache(cache_dir, VERSION)
+    fd = hold_sdk(root, Cache(cache_dir))
+    assert fd is not None
+    try:
+        proc = run_qnnctl("install", VERSION, "--force",
+                          env={**os.environ, "QNNCTL_MIRROR": "ftp://mirror.example/qairt"})
+    finally:
+        os.close(fd)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("qnnctl: error: QNNCTL_MIRROR ftp://mirror.example/qairt: qnnctl downloads over "
+                                  "https or http, not ftp:\n"), proc.stderr
