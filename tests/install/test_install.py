@@ -1335,8 +1335,12 @@ def test_what_an_install_writes_is_checked_as_written_never_read_back(
     assert manifest["component_sha256"]
 
 
-def test_a_mirror_no_download_can_start_from_is_refused_before_anything(cache_dir: Path) -> None:
-    """A reinstall behind a QNNCTL_MIRROR that is no https or http URL: that is what was typed
+@pytest.mark.parametrize(("mirror_url", "scheme"), [("ftp://mirror.example/qairt", "ftp"),
+                                                      ("file:///srv/qairt", "file")])
+def test_a_mirror_no_download_can_start_from_is_refused_before_anything(cache_dir: Path, mirror_url: str,
+                                                                        scheme: str) -> None:
+    """A reinstall behind a QNNCTL_MIRROR that is no https or http URL (a mirror is a server, never a
+    folder here: `qnnctl install --file` takes an archive on disk): that is what was typed
     wrong, said first (exit 2), before the SDK installed is looked at (here held by a running
     process, which would be exit 1) or any lock is taken."""
     from qnnctl.sdk.cache import Cache
@@ -1348,9 +1352,9 @@ def test_a_mirror_no_download_can_start_from_is_refused_before_anything(cache_di
     assert fd is not None
     try:
         proc = run_qnnctl("install", VERSION, "--force",
-                          env={**os.environ, "QNNCTL_MIRROR": "ftp://mirror.example/qairt"})
+                          env={**os.environ, "QNNCTL_MIRROR": mirror_url})
     finally:
         os.close(fd)
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
-    assert proc.stderr.startswith("qnnctl: error: QNNCTL_MIRROR ftp://mirror.example/qairt: qnnctl downloads over "
-                                  "https or http, not ftp:\n"), proc.stderr
+    assert proc.stderr.startswith(f"qnnctl: error: QNNCTL_MIRROR {mirror_url}: qnnctl downloads over https or "
+                                  f"http, not {scheme}:\n"), proc.stderr
