@@ -775,9 +775,9 @@ class _Stderr:
         return "".join(self.lines[index])
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
+def _start(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "qnnctl", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy(), cwd=cwd)
 
 
 @pytest.mark.parametrize("count", [2, 4])
@@ -809,10 +809,15 @@ def test_concurrent_installs_download_once(mirror: FaultServer, cache_dir: Path,
 
 
 def test_an_install_that_waited_for_another_holds_what_it_installed_to_its_sha256(mirror: FaultServer,
-                                                                                   cache_dir: Path) -> None:
-    """Two installs at once, the second with --sha256: it waits for the first's lock, then finds
-    the SDK installed meanwhile, which is held to its --sha256 as one installed before would be
-    (exit 4 for another digest), not taken because another qnnctl put it there."""
+                                                                                   cache_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Installs at once, the others with --sha256 or in a project with a lock: each waits for the
+    first's lock, then finds the SDK installed meanwhile, which is held to its --sha256 and its
+    lock as one installed before would be (exit 4 for another digest), not taken because another
+    qnnctl put it there."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "qnnctl.lock").write_text(f'schema = 1\n[sdk]\nversion = "{VERSION}"\nsha256 = "{"1" * 64}"\n')
     opened = threading.Event()
     mirror.fail(PATH, Fault.gate(opened))
     right = hashlib.sha256(mirror.files[PATH]).hexdigest()
@@ -820,15 +825,17 @@ def test_an_install_that_waited_for_another_holds_what_it_installed_to_its_sha25
     deadline = time.monotonic() + 60
     while not mirror.requests_for(PATH) and time.monotonic() < deadline:  # the first holds the lock
         time.sleep(0.01)
-    procs += [_start("install", VERSION, "--sha256", "0" * 64), _start("install", VERSION, "--sha256", right)]
+    procs += [_start("install", VERSION, "--sha256", "0" * 64), _start("install", VERSION, "--sha256", right),
+              _start("install", VERSION, cwd=project)]
     stderr = _Stderr(procs)
     try:
-        assert stderr.wait_for("waiting for another qnnctl", 2), stderr.lines
+        assert stderr.wait_for("waiting for another qnnctl", 3), stderr.lines
     finally:
         opened.set()
     codes = [proc.wait(timeout=120) for proc in procs]
-    assert codes == [0, 4, 0], [stderr.text(i) for i in range(3)]
+    assert codes == [0, 4, 0, 4], [stderr.text(i) for i in range(4)]
     assert f"not {'0' * 64}" in stderr.text(1), stderr.text(1)
+    assert "1" * 64 in stderr.text(3), stderr.text(3)
     assert len(mirror.requests_for(PATH)) == 1
 
 
