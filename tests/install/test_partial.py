@@ -1155,7 +1155,9 @@ def test_progress_is_a_bar_on_a_terminal_whole_or_by_parts(parts_mirror: FaultSe
                                                            components: tuple[str, ...]) -> None:
     returncode, out, seen = run_qnnctl_on_a_terminal("install", VERSION, *components)
     assert (returncode, out) == (0, f"{cache_dir / 'sdks' / VERSION}\n"), seen.decode(errors="replace")
-    assert b"\r" in seen  # tqdm redraws its bar in place
+    # tqdm redraws its bar in place: a carriage return that starts no new line (the terminal
+    # writes every line's end as \r\n, a bar or not)
+    assert re.search(rb"\r(?!\n)", seen), seen
     assert b"% of" not in seen  # and the plain lines are not printed as well
 
 
