@@ -807,7 +807,6 @@ def test_concurrent_installs_download_once(mirror: FaultServer, cache_dir: Path,
     _cache_is_tidy(cache_dir)
 
 
-
 def test_an_install_that_waited_for_another_holds_what_it_installed_to_its_sha256(mirror: FaultServer,
                                                                                    cache_dir: Path,
                                                                                    tmp_path: Path) -> None:
@@ -822,9 +821,7 @@ def test_an_install_that_waited_for_another_holds_what_it_installed_to_its_sha25
     mirror.fail(PATH, Fault.gate(opened))
     right = hashlib.sha256(mirror.files[PATH]).hexdigest()
     procs = [_start("install", VERSION)]
-    deadline = time.monotonic() + 60
-    while not mirror.requests_for(PATH) and time.monotonic() < deadline:  # the first holds the lock
-        time.sleep(0.01)
+    _wait_until(lambda: bool(mirror.requests_for(PATH)), "the first install's download (it holds the lock)", procs[0])
     procs += [_start("install", VERSION, "--sha256", "0" * 64), _start("install", VERSION, "--sha256", right),
               _start("install", VERSION, cwd=project)]
     stderr = _Stderr(procs)
