@@ -1,7 +1,10 @@
-"""Folders removed safely, and the free space a write needs (shutil stays out of `qnnctl env`)."""
+"""Folders removed safely, the free space a write needs, and flock(2) without waiting (shutil
+stays out of `qnnctl env`)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import shutil
 from pathlib import Path
 
@@ -35,3 +38,15 @@ def remove_tree(path: Path) -> None:
         path.unlink(missing_ok=True)
     elif path.exists():
         shutil.rmtree(path, ignore_errors=False)
+
+
+def try_flock(fd: int, kind: int) -> bool:
+    """Take the flock(2) `kind` on `fd` if no one holds a conflicting one; False when someone
+    does. Any other failure (a file system without locks) is raised."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
+    return True

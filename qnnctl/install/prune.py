@@ -13,8 +13,6 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from qnnctl.errors import NotInstalledError, UsageError
 from qnnctl.files import remove_tree
 from qnnctl.records import Record
@@ -32,7 +30,7 @@ from qnnctl.sdk.versions import (
     resolve_version,
     version_in,
 )
-from qnnctl.sdk.work import FILE_LOCK, LOCK_MODE, version_lock, work_id
+from qnnctl.sdk.work import FILE_LOCK, lock_if_free, version_lock, work_id
 from qnnctl.words import size_text
 
 log = logging.getLogger("qnnctl.install.prune")
@@ -90,15 +88,11 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
         if version in keep:
             kept.append(version)
             continue
-        cache.locks.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(cache.lock_path(version)), mode=LOCK_MODE)
-        try:
-            # Not waited for: a running install of this version is replacing or writing it.
-            lock.acquire(timeout=0)
-        except Timeout:
-            busy.append((version, cache.sdk_dir(version)))
-            continue
-        try:
+        # Not waited for: a running install of this version is replacing or writing it.
+        with lock_if_free(cache, version) as free:
+            if not free:
+                busy.append((version, cache.sdk_dir(version)))
+                continue
             target = cache.sdk_dir(version)
             if not (target / MANIFEST_NAME).is_file():
                 continue  # another qnnctl removed it meanwhile
@@ -115,8 +109,6 @@ def prune(specs: Sequence[str], everything: bool, cache: Cache, environ: Mapping
             remove_tree(trash)
             removed.append(Removed(version, target, size))
             log.info("removed SDK %s (%s) from %s", version, mib(size), target)
-        finally:
-            lock.release()
     return Pruned(removed, busy, kept, held)
 
 
@@ -221,15 +213,10 @@ def clean_cache(cache: Cache) -> Cleaned:
             key = version_in(entry.name) or FILE_LOCK
             candidates.append((key, entry))
     for key, entry in candidates:
-        lock = FileLock(str(cache.lock_path(key)), mode=LOCK_MODE)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            busy.append(entry)
-            continue
-        try:
+        with lock_if_free(cache, key) as free:
+            if not free:
+                busy.append(entry)
+                continue
             remove_tree(entry)
             removed.append(entry)
-        finally:
-            lock.release()
     return Cleaned(removed, busy)

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
-from tqdm import tqdm
 from urllib3.exceptions import MaxRetryError
 
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
@@ -181,6 +180,9 @@ def terminal_progress(label: str, total: int | None, initial: int) -> Progress:
     if initial:
         log.info("%s: resuming at %s", label, _of(initial, total))
     started = time.monotonic()
+    # Imported here, not at the top: most installs draw no bar (a pipe, a CI log, `-q`), and tqdm
+    # is about 15 ms of an install's start from a cold page cache (bench/README.md).
+    from tqdm import tqdm
 
     class Bar(tqdm):  # type: ignore[misc]
         # No monitor thread: the download updates the bar often enough, and that thread

@@ -8,15 +8,13 @@ its SDK is in holds it all the same. `uninstall` and a reinstall take the exclus
 folder before they move it, without waiting unless asked to, and name the processes that hold
 it when they cannot.
 
-The lock is flock(2) on a descriptor, not the `filelock` package of the install locks: a hold
-must outlive the exec into the pipeline, as a descriptor the pipeline inherits, and filelock
-has neither a shared lock nor a descriptor to hand on. The kernel drops the lock with the last
+The lock is flock(2) on a descriptor, shared: a hold must outlive the exec into the pipeline,
+as a descriptor the pipeline inherits. The kernel drops the lock with the last
 descriptor that refers to it, so a holder that dies, even by `kill -9`, holds nothing.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -28,6 +26,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from qnnctl.errors import QnnctlError
+from qnnctl.files import try_flock
 from qnnctl.records import Record
 from qnnctl.sdk.cache import MANIFEST_NAME, Cache
 
@@ -118,29 +117,18 @@ def _share(fd: int, root: Path) -> None:
     """A shared lock on the folder `fd` is open on. Moving an SDK takes a moment; a lock held for
     longer than HOLD_WAIT (anyone who can read the folder can take one) is named and refused,
     rather than waited for in silence."""
-    if _try_lock(fd, fcntl.LOCK_SH):
+    if try_flock(fd, fcntl.LOCK_SH):
         return
     holders = describe_holders(holders_of(root))
     log.info("waiting for %s, which is moving or removing the SDK at %s", holders, root)
     deadline = time.monotonic() + HOLD_WAIT
-    while not _try_lock(fd, fcntl.LOCK_SH):
+    while not try_flock(fd, fcntl.LOCK_SH):
         if time.monotonic() > deadline:
             raise QnnctlError(f"the SDK at {root} is locked by {holders} for longer than {HOLD_WAIT:.0f} s; "
                               "it was not used",
                               hint="let that process end (an uninstall or `install --force` of it), then run "
                               "the same command again")
         time.sleep(0.1)
-
-
-def _try_lock(fd: int, kind: int) -> bool:
-    """Take the lock `kind` on `fd` if no one holds a conflicting one; False when someone does."""
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise
-        return False
-    return True
 
 
 def _still_there(root: Path, fd: int, cache: Cache) -> bool:
@@ -165,7 +153,7 @@ def exclusive(version: str, root: Path, doing: str, wait: bool = False) -> Itera
         yield  # nothing there to hold
         return
     try:
-        if not _try_lock(fd, fcntl.LOCK_EX):
+        if not try_flock(fd, fcntl.LOCK_EX):
             holders = holders_of(root)
             if not wait:
                 raise HeldError(version, root, holders, doing)

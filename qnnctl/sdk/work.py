@@ -4,54 +4,96 @@ beside the cache (removed however the work ends), and what a killed run left is 
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from qnnctl.files import remove_tree
+from qnnctl.errors import QnnctlError
+from qnnctl.files import remove_tree, try_flock
 from qnnctl.paths import make_folders
 from qnnctl.sdk.cache import Cache
 
 log = logging.getLogger("qnnctl.sdk.work")
 
 LOCK_WAIT_NOTICE = 2.0  # seconds before saying that another install holds the lock
+LOCK_POLL = 0.05  # seconds between tries until then
 
-
-# An install lock file is never writable by others, whatever the umask (filelock's own default
-# follows the umask, and under 0 leaves it 0666).
+# An install lock file is never writable by others, whatever the umask. It is opened to read
+# only (flock(2) needs no more), so a lock file that another user of a shared cache made is
+# taken all the same, and nothing is ever written through it.
 LOCK_MODE = 0o644
 
 # Installs from files share one lock: an archive's version is known only once it is extracted.
 FILE_LOCK = "file"
 
 
+def _open_lock(cache: Cache, key: str) -> int:
+    """A descriptor on the lock file of `key`, made if missing; never through a link."""
+    cache.locks.mkdir(parents=True, exist_ok=True)
+    path = cache.lock_path(key)
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+    except OSError as exc:
+        kind = "a link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise QnnctlError(f"cannot open the lock {path} ({kind})",
+                          hint=f"remove it (`rm {path}`) if nothing else should be there, then run the "
+                          "same command again") from exc
+
+
+def _take(fd: int, path: Path) -> bool:
+    """Take the lock on `fd` if nobody holds it; False when somebody does."""
+    try:
+        return try_flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise QnnctlError(f"cannot lock {path} ({exc.strerror or exc}): the cache's file system "
+                          "takes no locks",
+                          hint="set QNNCTL_CACHE_DIR to a folder on a local disk") from exc
+
+
+@contextmanager
+def lock_if_free(cache: Cache, key: str) -> Iterator[bool]:
+    """The lock of `key` for the block if nobody holds it (True), else nothing (False): for
+    work that is skipped rather than waited for while an install runs."""
+    fd = _open_lock(cache, key)
+    try:
+        yield _take(fd, cache.lock_path(key))
+    finally:
+        os.close(fd)  # the lock goes with the last descriptor on it
+
+
 @contextmanager
 def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[None]:
     """One installer per version (or key) at a time, across processes; `doing` is what the
-    holder does, in the notice of a wait (installing KEY unless said)."""
-    cache.locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache.lock_path(key)), mode=LOCK_MODE)
-    # The holder's process id, beside the lock (whose own file every waiter truncates).
-    holder = cache.lock_path(key).with_suffix(".pid")
+    holder does, in the notice of a wait (installing KEY unless said). The lock is flock(2), so
+    the kernel drops it when its holder ends, even by `kill -9`."""
+    path = cache.lock_path(key)
+    fd = _open_lock(cache, key)
+    # The holder's process id, beside the lock, for the notice of a wait.
+    holder = path.with_suffix(".pid")
     try:
-        lock.acquire(timeout=LOCK_WAIT_NOTICE)
-    except Timeout:
-        pid = _running_pid(holder)
-        log.info("waiting for another qnnctl%s to finish %s", f" (process {pid})" if pid else "",
-                 doing or f"installing {key}")
-        lock.acquire()
-    try:
-        with suppress(OSError):  # only ever for the notice above
-            holder.write_text(f"{os.getpid()}\n", encoding="ascii")
-        yield
+        deadline = time.monotonic() + LOCK_WAIT_NOTICE
+        while not _take(fd, path):
+            if time.monotonic() >= deadline:
+                pid = _running_pid(holder)
+                log.info("waiting for another qnnctl%s to finish %s", f" (process {pid})" if pid else "",
+                         doing or f"installing {key}")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                break
+            time.sleep(LOCK_POLL)
+        try:
+            with suppress(OSError):  # only ever for the notice above
+                holder.write_text(f"{os.getpid()}\n", encoding="ascii")
+            yield
+        finally:
+            holder.unlink(missing_ok=True)
     finally:
-        holder.unlink(missing_ok=True)
-        lock.release()
+        os.close(fd)
 
 
 def _running_pid(path: Path) -> int | None:

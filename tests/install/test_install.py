@@ -1310,6 +1310,22 @@ def test_an_install_without_runtime_imports_no_staging(tmp_path: Path, cache_dir
     assert [m for m in loaded if any(m == name or m.startswith(name + ".") for name in staging)] == []
 
 
+def test_a_download_without_a_bar_imports_neither_tqdm_nor_filelock(mirror: FaultServer, cache_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """The bar is drawn on a terminal only (here stderr is a pipe), and the install lock is
+    flock(2) itself: from a cold page cache, the two imports were about 45 ms of every install's
+    start (bench/README.md)."""
+    modules = tmp_path / "modules.json"
+    proc = subprocess.run([sys.executable, "-c", _MODULES_AT_EXIT, str(modules), "install", VERSION],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "downloading" in proc.stderr.lower(), proc.stderr  # the lines, in place of a bar
+    loaded = json.loads(modules.read_text())
+    assert "qnnctl.net.download" in loaded
+    assert "qnnctl.sdk.work" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("tqdm", "filelock")] == []
+
+
 @pytest.mark.parametrize("way", ["download", "file"])
 def test_what_an_install_writes_is_checked_as_written_never_read_back(
         way: str, mirror: FaultServer, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
