@@ -9,6 +9,7 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -34,16 +35,26 @@ FILE_LOCK = "file"
 
 
 def _open_lock(cache: Cache, key: str) -> int:
-    """A descriptor on the lock file of `key`, made if missing; never through a link."""
+    """A descriptor on the lock file of `key`, made if missing; never through a link, and never
+    waiting to open what is not a file (a FIFO in its place)."""
     cache.locks.mkdir(parents=True, exist_ok=True)
     path = cache.lock_path(key)
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+        fd = os.open(path, flags, LOCK_MODE)
     except OSError as exc:
         kind = "a link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-        raise QnnctlError(f"cannot open the lock {path} ({kind})",
-                          hint=f"remove it (`rm {path}`) if nothing else should be there, then run the "
-                          "same command again") from exc
+        raise _unusable(path, kind) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _unusable(path, "not a file")
+    return fd
+
+
+def _unusable(path: Path, kind: str) -> QnnctlError:
+    return QnnctlError(f"cannot open the lock {path} ({kind})",
+                       hint=f"remove it (`rm {path}`) if nothing else should be there, then run the same "
+                       "command again")
 
 
 def _take(fd: int, path: Path) -> bool:

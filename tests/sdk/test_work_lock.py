@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -189,6 +190,19 @@ def test_a_link_in_the_locks_place_is_refused_and_not_followed(cache: Cache) -> 
     assert victim.read_text() == "precious\n"
     assert not (cache.root.parent / "made").exists()
     assert not (cache.locks / "2.37.0.250724.pid").exists()
+
+
+def test_a_fifo_or_a_folder_in_the_locks_place_is_refused_not_waited_on(cache: Cache) -> None:
+    """Opening a FIFO to read waits for a writer: a lock that never comes, without a word."""
+    cache.locks.mkdir(parents=True)
+    os.mkfifo(cache.lock_path("2.37.0.250724"))
+    cache.lock_path("file").mkdir()
+    for key in ("2.37.0.250724", "file"):
+        with pytest.raises(QnnctlError) as raised:
+            with work.lock_if_free(cache, key):
+                pytest.fail("a lock taken on what is not a file")
+        assert str(raised.value).startswith(f"cannot open the lock {cache.lock_path(key)} (")
+    assert stat.S_ISFIFO(cache.lock_path("2.37.0.250724").lstat().st_mode)
 
 
 def test_a_file_system_without_locks_is_named(cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
