@@ -98,8 +98,7 @@ def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[N
                 break
             time.sleep(LOCK_POLL)
         try:
-            with suppress(OSError):  # only ever for the notice above
-                holder.write_text(f"{os.getpid()}\n", encoding="ascii")
+            _write_pid(holder)
             yield
         finally:
             holder.unlink(missing_ok=True)
@@ -107,10 +106,30 @@ def version_lock(cache: Cache, key: str, doing: str | None = None) -> Iterator[N
         os.close(fd)
 
 
+# The process id file is opened as the lock is: never through a link, never waiting on a FIFO
+# (which, without its other end, reads as empty and cannot be opened to write).
+_PID_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _write_pid(path: Path) -> None:
+    """This process's id in `path`, for the notice of another qnnctl's wait; only ever for that."""
+    with suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _PID_FLAGS, LOCK_MODE)
+        try:
+            os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        finally:
+            os.close(fd)
+
+
 def _running_pid(path: Path) -> int | None:
     """The process id written in `path`, if that process is running."""
     try:
-        pid = int(path.read_text(encoding="ascii").strip())
+        fd = os.open(path, os.O_RDONLY | _PID_FLAGS)
+        try:
+            text = os.read(fd, 32)
+        finally:
+            os.close(fd)
+        pid = int(text.strip())
     except (OSError, ValueError):
         return None
     return pid if pid > 0 and Path(f"/proc/{pid}").exists() else None

@@ -205,6 +205,33 @@ def test_a_fifo_or_a_folder_in_the_locks_place_is_refused_not_waited_on(cache: C
     assert stat.S_ISFIFO(cache.lock_path("2.37.0.250724").lstat().st_mode)
 
 
+def test_the_process_id_beside_the_lock_is_never_written_through_a_link(cache: Cache) -> None:
+    cache.locks.mkdir(parents=True)
+    victim = cache.root.parent / "victim"
+    victim.write_text("precious\n")
+    (cache.locks / "2.37.0.250724.pid").symlink_to(victim)
+    with work.version_lock(cache, "2.37.0.250724"):
+        assert victim.read_text() == "precious\n"
+    assert victim.read_text() == "precious\n"
+    assert not (cache.locks / "2.37.0.250724.pid").is_symlink()  # the link itself removed with the lock
+
+
+def test_a_fifo_for_the_process_id_is_neither_written_nor_read_waiting(cache: Cache, caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a FIFO waits for the other end: the holder writing its id, the waiter reading it
+    for its notice, would each wait for ever."""
+    monkeypatch.setattr(work, "LOCK_WAIT_NOTICE", 0.2)
+    cache.locks.mkdir(parents=True)
+    os.mkfifo(cache.locks / "2.37.0.250724.pid")
+    proc = _holder(cache, "2.37.0.250724")  # its id not written: no reader
+    released = _release_later(proc, 0.6)
+    caplog.set_level(logging.INFO, logger="qnnctl.sdk.work")
+    with work.version_lock(cache, "2.37.0.250724", "mirroring it"):
+        assert released.is_set()
+    proc.wait(timeout=30)
+    assert [r.getMessage() for r in caplog.records] == ["waiting for another qnnctl to finish mirroring it"]
+
+
 def test_a_file_system_without_locks_is_named(cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
     """flock(2) fails with ENOLCK where a file system keeps no locks (some network mounts): said as
     such, with where else to put the cache, rather than as an unexpected error."""
