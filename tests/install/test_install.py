@@ -26,7 +26,7 @@ from qnnctl.install.archive import zip_digests
 from qnnctl.install.commit import directory_digest
 from qnnctl.sdk.cache import MANIFEST_NAME, read_manifest
 from qnnctl.sdk.vouchers import vouchers
-from tests.conftest import run_qnnctl, start_qnnctl_waiting
+from tests.conftest import run_qnnctl, start_qnnctl_waiting, with_default_sigint
 from tests.httpserver import Fault, FaultServer
 from tests.sdkfactory import OTHER_VERSION, VERSION, SdkSpec, build_archive, build_sdk_tree, manifest_digest
 
@@ -614,6 +614,29 @@ def test_file_install_waits_for_an_install_of_the_same_version(tmp_path: Path, c
         assert not (cache_dir / "sdks" / VERSION).exists()
     assert proc.wait(timeout=120) == 0, stderr.text(0)
     _assert_complete_sdk(cache_dir / "sdks" / VERSION)
+
+
+def test_ctrl_c_while_waiting_for_the_lock_ends_the_wait_and_leaves_the_holder_alone(tmp_path: Path,
+                                                                                    cache_dir: Path) -> None:
+    """A user tired of waiting for another install presses Ctrl-C: exit 130, nothing written, and
+    the other install's lock still its own."""
+    from filelock import FileLock, Timeout
+
+    archive = build_archive(tmp_path, "zip")
+    (cache_dir / "locks").mkdir(parents=True)
+    lock = str(cache_dir / "locks" / "file.lock")
+    with FileLock(lock).acquire(timeout=5):
+        argv = with_default_sigint([sys.executable, "-m", "qnnctl", "install", "--file", str(archive)])
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stderr = _Stderr([proc])
+        assert stderr.wait_for("waiting for another qnnctl to finish installing from a file", 1), stderr.lines
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        with pytest.raises(Timeout):  # another holder than this FileLock finds it taken
+            FileLock(lock).acquire(timeout=0)
+    assert stderr.text(0).endswith("qnnctl: interrupted; run the same command again to resume\n"), stderr.text(0)
+    assert not (cache_dir / "sdks").exists() or list((cache_dir / "sdks").iterdir()) == []
+    assert not (cache_dir / "tmp").exists() or list((cache_dir / "tmp").iterdir()) == []
 
 
 def test_installs_from_files_wait_for_each_other_and_clear_what_a_killed_one_left(tmp_path: Path,
