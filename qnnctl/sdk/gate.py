@@ -193,10 +193,11 @@ def check(expected: Sequence[Expected], observed: Observed) -> None:
 def _check_one(e: Expected, o: Observed) -> None:
     if e.sha256 is not None and o.sha256 is not None:
         _same(e, o, "its sha256", e.sha256, o.sha256)
-        if e.size is not None and o.size is not None:
-            _same(e, o, "its size", str(e.size), str(o.size))
-        # The archive is the one pinned; its components and its central directory must then be
-        # the ones pinned too, or the source contradicts itself (an edited lock) and vouches for nothing.
+        # The archive is the one pinned; its size, its components and its central directory must
+        # then be the ones pinned too, or the source contradicts itself (an edited lock) and vouches
+        # for nothing.
+        if e.size is not None and o.size is not None and e.size != o.size:
+            raise _contradicts(e, o, "its size", str(o.size), str(e.size))
         if e.components is not None and o.components is not None:
             for name, digest in sorted(o.components.items()):
                 wanted = e.components.get(name)

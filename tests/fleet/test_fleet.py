@@ -349,7 +349,8 @@ def test_install_file_is_held_to_the_size_the_lock_pins_too(cache_dir: Path, tmp
     lock.write_text(text.replace(f"size = {size}\n", f"size = {size + 1}\n"))
     refused = run_qnnctl("install", "--file", str(archive))
     assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
-    assert f"does not match {lock}: its size is {size}, the lock pins {size + 1}" in refused.stderr, refused.stderr
+    assert (f"{lock} contradicts itself: the archive from {archive} has the sha256 the lock pins, but its size is "
+            f"{size}, and the lock pins {size + 1}") in refused.stderr, refused.stderr
     _nothing_installed(cache_dir)
 
 

@@ -442,8 +442,9 @@ def test_the_archive_is_checked_against_the_mirrors_index(server: FaultServer, s
     assert refusal() == (f"the archive from {url} does not match the mirror's {where}: its sha256 is {digest}, the "
                          f"index says {'1' * 64}; nothing was installed", INDEX_HINT)
     server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(served) + 1}}), "application/json")
-    assert refusal() == (f"the archive from {url} does not match the mirror's {where}: its size is {len(served)}, "
-                         f"the index says {len(served) + 1}; nothing was installed", INDEX_HINT)
+    assert refusal() == (f"the mirror's {where} contradicts itself: the archive from {url} has the sha256 the index "
+                         f"says, but its size is {len(served)}, and the index says {len(served) + 1}; nothing was "
+                         "installed", INDEX_HINT)
     server.add("/index.json", _index({VERSION: {"sha256": digest, "size": len(served)}}), "application/json")
     assert fetch_archive(VERSION, cache, env, cwd=tmp_path).sha256 == digest
 
@@ -460,8 +461,9 @@ def test_an_archive_is_held_to_its_size_before_it_is_opened_as_a_zip(server: Fau
     with pytest.raises(IntegrityError) as refused:
         fetch_archive(VERSION, cache, {"QNNCTL_MIRROR": server.base}, cwd=tmp_path)
     assert (refused.value.message, refused.value.hint) == (
-        f"the archive from {server.base}{PATH} does not match the mirror's {where}: its size is {len(garbage)}, "
-        f"the index says {len(garbage) + 1}; nothing was installed", INDEX_HINT)
+        f"the mirror's {where} contradicts itself: the archive from {server.base}{PATH} has the sha256 the index "
+        f"says, but its size is {len(garbage)}, and the index says {len(garbage) + 1}; nothing was installed",
+        INDEX_HINT)
     assert _entries(cache.downloads) == []
 
 
@@ -1003,8 +1005,8 @@ def test_an_archive_put_in_the_mirror_by_hand_is_held_to_the_upstream_mirrors_in
         f"the archive from {dest} does not match the mirror's {where}: its sha256 is {digest}, the index says "
         f"{'1' * 64}; nothing was added to the mirror", INDEX_HINT)
     assert refusal({"sha256": digest, "size": len(data) + 1}) == (
-        f"the archive from {dest} does not match the mirror's {where}: its size is {len(data)}, the index says "
-        f"{len(data) + 1}; nothing was added to the mirror", INDEX_HINT)
+        f"the mirror's {where} contradicts itself: the archive from {dest} has the sha256 the index says, but its "
+        f"size is {len(data)}, and the index says {len(data) + 1}; nothing was added to the mirror", INDEX_HINT)
     assert refusal({"sha256": digest, "size": len(data), "components": dict(components, android="2" * 64)}) == (
         f"the mirror's {where} contradicts itself: the archive from {dest} has the sha256 the index says, but the "
         f"digest of its component android is {components['android']}, and the index says {'2' * 64}; nothing was "

@@ -1309,6 +1309,26 @@ def test_a_lock_whose_sha256_is_right_and_central_directory_wrong_is_refused(
     assert not (cache_dir / "sdks" / VERSION).exists()
 
 
+def test_a_lock_whose_sha256_is_right_and_size_wrong_refuses_the_download_before_it_is_read(
+        server: FaultServer, tmp_path: Path, cache_dir: Path) -> None:
+    """The bytes served are the ones the lock's sha256 pins, their size is not the one it pins
+    beside it: refused as they are, before anything reads them as an archive (here they are none)."""
+    page = b"<p>not an archive</p>" * 100
+    server.add(PATH, page)
+    sha256 = hashlib.sha256(page).hexdigest()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "qnnctl.lock").write_text(f'schema = 2\n[sdk]\nversion = "{VERSION}"\nsha256 = "{sha256}"\n'
+                                         f"size = {len(page) + 1}\n")
+    refused = run_qnnctl("install", VERSION, "--locked", cwd=project, env={**os.environ, "QNNCTL_MIRROR": server.base})
+    assert (refused.returncode, refused.stdout) == (4, ""), refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("qnnctl: error: ")]
+    assert errors == [f"qnnctl: error: {project / 'qnnctl.lock'} contradicts itself: the archive from "
+                      f"{server.base}{PATH} has the sha256 the lock pins, but its size is {len(page)}, and the lock "
+                      f"pins {len(page) + 1}; nothing was installed"], refused.stderr
+    assert not (cache_dir / "sdks" / VERSION).exists()
+
+
 _MODULES_AT_EXIT = r"""
 import atexit, json, sys
 out = sys.argv.pop(1)

@@ -311,7 +311,7 @@ def test_the_whole_archive_is_held_to_those_that_pin_it_alone(tmp_path: Path) ->
     with pytest.raises(IntegrityError, match=f"the archive from v2.zip does not match qnnctl.lock: its sha256 is "
                                              f"{'c' * 64}, the lock pins {good}; nothing was installed"):
         admit_archive([components_only, _expected(sha256=good)], "v2.zip", "c" * 64)
-    with pytest.raises(IntegrityError, match="its size is 11, the lock pins 10"):
+    with pytest.raises(IntegrityError, match="but its size is 11, and the lock pins 10"):
         admit_archive([_expected(sha256=good, size=10)], "v2.zip", good, 11)
 
 
@@ -346,7 +346,7 @@ def test_a_tree_is_admitted_against_everything_expected(tmp_path: Path) -> None:
         admit_tree([_expected(sha256="a" * 64, components=wrong)], root, {}, "v2.zip", "a" * 64)
     with pytest.raises(IntegrityError, match="its sha256 is " + "b" * 64):
         admit_tree([_expected(sha256="a" * 64, components=digests)], root, {}, "v2.zip", "b" * 64)
-    with pytest.raises(IntegrityError, match="its size is 11, the lock pins 10"):
+    with pytest.raises(IntegrityError, match="but its size is 11, and the lock pins 10"):
         admit_tree([_expected(sha256="a" * 64, size=10)], root, {}, "v2.zip", "a" * 64, 11)
     with pytest.raises(IntegrityError, match="its central directory's sha256 is " + "e" * 64):
         admit_tree([_expected(components=digests, central_directory_sha256="d" * 64)], root, {}, "v2.zip",

@@ -370,8 +370,8 @@ def test_the_whole_archive_is_checked_by_sha256_and_size() -> None:
                              f"its sha256 is {B}, the lock pins {A}; nothing was installed")
     assert wrong.hint == "run `qnnctl lock` again"
     longer = refusal([LOCK], gate.Observed("sdk.zip", sha256=A, size=11))
-    assert longer.message == ("the archive from sdk.zip does not match project/qnnctl.lock: its size is 11, "
-                              "the lock pins 10; nothing was installed")
+    assert longer.message == ("project/qnnctl.lock contradicts itself: the archive from sdk.zip has the sha256 the "
+                              "lock pins, but its size is 11, and the lock pins 10; nothing was installed")
     # Read whole, the archive's sha256 decides; its components, once extracted, and its central
     # directory must then be the ones the lock pins, or the lock contradicts itself (an edited lock
     # vouches for nothing).
