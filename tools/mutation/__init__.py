@@ -44,7 +44,8 @@ TARGETS: dict[str, Target] = {
                        "tests/sdk/test_components.py", "tests/doctor/test_doctor.py")),
     # install/pipeline.py is the command's core: the resolution of what to install (test_choice), the
     # command line (test_cli), locks and stores (test_fleet), components, redaction and the
-    # extraction while downloading (test_stream) reach it too. test_housekeeping (list, use, uninstall,
+    # extraction while downloading (test_stream), the download cut at the size pinned (test_endless_body)
+    # reach it too. test_housekeeping (list, use, uninstall,
     # cache clean, prune) runs no install: its kills of the old install.py were all of uninstall and
     # clean_cache, now prune's; here it only cost three runs of its 33 tests (lines, reach, clean run).
     # Nor does test_redaction: its 68 tests are redact's own (a password of every character, in children);
@@ -53,7 +54,7 @@ TARGETS: dict[str, Target] = {
                       ("tests/install/test_install.py",
                        "tests/sdk/test_choice.py", "tests/test_cli.py", "tests/fleet/test_fleet.py",
                        "tests/install/test_partial.py", "tests/install/test_stream.py",
-                       "tests/test_first_run.py")),
+                       "tests/test_first_run.py", "tests/install/test_endless_body.py")),
     "api": Target(("qnnctl/run/api.py",), ("tests/run/test_api.py", "tests/run/test_guard.py")),
     "bootstrap": Target(("qnnctl/run/bootstrap.py",),
                         ("tests/run/test_bootstrap.py", "tests/run/test_lower.py", "tests/run/test_guard.py")),
