@@ -110,6 +110,14 @@ TARGETS: dict[str, Target] = {
     # it: this process's and its children's locks read back from /proc (test_holders), then real
     # pipelines and commands, a child each (test_holds).
     "holds": Target(("qnnctl/sdk/holds.py",), ("tests/sdk/test_holders.py", "tests/sdk/test_holds.py")),
+    # The install lock (flock on a file of locks/, never through a link or a FIFO), the work folders
+    # beside the cache, and files.py (flock without waiting, shared with holds; the free space a write
+    # needs): the lock between processes (test_work_lock), skipped rather than waited for by prune
+    # and clean (test_housekeeping), the holds on the same flock (test_holders), the space checks of a
+    # download (test_download) and the work folders of installs (test_install).
+    "work": Target(("qnnctl/sdk/work.py", "qnnctl/files.py"),
+                   ("tests/sdk/test_work_lock.py", "tests/install/test_housekeeping.py", "tests/sdk/test_holders.py",
+                    "tests/net/test_download.py", "tests/install/test_install.py")),
     "partial": Target(("qnnctl/install/partial.py",), ("tests/install/test_parts.py",)),
     # Folders made and JSON records written with an exact mode whatever the umask, the size of a folder,
     # paths as users write them: on real files in the tests' own process (test_paths).
