@@ -123,6 +123,7 @@ def test_a_wait_is_said_once_naming_the_holder_then_the_lock_is_taken(cache: Cac
         waited = time.monotonic() - started
         assert released.is_set()  # taken only once the holder was told to end
         assert (cache.locks / "2.37.0.250724.pid").read_text() == f"{os.getpid()}\n"
+    proc.wait(timeout=30)  # reaped here, not by whoever waits for any child next
     assert waited >= 0.3
     assert [r.getMessage() for r in caplog.records] == [
         f"waiting for another qnnctl (process {proc.pid}) to finish staging the host runtime"]
