@@ -7,6 +7,7 @@ which takes the same flock and so still keeps an older qnnctl and this one apart
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -198,11 +199,11 @@ def test_a_fifo_or_a_folder_in_the_locks_place_is_refused_not_waited_on(cache: C
     cache.locks.mkdir(parents=True)
     os.mkfifo(cache.lock_path("2.37.0.250724"))
     cache.lock_path("file").mkdir()
-    for key in ("2.37.0.250724", "file"):
+    for key, why in (("2.37.0.250724", "not a file"), ("file", os.strerror(errno.EISDIR))):
         with pytest.raises(QnnctlError) as raised:
             with work.lock_if_free(cache, key):
                 pytest.fail("a lock taken on what is not a file")
-        assert str(raised.value).startswith(f"cannot open the lock {cache.lock_path(key)} (")
+        assert str(raised.value) == f"cannot open the lock {cache.lock_path(key)} ({why})"
     assert stat.S_ISFIFO(cache.lock_path("2.37.0.250724").lstat().st_mode)
 
 
@@ -231,6 +232,39 @@ def test_a_fifo_for_the_process_id_is_neither_written_nor_read_waiting(cache: Ca
         assert released.is_set()
     proc.wait(timeout=30)
     assert [r.getMessage() for r in caplog.records] == ["waiting for another qnnctl to finish mirroring it"]
+
+
+@pytest.mark.parametrize("written", ["ended", "0", "-7", "x", "1"])
+def test_the_notice_names_the_holder_only_while_that_process_runs(written: str, cache: Cache,
+                                                                  caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process id beside the lock is the last holder's, or anything: named only when it is a
+    process that runs now (process 1 always does)."""
+    if written == "ended":
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        written = str(gone.pid)
+    monkeypatch.setattr(work, "LOCK_WAIT_NOTICE", 0.1)
+    cache.locks.mkdir(parents=True)
+    held = os.open(cache.lock_path("2.37.0.250724"), os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another open file: another holder, in this process
+    (cache.locks / "2.37.0.250724.pid").write_text(f"{written}\n")
+    threading.Timer(0.4, os.close, args=(held,)).start()
+    caplog.set_level(logging.INFO, logger="qnnctl.sdk.work")
+    with work.version_lock(cache, "2.37.0.250724"):
+        pass
+    named = " (process 1)" if written == "1" else ""
+    assert [r.getMessage() for r in caplog.records] == [f"waiting for another qnnctl{named} to finish installing "
+                                                        "2.37.0.250724"]
+
+
+def test_the_process_id_file_is_never_writable_by_others(cache: Cache) -> None:
+    old = os.umask(0)
+    try:
+        with work.version_lock(cache, "2.37.0.250724"):
+            assert (cache.locks / "2.37.0.250724.pid").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
 
 
 def test_a_file_system_without_locks_is_named(cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
