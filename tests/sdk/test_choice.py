@@ -49,6 +49,10 @@ def test_sha256_is_checked_whichever_step_chose_the_installed_sdk(mirror: FaultS
         proc = run_qnnctl("install", "--sha256", wrong, env=env)
         assert proc.returncode == 4, proc.stderr
         assert proc.stderr == unrecorded(origin, wrong)
+    # The version named, found in qnnctl's cache before any download is thought of.
+    proc = run_qnnctl("install", VERSION, "--sha256", wrong)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr == unrecorded("qnnctl cache", wrong)
     # --file of another archive of an installed version: with --sha256 (the file's), the
     # installed SDK must come from it too, and the hint installs that file.
     archive = build_archive(tmp_path, "zip", SdkSpec(extra_files={"docs/other.txt": b"another build"}))
