@@ -8,6 +8,7 @@ import errno
 import fcntl
 import logging
 import os
+import shlex
 import shutil
 import stat
 import time
@@ -53,8 +54,8 @@ def _open_lock(cache: Cache, key: str) -> int:
 
 def _unusable(path: Path, kind: str) -> QnnctlError:
     return QnnctlError(f"cannot open the lock {path} ({kind})",
-                       hint=f"remove it (`rm {path}`) if nothing else should be there, then run the same "
-                       "command again")
+                       hint=f"remove it (`rm {shlex.quote(str(path))}`) if nothing else should be there, then "
+                       "run the same command again")
 
 
 def _take(fd: int, path: Path) -> bool:

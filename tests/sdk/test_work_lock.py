@@ -10,6 +10,7 @@ import errno
 import fcntl
 import logging
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -172,6 +173,18 @@ def test_a_lock_file_this_user_cannot_write_is_taken_all_the_same(tmp_path: Path
         assert path.read_text() == ""
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_the_command_that_clears_a_lock_in_the_way_is_quoted(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "a cache's folder")
+    cache.locks.mkdir(parents=True)
+    cache.lock_path("file").mkdir()
+    with pytest.raises(QnnctlError) as raised:
+        with work.lock_if_free(cache, "file"):
+            pytest.fail("a lock taken on a folder")
+    assert raised.value.hint is not None
+    command = raised.value.hint.split("`")[1]
+    assert shlex.split(command) == ["rm", str(cache.lock_path("file"))]
 
 
 def test_a_link_in_the_locks_place_is_refused_and_not_followed(cache: Cache) -> None:
