@@ -3,16 +3,16 @@
     python bench/resume.py                  # ~100 MB unpacked (a 33 MB archive), 3 rounds
     python bench/resume.py --size 300 --rounds 5
 
-urllib3's Retry, which qnnctl's retry policy is built on, retries a request; it cannot resume
-a body that broke off after the headers, so qnnctl keeps a small loop that asks again with
-Range and If-Range. This times `qnnctl install` (the installed script, an empty cache each
+A retry policy that repeats a request (urllib3's Retry, which qnnctl's was once built on)
+cannot resume a body that broke off after the headers, so qnnctl keeps a small loop that asks
+again with Range and If-Range. This times `qnnctl install` (the installed script, an empty cache each
 run) against an archive served on 127.0.0.1 by the tests' fault-injecting server, in three
 cases, interleaved and rotating, after one warm-up round:
 
 - `whole`: no fault;
 - `resumed`: the connection drops after half the archive, and qnnctl resumes from there;
 - `again`: the same drop, after which the server ignores Range, so the whole archive comes
-  again: what a request-level retry alone (urllib3's) costs.
+  again: what a request-level retry alone costs.
 
 Served at loopback speed, so the time is what the extra work costs this machine (a restart
 also ends the extraction that ran while the archive arrived); over a network the bytes sent

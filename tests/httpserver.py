@@ -31,13 +31,11 @@ import sys
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-from requests.structures import CaseInsensitiveDict
 
 
 @dataclass(frozen=True)
@@ -162,8 +160,9 @@ class Fault:
 class Request:
     method: str
     path: str  # without the query
-    # Looked up as a server reads them: a header's name is the same in any case (RFC 9110 5.1).
-    headers: Mapping[str, str]
+    # Looked up as a server reads them: a header's name is the same in any case (RFC 9110 5.1);
+    # one the request did not send is None.
+    headers: Message
     target: str = ""  # as sent: the path with its query
 
 
@@ -335,7 +334,7 @@ class FaultServer:
     def _handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         path = h.path.split("?", 1)[0]
         with self.lock:
-            self.requests.append(Request(h.command, path, CaseInsensitiveDict(h.headers.items()), h.path))
+            self.requests.append(Request(h.command, path, h.headers, h.path))
             fault = self.faults[path].popleft() if self.faults[path] else None
             data = self.files.get(path)
             ctype = self.content_types.get(path, "application/octet-stream")

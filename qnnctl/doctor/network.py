@@ -4,13 +4,14 @@ through which proxy and CA bundle, as an install would reach it.
 
 from __future__ import annotations
 
-import requests
+import ssl
 
 from qnnctl.doctor.context import Context, Target
 from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.errors import QnnctlError
 from qnnctl.net.download import make_session
-from qnnctl.net.retry import describe, refused
+from qnnctl.net.http import ProxyFailed, RequestError
+from qnnctl.net.retry import causes, describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.sdk.select import select_sdk
 from qnnctl.sdk.versions import DEFAULT_BASE_URL, DEFAULT_VERSION, archive_urls, is_full_version
@@ -52,9 +53,8 @@ def check_network(ctx: Context) -> Outcome:
     installed = target is not None and (target.sdk is not None or target.selection.caller_managed)
 
     session = make_session()
-    # What requests will do for this URL, from the same environment variables.
-    settings = session.merge_environment_settings(url, {}, None, None, None)
-    proxy = requests.utils.select_proxy(url, settings.get("proxies", {}))
+    # What the session will do for this URL, from the same environment variables.
+    proxy = session.settings.proxy_url(url)
     proxy_vars = [name for name in PROXY_VARS if ctx.environ.get(name)]
     no_proxy = ctx.environ.get("NO_PROXY") or ctx.environ.get("no_proxy")
     if proxy:
@@ -65,33 +65,33 @@ def check_network(ctx: Context) -> Outcome:
         via = f"directly ({', '.join(proxy_vars)} set, none for {url.split(':', 1)[0]})"
     else:
         via = "directly (no proxy variable set)"
-    verify = settings.get("verify")
-    if isinstance(verify, str) and url.startswith("https:"):
-        via += f", CA bundle {verify}"
+    bundle = session.settings.ca_bundle
+    if bundle is not None and url.startswith("https:"):
+        via += f", CA bundle {bundle}"
     source = "the mirror (QNNCTL_MIRROR)" if mirror else "the download host"
     try:
-        with session:
-            response = session.head(url, timeout=NETWORK_TIMEOUT, allow_redirects=False)
-    except requests.exceptions.SSLError as exc:
-        outcome = fail
-        detail = f"TLS to {source} {shown} failed {via}: {describe(exc)}"
-        hint = "set REQUESTS_CA_BUNDLE to your organisation's CA bundle"
-    except requests.exceptions.ProxyError as exc:
-        outcome = fail
-        detail = f"the proxy refused the request for {shown}: {describe(exc)}"
-        hint = "check HTTPS_PROXY / HTTP_PROXY (and NO_PROXY)"
-    except requests.RequestException as exc:
-        outcome = fail
-        detail = f"cannot reach {source} {shown} {via}: {describe(exc)}"
-        if mirror and refused(exc):
-            # Something answered for the host, and refused: a mistyped port, most often (as install says).
-            hint = "check the host and port of QNNCTL_MIRROR"
-        elif mirror:
-            hint = "check the network, HTTPS_PROXY and NO_PROXY, and the host of QNNCTL_MIRROR"
+        with session, session.head(url, (NETWORK_TIMEOUT, NETWORK_TIMEOUT)) as response:
+            status = response.status
+    except RequestError as exc:
+        if any(isinstance(link, ssl.SSLError) for link in causes(exc)):
+            outcome = fail
+            detail = f"TLS to {source} {shown} failed {via}: {describe(exc)}"
+            hint = "set REQUESTS_CA_BUNDLE to your organisation's CA bundle"
+        elif isinstance(exc, ProxyFailed):
+            outcome = fail
+            detail = f"the proxy refused the request for {shown}: {describe(exc)}"
+            hint = "check HTTPS_PROXY / HTTP_PROXY (and NO_PROXY)"
         else:
-            hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
+            outcome = fail
+            detail = f"cannot reach {source} {shown} {via}: {describe(exc)}"
+            if mirror and refused(exc):
+                # Something answered for the host, and refused: a mistyped port, most often (as install says).
+                hint = "check the host and port of QNNCTL_MIRROR"
+            elif mirror:
+                hint = "check the network, HTTPS_PROXY and NO_PROXY, and the host of QNNCTL_MIRROR"
+            else:
+                hint = "check the network, HTTPS_PROXY and NO_PROXY; set QNNCTL_MIRROR for a mirror"
     else:
-        status = response.status_code
         detail = f"{source} answered HTTP {status} for {shown}, {via}"
         if status == 404:
             return warn(detail, hint="the archive is not there; check the version or QNNCTL_MIRROR")

@@ -17,11 +17,7 @@ import posixpath
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
-
-import requests
-import urllib3
 
 from qnnctl.errors import DownloadError, IntegrityError, UsageError
 from qnnctl.files import remove_tree
@@ -35,10 +31,10 @@ from qnnctl.net.download import (
     Retry,
     backoff_delay,
     make_session,
-    retry_after,
     retryable_status,
 )
-from qnnctl.net.retry import describe
+from qnnctl.net.http import BadRequest, RequestError, Session
+from qnnctl.net.retry import describe, retry_after
 from qnnctl.net.urls import redact
 from qnnctl.records import Record
 
@@ -143,17 +139,17 @@ def stream_llvm(url: str, expected: Expected, dest: Path, backoff_base: float) -
             time.sleep(delay)
 
 
-def _stream_once(session: Any, url: str, expected: Expected, dest: Path) -> Scan:
+def _stream_once(session: Session, url: str, expected: Expected, dest: Path) -> Scan:
     shown = redact(url)  # QNNCTL_LLVM_URL may name a mirror with a password or a token
     log.info("streaming %s (only the three libraries are kept)", shown)
     try:
-        response = session.get(url, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Retry(f"cannot reach {shown}: {describe(exc)}") from None
-    except requests.RequestException as exc:
+        response = session.get(url, None, (CONNECT_TIMEOUT, READ_TIMEOUT))
+    except BadRequest as exc:
         raise DownloadError(f"request to {shown} failed: {describe(exc)}") from None
+    except RequestError as exc:
+        raise Retry(f"cannot reach {shown}: {describe(exc)}") from None
     with response:
-        status = response.status_code
+        status = response.status
         if retryable_status(status):
             raise Retry(f"HTTP {status} from {shown}", retry_after(response.headers.get("Retry-After")))
         if status != 200:
@@ -165,12 +161,12 @@ def _stream_once(session: Any, url: str, expected: Expected, dest: Path) -> Scan
             raise DownloadError(f"{shown} answered with an HTML page, not the LLVM archive",
                                 hint="check QNNCTL_LLVM_URL and proxy settings")
         # Every byte the reader sees passes through the hash, and the rest is read to the end.
-        hashing = HashingReader(response.raw, LLVM_MOST, time.monotonic() + LLVM_DEADLINE)
+        hashing = HashingReader(response, LLVM_MOST, time.monotonic() + LLVM_DEADLINE)
         try:
             collected = collect(tar_members(io.BufferedReader(hashing, COPY_BUFFER), shown), trio_only, dest,
                                 shown, LLVM_LIMITS)
             hashing.drain()
-        except (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
+        except (RequestError, ConnectionError) as exc:
             raise Retry(f"the connection to {shown} broke: {describe(exc)}") from None
         except Overrun as exc:
             raise IntegrityError(

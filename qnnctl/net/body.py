@@ -12,22 +12,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-import requests
-
-from qnnctl.net.retry import BodyBroke
+from qnnctl.net.http import BodyBroke, Response
 from qnnctl.words import human_size
 
 
-def blocks(response: requests.Response, size: int, check: Callable[[int], None]) -> Iterator[bytes]:
-    """The body in blocks of `size` (the last one shorter), as `iter_content` gives them, but read
-    as the bytes arrive: `check` is told of each piece as it lands, after the block it completes
-    is handed on, and may raise to break the body off.
+def blocks(response: Response, size: int, check: Callable[[int], None]) -> Iterator[bytes]:
+    """The body in blocks of `size` (the last one shorter), read as the bytes arrive: `check` is
+    told of each piece as it lands, after the block it completes is handed on, and may raise to
+    break the body off.
 
     The bytes are those sent, never decoded: qnnctl asks for them as stored (`identity`), a body
     encoded all the same is not the archive and fails its checks, and what is resumed by offset
     and hashed is what came. No decompression bomb of a hostile server is ever inflated here."""
     block = bytearray()
-    while piece := response.raw.read1(size - len(block), decode_content=False):
+    while piece := response.read1(size - len(block)):
         if len(piece) == size:  # a whole block at once, as most reads bring it: not copied again
             yield piece
         else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
 import errno
 import hashlib
 import json
@@ -16,21 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import requests
-import urllib3
-from requests.adapters import HTTPAdapter
-from urllib3.exceptions import MaxRetryError
-
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
 from qnnctl.net.body import Pace, blocks
+from qnnctl.net.http import BodyBroke, NoAnswer, NoConnection, RequestError, Session
 from qnnctl.net.retry import (
-    BodyBroke,
+    GaveUp,
     Policy,
     answered,
     attempts_made,
+    causes,
     describe,
-    quiet_urllib3_retries,
     unknown_host,
     untrusted_certificate,
 )
@@ -58,37 +53,19 @@ BACKOFF_MAX = 60.0  # ...and at most this, a server's Retry-After included
 RETRY_STATUSES = frozenset({408, 425, 429, *range(500, 600)})
 
 
-def make_session(user_agent_version: str | None = None) -> requests.Session:
-    """The one HTTP session every qnnctl request goes through.
-
-    requests takes proxies (HTTP(S)_PROXY, NO_PROXY) and the CA bundle
-    (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) from the environment because trust_env is on.
-    """
-    session = requests.Session()
-    session.trust_env = True
-    session.headers["User-Agent"] = f"qnnctl/{user_agent_version or __version__}"
-    # Ask for the bytes as stored: a transparently gzipped body would break Range offsets.
-    session.headers["Accept-Encoding"] = "identity"
-    return session
+def make_session(user_agent_version: str | None = None) -> Session:
+    """The one HTTP session every qnnctl request goes through: proxies (HTTP(S)_PROXY, NO_PROXY)
+    and the CA bundle (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) from the environment (qnnctl.net.http)."""
+    return Session(f"qnnctl/{user_agent_version or __version__}")
 
 
 def retry_policy(backoff_base: float = BACKOFF_BASE, sleep: Callable[[float], None] = time.sleep) -> Policy:
-    """The retry policy of every download, declared: urllib3 applies it to each request (it
-    retries a refused connection, a timeout and the statuses above by itself), and the
-    downloader asks it again when a body breaks off."""
-    quiet_urllib3_retries()
-    policy = Policy(
-        total=MAX_ATTEMPTS - 1,
-        connect=None, read=None, status=None, other=None,  # all of them count against `total`
-        allowed_methods=frozenset({"GET", "HEAD"}),
-        status_forcelist=RETRY_STATUSES,
-        backoff_factor=backoff_base,
-        backoff_max=BACKOFF_MAX,
-        respect_retry_after_header=True,
-        raise_on_status=False,  # the last answer comes back, to be reported with its status
-    )
-    policy.sleeper = sleep
-    return policy
+    """The retry policy of every download, declared: the session applies it to each request (it
+    retries a refused connection, a timeout and the statuses above by itself; the last answer
+    comes back when it is spent, to be reported with its status), and the downloader asks it
+    again when a body breaks off. Only requests that change nothing are sent again."""
+    return Policy(total=MAX_ATTEMPTS - 1, statuses=RETRY_STATUSES, methods=("GET", "HEAD"),
+                  backoff_factor=backoff_base, backoff_max=BACKOFF_MAX, sleeper=sleep)
 
 
 @dataclass(frozen=True)
@@ -228,21 +205,6 @@ class _StartOver(Exception):
     """The partial file cannot be resumed (removed): request the whole file, at once."""
 
 
-def retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
-
-
 def retryable_status(status: int) -> bool:
     """Statuses that a later attempt may not get: timeouts, rate limits, any server error."""
     return status in RETRY_STATUSES
@@ -273,7 +235,7 @@ class Downloader:
 
     def __init__(
         self,
-        session: requests.Session,
+        session: Session,
         folder: Path,
         progress: ProgressFactory = PlainProgress,
         sleep: Callable[[float], None] = time.sleep,
@@ -284,12 +246,9 @@ class Downloader:
         self.folder = folder
         self.progress = progress
         self.slowest = slowest
-        self.policy = retry_policy(backoff_base, sleep)
-        # urllib3 retries each request by the policy; the downloader hands it the budget
+        # The session retries each request by the policy; the downloader hands it the budget
         # that is left before each request (see _fetch).
-        self.adapter = HTTPAdapter(max_retries=self.policy)
-        session.mount("http://", self.adapter)
-        session.mount("https://", self.adapter)
+        self.policy = retry_policy(backoff_base, sleep)
 
     def fetch(self, urls: Sequence[str], name: str, expected_sha256: str | None = None,
               sink: Sink | None = None, limit: tuple[int, str] | None = None) -> Fetched:
@@ -371,7 +330,7 @@ class Downloader:
                     raise self._gave_up(shown, requests_made, str(broke.error)) from None
                 try:
                     policy = policy.increment("GET", shown, error=broke.error)
-                except MaxRetryError as exc:
+                except GaveUp as exc:
                     raise self._gave_up(shown, attempts_made(exc), str(broke.error)) from None
                 policy.sleep()
         os.replace(part, final)
@@ -402,7 +361,7 @@ class Downloader:
 
     def _attempt(self, url: str, shown: str, part: Path, meta: dict[str, Any], meta_path: Path,
                  sink: Sink | None, policy: Policy, limit: tuple[int, str] | None = None) -> tuple[str, int]:
-        """One request, retried by urllib3 until it has an answer; returns (sha256, size) of
+        """One request, retried by the session until it has an answer; returns (sha256, size) of
         the complete file, or raises _Broke (the body broke off) or _StartOver."""
         offset = part.stat().st_size if part.exists() else 0
         headers = {}
@@ -412,17 +371,14 @@ class Downloader:
             if validator:
                 # The server sends the whole file again (200) if it has changed since.
                 headers["If-Range"] = validator
-        self.adapter.max_retries = policy
         try:
-            response = self.session.get(
-                url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
-            )
-        except requests.RequestException as exc:
+            response = self.session.get(url, headers, (CONNECT_TIMEOUT, READ_TIMEOUT), policy)
+        except RequestError as exc:
             raise request_failed(shown, exc) from None
         with response:
-            # What urllib3 spent on this request, for the next one.
-            spent: Policy = getattr(response.raw, "retries", None) or policy
-            status = response.status_code
+            # What the session spent on this request, for the next one.
+            spent: Policy = response.retries or policy
+            status = response.status
             answer = answered(status, response.reason)
             if status == 416:
                 # Our partial file does not fit the file on the server: start over.
@@ -430,7 +386,7 @@ class Downloader:
                 part.unlink(missing_ok=True)
                 raise _StartOver
             if status in RETRY_STATUSES:
-                # urllib3 retried it for as long as the policy allows.
+                # The session retried it for as long as the policy allows.
                 raise self._gave_up(shown, spent.attempts, f"the last answer was {answer}")
             if status == 404:
                 raise _NotFound(url)
@@ -507,7 +463,7 @@ class Downloader:
                             out.flush()
                             announced = received
                             sink.extend(offset + received)
-            except urllib3.exceptions.HTTPError as exc:
+            except RequestError as exc:
                 raise _Broke(spent, BodyBroke(
                     f"the download stopped at {_of(offset + received, total)}: {describe(exc)}")) from None
             except (DownloadError, IntegrityError):
@@ -567,7 +523,7 @@ def request_failed(shown: str, exc: BaseException) -> DownloadError:
             f"cannot download {shown}: {cause}",
             hint="check the host name in the URL (or QNNCTL_MIRROR); behind a proxy, set HTTPS_PROXY",
         )
-    if not isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+    if not any(isinstance(link, (NoConnection, NoAnswer)) for link in causes(exc)):
         return DownloadError(
             f"request to {shown} failed: {cause}",
             hint="check the URL (or QNNCTL_MIRROR) and proxy settings",

@@ -7,8 +7,8 @@ beside it (`<name>.sparse.json`, 0600 like the file) lists the ranges held (qnnc
 an interrupted install resumes with what it had, and asks with If-Range so that bytes of another version of
 the file are never mixed in.
 
-The requests go through qnnctl.net.download's session and retry policy (urllib3's Retry, each URL
-redacted in every message); a body that breaks off is asked for again from where it stopped.
+The requests go through qnnctl.net.download's session and retry policy (each URL redacted in
+every message); a body that breaks off is asked for again from where it stopped.
 A few requests run at a time, each for at most `PIECE` bytes, in the order of the archive, so
 that the extractor can follow close behind. A server that answers a ranged request with the
 whole file (200) raises RangesIgnored: the caller downloads the archive whole instead.
@@ -21,11 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
-
-import requests
-import urllib3
-from requests.adapters import HTTPAdapter
-from urllib3.exceptions import MaxRetryError
 
 from qnnctl.errors import DownloadError
 from qnnctl.net.body import blocks
@@ -42,15 +37,14 @@ from qnnctl.net.download import (
     retry_policy,
     strong_etag,
 )
-from qnnctl.net.retry import BodyBroke, answered, attempts_made, describe
+from qnnctl.net.http import BodyBroke, RequestError, Response
+from qnnctl.net.retry import GaveUp, answered, attempts_made, describe
 from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.net.urls import redact
 from qnnctl.threads import start_daemon, wait_ended
 from qnnctl.words import human_size
 
 if TYPE_CHECKING:
-    import requests
-
     from qnnctl.net.download import ProgressFactory
     from qnnctl.net.retry import Policy
 
@@ -120,31 +114,27 @@ def plan(ranges: Iterable[tuple[int, int]], gap: int = MERGE_GAP, share: float =
 
 
 class _Client:
-    """One thread's session, with the download retry policy mounted on it."""
+    """One thread's session, and the download retry policy."""
 
     def __init__(self, sleep: Callable[[float], None], backoff_base: float) -> None:
         self.session = make_session()
         self.policy = retry_policy(backoff_base, sleep)
-        self.adapter = HTTPAdapter(max_retries=self.policy)
-        self.session.mount("http://", self.adapter)
-        self.session.mount("https://", self.adapter)
 
-    def get(self, url: str, shown: str, headers: dict[str, str], policy: Policy) -> requests.Response:
-        self.adapter.max_retries = policy
+    def get(self, url: str, shown: str, headers: dict[str, str], policy: Policy) -> Response:
         try:
-            return self.session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
-        except requests.RequestException as exc:
+            return self.session.get(url, headers, (CONNECT_TIMEOUT, READ_TIMEOUT), policy)
+        except RequestError as exc:
             raise request_failed(shown, exc) from None
 
     def close(self) -> None:
         self.session.close()
 
 
-def _check_status(response: requests.Response, shown: str, policy: Policy) -> None:
+def _check_status(response: Response, shown: str, policy: Policy) -> None:
     """DownloadError for the answers that no range can come from (404 is the caller's)."""
-    status = response.status_code
+    status = response.status
     if status in RETRY_STATUSES:
-        spent: Policy = getattr(response.raw, "retries", None) or policy
+        spent: Policy = response.retries or policy
         raise Downloader._gave_up(shown, spent.attempts,
                                   f"the last answer was {answered(status, response.reason)}")
     if "text/html" in response.headers.get("Content-Type", "").lower():
@@ -202,12 +192,12 @@ def _probe_one(client: _Client, url: str, shown: str) -> tuple[Remote, int, byte
     policy = client.policy.start(shown)
     response = client.get(url, shown, {"Range": f"bytes=-{TAIL}"}, policy)
     with response:
-        if response.status_code == 404:
+        if response.status == 404:
             raise NotFound(url)
         _check_status(response, shown, policy)
-        if response.status_code == 416:
+        if response.status == 416:
             raise RangesIgnored(f"{shown} refused a ranged request (HTTP 416)")
-        if response.status_code == 200:
+        if response.status == 200:
             raise RangesIgnored(f"{shown} answered a ranged request with the whole file (HTTP 200)")
         span = _content_range(response.headers.get("Content-Range"))
         # More than the end asked for is no answer to it, and is held in memory: not read.
@@ -358,7 +348,7 @@ class Fetcher:
                     raise Downloader._gave_up(remote.shown, attempts, str(broke.error)) from None
                 try:
                     policy = policy.increment("GET", remote.shown, error=broke.error)
-                except MaxRetryError as exc:
+                except GaveUp as exc:
                     raise Downloader._gave_up(remote.shown, attempts_made(exc), str(broke.error)) from None
                 policy.sleep()
 
@@ -370,8 +360,8 @@ class Fetcher:
             headers["If-Range"] = remote.validator
         response = client.get(remote.url, remote.shown, headers, policy)
         with response:
-            spent: Policy = getattr(response.raw, "retries", None) or policy
-            status = response.status_code
+            spent: Policy = response.retries or policy
+            status = response.status
             if status == 404:
                 raise DownloadError(f"{remote.shown} is no longer on the server (HTTP 404)",
                                     hint="check the URL or mirror, then run the same command again")
@@ -416,8 +406,7 @@ class Fetcher:
                 if position < span[1]:
                     raise _Broke(spent, BodyBroke(f"a range of {remote.shown} took more than {allowed:g} s, at "
                                                   f"{position - start} of {end - start} bytes"), position) from None
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-                    urllib3.exceptions.HTTPError) as exc:
+            except RequestError as exc:
                 raise _Broke(spent, BodyBroke(f"a range of {remote.shown} stopped at {position - start} of "
                                               f"{end - start} bytes: {describe(exc)}"), position) from None
             if position < span[1]:

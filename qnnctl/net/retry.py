@@ -1,41 +1,25 @@
 """What a failed request means: whether trying again can help, and what happened, in words.
 
-`Policy` is urllib3's `Retry` (status lists, Retry-After, backoff, counting), mounted on the
-download session so that urllib3 retries a request itself, and also asked by the downloader
-after a body breaks off. qnnctl.net.download declares the policy's numbers.
-
-Imported only when a request is made: it imports urllib3.
+`Policy` decides what is tried again, how often, and how long to wait first: the session
+(qnnctl.net.http) asks it of each request, and the downloader again after a body breaks off.
+qnnctl.net.download declares the policy's numbers.
 """
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import logging
 import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection
 
-from urllib3.exceptions import (
-    IncompleteRead,
-    InvalidHeader,
-    MaxRetryError,
-    NameResolutionError,
-    ProtocolError,
-)
-from urllib3.exceptions import TimeoutError as Urllib3Timeout
-from urllib3.util.retry import Retry
-
+from qnnctl.net.http import BodyBroke, NoConnection, RequestError
+from qnnctl.net.http import Response as Answer
 from qnnctl.net.urls import redact_text
 from qnnctl.words import printable
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
-    from urllib3.connectionpool import ConnectionPool
-    from urllib3.response import BaseHTTPResponse
 
 log = logging.getLogger("qnnctl.net.download")
 
@@ -45,55 +29,64 @@ _NO_SUCH_HOST = frozenset(
     code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
     if code is not None
 )
-# "<urllib3.connection.HTTPSConnection object at 0x7f..>: " and "HTTPSConnectionPool(host=
-# 'h', port=443): ", which urllib3 puts before its messages.
-_URLLIB3_PREFIX = re.compile(r"^(?:<[^>]*>|\w+ConnectionPool\([^)]*\)):\s*")
+# The prefix of a message that names the object it came from ("<...Connection object at 0x7f..>: ").
+_OBJECT_PREFIX = re.compile(r"^<[^>]*>:\s*")
 
 
-class GaveUp(MaxRetryError):
+class GaveUp(RequestError):
     """The policy's last word: `attempts` requests were made (one: retrying cannot help)."""
 
-    def __init__(self, pool: ConnectionPool | None, url: str | None, reason: Exception,
-                 attempts: int) -> None:
-        super().__init__(pool, url, reason)  # type: ignore[arg-type]
+    def __init__(self, url: str | None, reason: BaseException, attempts: int) -> None:
+        super().__init__(f"gave up on {url} after {attempts} attempts: {reason}", reason)
         self.attempts = attempts
 
 
-class BodyBroke(ProtocolError):
-    """A response's body stopped short; the message says where and why, in words."""
-
-
-class Policy(Retry):
-    """urllib3's Retry, and the little qnnctl needs beyond it:
+class Policy:
+    """What is tried again, and when: a failure before an answer, or an answer whose status is
+    in `statuses`, to a request whose method is in `methods`, while `total` retries are left
+    (and, for a connection that could not be made, `connect` of them, when it is set).
 
     - a failure that the next attempt would meet again (a name that does not resolve, a
-      certificate that is not trusted) ends it at once, where urllib3 would retry it;
-    - the wait before retry n is `backoff_factor * 2**(n-1)`: urllib3 retries the first
-      failure at once, which a restarting mirror answers with the same 503;
-    - a Retry-After is honoured, 0 included (urllib3 takes 0 for "none"), up to `backoff_max`;
+      certificate that is not trusted) ends it at once;
+    - the wait before retry n is `backoff_factor * 2**(n-1)`, at most `backoff_max`;
+    - a Retry-After is honoured, 0 included, up to `backoff_max` (a request, not an order);
     - the wait goes through `sleeper`, and each retry is logged in words, naming `shown`.
+
+    A policy is a value: `increment` returns the one for the next attempt.
     """
 
-    # Carried over by `new`, which urllib3 calls for every retry.
-    sleeper: Callable[[float], None] = time.sleep
-    shown: str = ""  # the URL, redacted, for messages
+    def __init__(self, total: int, statuses: Collection[int] = (), methods: Collection[str] = ("GET", "HEAD"),
+                 backoff_factor: float = 0.0, backoff_max: float = 120.0, connect: int | None = None,
+                 sleeper: Callable[[float], None] = time.sleep, shown: str = "",
+                 history: tuple[str, ...] = ()) -> None:
+        self.total = total
+        self.statuses = frozenset(statuses)
+        self.methods = frozenset(methods)
+        self.backoff_factor = backoff_factor
+        self.backoff_max = backoff_max
+        self.connect = connect
+        self.sleeper = sleeper
+        self.shown = shown  # the URL, redacted, for messages
+        self.history = history  # each failure so far, in words
 
-    def new(self, **kw: Any) -> Self:
-        fresh = super().new(**kw)
-        fresh.sleeper = self.sleeper
-        fresh.shown = self.shown
-        return fresh
+    def new(self, **changes: object) -> Policy:
+        fields = {name: getattr(self, name) for name in ("total", "statuses", "methods", "backoff_factor",
+                                                          "backoff_max", "connect", "sleeper", "shown", "history")}
+        fields.update(changes)
+        return Policy(**fields)
 
     def start(self, shown: str) -> Policy:
         """The whole budget, for requests of the URL shown as `shown`."""
-        fresh = self.new(history=())
-        fresh.shown = shown
-        return fresh
+        return self.new(history=(), shown=shown)
 
     @property
     def attempts(self) -> int:
         """The number of the attempt this policy is used for (1 for the first)."""
         return len(self.history) + 1
+
+    def is_retry(self, method: str, status: int) -> bool:
+        """Whether an answer with `status` to `method` is worth another request."""
+        return method in self.methods and status in self.statuses
 
     def get_backoff_time(self) -> float:
         failures = len(self.history)
@@ -101,57 +94,41 @@ class Policy(Retry):
             return 0.0
         return float(min(self.backoff_max, self.backoff_factor * 2 ** (failures - 1)))
 
-    def wait(self, response: BaseHTTPResponse | None = None) -> float:
-        if response is not None and self.respect_retry_after_header:
-            try:
-                asked = self.get_retry_after(response)
-            except InvalidHeader:
-                asked = None
+    def wait(self, response: Answer | None = None) -> float:
+        if response is not None:
+            asked = retry_after(response.headers.get("Retry-After"))
             if asked is not None:
-                # A server's Retry-After is a request, not an order.
                 return float(min(asked, self.backoff_max))
         return self.get_backoff_time()
 
-    def sleep(self, response: BaseHTTPResponse | None = None) -> None:
+    def sleep(self, response: Answer | None = None) -> None:
         self.sleeper(self.wait(response))
 
-    def increment(
-        self,
-        method: str | None = None,
-        url: str | None = None,
-        response: BaseHTTPResponse | None = None,
-        error: Exception | None = None,
-        _pool: ConnectionPool | None = None,
-        _stacktrace: TracebackType | None = None,
-    ) -> Self:
+    def increment(self, method: str | None = None, url: str | None = None, response: Answer | None = None,
+                  error: BaseException | None = None) -> Policy:
+        """The policy for the next attempt after this one failed (`error`) or was answered with a
+        status worth retrying (`response`); GaveUp when no attempt is left or none can help."""
         if error is not None and not worth_retrying(error):
-            raise GaveUp(_pool, url, error, self.attempts) from error
-        try:
-            new = super().increment(method, url, response, error, _pool, _stacktrace)
-        except MaxRetryError as exc:
-            raise GaveUp(_pool, url, exc.reason or Exception("no more retries"), self.attempts) from exc
-        left = new.left_for(response, error)
-        of = f" of {new.attempts + left}" if left is not None else ""
-        log.warning("%s; retrying in %.1fs (attempt %d%s)", self.failure(response, error),
-                    new.wait(response), new.attempts, of)
+            raise GaveUp(url, error, self.attempts) from error
+        connecting = isinstance(error, NoConnection)
+        new = self.new(total=self.total - 1, history=(*self.history, self.failure(response, error)),
+                       connect=self.connect - 1 if connecting and self.connect is not None else self.connect)
+        if new.total < 0 or (new.connect is not None and new.connect < 0):
+            reason = error if error is not None else RequestError(f"the last answer was {self.failure(response, None)}")
+            raise GaveUp(url, reason, self.attempts) from error
+        left = new.left_for(error)
+        log.warning("%s; retrying in %.1fs (attempt %d of %d)", self.failure(response, error),
+                    new.wait(response), new.attempts, new.attempts + left)
         return new
 
-    def left_for(self, response: BaseHTTPResponse | None, error: Exception | None) -> int | None:
-        """How many more attempts a failure like this one may have: the fewest of the total and
-        the budget of its kind (urllib3 counts connect, read, status and other failures apart);
-        None when nothing limits them."""
-        if error is None:
-            kind = self.status
-        elif self._is_connection_error(error):  # urllib3's own sorting, which increment() used
-            kind = self.connect
-        elif self._is_read_error(error):
-            kind = self.read
-        else:
-            kind = self.other
-        limits = [n for n in (self.total, kind) if isinstance(n, int) and not isinstance(n, bool)]
-        return max(min(limits), 0) if limits else None
+    def left_for(self, error: BaseException | None) -> int:
+        """How many more attempts a failure like this one may have: the fewest of the total and,
+        for a connection that could not be made, of `connect`."""
+        if isinstance(error, NoConnection) and self.connect is not None:
+            return max(min(self.total, self.connect), 0)
+        return max(self.total, 0)
 
-    def failure(self, response: BaseHTTPResponse | None, error: BaseException | None) -> str:
+    def failure(self, response: Answer | None, error: BaseException | None) -> str:
         """What went wrong with one attempt, in words."""
         if isinstance(error, BodyBroke):
             return str(error)
@@ -162,34 +139,30 @@ class Policy(Retry):
         return f"the request for {self.shown} failed"
 
 
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
 def answered(status: int, reason: str | None) -> str:
     """`HTTP 403 Forbidden`: a status with the reason phrase the server sent, escaped (its words
     reach a terminal); the status alone when there is none (an unregistered code)."""
     return f"HTTP {status} {printable(reason or '')}".rstrip()
 
 
-class _OwnRetriesFilter(logging.Filter):
-    """Drops urllib3's "Retrying (Policy(...)) after connection broken by '...': /path?query"
-    for qnnctl's own requests: Policy.increment has said it in words, with the URL redacted."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        return not (isinstance(args, tuple) and args and isinstance(args[0], Policy))
-
-
-_OWN_RETRIES = _OwnRetriesFilter()
-
-
-def quiet_urllib3_retries() -> None:
-    """Install the filter above (once); other users of urllib3 keep its messages."""
-    pool_log = logging.getLogger("urllib3.connectionpool")
-    if _OWN_RETRIES not in pool_log.filters:
-        pool_log.addFilter(_OWN_RETRIES)
-
-
 def causes(exc: BaseException) -> list[BaseException]:
-    """`exc` and what it wraps, outermost first. requests and urllib3 nest the real cause in
-    `args`, in `reason` and in `__cause__`."""
+    """`exc` and what it wraps, outermost first: a RequestError's cause is its `reason`; other
+    exceptions nest theirs in `args` or `__cause__`."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and current not in chain and len(chain) < 16:
@@ -199,8 +172,7 @@ def causes(exc: BaseException) -> list[BaseException]:
 
 
 def _wrapped(exc: BaseException) -> BaseException | None:
-    for candidate in (getattr(exc, "reason", None), getattr(exc, "original_error", None),
-                      *exc.args, exc.__cause__):
+    for candidate in (getattr(exc, "reason", None), *exc.args, exc.__cause__):
         if isinstance(candidate, BaseException):
             return candidate
     return None
@@ -238,32 +210,30 @@ def attempts_made(error: BaseException) -> int:
 def describe(error: BaseException) -> str:
     """The innermost cause of a failed request, whole and on one line, in words where the
     bare exception says little: `the connection was refused ([Errno 111] Connection refused)`
-    rather than `HTTPConnectionPool(...): Max retries exceeded with url: ... (Caused by ...)`.
+    rather than the layers of messages wrapped around it.
     URLs in it are redacted, and control characters escaped: a line the server sent in place of
     HTTP's (http.client's BadStatusLine) is the server's text."""
     chain = causes(error)
     inner = chain[-1]
-    text = _URLLIB3_PREFIX.sub("", str(inner)).strip()
+    text = _OBJECT_PREFIX.sub("", str(inner)).strip()
     if isinstance(inner, ssl.SSLCertVerificationError):
         words = f"the server's certificate is not trusted: {text}"
     elif isinstance(inner, ssl.SSLError):
         words = f"TLS failed: {text}"
     elif isinstance(inner, socket.gaierror):
-        host = next((link._host for link in chain if isinstance(link, NameResolutionError)), None)
+        host = next((link.host for link in chain if isinstance(link, RequestError) and link.host), None)
         words = f"the host name {host} cannot be resolved ({text})" if host else \
             f"a host name cannot be resolved ({text})"
     elif isinstance(inner, ConnectionRefusedError):
         words = f"the connection was refused ({text})"
+    elif isinstance(inner, http.client.RemoteDisconnected):  # a ConnectionResetError too
+        words = "the server closed the connection without answering"
     elif isinstance(inner, ConnectionResetError):
         words = f"the connection was reset ({text})"
-    elif isinstance(inner, http.client.RemoteDisconnected):
-        words = "the server closed the connection without answering"
-    elif isinstance(inner, IncompleteRead):
-        words = f"the server closed the connection {inner.expected} bytes before the end it announced"
     elif isinstance(inner, http.client.IncompleteRead):
         short = f"{inner.expected} bytes " if inner.expected is not None else ""
         words = f"the server closed the connection {short}before the end it announced"
-    elif isinstance(inner, (Urllib3Timeout, TimeoutError)):
+    elif isinstance(inner, TimeoutError):
         words = f"no answer in time ({text})" if text else "no answer in time"
     else:
         words = text or type(inner).__name__

@@ -14,12 +14,9 @@ import time
 import zlib
 from typing import Any
 
-import requests
-import urllib3
-from requests.adapters import HTTPAdapter
-
 from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.net.download import make_session, retry_policy
+from qnnctl.net.http import RequestError, Response
 from qnnctl.net.retry import describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.records import Record
@@ -78,26 +75,22 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
     archive's own download would only meet the same refusal, retried for half a minute."""
     url = index_url(base)
     shown = redact(url)
-    session = make_session()
     # Retried as downloads are, but briefly: the archive's own download follows. A refused
     # connection is tried once more only (a mirror restarting), after a second.
-    adapter = HTTPAdapter(max_retries=retry_policy().new(total=2, connect=1).start(shown))  # retries name the URL
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
+    policy = retry_policy().new(total=2, connect=1).start(shown)  # retries name the URL
     try:
         # Asked unencoded, and read as it comes off the wire: a body that decodes to gigabytes is
-        # refused by its decoded size, decoded here in bounded steps (urllib3 would decode it whole).
-        with session, session.get(url, timeout=INDEX_TIMEOUT, stream=True,
-                                  headers={"Accept-Encoding": "identity"}) as response:
-            if response.status_code in (404, 410):
+        # refused by its decoded size, decoded here in bounded steps.
+        with make_session() as session, session.get(url, None, INDEX_TIMEOUT, policy) as response:
+            if response.status in (404, 410):
                 log.debug("the mirror has no %s", shown)
                 return None
-            if response.status_code != 200:
+            if response.status != 200:
                 log.warning("the mirror answered HTTP %d for %s; the archive is not checked against it",
-                            response.status_code, shown)
+                            response.status, shown)
                 return None
             body = _bounded_body(response, shown)
-    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+    except RequestError as exc:
         if refused(exc):
             raise DownloadError(f"cannot reach the mirror: {shown}: {describe(exc)}",
                                 hint="check the host and port of QNNCTL_MIRROR; nothing was fetched") from None
@@ -115,7 +108,7 @@ def read_index(base: str) -> dict[str, dict[str, Any]] | None:
         return None
 
 
-def _bounded_body(response: requests.Response, shown: str) -> bytes:
+def _bounded_body(response: Response, shown: str) -> bytes:
     """The body of the index's answer, decoded, read with a size cap and a deadline."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("identity", "", "gzip", "deflate", "x-gzip"):
@@ -125,7 +118,7 @@ def _bounded_body(response: requests.Response, shown: str) -> bytes:
     inflate = zlib.decompressobj(47) if encoding not in ("identity", "") else None
     deadline = time.monotonic() + INDEX_DEADLINE
     body = bytearray()
-    for block in response.raw.stream(64 << 10, decode_content=False):
+    while block := response.read1(64 << 10):
         if inflate is not None:
             block = inflate.decompress(block, INDEX_MAX_BYTES + 1 - len(body))
         body += block

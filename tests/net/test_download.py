@@ -13,7 +13,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,9 @@ from qnnctl import __version__
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import space_margin
 from qnnctl.net.body import Pace, TooSlow
-from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_after, retry_policy
-from qnnctl.net.retry import BodyBroke
+from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_policy
+from qnnctl.net.http import BodyBroke
+from qnnctl.net.retry import retry_after
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.vouchers import vouchers
 from tests.conftest import require_tool, run_qnnctl, run_qnnctl_on_a_terminal
@@ -43,9 +44,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _range_start(request_headers: Mapping[str, str]) -> int | None:
+def _range_start(request_headers: Message) -> int | None:
     value = request_headers.get("Range")
     return None if value is None else int(value.removeprefix("bytes=").split("-", 1)[0])
+
+
+def _etag(url: str) -> str:
+    """The ETag the server sends for `url` now (a HEAD)."""
+    with make_session() as session, session.head(url) as response:
+        return str(response.headers["ETag"])
 
 
 def _installed_manifest(cache_dir: Path) -> dict[str, Any]:
@@ -287,9 +294,8 @@ def test_session_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert session.headers["User-Agent"] == f"qnnctl/{__version__}"
     assert make_session("9.9.9").headers["User-Agent"] == "qnnctl/9.9.9"
     assert session.headers["Accept-Encoding"] == "identity"
-    settings = session.merge_environment_settings("https://softwarecenter.qualcomm.com/x", {}, None, None, None)
-    assert settings["verify"] == str(bundle)
-    assert settings["proxies"]["https"] == "http://proxy.example:3128"
+    assert session.settings.ca_bundle == str(bundle)
+    assert session.settings.proxy_url("https://softwarecenter.qualcomm.com/x") == "http://proxy.example:3128"
 
 
 def test_backoff_is_exponential_without_retry_after(server: FaultServer, served: bytes, tmp_path: Path) -> None:
@@ -362,24 +368,18 @@ def test_a_206_that_starts_elsewhere_is_not_spliced(server: FaultServer, served:
 
 
 def _lenient_content_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An HTTP stack that does not enforce Content-Length (urllib3 1.x by default): a body that
-    ends early arrives without an error, its bytes kept."""
-    from urllib3.connectionpool import HTTPConnectionPool
+    """An HTTP stack that does not hold a body to its Content-Length (http.client's own read1,
+    urllib3 1.x by default): a body that ends early arrives without an error, its bytes kept."""
+    from qnnctl.net.http import Response
 
-    real = HTTPConnectionPool._make_request
-
-    def lenient(self: HTTPConnectionPool, *args: Any, **kwargs: Any) -> Any:
-        kwargs["enforce_content_length"] = False
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(HTTPConnectionPool, "_make_request", lenient)
+    monkeypatch.setattr(Response, "read1", lambda self, size=-1: self.raw.read1(size))
 
 
 def test_a_body_shorter_than_its_length_is_not_complete(server: FaultServer, served: bytes, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    """With an HTTP stack that does not enforce Content-Length (urllib3 1.x by default), a body
-    that ends early arrives without an error: the downloader itself must see that it is short."""
+    """With an HTTP stack that does not enforce Content-Length, a body that ends early arrives
+    without an error: the downloader itself must see that it is short."""
     _lenient_content_length(monkeypatch)
     server.fail(PATH, Fault.drop_after(0), Fault.drop_after(300_000))
     sleeps = Sleeps()
@@ -400,7 +400,7 @@ def test_the_first_byte_kept_renews_the_retries_spent_before_it(server: FaultSer
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A download with nothing on disk yet that keeps its first byte has moved on: the retry
-    urllib3 spent on a 503 before it is given back."""
+    the session spent on a 503 before it is given back."""
     _lenient_content_length(monkeypatch)  # so that a body cut after one byte keeps it
     server.fail(PATH, Fault.status(503), Fault.drop_after(1))
     sleeps = Sleeps()
@@ -581,17 +581,14 @@ def test_a_refused_connection_is_retried_and_said_in_words(tmp_path: Path,
                                  "cannot reach the server: the connection was refused ([Errno 111] Connection refused)")
 
 
-def test_the_retry_policy_is_declared_on_urllib3s_retry() -> None:
-    from urllib3.util.retry import Retry as Urllib3Retry
-
+def test_the_retry_policy_is_declared() -> None:
     policy = retry_policy()
-    assert isinstance(policy, Urllib3Retry)
     assert policy.total == MAX_ATTEMPTS - 1
     for status in (408, 425, 429, 500, 503, 599):
         assert policy.is_retry("GET", status)
     for status in (401, 403, 404, 410, 416):
         assert not policy.is_retry("GET", status)
-    # Only requests that change nothing are sent again (urllib3 would also repeat PUT and DELETE).
+    # Only requests that change nothing are sent again.
     assert [policy.is_retry(method, 503) for method in ("HEAD", "POST", "PUT", "DELETE")] == [
         True, False, False, False]
 
@@ -664,39 +661,31 @@ def _failed(exc: BaseException) -> DownloadError:
     return request_failed(SHOWN, exc)
 
 
-def _chained(outer: BaseException, inner: BaseException) -> BaseException:
-    outer.__cause__ = inner
-    return outer
-
-
 def test_each_kind_of_failed_request_has_its_own_words() -> None:
-    import requests
-
+    from qnnctl.net.http import BadRequest, NoConnection
     from qnnctl.net.retry import GaveUp, describe
 
-    untrusted = _chained(requests.exceptions.SSLError("ssl"),
-                         ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"))
+    untrusted = NoConnection("tls", ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed "
+                                                                    "certificate"))
     error = _failed(untrusted)
     assert (error.message, error.hint) == (
         f"cannot download {SHOWN}: {describe(untrusted)}",
         "if your network inspects TLS, set REQUESTS_CA_BUNDLE to your organisation's CA bundle; "
         "`qnnctl doctor` shows the bundle in use")
-    nameless = _chained(requests.ConnectionError("dns"),
-                        socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    nameless = NoConnection("dns", socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
     error = _failed(nameless)
     assert (error.message, error.hint) == (
         f"cannot download {SHOWN}: {describe(nameless)}",
         "check the host name in the URL (or QNNCTL_MIRROR); behind a proxy, set HTTPS_PROXY")
-    odd = requests.exceptions.InvalidURL("no host in the URL")
+    odd = BadRequest("the URL names no host")
     error = _failed(odd)
     assert (error.message, error.hint) == (f"request to {SHOWN} failed: {describe(odd)}",
                                            "check the URL (or QNNCTL_MIRROR) and proxy settings")
-    refused = requests.ConnectionError(ConnectionRefusedError(111, "Connection refused"))
+    refused = NoConnection("refused", ConnectionRefusedError(111, "Connection refused"))
     error = _failed(refused)
     assert (error.message, error.hint) == (f"cannot reach {SHOWN}: {describe(refused)}", AGAIN)
     for attempts in (2, 6):
-        retried = requests.ConnectionError(GaveUp(None, "/x", ConnectionRefusedError(111, "Connection refused"),
-                                                  attempts))
+        retried = GaveUp("/x", NoConnection("refused", ConnectionRefusedError(111, "Connection refused")), attempts)
         error = _failed(retried)
         assert (error.message, error.hint) == (
             f"download of {SHOWN} failed after {attempts} attempts: cannot reach the server: {describe(retried)}",
@@ -816,7 +805,7 @@ def test_small_pieces_of_the_downloader(tmp_path: Path) -> None:
         file_sha256,
         retryable_status,
     )
-    from qnnctl.net.retry import BodyBroke
+    from qnnctl.net.http import BodyBroke
 
     assert _of(1536, None) == "1.5 KiB"
     assert _of(1536, 3 << 20) == "1.5 KiB of 3.0 MiB"
@@ -1006,15 +995,13 @@ def test_only_a_strong_etag_is_kept_to_resume_by() -> None:
 def test_the_record_of_a_download_is_private_and_exact(server: FaultServer, served: bytes, tmp_path: Path) -> None:
     import stat
 
-    import requests
-
     url = server.url(PATH)
     fetched = _downloader(tmp_path).fetch([url], NAME)
     record = tmp_path / "downloads" / f"{NAME}.json"
     # It names the URL: only its owner reads it, whatever the umask.
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
     assert json.loads(record.read_text(encoding="utf-8")) == {
-        "url": url, "etag": requests.head(url, timeout=10).headers["ETag"], "last_modified": None,
+        "url": url, "etag": _etag(url), "last_modified": None,
         "total": len(served), "sha256": fetched.sha256, "size": len(served)}
 
 

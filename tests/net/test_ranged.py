@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from qnnctl.errors import DownloadError
 from qnnctl.net import ranged
 from qnnctl.net import sparse as sparse_file
+from qnnctl.net.download import make_session
 from qnnctl.net.ranged import ArchiveChanged, Fetcher, RangesIgnored, plan, probe
 from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.threads import wait_ended
@@ -113,7 +113,8 @@ def wait_until(condition: Callable[[], bool], seconds: float = 20) -> bool:
 
 def etag_on(server: FaultServer) -> str:
     """The archive's ETag as the server sends it now (a HEAD, before any fault is queued)."""
-    return requests.head(server.url(PATH), timeout=10).headers["ETag"]
+    with make_session() as session, session.head(server.url(PATH)) as response:
+        return str(response.headers["ETag"])
 
 
 def closed_port() -> int:

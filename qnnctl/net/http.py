@@ -1,0 +1,418 @@
+"""HTTP/1.1 on the standard library: the one session every request of qnnctl goes through.
+
+`http.client` and `ssl` are what a download needs, and all it loads: requests and urllib3 were
+about 75 ms of every install's start from a cold page cache (bench/README.md), for a client that
+asks for one file at a time. What they did for qnnctl is here, each in a few lines:
+
+- proxies from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, lower case first, and
+  `NO_PROXY`), an `https://` URL through a CONNECT tunnel, a proxy's password sent as Basic;
+- the CA bundle from `REQUESTS_CA_BUNDLE` or `CURL_CA_BUNDLE` (a file or a folder), else
+  certifi's, as requests chose;
+- a URL's `user:password@` and `~/.netrc` (or `$NETRC`) as Basic, never sent on to another host
+  a redirect names;
+- redirects followed (at most MAX_REDIRECTS), relative ones too;
+- one kept-alive connection per session, reopened when the server has closed it;
+- a connect timeout and a read timeout apart;
+- each request retried by a `Policy` (qnnctl.net.retry): what failed before an answer came, and
+  the statuses it lists; the last answer comes back when the policy is spent.
+
+A failure is a `RequestError`, its cause in `reason` (qnnctl.net.retry.describe puts it in words).
+Bodies are the bytes sent (`Accept-Encoding: identity`), never decoded here.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.client
+import ipaddress
+import netrc
+import os
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote, urljoin, urlsplit
+
+from qnnctl.records import Record
+
+if TYPE_CHECKING:
+    from qnnctl.net.retry import Policy
+
+MAX_REDIRECTS = 30  # what requests allowed
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_SAFE = "!#$%&'()*+,/:;=?@[]~"  # what a URL's path and query keep as they are; the rest is %-quoted
+# Proxy variables in the order they are looked up for a scheme: the scheme's own, then ALL_PROXY;
+# of each, the lower-case name wins (as requests and curl read them).
+_PROXY_NAMES = {"http": ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"),
+                "https": ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")}
+
+
+class RequestError(Exception):
+    """A request that brought no answer, or a body that broke off; the cause is `reason`, and
+    `host` the host it was for (to name in words a name that does not resolve)."""
+
+    def __init__(self, message: str, reason: BaseException | None = None, host: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.host = host
+
+
+class NoConnection(RequestError):
+    """No connection: the name, the address, the proxy or TLS failed before anything was sent."""
+
+
+class NoAnswer(RequestError):
+    """The request went out and no answer came: the connection closed, reset or timed out."""
+
+
+class ProxyFailed(NoConnection):
+    """The proxy could not be reached, or refused to open the tunnel."""
+
+
+class BodyBroke(RequestError):
+    """An answer's body stopped short; the message says where and why, in words."""
+
+
+class BadRequest(RequestError):
+    """No request can be made of this URL (a scheme, a host, too many redirects): not retried."""
+
+
+class Target(Record):
+    """Where one request goes: the URL's parts, and the proxy in between (None: directly)."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str  # with its query
+    auth: str | None  # the Authorization header the URL's userinfo or .netrc gives
+    proxy: Proxy | None
+
+
+class Proxy(Record):
+    url: str
+    host: str
+    port: int
+    auth: str | None  # the Proxy-Authorization header
+
+
+class Settings:
+    """What the environment says about reaching a URL: proxies, NO_PROXY, the CA bundle, .netrc."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.ca_bundle = environ.get("REQUESTS_CA_BUNDLE") or environ.get("CURL_CA_BUNDLE") or None
+        self.no_proxy = [entry.strip().lower() for entry in
+                         (environ.get("no_proxy") or environ.get("NO_PROXY") or "").split(",") if entry.strip()]
+
+    def proxy_url(self, url: str) -> str | None:
+        """The proxy a request for `url` goes through, as the environment names it; None: directly."""
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        for name in _PROXY_NAMES.get(parts.scheme.lower(), ()):
+            value = self.environ.get(name)
+            if value:
+                return None if self.bypasses(host, parts.port) else value
+        return None
+
+    def bypasses(self, host: str, port: int | None) -> bool:
+        """Whether NO_PROXY covers `host`: `*`, the name, a domain it is in (`.example.com` or
+        `example.com`), `host:port`, or a network it is an address of (`10.0.0.0/8`)."""
+        address = _address(host)
+        for entry in self.no_proxy:
+            if entry == "*":
+                return True
+            name = entry.removeprefix("*").removeprefix(".")
+            if host == name or host.endswith("." + name) or (port is not None and f"{host}:{port}" == entry):
+                return True
+            if address is not None and "/" in entry:
+                try:
+                    if address in ipaddress.ip_network(entry, strict=False):
+                        return True
+                except ValueError:
+                    continue
+        return False
+
+    def netrc_auth(self, host: str) -> str | None:
+        """Basic credentials for `host` from $NETRC, else ~/.netrc; None when it names none, or
+        cannot be read (as requests and curl treat it)."""
+        path = self.environ.get("NETRC") or str(Path(self.environ.get("HOME") or Path.home()) / ".netrc")
+        try:
+            found = netrc.netrc(path).authenticators(host)
+        except (OSError, netrc.NetrcParseError):
+            return None
+        if not found:
+            return None
+        login, _, password = found
+        return _basic(login or "", password or "")
+
+    def target(self, url: str) -> Target:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https"):
+            raise BadRequest(f"qnnctl speaks http:// and https://, not {scheme or 'a URL without a scheme'}")
+        try:
+            port = parts.port or (443 if scheme == "https" else 80)
+        except ValueError:
+            raise BadRequest(f"the URL's port {_port_text(parts.netloc)} is not a port number (0 to 65535)") from None
+        host = parts.hostname
+        if not host:
+            raise BadRequest("the URL names no host")
+        # Quoted as requests quoted it: a space typed as it is becomes %20, a %XX stays as it is.
+        path = quote(parts.path or "/", safe=_SAFE) + (f"?{quote(parts.query, safe=_SAFE)}" if parts.query else "")
+        if parts.username is not None or parts.password is not None:
+            auth: str | None = _basic(unquote(parts.username or ""), unquote(parts.password or ""))
+        else:
+            auth = self.netrc_auth(host)
+        proxy = None
+        proxy_url = self.proxy_url(url)
+        if proxy_url is not None:
+            proxy = _proxy(proxy_url)
+        return Target(scheme, host, port, path, auth, proxy)
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def _port_text(netloc: str) -> str:
+    """The port as a URL spells it (its userinfo left out: it may hold a password)."""
+    return netloc.rpartition("@")[2].rpartition(":")[2]
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+
+
+def _proxy(url: str) -> Proxy:
+    parts = urlsplit(url if "://" in url else f"http://{url}")  # `proxy:3128` is a proxy too, as curl takes it
+    if parts.scheme.lower() != "http":
+        raise BadRequest(f"qnnctl reaches proxies over http://, not {parts.scheme}:// (the proxy named in the "
+                         "environment)")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise BadRequest(f"the proxy's port {_port_text(parts.netloc)} is not a port number (0 to 65535)") from None
+    if not parts.hostname:
+        raise BadRequest("the proxy named in the environment names no host")
+    auth = None
+    if parts.username is not None or parts.password is not None:
+        auth = _basic(unquote(parts.username or ""), unquote(parts.password or ""))
+    return Proxy(url, parts.hostname, port, auth)
+
+
+@functools.lru_cache(maxsize=8)
+def tls_context(bundle: str | None) -> ssl.SSLContext:
+    """A verifying context trusting `bundle` (a file or a folder of certificates), else certifi's."""
+    if bundle is None:
+        import certifi  # lazy: only an https:// URL pays for its 280 KB of certificates
+
+        return ssl.create_default_context(cafile=certifi.where())
+    if os.path.isdir(bundle):
+        return ssl.create_default_context(capath=bundle)
+    return ssl.create_default_context(cafile=bundle)
+
+
+class Response:
+    """An answer: its status, reason and headers, and its body read with `read1` as it arrives.
+
+    Closing it before the body is read to its end closes the connection too: what is left of
+    the body is not read (it may never end), and the connection cannot carry another request.
+    """
+
+    def __init__(self, raw: http.client.HTTPResponse, session: Session, method: str, url: str,
+                 retries: Policy | None) -> None:
+        self.raw = raw
+        self.method = method
+        self.session = session
+        self.url = url  # the URL that answered, after any redirect
+        self.retries = retries  # what is left of the policy after this request
+        self.status = raw.status
+        self.reason = raw.reason
+        self.headers = raw.headers
+
+    def read1(self, size: int = -1) -> bytes:
+        """What has arrived of the body, at most `size` bytes; b"" at its end. A body that ends
+        before its Content-Length is BodyBroke (http.client's read1 would end it quietly)."""
+        try:
+            data = self.raw.read1(size)
+        except (OSError, http.client.HTTPException) as exc:
+            self.session.drop()
+            raise BodyBroke(f"the body broke off: {exc}", exc) from exc
+        if not data and size != 0 and self.method != "HEAD" and self.raw.length:
+            short = http.client.IncompleteRead(b"", self.raw.length)
+            raise BodyBroke(f"the body broke off: {short!r}", short)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.raw.read(size)
+        except (OSError, http.client.HTTPException) as exc:
+            self.session.drop()
+            raise BodyBroke(f"the body broke off: {exc}", exc) from exc
+
+    def close(self) -> None:
+        # read1 leaves a body read to its Content-Length open (read would close it): it is complete.
+        if not self.raw.isclosed() and self.raw.length != 0:  # the body was not read to its end
+            self.session.drop()
+        self.raw.close()
+
+    def __enter__(self) -> Response:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+class Session:
+    """Requests of one thread, over one kept-alive connection at a time."""
+
+    def __init__(self, user_agent: str, environ: Mapping[str, str] | None = None) -> None:
+        self.settings = Settings(os.environ if environ is None else environ)
+        # Ask for the bytes as stored: a transparently gzipped body would break Range offsets.
+        self.headers = {"User-Agent": user_agent, "Accept-Encoding": "identity"}
+        self._connection: http.client.HTTPConnection | None = None
+        self._key: tuple[object, ...] | None = None
+        self._used = False  # the connection has carried an answer: the server may have closed it since
+
+    def get(self, url: str, headers: Mapping[str, str] | None = None, timeout: tuple[float, float] = (15.0, 60.0),
+            policy: Policy | None = None, redirects: bool = True) -> Response:
+        return self.request("GET", url, headers, timeout, policy, redirects)
+
+    def head(self, url: str, timeout: tuple[float, float] = (15.0, 60.0)) -> Response:
+        return self.request("HEAD", url, None, timeout, None, redirects=False)
+
+    def request(self, method: str, url: str, headers: Mapping[str, str] | None, timeout: tuple[float, float],
+                policy: Policy | None, redirects: bool = True) -> Response:
+        """The answer to `method url`, redirects followed, each hop retried by `policy`."""
+        sent = dict(headers or {})
+        target = self.settings.target(url)
+        auth = target.auth
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._retried(method, url, target, auth, sent, timeout, policy)
+            location = response.headers.get("Location")
+            if not redirects or response.status not in REDIRECTS or not location:
+                return response
+            response.close()
+            policy = response.retries
+            following = urljoin(url, location.strip())
+            nxt = self.settings.target(following)
+            if (nxt.host, nxt.port) != (target.host, target.port) or (target.scheme, nxt.scheme) == ("https", "http"):
+                # A password goes to the host it was given for, and never in the clear after TLS.
+                auth = nxt.auth
+            url, target = following, nxt
+        raise BadRequest(f"more than {MAX_REDIRECTS} redirects")
+
+    def _retried(self, method: str, url: str, target: Target, auth: str | None, headers: dict[str, str],
+                 timeout: tuple[float, float], policy: Policy | None) -> Response:
+        while True:
+            try:
+                response = self._once(method, url, target, auth, headers, timeout)
+            except RequestError as exc:
+                if policy is None or isinstance(exc, BadRequest):
+                    raise
+                policy = policy.increment(method, url, error=exc)  # GaveUp when spent
+                policy.sleep()
+                continue
+            response.retries = policy
+            if policy is None or not policy.is_retry(method, response.status):
+                return response
+            try:
+                spent = policy.increment(method, url, response=response)
+            except RequestError:  # spent: the last answer is the caller's to report
+                return response
+            response.close()
+            spent.sleep(response)
+            policy = spent
+
+    def _once(self, method: str, url: str, target: Target, auth: str | None, headers: dict[str, str],
+              timeout: tuple[float, float]) -> Response:
+        sent = {**self.headers, **headers}
+        if auth is not None:
+            sent["Authorization"] = auth
+        proxy = target.proxy
+        tunnel = proxy is not None and target.scheme == "https"
+        if proxy is not None and not tunnel:
+            # Through a proxy, an http:// request names the whole URL (without its userinfo).
+            path = f"http://{_netloc(target.host, target.port, 80)}{target.path}"
+            if proxy.auth is not None:
+                sent["Proxy-Authorization"] = proxy.auth
+        else:
+            path = target.path
+        reused = self._connect(target, timeout)
+        connection = self._connection
+        assert connection is not None
+        try:
+            connection.request(method, path, headers=sent)
+            raw = connection.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            self.drop()
+            if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+                # A kept-alive connection the server closed while it idled: once more, on a new one.
+                return self._once(method, url, target, auth, headers, timeout)
+            if isinstance(exc, (http.client.InvalidURL, ValueError)):
+                raise BadRequest(f"no request can be made of that URL: {exc}", exc) from exc
+            raise NoAnswer(f"no answer: {exc}", exc) from exc
+        self._used = True
+        return Response(raw, self, method, url, None)
+
+    def _connect(self, target: Target, timeout: tuple[float, float]) -> bool:
+        """The connection to `target`, opened if need be; True when it is one that carried an answer."""
+        proxy = target.proxy
+        key = (target.scheme, target.host, target.port, proxy)
+        if self._connection is not None and self._key == key and self._connection.sock is not None:
+            return self._used
+        self.drop()
+        connect, read = timeout
+        connection: http.client.HTTPConnection
+        if target.scheme == "https":
+            context = tls_context(self.settings.ca_bundle)
+            if proxy is not None:
+                connection = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=connect, context=context)
+                connection.set_tunnel(target.host, target.port,
+                                      headers={"Proxy-Authorization": proxy.auth} if proxy.auth else None)
+            else:
+                connection = http.client.HTTPSConnection(target.host, target.port, timeout=connect, context=context)
+        elif proxy is not None:
+            connection = http.client.HTTPConnection(proxy.host, proxy.port, timeout=connect)
+        else:
+            connection = http.client.HTTPConnection(target.host, target.port, timeout=connect)
+        try:
+            connection.connect()
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            if proxy is not None and not isinstance(exc, ssl.SSLError):
+                raise ProxyFailed(f"cannot reach {target.host} through the proxy: {exc}", exc, target.host) from exc
+            raise NoConnection(f"cannot connect to {target.host}: {exc}", exc, target.host) from exc
+        assert connection.sock is not None
+        connection.sock.settimeout(read)
+        self._connection, self._key, self._used = connection, key, False
+        return False
+
+    def drop(self) -> None:
+        """Close the connection: the next request opens another."""
+        if self._connection is not None:
+            self._connection.close()
+        self._connection = self._key = None
+        self._used = False
+
+    def close(self) -> None:
+        self.drop()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def _netloc(host: str, port: int, default: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port == default else f"{shown}:{port}"
+

@@ -1,0 +1,398 @@
+"""qnnctl's HTTP session on real loopback servers: proxies and their tunnels, NO_PROXY, the CA
+bundle, credentials and where they are sent, redirects, kept-alive connections, bodies held to
+their length."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qnnctl.net.download import make_session, retry_policy
+from qnnctl.net.http import (
+    MAX_REDIRECTS,
+    BadRequest,
+    BodyBroke,
+    NoAnswer,
+    NoConnection,
+    ProxyFailed,
+    Session,
+    Settings,
+)
+from qnnctl.net.retry import GaveUp, describe
+from tests.httpserver import Fault, FaultServer, self_signed_certificate
+
+DATA = bytes(range(256)) * 64
+PATH = "/v.zip"
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _get(session: Session, url: str, **kwargs: object) -> bytes:
+    with session.get(url, **kwargs) as response:  # type: ignore[arg-type]
+        assert response.status == 200, response.status
+        body = bytearray()
+        while piece := response.read1(1 << 16):
+            body += piece
+        return bytes(body)
+
+
+@pytest.fixture
+def direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy, whatever the tests' environment sets up."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class ConnectProxy:
+    """A proxy on 127.0.0.1 that opens CONNECT tunnels (and nothing else), as a corporate one
+    does: it asks for `credentials` when given, and records each request line and its headers."""
+
+    def __init__(self, credentials: str | None = None, refuse: bool = False) -> None:
+        self.credentials = credentials
+        self.refuse = refuse
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._tunnel, args=(client,), daemon=True).start()
+
+    def _tunnel(self, client: socket.socket) -> None:
+        with client:
+            reader = client.makefile("rb")
+            line = reader.readline().decode("latin-1").strip()
+            headers = {}
+            while (header := reader.readline().decode("latin-1").strip()):
+                name, _, value = header.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            self.seen.append((line, headers))
+            method, target, _ = line.split(" ", 2)
+            if self.refuse or method != "CONNECT":
+                client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                return
+            if self.credentials is not None and headers.get("proxy-authorization") != self.credentials:
+                client.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+                return
+            host, _, port = target.rpartition(":")
+            with socket.create_connection((host, int(port))) as upstream:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                pump = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+                pump.start()
+                _pump(client, upstream)
+                pump.join(10)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(1 << 16):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[FaultServer, Path]]:
+    certificate = self_signed_certificate(tmp_path / "tls")
+    with FaultServer(tls=certificate) as server:
+        server.add(PATH, DATA)
+        yield server, certificate.cert
+
+
+# -- proxies -------------------------------------------------------------------------------
+
+
+def test_an_https_url_goes_through_the_proxys_tunnel_with_its_password(
+        tls_server: tuple[FaultServer, Path], monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
+    server, bundle = tls_server
+    proxy = ConnectProxy(credentials=_basic("proxy user", "pa:ss"))
+    try:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://proxy%20user:pa%3Ass@127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("NO_PROXY", "")
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+        assert _get(make_session(), server.url(PATH)) == DATA
+        ((line, headers),) = proxy.seen
+        port = server.base.rsplit(":", 1)[1]
+        assert line.startswith(f"CONNECT 127.0.0.1:{port} HTTP/1.")
+        assert headers["proxy-authorization"] == _basic("proxy user", "pa:ss")
+        # The server behind the tunnel never sees the proxy's password.
+        (request,) = server.requests_for(PATH)
+        assert "Proxy-Authorization" not in request.headers
+    finally:
+        proxy.close()
+
+
+def test_a_proxy_that_refuses_the_tunnel_is_named(tls_server: tuple[FaultServer, Path],
+                                                  monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
+    server, bundle = tls_server
+    proxy = ConnectProxy(credentials=_basic("u", "right"))
+    try:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://u:wrong@127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("NO_PROXY", "")
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+        with pytest.raises(ProxyFailed) as caught:
+            make_session().get(server.url(PATH))
+        assert "407 Proxy Authentication Required" in describe(caught.value)
+        assert server.requests == []
+    finally:
+        proxy.close()
+
+
+def test_a_certificate_behind_the_tunnel_is_still_checked(tls_server: tuple[FaultServer, Path],
+                                                          monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
+    """The tunnel is the proxy's; the TLS inside it is the server's, checked against the bundle."""
+    server, _ = tls_server
+    proxy = ConnectProxy()
+    try:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", "")
+        monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)  # certifi's: it does not know the test's CA
+        with pytest.raises(NoConnection) as caught:
+            make_session().get(server.url(PATH))
+        assert not isinstance(caught.value, ProxyFailed)
+        assert describe(caught.value).startswith("the server's certificate is not trusted")
+        # Retrying cannot help: one attempt, however generous the policy.
+        with pytest.raises(GaveUp) as gave_up:
+            make_session().get(server.url(PATH), policy=retry_policy(sleep=lambda _: None))
+        assert gave_up.value.attempts == 1
+    finally:
+        proxy.close()
+
+
+def test_an_http_url_is_asked_of_the_proxy_whole_without_its_userinfo(server: FaultServer,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "http://mirror.invalid:8080/v.zip"
+    server.add(url, DATA)  # the proxy sees the whole URL as the path
+    monkeypatch.setenv("HTTP_PROXY", server.base.replace("http://", "http://proxy:secret@"))
+    monkeypatch.setenv("NO_PROXY", "")
+    assert _get(make_session(), "http://me:pw@mirror.invalid:8080/v.zip") == DATA
+    (request,) = server.requests_for(url)
+    assert request.target == url
+    assert request.headers["Host"] == "mirror.invalid:8080"
+    assert request.headers["Proxy-Authorization"] == _basic("proxy", "secret")
+    assert request.headers["Authorization"] == _basic("me", "pw")
+
+
+def test_the_lower_case_variable_wins_and_all_proxy_is_the_last_resort() -> None:
+    settings = Settings({"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:1", "ALL_PROXY": "http://all:1"})
+    assert settings.proxy_url("https://h/x") == "http://lower:1"
+    assert settings.proxy_url("http://h/x") == "http://all:1"
+    assert Settings({}).proxy_url("https://h/x") is None
+
+
+@pytest.mark.parametrize(("no_proxy", "url", "bypassed"), [
+    ("*", "https://anything.example/x", True),
+    ("example.com", "https://example.com/x", True),
+    ("example.com", "https://a.b.example.com/x", True),
+    (".example.com", "https://a.example.com/x", True),
+    ("*.example.com", "https://a.example.com/x", True),
+    ("example.com", "https://badexample.com/x", False),  # a suffix of the name is not its domain
+    ("ample.com", "https://example.com/x", False),
+    ("EXAMPLE.com", "https://Example.COM/x", True),
+    ("mirror:8443", "https://mirror:8443/x", True),
+    ("mirror:8443", "https://mirror:443/x", False),
+    ("10.0.0.0/8", "https://10.1.2.3/x", True),
+    ("10.0.0.0/8", "https://11.1.2.3/x", False),
+    ("::1/128", "https://[::1]/x", True),
+    ("not/a/network", "https://10.1.2.3/x", False),
+    (" a.com , b.com ", "https://b.com/x", True),
+])
+def test_no_proxy(no_proxy: str, url: str, bypassed: bool) -> None:
+    settings = Settings({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": no_proxy})
+    assert settings.proxy_url(url) == (None if bypassed else "http://proxy:3128")
+
+
+@pytest.mark.parametrize(("proxy", "words"), [
+    ("https://proxy:3128", "qnnctl reaches proxies over http://, not https://"),
+    ("socks5://proxy:1080", "qnnctl reaches proxies over http://, not socks5://"),
+    ("http://u:p:w@proxy:99999", "the proxy's port 99999 is not a port number"),
+])
+def test_a_proxy_qnnctl_cannot_speak_to_is_refused_before_a_request(proxy: str, words: str, server: FaultServer,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.setenv("NO_PROXY", "")
+    with pytest.raises(BadRequest, match=words):
+        make_session().get(server.url(PATH), policy=retry_policy(sleep=lambda _: None))
+    assert server.requests == []
+
+
+def test_a_proxy_without_a_scheme_is_an_http_one(server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "http://mirror.invalid/v.zip"
+    server.add(url, DATA)
+    monkeypatch.setenv("HTTP_PROXY", server.base.removeprefix("http://"))
+    monkeypatch.setenv("NO_PROXY", "")
+    assert _get(make_session(), url) == DATA
+
+
+# -- credentials ---------------------------------------------------------------------------
+
+
+def test_a_redirect_to_another_host_does_not_carry_the_password(server: FaultServer, direct: None) -> None:
+    with FaultServer() as other:
+        other.add(PATH, DATA)
+        server.fail(PATH, Fault("status", 302, {"Location": other.url(PATH)}))
+        url = server.url(PATH).replace("http://", "http://me:s3cret@")
+        assert _get(make_session(), url) == DATA
+        (first,) = server.requests_for(PATH)
+        assert first.headers["Authorization"] == _basic("me", "s3cret")
+        (followed,) = other.requests_for(PATH)
+        assert "Authorization" not in followed.headers
+
+
+def test_a_redirect_on_the_same_host_keeps_the_password_and_the_range(server: FaultServer, direct: None) -> None:
+    server.add("/new.zip", DATA)
+    server.fail(PATH, Fault("status", 301, {"Location": "/new.zip"}))  # relative, as many servers send it
+    url = server.url(PATH).replace("http://", "http://me:s3cret@")
+    with make_session().get(url, {"Range": "bytes=0-9"}) as response:
+        assert response.status == 206
+        assert response.read1(100) == DATA[:10]
+        assert response.url == url.replace(PATH, "/new.zip")
+    (followed,) = server.requests_for("/new.zip")
+    assert followed.headers["Authorization"] == _basic("me", "s3cret")
+    assert followed.headers["Range"] == "bytes=0-9"
+
+
+def test_netrc_gives_the_login_for_its_host_alone(server: FaultServer, tmp_path: Path, direct: None) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login robot password from-netrc\n")
+    netrc.chmod(0o600)
+    server.add(PATH, DATA)
+    session = Session("qnnctl/test", {"NETRC": str(netrc)})
+    assert _get(session, server.url(PATH)) == DATA
+    assert _get(session, server.url(PATH).replace("http://", "http://me:given@")) == DATA
+    from_netrc, given = server.requests_for(PATH)
+    assert from_netrc.headers["Authorization"] == _basic("robot", "from-netrc")
+    assert given.headers["Authorization"] == _basic("me", "given")  # the URL's own wins
+    other = Session("qnnctl/test", {"NETRC": str(netrc)})
+    assert other.settings.netrc_auth("localhost") is None
+    assert Session("qnnctl/test", {"NETRC": str(tmp_path / "none")}).settings.netrc_auth("127.0.0.1") is None
+
+
+# -- redirects and URLs --------------------------------------------------------------------
+
+
+def test_redirects_end(server: FaultServer, direct: None) -> None:
+    server.fail(PATH, *[Fault("status", 302, {"Location": PATH})] * (MAX_REDIRECTS + 1))
+    with pytest.raises(BadRequest, match=f"more than {MAX_REDIRECTS} redirects"):
+        make_session().get(server.url(PATH), policy=retry_policy(sleep=lambda _: None))
+    assert len(server.requests_for(PATH)) == MAX_REDIRECTS + 1
+
+
+def test_a_redirect_is_not_followed_when_not_asked(server: FaultServer, direct: None) -> None:
+    server.fail(PATH, Fault("status", 302, {"Location": "/elsewhere"}))
+    with make_session().get(server.url(PATH), redirects=False) as response:
+        assert (response.status, response.headers["Location"]) == (302, "/elsewhere")
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("ftp://host/v.zip", "qnnctl speaks http:// and https://, not ftp"),
+    ("http:///v.zip", "the URL names no host"),
+    ("http://host:port/v.zip", "the URL's port port is not a port number"),
+    ("http://u:1@host:99999/v.zip", "the URL's port 99999 is not a port number"),
+])
+def test_a_url_no_request_can_be_made_of(url: str, words: str) -> None:
+    with pytest.raises(BadRequest, match=words):
+        make_session().get(url, policy=retry_policy(sleep=lambda _: None))
+
+
+def test_a_path_is_quoted_as_typed(server: FaultServer, direct: None) -> None:
+    server.add("/files/qairt%20sdk+v1%2B.zip", DATA)
+    assert _get(make_session(), server.url("/files/qairt sdk+v1%2B.zip?a=b c")) == DATA
+    (request,) = server.requests_for("/files/qairt%20sdk+v1%2B.zip")
+    assert request.target == "/files/qairt%20sdk+v1%2B.zip?a=b%20c"
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+def test_one_connection_carries_every_request_of_a_session(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    session = make_session()
+    for _ in range(3):
+        assert _get(session, server.url(PATH)) == DATA
+    assert server.connections == 1
+
+
+def test_a_body_left_unread_closes_its_connection(server: FaultServer, direct: None) -> None:
+    """What is left of a body is not read (it may never end): the next request opens another
+    connection rather than reading the rest as its answer."""
+    server.add(PATH, DATA)
+    session = make_session()
+    with session.get(server.url(PATH)) as response:
+        assert response.read1(10) == DATA[:10]
+    assert _get(session, server.url(PATH)) == DATA
+    assert server.connections == 2
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    session = make_session()
+    assert _get(session, server.url(PATH)) == DATA
+    connection = session._connection
+    assert connection is not None
+    assert connection.sock is not None
+    # As a server's idle timeout does: the connection ends while the session holds it.
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    assert _get(session, server.url(PATH)) == DATA
+    assert server.connections == 2
+
+
+def test_a_body_shorter_than_its_length_breaks_off(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    server.fail(PATH, Fault.drop_after(1000))
+    got = bytearray()
+
+    def read_all() -> None:
+        with make_session().get(server.url(PATH)) as response:
+            while piece := response.read1(1 << 16):
+                got.extend(piece)
+
+    with pytest.raises(BodyBroke) as caught:
+        read_all()
+    assert bytes(got) == DATA[:1000]
+    assert describe(caught.value) == (
+        f"the server closed the connection {len(DATA) - 1000} bytes before the end it announced")
+
+
+def test_no_answer_is_retried_by_the_policy_then_given_up(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    server.fail(PATH, *[Fault.raw(b"")] * 6)
+    sleeps: list[float] = []
+    with pytest.raises(GaveUp) as caught:
+        make_session().get(server.url(PATH), policy=retry_policy(sleep=sleeps.append))
+    assert caught.value.attempts == 6
+    assert isinstance(caught.value.reason, NoAnswer)
+    assert describe(caught.value) == "the server closed the connection without answering"
+    assert sleeps == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_a_status_worth_retrying_comes_back_when_the_policy_is_spent(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    server.fail(PATH, *[Fault.status(503, retry_after="3")] * 6)
+    sleeps: list[float] = []
+    with make_session().get(server.url(PATH), policy=retry_policy(sleep=sleeps.append)) as response:
+        assert response.status == 503
+        assert response.retries is not None
+        assert response.retries.attempts == 6
+    assert sleeps == [3.0] * 5  # what the server asked for each time
