@@ -350,7 +350,7 @@ class Session:
         try:
             connection.request(method, path, headers=sent)
             raw = connection.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: a header it will not send
             self.drop()
             if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
                 # A kept-alive connection the server closed while it idled: once more, on a new one.

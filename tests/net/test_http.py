@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,6 +290,61 @@ def test_netrc_gives_the_login_for_its_host_alone(server: FaultServer, tmp_path:
     assert Session("qnnctl/test", {"NETRC": str(tmp_path / "none")}).settings.netrc_auth("127.0.0.1") is None
 
 
+class BothSchemes:
+    """One port that speaks TLS to a client that begins a handshake and plain HTTP to one that
+    does not, as a misconfigured server can: each request's headers recorded with its scheme."""
+
+    def __init__(self, certificate: Path, key: Path, location: str) -> None:
+        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls.load_cert_chain(certificate, key)
+        self.location = location
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError), client:
+                tls = client.recv(1, socket.MSG_PEEK) == b"\x16"
+                conn = self.tls.wrap_socket(client, server_side=True) if tls else client
+                reader = conn.makefile("rb")
+                reader.readline()
+                headers = {}
+                while (line := reader.readline().decode("latin-1").strip()):
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                self.seen.append(("https" if tls else "http", headers))
+                location = self.location.format(port=self.port)
+                conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n"
+                             "Connection: close\r\n\r\n".encode())
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_password_is_never_sent_in_the_clear_after_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        direct: None) -> None:
+    """A redirect from https:// to http:// on the same host and port: the password stays behind."""
+    certificate = self_signed_certificate(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate.cert))
+    server = BothSchemes(certificate.cert, certificate.key, "http://127.0.0.1:{port}/plain")
+    try:
+        with pytest.raises(BadRequest, match="redirects"):
+            make_session().get(f"https://me:s3cret@127.0.0.1:{server.port}/v.zip")
+        (first, first_headers), (second, second_headers), *_ = server.seen
+        assert (first, first_headers["authorization"]) == ("https", _basic("me", "s3cret"))
+        assert second == "http"
+        assert "authorization" not in second_headers
+        assert all("authorization" not in headers for scheme, headers in server.seen if scheme == "http")
+    finally:
+        server.close()
+
+
 # -- redirects and URLs --------------------------------------------------------------------
 
 
@@ -321,6 +377,16 @@ def test_a_path_is_quoted_as_typed(server: FaultServer, direct: None) -> None:
     assert _get(make_session(), server.url("/files/qairt sdk+v1%2B.zip?a=b c")) == DATA
     (request,) = server.requests_for("/files/qairt%20sdk+v1%2B.zip")
     assert request.target == "/files/qairt%20sdk+v1%2B.zip?a=b%20c"
+
+
+def test_a_request_that_cannot_be_sent_is_not_retried(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    sleeps: list[float] = []
+    with pytest.raises(BadRequest, match="no request can be made"):
+        make_session().get(server.url(PATH), {"X-Split": "a\r\nInjected: yes"},
+                           policy=retry_policy(sleep=sleeps.append))
+    assert sleeps == []
+    assert server.requests == []
 
 
 # -- connections ---------------------------------------------------------------------------
