@@ -28,6 +28,9 @@ from qnnctl.net.http import (
 from qnnctl.net.retry import GaveUp, describe
 from tests.httpserver import Fault, FaultServer, self_signed_certificate
 
+# http.client, ssl, netrc and urllib.parse are the standard library's, and differ between Pythons.
+pytestmark = pytest.mark.stdlib
+
 DATA = bytes(range(256)) * 64
 PATH = "/v.zip"
 
