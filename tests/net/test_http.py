@@ -82,12 +82,7 @@ class ConnectProxy:
 
     def _tunnel(self, client: socket.socket) -> None:
         with client:
-            reader = client.makefile("rb")
-            line = reader.readline().decode("latin-1").strip()
-            headers = {}
-            while (header := reader.readline().decode("latin-1").strip()):
-                name, _, value = header.partition(":")
-                headers[name.strip().lower()] = value.strip()
+            line, headers = _request_head(client)
             self.seen.append((line, headers))
             method, target, _ = line.split(" ", 2)
             if self.refuse or method != "CONNECT":
@@ -106,6 +101,17 @@ class ConnectProxy:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def _request_head(connection: socket.socket) -> tuple[str, dict[str, str]]:
+    """A request's first line and its headers (their names in lower case), read off `connection`."""
+    reader = connection.makefile("rb")
+    line = reader.readline().decode("latin-1").strip()
+    headers = {}
+    while header := reader.readline().decode("latin-1").strip():
+        name, _, value = header.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return line, headers
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -315,12 +321,7 @@ class BothSchemes:
             with contextlib.suppress(OSError), client:
                 tls = client.recv(1, socket.MSG_PEEK) == b"\x16"
                 conn = self.tls.wrap_socket(client, server_side=True) if tls else client
-                reader = conn.makefile("rb")
-                reader.readline()
-                headers = {}
-                while (line := reader.readline().decode("latin-1").strip()):
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
+                _, headers = _request_head(conn)
                 self.seen.append(("https" if tls else "http", headers))
                 location = self.location.format(port=self.port)
                 conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n"
