@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -229,6 +230,9 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> Run:
 
 
 def fetch_reference(workdir: Path) -> Path:
+    # ExecuTorch's installer downloads with requests, which qnnctl no longer installs.
+    if importlib.util.find_spec("requests") is None:
+        raise SystemExit("ExecuTorch's installer needs requests: `pip install requests`, or run with --no-reference")
     wheel_dir = workdir / "wheel"
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheel_dir), REFERENCE_WHEEL],
