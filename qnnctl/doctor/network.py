@@ -10,7 +10,7 @@ from qnnctl.doctor.context import Context, Target
 from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.errors import QnnctlError
 from qnnctl.net.download import make_session
-from qnnctl.net.http import ProxyFailed, RequestError
+from qnnctl.net.http import ProxyFailed, RequestError, UnusableBundle
 from qnnctl.net.retry import causes, describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.sdk.select import select_sdk
@@ -73,7 +73,7 @@ def check_network(ctx: Context) -> Outcome:
         with session, session.head(url, (NETWORK_TIMEOUT, NETWORK_TIMEOUT)) as response:
             status = response.status
     except RequestError as exc:
-        if any(isinstance(link, ssl.SSLError) for link in causes(exc)):
+        if isinstance(exc, UnusableBundle) or any(isinstance(link, ssl.SSLError) for link in causes(exc)):
             outcome = fail
             detail = f"TLS to {source} {shown} failed {via}: {describe(exc)}"
             hint = "set REQUESTS_CA_BUNDLE to your organisation's CA bundle"

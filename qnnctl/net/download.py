@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
 from qnnctl.net.body import Pace, blocks
-from qnnctl.net.http import BodyBroke, NoAnswer, NoConnection, RequestError, Session
+from qnnctl.net.http import BodyBroke, NoAnswer, NoConnection, RequestError, Session, UnusableBundle
 from qnnctl.net.retry import (
     GaveUp,
     Policy,
@@ -517,6 +517,12 @@ def request_failed(shown: str, exc: BaseException) -> DownloadError:
             f"cannot download {shown}: {cause}",
             hint="if your network inspects TLS, set REQUESTS_CA_BUNDLE to your organisation's CA "
             "bundle; `qnnctl doctor` shows the bundle in use",
+        )
+    if isinstance(exc, UnusableBundle):
+        return DownloadError(
+            f"cannot download {shown}: {cause}",
+            hint="set REQUESTS_CA_BUNDLE to a file of PEM certificates (or a folder of them), or unset it and "
+            "CURL_CA_BUNDLE to use certifi's bundle; `qnnctl doctor` shows the bundle in use",
         )
     if unknown_host(exc):
         return DownloadError(

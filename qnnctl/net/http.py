@@ -79,6 +79,10 @@ class BadRequest(RequestError):
     """No request can be made of this URL (a scheme, a host, too many redirects): not retried."""
 
 
+class UnusableBundle(BadRequest):
+    """The CA bundle the environment names cannot be read as certificates."""
+
+
 class Target(Record):
     """Where one request goes: the URL's parts, and the proxy in between (None: directly)."""
 
@@ -371,7 +375,7 @@ class Session:
         connect, read = timeout
         connection: http.client.HTTPConnection
         if target.scheme == "https":
-            context = tls_context(self.settings.ca_bundle)
+            context = self._tls_context()
             if proxy is not None:
                 connection = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=connect, context=context)
                 connection.set_tunnel(target.host, target.port,
@@ -393,6 +397,18 @@ class Session:
         connection.sock.settimeout(read)
         self._connection, self._key, self._used = connection, key, False
         return False
+
+    def _tls_context(self) -> ssl.SSLContext:
+        bundle = self.settings.ca_bundle
+        try:
+            return tls_context(bundle)
+        except OSError as exc:  # ssl.SSLError too: a file that holds no certificate
+            if bundle is None:
+                named = "certifi's CA bundle"
+            else:
+                variable = "REQUESTS_CA_BUNDLE" if self.settings.environ.get("REQUESTS_CA_BUNDLE") else "CURL_CA_BUNDLE"
+                named = f"the CA bundle {bundle} ({variable})"
+            raise UnusableBundle(f"{named} cannot be used: {exc.strerror or exc}") from None
 
     def drop(self) -> None:
         """Close the connection: the next request opens another."""

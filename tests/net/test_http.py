@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import socket
 import ssl
 import threading
@@ -24,8 +25,10 @@ from qnnctl.net.http import (
     ProxyFailed,
     Session,
     Settings,
+    UnusableBundle,
 )
 from qnnctl.net.retry import GaveUp, describe
+from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer, self_signed_certificate
 
 # http.client, ssl, netrc and urllib.parse are the standard library's, and differ between Pythons.
@@ -253,6 +256,29 @@ def test_a_proxy_without_a_scheme_is_an_http_one(server: FaultServer, monkeypatc
     monkeypatch.setenv("HTTP_PROXY", server.base.removeprefix("http://"))
     monkeypatch.setenv("NO_PROXY", "")
     assert _get(make_session(), url) == DATA
+
+
+@pytest.mark.parametrize("kind", ["missing", "no certificate"])
+def test_a_ca_bundle_that_cannot_be_used_is_named_with_its_variable(
+        kind: str, tls_server: tuple[FaultServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        direct: None) -> None:
+    server, _ = tls_server
+    bundle = tmp_path / "bundle.pem"
+    if kind == "no certificate":
+        bundle.write_text("not a certificate\n")
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.setenv("CURL_CA_BUNDLE", str(bundle))
+    sleeps: list[float] = []
+    with pytest.raises(UnusableBundle) as caught:
+        make_session().get(server.url(PATH), policy=retry_policy(sleep=sleeps.append))
+    assert describe(caught.value).startswith(f"the CA bundle {bundle} (CURL_CA_BUNDLE) cannot be used: ")
+    assert (sleeps, server.connections) == ([], 0)  # nothing to retry, and nothing sent
+    result = run_qnnctl("install", "--url", server.url(PATH).replace(PATH, "/v2.37.0.250724.zip"),
+                        env=dict(os.environ, REQUESTS_CA_BUNDLE=str(bundle)))
+    assert result.returncode == 3, result.stderr
+    assert "qnnctl: error: cannot download https://127.0.0.1:" in result.stderr
+    assert f"the CA bundle {bundle} (REQUESTS_CA_BUNDLE) cannot be used: " in result.stderr
+    assert "qnnctl: hint: set REQUESTS_CA_BUNDLE to a file of PEM certificates" in result.stderr
 
 
 # -- credentials ---------------------------------------------------------------------------
