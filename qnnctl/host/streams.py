@@ -96,7 +96,8 @@ class HashingReader(io.RawIOBase):
         view = memoryview(buffer).cast("B")
         # What has arrived, not all that was asked for: a read that waits for a megabyte from a
         # server sending a byte a minute would never reach the deadline.
-        data = getattr(self.stream, "read1", self.stream.read)(len(view))
+        read = getattr(self.stream, "read1", None) or self.stream.read  # an HTTP answer has read1 alone
+        data = read(len(view))
         if not data:
             return 0
         view[: len(data)] = data

@@ -329,7 +329,7 @@ class Downloader:
                 if requests_made >= MAX_TOTAL_ATTEMPTS:
                     raise self._gave_up(shown, requests_made, str(broke.error)) from None
                 try:
-                    policy = policy.increment("GET", shown, error=broke.error)
+                    policy = policy.increment(error=broke.error)
                 except GaveUp as exc:
                     raise self._gave_up(shown, attempts_made(exc), str(broke.error)) from None
                 policy.sleep()

@@ -95,7 +95,6 @@ class Target(Record):
 
 
 class Proxy(Record):
-    url: str
     host: str
     port: int
     auth: str | None  # the Proxy-Authorization header
@@ -184,12 +183,12 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def _port_text(netloc: str) -> str:
-    """The port as a URL spells it (its userinfo left out: it may hold a password)."""
-    return netloc.rpartition("@")[2].rpartition(":")[2]
+    """The port as a URL spells it: what follows the last colon (never a password, which an "@" ends)."""
+    return netloc.rpartition(":")[2]
 
 
 def _basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def _proxy(url: str) -> Proxy:
@@ -206,7 +205,7 @@ def _proxy(url: str) -> Proxy:
     auth = None
     if parts.username is not None or parts.password is not None:
         auth = _basic(unquote(parts.username or ""), unquote(parts.password or ""))
-    return Proxy(url, parts.hostname, port, auth)
+    return Proxy(parts.hostname, port, auth)
 
 
 @functools.lru_cache(maxsize=8)
@@ -251,13 +250,6 @@ class Response:
             short = http.client.IncompleteRead(b"", self.raw.length)
             raise BodyBroke(f"the body broke off: {short!r}", short)
         return data
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self.raw.read(size)
-        except (OSError, http.client.HTTPException) as exc:
-            self.session.drop()
-            raise BodyBroke(f"the body broke off: {exc}", exc) from exc
 
     def close(self) -> None:
         # read1 leaves a body read to its Content-Length open (read would close it): it is complete.
@@ -320,14 +312,14 @@ class Session:
             except RequestError as exc:
                 if policy is None or isinstance(exc, BadRequest):
                     raise
-                policy = policy.increment(method, url, error=exc)  # GaveUp when spent
+                policy = policy.increment(error=exc)  # GaveUp when spent
                 policy.sleep()
                 continue
             response.retries = policy
             if policy is None or not policy.is_retry(method, response.status):
                 return response
             try:
-                spent = policy.increment(method, url, response=response)
+                spent = policy.increment(response=response)
             except RequestError:  # spent: the last answer is the caller's to report
                 return response
             response.close()

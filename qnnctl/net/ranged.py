@@ -347,7 +347,7 @@ class Fetcher:
                 if attempts >= MAX_TOTAL_ATTEMPTS:
                     raise Downloader._gave_up(remote.shown, attempts, str(broke.error)) from None
                 try:
-                    policy = policy.increment("GET", remote.shown, error=broke.error)
+                    policy = policy.increment(error=broke.error)
                 except GaveUp as exc:
                     raise Downloader._gave_up(remote.shown, attempts_made(exc), str(broke.error)) from None
                 policy.sleep()

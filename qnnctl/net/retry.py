@@ -10,7 +10,6 @@ from __future__ import annotations
 import email.utils
 import http.client
 import logging
-import re
 import socket
 import ssl
 import time
@@ -29,15 +28,13 @@ _NO_SUCH_HOST = frozenset(
     code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
     if code is not None
 )
-# The prefix of a message that names the object it came from ("<...Connection object at 0x7f..>: ").
-_OBJECT_PREFIX = re.compile(r"^<[^>]*>:\s*")
 
 
 class GaveUp(RequestError):
     """The policy's last word: `attempts` requests were made (one: retrying cannot help)."""
 
-    def __init__(self, url: str | None, reason: BaseException, attempts: int) -> None:
-        super().__init__(f"gave up on {url} after {attempts} attempts: {reason}", reason)
+    def __init__(self, reason: BaseException, attempts: int) -> None:
+        super().__init__(f"gave up after {attempts} attempts: {reason}", reason)
         self.attempts = attempts
 
 
@@ -104,18 +101,17 @@ class Policy:
     def sleep(self, response: Answer | None = None) -> None:
         self.sleeper(self.wait(response))
 
-    def increment(self, method: str | None = None, url: str | None = None, response: Answer | None = None,
-                  error: BaseException | None = None) -> Policy:
+    def increment(self, response: Answer | None = None, error: BaseException | None = None) -> Policy:
         """The policy for the next attempt after this one failed (`error`) or was answered with a
         status worth retrying (`response`); GaveUp when no attempt is left or none can help."""
         if error is not None and not worth_retrying(error):
-            raise GaveUp(url, error, self.attempts) from error
+            raise GaveUp(error, self.attempts) from error
         connecting = isinstance(error, NoConnection)
         new = self.new(total=self.total - 1, history=(*self.history, self.failure(response, error)),
                        connect=self.connect - 1 if connecting and self.connect is not None else self.connect)
         if new.total < 0 or (new.connect is not None and new.connect < 0):
             reason = error if error is not None else RequestError(f"the last answer was {self.failure(response, None)}")
-            raise GaveUp(url, reason, self.attempts) from error
+            raise GaveUp(reason, self.attempts) from error
         left = new.left_for(error)
         log.warning("%s; retrying in %.1fs (attempt %d of %d)", self.failure(response, error),
                     new.wait(response), new.attempts, new.attempts + left)
@@ -215,7 +211,7 @@ def describe(error: BaseException) -> str:
     HTTP's (http.client's BadStatusLine) is the server's text."""
     chain = causes(error)
     inner = chain[-1]
-    text = _OBJECT_PREFIX.sub("", str(inner)).strip()
+    text = str(inner).strip()
     if isinstance(inner, ssl.SSLCertVerificationError):
         words = f"the server's certificate is not trusted: {text}"
     elif isinstance(inner, ssl.SSLError):

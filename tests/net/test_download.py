@@ -685,7 +685,7 @@ def test_each_kind_of_failed_request_has_its_own_words() -> None:
     error = _failed(refused)
     assert (error.message, error.hint) == (f"cannot reach {SHOWN}: {describe(refused)}", AGAIN)
     for attempts in (2, 6):
-        retried = GaveUp("/x", NoConnection("refused", ConnectionRefusedError(111, "Connection refused")), attempts)
+        retried = GaveUp(NoConnection("refused", ConnectionRefusedError(111, "Connection refused")), attempts)
         error = _failed(retried)
         assert (error.message, error.hint) == (
             f"download of {SHOWN} failed after {attempts} attempts: cannot reach the server: {describe(retried)}",

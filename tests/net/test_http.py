@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import os
 import socket
 import ssl
@@ -237,25 +238,57 @@ def test_no_proxy(no_proxy: str, url: str, bypassed: bool) -> None:
 
 
 @pytest.mark.parametrize(("proxy", "words"), [
-    ("https://proxy:3128", "qnnctl reaches proxies over http://, not https://"),
-    ("socks5://proxy:1080", "qnnctl reaches proxies over http://, not socks5://"),
-    ("http://u:p:w@proxy:99999", "the proxy's port 99999 is not a port number"),
+    ("https://proxy:3128", "qnnctl reaches proxies over http://, not https:// (the proxy named in the environment)"),
+    ("socks5://proxy:1080", "qnnctl reaches proxies over http://, not socks5:// (the proxy named in the environment)"),
+    ("http://u:p:w@proxy:99999", "the proxy's port 99999 is not a port number (0 to 65535)"),
+    ("http://[::1]:99999", "the proxy's port 99999 is not a port number (0 to 65535)"),
+    ("http://u:p@:3128", "the proxy named in the environment names no host"),
 ])
 def test_a_proxy_qnnctl_cannot_speak_to_is_refused_before_a_request(proxy: str, words: str, server: FaultServer,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTP_PROXY", proxy)
     monkeypatch.setenv("NO_PROXY", "")
-    with pytest.raises(BadRequest, match=words):
+    with pytest.raises(BadRequest) as caught:
         make_session().get(server.url(PATH), policy=retry_policy(sleep=lambda _: None))
+    assert str(caught.value) == words
     assert server.requests == []
 
 
-def test_a_proxy_without_a_scheme_is_an_http_one(server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_proxy_without_a_scheme_is_an_http_one_and_without_credentials_is_sent_none(
+        server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
     url = "http://mirror.invalid/v.zip"
     server.add(url, DATA)
     monkeypatch.setenv("HTTP_PROXY", server.base.removeprefix("http://"))
     monkeypatch.setenv("NO_PROXY", "")
     assert _get(make_session(), url) == DATA
+    (request,) = server.requests_for(url)
+    assert request.target == url  # the default port is not named
+    assert "Proxy-Authorization" not in request.headers
+    assert "Authorization" not in request.headers
+
+
+def test_an_ipv6_host_is_named_to_the_proxy_in_brackets(server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "http://[fd00::1]:8080/v.zip"
+    server.add(url, DATA)
+    monkeypatch.setenv("HTTP_PROXY", server.base)
+    monkeypatch.setenv("NO_PROXY", "")
+    assert _get(make_session(), url) == DATA
+    (request,) = server.requests_for(url)
+    assert (request.target, request.headers["Host"]) == (url, "[fd00::1]:8080")
+
+
+@pytest.mark.parametrize(("proxy", "credentials"), [
+    ("http://:pw@proxy:1", ("", "pw")),
+    ("http://user@proxy:1", ("user", "")),
+    ("http://us%40er:p%2Fw@proxy:1", ("us@er", "p/w")),
+    ("http://proxy:1", None),
+])
+def test_a_proxys_credentials_are_each_part_of_its_userinfo(proxy: str, credentials: tuple[str, str] | None) -> None:
+    target = Settings({"HTTPS_PROXY": proxy}).target("https://mirror.example/v.zip")
+    assert target.proxy is not None
+    assert (target.proxy.host, target.proxy.port) == ("proxy", 1)
+    assert target.proxy.auth == (None if credentials is None else _basic(*credentials))
+    assert Settings({"HTTPS_PROXY": "http://proxy"}).target("https://m/v.zip").proxy == ("proxy", 80, None)
 
 
 @pytest.mark.parametrize("kind", ["missing", "no certificate"])
@@ -385,6 +418,14 @@ def test_redirects_end(server: FaultServer, direct: None) -> None:
     assert len(server.requests_for(PATH)) == MAX_REDIRECTS + 1
 
 
+def test_a_head_does_not_follow_redirects(server: FaultServer, direct: None) -> None:
+    """doctor's check asks what the URL itself answers."""
+    server.fail(PATH, Fault("status", 302, {"Location": "/elsewhere"}))
+    with make_session().head(server.url(PATH)) as response:
+        assert (response.status, response.headers["Location"]) == (302, "/elsewhere")
+    assert server.requests_for("/elsewhere", method="HEAD") == []
+
+
 def test_a_redirect_is_not_followed_when_not_asked(server: FaultServer, direct: None) -> None:
     server.fail(PATH, Fault("status", 302, {"Location": "/elsewhere"}))
     with make_session().get(server.url(PATH), redirects=False) as response:
@@ -396,6 +437,7 @@ def test_a_redirect_is_not_followed_when_not_asked(server: FaultServer, direct: 
     ("http:///v.zip", "the URL names no host"),
     ("http://host:port/v.zip", "the URL's port port is not a port number"),
     ("http://u:1@host:99999/v.zip", "the URL's port 99999 is not a port number"),
+    ("http://[::1]:99999/v.zip", "the URL's port 99999 is not a port number"),
 ])
 def test_a_url_no_request_can_be_made_of(url: str, words: str) -> None:
     with pytest.raises(BadRequest, match=words):
@@ -492,3 +534,39 @@ def test_a_status_worth_retrying_comes_back_when_the_policy_is_spent(server: Fau
         assert response.retries is not None
         assert response.retries.attempts == 6
     assert sleeps == [3.0] * 5  # what the server asked for each time
+
+
+# -- failures in words ---------------------------------------------------------------------
+
+
+def test_tls_with_a_server_that_speaks_none_is_said_so(server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    with pytest.raises(NoConnection) as caught:
+        make_session().get(server.url(PATH).replace("http://", "https://"))
+    assert describe(caught.value).startswith("TLS failed: [SSL")
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (ConnectionResetError(104, "Connection reset by peer"),
+     "the connection was reset ([Errno 104] Connection reset by peer)"),
+    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+     "a host name cannot be resolved ([Errno -2] Name or service not known)"),
+    (NoConnection("dns", socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "mirror.example"),
+     "the host name mirror.example cannot be resolved ([Errno -2] Name or service not known)"),
+    (http.client.IncompleteRead(b""), "the server closed the connection before the end it announced"),
+    (http.client.IncompleteRead(b"", 5), "the server closed the connection 5 bytes before the end it announced"),
+    (TimeoutError("timed out"), "no answer in time (timed out)"),
+    (TimeoutError(), "no answer in time"),
+])
+def test_describe(error: BaseException, words: str) -> None:
+    assert describe(error) == words
+
+
+def test_a_policy_waits_only_after_a_failure() -> None:
+    policy = retry_policy(sleep=lambda _: None)
+    assert policy.wait() == 0.0
+    failed = policy.increment(error=NoAnswer("no answer", TimeoutError("timed out")))
+    assert (failed.wait(), failed.attempts) == (1.0, 2)
+    with pytest.raises(GaveUp) as caught:
+        policy.new(total=0).increment(error=NoAnswer("no answer", TimeoutError("timed out")))
+    assert str(caught.value) == "gave up after 1 attempts: no answer"
