@@ -177,7 +177,7 @@ class Settings:
 
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(host.strip("[]"))
+        return ipaddress.ip_address(host)  # as urlsplit gives it: an IPv6 one without its brackets
     except ValueError:
         return None
 
@@ -227,10 +227,8 @@ class Response:
     the body is not read (it may never end), and the connection cannot carry another request.
     """
 
-    def __init__(self, raw: http.client.HTTPResponse, session: Session, method: str, url: str,
-                 retries: Policy | None) -> None:
+    def __init__(self, raw: http.client.HTTPResponse, session: Session, url: str, retries: Policy | None) -> None:
         self.raw = raw
-        self.method = method
         self.session = session
         self.url = url  # the URL that answered, after any redirect
         self.retries = retries  # what is left of the policy after this request
@@ -246,7 +244,7 @@ class Response:
         except (OSError, http.client.HTTPException) as exc:
             self.session.drop()
             raise BodyBroke(f"the body broke off: {exc}", exc) from exc
-        if not data and size != 0 and self.method != "HEAD" and self.raw.length:
+        if not data and size != 0 and self.raw.length:  # (a HEAD's answer has a length of 0)
             short = http.client.IncompleteRead(b"", self.raw.length)
             raise BodyBroke(f"the body broke off: {short!r}", short)
         return data
@@ -355,7 +353,7 @@ class Session:
                 raise BadRequest(f"no request can be made of that URL: {exc}", exc) from exc
             raise NoAnswer(f"no answer: {exc}", exc) from exc
         self._used = True
-        return Response(raw, self, method, url, None)
+        return Response(raw, self, url, None)
 
     def _connect(self, target: Target, timeout: tuple[float, float]) -> bool:
         """The connection to `target`, opened if need be; True when it is one that carried an answer."""

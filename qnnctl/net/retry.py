@@ -54,8 +54,7 @@ class Policy:
 
     def __init__(self, total: int, statuses: Collection[int] = (), methods: Collection[str] = ("GET", "HEAD"),
                  backoff_factor: float = 0.0, backoff_max: float = 120.0, connect: int | None = None,
-                 sleeper: Callable[[float], None] = time.sleep, shown: str = "",
-                 history: tuple[str, ...] = ()) -> None:
+                 sleeper: Callable[[float], None] = time.sleep, shown: str = "", failures: int = 0) -> None:
         self.total = total
         self.statuses = frozenset(statuses)
         self.methods = frozenset(methods)
@@ -64,32 +63,31 @@ class Policy:
         self.connect = connect
         self.sleeper = sleeper
         self.shown = shown  # the URL, redacted, for messages
-        self.history = history  # each failure so far, in words
+        self.failures = failures  # attempts that failed so far
 
     def new(self, **changes: object) -> Policy:
         fields = {name: getattr(self, name) for name in ("total", "statuses", "methods", "backoff_factor",
-                                                          "backoff_max", "connect", "sleeper", "shown", "history")}
+                                                          "backoff_max", "connect", "sleeper", "shown", "failures")}
         fields.update(changes)
         return Policy(**fields)
 
     def start(self, shown: str) -> Policy:
         """The whole budget, for requests of the URL shown as `shown`."""
-        return self.new(history=(), shown=shown)
+        return self.new(failures=0, shown=shown)
 
     @property
     def attempts(self) -> int:
         """The number of the attempt this policy is used for (1 for the first)."""
-        return len(self.history) + 1
+        return self.failures + 1
 
     def is_retry(self, method: str, status: int) -> bool:
         """Whether an answer with `status` to `method` is worth another request."""
         return method in self.methods and status in self.statuses
 
     def get_backoff_time(self) -> float:
-        failures = len(self.history)
-        if failures == 0:
+        if self.failures == 0:
             return 0.0
-        return float(min(self.backoff_max, self.backoff_factor * 2 ** (failures - 1)))
+        return float(min(self.backoff_max, self.backoff_factor * 2 ** (self.failures - 1)))
 
     def wait(self, response: Answer | None = None) -> float:
         if response is not None:
@@ -106,23 +104,17 @@ class Policy:
         status worth retrying (`response`); GaveUp when no attempt is left or none can help."""
         if error is not None and not worth_retrying(error):
             raise GaveUp(error, self.attempts) from error
-        connecting = isinstance(error, NoConnection)
-        new = self.new(total=self.total - 1, history=(*self.history, self.failure(response, error)),
-                       connect=self.connect - 1 if connecting and self.connect is not None else self.connect)
-        if new.total < 0 or (new.connect is not None and new.connect < 0):
-            reason = error if error is not None else RequestError(f"the last answer was {self.failure(response, None)}")
-            raise GaveUp(reason, self.attempts) from error
-        left = new.left_for(error)
+        # What a failure like this one has left: the total, and for a connection not made, `connect` too.
+        connect, left = self.connect, self.total - 1
+        if isinstance(error, NoConnection) and connect is not None:
+            connect -= 1
+            left = min(left, connect)
+        if left < 0:
+            raise GaveUp(error or RequestError(self.failure(response, None)), self.attempts) from error
+        new = self.new(total=self.total - 1, failures=self.failures + 1, connect=connect)
         log.warning("%s; retrying in %.1fs (attempt %d of %d)", self.failure(response, error),
                     new.wait(response), new.attempts, new.attempts + left)
         return new
-
-    def left_for(self, error: BaseException | None) -> int:
-        """How many more attempts a failure like this one may have: the fewest of the total and,
-        for a connection that could not be made, of `connect`."""
-        if isinstance(error, NoConnection) and self.connect is not None:
-            return max(min(self.total, self.connect), 0)
-        return max(self.total, 0)
 
     def failure(self, response: Answer | None, error: BaseException | None) -> str:
         """What went wrong with one attempt, in words."""

@@ -4,6 +4,7 @@ then stops it and says so, rather than filling the memory and the disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -100,10 +101,17 @@ def test_a_device_file_that_never_ends_is_stopped_in_time(phones: Phones, monkey
     qnnctl for ever."""
     monkeypatch.setattr(adb, "QUERY_TIMEOUT", 1.0)
     root = phones.add("R5CT1")
-    os.mkfifo(root / "data" / "pipe")
+    fifo = root / "data" / "pipe"
+    os.mkfifo(fifo)
     started = time.monotonic()
-    with pytest.raises(DeviceError) as caught:
-        device("R5CT1").read("/data/pipe")
+    try:
+        with pytest.raises(DeviceError) as caught:
+            device("R5CT1").read("/data/pipe")
+    finally:
+        # The stand-in's `cat` (the phone's, on a real one) still waits on the pipe: a writer
+        # that closes at once ends it, rather than leaving it behind the test.
+        with contextlib.suppress(OSError):  # ENXIO: no reader is left
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert time.monotonic() - started < 15
     assert caught.value.message == "`adb -s R5CT1 exec-out cat '/data/pipe'` did not answer in 1 s"
     assert caught.value.hint == "check the device and its cable (`adb devices`), then run the same command again"

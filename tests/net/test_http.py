@@ -24,11 +24,12 @@ from qnnctl.net.http import (
     NoAnswer,
     NoConnection,
     ProxyFailed,
+    RequestError,
     Session,
     Settings,
     UnusableBundle,
 )
-from qnnctl.net.retry import GaveUp, describe
+from qnnctl.net.retry import GaveUp, causes, describe
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer, self_signed_certificate
 
@@ -230,6 +231,9 @@ def test_the_lower_case_variable_wins_and_all_proxy_is_the_last_resort() -> None
     ("10.0.0.0/8", "https://11.1.2.3/x", False),
     ("::1/128", "https://[::1]/x", True),
     ("not/a/network", "https://10.1.2.3/x", False),
+    ("not/a/network,10.0.0.0/8", "https://10.1.2.3/x", True),  # an entry that is no network is passed over
+    ("10.1.2.3/8", "https://10.200.0.1/x", True),  # a network written with its host's bits
+    ("10.0.0.0/8", "https://mirror.example/x", False),  # a name is in no network
     (" a.com , b.com ", "https://b.com/x", True),
 ])
 def test_no_proxy(no_proxy: str, url: str, bypassed: bool) -> None:
@@ -496,6 +500,51 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again(server: Fault
     assert server.connections == 2
 
 
+@pytest.mark.parametrize("block", [1, 1 << 16])
+def test_a_body_shorter_than_its_length_breaks_off_read_a_byte_or_a_block_at_a_time(
+        block: int, server: FaultServer, direct: None) -> None:
+    server.add(PATH, DATA)
+    server.fail(PATH, Fault.drop_after(100))
+    got = bytearray()
+
+    def read_all() -> None:
+        with make_session().get(server.url(PATH)) as response:
+            while piece := response.read1(block):
+                got.extend(piece)
+
+    with pytest.raises(BodyBroke) as caught:
+        read_all()
+    assert bytes(got) == DATA[:100]
+    left = len(DATA) - 100
+    assert str(caught.value) == f"the body broke off: IncompleteRead(0 bytes read, {left} more expected)"
+    assert isinstance(caught.value.reason, http.client.IncompleteRead)
+
+
+def test_a_body_cut_in_a_chunk_breaks_off_with_its_cause(direct: None) -> None:
+    """A chunked body that ends inside a chunk: http.client's own error, kept as the cause."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        client, _ = listener.accept()
+        with client:
+            _request_head(client)
+            client.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nonly eight")
+            client.shutdown(socket.SHUT_WR)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(BodyBroke) as caught:
+            _get(make_session(), f"http://127.0.0.1:{port}/v.zip")
+        assert str(caught.value).startswith("the body broke off: ")
+        assert isinstance(caught.value.reason, http.client.IncompleteRead)
+        assert describe(caught.value).startswith("the server closed the connection")
+    finally:
+        thread.join(10)
+        listener.close()
+
+
 def test_a_body_shorter_than_its_length_breaks_off(server: FaultServer, direct: None) -> None:
     server.add(PATH, DATA)
     server.fail(PATH, Fault.drop_after(1000))
@@ -570,3 +619,28 @@ def test_a_policy_waits_only_after_a_failure() -> None:
     with pytest.raises(GaveUp) as caught:
         policy.new(total=0).increment(error=NoAnswer("no answer", TimeoutError("timed out")))
     assert str(caught.value) == "gave up after 1 attempts: no answer"
+
+
+def test_a_connection_not_made_has_a_budget_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    """The mirror's index: a refused connection is tried once more; other failures twice."""
+    policy = retry_policy(sleep=lambda _: None).new(total=2, connect=1).start("https://mirror.example/index.json")
+    refused = NoConnection("refused", ConnectionRefusedError(111, "Connection refused"))
+    silent = NoAnswer("no answer", TimeoutError("timed out"))
+    after_refusal = policy.increment(error=refused)
+    with pytest.raises(GaveUp) as caught:
+        after_refusal.increment(error=refused)
+    assert (caught.value.attempts, caught.value.reason) == (2, refused)
+    assert after_refusal.increment(error=silent).attempts == 3
+    assert policy.increment(error=silent).increment(error=refused).attempts == 3
+    with pytest.raises(GaveUp):
+        policy.increment(error=silent).increment(error=silent).increment(error=silent)
+    assert [r.getMessage().rsplit("(", 1)[1] for r in caplog.records][:2] == ["attempt 2 of 2)", "attempt 3 of 3)"]
+
+
+def test_the_causes_of_an_error_end(direct: None) -> None:
+    error: BaseException = ValueError("innermost")
+    for depth in range(20):
+        error = RequestError(f"layer {depth}", error)
+    chain = causes(error)
+    assert len(chain) == 16
+    assert str(chain[0]) == "layer 19"
