@@ -269,7 +269,7 @@ class Session:
     def __init__(self, user_agent: str, environ: Mapping[str, str] | None = None) -> None:
         self.settings = Settings(os.environ if environ is None else environ)
         # Ask for the bytes as stored: a transparently gzipped body would break Range offsets.
-        self.headers = {"User-Agent": user_agent, "Accept-Encoding": "identity"}
+        self.headers = {"User-Agent": user_agent, "Accept-Encoding": "identity", "Accept": "*/*"}
         self._connection: http.client.HTTPConnection | None = None
         self._key: tuple[object, ...] | None = None
         self._used = False  # the connection has carried an answer: the server may have closed it since

@@ -294,6 +294,7 @@ def test_session_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert session.headers["User-Agent"] == f"qnnctl/{__version__}"
     assert make_session("9.9.9").headers["User-Agent"] == "qnnctl/9.9.9"
     assert session.headers["Accept-Encoding"] == "identity"
+    assert session.headers["Accept"] == "*/*"  # some servers answer nothing else
     assert session.settings.ca_bundle == str(bundle)
     assert session.settings.proxy_url("https://softwarecenter.qualcomm.com/x") == "http://proxy.example:3128"
 
