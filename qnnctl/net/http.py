@@ -16,7 +16,7 @@ asks for one file at a time. What they did for qnnctl is here, each in a few lin
 - each request retried by a `Policy` (qnnctl.net.retry): what failed before an answer came, and
   the statuses it lists; the last answer comes back when the policy is spent.
 
-A failure is a `RequestError`, its cause in `reason` (qnnctl.net.retry.describe puts it in words).
+A failure is a `RequestError` raised from its cause (qnnctl.net.retry.describe puts it in words).
 Bodies are the bytes sent (`Accept-Encoding: identity`), never decoded here.
 """
 
@@ -50,13 +50,17 @@ _PROXY_NAMES = {"http": ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"),
 
 
 class RequestError(Exception):
-    """A request that brought no answer, or a body that broke off; the cause is `reason`, and
-    `host` the host it was for (to name in words a name that does not resolve)."""
+    """A request that brought no answer, or a body that broke off, raised from its cause; `host`
+    is the host it was for (to name in words a name that does not resolve)."""
 
-    def __init__(self, message: str, reason: BaseException | None = None, host: str | None = None) -> None:
+    def __init__(self, message: str, host: str | None = None) -> None:
         super().__init__(message)
-        self.reason = reason
         self.host = host
+
+    @property
+    def reason(self) -> BaseException | None:
+        """What went wrong underneath: the exception this one was raised from."""
+        return self.__cause__
 
 
 class NoConnection(RequestError):
@@ -227,11 +231,11 @@ class Response:
     the body is not read (it may never end), and the connection cannot carry another request.
     """
 
-    def __init__(self, raw: http.client.HTTPResponse, session: Session, url: str, retries: Policy | None) -> None:
+    def __init__(self, raw: http.client.HTTPResponse, session: Session, url: str) -> None:
         self.raw = raw
         self.session = session
         self.url = url  # the URL that answered, after any redirect
-        self.retries = retries  # what is left of the policy after this request
+        self.retries: Policy | None = None  # what is left of the policy after this request (Session sets it)
         self.status = raw.status
         self.reason = raw.reason
         self.headers = raw.headers
@@ -243,10 +247,10 @@ class Response:
             data = self.raw.read1(size)
         except (OSError, http.client.HTTPException) as exc:
             self.session.drop()
-            raise BodyBroke(f"the body broke off: {exc}", exc) from exc
+            raise BodyBroke(f"the body broke off: {exc!r}") from exc
         if not data and size != 0 and self.raw.length:  # (a HEAD's answer has a length of 0)
             short = http.client.IncompleteRead(b"", self.raw.length)
-            raise BodyBroke(f"the body broke off: {short!r}", short)
+            raise BodyBroke(f"the body broke off: {short!r}") from short
         return data
 
     def close(self) -> None:
@@ -270,9 +274,7 @@ class Session:
         self.settings = Settings(os.environ if environ is None else environ)
         # Ask for the bytes as stored: a transparently gzipped body would break Range offsets.
         self.headers = {"User-Agent": user_agent, "Accept-Encoding": "identity", "Accept": "*/*"}
-        self._connection: http.client.HTTPConnection | None = None
-        self._key: tuple[object, ...] | None = None
-        self._used = False  # the connection has carried an answer: the server may have closed it since
+        self._open: _Open | None = None
 
     def get(self, url: str, headers: Mapping[str, str] | None = None, timeout: tuple[float, float] = (15.0, 60.0),
             policy: Policy | None = None, redirects: bool = True) -> Response:
@@ -282,7 +284,7 @@ class Session:
         return self.request("HEAD", url, None, timeout, None, redirects=False)
 
     def request(self, method: str, url: str, headers: Mapping[str, str] | None, timeout: tuple[float, float],
-                policy: Policy | None, redirects: bool = True) -> Response:
+                policy: Policy | None, redirects: bool) -> Response:
         """The answer to `method url`, redirects followed, each hop retried by `policy`."""
         sent = dict(headers or {})
         target = self.settings.target(url)
@@ -338,29 +340,28 @@ class Session:
                 sent["Proxy-Authorization"] = proxy.auth
         else:
             path = target.path
-        reused = self._connect(target, timeout)
-        connection = self._connection
-        assert connection is not None
+        opened = self._connect(target, timeout)
+        reused = opened.used
         try:
-            connection.request(method, path, headers=sent)
-            raw = connection.getresponse()
+            opened.connection.request(method, path, headers=sent)
+            raw = opened.connection.getresponse()
         except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: a header it will not send
             self.drop()
             if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
                 # A kept-alive connection the server closed while it idled: once more, on a new one.
                 return self._once(method, url, target, auth, headers, timeout)
             if isinstance(exc, (http.client.InvalidURL, ValueError)):
-                raise BadRequest(f"no request can be made of that URL: {exc}", exc) from exc
-            raise NoAnswer(f"no answer: {exc}", exc) from exc
-        self._used = True
-        return Response(raw, self, url, None)
+                raise BadRequest(f"no request can be made of that URL: {exc}") from exc
+            raise NoAnswer(f"no answer: {exc!r}") from exc
+        opened.used = True
+        return Response(raw, self, url)
 
-    def _connect(self, target: Target, timeout: tuple[float, float]) -> bool:
-        """The connection to `target`, opened if need be; True when it is one that carried an answer."""
+    def _connect(self, target: Target, timeout: tuple[float, float]) -> _Open:
+        """The connection to `target`: the one open, else a new one."""
         proxy = target.proxy
         key = (target.scheme, target.host, target.port, proxy)
-        if self._connection is not None and self._key == key and self._connection.sock is not None:
-            return self._used
+        if self._open is not None and self._open.key == key and self._open.connection.sock is not None:
+            return self._open
         self.drop()
         connect, read = timeout
         connection: http.client.HTTPConnection
@@ -381,12 +382,14 @@ class Session:
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
             if proxy is not None and not isinstance(exc, ssl.SSLError):
-                raise ProxyFailed(f"cannot reach {target.host} through the proxy: {exc}", exc, target.host) from exc
-            raise NoConnection(f"cannot connect to {target.host}: {exc}", exc, target.host) from exc
+                # The proxy's name is the one that did not resolve, its address the one that refused.
+                raise ProxyFailed(f"cannot reach {target.host} through the proxy {proxy.host}:{proxy.port}: {exc!r}",
+                                  proxy.host) from exc
+            raise NoConnection(f"cannot connect to {target.host}: {exc!r}", target.host) from exc
         assert connection.sock is not None
         connection.sock.settimeout(read)
-        self._connection, self._key, self._used = connection, key, False
-        return False
+        self._open = _Open(connection, key)
+        return self._open
 
     def _tls_context(self) -> ssl.SSLContext:
         bundle = self.settings.ca_bundle
@@ -402,10 +405,9 @@ class Session:
 
     def drop(self) -> None:
         """Close the connection: the next request opens another."""
-        if self._connection is not None:
-            self._connection.close()
-        self._connection = self._key = None
-        self._used = False
+        if self._open is not None:
+            self._open.connection.close()
+        self._open = None
 
     def close(self) -> None:
         self.drop()
@@ -416,6 +418,16 @@ class Session:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
+
+
+class _Open:
+    """A session's connection, where it leads, and whether it has carried an answer (then the
+    server may have closed it since, while it idled)."""
+
+    def __init__(self, connection: http.client.HTTPConnection, key: tuple[object, ...]) -> None:
+        self.connection = connection
+        self.key = key
+        self.used = False
 
 
 def _netloc(host: str, port: int, default: int) -> str:

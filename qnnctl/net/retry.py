@@ -33,8 +33,8 @@ _NO_SUCH_HOST = frozenset(
 class GaveUp(RequestError):
     """The policy's last word: `attempts` requests were made (one: retrying cannot help)."""
 
-    def __init__(self, reason: BaseException, attempts: int) -> None:
-        super().__init__(f"gave up after {attempts} attempts: {reason}", reason)
+    def __init__(self, attempts: int) -> None:
+        super().__init__(f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}")
         self.attempts = attempts
 
 
@@ -103,14 +103,14 @@ class Policy:
         """The policy for the next attempt after this one failed (`error`) or was answered with a
         status worth retrying (`response`); GaveUp when no attempt is left or none can help."""
         if error is not None and not worth_retrying(error):
-            raise GaveUp(error, self.attempts) from error
+            raise GaveUp(self.attempts) from error
         # What a failure like this one has left: the total, and for a connection not made, `connect` too.
         connect, left = self.connect, self.total - 1
         if isinstance(error, NoConnection) and connect is not None:
             connect -= 1
             left = min(left, connect)
         if left < 0:
-            raise GaveUp(error or RequestError(self.failure(response, None)), self.attempts) from error
+            raise GaveUp(self.attempts) from error
         new = self.new(total=self.total - 1, failures=self.failures + 1, connect=connect)
         log.warning("%s; retrying in %.1fs (attempt %d of %d)", self.failure(response, error),
                     new.wait(response), new.attempts, new.attempts + left)
@@ -149,21 +149,13 @@ def answered(status: int, reason: str | None) -> str:
 
 
 def causes(exc: BaseException) -> list[BaseException]:
-    """`exc` and what it wraps, outermost first: a RequestError's cause is its `reason`; other
-    exceptions nest theirs in `args` or `__cause__`."""
+    """`exc` and what it was raised from, outermost first."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and current not in chain and len(chain) < 16:
         chain.append(current)
-        current = _wrapped(current)
+        current = current.__cause__
     return chain
-
-
-def _wrapped(exc: BaseException) -> BaseException | None:
-    for candidate in (getattr(exc, "reason", None), *exc.args, exc.__cause__):
-        if isinstance(candidate, BaseException):
-            return candidate
-    return None
 
 
 def worth_retrying(error: BaseException) -> bool:

@@ -665,15 +665,16 @@ def _failed(exc: BaseException) -> DownloadError:
 def test_each_kind_of_failed_request_has_its_own_words() -> None:
     from qnnctl.net.http import BadRequest, NoConnection
     from qnnctl.net.retry import GaveUp, describe
+    from tests.net.test_http import caused
 
-    untrusted = NoConnection("tls", ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed "
-                                                                    "certificate"))
+    untrusted = caused(NoConnection("tls"), ssl.SSLCertVerificationError(1, "certificate verify failed: "
+                                                                         "self-signed certificate"))
     error = _failed(untrusted)
     assert (error.message, error.hint) == (
         f"cannot download {SHOWN}: {describe(untrusted)}",
         "if your network inspects TLS, set REQUESTS_CA_BUNDLE to your organisation's CA bundle; "
         "`qnnctl doctor` shows the bundle in use")
-    nameless = NoConnection("dns", socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    nameless = caused(NoConnection("dns"), socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
     error = _failed(nameless)
     assert (error.message, error.hint) == (
         f"cannot download {SHOWN}: {describe(nameless)}",
@@ -682,11 +683,11 @@ def test_each_kind_of_failed_request_has_its_own_words() -> None:
     error = _failed(odd)
     assert (error.message, error.hint) == (f"request to {SHOWN} failed: {describe(odd)}",
                                            "check the URL (or QNNCTL_MIRROR) and proxy settings")
-    refused = NoConnection("refused", ConnectionRefusedError(111, "Connection refused"))
+    refused = caused(NoConnection("refused"), ConnectionRefusedError(111, "Connection refused"))
     error = _failed(refused)
     assert (error.message, error.hint) == (f"cannot reach {SHOWN}: {describe(refused)}", AGAIN)
     for attempts in (2, 6):
-        retried = GaveUp(NoConnection("refused", ConnectionRefusedError(111, "Connection refused")), attempts)
+        retried = caused(GaveUp(attempts), refused)
         error = _failed(retried)
         assert (error.message, error.hint) == (
             f"download of {SHOWN} failed after {attempts} attempts: cannot reach the server: {describe(retried)}",

@@ -13,6 +13,7 @@ import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -37,7 +38,14 @@ from tests.httpserver import Fault, FaultServer, self_signed_certificate
 pytestmark = pytest.mark.stdlib
 
 DATA = bytes(range(256)) * 64
+E = TypeVar("E", bound=BaseException)
 PATH = "/v.zip"
+
+
+def caused(error: E, cause: BaseException) -> E:
+    """`error` as `raise error from cause` leaves it."""
+    error.__cause__ = cause
+    return error
 
 
 def _basic(user: str, password: str) -> str:
@@ -93,7 +101,7 @@ class ConnectProxy:
             if self.refuse or method != "CONNECT":
                 client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
                 return
-            if self.credentials is not None and headers.get("proxy-authorization") != self.credentials:
+            if self.credentials is not None and headers.get("Proxy-Authorization") != self.credentials:
                 client.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
                 return
             host, _, port = target.rpartition(":")
@@ -109,13 +117,13 @@ class ConnectProxy:
 
 
 def _request_head(connection: socket.socket) -> tuple[str, dict[str, str]]:
-    """A request's first line and its headers (their names in lower case), read off `connection`."""
+    """A request's first line and its headers, their names as sent, read off `connection`."""
     reader = connection.makefile("rb")
     line = reader.readline().decode("latin-1").strip()
     headers = {}
     while header := reader.readline().decode("latin-1").strip():
         name, _, value = header.partition(":")
-        headers[name.strip().lower()] = value.strip()
+        headers[name.strip()] = value.strip()  # as sent: qnnctl names its headers as curl does
     return line, headers
 
 
@@ -150,7 +158,7 @@ def test_an_https_url_goes_through_the_proxys_tunnel_with_its_password(
         ((line, headers),) = proxy.seen
         port = server.base.rsplit(":", 1)[1]
         assert line.startswith(f"CONNECT 127.0.0.1:{port} HTTP/1.")
-        assert headers["proxy-authorization"] == _basic("proxy user", "pa:ss")
+        assert headers["Proxy-Authorization"] == _basic("proxy user", "pa:ss")
         # The server behind the tunnel never sees the proxy's password.
         (request,) = server.requests_for(PATH)
         assert "Proxy-Authorization" not in request.headers
@@ -168,7 +176,9 @@ def test_a_proxy_that_refuses_the_tunnel_is_named(tls_server: tuple[FaultServer,
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
         with pytest.raises(ProxyFailed) as caught:
             make_session().get(server.url(PATH))
-        assert "407 Proxy Authentication Required" in describe(caught.value)
+        assert describe(caught.value) == "Tunnel connection failed: 407 Proxy Authentication Required"
+        assert str(caught.value) == (f"cannot reach 127.0.0.1 through the proxy 127.0.0.1:{proxy.port}: "
+                                     "OSError('Tunnel connection failed: 407 Proxy Authentication Required')")
         assert server.requests == []
     finally:
         proxy.close()
@@ -187,6 +197,7 @@ def test_a_certificate_behind_the_tunnel_is_still_checked(tls_server: tuple[Faul
             make_session().get(server.url(PATH))
         assert not isinstance(caught.value, ProxyFailed)
         assert describe(caught.value).startswith("the server's certificate is not trusted")
+        assert "Proxy-Authorization" not in proxy.seen[0][1]  # a proxy named without credentials is sent none
         # Retrying cannot help: one attempt, however generous the policy.
         with pytest.raises(GaveUp) as gave_up:
             make_session().get(server.url(PATH), policy=retry_policy(sleep=lambda _: None))
@@ -321,16 +332,24 @@ def test_a_ca_bundle_that_cannot_be_used_is_named_with_its_variable(
 # -- credentials ---------------------------------------------------------------------------
 
 
-def test_a_redirect_to_another_host_does_not_carry_the_password(server: FaultServer, direct: None) -> None:
+def test_a_redirect_to_another_host_does_not_carry_the_password(server: FaultServer, tmp_path: Path,
+                                                                direct: None) -> None:
+    """The other host gets what .netrc holds for it, if anything: never the first one's password."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine localhost login robot password for-localhost\n")
     with FaultServer() as other:
         other.add(PATH, DATA)
-        server.fail(PATH, Fault("status", 302, {"Location": other.url(PATH)}))
+        elsewhere = other.url(PATH).replace("127.0.0.1", "localhost")
+        server.fail(PATH, Fault("status", 302, {"Location": elsewhere}), Fault("status", 302, {"Location": elsewhere}))
         url = server.url(PATH).replace("http://", "http://me:s3cret@")
         assert _get(make_session(), url) == DATA
-        (first,) = server.requests_for(PATH)
+        assert _get(Session("qnnctl/test", {"NETRC": str(netrc)}), url) == DATA
+        first, _ = server.requests_for(PATH)
         assert first.headers["Authorization"] == _basic("me", "s3cret")
-        (followed,) = other.requests_for(PATH)
+        assert "Authorization" in first.headers.keys()  # named as curl names it
+        followed, with_netrc = other.requests_for(PATH)
         assert "Authorization" not in followed.headers
+        assert with_netrc.headers["Authorization"] == _basic("robot", "for-localhost")
 
 
 def test_a_redirect_on_the_same_host_keeps_the_password_and_the_range(server: FaultServer, direct: None) -> None:
@@ -404,10 +423,10 @@ def test_a_password_is_never_sent_in_the_clear_after_tls(tmp_path: Path, monkeyp
         with pytest.raises(BadRequest, match="redirects"):
             make_session().get(f"https://me:s3cret@127.0.0.1:{server.port}/v.zip")
         (first, first_headers), (second, second_headers), *_ = server.seen
-        assert (first, first_headers["authorization"]) == ("https", _basic("me", "s3cret"))
+        assert (first, first_headers["Authorization"]) == ("https", _basic("me", "s3cret"))
         assert second == "http"
-        assert "authorization" not in second_headers
-        assert all("authorization" not in headers for scheme, headers in server.seen if scheme == "http")
+        assert "Authorization" not in second_headers
+        assert all("Authorization" not in headers for scheme, headers in server.seen if scheme == "http")
     finally:
         server.close()
 
@@ -438,14 +457,16 @@ def test_a_redirect_is_not_followed_when_not_asked(server: FaultServer, direct: 
 
 @pytest.mark.parametrize(("url", "words"), [
     ("ftp://host/v.zip", "qnnctl speaks http:// and https://, not ftp"),
+    ("//host/v.zip", "qnnctl speaks http:// and https://, not a URL without a scheme"),
     ("http:///v.zip", "the URL names no host"),
-    ("http://host:port/v.zip", "the URL's port port is not a port number"),
-    ("http://u:1@host:99999/v.zip", "the URL's port 99999 is not a port number"),
-    ("http://[::1]:99999/v.zip", "the URL's port 99999 is not a port number"),
+    ("http://host:port/v.zip", "the URL's port port is not a port number (0 to 65535)"),
+    ("http://u:1@host:99999/v.zip", "the URL's port 99999 is not a port number (0 to 65535)"),
+    ("http://[::1]:99999/v.zip", "the URL's port 99999 is not a port number (0 to 65535)"),
 ])
 def test_a_url_no_request_can_be_made_of(url: str, words: str) -> None:
-    with pytest.raises(BadRequest, match=words):
+    with pytest.raises(BadRequest) as caught:
         make_session().get(url, policy=retry_policy(sleep=lambda _: None))
+    assert str(caught.value) == words
 
 
 def test_a_path_is_quoted_as_typed(server: FaultServer, direct: None) -> None:
@@ -491,8 +512,8 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again(server: Fault
     server.add(PATH, DATA)
     session = make_session()
     assert _get(session, server.url(PATH)) == DATA
-    connection = session._connection
-    assert connection is not None
+    assert session._open is not None
+    connection = session._open.connection
     assert connection.sock is not None
     # As a server's idle timeout does: the connection ends while the session holds it.
     connection.sock.shutdown(socket.SHUT_RDWR)
@@ -600,7 +621,7 @@ def test_tls_with_a_server_that_speaks_none_is_said_so(server: FaultServer, dire
      "the connection was reset ([Errno 104] Connection reset by peer)"),
     (socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
      "a host name cannot be resolved ([Errno -2] Name or service not known)"),
-    (NoConnection("dns", socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "mirror.example"),
+    (caused(NoConnection("dns", "mirror.example"), socket.gaierror(socket.EAI_NONAME, "Name or service not known")),
      "the host name mirror.example cannot be resolved ([Errno -2] Name or service not known)"),
     (http.client.IncompleteRead(b""), "the server closed the connection before the end it announced"),
     (http.client.IncompleteRead(b"", 5), "the server closed the connection 5 bytes before the end it announced"),
@@ -614,22 +635,22 @@ def test_describe(error: BaseException, words: str) -> None:
 def test_a_policy_waits_only_after_a_failure() -> None:
     policy = retry_policy(sleep=lambda _: None)
     assert policy.wait() == 0.0
-    failed = policy.increment(error=NoAnswer("no answer", TimeoutError("timed out")))
+    failed = policy.increment(error=caused(NoAnswer("no answer"), TimeoutError("timed out")))
     assert (failed.wait(), failed.attempts) == (1.0, 2)
     with pytest.raises(GaveUp) as caught:
-        policy.new(total=0).increment(error=NoAnswer("no answer", TimeoutError("timed out")))
-    assert str(caught.value) == "gave up after 1 attempts: no answer"
+        policy.new(total=0).increment(error=caused(NoAnswer("no answer"), TimeoutError("timed out")))
+    assert str(caught.value) == "gave up after 1 attempt"
 
 
 def test_a_connection_not_made_has_a_budget_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
     """The mirror's index: a refused connection is tried once more; other failures twice."""
     policy = retry_policy(sleep=lambda _: None).new(total=2, connect=1).start("https://mirror.example/index.json")
-    refused = NoConnection("refused", ConnectionRefusedError(111, "Connection refused"))
-    silent = NoAnswer("no answer", TimeoutError("timed out"))
+    refused = caused(NoConnection("refused"), ConnectionRefusedError(111, "Connection refused"))
+    silent = caused(NoAnswer("no answer"), TimeoutError("timed out"))
     after_refusal = policy.increment(error=refused)
     with pytest.raises(GaveUp) as caught:
         after_refusal.increment(error=refused)
-    assert (caught.value.attempts, caught.value.reason) == (2, refused)
+    assert (caught.value.attempts, caught.value.reason, str(caught.value)) == (2, refused, "gave up after 2 attempts")
     assert after_refusal.increment(error=silent).attempts == 3
     assert policy.increment(error=silent).increment(error=refused).attempts == 3
     with pytest.raises(GaveUp):
@@ -640,7 +661,111 @@ def test_a_connection_not_made_has_a_budget_of_its_own(caplog: pytest.LogCapture
 def test_the_causes_of_an_error_end(direct: None) -> None:
     error: BaseException = ValueError("innermost")
     for depth in range(20):
-        error = RequestError(f"layer {depth}", error)
+        error = caused(RequestError(f"layer {depth}"), error)
     chain = causes(error)
     assert len(chain) == 16
     assert str(chain[0]) == "layer 19"
+
+
+def test_each_route_takes_the_connect_and_the_read_timeout(server: FaultServer, tls_server: tuple[FaultServer, Path],
+                                                          monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
+    """Directly and through a proxy, over http:// and https://: a connection waits at most the
+    first for its connection, then at most the second for each read."""
+    secure, bundle = tls_server
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    monkeypatch.setenv("NO_PROXY", "")
+    server.add(PATH, DATA)
+    server.add("http://mirror.invalid/v.zip", DATA)
+    proxy = ConnectProxy()
+    routes = [(server.url(PATH), {}), (secure.url(PATH), {}),
+              ("http://mirror.invalid/v.zip", {"HTTP_PROXY": server.base}),
+              (secure.url(PATH), {"HTTPS_PROXY": proxy.url})]
+    try:
+        for url, proxies in routes:
+            session = Session("qnnctl/test", {**os.environ, **proxies})
+            assert _get(session, url, timeout=(7.0, 9.0)) == DATA
+            assert session._open is not None
+            connection = session._open.connection
+            assert connection.sock is not None
+            assert (connection.timeout, connection.sock.gettimeout()) == (7.0, 9.0), url
+    finally:
+        proxy.close()
+    assert len(proxy.seen) == 1
+
+
+def test_a_connection_refused_is_said_with_its_host(direct: None) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    with pytest.raises(NoConnection) as caught:
+        make_session().get(f"http://127.0.0.1:{port}/v.zip")
+    assert str(caught.value) == "cannot connect to 127.0.0.1: ConnectionRefusedError(111, 'Connection refused')"
+    assert describe(caught.value) == "the connection was refused ([Errno 111] Connection refused)"
+
+
+def test_a_proxy_whose_name_does_not_resolve_is_named(server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.getaddrinfo
+
+    def resolve(host: str, *args: object, **kwargs: object) -> object:
+        if host == "proxy.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "")
+    with pytest.raises(GaveUp) as caught:  # retrying cannot help: at once
+        make_session().get("http://mirror.example/v.zip", policy=retry_policy(sleep=lambda _: None))
+    assert caught.value.attempts == 1
+    assert isinstance(caught.value.reason, ProxyFailed)
+    assert describe(caught.value) == ("the host name proxy.invalid cannot be resolved "
+                                      "([Errno -2] Name or service not known)")
+
+
+def test_a_redirect_without_a_location_is_the_answer(server: FaultServer, direct: None) -> None:
+    server.fail(PATH, Fault("status", 302))
+    with make_session().get(server.url(PATH)) as response:
+        assert response.status == 302
+
+
+def test_the_policy_goes_on_after_a_redirect(server: FaultServer, direct: None) -> None:
+    server.add("/new.zip", DATA)
+    server.fail(PATH, Fault("status", 302, {"Location": "/new.zip"}))
+    server.fail("/new.zip", Fault.status(503))
+    sleeps: list[float] = []
+    assert _get(make_session(), server.url(PATH), policy=retry_policy(sleep=sleeps.append)) == DATA
+    assert sleeps == [1.0]
+
+
+def test_a_url_without_a_path_asks_for_the_root(server: FaultServer, direct: None) -> None:
+    server.add("/", DATA)
+    assert _get(make_session(), server.base) == DATA
+    assert [r.target for r in server.requests_for("/")] == ["/"]
+
+
+@pytest.mark.parametrize(("userinfo", "credentials"), [("me@", ("me", "")), (":pw@", ("", "pw")),
+                                                       ("m%40e:p%3Aw@", ("m@e", "p:w"))])
+def test_each_part_of_a_urls_userinfo_is_sent(userinfo: str, credentials: tuple[str, str], server: FaultServer,
+                                              direct: None) -> None:
+    server.add(PATH, DATA)
+    assert _get(make_session(), server.url(PATH).replace("http://", f"http://{userinfo}")) == DATA
+    (request,) = server.requests_for(PATH)
+    assert request.headers["Authorization"] == _basic(*credentials)
+
+
+@pytest.mark.parametrize(("entry", "credentials"), [("login robot password pw", ("robot", "pw")),
+                                                    ("password only", ("", "only")),
+                                                    ("login alone", ("alone", ""))])
+def test_the_netrc_in_home_is_read_when_netrc_names_none(entry: str, credentials: tuple[str, str],
+                                                         tmp_path: Path) -> None:
+    (tmp_path / ".netrc").write_text(f"machine mirror.example {entry}\n")
+    assert Settings({"HOME": str(tmp_path)}).netrc_auth("mirror.example") == _basic(*credentials)
+    assert Settings({"HOME": str(tmp_path)}).target("https://mirror.example/v.zip").port == 443
+    assert Settings({"HOME": str(tmp_path)}).target("http://mirror.example/v.zip").port == 80
+
+
+def test_the_lower_case_no_proxy_wins_and_other_schemes_have_no_proxy() -> None:
+    settings = Settings({"HTTPS_PROXY": "http://proxy:1", "no_proxy": "a.example", "NO_PROXY": "b.example"})
+    assert settings.proxy_url("https://a.example/x") is None
+    assert settings.proxy_url("https://b.example/x") == "http://proxy:1"
+    assert settings.proxy_url("ftp://a.example/x") is None
