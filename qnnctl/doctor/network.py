@@ -10,7 +10,7 @@ from qnnctl.doctor.context import Context, Target
 from qnnctl.doctor.report import Outcome, Skip, fail, ok, warn
 from qnnctl.errors import QnnctlError
 from qnnctl.net.download import make_session
-from qnnctl.net.http import ProxyFailed, RequestError, UnusableBundle
+from qnnctl.net.failures import ProxyFailed, RequestError, UnusableBundle
 from qnnctl.net.retry import causes, describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.sdk.select import select_sdk

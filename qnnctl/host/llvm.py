@@ -33,7 +33,8 @@ from qnnctl.net.download import (
     make_session,
     retryable_status,
 )
-from qnnctl.net.http import BadRequest, RequestError, Session
+from qnnctl.net.failures import BadRequest, RequestError
+from qnnctl.net.http import Session
 from qnnctl.net.retry import describe, retry_after
 from qnnctl.net.urls import redact
 from qnnctl.records import Record

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from qnnctl.net.http import BodyBroke, Response
+from qnnctl.net.failures import BodyBroke
+from qnnctl.net.http import Response
 from qnnctl.words import human_size
 
 

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
 from qnnctl.net.body import Pace, blocks
-from qnnctl.net.http import BodyBroke, NoAnswer, NoConnection, RequestError, Session, UnusableBundle
+from qnnctl.net.failures import BodyBroke, NoAnswer, NoConnection, RequestError, UnusableBundle
+from qnnctl.net.http import Session
 from qnnctl.net.retry import (
     GaveUp,
     Policy,

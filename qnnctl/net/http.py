@@ -16,7 +16,8 @@ asks for one file at a time. What they did for qnnctl is here, each in a few lin
 - each request retried by a `Policy` (qnnctl.net.retry): what failed before an answer came, and
   the statuses it lists; the last answer comes back when the policy is spent.
 
-A failure is a `RequestError` raised from its cause (qnnctl.net.retry.describe puts it in words).
+A failure is a `RequestError` (qnnctl.net.failures) raised from its cause; qnnctl.net.retry.describe
+puts it in words.
 Bodies are the bytes sent (`Accept-Encoding: identity`), never decoded here.
 """
 
@@ -35,6 +36,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
+from qnnctl.net.failures import BadRequest, BodyBroke, NoAnswer, NoConnection, ProxyFailed, RequestError, UnusableBundle
 from qnnctl.records import Record
 
 if TYPE_CHECKING:
@@ -47,44 +49,6 @@ _SAFE = "!#$%&'()*+,/:;=?@[]~"  # what a URL's path and query keep as they are; 
 # of each, the lower-case name wins (as requests and curl read them).
 _PROXY_NAMES = {"http": ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"),
                 "https": ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")}
-
-
-class RequestError(Exception):
-    """A request that brought no answer, or a body that broke off, raised from its cause; `host`
-    is the host it was for (to name in words a name that does not resolve)."""
-
-    def __init__(self, message: str, host: str | None = None) -> None:
-        super().__init__(message)
-        self.host = host
-
-    @property
-    def reason(self) -> BaseException | None:
-        """What went wrong underneath: the exception this one was raised from."""
-        return self.__cause__
-
-
-class NoConnection(RequestError):
-    """No connection: the name, the address, the proxy or TLS failed before anything was sent."""
-
-
-class NoAnswer(RequestError):
-    """The request went out and no answer came: the connection closed, reset or timed out."""
-
-
-class ProxyFailed(NoConnection):
-    """The proxy could not be reached, or refused to open the tunnel."""
-
-
-class BodyBroke(RequestError):
-    """An answer's body stopped short; the message says where and why, in words."""
-
-
-class BadRequest(RequestError):
-    """No request can be made of this URL (a scheme, a host, too many redirects): not retried."""
-
-
-class UnusableBundle(BadRequest):
-    """The CA bundle the environment names cannot be read as certificates."""
 
 
 class Target(Record):

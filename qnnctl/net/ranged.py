@@ -37,7 +37,8 @@ from qnnctl.net.download import (
     retry_policy,
     strong_etag,
 )
-from qnnctl.net.http import BodyBroke, RequestError, Response
+from qnnctl.net.failures import BodyBroke, RequestError
+from qnnctl.net.http import Response
 from qnnctl.net.retry import GaveUp, answered, attempts_made, describe
 from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.net.urls import redact

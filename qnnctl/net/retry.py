@@ -14,9 +14,10 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Collection
+from email.message import Message
+from typing import Protocol
 
-from qnnctl.net.http import BodyBroke, NoConnection, RequestError
-from qnnctl.net.http import Response as Answer
+from qnnctl.net.failures import BodyBroke, NoConnection, RequestError
 from qnnctl.net.urls import redact_text
 from qnnctl.words import printable
 
@@ -28,6 +29,19 @@ _NO_SUCH_HOST = frozenset(
     code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
     if code is not None
 )
+
+
+class Answer(Protocol):
+    """What the policy reads of an answer (qnnctl.net.http.Response)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def headers(self) -> Message: ...
 
 
 class GaveUp(RequestError):

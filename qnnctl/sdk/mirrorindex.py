@@ -16,7 +16,8 @@ from typing import Any
 
 from qnnctl.errors import DownloadError, IntegrityError
 from qnnctl.net.download import make_session, retry_policy
-from qnnctl.net.http import RequestError, Response
+from qnnctl.net.failures import RequestError
+from qnnctl.net.http import Response
 from qnnctl.net.retry import describe, refused
 from qnnctl.net.urls import check_url, redact
 from qnnctl.records import Record

@@ -24,7 +24,7 @@ from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import space_margin
 from qnnctl.net.body import Pace, TooSlow
 from qnnctl.net.download import MAX_ATTEMPTS, Downloader, make_session, retry_policy
-from qnnctl.net.http import BodyBroke
+from qnnctl.net.failures import BodyBroke
 from qnnctl.net.retry import retry_after
 from qnnctl.sdk.cache import read_manifest
 from qnnctl.sdk.vouchers import vouchers
@@ -663,7 +663,7 @@ def _failed(exc: BaseException) -> DownloadError:
 
 
 def test_each_kind_of_failed_request_has_its_own_words() -> None:
-    from qnnctl.net.http import BadRequest, NoConnection
+    from qnnctl.net.failures import BadRequest, NoConnection
     from qnnctl.net.retry import GaveUp, describe
     from tests.net.test_http import caused
 
@@ -807,7 +807,7 @@ def test_small_pieces_of_the_downloader(tmp_path: Path) -> None:
         file_sha256,
         retryable_status,
     )
-    from qnnctl.net.http import BodyBroke
+    from qnnctl.net.failures import BodyBroke
 
     assert _of(1536, None) == "1.5 KiB"
     assert _of(1536, 3 << 20) == "1.5 KiB of 3.0 MiB"

@@ -18,18 +18,8 @@ from typing import TypeVar
 import pytest
 
 from qnnctl.net.download import make_session, retry_policy
-from qnnctl.net.http import (
-    MAX_REDIRECTS,
-    BadRequest,
-    BodyBroke,
-    NoAnswer,
-    NoConnection,
-    ProxyFailed,
-    RequestError,
-    Session,
-    Settings,
-    UnusableBundle,
-)
+from qnnctl.net.failures import BadRequest, BodyBroke, NoAnswer, NoConnection, ProxyFailed, RequestError, UnusableBundle
+from qnnctl.net.http import MAX_REDIRECTS, Session, Settings
 from qnnctl.net.retry import GaveUp, causes, describe
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer, self_signed_certificate

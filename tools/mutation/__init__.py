@@ -37,7 +37,7 @@ TARGETS: dict[str, Target] = {
                         "tests/net/test_server_words.py")),
     # The session every request goes through and the retry policy: proxies, tunnels, credentials, redirects,
     # connections, bodies, retries (test_http), and the downloads that use them (test_download).
-    "http": Target(("qnnctl/net/http.py", "qnnctl/net/retry.py"),
+    "http": Target(("qnnctl/net/http.py", "qnnctl/net/retry.py", "qnnctl/net/failures.py"),
                    ("tests/net/test_http.py", "tests/net/test_download.py", "tests/net/test_server_words.py")),
     # The links and member filter of partial installs, and doctor --verify's digests, are archive's too; so
     # are the modules split from it (its workers, one member's data, extracting while downloading, links).
