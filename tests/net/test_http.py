@@ -20,7 +20,7 @@ import pytest
 from qnnctl.net.download import make_session, retry_policy
 from qnnctl.net.failures import BadRequest, BodyBroke, NoAnswer, NoConnection, ProxyFailed, RequestError, UnusableBundle
 from qnnctl.net.http import MAX_REDIRECTS, Session, Settings
-from qnnctl.net.retry import GaveUp, causes, describe
+from qnnctl.net.retry import GaveUp, causes, describe, refused
 from tests.conftest import run_qnnctl
 from tests.httpserver import Fault, FaultServer, self_signed_certificate
 
@@ -309,7 +309,11 @@ def test_a_ca_bundle_that_cannot_be_used_is_named_with_its_variable(
     sleeps: list[float] = []
     with pytest.raises(UnusableBundle) as caught:
         make_session().get(server.url(PATH), policy=retry_policy(sleep=sleeps.append))
-    assert describe(caught.value).startswith(f"the CA bundle {bundle} (CURL_CA_BUNDLE) cannot be used: ")
+    words = describe(caught.value)
+    if kind == "missing":
+        assert words == f"the CA bundle {bundle} (CURL_CA_BUNDLE) cannot be used: No such file or directory"
+    else:
+        assert words.startswith(f"the CA bundle {bundle} (CURL_CA_BUNDLE) cannot be used: [X509")
     assert (sleeps, server.connections) == ([], 0)  # nothing to retry, and nothing sent
     result = run_qnnctl("install", "--url", server.url(PATH).replace(PATH, "/v2.37.0.250724.zip"),
                         env=dict(os.environ, REQUESTS_CA_BUNDLE=str(bundle)))
@@ -617,6 +621,7 @@ def test_tls_with_a_server_that_speaks_none_is_said_so(server: FaultServer, dire
     (http.client.IncompleteRead(b"", 5), "the server closed the connection 5 bytes before the end it announced"),
     (TimeoutError("timed out"), "no answer in time (timed out)"),
     (TimeoutError(), "no answer in time"),
+    (ValueError(), "ValueError"),  # nothing to say but its kind
 ])
 def test_describe(error: BaseException, words: str) -> None:
     assert describe(error) == words
@@ -759,3 +764,27 @@ def test_the_lower_case_no_proxy_wins_and_other_schemes_have_no_proxy() -> None:
     assert settings.proxy_url("https://a.example/x") is None
     assert settings.proxy_url("https://b.example/x") == "http://proxy:1"
     assert settings.proxy_url("ftp://a.example/x") is None
+
+
+def test_certifis_bundle_that_cannot_be_used_is_named(tls_server: tuple[FaultServer, Path],
+                                                      monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
+    import certifi
+
+    from qnnctl.net.http import tls_context
+
+    server, _ = tls_server
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    monkeypatch.setattr(certifi, "where", lambda: "/nonexistent/cacert.pem")
+    tls_context.cache_clear()
+    try:
+        with pytest.raises(UnusableBundle) as caught:
+            make_session().get(server.url(PATH))
+    finally:
+        tls_context.cache_clear()
+    assert str(caught.value) == "certifi's CA bundle cannot be used: No such file or directory"
+
+
+def test_refused_is_a_connection_refused_anywhere_in_the_chain() -> None:
+    assert refused(caused(GaveUp(2), caused(NoConnection("refused"), ConnectionRefusedError(111, "refused"))))
+    assert not refused(caused(NoAnswer("no answer"), TimeoutError("timed out")))
