@@ -66,7 +66,7 @@ def retry_policy(backoff_base: float = BACKOFF_BASE, sleep: Callable[[float], No
     comes back when it is spent, to be reported with its status), and the downloader asks it
     again when a body breaks off. Only requests that change nothing are sent again."""
     return Policy(total=MAX_ATTEMPTS - 1, statuses=RETRY_STATUSES, methods=("GET", "HEAD"),
-                  backoff_factor=backoff_base, backoff_max=BACKOFF_MAX, sleeper=sleep)
+                  backoff_factor=backoff_base, backoff_max=BACKOFF_MAX, sleeper=sleep, shown="")
 
 
 @dataclass(frozen=True)

@@ -74,17 +74,17 @@ class Settings:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
         self.ca_bundle = environ.get("REQUESTS_CA_BUNDLE") or environ.get("CURL_CA_BUNDLE") or None
-        self.no_proxy = [entry.strip().lower() for entry in
-                         (environ.get("no_proxy") or environ.get("NO_PROXY") or "").split(",") if entry.strip()]
+        no_proxy = environ.get("no_proxy") or environ.get("NO_PROXY")
+        self.no_proxy = [entry.strip().lower() for entry in no_proxy.split(",") if entry.strip()] if no_proxy else []
 
     def proxy_url(self, url: str) -> str | None:
         """The proxy a request for `url` goes through, as the environment names it; None: directly."""
         parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
+        host = parts.hostname  # in lower case
         for name in _PROXY_NAMES.get(parts.scheme.lower(), ()):
             value = self.environ.get(name)
             if value:
-                return None if self.bypasses(host, parts.port) else value
+                return None if host is None or self.bypasses(host, parts.port) else value
         return None
 
     def bypasses(self, host: str, port: int | None) -> bool:
@@ -195,11 +195,12 @@ class Response:
     the body is not read (it may never end), and the connection cannot carry another request.
     """
 
+    retries: Policy | None = None  # what is left of the policy after this request (the session sets it)
+
     def __init__(self, raw: http.client.HTTPResponse, session: Session, url: str) -> None:
         self.raw = raw
         self.session = session
         self.url = url  # the URL that answered, after any redirect
-        self.retries: Policy | None = None  # what is left of the policy after this request (Session sets it)
         self.status = raw.status
         self.reason = raw.reason
         self.headers = raw.headers
@@ -388,10 +389,11 @@ class _Open:
     """A session's connection, where it leads, and whether it has carried an answer (then the
     server may have closed it since, while it idled)."""
 
+    used = False
+
     def __init__(self, connection: http.client.HTTPConnection, key: tuple[object, ...]) -> None:
         self.connection = connection
         self.key = key
-        self.used = False
 
 
 def _netloc(host: str, port: int, default: int) -> str:

@@ -66,9 +66,9 @@ class Policy:
     A policy is a value: `increment` returns the one for the next attempt.
     """
 
-    def __init__(self, total: int, statuses: Collection[int] = (), methods: Collection[str] = ("GET", "HEAD"),
-                 backoff_factor: float = 0.0, backoff_max: float = 120.0, connect: int | None = None,
-                 sleeper: Callable[[float], None] = time.sleep, shown: str = "", failures: int = 0) -> None:
+    def __init__(self, *, total: int, statuses: Collection[int], methods: Collection[str], backoff_factor: float,
+                 backoff_max: float, sleeper: Callable[[float], None], shown: str, connect: int | None = None,
+                 failures: int = 0) -> None:
         self.total = total
         self.statuses = frozenset(statuses)
         self.methods = frozenset(methods)
@@ -86,7 +86,8 @@ class Policy:
         return Policy(**fields)
 
     def start(self, shown: str) -> Policy:
-        """The whole budget, for requests of the URL shown as `shown`."""
+        """This policy from its first attempt, for requests of the URL shown as `shown` (asked of
+        the policy as declared, it is the whole budget)."""
         return self.new(failures=0, shown=shown)
 
     @property

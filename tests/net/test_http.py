@@ -207,6 +207,7 @@ def test_an_http_url_is_asked_of_the_proxy_whole_without_its_userinfo(server: Fa
     assert request.target == url
     assert request.headers["Host"] == "mirror.invalid:8080"
     assert request.headers["Proxy-Authorization"] == _basic("proxy", "secret")
+    assert {"Authorization", "Proxy-Authorization"} <= set(request.headers.keys())  # named as curl names them
     assert request.headers["Authorization"] == _basic("me", "pw")
 
 
@@ -511,8 +512,11 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again(server: Fault
     assert connection.sock is not None
     # As a server's idle timeout does: the connection ends while the session holds it.
     connection.sock.shutdown(socket.SHUT_RDWR)
-    assert _get(session, server.url(PATH)) == DATA
+    url = server.url(PATH).replace("http://", "http://me:pw@")
+    with session.get(url) as response:  # the same request again, on a new connection, whole
+        assert (response.status, response.url) == (200, url)
     assert server.connections == 2
+    assert server.requests_for(PATH)[-1].headers["Authorization"] == _basic("me", "pw")
 
 
 @pytest.mark.parametrize("block", [1, 1 << 16])
@@ -586,6 +590,7 @@ def test_no_answer_is_retried_by_the_policy_then_given_up(server: FaultServer, d
     assert caught.value.attempts == 6
     assert isinstance(caught.value.reason, NoAnswer)
     assert describe(caught.value) == "the server closed the connection without answering"
+    assert str(caught.value.reason) == "no answer: RemoteDisconnected('Remote end closed connection without response')"
     assert sleeps == [1.0, 2.0, 4.0, 8.0, 16.0]
 
 
@@ -632,6 +637,8 @@ def test_a_policy_waits_only_after_a_failure() -> None:
     assert policy.wait() == 0.0
     failed = policy.increment(error=caused(NoAnswer("no answer"), TimeoutError("timed out")))
     assert (failed.wait(), failed.attempts) == (1.0, 2)
+    again = failed.start("https://mirror.example/v.zip")  # from its first attempt
+    assert (again.wait(), again.attempts, again.shown) == (0.0, 1, "https://mirror.example/v.zip")
     with pytest.raises(GaveUp) as caught:
         policy.new(total=0).increment(error=caused(NoAnswer("no answer"), TimeoutError("timed out")))
     assert str(caught.value) == "gave up after 1 attempt"
