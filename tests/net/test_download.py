@@ -663,7 +663,7 @@ def _failed(exc: BaseException) -> DownloadError:
 
 
 def test_each_kind_of_failed_request_has_its_own_words() -> None:
-    from qnnctl.net.failures import BadRequest, NoConnection
+    from qnnctl.net.failures import BadRequest, NoConnection, UnusableBundle
     from qnnctl.net.retry import GaveUp, describe
     from tests.net.test_http import caused
 
@@ -683,6 +683,14 @@ def test_each_kind_of_failed_request_has_its_own_words() -> None:
     error = _failed(odd)
     assert (error.message, error.hint) == (f"request to {SHOWN} failed: {describe(odd)}",
                                            "check the URL (or QNNCTL_MIRROR) and proxy settings")
+    unusable = UnusableBundle("the CA bundle /etc/none.pem (REQUESTS_CA_BUNDLE) cannot be used: "
+                              "No such file or directory")
+    error = _failed(unusable)
+    assert (error.message, error.hint, error.exit_code) == (
+        f"cannot download {SHOWN}: the CA bundle /etc/none.pem (REQUESTS_CA_BUNDLE) cannot be used: No such file or "
+        "directory",
+        "set REQUESTS_CA_BUNDLE to a file of PEM certificates (or a folder of them), or unset it and CURL_CA_BUNDLE "
+        "to use certifi's bundle; `qnnctl doctor` shows the bundle in use", 3)
     refused = caused(NoConnection("refused"), ConnectionRefusedError(111, "Connection refused"))
     error = _failed(refused)
     assert (error.message, error.hint) == (f"cannot reach {SHOWN}: {describe(refused)}", AGAIN)
