@@ -1,7 +1,7 @@
 """HTTP/1.1 on the standard library: the one session every request of qnnctl goes through.
 
 `http.client` and `ssl` are what a download needs, and all it loads: requests and urllib3 were
-about 75 ms of every install's start from a cold page cache (bench/README.md), for a client that
+about 60 ms of every install's start from a cold page cache (bench/README.md), for a client that
 asks for one file at a time. What they did for qnnctl is here, each in a few lines:
 
 - proxies from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, lower case first, and
@@ -9,9 +9,11 @@ asks for one file at a time. What they did for qnnctl is here, each in a few lin
 - the CA bundle from `REQUESTS_CA_BUNDLE` or `CURL_CA_BUNDLE` (a file or a folder), else
   certifi's, as requests chose;
 - a URL's `user:password@` and `~/.netrc` (or `$NETRC`) as Basic, never sent on to another host
-  a redirect names;
+  a redirect names, nor in the clear after TLS;
 - redirects followed (at most MAX_REDIRECTS), relative ones too;
-- one kept-alive connection per session, reopened when the server has closed it;
+- one kept-alive connection per session, reopened when the server has closed it; a body left
+  unread closes it (what is left of it is never read as the next answer);
+- a body held to its Content-Length;
 - a connect timeout and a read timeout apart;
 - each request retried by a `Policy` (qnnctl.net.retry): what failed before an answer came, and
   the statuses it lists; the last answer comes back when the policy is spent.
