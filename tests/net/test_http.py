@@ -58,18 +58,14 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-class ConnectProxy:
-    """A proxy on 127.0.0.1 that opens CONNECT tunnels (and nothing else), as a corporate one
-    does: it asks for `credentials` when given, and records each request line and its headers."""
+class Loopback:
+    """A server of its own on 127.0.0.1: each connection answered by `answer`, in a thread."""
 
-    def __init__(self, credentials: str | None = None, refuse: bool = False) -> None:
-        self.credentials = credentials
-        self.refuse = refuse
+    def __init__(self) -> None:
         self.seen: list[tuple[str, dict[str, str]]] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._serve, daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -81,9 +77,25 @@ class ConnectProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._tunnel, args=(client,), daemon=True).start()
+            threading.Thread(target=self.answer, args=(client,), daemon=True).start()
 
-    def _tunnel(self, client: socket.socket) -> None:
+    def answer(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class ConnectProxy(Loopback):
+    """A proxy on 127.0.0.1 that opens CONNECT tunnels (and nothing else), as a corporate one
+    does: it asks for `credentials` when given, and records each request line and its headers."""
+
+    def __init__(self, credentials: str | None = None, refuse: bool = False) -> None:
+        self.credentials = credentials
+        self.refuse = refuse
+        super().__init__()
+
+    def answer(self, client: socket.socket) -> None:
         with client:
             line, headers = _request_head(client)
             self.seen.append((line, headers))
@@ -101,9 +113,6 @@ class ConnectProxy:
                 pump.start()
                 _pump(client, upstream)
                 pump.join(10)
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def _request_head(connection: socket.socket) -> tuple[str, dict[str, str]]:
@@ -376,7 +385,7 @@ def test_netrc_gives_the_login_for_its_host_alone(server: FaultServer, tmp_path:
     assert Session("qnnctl/test", {"NETRC": str(tmp_path / "none")}).settings.netrc_auth("127.0.0.1") is None
 
 
-class BothSchemes:
+class BothSchemes(Loopback):
     """One port that speaks TLS to a client that begins a handshake and plain HTTP to one that
     does not, as a misconfigured server can: each request's headers recorded with its scheme."""
 
@@ -384,28 +393,17 @@ class BothSchemes:
         self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.tls.load_cert_chain(certificate, key)
         self.location = location
-        self.seen: list[tuple[str, dict[str, str]]] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            with contextlib.suppress(OSError), client:
-                tls = client.recv(1, socket.MSG_PEEK) == b"\x16"
-                conn = self.tls.wrap_socket(client, server_side=True) if tls else client
-                _, headers = _request_head(conn)
-                self.seen.append(("https" if tls else "http", headers))
-                location = self.location.format(port=self.port)
-                conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n"
-                             "Connection: close\r\n\r\n".encode())
-
-    def close(self) -> None:
-        self.listener.close()
+    def answer(self, client: socket.socket) -> None:
+        with contextlib.suppress(OSError), client:
+            tls = client.recv(1, socket.MSG_PEEK) == b"\x16"
+            conn = self.tls.wrap_socket(client, server_side=True) if tls else client
+            _, headers = _request_head(conn)
+            self.seen.append(("https" if tls else "http", headers))
+            location = self.location.format(port=self.port)
+            conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n"
+                         "Connection: close\r\n\r\n".encode())
 
 
 def test_a_password_is_never_sent_in_the_clear_after_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
