@@ -26,15 +26,13 @@ from qnnctl.host.sources import APT_PACKAGES, Scan, llvm_version, trio_only
 from qnnctl.host.streams import COPY_BUFFER, HashingReader, Late, Overrun
 from qnnctl.net.download import (
     BACKOFF_MAX,
-    CONNECT_TIMEOUT,
-    READ_TIMEOUT,
     Retry,
     backoff_delay,
     make_session,
     retryable_status,
 )
 from qnnctl.net.failures import BadRequest, RequestError
-from qnnctl.net.http import Session
+from qnnctl.net.http import CONNECT_TIMEOUT, READ_TIMEOUT, Session
 from qnnctl.net.retry import describe, retry_after
 from qnnctl.net.urls import redact
 from qnnctl.records import Record

@@ -19,7 +19,7 @@ from qnnctl.errors import DiskSpaceError, DownloadError, IntegrityError
 from qnnctl.files import require_free_space
 from qnnctl.net.body import Pace, blocks
 from qnnctl.net.failures import BodyBroke, NoAnswer, NoConnection, RequestError, UnusableBundle
-from qnnctl.net.http import Session
+from qnnctl.net.http import CONNECT_TIMEOUT, READ_TIMEOUT, Session
 from qnnctl.net.retry import (
     GaveUp,
     Policy,
@@ -40,8 +40,6 @@ log = logging.getLogger("qnnctl.net.download")
 CHUNK = 1 << 20
 # What a dropped connection can cost: a partial chunk is lost, whole ones are on disk.
 NET_CHUNK = 64 << 10
-CONNECT_TIMEOUT = 15.0
-READ_TIMEOUT = 60.0
 SLOWEST = (64 << 10, 60.0)  # a body that brings fewer bytes in as many seconds is broken off, and resumed
 # The retry policy (see `retry_policy`): what is tried again, how often, how long to wait.
 MAX_ATTEMPTS = 6  # attempts that make no progress; a resumed download that moves on resets it
@@ -65,7 +63,7 @@ def retry_policy(backoff_base: float = BACKOFF_BASE, sleep: Callable[[float], No
     retries a refused connection, a timeout and the statuses above by itself; the last answer
     comes back when it is spent, to be reported with its status), and the downloader asks it
     again when a body breaks off. Only requests that change nothing are sent again."""
-    return Policy(total=MAX_ATTEMPTS - 1, statuses=RETRY_STATUSES, methods=("GET", "HEAD"),
+    return Policy(total=MAX_ATTEMPTS - 1, statuses=RETRY_STATUSES, methods=frozenset({"GET", "HEAD"}),
                   backoff_factor=backoff_base, backoff_max=BACKOFF_MAX, sleeper=sleep, shown="")
 
 

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
 
 from qnnctl.net.failures import BadRequest, BodyBroke, NoAnswer, NoConnection, ProxyFailed, RequestError, UnusableBundle
 from qnnctl.records import Record
@@ -44,6 +44,8 @@ from qnnctl.records import Record
 if TYPE_CHECKING:
     from qnnctl.net.retry import Policy
 
+CONNECT_TIMEOUT = 15.0  # seconds to connect (and, through a proxy, to open the tunnel)
+READ_TIMEOUT = 60.0  # seconds for each read
 MAX_REDIRECTS = 30  # what requests allowed
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _SAFE = "!#$%&'()*+,/:;=?@[]~"  # what a URL's path and query keep as they are; the rest is %-quoted
@@ -75,13 +77,17 @@ class Settings:
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
-        self.ca_bundle = environ.get("REQUESTS_CA_BUNDLE") or environ.get("CURL_CA_BUNDLE") or None
+        # The variable that names the CA bundle, if one does, to say which one when it cannot be used.
+        self.ca_variable = next((name for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE") if environ.get(name)), None)
+        self.ca_bundle = environ[self.ca_variable] if self.ca_variable is not None else None
         no_proxy = environ.get("no_proxy") or environ.get("NO_PROXY")
         self.no_proxy = [entry.strip().lower() for entry in no_proxy.split(",") if entry.strip()] if no_proxy else []
 
     def proxy_url(self, url: str) -> str | None:
         """The proxy a request for `url` goes through, as the environment names it; None: directly."""
-        parts = urlsplit(url)
+        return self._proxy_url(urlsplit(url))
+
+    def _proxy_url(self, parts: SplitResult) -> str | None:
         host = parts.hostname  # in lower case
         for name in _PROXY_NAMES.get(parts.scheme.lower(), ()):
             value = self.environ.get(name)
@@ -110,15 +116,20 @@ class Settings:
     def netrc_auth(self, host: str) -> str | None:
         """Basic credentials for `host` from $NETRC, else ~/.netrc; None when it names none, or
         cannot be read (as requests and curl treat it)."""
-        path = self.environ.get("NETRC") or str(Path(self.environ.get("HOME") or Path.home()) / ".netrc")
-        try:
-            found = netrc.netrc(path).authenticators(host)
-        except (OSError, netrc.NetrcParseError):
-            return None
+        found = self._netrc.authenticators(host) if self._netrc is not None else None
         if not found:
             return None
         login, _, password = found
         return _basic(login or "", password or "")
+
+    @functools.cached_property
+    def _netrc(self) -> netrc.netrc | None:
+        """The .netrc file, read once for all the session's requests and redirects."""
+        path = self.environ.get("NETRC") or str(Path(self.environ.get("HOME") or Path.home()) / ".netrc")
+        try:
+            return netrc.netrc(path)
+        except (OSError, netrc.NetrcParseError):
+            return None
 
     def target(self, url: str) -> Target:
         parts = urlsplit(url)
@@ -134,15 +145,11 @@ class Settings:
             raise BadRequest("the URL names no host")
         # Quoted as requests quoted it: a space typed as it is becomes %20, a %XX stays as it is.
         path = quote(parts.path or "/", safe=_SAFE) + (f"?{quote(parts.query, safe=_SAFE)}" if parts.query else "")
-        if parts.username is not None or parts.password is not None:
-            auth: str | None = _basic(unquote(parts.username or ""), unquote(parts.password or ""))
-        else:
+        auth = _userinfo_auth(parts)
+        if auth is None:
             auth = self.netrc_auth(host)
-        proxy = None
-        proxy_url = self.proxy_url(url)
-        if proxy_url is not None:
-            proxy = _proxy(proxy_url)
-        return Target(scheme, host, port, path, auth, proxy)
+        proxy_url = self._proxy_url(parts)
+        return Target(scheme, host, port, path, auth, _proxy(proxy_url) if proxy_url is not None else None)
 
 
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -161,6 +168,13 @@ def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
+def _userinfo_auth(parts: SplitResult) -> str | None:
+    """Basic credentials from a URL's `user:password@` (either part may be missing), or None."""
+    if parts.username is None and parts.password is None:
+        return None
+    return _basic(unquote(parts.username or ""), unquote(parts.password or ""))
+
+
 def _proxy(url: str) -> Proxy:
     parts = urlsplit(url if "://" in url else f"http://{url}")  # `proxy:3128` is a proxy too, as curl takes it
     if parts.scheme.lower() != "http":
@@ -172,10 +186,7 @@ def _proxy(url: str) -> Proxy:
         raise BadRequest(f"the proxy's port {_port_text(parts.netloc)} is not a port number (0 to 65535)") from None
     if not parts.hostname:
         raise BadRequest("the proxy named in the environment names no host")
-    auth = None
-    if parts.username is not None or parts.password is not None:
-        auth = _basic(unquote(parts.username or ""), unquote(parts.password or ""))
-    return Proxy(parts.hostname, port, auth)
+    return Proxy(parts.hostname, port, _userinfo_auth(parts))
 
 
 @functools.lru_cache(maxsize=8)
@@ -243,11 +254,12 @@ class Session:
         self.headers = {"User-Agent": user_agent, "Accept-Encoding": "identity", "Accept": "*/*"}
         self._open: _Open | None = None
 
-    def get(self, url: str, headers: Mapping[str, str] | None = None, timeout: tuple[float, float] = (15.0, 60.0),
-            policy: Policy | None = None, redirects: bool = True) -> Response:
+    def get(self, url: str, headers: Mapping[str, str] | None = None,
+            timeout: tuple[float, float] = (CONNECT_TIMEOUT, READ_TIMEOUT), policy: Policy | None = None,
+            redirects: bool = True) -> Response:
         return self.request("GET", url, headers, timeout, policy, redirects)
 
-    def head(self, url: str, timeout: tuple[float, float] = (15.0, 60.0)) -> Response:
+    def head(self, url: str, timeout: tuple[float, float] = (CONNECT_TIMEOUT, READ_TIMEOUT)) -> Response:
         return self.request("HEAD", url, None, timeout, None, redirects=False)
 
     def request(self, method: str, url: str, headers: Mapping[str, str] | None, timeout: tuple[float, float],
@@ -302,7 +314,7 @@ class Session:
         tunnel = proxy is not None and target.scheme == "https"
         if proxy is not None and not tunnel:
             # Through a proxy, an http:// request names the whole URL (without its userinfo).
-            path = f"http://{_netloc(target.host, target.port, 80)}{target.path}"
+            path = f"http://{_netloc(target.host, target.port)}{target.path}"
             if proxy.auth is not None:
                 sent["Proxy-Authorization"] = proxy.auth
         else:
@@ -366,8 +378,7 @@ class Session:
             if bundle is None:
                 named = "certifi's CA bundle"
             else:
-                variable = "REQUESTS_CA_BUNDLE" if self.settings.environ.get("REQUESTS_CA_BUNDLE") else "CURL_CA_BUNDLE"
-                named = f"the CA bundle {bundle} ({variable})"
+                named = f"the CA bundle {bundle} ({self.settings.ca_variable})"
             raise UnusableBundle(f"{named} cannot be used: {exc.strerror or exc}") from None
 
     def drop(self) -> None:
@@ -398,7 +409,8 @@ class _Open:
         self.key = key
 
 
-def _netloc(host: str, port: int, default: int) -> str:
+def _netloc(host: str, port: int) -> str:
+    """`host:port` in an http:// URL: an IPv6 address in brackets, the default port left out."""
     shown = f"[{host}]" if ":" in host else host
-    return shown if port == default else f"{shown}:{port}"
+    return shown if port == 80 else f"{shown}:{port}"
 

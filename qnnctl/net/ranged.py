@@ -26,10 +26,8 @@ from qnnctl.errors import DownloadError
 from qnnctl.net.body import blocks
 from qnnctl.net.download import (
     BACKOFF_BASE,
-    CONNECT_TIMEOUT,
     MAX_TOTAL_ATTEMPTS,
     NET_CHUNK,
-    READ_TIMEOUT,
     RETRY_STATUSES,
     Downloader,
     make_session,
@@ -38,7 +36,7 @@ from qnnctl.net.download import (
     strong_etag,
 )
 from qnnctl.net.failures import BodyBroke, RequestError
-from qnnctl.net.http import Response
+from qnnctl.net.http import CONNECT_TIMEOUT, READ_TIMEOUT, Response
 from qnnctl.net.retry import GaveUp, answered, attempts_made, describe
 from qnnctl.net.sparse import Remote, SparseFile
 from qnnctl.net.urls import redact

@@ -7,15 +7,16 @@ qnnctl.net.download declares the policy's numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import http.client
 import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from email.message import Message
-from typing import Protocol
+from typing import Any, Protocol
 
 from qnnctl.net.failures import BodyBroke, NoConnection, RequestError
 from qnnctl.net.urls import redact_text
@@ -52,6 +53,7 @@ class GaveUp(RequestError):
         self.attempts = attempts
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Policy:
     """What is tried again, and when: a failure before an answer, or an answer whose status is
     in `statuses`, to a request whose method is in `methods`, while `total` retries are left
@@ -66,24 +68,18 @@ class Policy:
     A policy is a value: `increment` returns the one for the next attempt.
     """
 
-    def __init__(self, *, total: int, statuses: Collection[int], methods: Collection[str], backoff_factor: float,
-                 backoff_max: float, sleeper: Callable[[float], None], shown: str, connect: int | None = None,
-                 failures: int = 0) -> None:
-        self.total = total
-        self.statuses = frozenset(statuses)
-        self.methods = frozenset(methods)
-        self.backoff_factor = backoff_factor
-        self.backoff_max = backoff_max
-        self.connect = connect
-        self.sleeper = sleeper
-        self.shown = shown  # the URL, redacted, for messages
-        self.failures = failures  # attempts that failed so far
+    total: int
+    statuses: frozenset[int]
+    methods: frozenset[str]
+    backoff_factor: float
+    backoff_max: float
+    sleeper: Callable[[float], None]
+    shown: str  # the URL, redacted, for messages
+    connect: int | None = None
+    failures: int = 0  # attempts that failed so far
 
-    def new(self, **changes: object) -> Policy:
-        fields = {name: getattr(self, name) for name in ("total", "statuses", "methods", "backoff_factor",
-                                                          "backoff_max", "connect", "sleeper", "shown", "failures")}
-        fields.update(changes)
-        return Policy(**fields)
+    def new(self, **changes: Any) -> Policy:
+        return dataclasses.replace(self, **changes)
 
     def start(self, shown: str) -> Policy:
         """This policy from its first attempt, for requests of the URL shown as `shown` (asked of

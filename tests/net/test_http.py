@@ -86,6 +86,12 @@ class Loopback:
     def close(self) -> None:
         self.listener.close()
 
+    def __enter__(self) -> Loopback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class ConnectProxy(Loopback):
     """A proxy on 127.0.0.1 that opens CONNECT tunnels (and nothing else), as a corporate one
@@ -149,8 +155,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[FaultServer, Path]]:
 def test_an_https_url_goes_through_the_proxys_tunnel_with_its_password(
         tls_server: tuple[FaultServer, Path], monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
     server, bundle = tls_server
-    proxy = ConnectProxy(credentials=_basic("proxy user", "pa:ss"))
-    try:
+    with ConnectProxy(credentials=_basic("proxy user", "pa:ss")) as proxy:
         monkeypatch.setenv("HTTPS_PROXY", f"http://proxy%20user:pa%3Ass@127.0.0.1:{proxy.port}")
         monkeypatch.setenv("NO_PROXY", "")
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
@@ -162,15 +167,12 @@ def test_an_https_url_goes_through_the_proxys_tunnel_with_its_password(
         # The server behind the tunnel never sees the proxy's password.
         (request,) = server.requests_for(PATH)
         assert "Proxy-Authorization" not in request.headers
-    finally:
-        proxy.close()
 
 
 def test_a_proxy_that_refuses_the_tunnel_is_named(tls_server: tuple[FaultServer, Path],
                                                   monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
     server, bundle = tls_server
-    proxy = ConnectProxy(credentials=_basic("u", "right"))
-    try:
+    with ConnectProxy(credentials=_basic("u", "right")) as proxy:
         monkeypatch.setenv("HTTPS_PROXY", f"http://u:wrong@127.0.0.1:{proxy.port}")
         monkeypatch.setenv("NO_PROXY", "")
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
@@ -180,16 +182,13 @@ def test_a_proxy_that_refuses_the_tunnel_is_named(tls_server: tuple[FaultServer,
         assert str(caught.value) == (f"cannot reach 127.0.0.1 through the proxy 127.0.0.1:{proxy.port}: "
                                      "OSError('Tunnel connection failed: 407 Proxy Authentication Required')")
         assert server.requests == []
-    finally:
-        proxy.close()
 
 
 def test_a_certificate_behind_the_tunnel_is_still_checked(tls_server: tuple[FaultServer, Path],
                                                           monkeypatch: pytest.MonkeyPatch, direct: None) -> None:
     """The tunnel is the proxy's; the TLS inside it is the server's, checked against the bundle."""
     server, _ = tls_server
-    proxy = ConnectProxy()
-    try:
+    with ConnectProxy() as proxy:
         monkeypatch.setenv("HTTPS_PROXY", proxy.url)
         monkeypatch.setenv("NO_PROXY", "")
         monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)  # certifi's: it does not know the test's CA
@@ -202,8 +201,6 @@ def test_a_certificate_behind_the_tunnel_is_still_checked(tls_server: tuple[Faul
         with pytest.raises(GaveUp) as gave_up:
             make_session().get(server.url(PATH), policy=retry_policy(sleep=lambda _: None))
         assert gave_up.value.attempts == 1
-    finally:
-        proxy.close()
 
 
 def test_an_http_url_is_asked_of_the_proxy_whole_without_its_userinfo(server: FaultServer,
@@ -412,8 +409,7 @@ def test_a_password_is_never_sent_in_the_clear_after_tls(tmp_path: Path, monkeyp
     """A redirect from https:// to http:// on the same host and port: the password stays behind."""
     certificate = self_signed_certificate(tmp_path / "tls")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate.cert))
-    server = BothSchemes(certificate.cert, certificate.key, "http://127.0.0.1:{port}/plain")
-    try:
+    with BothSchemes(certificate.cert, certificate.key, "http://127.0.0.1:{port}/plain") as server:
         with pytest.raises(BadRequest, match="redirects"):
             make_session().get(f"https://me:s3cret@127.0.0.1:{server.port}/v.zip")
         (first, first_headers), (second, second_headers), *_ = server.seen
@@ -421,8 +417,6 @@ def test_a_password_is_never_sent_in_the_clear_after_tls(tmp_path: Path, monkeyp
         assert second == "http"
         assert "Authorization" not in second_headers
         assert all("Authorization" not in headers for scheme, headers in server.seen if scheme == "http")
-    finally:
-        server.close()
 
 
 # -- redirects and URLs --------------------------------------------------------------------
@@ -677,11 +671,10 @@ def test_each_route_takes_the_connect_and_the_read_timeout(server: FaultServer, 
     monkeypatch.setenv("NO_PROXY", "")
     server.add(PATH, DATA)
     server.add("http://mirror.invalid/v.zip", DATA)
-    proxy = ConnectProxy()
-    routes = [(server.url(PATH), {}), (secure.url(PATH), {}),
-              ("http://mirror.invalid/v.zip", {"HTTP_PROXY": server.base}),
-              (secure.url(PATH), {"HTTPS_PROXY": proxy.url})]
-    try:
+    with ConnectProxy() as proxy:
+        routes = [(server.url(PATH), {}), (secure.url(PATH), {}),
+                  ("http://mirror.invalid/v.zip", {"HTTP_PROXY": server.base}),
+                  (secure.url(PATH), {"HTTPS_PROXY": proxy.url})]
         for url, proxies in routes:
             session = Session("qnnctl/test", {**os.environ, **proxies})
             assert _get(session, url, timeout=(7.0, 9.0)) == DATA
@@ -689,8 +682,6 @@ def test_each_route_takes_the_connect_and_the_read_timeout(server: FaultServer, 
             connection = session._open.connection
             assert connection.sock is not None
             assert (connection.timeout, connection.sock.gettimeout()) == (7.0, 9.0), url
-    finally:
-        proxy.close()
     assert len(proxy.seen) == 1
 
 
